@@ -1,0 +1,129 @@
+//! `strata inspect` through the real binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn inspect_json(model: &Path) -> Value {
+    let out = strata(&["inspect", "--model", model.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text.trim().lines().count(),
+        1,
+        "exactly one JSON object: {text}"
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn e2b_json_report() {
+    let v = inspect_json(&repo().join("examples/configs/gemma-4-e2b.json"));
+    assert_eq!(v["architecture"], "gemma4");
+    assert_eq!(v["num_layers"], 35);
+    let types = v["layer_types"].as_array().unwrap();
+    assert_eq!(types.len(), 35);
+    assert_eq!(types[4], "full_attention");
+    assert_eq!(types[0], "sliding_attention");
+    let shared = v["kv_shared_layers"].as_array().unwrap();
+    assert_eq!(shared.len(), 20);
+    assert_eq!(shared[0], serde_json::json!([15, 13]));
+    assert_eq!(shared[4], serde_json::json!([19, 14]));
+    let groups = v["kv_groups"].as_array().unwrap();
+    assert_eq!(groups[0]["attention"], "full");
+    assert_eq!(groups[0]["window"], Value::Null);
+    assert_eq!(groups[0]["layer_ids"], serde_json::json!([4, 9, 14]));
+    assert_eq!(
+        groups[0]["shared_layers"],
+        serde_json::json!([19, 24, 29, 34])
+    );
+    assert_eq!(groups[1]["attention"], "sliding");
+    assert_eq!(groups[1]["window"], 512);
+}
+
+#[test]
+fn e4b_from_a_model_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo().join("examples/configs/gemma-4-e4b.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    let v = inspect_json(dir.path());
+    assert_eq!(v["num_layers"], 42);
+    assert_eq!(
+        v["kv_groups"][0]["layer_ids"],
+        serde_json::json!([5, 11, 17, 23])
+    );
+    assert_eq!(v["kv_shared_layers"][0], serde_json::json!([24, 22]));
+}
+
+#[test]
+fn gguf_file() {
+    let mut w = strata_gguf::writer::GgufWriter::new();
+    w.str("general.architecture", "llama")
+        .u32("llama.block_count", 2)
+        .u32("llama.embedding_length", 64)
+        .u32("llama.feed_forward_length", 128)
+        .u32("llama.attention.head_count", 4)
+        .u32("llama.vocab_size", 100);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let v = inspect_json(&path);
+    assert_eq!(v["architecture"], "llama");
+    assert_eq!(v["kv_groups"].as_array().unwrap().len(), 1);
+    assert_eq!(v["kv_shared_layers"], serde_json::json!([]));
+}
+
+#[test]
+fn human_output_lists_groups() {
+    let path = repo().join("examples/configs/gemma-4-e2b.json");
+    let out = strata(&["inspect", "--model", path.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("kv group full"), "{text}");
+    assert!(text.contains("15<-13"), "{text}");
+}
+
+#[test]
+fn unservable_config_exits_nonzero_with_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("examples/configs/gemma-4-e2b.json")).unwrap(),
+    )
+    .unwrap();
+    cfg["text_config"]["enable_moe_block"] = true.into();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let out = strata(&["inspect", "--model", path.to_str().unwrap(), "--json"]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("text_config.enable_moe_block"), "{err}");
+
+    let missing = strata(&["inspect", "--model", "/nonexistent/config.json"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent"));
+
+    let garbage = dir.path().join("bad.gguf");
+    std::fs::write(&garbage, b"GGUF\x03\x00\x00\x00garbage").unwrap();
+    let out = strata(&["inspect", "--model", garbage.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("error"));
+}

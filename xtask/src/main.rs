@@ -1,0 +1,68 @@
+//! `cargo xtask <task>`: project automation that needs more than one cargo command.
+
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: cargo xtask <task>
+
+tasks:
+  inspect [ARGS]   build the release binary and run `strata inspect` (default: the bundled
+                   Gemma-4 E2B configuration)
+  ci               run the checks CI runs (fmt, clippy, tests)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("inspect") => inspect(&args[1..]),
+        Some("ci") => ci(),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cargo(args: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo).args(args).status()?;
+    anyhow::ensure!(status.success(), "cargo {} failed", args.join(" "));
+    Ok(())
+}
+
+fn inspect(rest: &[String]) -> anyhow::Result<()> {
+    let default = [
+        "--model".to_string(),
+        "examples/configs/gemma-4-e2b.json".to_string(),
+    ];
+    let rest = if rest.is_empty() { &default[..] } else { rest };
+    let mut args = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "--bin",
+        "strata",
+        "--",
+        "inspect",
+    ];
+    args.extend(rest.iter().map(String::as_str));
+    cargo(&args)
+}
+
+fn ci() -> anyhow::Result<()> {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    cargo(&["test", "--workspace"])
+}
