@@ -1,0 +1,67 @@
+//! Gemma-4 text decoder (`gemma4`). HF names after the `model.` / `model.language_model.`
+//! prefix. Norms are stored as-is in GGUF (no `+1`).
+
+pub(super) const GLOBALS: &[(&str, &str)] = &[
+    ("embed_tokens.weight", "token_embd.weight"),
+    ("norm.weight", "output_norm.weight"),
+    (
+        "embed_tokens_per_layer.weight",
+        "per_layer_token_embd.weight",
+    ),
+    (
+        "per_layer_model_projection.weight",
+        "per_layer_model_proj.weight",
+    ),
+    (
+        "per_layer_projection_norm.weight",
+        "per_layer_proj_norm.weight",
+    ),
+];
+
+pub(super) const LAYER: &[(&str, &str)] = &[
+    ("input_layernorm.weight", "attn_norm.weight"),
+    (
+        "post_attention_layernorm.weight",
+        "post_attention_norm.weight",
+    ),
+    ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+    ("layer_scalar", "layer_output_scale.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+    ("per_layer_input_gate.weight", "inp_gate.weight"),
+    ("per_layer_projection.weight", "proj.weight"),
+    ("post_per_layer_input_norm.weight", "post_norm.weight"),
+    // Mixture-of-experts variant only.
+    ("router.proj.weight", "ffn_gate_inp.weight"),
+    ("router.scale", "ffn_gate_inp.scale"),
+    ("router.per_expert_scale", "ffn_down_exps.scale"),
+    ("experts.gate_up_proj", "ffn_gate_up_exps.weight"),
+    ("experts.down_proj", "ffn_down_exps.weight"),
+    (
+        "pre_feedforward_layernorm_2.weight",
+        "pre_ffw_norm_2.weight",
+    ),
+    (
+        "post_feedforward_layernorm_1.weight",
+        "post_ffw_norm_1.weight",
+    ),
+    (
+        "post_feedforward_layernorm_2.weight",
+        "post_ffw_norm_2.weight",
+    ),
+];
+
+/// Per-layer tensors that KV-shared layers must not use (some releases still ship them).
+pub(super) const STALE_WHEN_SHARED: &[&str] = &[
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.k_norm.weight",
+];

@@ -1,0 +1,334 @@
+//! Property checks of every block format: dot products against the dequantized values,
+//! quantization error bounds, and layout details. Bit-exactness against gguf-py is checked
+//! in `tests/reference.rs` with committed vectors.
+
+use super::*;
+use bytemuck::Zeroable;
+
+/// SplitMix64: a tiny deterministic generator so the tests need no extra crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+    fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+/// Random blocks of `B` whose f16 fields (at `f16_offsets` within a block) are finite.
+fn random_blocks<B: QuantBlock>(rng: &mut Rng, n: usize, f16_offsets: &[usize]) -> Vec<B> {
+    let size = std::mem::size_of::<B>();
+    let mut bytes = rng.bytes(n * size);
+    for block in bytes.chunks_exact_mut(size) {
+        for &off in f16_offsets {
+            let v = F16Le::from_f32(rng.f32() * 0.5);
+            block[off..off + 2].copy_from_slice(&v.0);
+        }
+    }
+    as_blocks::<B>(&bytes).unwrap().to_vec()
+}
+
+fn dequantized<B: QuantBlock>(blocks: &[B]) -> Vec<f32> {
+    let mut out = vec![0.0; blocks.len() * B::ELEMS];
+    dequantize_row(blocks, &mut out).unwrap();
+    out
+}
+
+/// f32 and quantized-activation dot products agree with the f64 dot of the dequantized
+/// weights: tightly for f32 activations, within the activation quantization error for Q8.
+fn check_dots<B: QuantBlock>(f16_offsets: &[usize]) {
+    let mut rng = Rng(B::TYPE.id() as u64 + 1);
+    for _ in 0..20 {
+        let blocks: Vec<B> = random_blocks(&mut rng, 4, f16_offsets);
+        let w = dequantized(&blocks);
+        let x = rng.values(w.len(), 2.0);
+        let exact: f64 = w
+            .iter()
+            .zip(&x)
+            .map(|(&w, &x)| f64::from(w) * f64::from(x))
+            .sum();
+        let magnitude: f64 = w
+            .iter()
+            .zip(&x)
+            .map(|(&w, &x)| (f64::from(w) * f64::from(x)).abs())
+            .sum();
+
+        let got = f64::from(dot(&blocks, &x).unwrap());
+        assert!(
+            (got - exact).abs() <= 1e-5 * magnitude + 1e-6,
+            "{}: dot {got} vs {exact}",
+            B::TYPE
+        );
+
+        let acts = quantize_activations::<B::Activation>(&x).unwrap();
+        let got = f64::from(dot_q8(&blocks, &acts).unwrap());
+        // Each activation moves by at most half a step (max|x|/127/2) per block.
+        let wsum: f64 = w.iter().map(|&w| f64::from(w).abs()).sum();
+        let step = 2.0 / 127.0;
+        assert!(
+            (got - exact).abs() <= wsum * step * 0.5 + 1e-4 * magnitude + 1e-6,
+            "{}: dot_q8 {got} vs {exact}",
+            B::TYPE
+        );
+    }
+}
+
+#[test]
+fn dot_products_match_dequantization() {
+    check_dots::<BlockQ4_0>(&[0]);
+    check_dots::<BlockQ4_1>(&[0, 2]);
+    check_dots::<BlockQ5_0>(&[0]);
+    check_dots::<BlockQ5_1>(&[0, 2]);
+    check_dots::<BlockQ8_0>(&[0]);
+    check_dots::<BlockQ2K>(&[80, 82]);
+    check_dots::<BlockQ3K>(&[108]);
+    check_dots::<BlockQ4K>(&[0, 2]);
+    check_dots::<BlockQ5K>(&[0, 2]);
+    check_dots::<BlockQ6K>(&[208]);
+}
+
+#[test]
+fn byte_dispatch_matches_typed_calls() {
+    let mut rng = Rng(7);
+    let blocks: Vec<BlockQ4K> = random_blocks(&mut rng, 2, &[0, 2]);
+    let bytes: &[u8] = bytemuck::cast_slice(&blocks);
+    let mut a = vec![0.0; 512];
+    dequantize(GgmlType::Q4_K, bytes, &mut a).unwrap();
+    assert_eq!(a, dequantized(&blocks));
+    let x = rng.values(512, 1.0);
+    assert_eq!(
+        dot_bytes(GgmlType::Q4_K, bytes, &x).unwrap(),
+        dot(&blocks, &x).unwrap()
+    );
+    // Wrong lengths and unsupported types are errors, not panics.
+    assert!(dequantize(GgmlType::Q4_K, &bytes[1..], &mut a).is_err());
+    assert!(dequantize(GgmlType::Q4_K, bytes, &mut a[1..]).is_err());
+    assert!(dot_bytes(GgmlType::Q4_K, bytes, &x[1..]).is_err());
+    assert!(dequantize(GgmlType::IQ2_XXS, bytes, &mut a).is_err());
+    assert!(quantize_activations::<BlockQ8K>(&x[1..]).is_err());
+}
+
+#[test]
+fn float_types_decode() {
+    let vals = [1.0f32, -2.5, 0.0, 65504.0, 1e-7];
+    let f32_bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let f16_bytes: Vec<u8> = vals
+        .iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect();
+    let bf16_bytes: Vec<u8> = vals.iter().flat_map(|&v| f32_to_bf16(v)).collect();
+    let mut out = [0.0f32; 5];
+    dequantize(GgmlType::F32, &f32_bytes, &mut out).unwrap();
+    assert_eq!(out, vals);
+    dequantize(GgmlType::F16, &f16_bytes, &mut out).unwrap();
+    assert_eq!(out[..4], vals[..4]);
+    assert!((out[4] - 1e-7).abs() < 6e-8); // f16 subnormal spacing
+    dequantize(GgmlType::BF16, &bf16_bytes, &mut out).unwrap();
+    assert_eq!(out[..3], vals[..3]);
+    assert_eq!(out[3], 65536.0); // 65504 rounds to the nearest bf16
+    let x = [1.0f32, 1.0, 1.0, 0.0, 0.0];
+    assert_eq!(dot_bytes(GgmlType::BF16, &bf16_bytes, &x).unwrap(), -1.5);
+    // bf16 rounding: ties to even, NaN stays NaN.
+    assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), [0x80, 0x3f]);
+    assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), [0x82, 0x3f]);
+    assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+}
+
+/// Inputs that stress quantizers: ordinary, all zero, one sign, one outlier, tiny, huge.
+fn quantizer_inputs(n: usize) -> Vec<Vec<f32>> {
+    let mut rng = Rng(99);
+    let mut cases = vec![
+        rng.values(n, 1.0),
+        rng.values(n, 1e-4),
+        rng.values(n, 300.0),
+        vec![0.0; n],
+        rng.values(n, 1.0).iter().map(|v| v.abs() + 0.5).collect(),
+        rng.values(n, 1.0).iter().map(|v| -v.abs() - 0.5).collect(),
+        vec![3.25; n],
+    ];
+    let mut outlier = rng.values(n, 0.01);
+    outlier[n / 3] = 50.0;
+    cases.push(outlier);
+    // Sub-blocks of very different ranges inside one super-block.
+    cases.push(
+        (0..n)
+            .map(|i| rng.f32() * 10f32.powi((i / 32 % 8) as i32 - 4))
+            .collect(),
+    );
+    cases
+}
+
+#[test]
+fn q8_0_quantization_error_is_half_a_step() {
+    for x in quantizer_inputs(256) {
+        let mut blocks = vec![BlockQ8_0::zeroed(); 8];
+        q8_0::quantize_row(&x, &mut blocks).unwrap();
+        let y = dequantized(&blocks);
+        for (b, (xs, ys)) in blocks.iter().zip(x.chunks(32).zip(y.chunks(32))) {
+            let d = b.d.to_f32();
+            // Codes use the unrounded scale; rounding it to f16 moves it by at most 2^-11 d
+            // (2^-25 absolute for subnormal halves), which the largest code multiplies by 127.
+            let f16_err = (d * 2f32.powi(-11)).max(2f32.powi(-25));
+            let bound = d * 0.5 + 127.0 * f16_err + 1e-30;
+            for (&a, &b) in xs.iter().zip(ys) {
+                assert!((a - b).abs() <= bound, "Q8_0: {a} -> {b}, step {d}");
+            }
+        }
+    }
+    assert!(q8_0::quantize_row(&[0.0; 31], &mut [BlockQ8_0::zeroed()]).is_err());
+}
+
+#[test]
+fn q4_k_quantization_error_is_half_a_step() {
+    for x in quantizer_inputs(512) {
+        let mut blocks = vec![BlockQ4K::zeroed(); 2];
+        q4_k::quantize_row(&x, &mut blocks).unwrap();
+        let y = dequantized(&blocks);
+        for (b, (xs, ys)) in blocks.iter().zip(x.chunks(256).zip(y.chunks(256))) {
+            let (sc, _) = k_common::unpack_scales_mins(&b.scales);
+            for (j, (xs, ys)) in xs.chunks(32).zip(ys.chunks(32)).enumerate() {
+                let step = b.d.to_f32() * f32::from(sc[j]);
+                let range = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let bound = step * 0.5 + range * 1e-6 + 1e-30;
+                for (&a, &b) in xs.iter().zip(ys) {
+                    assert!((a - b).abs() <= bound, "Q4_K: {a} -> {b}, step {step}");
+                }
+            }
+        }
+        // And the step is not wasteful: the largest scale code uses (nearly) all 6 bits,
+        // unless d is a subnormal half whose coarse spacing forbids it.
+        let b = &blocks[0];
+        let (sc, _) = k_common::unpack_scales_mins(&b.scales);
+        let max_sc = sc.iter().max().copied().unwrap();
+        let d_is_normal = b.d.to_f32() >= 6.1e-5;
+        assert!(
+            max_sc == 0 || !d_is_normal || max_sc >= 62,
+            "largest scale code {max_sc} wastes range"
+        );
+    }
+}
+
+#[test]
+fn q6_k_quantization_error_is_half_a_step() {
+    for x in quantizer_inputs(512) {
+        let mut blocks = vec![BlockQ6K::zeroed(); 2];
+        q6_k::quantize_row(&x, &mut blocks).unwrap();
+        let y = dequantized(&blocks);
+        for (b, (xs, ys)) in blocks.iter().zip(x.chunks(256).zip(y.chunks(256))) {
+            for (g, (xs, ys)) in xs.chunks(16).zip(ys.chunks(16)).enumerate() {
+                let step = b.d.to_f32() * f32::from(b.scales[g]);
+                let range = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let bound = step * 0.5 + range * 1e-6 + 1e-30;
+                for (&a, &b) in xs.iter().zip(ys) {
+                    assert!((a - b).abs() <= bound, "Q6_K: {a} -> {b}, step {step}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_rms_error_is_small_on_gaussian_like_data() {
+    let mut rng = Rng(5);
+    let x: Vec<f32> = (0..4096)
+        .map(|_| (0..4).map(|_| rng.f32()).sum::<f32>())
+        .collect();
+    let rms = |y: &[f32]| {
+        let e: f64 = x
+            .iter()
+            .zip(y)
+            .map(|(&a, &b)| f64::from(a - b).powi(2))
+            .sum();
+        let s: f64 = x.iter().map(|&a| f64::from(a).powi(2)).sum();
+        (e / s).sqrt()
+    };
+    let mut q8 = vec![BlockQ8_0::zeroed(); 128];
+    q8_0::quantize_row(&x, &mut q8).unwrap();
+    let mut q4 = vec![BlockQ4K::zeroed(); 16];
+    q4_k::quantize_row(&x, &mut q4).unwrap();
+    let mut q6 = vec![BlockQ6K::zeroed(); 16];
+    q6_k::quantize_row(&x, &mut q6).unwrap();
+    let (e8, e4, e6) = (
+        rms(&dequantized(&q8)),
+        rms(&dequantized(&q4)),
+        rms(&dequantized(&q6)),
+    );
+    assert!(e8 < 0.01, "Q8_0 relative rms error {e8}");
+    assert!(e4 < 0.12, "Q4_K relative rms error {e4}");
+    assert!(e6 < 0.03, "Q6_K relative rms error {e6}");
+    assert!(
+        e8 < e6 && e6 < e4,
+        "more bits should mean less error: {e8} {e6} {e4}"
+    );
+}
+
+#[test]
+fn q8_k_group_sums() {
+    let mut rng = Rng(3);
+    let x = rng.values(256, 4.0);
+    let a = BlockQ8K::quantize(&x);
+    for g in 0..16 {
+        let s: i32 = a.qs[16 * g..16 * (g + 1)]
+            .iter()
+            .map(|&q| i32::from(q))
+            .sum();
+        assert_eq!(i32::from(a.bsums[g]), s);
+    }
+    for (&v, &q) in x.iter().zip(&a.qs) {
+        assert!((v - a.d * f32::from(q)).abs() <= a.d * 0.5 + 1e-6);
+    }
+}
+
+#[test]
+fn layouts_place_elements_where_the_format_says() {
+    // Q4_K: element 32 is the high nibble of byte 0; element 64 the low nibble of byte 32.
+    let mut b = BlockQ4K::zeroed();
+    b.d = F16Le::from_f32(1.0);
+    b.scales = k_common::pack_scales_mins(&[1; 8], &[0; 8]);
+    b.qs[0] = 0x52;
+    b.qs[32] = 0x07;
+    let y = dequantized(&[b]);
+    assert_eq!((y[0], y[32], y[64], y[96]), (2.0, 5.0, 7.0, 0.0));
+
+    // Q6_K: element 64 takes the high nibble of ql[0] and bits 4..6 of qh[0].
+    let mut b = BlockQ6K::zeroed();
+    b.d = F16Le::from_f32(1.0);
+    b.scales = [1; 16];
+    b.ql[0] = 0x30;
+    b.qh[0] = 0b0010_0000;
+    let y = dequantized(&[b]);
+    assert_eq!(y[64], (3 | (2 << 4)) as f32 - 32.0);
+    assert_eq!(y[0], -32.0);
+
+    // Q5_0: bit 17 of qh is the fifth bit of element 17.
+    let mut b = BlockQ5_0::zeroed();
+    b.d = F16Le::from_f32(1.0);
+    b.qh = (1u32 << 17).to_le_bytes();
+    b.qs[1] = 0x30;
+    let y = dequantized(&[b]);
+    assert_eq!(y[17], (3 + 16 - 16) as f32);
+    assert_eq!(y[1], -16.0);
+
+    // Q3_K: with the high bit clear a code loses 4; scale 0 is stored as 32 + s.
+    let mut b = BlockQ3K::zeroed();
+    b.d = F16Le::from_f32(1.0);
+    b.scales[0] = 0x01; // scale 0 low bits 1, high bits 0 -> 1 - 32 = -31
+    b.qs[0] = 0b11;
+    b.hmask[0] = 1;
+    let y = dequantized(&[b]);
+    assert_eq!(y[0], -31.0 * 3.0);
+    assert_eq!(y[1], -31.0 * -4.0);
+}
