@@ -1,0 +1,225 @@
+//! The op interface every backend implements.
+
+use crate::params::{
+    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy,
+};
+use crate::quant::MatrixShape;
+use crate::sampling::{self, SamplerRng, SamplingParams};
+use crate::{DType, HostSlice, Result};
+
+/// A buffer owned by a backend (host memory for the CPU backend, device memory for CUDA).
+pub trait DeviceBuffer {
+    /// Number of elements.
+    fn len(&self) -> usize;
+    fn dtype(&self) -> DType;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Every model op, once per backend.
+///
+/// The trait is generic (associated buffer types), not object-safe by design: buffers are
+/// backend-specific, so a `dyn` interface would have to downcast every argument of every
+/// call, and the model code is written once as `Model<B: Backend>` and monomorphised, which
+/// keeps dispatch out of the decode loop. (A `dyn Backend<Buffer = X, QuantMatrix = Y>` is
+/// still possible where a caller wants one.)
+///
+/// Conventions shared by all ops:
+/// - Activations are row-major, in the backend's [`Backend::activation_dtype`]; weights
+///   (matmul matrices, norm weights, embedding tables) may be F32, BF16 or F16.
+/// - Outputs go to caller-allocated buffers (`out`), so a GPU backend can keep fixed
+///   addresses (CUDA graphs) and the model controls allocation.
+/// - Small integer inputs (token ids, positions) are host slices; a device backend copies
+///   them into staging buffers it owns.
+/// - Lengths are checked; a mismatch is `Err(KernelError::Shape)`, never a panic.
+pub trait Backend: Send + Sync {
+    type Buffer: DeviceBuffer + Send + Sync;
+    /// A quantized weight matrix in whatever form the backend computes with
+    /// (CPU: `dyn RowDot`, implemented by the weights crate's tensors).
+    type QuantMatrix: MatrixShape + Send + Sync + ?Sized;
+
+    fn name(&self) -> &'static str;
+
+    /// The dtype activations are kept in (inputs and outputs of every op below).
+    fn activation_dtype(&self) -> DType;
+
+    // ---- memory -----------------------------------------------------------------------
+
+    /// Copies host data into a new buffer of the same dtype.
+    fn upload(&self, data: HostSlice<'_>) -> Result<Self::Buffer>;
+
+    /// A buffer of `len` zeros.
+    fn zeros(&self, len: usize, dtype: DType) -> Result<Self::Buffer>;
+
+    /// The buffer's values widened to f32 (waits for pending work).
+    fn download(&self, buf: &Self::Buffer) -> Result<Vec<f32>>;
+
+    /// Copies f32 host data into a new buffer of `dtype`, rounding to nearest-even.
+    fn upload_f32_as(&self, data: &[f32], dtype: DType) -> Result<Self::Buffer> {
+        match dtype {
+            DType::F32 => self.upload(HostSlice::F32(data)),
+            DType::BF16 => {
+                let v: Vec<half::bf16> = data.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                self.upload(HostSlice::BF16(&v))
+            }
+            DType::F16 => {
+                let v: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+                self.upload(HostSlice::F16(&v))
+            }
+        }
+    }
+
+    /// Strided 2-D copy between two buffers of the same dtype.
+    fn copy_strided(
+        &self,
+        src: &Self::Buffer,
+        dst: &mut Self::Buffer,
+        c: StridedCopy,
+    ) -> Result<()>;
+
+    // ---- embedding ----------------------------------------------------------------------
+
+    /// `out[t, :] = table[ids[t], :] * scale`; `table` is `[vocab, hidden]` of any weight dtype.
+    /// The scale is applied in f32 after widening the row, so pass it already rounded
+    /// the way the reference does (Gemma: `sqrt(H)` rounded to the weight dtype).
+    fn embedding(
+        &self,
+        ids: &[u32],
+        table: &Self::Buffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// As [`Backend::embedding`] with a quantized table (`rows` = vocab, `cols` = hidden).
+    fn embedding_quant(
+        &self,
+        ids: &[u32],
+        table: &Self::QuantMatrix,
+        scale: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    // ---- norms --------------------------------------------------------------------------
+
+    /// RMSNorm over every row of `p.dim` elements of `x` (per-head q/k/v norms: `dim = head_dim`).
+    /// `weight` is `[dim]` or `None` for the scale-free norm.
+    fn rms_norm(
+        &self,
+        x: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        p: RmsNormParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Pre-norm residual step: `residual += x; out = rms_norm(residual)`.
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        p: RmsNormParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Post-norm residual step (Gemma's sandwich norms): `residual += rms_norm(x)`.
+    fn rms_norm_add(
+        &self,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        p: RmsNormParams,
+    ) -> Result<()>;
+
+    // ---- RoPE ---------------------------------------------------------------------------
+
+    /// Rotates `x [T, n_heads, head_dim]` in place; token `t` sits at `positions[t]`.
+    /// `inv_freq` is an F32 buffer of `head_dim / 2` frequencies; a zero frequency leaves its
+    /// pair unchanged (proportional / partial RoPE).
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &[u32],
+        inv_freq: &Self::Buffer,
+        p: RopeParams,
+    ) -> Result<()>;
+
+    // ---- matmul -------------------------------------------------------------------------
+
+    /// `out [T, out_features] = x [T, in_features] * W^T`, `W` dense `[out_features, in_features]`.
+    fn matmul(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        shape: MatmulShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// As [`Backend::matmul`] with a quantized `W` (`rows` = out_features, `cols` = in_features).
+    fn matmul_quant(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::QuantMatrix,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    // ---- elementwise --------------------------------------------------------------------
+
+    /// `out = act(gate) * up` (the gated MLP's middle).
+    fn act_mul(
+        &self,
+        act: Activation,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// `out = act(x)` (Gemma-4's per-layer-input gate).
+    fn activation(&self, act: Activation, x: &Self::Buffer, out: &mut Self::Buffer) -> Result<()>;
+
+    /// `x = cap * tanh(x / cap)` in place (final logit softcap).
+    fn softcap(&self, x: &mut Self::Buffer, cap: f32) -> Result<()>;
+
+    /// `acc += x`.
+    fn add(&self, acc: &mut Self::Buffer, x: &Self::Buffer) -> Result<()>;
+
+    /// `acc *= x` elementwise.
+    fn mul(&self, acc: &mut Self::Buffer, x: &Self::Buffer) -> Result<()>;
+
+    /// `x *= s`.
+    fn scale(&self, x: &mut Self::Buffer, s: f32) -> Result<()>;
+
+    // ---- attention ----------------------------------------------------------------------
+
+    /// `out [T, n_heads, d]` = softmax-weighted sum of `v` for each query of `q [T, n_heads, d]`
+    /// over the keys `k, v [S, n_kv_heads, d]` at absolute positions `k_positions` (see
+    /// [`AttentionParams`] for the mask and GQA mapping). A query that sees no key gets zeros.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        q_positions: &[u32],
+        k_positions: &[u32],
+        p: AttentionParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    // ---- sampling -----------------------------------------------------------------------
+
+    /// One token per row of `logits [rows, vocab]`, row `i` drawn with `params[i]` and
+    /// `rngs[i]`. The default downloads the logits and runs the host sampler, which is the
+    /// definition a device sampler must reproduce.
+    fn sample(
+        &self,
+        logits: &Self::Buffer,
+        vocab: usize,
+        params: &[SamplingParams],
+        rngs: &mut [SamplerRng],
+    ) -> Result<Vec<u32>> {
+        let host = self.download(logits)?;
+        sampling::sample_rows(&host, vocab, params, rngs)
+    }
+}

@@ -1,0 +1,50 @@
+//! The backend's sampler against the host definition in [`crate::sampling`].
+
+use super::{put, CheckResult, TestData};
+use crate::sampling::{sample_rows, SamplerRng, SamplingParams};
+use crate::Backend;
+
+pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
+    let vocab = 1000;
+    let mut data = TestData::new(800);
+    let greedy = SamplingParams::greedy();
+    let warm = |temperature, top_k, top_p, min_p| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed: None,
+    };
+    let params = [
+        greedy,
+        warm(1.0, 0, 1.0, 0.0),
+        warm(0.7, 40, 1.0, 0.0),
+        warm(0.8, 0, 0.9, 0.0),
+        warm(1.2, 0, 1.0, 0.05),
+        warm(0.6, 50, 0.95, 0.02),
+    ];
+    let logits: Vec<f32> = (0..params.len() * vocab)
+        .map(|_| data.normal() * 3.0)
+        .collect();
+    let lb = put(b, &logits, b.activation_dtype())?;
+    // The reference sees the logits as the backend stores them.
+    let stored = b.download(&lb).map_err(|e| e.to_string())?;
+    for step in 0..20u64 {
+        let mut rngs: Vec<SamplerRng> = (0..params.len())
+            .map(|i| SamplerRng::new(step * 31 + i as u64))
+            .collect();
+        let mut ref_rngs = rngs.clone();
+        let got = b
+            .sample(&lb, vocab, &params, &mut rngs)
+            .map_err(|e| e.to_string())?;
+        let want =
+            sample_rows(&stored, vocab, &params, &mut ref_rngs).map_err(|e| e.to_string())?;
+        if got != want {
+            return Err(format!("sample step {step}: got {got:?}, want {want:?}"));
+        }
+        if rngs != ref_rngs {
+            return Err(format!("sample step {step}: rng streams diverged"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! The CPU backend's buffer: a plain vector of one of the supported dtypes.
+
+use crate::{DType, DeviceBuffer, KernelError, Result};
+use half::{bf16, f16};
+
+/// Host memory buffer. Activations are `F32`; weights may be any variant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CpuBuffer {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+impl DeviceBuffer for CpuBuffer {
+    fn len(&self) -> usize {
+        match self {
+            CpuBuffer::F32(v) => v.len(),
+            CpuBuffer::BF16(v) => v.len(),
+            CpuBuffer::F16(v) => v.len(),
+        }
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            CpuBuffer::F32(_) => DType::F32,
+            CpuBuffer::BF16(_) => DType::BF16,
+            CpuBuffer::F16(_) => DType::F16,
+        }
+    }
+}
+
+impl CpuBuffer {
+    /// The f32 contents, or a dtype error naming `op` (activations must be f32 here).
+    pub fn f32s(&self, op: &'static str) -> Result<&[f32]> {
+        match self {
+            CpuBuffer::F32(v) => Ok(v),
+            other => Err(KernelError::DType {
+                op,
+                dtype: other.dtype(),
+            }),
+        }
+    }
+
+    pub fn f32s_mut(&mut self, op: &'static str) -> Result<&mut [f32]> {
+        match self {
+            CpuBuffer::F32(v) => Ok(v),
+            other => Err(KernelError::DType {
+                op,
+                dtype: other.dtype(),
+            }),
+        }
+    }
+
+    /// Element `i` widened to f32 (for short weight vectors such as norm weights).
+    pub fn get_f32(&self, i: usize) -> f32 {
+        match self {
+            CpuBuffer::F32(v) => v[i],
+            CpuBuffer::BF16(v) => v[i].to_f32(),
+            CpuBuffer::F16(v) => v[i].to_f32(),
+        }
+    }
+
+    /// The whole buffer widened to f32.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self {
+            CpuBuffer::F32(v) => v.clone(),
+            CpuBuffer::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            CpuBuffer::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+
+    /// Widens `len` elements starting at `start` into `out`.
+    pub fn widen_range(&self, start: usize, out: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        let end = start + out.len();
+        match self {
+            CpuBuffer::F32(v) => out.copy_from_slice(&v[start..end]),
+            CpuBuffer::BF16(v) => v[start..end].convert_to_f32_slice(out),
+            CpuBuffer::F16(v) => v[start..end].convert_to_f32_slice(out),
+        }
+    }
+}

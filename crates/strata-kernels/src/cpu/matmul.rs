@@ -1,0 +1,158 @@
+//! `out[T, N] = x[T, K] * W^T` with `W` row-major `[N, K]`: dense f32/bf16/f16 and
+//! quantized (`RowDot`) weights.
+//!
+//! Work is split over blocks of output rows (each weight row is read by one thread).
+//! Within a block, tokens are taken a tile at a time and each weight row is dotted with
+//! every token of the tile while it sits in L1, so a weight row comes from memory once per
+//! tile rather than once per token; the row block stays in L2 while the tiles pass over it.
+//! For T > 1 results are produced row-major per weight row (`[N, T]`) and transposed at
+//! the end, which keeps every parallel write contiguous.
+
+use super::buffer::CpuBuffer;
+use super::dot::{dot, DotWith};
+use crate::error::ensure;
+use crate::quant::RowDot;
+use crate::{DeviceBuffer, MatmulShape, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Tokens per outer tile: the slice of `x` that stays hot while a row block passes.
+const OUTER_TOKENS: usize = 32;
+
+/// A weight matrix seen one row at a time.
+trait RowKernel: Sync {
+    /// `out[i] = W[row] . xs[i*K .. (i+1)*K]` for each of the `out.len()` token vectors.
+    fn dot_row_tokens(&self, row: usize, xs: &[f32], out: &mut [f32]);
+}
+
+struct Dense<'a, W> {
+    w: &'a [W],
+    cols: usize,
+}
+
+impl<W: DotWith> RowKernel for Dense<'_, W> {
+    fn dot_row_tokens(&self, row: usize, xs: &[f32], out: &mut [f32]) {
+        let k = self.cols;
+        // The row (a few KiB) stays in L1 while every token of the tile passes over it.
+        let w = &self.w[row * k..(row + 1) * k];
+        for (o, x) in out.iter_mut().zip(xs.chunks_exact(k)) {
+            *o = dot(w, x);
+        }
+    }
+}
+
+/// f16 has no cheap inline widening, so each row is converted once (SIMD where the CPU
+/// has F16C) into a thread-local scratch row and then dotted as f32.
+struct DenseF16<'a> {
+    w: &'a [f16],
+    cols: usize,
+}
+
+impl RowKernel for DenseF16<'_> {
+    fn dot_row_tokens(&self, row: usize, xs: &[f32], out: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        use std::cell::RefCell;
+        thread_local!(static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) });
+        let k = self.cols;
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            s.resize(k, 0.0);
+            self.w[row * k..(row + 1) * k].convert_to_f32_slice(&mut s);
+            Dense { w: &s[..], cols: k }.dot_row_tokens(0, xs, out);
+        });
+    }
+}
+
+struct Quant<'a>(&'a dyn RowDot);
+
+impl RowKernel for Quant<'_> {
+    fn dot_row_tokens(&self, row: usize, xs: &[f32], out: &mut [f32]) {
+        if out.len() == 1 {
+            out[0] = self.0.dot_row(row, xs);
+        } else {
+            self.0.dot_row_many(row, xs, out);
+        }
+    }
+}
+
+/// Output rows per parallel task: enough tasks to balance, few enough to amortise.
+fn rows_per_task(rows: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    (rows / (threads * 8)).clamp(1, 64)
+}
+
+fn run(kernel: &dyn RowKernel, x: &[f32], k: usize, n: usize, out: &mut [f32]) {
+    let tokens = x.len() / k;
+    let block = rows_per_task(n);
+    if tokens == 1 {
+        out.par_chunks_mut(block).enumerate().for_each(|(b, o)| {
+            for (r, o) in o.iter_mut().enumerate() {
+                kernel.dot_row_tokens(b * block + r, x, std::slice::from_mut(o));
+            }
+        });
+        return;
+    }
+    let mut by_row = vec![0f32; n * tokens];
+    by_row
+        .par_chunks_mut(block * tokens)
+        .enumerate()
+        .for_each(|(b, o)| {
+            let rows_here = o.len() / tokens;
+            for t0 in (0..tokens).step_by(OUTER_TOKENS) {
+                let t1 = (t0 + OUTER_TOKENS).min(tokens);
+                for r in 0..rows_here {
+                    kernel.dot_row_tokens(
+                        b * block + r,
+                        &x[t0 * k..t1 * k],
+                        &mut o[r * tokens + t0..r * tokens + t1],
+                    );
+                }
+            }
+        });
+    out.par_chunks_mut(n).enumerate().for_each(|(t, o)| {
+        for (r, o) in o.iter_mut().enumerate() {
+            *o = by_row[r * tokens + t];
+        }
+    });
+}
+
+fn check(op: &'static str, x: usize, out: usize, k: usize, n: usize) -> Result<()> {
+    ensure(k > 0 && n > 0 && x.is_multiple_of(k), op, || {
+        format!("x has {x} elements, not a multiple of in_features {k}")
+    })?;
+    ensure(out == x / k * n, op, || {
+        format!("out has {out} elements, want {} tokens x {n}", x / k)
+    })
+}
+
+pub(crate) fn matmul(
+    x: &CpuBuffer,
+    w: &CpuBuffer,
+    shape: MatmulShape,
+    out: &mut CpuBuffer,
+) -> Result<()> {
+    const OP: &str = "matmul";
+    let (k, n) = (shape.in_features, shape.out_features);
+    let x = x.f32s(OP)?;
+    let out = out.f32s_mut(OP)?;
+    check(OP, x.len(), out.len(), k, n)?;
+    ensure(w.len() == k * n, OP, || {
+        format!("weight has {} elements, want {n} x {k}", w.len())
+    })?;
+    match w {
+        CpuBuffer::F32(w) => run(&Dense::<f32> { w, cols: k }, x, k, n, out),
+        CpuBuffer::BF16(w) => run(&Dense::<bf16> { w, cols: k }, x, k, n, out),
+        CpuBuffer::F16(w) => run(&DenseF16 { w, cols: k }, x, k, n, out),
+    }
+    Ok(())
+}
+
+pub(crate) fn matmul_quant(x: &CpuBuffer, w: &dyn RowDot, out: &mut CpuBuffer) -> Result<()> {
+    const OP: &str = "matmul_quant";
+    let (k, n) = (w.cols(), w.rows());
+    let x = x.f32s(OP)?;
+    let out = out.f32s_mut(OP)?;
+    check(OP, x.len(), out.len(), k, n)?;
+    run(&Quant(w), x, k, n, out);
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! The CPU backend: f32 activations, rayon parallelism, the numerical reference for every op.
+
+mod attention;
+mod buffer;
+mod copy;
+mod dot;
+mod elementwise;
+mod embedding;
+mod matmul;
+mod norm;
+mod par;
+mod rope;
+
+pub use attention::{attention_over, ContiguousKv, KvSource};
+pub use buffer::CpuBuffer;
+pub use elementwise::{gelu_tanh, silu};
+
+use crate::quant::RowDot;
+use crate::Result;
+use crate::{
+    Activation, AttentionParams, Backend, DType, HostSlice, KernelError, MatmulShape,
+    RmsNormParams, RopeParams, StridedCopy,
+};
+use std::sync::Arc;
+
+/// Runs every op on the host with rayon: on the global pool by default, or on a private
+/// pool of a fixed size ([`CpuBackend::with_threads`]) so an engine can keep cores for
+/// other work and tests can pin the thread count.
+#[derive(Clone, Default)]
+pub struct CpuBackend {
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl CpuBackend {
+    /// Uses rayon's global pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Uses a private pool of `threads` workers.
+    pub fn with_threads(threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("strata-cpu-{i}"))
+            .build()
+            .map_err(|e| KernelError::Device(e.to_string()))?;
+        Ok(Self {
+            pool: Some(Arc::new(pool)),
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        match &self.pool {
+            Some(p) => p.current_num_threads(),
+            None => rayon::current_num_threads(),
+        }
+    }
+
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    /// Attention whose keys and values are read through `kv` (e.g. straight from a paged,
+    /// quantized KV pool) instead of contiguous buffers; same maths as [`Backend::attention`].
+    pub fn attention_paged<K: KvSource>(
+        &self,
+        q: &CpuBuffer,
+        q_positions: &[u32],
+        kv: &K,
+        p: AttentionParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        let q = q.f32s("attention")?;
+        let out = out.f32s_mut("attention")?;
+        self.install(|| attention_over(q, q_positions, kv, p, out))
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buffer = CpuBuffer;
+    type QuantMatrix = dyn RowDot;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn activation_dtype(&self) -> DType {
+        DType::F32
+    }
+
+    fn upload(&self, data: HostSlice<'_>) -> Result<CpuBuffer> {
+        Ok(match data {
+            HostSlice::F32(s) => CpuBuffer::F32(s.to_vec()),
+            HostSlice::BF16(s) => CpuBuffer::BF16(s.to_vec()),
+            HostSlice::F16(s) => CpuBuffer::F16(s.to_vec()),
+        })
+    }
+
+    fn zeros(&self, len: usize, dtype: DType) -> Result<CpuBuffer> {
+        Ok(match dtype {
+            DType::F32 => CpuBuffer::F32(vec![0.0; len]),
+            DType::BF16 => CpuBuffer::BF16(vec![half::bf16::ZERO; len]),
+            DType::F16 => CpuBuffer::F16(vec![half::f16::ZERO; len]),
+        })
+    }
+
+    fn download(&self, buf: &CpuBuffer) -> Result<Vec<f32>> {
+        Ok(buf.to_f32_vec())
+    }
+
+    fn copy_strided(&self, src: &CpuBuffer, dst: &mut CpuBuffer, c: StridedCopy) -> Result<()> {
+        copy::copy_strided(src, dst, c)
+    }
+
+    fn embedding(
+        &self,
+        ids: &[u32],
+        table: &CpuBuffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| embedding::embedding(ids, table, hidden, scale, out))
+    }
+
+    fn embedding_quant(
+        &self,
+        ids: &[u32],
+        table: &dyn RowDot,
+        scale: f32,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| embedding::embedding_quant(ids, table, scale, out))
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuBuffer,
+        weight: Option<&CpuBuffer>,
+        p: RmsNormParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| norm::rms_norm(x, weight, p, out))
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CpuBuffer,
+        x: &CpuBuffer,
+        weight: Option<&CpuBuffer>,
+        p: RmsNormParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| norm::add_rms_norm(residual, x, weight, p, out))
+    }
+
+    fn rms_norm_add(
+        &self,
+        residual: &mut CpuBuffer,
+        x: &CpuBuffer,
+        weight: Option<&CpuBuffer>,
+        p: RmsNormParams,
+    ) -> Result<()> {
+        self.install(|| norm::rms_norm_add(residual, x, weight, p))
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuBuffer,
+        positions: &[u32],
+        inv_freq: &CpuBuffer,
+        p: RopeParams,
+    ) -> Result<()> {
+        self.install(|| rope::rope(x, positions, inv_freq, p))
+    }
+
+    fn matmul(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        shape: MatmulShape,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| matmul::matmul(x, w, shape, out))
+    }
+
+    fn matmul_quant(&self, x: &CpuBuffer, w: &dyn RowDot, out: &mut CpuBuffer) -> Result<()> {
+        self.install(|| matmul::matmul_quant(x, w, out))
+    }
+
+    fn act_mul(
+        &self,
+        act: Activation,
+        gate: &CpuBuffer,
+        up: &CpuBuffer,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| elementwise::act_mul(act, gate, up, out))
+    }
+
+    fn activation(&self, act: Activation, x: &CpuBuffer, out: &mut CpuBuffer) -> Result<()> {
+        self.install(|| elementwise::activation(act, x, out))
+    }
+
+    fn softcap(&self, x: &mut CpuBuffer, cap: f32) -> Result<()> {
+        self.install(|| elementwise::softcap(x, cap))
+    }
+
+    fn add(&self, acc: &mut CpuBuffer, x: &CpuBuffer) -> Result<()> {
+        self.install(|| elementwise::add(acc, x))
+    }
+
+    fn mul(&self, acc: &mut CpuBuffer, x: &CpuBuffer) -> Result<()> {
+        self.install(|| elementwise::mul(acc, x))
+    }
+
+    fn scale(&self, x: &mut CpuBuffer, s: f32) -> Result<()> {
+        self.install(|| elementwise::scale(x, s))
+    }
+
+    fn attention(
+        &self,
+        q: &CpuBuffer,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        q_positions: &[u32],
+        k_positions: &[u32],
+        p: AttentionParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| attention::attention(q, k, v, q_positions, k_positions, p, out))
+    }
+}

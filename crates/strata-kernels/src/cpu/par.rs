@@ -1,0 +1,43 @@
+//! When to split work across rayon threads.
+
+use rayon::prelude::*;
+
+/// Below this many elements an elementwise or per-row op stays on the calling thread:
+/// handing a decode-sized vector to the pool costs more than the arithmetic.
+pub(crate) const PAR_MIN_ELEMS: usize = 1 << 14;
+
+/// Calls `f(row_index, row)` for every `row_len` chunk of `data`, in parallel when large.
+pub(crate) fn for_each_row_mut<F>(data: &mut [f32], row_len: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync + Send,
+{
+    if data.len() >= PAR_MIN_ELEMS {
+        data.par_chunks_mut(row_len)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    } else {
+        data.chunks_mut(row_len)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// Elementwise `f(&mut a[i], b[i])`, in parallel when large.
+pub(crate) fn zip_apply<F>(a: &mut [f32], b: &[f32], f: F)
+where
+    F: Fn(&mut f32, f32) + Sync + Send,
+{
+    const CHUNK: usize = 4096;
+    let run = |(ac, bc): (&mut [f32], &[f32])| {
+        for (x, &y) in ac.iter_mut().zip(bc) {
+            f(x, y);
+        }
+    };
+    if a.len() >= PAR_MIN_ELEMS {
+        a.par_chunks_mut(CHUNK)
+            .zip(b.par_chunks(CHUNK))
+            .for_each(run);
+    } else {
+        run((a, b));
+    }
+}

@@ -1,0 +1,28 @@
+//! Model ops behind one [`Backend`] trait, each implemented once per backend: a rayon CPU
+//! backend ([`cpu::CpuBackend`]) that is the numerical reference, and (separately) CUDA.
+//!
+//! - [`Backend`]: memory (upload / zeros / download / strided copy) and the ops: embedding,
+//!   RMSNorm (plain and fused residual forms), RoPE, dense and quantized matmul, gated
+//!   activations, softcap, elementwise helpers, attention, sampling.
+//! - [`RowDot`]: how quantized weight formats plug into CPU matmul and embedding.
+//! - [`sampling`]: the host sampler (greedy / temperature / top-k / top-p / min-p, seeded)
+//!   and log-probabilities.
+//! - [`conformance`]: backend-agnostic checks of every op against scalar f64 references;
+//!   any backend runs the same checks.
+
+mod backend;
+pub mod conformance;
+pub mod cpu;
+mod dtype;
+mod error;
+mod params;
+mod quant;
+pub mod sampling;
+
+pub use backend::{Backend, DeviceBuffer};
+pub use dtype::{DType, HostSlice};
+pub use error::{KernelError, Result};
+pub use params::{
+    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, RopeStyle, StridedCopy,
+};
+pub use quant::{MatrixShape, RowDot};

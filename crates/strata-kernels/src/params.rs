@@ -1,0 +1,98 @@
+//! Small parameter structs and enums shared by every backend's ops.
+
+/// Which dimensions form a rotated RoPE pair (same meaning as the config crate's enum of
+/// the same name; kept here so this crate stands alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(i, i + d/2)`, "rotate half" (GPT-NeoX; every HF checkpoint).
+    Neox,
+    /// Pairs `(2i, 2i + 1)` (GGUF Llama, whose converter permuted the q/k rows).
+    Interleaved,
+}
+
+/// Gated-MLP activation applied to the gate projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))` (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+    /// `x * sigmoid(x)` (Llama, Qwen3).
+    Silu,
+}
+
+/// RMSNorm over consecutive rows of `dim` elements:
+/// `y = x * (mean(x^2) + eps)^(-1/2) * (w + weight_offset)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNormParams {
+    pub dim: usize,
+    pub eps: f32,
+    /// 0 for Gemma-4 / Llama / Qwen3 / GGUF (weights hold the final multiplier), 1 for HF
+    /// Gemma-3 checkpoints, whose norms multiply by `1 + w`.
+    pub weight_offset: f32,
+}
+
+impl RmsNormParams {
+    pub fn new(dim: usize, eps: f32) -> Self {
+        Self {
+            dim,
+            eps,
+            weight_offset: 0.0,
+        }
+    }
+}
+
+/// Layout of a `[tokens, n_heads, head_dim]` activation that RoPE rotates in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeParams {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub style: RopeStyle,
+}
+
+/// `out[T, out_features] = x[T, in_features] * W^T` with `W` stored `[out_features, in_features]`
+/// row-major (the HF and GGUF layout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulShape {
+    pub in_features: usize,
+    pub out_features: usize,
+}
+
+/// Attention over explicitly positioned keys.
+///
+/// Key `s` is visible to query `t` iff (`!causal` or `k_pos[s] <= q_pos[t]`) and (`window` is
+/// `None` or `q_pos[t] - k_pos[s] < W`). Query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies `q . k` (Gemma-4: exactly 1.0; most others `head_dim^-1/2`).
+    pub scale: f32,
+    /// Sliding window `W`: keys strictly less than `W` positions behind the query.
+    pub window: Option<usize>,
+    pub causal: bool,
+    /// `cap * tanh(score / cap)` on the scaled scores before the mask (Gemma-2 style); None
+    /// for the models served today.
+    pub softcap: Option<f32>,
+}
+
+impl AttentionParams {
+    /// Whether a key at `k_pos` is visible from a query at `q_pos` (the one mask rule).
+    #[inline]
+    pub fn visible(&self, q_pos: u32, k_pos: u32) -> bool {
+        let behind = q_pos as i64 - k_pos as i64;
+        (!self.causal || behind >= 0) && self.window.is_none_or(|w| behind < w as i64)
+    }
+}
+
+/// A 2-D strided copy: `rows` rows of `cols` elements from `src[src_offset + r * src_stride ..]`
+/// to `dst[dst_offset + r * dst_stride ..]`. Splits fused projections (q|k|v, gate|up) and
+/// gathers per-layer slices without views into buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StridedCopy {
+    pub rows: usize,
+    pub cols: usize,
+    pub src_offset: usize,
+    pub src_stride: usize,
+    pub dst_offset: usize,
+    pub dst_stride: usize,
+}

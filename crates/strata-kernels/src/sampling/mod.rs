@@ -1,0 +1,220 @@
+//! Token sampling on host logits: greedy, temperature, top-k, top-p, min-p, seeded.
+//!
+//! This is the definition of sampling for every backend ([`crate::Backend::sample`] defaults
+//! to it). Order of the filters follows transformers' logits warpers: temperature, then
+//! top-k, then top-p (on the distribution renormalised over the top-k survivors), then min-p
+//! (which keeps `p >= min_p * p_max`; it commutes with the truncations above because they
+//! all keep the most likely token and renormalising keeps probability ratios).
+
+mod logprobs;
+mod rng;
+
+pub use logprobs::{log_softmax, logprob_of, top_logprobs};
+pub use rng::SamplerRng;
+
+use crate::{KernelError, Result};
+use std::cmp::Ordering;
+
+/// Per-request sampling settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax, ties to the lowest id, no random draw).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the smallest most-likely prefix whose mass reaches `top_p`; 1.0 disables.
+    pub top_p: f32,
+    /// Drop tokens with `p < min_p * p_max`; 0.0 disables.
+    pub min_p: f32,
+    /// Seed for this request's [`SamplerRng`] (`SamplerRng::for_request`).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self::greedy()
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |detail: String| {
+            Err(KernelError::Invalid {
+                op: "sample",
+                detail,
+            })
+        };
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!(
+                "temperature {} must be finite and >= 0",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p {} must be in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p {} must be in [0, 1]", self.min_p));
+        }
+        Ok(())
+    }
+}
+
+impl SamplerRng {
+    /// The stream for one request: its own seed if it gave one, else `fallback_seed`
+    /// (e.g. drawn by the server per request).
+    pub fn for_request(params: &SamplingParams, fallback_seed: u64) -> Self {
+        Self::new(params.seed.unwrap_or(fallback_seed))
+    }
+}
+
+/// NaN sorts as -inf so a broken logit can never be chosen over a real one.
+#[inline]
+fn key(x: f32) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        x
+    }
+}
+
+/// Descending by logit, ties by ascending id: the one candidate order.
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    key(b.1)
+        .partial_cmp(&key(a.1))
+        .unwrap_or(Ordering::Equal)
+        .then(a.0.cmp(&b.0))
+}
+
+/// Index of the largest logit; ties go to the lowest id, NaN never wins.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &x) in logits.iter().enumerate() {
+        let x = key(x);
+        if x > best_v {
+            best = i;
+            best_v = x;
+        }
+    }
+    best as u32
+}
+
+/// Draws one token id from `logits` (one row of `vocab` values).
+///
+/// Non-greedy draws take exactly one `rng.next_f64()`; greedy takes none.
+pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SamplerRng) -> Result<u32> {
+    params.validate()?;
+    if logits.is_empty() {
+        return Err(KernelError::Invalid {
+            op: "sample",
+            detail: "empty logits".into(),
+        });
+    }
+    if params.is_greedy() {
+        return Ok(argmax(logits));
+    }
+    let inv_t = 1.0 / params.temperature;
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| (i as u32, key(x) * inv_t))
+        .collect();
+    let filtering = params.top_k > 0 || params.top_p < 1.0 || params.min_p > 0.0;
+    if params.top_k > 0 && params.top_k < cand.len() {
+        cand.select_nth_unstable_by(params.top_k - 1, by_logit_desc);
+        cand.truncate(params.top_k);
+    }
+    if filtering {
+        // Sorted order is needed for the top-p prefix and fixes the walk order below.
+        cand.sort_unstable_by(by_logit_desc);
+    }
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        // Every logit is -inf or NaN: nothing to draw from; fall back to the lowest id.
+        return Ok(argmax(logits));
+    }
+    // Unnormalised probabilities in f64 (max subtracted, so the largest is exactly 1).
+    let mut weights: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
+    if params.top_p < 1.0 {
+        let total: f64 = weights.iter().sum();
+        let target = params.top_p as f64 * total;
+        let mut cum = 0.0;
+        let mut keep = 0;
+        for w in &weights {
+            if keep > 0 && cum >= target {
+                break;
+            }
+            cum += w;
+            keep += 1;
+        }
+        weights.truncate(keep);
+        cand.truncate(keep);
+    }
+    if params.min_p > 0.0 {
+        // The largest weight is 1 (it is exp(0)), so the threshold is min_p itself.
+        let threshold = params.min_p as f64;
+        let keep = weights
+            .iter()
+            .take_while(|&&w| w >= threshold)
+            .count()
+            .max(1);
+        weights.truncate(keep);
+        cand.truncate(keep);
+    }
+    let total: f64 = weights.iter().sum();
+    let u = rng.next_f64() * total;
+    let mut cum = 0.0;
+    for (c, w) in cand.iter().zip(&weights) {
+        cum += w;
+        if u < cum {
+            return Ok(c.0);
+        }
+    }
+    // Rounding can leave u a hair above the final sum: the last non-zero candidate.
+    let last = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
+    Ok(cand[last].0)
+}
+
+/// [`sample`] for each row of `logits [rows, vocab]`.
+pub fn sample_rows(
+    logits: &[f32],
+    vocab: usize,
+    params: &[SamplingParams],
+    rngs: &mut [SamplerRng],
+) -> Result<Vec<u32>> {
+    let rows = params.len();
+    if vocab == 0 || logits.len() != rows * vocab || rngs.len() != rows {
+        return Err(KernelError::Shape {
+            op: "sample",
+            detail: format!(
+                "logits {} for {rows} rows of {vocab}; {} rngs",
+                logits.len(),
+                rngs.len()
+            ),
+        });
+    }
+    logits
+        .chunks_exact(vocab)
+        .zip(params)
+        .zip(rngs.iter_mut())
+        .map(|((row, p), rng)| sample(row, p, rng))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,167 @@
+//! The shared conformance checks, run on the CPU backend: the fixed shape lists and
+//! property tests over random shapes.
+
+use proptest::prelude::*;
+use strata_kernels::conformance::{self, *};
+use strata_kernels::cpu::CpuBackend;
+use strata_kernels::{Activation, DType, RopeStyle, RowDot};
+
+fn cpu() -> CpuBackend {
+    CpuBackend::new()
+}
+
+fn boxed(q: &RowScaledQ8) -> Box<dyn RowDot> {
+    Box::new(q.clone())
+}
+
+#[test]
+fn upload_download() {
+    check_upload_download(&cpu()).unwrap();
+}
+
+#[test]
+fn copy_strided() {
+    check_copy_strided(&cpu()).unwrap();
+}
+
+#[test]
+fn embedding() {
+    check_embedding(&cpu()).unwrap();
+}
+
+#[test]
+fn embedding_quant() {
+    check_embedding_quant(&cpu(), &boxed).unwrap();
+}
+
+#[test]
+fn rms_norm() {
+    check_rms_norm(&cpu()).unwrap();
+}
+
+#[test]
+fn rope() {
+    check_rope(&cpu()).unwrap();
+}
+
+#[test]
+fn matmul() {
+    check_matmul(&cpu()).unwrap();
+}
+
+#[test]
+fn matmul_quant() {
+    check_matmul_quant(&cpu(), &boxed).unwrap();
+}
+
+#[test]
+fn act_mul() {
+    check_act_mul(&cpu()).unwrap();
+}
+
+#[test]
+fn activation() {
+    check_activation(&cpu()).unwrap();
+}
+
+#[test]
+fn softcap() {
+    check_softcap(&cpu()).unwrap();
+}
+
+#[test]
+fn arith() {
+    check_arith(&cpu()).unwrap();
+}
+
+#[test]
+fn attention() {
+    check_attention(&cpu()).unwrap();
+}
+
+#[test]
+fn sample() {
+    check_sample(&cpu()).unwrap();
+}
+
+#[test]
+fn check_all_on_a_private_single_thread_pool() {
+    let b = CpuBackend::with_threads(1).unwrap();
+    conformance::check_all(&b, &boxed).unwrap();
+}
+
+fn weight_dtype() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_random_shapes(
+        tokens in 1usize..12, in_features in 1usize..200, out_features in 1usize..80,
+        weight in weight_dtype(), seed in any::<u64>(),
+    ) {
+        let c = MatmulCase { tokens, in_features, out_features, weight, seed };
+        check_matmul_case(&cpu(), c).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn matmul_quant_random_shapes(
+        tokens in 1usize..10, in_features in 1usize..100, out_features in 1usize..40,
+        seed in any::<u64>(),
+    ) {
+        let c = MatmulCase { tokens, in_features, out_features, weight: DType::F32, seed };
+        check_matmul_quant_case(&cpu(), c, &boxed).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn rms_norm_random_shapes(
+        rows in 1usize..10, dim in 1usize..600, weight in proptest::option::of(weight_dtype()),
+        offset in prop_oneof![Just(0.0f32), Just(1.0f32)],
+        variant in prop_oneof![Just(NormVariant::Plain), Just(NormVariant::AddThenNorm), Just(NormVariant::NormThenAdd)],
+        seed in any::<u64>(),
+    ) {
+        let c = RmsNormCase { rows, dim, weight, weight_offset: offset, eps: 1e-6, variant, seed };
+        check_rms_norm_case(&cpu(), c).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn rope_random_shapes(
+        tokens in 1usize..6, n_heads in 1usize..5, half in 1usize..80, rotated_frac in 0.0f64..=1.0,
+        interleaved in any::<bool>(), max_position in 1u32..50_000, seed in any::<u64>(),
+    ) {
+        let c = RopeCase {
+            tokens, n_heads, head_dim: 2 * half,
+            rotated_pairs: (rotated_frac * half as f64) as usize,
+            theta: 1e4,
+            style: if interleaved { RopeStyle::Interleaved } else { RopeStyle::Neox },
+            max_position, seed,
+        };
+        check_rope_case(&cpu(), c).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn attention_random_shapes(
+        q_tokens in 1usize..6, cached in 0usize..24, first_position in 0u32..1000,
+        kv_heads in 1usize..3, group in 1usize..4,
+        head_dim in prop_oneof![Just(64usize), Just(128), Just(256), Just(512), 1usize..40],
+        window in proptest::option::of(1usize..12), causal in prop::bool::weighted(0.8),
+        softcap in proptest::option::of(5.0f32..60.0), shuffle_keys in any::<bool>(),
+        unit_scale in any::<bool>(), seed in any::<u64>(),
+    ) {
+        let c = AttentionCase {
+            q_tokens, cached, first_position, n_heads: kv_heads * group, n_kv_heads: kv_heads,
+            head_dim, window, causal,
+            scale: if unit_scale { 1.0 } else { 1.0 / (head_dim as f32).sqrt() },
+            softcap, shuffle_keys, seed,
+        };
+        check_attention_case(&cpu(), c).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn act_mul_random_lengths(len in 1usize..5000, spread in 0.1f32..20.0, silu in any::<bool>(), seed in any::<u64>()) {
+        let act = if silu { Activation::Silu } else { Activation::GeluTanh };
+        check_act_mul_case(&cpu(), act, ElementwiseCase { len, spread, seed }).map_err(TestCaseError::fail)?;
+    }
+}
