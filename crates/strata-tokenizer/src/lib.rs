@@ -1,0 +1,219 @@
+//! Tokenizers for every model Strata serves, behind one `Tokenizer` type.
+
+mod bpe;
+mod chat;
+mod hf;
+mod special;
+mod spm;
+mod stream;
+mod vocab;
+
+use std::path::Path;
+
+pub use chat::{ChatMessage, ChatTemplate, GEMMA_TEMPLATE};
+pub use stream::StreamDecoder;
+pub use vocab::{TokenKind, Vocab};
+
+use special::Fragment;
+use strata_gguf::{GgufFile, Value};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("invalid tokenizer data: {0}")]
+    Invalid(String),
+    #[error("unsupported tokenizer: {0}")]
+    Unsupported(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("tokenizer.json: {0}")]
+    Hf(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("token id {0} is outside the vocabulary")]
+    UnknownId(u32),
+}
+
+enum Algorithm {
+    /// SentencePiece-style merging by score (GGUF `llama`).
+    Spm,
+    /// Byte-level BPE (GGUF `gpt2`).
+    Bpe(bpe::PreTokenizer),
+}
+
+// One per loaded model: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Backend {
+    Gguf { vocab: Vocab, algorithm: Algorithm },
+    Hf(hf::HfTokenizer),
+}
+
+/// Text <-> ids for one model.
+pub struct Tokenizer {
+    backend: Backend,
+    chat_template: Option<String>,
+}
+
+impl Tokenizer {
+    /// The vocabulary embedded in a GGUF file.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self, TokenizerError> {
+        let vocab = Vocab::from_gguf(file)?;
+        let model = file
+            .get("tokenizer.ggml.model")
+            .and_then(Value::as_str)
+            .unwrap_or("llama");
+        let algorithm = match model {
+            "llama" => Algorithm::Spm,
+            "gpt2" => {
+                let pre = file
+                    .get("tokenizer.ggml.pre")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                Algorithm::Bpe(bpe::PreTokenizer::named(pre)?)
+            }
+            other => {
+                return Err(TokenizerError::Unsupported(format!(
+                    "tokenizer.ggml.model = {other:?} (Strata reads \"llama\" and \"gpt2\")"
+                )))
+            }
+        };
+        let chat_template = file
+            .get("tokenizer.chat_template")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        Ok(Self {
+            backend: Backend::Gguf { vocab, algorithm },
+            chat_template,
+        })
+    }
+
+    /// A Hugging Face model directory: `tokenizer.json` plus `tokenizer_config.json` (special
+    /// tokens, BOS policy, chat template) when present.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        let (tok, chat_template) = hf::HfTokenizer::load(dir)?;
+        Ok(Self {
+            backend: Backend::Hf(tok),
+            chat_template,
+        })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match &self.backend {
+            Backend::Gguf { vocab, .. } => vocab.len(),
+            Backend::Hf(t) => t.vocab_size(),
+        }
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Gguf { vocab, .. } => vocab.bos,
+            Backend::Hf(t) => t.bos,
+        }
+    }
+
+    pub fn eos_id(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Gguf { vocab, .. } => vocab.eos,
+            Backend::Hf(t) => t.eos,
+        }
+    }
+
+    /// Whether `encode(.., add_special = true)` starts with BOS.
+    pub fn adds_bos(&self) -> bool {
+        match &self.backend {
+            Backend::Gguf { vocab, .. } => vocab.add_bos && vocab.bos.is_some(),
+            Backend::Hf(t) => t.add_bos,
+        }
+    }
+
+    /// The id of a token by its exact text (e.g. `"<end_of_turn>"`).
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        match &self.backend {
+            Backend::Gguf { vocab, .. } => vocab.ids.get(text).copied(),
+            Backend::Hf(t) => t.token_id(text),
+        }
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Tokenizes `text`. `add_special` adds BOS (and EOS) as the model is configured to;
+    /// `parse_special` lets control tokens written in the text (`<start_of_turn>`) become
+    /// their ids rather than being spelled out.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        match &self.backend {
+            Backend::Hf(t) => t.encode(text, add_special, parse_special),
+            Backend::Gguf { vocab, algorithm } => {
+                let mut out = Vec::with_capacity(text.len() / 3 + 2);
+                if add_special && vocab.add_bos {
+                    out.extend(vocab.bos);
+                }
+                let mut first = true;
+                for frag in special::partition(vocab, text, parse_special) {
+                    match frag {
+                        Fragment::Token(id) => out.push(id),
+                        Fragment::Text(t) => match algorithm {
+                            Algorithm::Spm => {
+                                let mut s = String::with_capacity(t.len() + 3);
+                                if vocab.add_space_prefix && first {
+                                    s.push(' ');
+                                }
+                                s.push_str(t);
+                                spm::encode(vocab, &spm::escape_whitespace(&s), &mut out);
+                            }
+                            Algorithm::Bpe(pre) => {
+                                for piece in pre.split(t) {
+                                    bpe::encode_piece(vocab, piece, &mut out);
+                                }
+                            }
+                        },
+                    }
+                    first = false;
+                }
+                if add_special && vocab.add_eos {
+                    out.extend(vocab.eos);
+                }
+                out
+            }
+        }
+    }
+
+    /// The bytes of one token as it appears in decoded text. Special tokens give nothing
+    /// unless `with_special`.
+    pub fn token_bytes(&self, id: u32, with_special: bool) -> Result<Vec<u8>, TokenizerError> {
+        match &self.backend {
+            Backend::Hf(t) => t.token_bytes(id, with_special),
+            Backend::Gguf { vocab, algorithm } => {
+                let i = id as usize;
+                let text = vocab.texts.get(i).ok_or(TokenizerError::UnknownId(id))?;
+                Ok(match vocab.kinds[i] {
+                    k if k.is_special() => {
+                        if with_special {
+                            text.clone().into_bytes()
+                        } else {
+                            Vec::new()
+                        }
+                    }
+                    TokenKind::UserDefined => text.clone().into_bytes(),
+                    TokenKind::Byte => spm::piece_bytes(text),
+                    _ => match algorithm {
+                        Algorithm::Spm => spm::piece_bytes(text),
+                        Algorithm::Bpe(_) => bpe::decode_bytes(text),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Decodes ids to text; bytes that do not form valid UTF-8 become U+FFFD.
+    pub fn decode(&self, ids: &[u32], with_special: bool) -> Result<String, TokenizerError> {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            bytes.extend(self.token_bytes(id, with_special)?);
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+}

@@ -1,0 +1,54 @@
+//! Incremental detokenization for streaming responses.
+
+use crate::{Tokenizer, TokenizerError};
+
+/// Turns a stream of token ids into text chunks that are always valid UTF-8: bytes of a
+/// character split across tokens are held back until the character is complete.
+#[derive(Default)]
+pub struct StreamDecoder {
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one token; returns the text that became complete (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
+        self.pending.extend(tok.token_bytes(id, false)?);
+        Ok(self.take_valid())
+    }
+
+    fn take_valid(&mut self) -> String {
+        // Emit everything up to an unfinished character at the end; invalid sequences in
+        // the middle are emitted (as U+FFFD) rather than held forever.
+        let mut end = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[end..]) {
+                Ok(s) => {
+                    end += s.len();
+                    break;
+                }
+                Err(e) => {
+                    end += e.valid_up_to();
+                    match e.error_len() {
+                        Some(bad) => end += bad,
+                        None => break,
+                    }
+                }
+            }
+        }
+        let rest = self.pending.split_off(end);
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending = rest;
+        out
+    }
+
+    /// Whatever is left at the end of the stream (an unfinished character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
