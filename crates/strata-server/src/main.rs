@@ -1,5 +1,6 @@
 //! `strata`: the command-line entry point of the engine.
 
+mod generate;
 mod inspect;
 
 use std::process::ExitCode;
@@ -21,12 +22,15 @@ struct Cli {
 enum Command {
     /// Print a model's architecture, layer layout, KV sharing and KV groups.
     Inspect(inspect::InspectArgs),
+    /// Generate text from a prompt (one request, greedy by default).
+    Generate(generate::GenerateArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Generate(args) => generate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

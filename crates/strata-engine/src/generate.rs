@@ -1,0 +1,139 @@
+//! One request generated to completion on its own KV pool.
+
+use std::time::Instant;
+
+use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
+use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
+use strata_model::{ForwardBatch, LogitsMode, SeqChunk};
+
+use crate::{EngineError, LoadedModel, Result};
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub kv_cache_dtype: KvCacheDtype,
+    /// Stop at the model's end-of-sequence tokens.
+    pub stop_at_eos: bool,
+    /// Prompt tokens per forward pass during prefill.
+    pub prefill_chunk: usize,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 64,
+            sampling: SamplingParams::greedy(),
+            kv_cache_dtype: KvCacheDtype::Auto,
+            stop_at_eos: true,
+            prefill_chunk: 512,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    pub prompt_ms: f64,
+    pub predicted_ms: f64,
+    pub prompt_per_second: f64,
+    pub predicted_per_second: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateResult {
+    pub tokens: Vec<u32>,
+    /// Why generation ended: "stop" (an EOS token) or "length".
+    pub finish_reason: &'static str,
+    pub timings: Timings,
+}
+
+const PAGE_SIZE: usize = 16;
+
+impl LoadedModel {
+    /// Generates up to `max_tokens` after `prompt`.
+    pub fn generate(&self, prompt: &[u32], p: &GenerateParams) -> Result<GenerateResult> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt has no tokens".into()));
+        }
+        let ctx = self.config().max_position_embeddings;
+        if prompt.len() + p.max_tokens > ctx {
+            return Err(EngineError::Invalid(format!(
+                "prompt ({}) + max_tokens ({}) exceeds the model's context of {ctx}",
+                prompt.len(),
+                p.max_tokens
+            )));
+        }
+        let layout = KvLayout::for_config(self.config(), p.kv_cache_dtype)?;
+        let pages = (prompt.len() + p.max_tokens).div_ceil(PAGE_SIZE) + 1;
+        let plan = PagePlan {
+            full: pages,
+            window: pages,
+            page_size: PAGE_SIZE,
+        };
+        let mut kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
+        let req = kv.alloc_request();
+        let mut rng = SamplerRng::for_request(&p.sampling, 0x5EED);
+
+        let t0 = Instant::now();
+        let chunk = p.prefill_chunk.max(1);
+        let mut logits = Vec::new();
+        for (i, part) in prompt.chunks(chunk).enumerate() {
+            let start = i * chunk;
+            kv.extend(req, part.len())?;
+            let last = start + part.len() == prompt.len();
+            let batch = ForwardBatch {
+                seqs: vec![SeqChunk {
+                    request: req,
+                    tokens: part.to_vec(),
+                    start,
+                    logits: if last {
+                        LogitsMode::Last
+                    } else {
+                        LogitsMode::None
+                    },
+                }],
+            };
+            logits = self.model.forward(&mut kv, &batch)?.logits.remove(0);
+        }
+        let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+        let t1 = Instant::now();
+        let mut tokens = Vec::with_capacity(p.max_tokens);
+        let mut finish_reason = "length";
+        while tokens.len() < p.max_tokens {
+            let next = sample(&logits, &p.sampling, &mut rng)?;
+            tokens.push(next);
+            if p.stop_at_eos && self.stop_ids.contains(&next) {
+                finish_reason = "stop";
+                break;
+            }
+            if tokens.len() == p.max_tokens {
+                break;
+            }
+            let pos = prompt.len() + tokens.len() - 1;
+            kv.extend(req, 1)?;
+            let batch = ForwardBatch {
+                seqs: vec![SeqChunk {
+                    request: req,
+                    tokens: vec![next],
+                    start: pos,
+                    logits: LogitsMode::Last,
+                }],
+            };
+            logits = self.model.forward(&mut kv, &batch)?.logits.remove(0);
+        }
+        let predicted_ms = t1.elapsed().as_secs_f64() * 1e3;
+        kv.release(req)?;
+        let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        Ok(GenerateResult {
+            finish_reason,
+            timings: Timings {
+                prompt_ms,
+                predicted_ms,
+                prompt_per_second: per_second(prompt.len(), prompt_ms),
+                predicted_per_second: per_second(tokens.len(), predicted_ms),
+            },
+            tokens,
+        })
+    }
+}

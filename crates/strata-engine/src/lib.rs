@@ -1,0 +1,27 @@
+//! Loads a model with its tokenizer and runs generation.
+
+mod generate;
+mod load;
+
+pub use generate::{GenerateParams, GenerateResult, Timings};
+pub use load::{Device, LoadedModel};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] strata_model::ModelError),
+    #[error(transparent)]
+    Config(#[from] strata_config::ConfigError),
+    #[error(transparent)]
+    Tokenizer(#[from] strata_tokenizer::TokenizerError),
+    #[error(transparent)]
+    Kv(#[from] strata_kv::KvError),
+    #[error(transparent)]
+    Kernel(#[from] strata_kernels::KernelError),
+    #[error(transparent)]
+    Gguf(#[from] strata_gguf::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;

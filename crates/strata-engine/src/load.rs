@@ -1,0 +1,144 @@
+//! Loading a model, its tokenizer and its chat template.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use strata_config::{load_model_config, Architecture, ModelConfig, ModelSource};
+use strata_gguf::GgufFile;
+use strata_kernels::cpu::CpuBackend;
+use strata_model::Model;
+use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
+
+use crate::{EngineError, Result};
+
+/// Where the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// CUDA when a GPU is present, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl FromStr for Device {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(EngineError::Invalid(format!(
+                "unknown device {other:?} (auto, cpu, cuda)"
+            ))),
+        }
+    }
+}
+
+/// A model ready to run, with its tokenizer.
+pub struct LoadedModel {
+    pub model: Model<CpuBackend>,
+    pub tokenizer: Option<Tokenizer>,
+    /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
+    pub stop_ids: Vec<u32>,
+    chat: Option<ChatTemplate>,
+}
+
+impl LoadedModel {
+    pub fn load(path: &Path, device: Device) -> Result<Self> {
+        if device == Device::Cuda {
+            return Err(EngineError::Invalid(
+                "--device cuda: this build has no CUDA backend yet; use --device cpu".into(),
+            ));
+        }
+        let (config, source) = load_model_config(path)?;
+        let tokenizer = match &source {
+            ModelSource::Gguf(p) => Some(Tokenizer::from_gguf(&GgufFile::open(p)?)?),
+            ModelSource::HuggingFace { dir, .. } if dir.join("tokenizer.json").is_file() => {
+                Some(Tokenizer::from_hf_dir(dir)?)
+            }
+            ModelSource::HuggingFace { .. } => None,
+        };
+        let model = Model::load(CpuBackend::new(), path)?;
+        let mut stop_ids = config.eos_token_ids.clone();
+        if let Some(t) = &tokenizer {
+            stop_ids.extend(t.eos_id());
+            // Gemma's chat turns end with <end_of_turn>, which the GGUF does not list as EOS.
+            if matches!(
+                config.architecture,
+                Architecture::Gemma3 | Architecture::Gemma4
+            ) {
+                stop_ids.extend(t.token_id("<end_of_turn>"));
+            }
+        }
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
+        let chat = match &tokenizer {
+            Some(t) => chat_template(&config, t)?,
+            None => None,
+        };
+        Ok(Self {
+            model,
+            tokenizer,
+            stop_ids,
+            chat,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            EngineError::Invalid(
+                "this model has no tokenizer (no tokenizer.json); pass token ids".into(),
+            )
+        })
+    }
+
+    /// Token ids of a raw prompt, with BOS added the way the model's tokenizer is configured.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.tokenizer()?.encode(text, true, true))
+    }
+
+    /// Token ids of a chat conversation, rendered with the model's chat template.
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let tok = self.tokenizer()?;
+        let chat = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| EngineError::Invalid("this model has no chat template".into()))?;
+        let text = chat.render(messages, true)?;
+        // The template writes BOS itself when the model wants one.
+        let bos_in_text = tok
+            .bos_id()
+            .and_then(|b| tok.decode(&[b], true).ok())
+            .is_some_and(|b| !b.is_empty() && text.starts_with(&b));
+        Ok(tok.encode(&text, !bos_in_text, true))
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(self.tokenizer()?.decode(ids, false)?)
+    }
+}
+
+/// The model's own template, or Gemma's turn format for Gemma files that carry none.
+fn chat_template(config: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tok.decode(&[i], true).ok())
+            .unwrap_or_default()
+    };
+    let (bos, eos) = (text(tok.bos_id()), text(tok.eos_id()));
+    let source = match tok.chat_template() {
+        Some(t) => t,
+        None if matches!(
+            config.architecture,
+            Architecture::Gemma3 | Architecture::Gemma4
+        ) =>
+        {
+            GEMMA_TEMPLATE
+        }
+        None => return Ok(None),
+    };
+    Ok(Some(ChatTemplate::new(source, &bos, &eos)?))
+}

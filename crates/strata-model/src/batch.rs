@@ -1,0 +1,48 @@
+//! One forward step's input and output.
+
+use strata_kv::RequestId;
+
+/// Which logits a sequence wants from this step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsMode {
+    /// None (a prefill chunk that is not the last).
+    None,
+    /// The last token's (decode, or the last prefill chunk).
+    Last,
+    /// Every token's (teacher-forced scoring, speculative verification).
+    All,
+}
+
+/// A run of consecutive tokens of one sequence: a prefill chunk or a decode token.
+#[derive(Clone, Debug)]
+pub struct SeqChunk {
+    /// The KV-pool request whose pages hold this sequence (already extended to cover
+    /// `start + tokens.len()` positions).
+    pub request: RequestId,
+    pub tokens: Vec<u32>,
+    /// Absolute position of `tokens[0]`.
+    pub start: usize,
+    pub logits: LogitsMode,
+}
+
+/// Several sequences at different positions, computed in one pass.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardBatch {
+    pub seqs: Vec<SeqChunk>,
+}
+
+/// Logits per sequence of the batch, in batch order: `rows x vocab` values each (0, 1 or
+/// the chunk's length rows, per its `LogitsMode`).
+#[derive(Clone, Debug)]
+pub struct ForwardOutput {
+    pub vocab: usize,
+    pub logits: Vec<Vec<f32>>,
+}
+
+impl ForwardOutput {
+    /// The last row of sequence `i`'s logits, if it asked for any.
+    pub fn last(&self, i: usize) -> Option<&[f32]> {
+        let l = &self.logits[i];
+        (l.len() >= self.vocab && self.vocab > 0).then(|| &l[l.len() - self.vocab..])
+    }
+}

@@ -1,0 +1,374 @@
+//! The forward pass: one code path for Gemma-4, Gemma-3, Llama and Qwen3, with the
+//! architecture's switches read from `ModelConfig`.
+
+use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
+use strata_kernels::{
+    Activation, AttentionParams, Backend, HostSlice, RmsNormParams, RopeParams, RopeStyle,
+    StridedCopy,
+};
+
+use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::tensors::LayerTensors;
+
+/// Where each sequence's rows sit in the batch's token-major buffers.
+struct SeqRows {
+    offset: usize,
+    len: usize,
+}
+
+impl<B: Backend> Model<B> {
+    fn norm(&self, dim: usize) -> RmsNormParams {
+        RmsNormParams {
+            dim,
+            eps: self.config.rms_norm_eps as f32,
+            weight_offset: self.config.norm_weight_offset,
+        }
+    }
+
+    fn zeros(&self, len: usize) -> Result<B::Buffer> {
+        Ok(self.backend.zeros(len, self.backend.activation_dtype())?)
+    }
+
+    /// Copies `rows` rows of `cols` values between token-major buffers.
+    fn copy_rows(
+        &self,
+        src: &B::Buffer,
+        dst: &mut B::Buffer,
+        rows: usize,
+        cols: usize,
+        src_row: usize,
+        dst_row: usize,
+    ) -> Result<()> {
+        self.backend.copy_strided(
+            src,
+            dst,
+            StridedCopy {
+                rows,
+                cols,
+                src_offset: src_row * cols,
+                src_stride: cols,
+                dst_offset: dst_row * cols,
+                dst_stride: cols,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Runs every sequence of `batch` through the model, storing their K/V in `kv` and
+    /// returning the logits each asked for.
+    pub fn forward<K: KvCache>(&self, kv: &mut K, batch: &ForwardBatch) -> Result<ForwardOutput> {
+        let c = &self.config;
+        let b = &self.backend;
+        let h = c.hidden_size;
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut rows = Vec::with_capacity(batch.seqs.len());
+        for s in &batch.seqs {
+            if s.tokens.is_empty() {
+                return Err(ModelError::Invalid("a sequence chunk has no tokens".into()));
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ModelError::Invalid(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    c.vocab_size
+                )));
+            }
+            let end = s.start + s.tokens.len();
+            if end > c.max_position_embeddings {
+                return Err(ModelError::Invalid(format!(
+                    "position {end} exceeds the context of {}",
+                    c.max_position_embeddings
+                )));
+            }
+            rows.push(SeqRows {
+                offset: ids.len(),
+                len: s.tokens.len(),
+            });
+            ids.extend_from_slice(&s.tokens);
+            positions.extend((s.start..end).map(|p| p as u32));
+        }
+        let t = ids.len();
+        if t == 0 {
+            return Ok(ForwardOutput {
+                vocab: c.vocab_size,
+                logits: vec![],
+            });
+        }
+
+        let mut x = self.zeros(t * h)?;
+        self.tensors
+            .embed
+            .embed(b, &ids, self.embed_scale, &mut x)?;
+        let ple = match &self.tensors.ple {
+            Some(_) => Some(self.per_layer_inputs(&ids, &x)?),
+            None => None,
+        };
+        let mut normed = self.zeros(t * h)?;
+        for (l, lw) in self.tensors.layers.iter().enumerate() {
+            let lc = &c.layers[l];
+            b.rms_norm(&x, Some(&lw.input_norm), self.norm(h), &mut normed)?;
+            let attn = self.attention(l, lc, lw, &normed, &positions, batch, &rows, kv)?;
+            match &lw.post_attn_norm {
+                Some(post) => {
+                    b.rms_norm_add(&mut x, &attn, Some(post), self.norm(h))?;
+                    b.rms_norm(&x, Some(&lw.pre_mlp_norm), self.norm(h), &mut normed)?;
+                }
+                None => b.add_rms_norm(
+                    &mut x,
+                    &attn,
+                    Some(&lw.pre_mlp_norm),
+                    self.norm(h),
+                    &mut normed,
+                )?,
+            }
+            let m = self.mlp(lw, &normed, t)?;
+            match &lw.post_mlp_norm {
+                Some(post) => b.rms_norm_add(&mut x, &m, Some(post), self.norm(h))?,
+                None => b.add(&mut x, &m)?,
+            }
+            if let (Some(ple), Some((gate, proj, norm))) = (&ple, &lw.ple) {
+                let p = gate.rows();
+                let mut g = self.zeros(t * p)?;
+                gate.forward(b, &x, &mut g)?;
+                let mut ga = self.zeros(t * p)?;
+                b.activation(self.activation(), &g, &mut ga)?;
+                let mut slice = self.zeros(t * p)?;
+                let lp = c.num_layers() * p;
+                b.copy_strided(
+                    ple,
+                    &mut slice,
+                    StridedCopy {
+                        rows: t,
+                        cols: p,
+                        src_offset: l * p,
+                        src_stride: lp,
+                        dst_offset: 0,
+                        dst_stride: p,
+                    },
+                )?;
+                b.mul(&mut ga, &slice)?;
+                let mut out = self.zeros(t * h)?;
+                proj.forward(b, &ga, &mut out)?;
+                b.rms_norm_add(&mut x, &out, Some(norm), self.norm(h))?;
+            }
+            if c.layer_scalar {
+                b.scale(&mut x, lw.layer_scalar)?;
+            }
+        }
+        self.logits(&x, batch, &rows)
+    }
+
+    fn activation(&self) -> Activation {
+        match self.config.activation {
+            CfgActivation::GeluTanh => Activation::GeluTanh,
+            CfgActivation::Silu => Activation::Silu,
+        }
+    }
+
+    /// Gemma-4 PLE: `[T, L * P]` = (norm(W_plp x0 / sqrt(H)) + E_ple[id] * sqrt(P)) / sqrt(2).
+    fn per_layer_inputs(&self, ids: &[u32], x0: &B::Buffer) -> Result<B::Buffer> {
+        let b = &self.backend;
+        let ple = self.tensors.ple.as_ref().expect("checked by caller");
+        let p = self
+            .config
+            .per_layer_input
+            .expect("PLE tensors imply PLE config")
+            .hidden_size;
+        let t = ids.len();
+        let lp = ple.projection.rows();
+        let mut tok = self.zeros(t * lp)?;
+        ple.table.embed(b, ids, self.ple_scale, &mut tok)?;
+        let mut ctx = self.zeros(t * lp)?;
+        ple.projection.forward(b, x0, &mut ctx)?;
+        b.scale(&mut ctx, (self.config.hidden_size as f32).powf(-0.5))?;
+        let mut out = self.zeros(t * lp)?;
+        b.rms_norm(&ctx, Some(&ple.norm), self.norm(p), &mut out)?;
+        b.add(&mut out, &tok)?;
+        b.scale(&mut out, std::f32::consts::FRAC_1_SQRT_2)?;
+        Ok(out)
+    }
+
+    fn rope_params(&self, lc: &LayerConfig, n_heads: usize) -> RopeParams {
+        RopeParams {
+            n_heads,
+            head_dim: lc.head_dim,
+            style: match lc.rope.style {
+                CfgRopeStyle::Neox => RopeStyle::Neox,
+                CfgRopeStyle::Interleaved => RopeStyle::Interleaved,
+            },
+        }
+    }
+
+    /// Self-attention of layer `l` for the whole batch; returns `[T, H]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention<K: KvCache>(
+        &self,
+        l: usize,
+        lc: &LayerConfig,
+        lw: &LayerTensors<B>,
+        normed: &B::Buffer,
+        positions: &[u32],
+        batch: &ForwardBatch,
+        rows: &[SeqRows],
+        kv: &mut K,
+    ) -> Result<B::Buffer> {
+        let b = &self.backend;
+        let c = &self.config;
+        let t = positions.len();
+        let (d, nh, nkv) = (lc.head_dim, c.num_attention_heads, lc.num_kv_heads);
+        let head_norm = self.norm(d);
+
+        let mut q = self.zeros(t * nh * d)?;
+        lw.q.forward(b, normed, &mut q)?;
+        if let Some(qn) = &lw.q_norm {
+            let mut out = self.zeros(t * nh * d)?;
+            b.rms_norm(&q, Some(qn), head_norm, &mut out)?;
+            q = out;
+        }
+        b.rope(&mut q, positions, &lw.inv_freq, self.rope_params(lc, nh))?;
+
+        if let (Some(wk), Some(wv)) = (&lw.k, &lw.v) {
+            let mut k = self.zeros(t * nkv * d)?;
+            wk.forward(b, normed, &mut k)?;
+            if let Some(kn) = &lw.k_norm {
+                let mut out = self.zeros(t * nkv * d)?;
+                b.rms_norm(&k, Some(kn), head_norm, &mut out)?;
+                k = out;
+            }
+            b.rope(&mut k, positions, &lw.inv_freq, self.rope_params(lc, nkv))?;
+            let mut v = self.zeros(t * nkv * d)?;
+            wv.forward(b, normed, &mut v)?;
+            if c.v_norm {
+                let mut out = self.zeros(t * nkv * d)?;
+                b.rms_norm(&v, None, head_norm, &mut out)?;
+                v = out;
+            }
+            let (kh, vh) = (b.download(&k)?, b.download(&v)?);
+            let row = nkv * d;
+            for (seq, r) in batch.seqs.iter().zip(rows) {
+                for i in 0..r.len {
+                    let at = (r.offset + i) * row;
+                    kv.store(
+                        l,
+                        seq.request,
+                        seq.start + i,
+                        &kh[at..at + row],
+                        &vh[at..at + row],
+                    )?;
+                }
+            }
+        }
+
+        let params = AttentionParams {
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: d,
+            scale: c.attention_scale as f32,
+            window: lc.window,
+            causal: true,
+            softcap: c.attn_logit_softcapping.map(|x| x as f32),
+        };
+        let qrow = nh * d;
+        let mut o = self.zeros(t * qrow)?;
+        let (mut kh, mut vh) = (Vec::new(), Vec::new());
+        for (seq, r) in batch.seqs.iter().zip(rows) {
+            // Keys the chunk's queries can see: all earlier positions, or the last W - 1
+            // before the chunk for a sliding layer.
+            let end = seq.start + r.len;
+            let lo = lc.window.map_or(0, |w| seq.start.saturating_sub(w - 1));
+            kh.clear();
+            vh.clear();
+            kv.gather(l, seq.request, lo..end, nkv * d, &mut kh, &mut vh)?;
+            let kbuf = b.upload(HostSlice::F32(&kh))?;
+            let vbuf = b.upload(HostSlice::F32(&vh))?;
+            let k_pos: Vec<u32> = (lo..end).map(|p| p as u32).collect();
+            let mut qs = self.zeros(r.len * qrow)?;
+            self.copy_rows(&q, &mut qs, r.len, qrow, r.offset, 0)?;
+            let mut os = self.zeros(r.len * qrow)?;
+            b.attention(
+                &qs,
+                &kbuf,
+                &vbuf,
+                &positions[r.offset..r.offset + r.len],
+                &k_pos,
+                params,
+                &mut os,
+            )?;
+            self.copy_rows(&os, &mut o, r.len, qrow, 0, r.offset)?;
+        }
+        let mut out = self.zeros(t * c.hidden_size)?;
+        lw.o.forward(b, &o, &mut out)?;
+        Ok(out)
+    }
+
+    /// The gated MLP; returns `[T, H]`.
+    fn mlp(&self, lw: &LayerTensors<B>, normed: &B::Buffer, t: usize) -> Result<B::Buffer> {
+        let b = &self.backend;
+        let f = lw.gate.rows();
+        let mut gate = self.zeros(t * f)?;
+        lw.gate.forward(b, normed, &mut gate)?;
+        let mut up = self.zeros(t * f)?;
+        lw.up.forward(b, normed, &mut up)?;
+        let mut act = self.zeros(t * f)?;
+        b.act_mul(self.activation(), &gate, &up, &mut act)?;
+        let mut out = self.zeros(t * self.config.hidden_size)?;
+        lw.down.forward(b, &act, &mut out)?;
+        Ok(out)
+    }
+
+    /// Final norm, output projection and softcap for the rows each sequence asked for.
+    fn logits(
+        &self,
+        x: &B::Buffer,
+        batch: &ForwardBatch,
+        rows: &[SeqRows],
+    ) -> Result<ForwardOutput> {
+        let b = &self.backend;
+        let c = &self.config;
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let mut wanted = Vec::new();
+        let mut counts = Vec::with_capacity(rows.len());
+        for (seq, r) in batch.seqs.iter().zip(rows) {
+            let picked: Vec<usize> = match seq.logits {
+                LogitsMode::None => vec![],
+                LogitsMode::Last => vec![r.offset + r.len - 1],
+                LogitsMode::All => (r.offset..r.offset + r.len).collect(),
+            };
+            counts.push(picked.len());
+            wanted.extend(picked);
+        }
+        let n = wanted.len();
+        if n == 0 {
+            return Ok(ForwardOutput {
+                vocab,
+                logits: vec![vec![]; rows.len()],
+            });
+        }
+        let mut sel = self.zeros(n * h)?;
+        for (i, &row) in wanted.iter().enumerate() {
+            self.copy_rows(x, &mut sel, 1, h, row, i)?;
+        }
+        let mut y = self.zeros(n * h)?;
+        b.rms_norm(&sel, Some(&self.tensors.final_norm), self.norm(h), &mut y)?;
+        let mut logits = self.zeros(n * vocab)?;
+        self.tensors
+            .lm_head
+            .as_ref()
+            .unwrap_or(&self.tensors.embed)
+            .forward(b, &y, &mut logits)?;
+        if let Some(cap) = c.final_logit_softcapping {
+            b.softcap(&mut logits, cap as f32)?;
+        }
+        let host = b.download(&logits)?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for k in counts {
+            out.push(host[at * vocab..(at + k) * vocab].to_vec());
+            at += k;
+        }
+        Ok(ForwardOutput { vocab, logits: out })
+    }
+}

@@ -1,0 +1,16 @@
+//! Forward passes of the models Strata serves, over any `strata-kernels` backend.
+
+mod batch;
+mod error;
+mod forward;
+mod kv_cache;
+mod linear;
+mod model;
+mod tensors;
+
+pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+pub use error::{ModelError, Result};
+pub use kv_cache::KvCache;
+pub use linear::{upload_linear, Linear, QuantUpload, QuantWeight};
+pub use model::Model;
+pub use tensors::{LayerTensors, ModelTensors};

@@ -1,0 +1,86 @@
+//! A model: configuration plus weights on a backend.
+
+use std::path::Path;
+
+use strata_config::{load_model_config, ModelConfig, ModelSource, SourceFormat};
+use strata_kernels::Backend;
+use strata_weights::{GgmlType, ModelWeights};
+
+use crate::error::Result;
+use crate::linear::QuantUpload;
+use crate::tensors::ModelTensors;
+
+pub struct Model<B: Backend> {
+    pub(crate) backend: B,
+    pub(crate) config: ModelConfig,
+    pub(crate) tensors: ModelTensors<B>,
+    /// Token embedding multiplier (Gemma: `sqrt(H)`, rounded as the reference does).
+    pub(crate) embed_scale: f32,
+    /// Per-layer embedding multiplier (`sqrt(P)`).
+    pub(crate) ple_scale: f32,
+}
+
+/// `sqrt(n)` as the reference applies it: transformers casts the scale to the weight dtype;
+/// llama.cpp (GGUF) multiplies by the exact f32 value.
+fn embedding_scale(n: usize, source: SourceFormat, weight: GgmlType) -> f32 {
+    let s = (n as f32).sqrt();
+    match (source, weight) {
+        (SourceFormat::HuggingFace, GgmlType::BF16) => half::bf16::from_f32(s).to_f32(),
+        (SourceFormat::HuggingFace, GgmlType::F16) => half::f16::from_f32(s).to_f32(),
+        _ => s,
+    }
+}
+
+impl<B: QuantUpload> Model<B> {
+    /// Loads the model at `path` (a model directory, `config.json`'s directory, or a `.gguf`).
+    pub fn load(backend: B, path: &Path) -> Result<Self> {
+        let (config, source) = load_model_config(path)?;
+        let weights_path = match &source {
+            ModelSource::HuggingFace { dir, .. } => dir.clone(),
+            ModelSource::Gguf(p) => p.clone(),
+        };
+        let first_shared = (config.num_kv_shared_layers > 0)
+            .then(|| config.num_layers() - config.num_kv_shared_layers);
+        let weights = ModelWeights::open(
+            &weights_path,
+            Some(config.architecture.name()),
+            first_shared,
+        )?;
+        Self::from_weights(backend, config, &weights)
+    }
+
+    pub fn from_weights(backend: B, config: ModelConfig, weights: &ModelWeights) -> Result<Self> {
+        let tensors = ModelTensors::load(&backend, &config, weights)?;
+        let embed_ty = weights
+            .require(
+                "embed_tokens.weight",
+                &[config.vocab_size, config.hidden_size],
+            )?
+            .ty;
+        let embed_scale = if config.scale_embeddings {
+            embedding_scale(config.hidden_size, config.source_format, embed_ty)
+        } else {
+            1.0
+        };
+        let ple_scale = config.per_layer_input.map_or(1.0, |p| {
+            embedding_scale(p.hidden_size, config.source_format, embed_ty)
+        });
+        Ok(Self {
+            backend,
+            config,
+            tensors,
+            embed_scale,
+            ple_scale,
+        })
+    }
+}
+
+impl<B: Backend> Model<B> {
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+}

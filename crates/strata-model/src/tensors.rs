@@ -1,0 +1,157 @@
+//! The model's weights on a backend, loaded and shape-checked against the configuration.
+
+use strata_config::ModelConfig;
+use strata_kernels::{Backend, HostSlice};
+use strata_weights::ModelWeights;
+
+use crate::error::Result;
+use crate::linear::{upload_linear, upload_vector, Linear, QuantUpload};
+
+/// One decoder layer's weights.
+pub struct LayerTensors<B: Backend> {
+    pub input_norm: B::Buffer,
+    /// Gemma's norm of the attention output (sandwich norms); absent for Llama/Qwen3.
+    pub post_attn_norm: Option<B::Buffer>,
+    /// The norm before the MLP (`pre_feedforward_layernorm`, or Llama's
+    /// `post_attention_layernorm`).
+    pub pre_mlp_norm: B::Buffer,
+    pub post_mlp_norm: Option<B::Buffer>,
+    pub q: Linear<B>,
+    /// K/V projections: only for layers that own their KV.
+    pub k: Option<Linear<B>>,
+    pub v: Option<Linear<B>>,
+    pub o: Linear<B>,
+    pub q_norm: Option<B::Buffer>,
+    pub k_norm: Option<B::Buffer>,
+    pub gate: Linear<B>,
+    pub up: Linear<B>,
+    pub down: Linear<B>,
+    /// Gemma-4 per-layer-input gate `[P, H]`, projection `[H, P]` and norm `[H]`.
+    pub ple: Option<(Linear<B>, Linear<B>, B::Buffer)>,
+    pub layer_scalar: f32,
+    /// RoPE inverse frequencies (`head_dim / 2`, f32; zeros pass through).
+    pub inv_freq: B::Buffer,
+}
+
+/// Gemma-4's per-layer input embeddings.
+pub struct PleTensors<B: Backend> {
+    /// `[V_ple, L * P]`.
+    pub table: Linear<B>,
+    /// `[L * P, H]`.
+    pub projection: Linear<B>,
+    /// `[P]`.
+    pub norm: B::Buffer,
+}
+
+pub struct ModelTensors<B: Backend> {
+    pub embed: Linear<B>,
+    pub ple: Option<PleTensors<B>>,
+    pub layers: Vec<LayerTensors<B>>,
+    pub final_norm: B::Buffer,
+    /// `None` when tied to `embed`.
+    pub lm_head: Option<Linear<B>>,
+}
+
+impl<B: QuantUpload> ModelTensors<B> {
+    pub fn load(b: &B, c: &ModelConfig, w: &ModelWeights) -> Result<Self> {
+        let h = c.hidden_size;
+        let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
+            upload_linear(b, &w.require(name, shape)?)
+        };
+        let vec = |name: &str, len: usize| -> Result<B::Buffer> {
+            upload_vector(b, &w.require(name, &[len])?)
+        };
+        let embed = lin("embed_tokens.weight", &[c.vocab_size, h])?;
+        let ple = match c.per_layer_input {
+            None => None,
+            Some(p) => {
+                let lp = c.num_layers() * p.hidden_size;
+                Some(PleTensors {
+                    table: lin("embed_tokens_per_layer.weight", &[p.vocab_size, lp])?,
+                    projection: lin("per_layer_model_projection.weight", &[lp, h])?,
+                    norm: vec("per_layer_projection_norm.weight", p.hidden_size)?,
+                })
+            }
+        };
+        let mut layers = Vec::with_capacity(c.num_layers());
+        for (l, lc) in c.layers.iter().enumerate() {
+            let n = |s: &str| format!("layers.{l}.{s}");
+            let (d, nh, nkv, f) = (
+                lc.head_dim,
+                c.num_attention_heads,
+                lc.num_kv_heads,
+                lc.intermediate_size,
+            );
+            let owns = lc.owns_kv();
+            let (post_attn_norm, pre_mlp_norm, post_mlp_norm) = if c.sandwich_norms {
+                (
+                    Some(vec(&n("post_attention_layernorm.weight"), h)?),
+                    vec(&n("pre_feedforward_layernorm.weight"), h)?,
+                    Some(vec(&n("post_feedforward_layernorm.weight"), h)?),
+                )
+            } else {
+                (None, vec(&n("post_attention_layernorm.weight"), h)?, None)
+            };
+            let ple = match c.per_layer_input {
+                None => None,
+                Some(p) => Some((
+                    lin(&n("per_layer_input_gate.weight"), &[p.hidden_size, h])?,
+                    lin(&n("per_layer_projection.weight"), &[h, p.hidden_size])?,
+                    vec(&n("post_per_layer_input_norm.weight"), h)?,
+                )),
+            };
+            let layer_scalar = if c.layer_scalar {
+                w.require(&n("layer_scalar"), &[1])?.to_f32_vec()?[0]
+            } else {
+                1.0
+            };
+            let inv: Vec<f32> = lc.rope.inv_freq(d).iter().map(|&x| x as f32).collect();
+            layers.push(LayerTensors {
+                input_norm: vec(&n("input_layernorm.weight"), h)?,
+                post_attn_norm,
+                pre_mlp_norm,
+                post_mlp_norm,
+                q: lin(&n("self_attn.q_proj.weight"), &[nh * d, h])?,
+                k: if owns {
+                    Some(lin(&n("self_attn.k_proj.weight"), &[nkv * d, h])?)
+                } else {
+                    None
+                },
+                v: if owns {
+                    Some(lin(&n("self_attn.v_proj.weight"), &[nkv * d, h])?)
+                } else {
+                    None
+                },
+                o: lin(&n("self_attn.o_proj.weight"), &[h, nh * d])?,
+                q_norm: if c.qk_norm {
+                    Some(vec(&n("self_attn.q_norm.weight"), d)?)
+                } else {
+                    None
+                },
+                k_norm: if c.qk_norm && owns {
+                    Some(vec(&n("self_attn.k_norm.weight"), d)?)
+                } else {
+                    None
+                },
+                gate: lin(&n("mlp.gate_proj.weight"), &[f, h])?,
+                up: lin(&n("mlp.up_proj.weight"), &[f, h])?,
+                down: lin(&n("mlp.down_proj.weight"), &[h, f])?,
+                ple,
+                layer_scalar,
+                inv_freq: b.upload(HostSlice::F32(&inv))?,
+            });
+        }
+        let lm_head = if c.tie_word_embeddings || w.is_tied() {
+            None
+        } else {
+            Some(lin("lm_head.weight", &[c.vocab_size, h])?)
+        };
+        Ok(Self {
+            embed,
+            ple,
+            layers,
+            final_norm: vec("norm.weight", h)?,
+            lm_head,
+        })
+    }
+}

@@ -1,0 +1,114 @@
+//! `strata generate`: one prompt through the model, printing the continuation.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::json;
+use strata_engine::{Device, GenerateParams, LoadedModel};
+use strata_kernels::sampling::SamplingParams;
+use strata_kv::KvCacheDtype;
+use strata_tokenizer::ChatMessage;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// A model directory, `config.json`, or `.gguf` file.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long)]
+    pub prompt: String,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// 0 disables.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Wrap the prompt as a user turn of the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// auto, cpu or cuda.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object: prompt_tokens, tokens, text, timings.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
+    let kv_cache_dtype: KvCacheDtype = a
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let device: Device = a.device.parse()?;
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        seed: a.seed,
+    };
+    let model = LoadedModel::load(&a.model, device)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let prompt = if a.chat {
+        model.encode_chat(&[ChatMessage {
+            role: "user".into(),
+            content: a.prompt.clone(),
+        }])?
+    } else {
+        model.encode_prompt(&a.prompt)?
+    };
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        sampling,
+        kv_cache_dtype,
+        stop_at_eos: !a.ignore_eos,
+        ..Default::default()
+    };
+    let out = model.generate(&prompt, &params)?;
+    let text = model.decode(&out.tokens)?;
+    if a.json {
+        let t = out.timings;
+        let report = json!({
+            "prompt_tokens": prompt,
+            "tokens": out.tokens,
+            "text": text,
+            "finish_reason": out.finish_reason,
+            "timings": {
+                "prompt_n": prompt.len(),
+                "prompt_ms": t.prompt_ms,
+                "prompt_per_second": t.prompt_per_second,
+                "predicted_n": out.tokens.len(),
+                "predicted_ms": t.predicted_ms,
+                "predicted_per_second": t.predicted_per_second,
+            },
+        });
+        println!("{report}");
+    } else {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{text}")?;
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s; generated: {} tokens, {:.1} tok/s ({})",
+            prompt.len(),
+            out.timings.prompt_per_second,
+            out.tokens.len(),
+            out.timings.predicted_per_second,
+            out.finish_reason
+        );
+    }
+    Ok(())
+}
