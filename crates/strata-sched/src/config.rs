@@ -1,0 +1,48 @@
+//! Per-step limits of the scheduler.
+
+use crate::SchedError;
+
+/// How much work one scheduling step may take on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Requests holding KV at once (`--max-running-requests`).
+    pub max_running_requests: usize,
+    /// Tokens in one forward pass, decode tokens and prefill chunks together. Must be at
+    /// least `max_running_requests` so every running request can decode in every step.
+    pub max_batch_tokens: usize,
+    /// Prompt tokens of one request per step (the prefill chunk).
+    pub prefill_chunk: usize,
+    /// Mixed with each request's id to seed requests that bring no seed of their own.
+    pub seed: u64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_running_requests: 64,
+            max_batch_tokens: 2048,
+            prefill_chunk: 512,
+            seed: 0x5EED,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub fn validate(&self) -> Result<(), SchedError> {
+        let bad = |m: String| Err(SchedError::Config(m));
+        if self.max_running_requests == 0 {
+            return bad("max_running_requests must be at least 1".into());
+        }
+        if self.prefill_chunk == 0 {
+            return bad("prefill_chunk must be at least 1".into());
+        }
+        if self.max_batch_tokens < self.max_running_requests {
+            return bad(format!(
+                "max_batch_tokens ({}) is below max_running_requests ({}): some running \
+                 requests could not decode in a step",
+                self.max_batch_tokens, self.max_running_requests
+            ));
+        }
+        Ok(())
+    }
+}

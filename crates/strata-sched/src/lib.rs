@@ -1,0 +1,29 @@
+//! Continuous batching for Strata.
+//!
+//! [`Scheduler`] owns a model (anything implementing [`StepModel`]) and its KV pool. Callers
+//! [`submit`](Scheduler::submit) [`Request`]s, call [`step`](Scheduler::step) in a loop while
+//! [`has_work`](Scheduler::has_work), and forward the [`Event`]s (tokens, then one
+//! `Finished`) to their clients; [`cancel`](Scheduler::cancel) ends a request early.
+//!
+//! Admission goes through the radix prefix cache (matched whole pages are reused, only the
+//! rest is allocated); prompts are computed in chunks under a per-step token budget; when
+//! pages run out, cached prefixes are evicted, then the youngest running request is
+//! preempted and later recomputed, never reported twice. There is no device code here.
+
+mod admission;
+mod config;
+mod error;
+mod event;
+mod model;
+mod request;
+mod reserve;
+mod scheduler;
+mod seq;
+mod step;
+
+pub use config::SchedulerConfig;
+pub use error::SchedError;
+pub use event::{Event, EventKind, FinishReason};
+pub use model::StepModel;
+pub use request::{Request, SeqId, StopFn};
+pub use scheduler::{SchedStatus, Scheduler};

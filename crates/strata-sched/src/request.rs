@@ -1,0 +1,65 @@
+//! What a client asks for.
+
+use std::fmt;
+
+use strata_kernels::sampling::SamplingParams;
+
+/// A request's id in the scheduler, given by [`Scheduler::submit`](crate::Scheduler::submit).
+/// Ids grow in submission order, which is also the order of priority (older first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// A caller-side stop test, run after each generated token with every completion token so
+/// far; `true` ends the request with [`FinishReason::Stop`](crate::FinishReason::Stop).
+/// Text stop strings go through it: the caller detokenizes and searches its text (the
+/// scheduler knows only token ids).
+pub type StopFn = Box<dyn FnMut(&[u32]) -> bool + Send>;
+
+/// One generation request.
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Completion tokens at most.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// The model's end-of-sequence ids; generating one ends the request (it is still
+    /// reported as a token). Ignored with `ignore_eos`.
+    pub stop_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Token sequences that end the request when the completion ends with one of them.
+    pub stop_sequences: Vec<Vec<u32>>,
+    /// A caller-side stop test (text stop strings).
+    pub stop_fn: Option<StopFn>,
+    /// Report the sampled token's log-probability and this many top alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl Request {
+    /// Greedy generation of up to `max_tokens` after `prompt`, no stop conditions.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop_ids: Vec::new(),
+            ignore_eos: false,
+            stop_sequences: Vec::new(),
+            stop_fn: None,
+            logprobs: None,
+        }
+    }
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("prompt", &self.prompt)
+            .field("max_tokens", &self.max_tokens)
+            .field("sampling", &self.sampling)
+            .field("stop_ids", &self.stop_ids)
+            .field("ignore_eos", &self.ignore_eos)
+            .field("stop_sequences", &self.stop_sequences)
+            .field("stop_fn", &self.stop_fn.as_ref().map(|_| "<fn>"))
+            .field("logprobs", &self.logprobs)
+            .finish()
+    }
+}

@@ -1,0 +1,160 @@
+//! The scheduler's state and its public surface: submit, cancel, status.
+
+use std::collections::VecDeque;
+
+use strata_kernels::sampling::SamplerRng;
+use strata_kv::{CacheType, HostStorage, KvPool, KvStatus, KvStorage};
+
+use crate::seq::Seq;
+use crate::{
+    Event, EventKind, FinishReason, Request, SchedError, SchedulerConfig, SeqId, StepModel,
+};
+
+/// Continuous batching over one model and one KV pool.
+///
+/// Requests wait in a FIFO queue, are admitted while pages and `max_running_requests`
+/// allow, and run together: each [`step`](Self::step) builds one forward pass holding one
+/// decode token per running request plus prefill chunks, within `max_batch_tokens`. Older
+/// requests come first; when pages run out the youngest running request is preempted
+/// (its pages released, its tokens recomputed later) rather than anything failing.
+pub struct Scheduler<M, S: KvStorage = HostStorage> {
+    pub(crate) model: M,
+    pub(crate) pool: KvPool<S>,
+    pub(crate) config: SchedulerConfig,
+    pub(crate) waiting: VecDeque<Seq>,
+    /// Sorted by id: oldest first, the youngest (the first to preempt) last.
+    pub(crate) running: Vec<Seq>,
+    /// Events produced between steps (cancellations), handed out by the next step.
+    pub(crate) pending: Vec<Event>,
+    next_id: u64,
+    pub(crate) preemptions: u64,
+}
+
+/// Figures for `/metrics` and `/v1/cache/status`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedStatus {
+    pub running: usize,
+    pub waiting: usize,
+    /// Preemptions since the start.
+    pub preemptions: u64,
+    pub kv: KvStatus,
+}
+
+impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
+    /// Takes the model and an empty pool.
+    pub fn new(model: M, pool: KvPool<S>, config: SchedulerConfig) -> Result<Self, SchedError> {
+        config.validate()?;
+        if pool.running_requests() != 0 {
+            return Err(SchedError::Config(format!(
+                "the KV pool already holds {} request(s)",
+                pool.running_requests()
+            )));
+        }
+        Ok(Self {
+            model,
+            pool,
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pending: Vec::new(),
+            next_id: 0,
+            preemptions: 0,
+        })
+    }
+
+    /// Queues `req`. Every request ends with exactly one `Finished` event, invalid ones
+    /// (empty prompt, unknown token ids, bad sampling settings, too long for the context
+    /// or the pool) with `FinishReason::Error` at admission.
+    pub fn submit(&mut self, req: Request) -> SeqId {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        // Requests without a seed still get a stream of their own, fixed by their id.
+        let fallback = self
+            .config
+            .seed
+            .wrapping_add(id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let rng = SamplerRng::for_request(&req.sampling, fallback);
+        self.waiting.push_back(Seq::new(id, req, rng));
+        id
+    }
+
+    /// Ends request `id` (the client went away): its pages are freed now and its
+    /// `Finished { reason: Cancelled }` comes with the next step. Returns false if the
+    /// request is unknown or already finished.
+    pub fn cancel(&mut self, id: SeqId) -> bool {
+        let seq = if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i)
+        } else if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            Some(self.running.remove(i))
+        } else {
+            None
+        };
+        match seq {
+            Some(seq) => {
+                let event = self.finish(seq, FinishReason::Cancelled);
+                self.pending.push(event);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a step has anything to do (requests, or events to hand out).
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.pending.is_empty()
+    }
+
+    pub fn status(&self) -> SchedStatus {
+        SchedStatus {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            preemptions: self.preemptions,
+            kv: self.pool.status(),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn pool(&self) -> &KvPool<S> {
+        &self.pool
+    }
+
+    /// The pool, for `flush_cache` or `rebuild` (which the pool refuses while requests
+    /// hold pages). Do not add or release requests through it.
+    pub fn pool_mut(&mut self) -> &mut KvPool<S> {
+        &mut self.pool
+    }
+
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    /// Whether the pool keeps finished prefixes for reuse.
+    pub(crate) fn caching(&self) -> bool {
+        self.pool.cache_type() == CacheType::Radix
+    }
+
+    /// Ends `seq`: frees its pages (its computed tokens go to the prefix cache first,
+    /// unless it failed) and describes the end.
+    pub(crate) fn finish(&mut self, mut seq: Seq, reason: FinishReason) -> Event {
+        if let Some(kv) = seq.kv.take() {
+            if self.caching() && !matches!(reason, FinishReason::Error(_)) {
+                // Losing the cache entry is harmless; the release below still runs.
+                let _ = self.pool.cache_prefix(kv, &seq.tokens[..seq.computed]);
+            }
+            let released = self.pool.release(kv);
+            debug_assert!(released.is_ok(), "release of a running request failed");
+        }
+        Event {
+            id: seq.id,
+            kind: EventKind::Finished {
+                reason,
+                prompt_tokens: seq.prompt_len,
+                completion_tokens: seq.completion().len(),
+                cached_tokens: seq.cached_tokens.unwrap_or(0),
+            },
+        }
+    }
+}

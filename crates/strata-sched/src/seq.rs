@@ -1,0 +1,105 @@
+//! A request's state inside the scheduler, across admissions and preemptions.
+
+use strata_kernels::sampling::SamplerRng;
+use strata_kv::RequestId;
+
+use crate::{FinishReason, Request, SeqId};
+
+pub(crate) struct Seq {
+    pub id: SeqId,
+    /// Settings and stop conditions; its `prompt` has moved into `tokens`.
+    pub req: Request,
+    /// The prompt, then every generated token. After a preemption the whole of it is
+    /// recomputed, but only tokens sampled later are reported.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Advanced only by sampling, never reseeded, so a preempted request resumes the same
+    /// stream and its output does not depend on what it was batched with.
+    pub rng: SamplerRng,
+    /// The pool request while running.
+    pub kv: Option<RequestId>,
+    /// Tokens whose K/V is in the pool and committed.
+    pub computed: usize,
+    /// Tokens of this admission held by the prefix cache (pinned for us).
+    pub pinned: usize,
+    /// Whether this admission's prefill is done (and its prefix handed to the cache).
+    pub prefilled: bool,
+    /// Prompt tokens reused from the cache at the first admission; `None` until admitted.
+    pub cached_tokens: Option<usize>,
+    /// Tokens scheduled for the forward pass being built (from `computed`).
+    pub chunk: Option<usize>,
+    /// Set once the request ran out of pages while running alone. It was restarted on an
+    /// empty cache and from then on stays out of the cache (a cached prefix pins window
+    /// pages that decoding would otherwise release); a second time means it cannot fit.
+    pub restarted_alone: bool,
+}
+
+impl Seq {
+    pub fn new(id: SeqId, mut req: Request, rng: SamplerRng) -> Self {
+        let tokens = std::mem::take(&mut req.prompt);
+        Self {
+            id,
+            prompt_len: tokens.len(),
+            tokens,
+            req,
+            rng,
+            kv: None,
+            computed: 0,
+            pinned: 0,
+            prefilled: false,
+            cached_tokens: None,
+            chunk: None,
+            restarted_alone: false,
+        }
+    }
+
+    pub fn completion(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens still to compute; at least 1 while running (the last sampled token, or the
+    /// rest of the prompt).
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    /// Back to the waiting state, keeping every token and the sampler's position.
+    pub fn reset_for_requeue(&mut self) {
+        self.kv = None;
+        self.computed = 0;
+        self.pinned = 0;
+        self.prefilled = false;
+        self.chunk = None;
+    }
+
+    /// Why the request ends after the token just appended, if it does.
+    pub fn stop_reason(&mut self, context_len: Option<usize>) -> Option<FinishReason> {
+        let last = *self.tokens.last()?;
+        if !self.req.ignore_eos && self.req.stop_ids.contains(&last) {
+            return Some(FinishReason::Stop);
+        }
+        let completion = &self.tokens[self.prompt_len..];
+        if self
+            .req
+            .stop_sequences
+            .iter()
+            .any(|s| !s.is_empty() && completion.ends_with(s))
+        {
+            return Some(FinishReason::Stop);
+        }
+        if let Some(f) = &mut self.req.stop_fn {
+            if f(completion) {
+                return Some(FinishReason::Stop);
+            }
+        }
+        if completion.len() >= self.req.max_tokens {
+            return Some(FinishReason::Length);
+        }
+        // The next step would compute position `tokens.len() - 1`; a sequence as long as
+        // the context has no room for another token.
+        if context_len.is_some_and(|c| self.tokens.len() >= c) {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+}

@@ -1,0 +1,218 @@
+//! One scheduling iteration: plan the batch, run the model, sample, report.
+
+use strata_kernels::sampling::{logprob_of, sample, top_logprobs};
+use strata_kv::KvStorage;
+use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+
+use crate::reserve::Reserved;
+use crate::{Event, EventKind, FinishReason, Scheduler, SeqId, StepModel};
+
+impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
+    /// Runs one iteration: admits what fits, computes one forward pass over every running
+    /// request (decode tokens first, then prefill chunks, oldest first, within
+    /// `max_batch_tokens`), samples, and returns the events it produced in order.
+    pub fn step(&mut self) -> Vec<Event> {
+        let mut events = std::mem::take(&mut self.pending);
+        self.plan(&mut events);
+        let batch = self.batch();
+        if batch.seqs.is_empty() {
+            return events;
+        }
+        match self.model.forward(&mut self.pool, &batch) {
+            Ok(out) if out.logits.len() == batch.seqs.len() => self.apply(&out, &mut events),
+            Ok(out) => self.fail_batch(
+                format!(
+                    "the model returned logits for {} of {} sequences",
+                    out.logits.len(),
+                    batch.seqs.len()
+                ),
+                &mut events,
+            ),
+            Err(e) => self.fail_batch(e.to_string(), &mut events),
+        }
+        events
+    }
+
+    /// Chooses this step's tokens and allocates their slots (`Seq::chunk`).
+    fn plan(&mut self, events: &mut Vec<Event>) {
+        let mut budget = self.config.max_batch_tokens;
+        // Decode tokens first: they are latency-bound and cost one token each.
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].pending() == 1 && budget > 0 {
+                match self.reserve(i, 1, events) {
+                    Reserved::Tokens(n) => budget -= n,
+                    Reserved::Skipped => {}
+                    Reserved::Removed => continue,
+                }
+            }
+            i += 1;
+        }
+        let chunk = self.config.prefill_chunk;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let pending = self.running[i].pending();
+            if pending > 1 {
+                match self.reserve(i, pending.min(chunk).min(budget), events) {
+                    Reserved::Tokens(n) => budget -= n,
+                    Reserved::Skipped => {}
+                    Reserved::Removed => continue,
+                }
+            }
+            i += 1;
+        }
+        self.admit_waiting(&mut budget, events);
+    }
+
+    /// Admits waiting requests in order while the budget, `max_running_requests` and the
+    /// pool allow, giving each its first chunk in this step. The queue is strictly FIFO: a
+    /// request that does not fit blocks the ones behind it, so large requests are not
+    /// starved by small ones.
+    fn admit_waiting(&mut self, budget: &mut usize, events: &mut Vec<Event>) {
+        while *budget > 0 && self.running.len() < self.config.max_running_requests {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            if front.cached_tokens.is_none() {
+                let refusal = self.refusal(front);
+                let empty = front.req.max_tokens == 0;
+                if refusal.is_some() || empty {
+                    let seq = self.waiting.pop_front().expect("front exists");
+                    let reason = refusal.map_or(FinishReason::Length, FinishReason::Error);
+                    events.push(self.finish(seq, reason));
+                    continue;
+                }
+            }
+            if !self.fits_now(front) {
+                break;
+            }
+            let seq = self.waiting.pop_front().expect("front exists");
+            let at = self.admit(seq);
+            let want = self.running[at]
+                .pending()
+                .min(self.config.prefill_chunk)
+                .min(*budget);
+            match self.reserve(at, want, events) {
+                Reserved::Tokens(n) => *budget -= n,
+                Reserved::Skipped | Reserved::Removed => break,
+            }
+        }
+    }
+
+    /// The forward input: the scheduled requests in running order.
+    fn batch(&self) -> ForwardBatch {
+        let seqs = self
+            .running
+            .iter()
+            .filter_map(|s| {
+                let n = s.chunk?;
+                let end = s.computed + n;
+                Some(SeqChunk {
+                    request: s.kv.expect("scheduled requests hold a pool request"),
+                    tokens: s.tokens[s.computed..end].to_vec(),
+                    start: s.computed,
+                    logits: if end == s.tokens.len() {
+                        LogitsMode::Last
+                    } else {
+                        LogitsMode::None
+                    },
+                })
+            })
+            .collect();
+        ForwardBatch { seqs }
+    }
+
+    /// Commits the computed tokens, samples where a request reached its end, and finishes
+    /// the requests that stop.
+    fn apply(&mut self, out: &ForwardOutput, events: &mut Vec<Event>) {
+        let context_len = self.model.context_len();
+        let caching = self.caching();
+        let page_size = self.pool.page_size();
+        let mut done: Vec<(SeqId, FinishReason)> = Vec::new();
+        let mut row = 0;
+        for seq in &mut self.running {
+            let Some(n) = seq.chunk.take() else {
+                continue;
+            };
+            let b = row;
+            row += 1;
+            let kv = seq.kv.expect("scheduled requests hold a pool request");
+            seq.computed += n;
+            // Committing lets the pool release window pages that fell out of the sliding
+            // window. Whole pages only: the cache keeps whole pages, and a prefix ending at
+            // the last page boundary is reusable only while the window pages just before
+            // that boundary exist, so they are kept (at most a page more than needed).
+            let final_len = seq.computed / page_size * page_size;
+            if let Err(e) = self.pool.commit(kv, final_len) {
+                done.push((seq.id, FinishReason::Error(e.to_string())));
+                continue;
+            }
+            if seq.computed < seq.tokens.len() {
+                continue;
+            }
+            if !seq.prefilled {
+                // The prompt (or, after a preemption, everything so far) is in: other
+                // requests can branch from it while this one decodes.
+                seq.prefilled = true;
+                if caching && !seq.restarted_alone {
+                    if let Ok(held) = self.pool.cache_prefix(kv, &seq.tokens[..seq.computed]) {
+                        seq.pinned = held;
+                    }
+                }
+            }
+            let Some(logits) = out.last(b).filter(|l| l.len() == out.vocab) else {
+                done.push((
+                    seq.id,
+                    FinishReason::Error("the model returned no logits".into()),
+                ));
+                continue;
+            };
+            let token = match sample(logits, &seq.req.sampling, &mut seq.rng) {
+                Ok(t) => t,
+                Err(e) => {
+                    done.push((seq.id, FinishReason::Error(e.to_string())));
+                    continue;
+                }
+            };
+            let (logprob, top) = match seq.req.logprobs {
+                Some(k) => (Some(logprob_of(logits, token)), top_logprobs(logits, k)),
+                None => (None, Vec::new()),
+            };
+            seq.tokens.push(token);
+            events.push(Event {
+                id: seq.id,
+                kind: EventKind::Token {
+                    token,
+                    logprob,
+                    top_logprobs: top,
+                },
+            });
+            if let Some(reason) = seq.stop_reason(context_len) {
+                done.push((seq.id, reason));
+            }
+        }
+        for (id, reason) in done {
+            let i = self
+                .running
+                .iter()
+                .position(|s| s.id == id)
+                .expect("finishing a running request");
+            let seq = self.running.remove(i);
+            events.push(self.finish(seq, reason));
+        }
+    }
+
+    /// The forward pass failed: every request in it ends with the error (their K/V may be
+    /// half written); the others carry on.
+    fn fail_batch(&mut self, error: String, events: &mut Vec<Event>) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].chunk.is_some() {
+                let seq = self.running.remove(i);
+                events.push(self.finish(seq, FinishReason::Error(error.clone())));
+            } else {
+                i += 1;
+            }
+        }
+    }
+}

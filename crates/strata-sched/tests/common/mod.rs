@@ -1,0 +1,296 @@
+//! A fake model whose logits are a function of the token sequence it reads back from the
+//! KV pool, and helpers to run requests through a scheduler.
+#![allow(dead_code)]
+
+use serde_json::json;
+use strata_config::ModelConfig;
+use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
+use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan};
+use strata_model::{ForwardBatch, ForwardOutput, KvCache, LogitsMode};
+use strata_sched::{
+    Event, EventKind, FinishReason, Request, SchedError, Scheduler, SchedulerConfig, SeqId,
+    StepModel,
+};
+
+pub const VOCAB: usize = 16;
+pub const EOS: u32 = 0;
+pub const WINDOW: usize = 6;
+/// K/V row length of every layer of the fake configurations.
+const ROW: usize = 4;
+
+/// Layers `[sliding, full, sliding, full]`, the last two KV-shared (sources 0 and 1), with
+/// a window of `WINDOW` tokens; or, with `windowed = false`, four full-attention layers.
+pub fn fake_config(windowed: bool) -> ModelConfig {
+    let v = if windowed {
+        json!({
+            "model_type": "gemma4_text",
+            "vocab_size": VOCAB, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 4, "num_attention_heads": 1, "num_key_value_heads": 1,
+            "head_dim": ROW, "global_head_dim": ROW, "num_global_key_value_heads": null,
+            "attention_k_eq_v": false, "hidden_activation": "gelu_pytorch_tanh",
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0}
+            },
+            "final_logit_softcapping": null, "tie_word_embeddings": true,
+            "attention_bias": false, "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": VOCAB, "num_kv_shared_layers": 2,
+            "use_double_wide_mlp": false, "enable_moe_block": false,
+            "use_bidirectional_attention": null,
+            "pad_token_id": 0, "eos_token_id": 0, "bos_token_id": 2, "dtype": "float32"
+        })
+    } else {
+        json!({
+            "model_type": "llama", "vocab_size": VOCAB, "hidden_size": 8,
+            "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": ROW, "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+            "tie_word_embeddings": false, "torch_dtype": "float32"
+        })
+    };
+    ModelConfig::from_hf_json(&v.to_string()).expect("fake config parses")
+}
+
+pub fn pool(
+    cfg: &ModelConfig,
+    full: usize,
+    window: usize,
+    page_size: usize,
+    cache: CacheType,
+) -> KvPool<HostStorage> {
+    let layout = KvLayout::new(cfg, KvCacheDtype::F32, ModelDtype::F32).unwrap();
+    let window = if layout.window().is_some() { window } else { 0 };
+    let plan = PagePlan {
+        full,
+        window,
+        page_size,
+    };
+    KvPool::new(layout, plan, cache, HostStorage::new()).unwrap()
+}
+
+/// The K/V row stored for `token` at `position` in `layer`: exact in f32, so a read that
+/// lands on the wrong slot, page or layer is recognised.
+fn kv_row(token: u32, position: usize, layer: usize) -> [f32; ROW] {
+    let check = (token as usize * 31 + position * 7 + layer) % 101;
+    [token as f32, position as f32, layer as f32, check as f32]
+}
+
+/// Next-token logits after `tokens`: a hash of the whole sequence spread over the vocabulary.
+pub fn logits_for(tokens: &[u32]) -> Vec<f32> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &t in tokens {
+        h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    (0..VOCAB as u64)
+        .map(|v| {
+            let mut z = h ^ v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z ^= z >> 29;
+            ((z >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
+        })
+        .collect()
+}
+
+/// Stores K/V like a real model and computes its logits from the tokens it reads back:
+/// every position of full layers, the last `WINDOW` of sliding ones (through their shared
+/// readers as well). Anything wrong in the pool changes the output or fails the read.
+pub struct FakeModel {
+    pub cfg: ModelConfig,
+    pub forwards: usize,
+    pub tokens_computed: usize,
+}
+
+impl FakeModel {
+    pub fn new(cfg: ModelConfig) -> Self {
+        Self {
+            cfg,
+            forwards: 0,
+            tokens_computed: 0,
+        }
+    }
+
+    fn read_sequence(
+        &self,
+        kv: &KvPool<HostStorage>,
+        req: strata_kv::RequestId,
+        query: usize,
+    ) -> Result<Vec<u32>, SchedError> {
+        let mut tokens: Option<Vec<u32>> = None;
+        let bad = |m: String| SchedError::Other(format!("fake model: {m}"));
+        for (l, layer) in self.cfg.layers.iter().enumerate() {
+            let from = layer.window.map_or(0, |w| (query + 1).saturating_sub(w));
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            kv.gather(l, req, from..query + 1, ROW, &mut k, &mut v)?;
+            let source = self.cfg.kv_layer_for(l);
+            let mut seen = Vec::new();
+            for (i, (row, vrow)) in k.chunks(ROW).zip(v.chunks(ROW)).enumerate() {
+                let pos = from + i;
+                let token = row[0] as u32;
+                if row != kv_row(token, pos, source) || row != vrow {
+                    return Err(bad(format!("layer {l} position {pos} holds {row:?}")));
+                }
+                seen.push(token);
+            }
+            match &tokens {
+                None if from == 0 => tokens = Some(seen),
+                None => {}
+                Some(all) if all[from..] != seen[..] => {
+                    return Err(bad(format!("layer {l} disagrees on tokens {from}..")));
+                }
+                Some(_) => {}
+            }
+        }
+        tokens.ok_or_else(|| bad("no full-attention layer".into()))
+    }
+}
+
+impl StepModel for FakeModel {
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+
+    fn forward(
+        &mut self,
+        kv: &mut KvPool<HostStorage>,
+        batch: &ForwardBatch,
+    ) -> Result<ForwardOutput, SchedError> {
+        self.forwards += 1;
+        for s in &batch.seqs {
+            for (i, &t) in s.tokens.iter().enumerate() {
+                let pos = s.start + i;
+                for l in 0..self.cfg.layers.len() {
+                    let row = kv_row(t, pos, l);
+                    kv.store(l, s.request, pos, &row, &row)?;
+                }
+            }
+            self.tokens_computed += s.tokens.len();
+        }
+        let mut logits = Vec::with_capacity(batch.seqs.len());
+        for s in &batch.seqs {
+            let end = s.start + s.tokens.len();
+            let rows = match s.logits {
+                LogitsMode::None => s.start..s.start,
+                LogitsMode::Last => end - 1..end,
+                LogitsMode::All => s.start..end,
+            };
+            let mut out = Vec::new();
+            for q in rows {
+                let seq = self.read_sequence(kv, s.request, q)?;
+                out.extend(logits_for(&seq));
+            }
+            logits.push(out);
+        }
+        Ok(ForwardOutput {
+            vocab: VOCAB,
+            logits,
+        })
+    }
+}
+
+/// What one request produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub tokens: Vec<u32>,
+    pub reason: Option<FinishReason>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+    pub logprobs: Vec<Option<f32>>,
+}
+
+impl Outcome {
+    fn new() -> Self {
+        Self {
+            tokens: Vec::new(),
+            reason: None,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            cached_tokens: 0,
+            logprobs: Vec::new(),
+        }
+    }
+}
+
+/// Folds `events` into per-request outcomes, checking that nothing follows `Finished`.
+pub fn record(outcomes: &mut std::collections::HashMap<SeqId, Outcome>, events: Vec<Event>) {
+    for e in events {
+        let o = outcomes.entry(e.id).or_insert_with(Outcome::new);
+        assert!(o.reason.is_none(), "event after Finished for {:?}", e.id);
+        match e.kind {
+            EventKind::Token { token, logprob, .. } => {
+                o.tokens.push(token);
+                o.logprobs.push(logprob);
+            }
+            EventKind::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
+                o.reason = Some(reason);
+                o.prompt_tokens = prompt_tokens;
+                o.completion_tokens = completion_tokens;
+                o.cached_tokens = cached_tokens;
+            }
+        }
+    }
+}
+
+/// Steps until nothing is left, auditing the pool after every step.
+pub fn drain<M: StepModel>(
+    sched: &mut Scheduler<M>,
+    outcomes: &mut std::collections::HashMap<SeqId, Outcome>,
+) {
+    let mut steps = 0;
+    while sched.has_work() {
+        record(outcomes, sched.step());
+        if let Err(e) = sched.pool().audit() {
+            panic!("pool audit after step {steps}: {e}");
+        }
+        steps += 1;
+        assert!(steps < 100_000, "the scheduler does not finish");
+    }
+}
+
+/// Runs one request alone on a roomy fresh pool, whole prompt in one chunk, no prefix cache.
+pub fn run_alone(windowed: bool, page_size: usize, req: Request) -> Outcome {
+    let cfg = fake_config(windowed);
+    let pool = pool(&cfg, 512, 512, page_size, CacheType::Naive);
+    let config = SchedulerConfig {
+        max_running_requests: 1,
+        max_batch_tokens: 4096,
+        prefill_chunk: 4096,
+        seed: 7,
+    };
+    let mut sched = Scheduler::new(FakeModel::new(cfg), pool, config).unwrap();
+    let id = sched.submit(req);
+    let mut outcomes = Default::default();
+    drain(&mut sched, &mut outcomes);
+    outcomes.remove(&id).unwrap()
+}
+
+/// The generation loop written out directly over `logits_for`: what the scheduler must
+/// reproduce (EOS and max_tokens stops only).
+pub fn reference_tokens(
+    prompt: &[u32],
+    max_tokens: usize,
+    params: &SamplingParams,
+    seed: u64,
+    stop_at_eos: bool,
+) -> Vec<u32> {
+    let mut rng = SamplerRng::for_request(params, seed);
+    let mut tokens = prompt.to_vec();
+    let mut out = Vec::new();
+    while out.len() < max_tokens {
+        let t = sample(&logits_for(&tokens), params, &mut rng).unwrap();
+        tokens.push(t);
+        out.push(t);
+        if stop_at_eos && t == EOS {
+            break;
+        }
+    }
+    out
+}

@@ -1,0 +1,455 @@
+//! Scenario tests of the scheduler over the fake model.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{
+    drain, fake_config, logits_for, pool, reference_tokens, run_alone, FakeModel, Outcome, EOS,
+    VOCAB,
+};
+use strata_kernels::sampling::{logprob_of, top_logprobs, SamplingParams};
+use strata_kv::{CacheType, HostStorage, KvPool, PoolKind};
+use strata_model::{ForwardBatch, ForwardOutput};
+use strata_sched::{
+    EventKind, FinishReason, Request, SchedError, Scheduler, SchedulerConfig, SeqId, StepModel,
+};
+
+fn config(max_running: usize, batch: usize, chunk: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_running_requests: max_running,
+        max_batch_tokens: batch,
+        prefill_chunk: chunk,
+        seed: 7,
+    }
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 0.9,
+        min_p: 0.05,
+        seed: Some(seed),
+    }
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| 1 + (i * 7 + salt * 3 + i * i) % (VOCAB as u32 - 1))
+        .collect()
+}
+
+fn run_all(
+    sched: &mut Scheduler<FakeModel>,
+    reqs: Vec<Request>,
+) -> (Vec<SeqId>, HashMap<SeqId, Outcome>) {
+    let ids = reqs.into_iter().map(|r| sched.submit(r)).collect();
+    let mut out = HashMap::new();
+    drain(sched, &mut out);
+    (ids, out)
+}
+
+fn assert_pool_clean(pool: &mut KvPool<HostStorage>) {
+    pool.audit().unwrap();
+    assert_eq!(pool.running_requests(), 0);
+    pool.flush_cache();
+    pool.audit().unwrap();
+    assert_eq!(pool.free_pages(PoolKind::Full), pool.plan().full);
+    assert_eq!(pool.free_pages(PoolKind::Window), pool.plan().window);
+}
+
+#[test]
+fn solo_runs_equal_the_plain_generation_loop() {
+    for windowed in [false, true] {
+        for (i, params) in [SamplingParams::greedy(), sampled(1), sampled(99)]
+            .iter()
+            .enumerate()
+        {
+            for len in [1, 5, 17] {
+                let p = prompt(len, i as u32);
+                let mut r = Request::new(p.clone(), 20);
+                r.sampling = *params;
+                r.stop_ids = vec![EOS];
+                let got = run_alone(windowed, 4, r);
+                let want = reference_tokens(&p, 20, params, params.seed.unwrap_or(7), true);
+                assert_eq!(got.tokens, want, "windowed {windowed} params {params:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn long_decode_gives_window_pages_back() {
+    // 300 tokens through a window pool of 12 one-token pages: only committing releases
+    // the pages that fell out of the 6-token window.
+    let cfg = fake_config(true);
+    let kv = pool(&cfg, 400, 12, 1, CacheType::Naive);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(1, 8, 4)).unwrap();
+    let mut r = Request::new(prompt(20, 1), 280);
+    r.ignore_eos = true;
+    let (ids, out) = run_all(&mut sched, vec![r]);
+    assert_eq!(out[&ids[0]].reason, Some(FinishReason::Length));
+    assert_eq!(out[&ids[0]].tokens.len(), 280);
+    assert_eq!(sched.status().preemptions, 0);
+    assert_pool_clean(sched.pool_mut());
+}
+
+#[test]
+fn shared_prefix_is_reused_through_the_radix_cache() {
+    for cache in [CacheType::Radix, CacheType::Naive] {
+        let cfg = fake_config(true);
+        let kv = pool(&cfg, 64, 64, 4, cache);
+        let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(4, 64, 64)).unwrap();
+        let system = prompt(22, 5);
+        let (first, _) = run_all(&mut sched, vec![Request::new(system.clone(), 3)]);
+        let computed_before = sched.model().tokens_computed;
+        let mut second = system.clone();
+        second.extend([3, 4, 5]);
+        let (ids, out) = run_all(&mut sched, vec![Request::new(second.clone(), 3)]);
+        let o = &out[&ids[0]];
+        let computed = sched.model().tokens_computed - computed_before;
+        assert_eq!(o.tokens, run_alone(true, 4, Request::new(second, 3)).tokens);
+        match cache {
+            // Whole pages of the 22-token prompt: 20 tokens.
+            CacheType::Radix => {
+                assert_eq!(o.cached_tokens, 20);
+                assert_eq!(computed, 25 + 2 - 20);
+                assert!(sched.status().kv.cache_hits >= 1);
+            }
+            CacheType::Naive => {
+                assert_eq!(o.cached_tokens, 0);
+                assert_eq!(computed, 25 + 2);
+            }
+        }
+        assert!(!first.is_empty());
+        assert_pool_clean(sched.pool_mut());
+    }
+}
+
+#[test]
+fn next_turn_reuses_the_previous_completion() {
+    let cfg = fake_config(true);
+    let kv = pool(&cfg, 64, 64, 4, CacheType::Radix);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(2, 32, 5)).unwrap();
+    let first = prompt(13, 8);
+    let (a, out) = run_all(&mut sched, vec![Request::new(first.clone(), 9)]);
+    // The cache holds the computed tokens: the prompt and all but the last sampled token.
+    let mut turn = first;
+    turn.extend(&out[&a[0]].tokens);
+    let computed = turn.len() - 1;
+    turn.extend([2, 3, 4]);
+    let (b, out) = run_all(&mut sched, vec![Request::new(turn.clone(), 4)]);
+    assert_eq!(out[&b[0]].cached_tokens, computed / 4 * 4);
+    assert_eq!(
+        out[&b[0]].tokens,
+        run_alone(true, 4, Request::new(turn, 4)).tokens
+    );
+    assert_pool_clean(sched.pool_mut());
+}
+
+#[test]
+fn fully_cached_prompt_still_computes_its_last_token() {
+    let cfg = fake_config(false);
+    let kv = pool(&cfg, 64, 0, 1, CacheType::Radix);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(2, 32, 32)).unwrap();
+    let p = prompt(9, 2);
+    let (a, out_a) = run_all(&mut sched, vec![Request::new(p.clone(), 4)]);
+    let (b, out_b) = run_all(&mut sched, vec![Request::new(p.clone(), 4)]);
+    assert_eq!(out_a[&a[0]].tokens, out_b[&b[0]].tokens);
+    assert_eq!(out_b[&b[0]].cached_tokens, 8);
+    assert_pool_clean(sched.pool_mut());
+}
+
+#[test]
+fn cancel_ends_waiting_and_running_requests() {
+    let cfg = fake_config(true);
+    let kv = pool(&cfg, 64, 64, 4, CacheType::Radix);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(1, 16, 4)).unwrap();
+    let running = sched.submit(Request::new(prompt(10, 1), 50));
+    let waiting = sched.submit(Request::new(prompt(10, 2), 50));
+    let mut out = HashMap::new();
+    for _ in 0..5 {
+        common::record(&mut out, sched.step());
+    }
+    assert_eq!(sched.status().running, 1);
+    assert_eq!(sched.status().waiting, 1);
+    assert!(sched.cancel(waiting));
+    assert!(sched.cancel(running));
+    assert!(!sched.cancel(running), "a second cancel finds nothing");
+    assert!(!sched.cancel(SeqId(1000)));
+    assert_eq!(
+        sched.status().kv.running_requests,
+        0,
+        "pages are freed at once"
+    );
+    drain(&mut sched, &mut out);
+    assert_eq!(out[&running].reason, Some(FinishReason::Cancelled));
+    assert_eq!(out[&waiting].reason, Some(FinishReason::Cancelled));
+    assert!(out[&waiting].tokens.is_empty());
+    assert!(!out[&running].tokens.is_empty());
+    assert_pool_clean(sched.pool_mut());
+}
+
+/// A toy detokenizer: token `t` is the letter `'a' + t`.
+fn text(tokens: &[u32]) -> String {
+    tokens.iter().map(|&t| (b'a' + t as u8) as char).collect()
+}
+
+#[test]
+fn text_stop_strings_go_through_the_stop_function() {
+    let p = prompt(7, 3);
+    let mut plain = Request::new(p.clone(), 30);
+    plain.ignore_eos = true;
+    let free = run_alone(true, 4, plain).tokens;
+    assert_eq!(free.len(), 30);
+    // Stop on a two-letter string that first ends at completion token 9 or later.
+    let stop: String = text(&free[8..10]);
+    let first_end = (2..=free.len())
+        .find(|&n| text(&free[..n]).contains(&stop))
+        .unwrap();
+    let mut r = Request::new(p, 30);
+    r.ignore_eos = true;
+    let needle = stop.clone();
+    r.stop_fn = Some(Box::new(move |completion: &[u32]| {
+        text(completion).contains(&needle)
+    }));
+    let got = run_alone(true, 4, r);
+    assert_eq!(got.reason, Some(FinishReason::Stop));
+    assert_eq!(got.tokens, free[..first_end]);
+}
+
+#[test]
+fn eos_stop_sequences_and_max_tokens() {
+    let p = prompt(6, 4);
+    let mut free = Request::new(p.clone(), 40);
+    free.ignore_eos = true;
+    let free = run_alone(false, 4, free).tokens;
+
+    let mut eos = Request::new(p.clone(), 40);
+    eos.stop_ids = vec![free[5]];
+    let got = run_alone(false, 4, eos);
+    let at = free.iter().position(|&t| t == free[5]).unwrap();
+    assert_eq!(got.tokens, free[..=at]);
+    assert_eq!(got.reason, Some(FinishReason::Stop));
+
+    let mut ignored = Request::new(p.clone(), 12);
+    ignored.stop_ids = vec![free[5]];
+    ignored.ignore_eos = true;
+    let got = run_alone(false, 4, ignored);
+    assert_eq!(got.tokens, free[..12]);
+    assert_eq!(got.reason, Some(FinishReason::Length));
+
+    let mut seq = Request::new(p, 40);
+    seq.ignore_eos = true;
+    seq.stop_sequences = vec![vec![], free[10..13].to_vec()];
+    let got = run_alone(false, 4, seq);
+    let end = (3..=free.len())
+        .find(|&n| free[..n].ends_with(&free[10..13]))
+        .unwrap();
+    assert_eq!(got.tokens, free[..end]);
+    assert_eq!(got.reason, Some(FinishReason::Stop));
+}
+
+#[test]
+fn logprobs_describe_the_raw_distribution() {
+    let p = prompt(5, 6);
+    let cfg = fake_config(false);
+    let kv = pool(&cfg, 32, 0, 4, CacheType::Radix);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(2, 16, 16)).unwrap();
+    let mut r = Request::new(p.clone(), 6);
+    r.sampling = sampled(3);
+    r.ignore_eos = true;
+    r.logprobs = Some(3);
+    let id = sched.submit(r);
+    let mut seq = p;
+    while sched.has_work() {
+        for e in sched.step() {
+            assert_eq!(e.id, id);
+            if let EventKind::Token {
+                token,
+                logprob,
+                top_logprobs: top,
+            } = e.kind
+            {
+                let logits = logits_for(&seq);
+                assert_eq!(logprob, Some(logprob_of(&logits, token)));
+                assert_eq!(top, top_logprobs(&logits, 3));
+                seq.push(token);
+            }
+        }
+    }
+    assert_eq!(seq.len(), 11);
+}
+
+#[test]
+fn impossible_requests_finish_with_an_error_and_others_carry_on() {
+    let cfg = fake_config(true);
+    let kv = pool(&cfg, 8, 8, 4, CacheType::Radix);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(4, 16, 8)).unwrap();
+    let mut bad_sampling = Request::new(prompt(3, 1), 5);
+    bad_sampling.sampling.temperature = -1.0;
+    let reqs = vec![
+        Request::new(prompt(20, 1), 20), // 40 tokens > 8 pages of 4
+        Request::new(vec![], 5),
+        Request::new(vec![1, VOCAB as u32], 5),
+        bad_sampling,
+        Request::new(prompt(4, 2), 0),
+        Request::new(prompt(6, 3), 10),
+    ];
+    let (ids, out) = run_all(&mut sched, reqs);
+    for id in &ids[..4] {
+        assert!(
+            matches!(out[id].reason, Some(FinishReason::Error(_))),
+            "{:?}",
+            out[id]
+        );
+        assert!(out[id].tokens.is_empty());
+    }
+    assert_eq!(out[&ids[4]].reason, Some(FinishReason::Length));
+    assert!(out[&ids[4]].tokens.is_empty());
+    assert_eq!(out[&ids[5]].tokens.len(), 10);
+    assert_pool_clean(sched.pool_mut());
+}
+
+#[test]
+fn a_tight_pool_preempts_and_outputs_stay_the_same() {
+    for windowed in [false, true] {
+        let cfg = fake_config(windowed);
+        // Six requests of up to 48 tokens in 16 pages of 4 tokens (64 tokens).
+        let kv = pool(&cfg, 16, 16, 4, CacheType::Radix);
+        let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(6, 32, 8)).unwrap();
+        let reqs: Vec<Request> = (0..6)
+            .map(|i| {
+                let mut r = Request::new(prompt(8 + 2 * i, i as u32), 40 - 3 * i);
+                r.ignore_eos = true;
+                r.sampling = sampled(i as u64);
+                r
+            })
+            .collect();
+        let alone: Vec<Vec<u32>> = (0..6)
+            .map(|i| {
+                let mut r = Request::new(prompt(8 + 2 * i, i as u32), 40 - 3 * i);
+                r.ignore_eos = true;
+                r.sampling = sampled(i as u64);
+                run_alone(windowed, 4, r).tokens
+            })
+            .collect();
+        let (ids, out) = run_all(&mut sched, reqs);
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(out[id].reason, Some(FinishReason::Length));
+            assert_eq!(out[id].tokens, alone[i], "request {i}");
+        }
+        assert!(
+            sched.status().preemptions > 0,
+            "the pool was meant to run out"
+        );
+        assert_pool_clean(sched.pool_mut());
+    }
+}
+
+/// Records each batch's shape around the fake model; fails the forward of chosen steps.
+struct Watched {
+    inner: FakeModel,
+    batches: Vec<Vec<(usize, usize)>>,
+    fail_on: Option<usize>,
+}
+
+impl StepModel for Watched {
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+
+    fn forward(
+        &mut self,
+        kv: &mut KvPool<HostStorage>,
+        batch: &ForwardBatch,
+    ) -> Result<ForwardOutput, SchedError> {
+        self.batches.push(
+            batch
+                .seqs
+                .iter()
+                .map(|s| (s.start, s.tokens.len()))
+                .collect(),
+        );
+        if self.fail_on == Some(self.batches.len()) {
+            return Err(SchedError::Other("device lost".into()));
+        }
+        self.inner.forward(kv, batch)
+    }
+}
+
+fn watched(fail_on: Option<usize>) -> (Watched, KvPool<HostStorage>) {
+    let cfg = fake_config(true);
+    let kv = pool(&cfg, 128, 128, 4, CacheType::Radix);
+    let model = Watched {
+        inner: FakeModel::new(cfg),
+        batches: Vec::new(),
+        fail_on,
+    };
+    (model, kv)
+}
+
+#[test]
+fn batches_respect_the_budgets() {
+    let (model, kv) = watched(None);
+    let mut sched = Scheduler::new(model, kv, config(3, 10, 4)).unwrap();
+    for i in 0..7 {
+        let mut r = Request::new(prompt(5 + 3 * i, i as u32), 6);
+        r.ignore_eos = true;
+        sched.submit(r);
+    }
+    let mut out = HashMap::new();
+    while sched.has_work() {
+        common::record(&mut out, sched.step());
+        assert!(sched.status().running <= 3);
+    }
+    assert_eq!(out.len(), 7);
+    assert!(out.values().all(|o| o.tokens.len() == 6));
+    let batches = &sched.model().batches;
+    assert!(
+        batches.iter().any(|b| b.len() == 3),
+        "requests were batched"
+    );
+    for b in batches {
+        assert!(b.iter().map(|c| c.1).sum::<usize>() <= 10, "{b:?}");
+        assert!(b.iter().all(|c| c.1 <= 4), "{b:?}");
+    }
+}
+
+#[test]
+fn a_failed_forward_ends_only_the_requests_in_it() {
+    let (model, kv) = watched(Some(3));
+    let mut sched = Scheduler::new(model, kv, config(2, 8, 8)).unwrap();
+    let mut reqs: Vec<Request> = (0..4).map(|i| Request::new(prompt(4, i), 5)).collect();
+    reqs.iter_mut().for_each(|r| r.ignore_eos = true);
+    let ids: Vec<SeqId> = reqs.into_iter().map(|r| sched.submit(r)).collect();
+    let mut out = HashMap::new();
+    drain_generic(&mut sched, &mut out);
+    for id in &ids[..2] {
+        assert_eq!(
+            out[id].reason,
+            Some(FinishReason::Error("device lost".into()))
+        );
+    }
+    for id in &ids[2..] {
+        assert_eq!(out[id].reason, Some(FinishReason::Length));
+        assert_eq!(out[id].tokens.len(), 5);
+    }
+    assert_pool_clean(sched.pool_mut());
+}
+
+fn drain_generic<M: StepModel>(sched: &mut Scheduler<M>, out: &mut HashMap<SeqId, Outcome>) {
+    drain(sched, out)
+}
+
+#[test]
+fn settings_that_cannot_work_are_refused() {
+    let cfg = fake_config(false);
+    let bad = [config(0, 8, 8), config(4, 8, 0), config(8, 4, 8)];
+    for c in bad {
+        let kv = pool(&cfg, 8, 0, 4, CacheType::Radix);
+        assert!(Scheduler::new(FakeModel::new(cfg.clone()), kv, c).is_err());
+    }
+    assert!(SchedulerConfig::default().validate().is_ok());
+}
