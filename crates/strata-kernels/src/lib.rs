@@ -13,6 +13,8 @@
 mod backend;
 pub mod conformance;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod dtype;
 mod error;
 mod params;

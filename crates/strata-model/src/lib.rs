@@ -1,6 +1,8 @@
 //! Forward passes of the models Strata serves, over any `strata-kernels` backend.
 
 mod batch;
+#[cfg(feature = "cuda")]
+mod cuda_upload;
 mod error;
 mod forward;
 mod kv_cache;

@@ -1,0 +1,144 @@
+//! Uploads, downloads, zero-filled buffers and strided copies.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+
+use super::buffer::{CudaBuffer, Storage};
+use super::{device_err, grid_for, CudaBackend};
+use crate::error::ensure;
+use crate::{DType, DeviceBuffer, HostSlice, Result, StridedCopy};
+
+impl CudaBackend {
+    /// A device copy of `data`; an empty slice gets one zeroed placeholder element.
+    pub(super) fn to_device<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        data: &[T],
+    ) -> Result<CudaSlice<T>> {
+        let r = if data.is_empty() {
+            self.stream.alloc_zeros::<T>(1)
+        } else {
+            self.stream.clone_htod(data)
+        };
+        r.map_err(device_err("copying to the GPU"))
+    }
+
+    pub(super) fn upload_impl(&self, data: HostSlice<'_>) -> Result<CudaBuffer> {
+        let (storage, len, dtype) = match data {
+            HostSlice::F32(s) => (Storage::F32(self.to_device(s)?), s.len(), DType::F32),
+            HostSlice::BF16(s) => (
+                Storage::Bits16(self.to_device(bytemuck::cast_slice::<_, u16>(s))?),
+                s.len(),
+                DType::BF16,
+            ),
+            HostSlice::F16(s) => (
+                Storage::Bits16(self.to_device(bytemuck::cast_slice::<_, u16>(s))?),
+                s.len(),
+                DType::F16,
+            ),
+        };
+        Ok(CudaBuffer {
+            storage,
+            len,
+            dtype,
+        })
+    }
+
+    pub(super) fn zeros_impl(&self, len: usize, dtype: DType) -> Result<CudaBuffer> {
+        let n = len.max(1);
+        let err = device_err("allocating GPU memory");
+        let storage = match dtype {
+            DType::F32 => Storage::F32(self.stream.alloc_zeros::<f32>(n).map_err(&err)?),
+            DType::BF16 | DType::F16 => {
+                Storage::Bits16(self.stream.alloc_zeros::<u16>(n).map_err(&err)?)
+            }
+        };
+        Ok(CudaBuffer {
+            storage,
+            len,
+            dtype,
+        })
+    }
+
+    pub(super) fn download_impl(&self, buf: &CudaBuffer) -> Result<Vec<f32>> {
+        let len = buf.len();
+        if len == 0 {
+            self.synchronize()?;
+            return Ok(Vec::new());
+        }
+        let err = device_err("copying from the GPU");
+        let out = match (&buf.storage, buf.dtype()) {
+            (Storage::F32(s), _) => self.stream.clone_dtoh(&s.slice(..len)).map_err(err)?,
+            (Storage::Bits16(s), dtype) => {
+                let bits = self.stream.clone_dtoh(&s.slice(..len)).map_err(err)?;
+                match dtype {
+                    DType::F16 => bits
+                        .iter()
+                        .map(|&b| half::f16::from_bits(b).to_f32())
+                        .collect(),
+                    _ => bits
+                        .iter()
+                        .map(|&b| half::bf16::from_bits(b).to_f32())
+                        .collect(),
+                }
+            }
+        };
+        // Surfaces any error of the queued kernels, not only of the copy.
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    pub(super) fn copy_strided_impl(
+        &self,
+        src: &CudaBuffer,
+        dst: &mut CudaBuffer,
+        c: StridedCopy,
+    ) -> Result<()> {
+        const OP: &str = "copy_strided";
+        ensure(src.dtype() == dst.dtype(), OP, || {
+            format!("src is {:?}, dst is {:?}", src.dtype(), dst.dtype())
+        })?;
+        if c.rows == 0 || c.cols == 0 {
+            return Ok(());
+        }
+        let last = |offset: usize, stride: usize| offset + (c.rows - 1) * stride + c.cols;
+        ensure(last(c.src_offset, c.src_stride) <= src.len(), OP, || {
+            format!("{c:?} reads past the source's {} elements", src.len())
+        })?;
+        ensure(last(c.dst_offset, c.dst_stride) <= dst.len(), OP, || {
+            format!("{c:?} writes past the destination's {} elements", dst.len())
+        })?;
+        let args = [
+            c.rows as u64,
+            c.cols as u64,
+            c.src_offset as u64,
+            c.src_stride as u64,
+            c.dst_offset as u64,
+            c.dst_stride as u64,
+        ];
+        let cfg = grid_for(c.rows * c.cols);
+        let launched = match (&src.storage, &mut dst.storage) {
+            (Storage::F32(s), Storage::F32(d)) => {
+                let f = self.kernels.get("copy_strided_b32")?;
+                let mut l = self.stream.launch_builder(f);
+                l.arg(s).arg(d);
+                for a in &args {
+                    l.arg(a);
+                }
+                // SAFETY: bounds checked above; the kernel touches only those elements.
+                unsafe { l.launch(cfg) }
+            }
+            (Storage::Bits16(s), Storage::Bits16(d)) => {
+                let f = self.kernels.get("copy_strided_b16")?;
+                let mut l = self.stream.launch_builder(f);
+                l.arg(s).arg(d);
+                for a in &args {
+                    l.arg(a);
+                }
+                // SAFETY: as above.
+                unsafe { l.launch(cfg) }
+            }
+            _ => unreachable!("dtypes were checked equal"),
+        };
+        launched.map_err(device_err(OP))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,307 @@
+//! The CUDA backend: f32 activations in device memory, weights in F32 / BF16 / F16, kernels
+//! from the repository's `kernels/*.cu` compiled at start-up by NVRTC for the GPU present
+//! (cached on disk), dense matmul through cuBLAS.
+//!
+//! Every CUDA library is loaded at run time (cudarc's dynamic loading), so this module
+//! builds everywhere; [`CudaBackend::new`] returns an error, never panics, on a machine
+//! without a driver, NVRTC or cuBLAS.
+//!
+//! Everything runs in order on one stream: downloads wait for the work before them, and
+//! buffers need no cross-stream tracking.
+
+mod attention;
+mod buffer;
+mod cache;
+mod matmul;
+mod memory;
+mod module;
+mod ops;
+mod sources;
+
+pub use buffer::CudaBuffer;
+pub use matmul::CudaQuantMatrix;
+pub use sources::{compile_cubin, nvrtc_available, nvrtc_version, KernelFile, KERNEL_FILES};
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
+
+use crate::params::{
+    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy,
+};
+use crate::{Backend, DType, HostSlice, KernelError, Result};
+use module::Kernels;
+
+/// One GPU, one stream, the loaded kernels and a cuBLAS handle.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// cuBLAS handles are not meant for concurrent calls from several threads.
+    blas: Mutex<CudaBlas>,
+    kernels: Kernels,
+    arch: u32,
+    device_name: String,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.device_name)
+            .field("arch", &format_args!("sm_{}", self.arch))
+            .finish()
+    }
+}
+
+fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
+    move |e| KernelError::Device(format!("{what}: {e:?}"))
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`, compiles (or loads from the cache) every kernel for its compute
+    /// capability and creates the cuBLAS handle.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // cudarc panics when a library lacks a symbol it expects (an old driver, say);
+        // that is a start-up error like any other.
+        std::panic::catch_unwind(|| Self::open(ordinal)).unwrap_or_else(|p| {
+            Err(KernelError::Device(format!(
+                "CUDA initialisation failed: {}",
+                panic_text(p.as_ref())
+            )))
+        })
+    }
+
+    fn open(ordinal: usize) -> Result<Self> {
+        // SAFETY (all three): dlopen probes by the libraries' usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(KernelError::Device(
+                "libcuda not found: no NVIDIA driver on this machine".into(),
+            ));
+        }
+        if !sources::nvrtc_available() {
+            return Err(KernelError::Device(
+                "libnvrtc not found: install the CUDA toolkit (or the nvidia-cuda-nvrtc \
+                 package) and put its lib directory on LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(KernelError::Device(
+                "libcublas not found: install cuBLAS and put it on LD_LIBRARY_PATH".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(device_err("opening the GPU"))?;
+        // SAFETY: this backend uses a single stream, so no buffer is ever shared between
+        // streams and cudarc's per-buffer events would only add work to every launch.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(device_err("creating a stream"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(device_err("reading the compute capability"))?;
+        let arch = (major * 10 + minor) as u32;
+        let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
+        let kernels = Kernels::load(&ctx, arch)?;
+        Ok(Self {
+            ctx,
+            stream,
+            blas: Mutex::new(blas),
+            kernels,
+            arch,
+            device_name,
+        })
+    }
+
+    /// The GPU's name as the driver reports it.
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// Compute capability as one number (90 for sm_90).
+    pub fn arch(&self) -> u32 {
+        self.arch
+    }
+
+    /// Waits for all queued work and reports any asynchronous device error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(device_err("synchronizing"))
+    }
+}
+
+/// A 1-D grid-stride launch over `n` elements (256 threads a block).
+fn grid_for(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 1 << 20) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaBuffer;
+    type QuantMatrix = CudaQuantMatrix;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn activation_dtype(&self) -> DType {
+        DType::F32
+    }
+
+    fn upload(&self, data: HostSlice<'_>) -> Result<CudaBuffer> {
+        self.upload_impl(data)
+    }
+
+    fn zeros(&self, len: usize, dtype: DType) -> Result<CudaBuffer> {
+        self.zeros_impl(len, dtype)
+    }
+
+    fn download(&self, buf: &CudaBuffer) -> Result<Vec<f32>> {
+        self.download_impl(buf)
+    }
+
+    fn copy_strided(&self, src: &CudaBuffer, dst: &mut CudaBuffer, c: StridedCopy) -> Result<()> {
+        self.copy_strided_impl(src, dst, c)
+    }
+
+    fn embedding(
+        &self,
+        ids: &[u32],
+        table: &CudaBuffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.embedding_impl(ids, table, hidden, scale, out)
+    }
+
+    fn embedding_quant(
+        &self,
+        ids: &[u32],
+        table: &CudaQuantMatrix,
+        scale: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.embedding_impl(ids, &table.w, table.cols, scale, out)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.rms_norm_plain(x, weight, p, out)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.add_then_rms_norm(residual, x, weight, p, out)
+    }
+
+    fn rms_norm_add(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+    ) -> Result<()> {
+        self.rms_norm_then_add(residual, x, weight, p)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaBuffer,
+        positions: &[u32],
+        inv_freq: &CudaBuffer,
+        p: RopeParams,
+    ) -> Result<()> {
+        self.rope_impl(x, positions, inv_freq, p)
+    }
+
+    fn matmul(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        shape: MatmulShape,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.matmul_impl(x, w, shape, out)
+    }
+
+    fn matmul_quant(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaQuantMatrix,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        let shape = MatmulShape {
+            in_features: w.cols,
+            out_features: w.rows,
+        };
+        self.matmul_impl(x, &w.w, shape, out)
+    }
+
+    fn act_mul(
+        &self,
+        act: Activation,
+        gate: &CudaBuffer,
+        up: &CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.act_mul_impl(act, gate, up, out)
+    }
+
+    fn activation(&self, act: Activation, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {
+        self.activation_impl(act, x, out)
+    }
+
+    fn softcap(&self, x: &mut CudaBuffer, cap: f32) -> Result<()> {
+        self.softcap_impl(x, cap)
+    }
+
+    fn add(&self, acc: &mut CudaBuffer, x: &CudaBuffer) -> Result<()> {
+        self.binary_impl("add", acc, x)
+    }
+
+    fn mul(&self, acc: &mut CudaBuffer, x: &CudaBuffer) -> Result<()> {
+        self.binary_impl("mul", acc, x)
+    }
+
+    fn scale(&self, x: &mut CudaBuffer, s: f32) -> Result<()> {
+        self.scale_impl(x, s)
+    }
+
+    fn attention(
+        &self,
+        q: &CudaBuffer,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        q_positions: &[u32],
+        k_positions: &[u32],
+        p: AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.attention_impl(q, k, v, q_positions, k_positions, p, out)
+    }
+}

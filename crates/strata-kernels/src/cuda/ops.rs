@@ -1,0 +1,389 @@
+//! Launchers for the small kernels: embedding, RMSNorm, RoPE and the elementwise family.
+//! Each checks lengths and dtypes on the host first (a mismatch is an error, never an
+//! out-of-bounds launch), then queues the kernel.
+
+use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
+
+use super::buffer::{dtype_code, CudaBuffer, Storage};
+use super::{device_err, grid_for, CudaBackend};
+use crate::error::ensure;
+use crate::RopeStyle;
+use crate::{Activation, DType, DeviceBuffer, KernelError, Result, RmsNormParams, RopeParams};
+
+/// Pushes a buffer of any dtype as a `const void*` argument.
+fn arg_any<'a>(l: &mut LaunchArgs<'a>, buf: &'a CudaBuffer) {
+    match &buf.storage {
+        Storage::F32(s) => l.arg(s),
+        Storage::Bits16(s) => l.arg(s),
+    };
+}
+
+fn act_code(act: Activation) -> i32 {
+    match act {
+        Activation::GeluTanh => 0,
+        Activation::Silu => 1,
+    }
+}
+
+fn same_len(op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<()> {
+    ensure(a.len() == b.len(), op, || {
+        format!("lengths {} and {} differ", a.len(), b.len())
+    })
+}
+
+/// Which of the three RMSNorm forms `kernels/norm.cu` runs.
+#[derive(Clone, Copy)]
+enum NormMode {
+    Plain = 0,
+    AddThenNorm = 1,
+    NormThenAdd = 2,
+}
+
+const NORM_THREADS: u32 = 256;
+
+impl CudaBackend {
+    pub(super) fn embedding_impl(
+        &self,
+        ids: &[u32],
+        table: &CudaBuffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "embedding";
+        ensure(hidden > 0 && table.len().is_multiple_of(hidden), OP, || {
+            format!("table of {} is not rows of {hidden}", table.len())
+        })?;
+        let vocab = table.len() / hidden;
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(KernelError::Invalid {
+                op: OP,
+                detail: format!("id {bad} outside a vocabulary of {vocab}"),
+            });
+        }
+        ensure(out.len() == ids.len() * hidden, OP, || {
+            format!("out has {}, want {} x {hidden}", out.len(), ids.len())
+        })?;
+        let o = out.f32s_mut(OP)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids_dev = self.to_device(ids)?;
+        let f = self.kernels.get("embedding")?;
+        let (dtype, hidden_i) = (dtype_code(table.dtype), hidden as i32);
+        let mut l = self.stream.launch_builder(f);
+        arg_any(&mut l, table);
+        l.arg(&dtype)
+            .arg(&ids_dev)
+            .arg(o)
+            .arg(&hidden_i)
+            .arg(&scale);
+        let cfg = LaunchConfig {
+            grid_dim: (ids.len() as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: ids < vocab and out holds ids x hidden, checked above.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    fn norm_checks(
+        &self,
+        op: &'static str,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: &RmsNormParams,
+    ) -> Result<()> {
+        ensure(p.dim > 0 && x.len().is_multiple_of(p.dim), op, || {
+            format!("length {} is not a multiple of dim {}", x.len(), p.dim)
+        })?;
+        if let Some(w) = weight {
+            ensure(w.len() == p.dim, op, || {
+                format!("weight has {} elements, dim is {}", w.len(), p.dim)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Queues `kernels/norm.cu`; `residual` is read and written in the fused modes, `out`
+    /// written unless the mode adds into the residual.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_norm(
+        &self,
+        op: &'static str,
+        mode: NormMode,
+        x: &CudaBuffer,
+        residual: Option<&mut CudaBuffer>,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        out: Option<&mut CudaBuffer>,
+    ) -> Result<()> {
+        let rows = x.len() / p.dim;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.kernels.get("rms_norm")?;
+        let xs = x.f32s(op)?;
+        let (dim, mode, w_dtype) = (
+            p.dim as i32,
+            mode as i32,
+            weight.map_or(-1, |w| dtype_code(w.dtype)),
+        );
+        let mut l = self.stream.launch_builder(f);
+        l.arg(xs);
+        // An unused pointer argument gets `x` (never dereferenced by that mode).
+        match residual {
+            Some(r) => l.arg(r.f32s_mut(op)?),
+            None => l.arg(xs),
+        };
+        match weight {
+            Some(w) => arg_any(&mut l, w),
+            None => {
+                l.arg(xs);
+            }
+        }
+        l.arg(&w_dtype).arg(&p.weight_offset);
+        match out {
+            Some(o) => l.arg(o.f32s_mut(op)?),
+            None => l.arg(xs),
+        };
+        l.arg(&dim).arg(&p.eps).arg(&mode);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (NORM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every buffer holds rows x dim elements (weight: dim), checked by callers.
+        unsafe { l.launch(cfg) }.map_err(device_err(op))?;
+        Ok(())
+    }
+
+    pub(super) fn rms_norm_plain(
+        &self,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "rms_norm";
+        self.norm_checks(OP, x, weight, &p)?;
+        same_len(OP, x, out)?;
+        self.launch_norm(OP, NormMode::Plain, x, None, weight, p, Some(out))
+    }
+
+    pub(super) fn add_then_rms_norm(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "add_rms_norm";
+        self.norm_checks(OP, x, weight, &p)?;
+        same_len(OP, x, residual)?;
+        same_len(OP, x, out)?;
+        self.launch_norm(
+            OP,
+            NormMode::AddThenNorm,
+            x,
+            Some(residual),
+            weight,
+            p,
+            Some(out),
+        )
+    }
+
+    pub(super) fn rms_norm_then_add(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+    ) -> Result<()> {
+        const OP: &str = "rms_norm_add";
+        self.norm_checks(OP, x, weight, &p)?;
+        same_len(OP, x, residual)?;
+        self.launch_norm(
+            OP,
+            NormMode::NormThenAdd,
+            x,
+            Some(residual),
+            weight,
+            p,
+            None,
+        )
+    }
+
+    pub(super) fn rope_impl(
+        &self,
+        x: &mut CudaBuffer,
+        positions: &[u32],
+        inv_freq: &CudaBuffer,
+        p: RopeParams,
+    ) -> Result<()> {
+        const OP: &str = "rope";
+        ensure(p.head_dim > 0 && p.head_dim.is_multiple_of(2), OP, || {
+            format!("head_dim {} must be even", p.head_dim)
+        })?;
+        ensure(
+            x.len() == positions.len() * p.n_heads * p.head_dim,
+            OP,
+            || {
+                format!(
+                    "x has {}, want {} tokens x {} heads x {}",
+                    x.len(),
+                    positions.len(),
+                    p.n_heads,
+                    p.head_dim
+                )
+            },
+        )?;
+        ensure(inv_freq.len() == p.head_dim / 2, OP, || {
+            format!("inv_freq has {}, want {}", inv_freq.len(), p.head_dim / 2)
+        })?;
+        let freqs = inv_freq.f32s(OP)?;
+        let xs = x.f32s_mut(OP)?;
+        let pairs = positions.len() * p.n_heads * p.head_dim / 2;
+        if pairs == 0 {
+            return Ok(());
+        }
+        let pos = self.to_device(positions)?;
+        let f = self.kernels.get("rope")?;
+        let (tokens, heads, d) = (positions.len() as i32, p.n_heads as i32, p.head_dim as i32);
+        let interleaved = i32::from(p.style == RopeStyle::Interleaved);
+        let mut l = self.stream.launch_builder(f);
+        l.arg(xs)
+            .arg(&pos)
+            .arg(freqs)
+            .arg(&tokens)
+            .arg(&heads)
+            .arg(&d)
+            .arg(&interleaved);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(grid_for(pairs)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    pub(super) fn act_mul_impl(
+        &self,
+        act: Activation,
+        gate: &CudaBuffer,
+        up: &CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "act_mul";
+        same_len(OP, gate, up)?;
+        same_len(OP, gate, out)?;
+        let n = gate.len();
+        let (g, u, o) = (gate.f32s(OP)?, up.f32s(OP)?, out.f32s_mut(OP)?);
+        if n == 0 {
+            return Ok(());
+        }
+        let (n64, code) = (n as u64, act_code(act));
+        let mut l = self.stream.launch_builder(self.kernels.get("act_mul")?);
+        l.arg(g).arg(u).arg(o).arg(&n64).arg(&code);
+        // SAFETY: equal lengths checked above.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    pub(super) fn activation_impl(
+        &self,
+        act: Activation,
+        x: &CudaBuffer,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "activation";
+        same_len(OP, x, out)?;
+        let n = x.len();
+        let (xs, o) = (x.f32s(OP)?, out.f32s_mut(OP)?);
+        if n == 0 {
+            return Ok(());
+        }
+        let (n64, code) = (n as u64, act_code(act));
+        let mut l = self.stream.launch_builder(self.kernels.get("activation")?);
+        l.arg(xs).arg(o).arg(&n64).arg(&code);
+        // SAFETY: equal lengths checked above.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    pub(super) fn softcap_impl(&self, x: &mut CudaBuffer, cap: f32) -> Result<()> {
+        const OP: &str = "softcap";
+        if !(cap > 0.0 && cap.is_finite()) {
+            return Err(KernelError::Invalid {
+                op: OP,
+                detail: format!("cap {cap} must be positive and finite"),
+            });
+        }
+        let n = x.len();
+        let xs = x.f32s_mut(OP)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n64 = n as u64;
+        let mut l = self.stream.launch_builder(self.kernels.get("softcap")?);
+        l.arg(xs).arg(&n64).arg(&cap);
+        // SAFETY: one element per index below n.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    /// `add` or `mul`: `acc op= x`.
+    pub(super) fn binary_impl(
+        &self,
+        op: &'static str,
+        acc: &mut CudaBuffer,
+        x: &CudaBuffer,
+    ) -> Result<()> {
+        same_len(op, acc, x)?;
+        let n = x.len();
+        let (a, xs) = (acc.f32s_mut(op)?, x.f32s(op)?);
+        if n == 0 {
+            return Ok(());
+        }
+        let n64 = n as u64;
+        let mut l = self.stream.launch_builder(self.kernels.get(op)?);
+        l.arg(a).arg(xs).arg(&n64);
+        // SAFETY: equal lengths checked above.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(op))?;
+        Ok(())
+    }
+
+    pub(super) fn scale_impl(&self, x: &mut CudaBuffer, s: f32) -> Result<()> {
+        const OP: &str = "scale";
+        let n = x.len();
+        let xs = x.f32s_mut(OP)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n64 = n as u64;
+        let mut l = self.stream.launch_builder(self.kernels.get("scale")?);
+        l.arg(xs).arg(&n64).arg(&s);
+        // SAFETY: one element per index below n.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    /// Widens a 16-bit weight buffer into `dst` (f32, same length).
+    pub(super) fn widen_into(
+        &self,
+        src: &CudaBuffer,
+        dst: &mut cudarc::driver::CudaSlice<f32>,
+    ) -> Result<()> {
+        const OP: &str = "widen_to_f32";
+        let n = src.len();
+        if n == 0 || src.dtype == DType::F32 {
+            return Ok(());
+        }
+        let (code, n64) = (dtype_code(src.dtype), n as u64);
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        arg_any(&mut l, src);
+        l.arg(&code).arg(dst).arg(&n64);
+        // SAFETY: dst was allocated with at least n elements by the caller.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,140 @@
+//! The kernel sources (the repository's `kernels/*.cu`, one file per family) and their
+//! compilation to CUBIN with NVRTC. Kept free of any device state so a machine without a
+//! GPU can still compile every file (the CI check in `tests/cuda_nvrtc.rs`).
+
+use std::ffi::{c_char, CString};
+
+use cudarc::nvrtc::{result, sys};
+
+use crate::KernelError;
+
+/// Helpers prepended to every file (NVRTC gets no include paths, so no CUDA header either).
+const COMMON: &str = include_str!("../../../../kernels/common.cuh");
+
+/// One kernel file and the entry points the backend looks up in it.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelFile {
+    pub name: &'static str,
+    source: &'static str,
+    pub functions: &'static [&'static str],
+}
+
+impl KernelFile {
+    /// The text NVRTC compiles: the common helpers, then the file (with a `#line` so errors
+    /// point into the file itself).
+    pub fn full_source(&self) -> String {
+        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.source)
+    }
+}
+
+/// Every kernel family, in the order the backend loads them.
+pub const KERNEL_FILES: &[KernelFile] = &[
+    KernelFile {
+        name: "embedding",
+        source: include_str!("../../../../kernels/embedding.cu"),
+        functions: &["embedding"],
+    },
+    KernelFile {
+        name: "norm",
+        source: include_str!("../../../../kernels/norm.cu"),
+        functions: &["rms_norm"],
+    },
+    KernelFile {
+        name: "rope",
+        source: include_str!("../../../../kernels/rope.cu"),
+        functions: &["rope"],
+    },
+    KernelFile {
+        name: "elementwise",
+        source: include_str!("../../../../kernels/elementwise.cu"),
+        functions: &["act_mul", "activation", "softcap", "add", "mul", "scale"],
+    },
+    KernelFile {
+        name: "copy",
+        source: include_str!("../../../../kernels/copy.cu"),
+        functions: &["copy_strided_b32", "copy_strided_b16", "widen_to_f32"],
+    },
+    KernelFile {
+        name: "attention",
+        source: include_str!("../../../../kernels/attention.cu"),
+        functions: &["attention"],
+    },
+];
+
+/// Whether libnvrtc can be loaded (checked before any call: a missing library would
+/// otherwise abort inside the dynamic loader).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names.
+    unsafe { sys::is_culib_present() }
+}
+
+fn nvrtc_err(what: &str) -> impl Fn(result::NvrtcError) -> KernelError + '_ {
+    move |e| KernelError::Device(format!("nvrtc: {what}: {e:?}"))
+}
+
+/// The loaded NVRTC's version, `(major, minor)`; part of the kernel cache key.
+pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
+    if !nvrtc_available() {
+        return Err(KernelError::Device(
+            "libnvrtc not found (install the CUDA toolkit or the nvidia-cuda-nvrtc package \
+             and put its lib directory on LD_LIBRARY_PATH)"
+                .into(),
+        ));
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-parameters, written by NVRTC.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(nvrtc_err("version"))?;
+    Ok((major, minor))
+}
+
+/// Compiles `file` to a CUBIN for `sm_<arch>` (e.g. 90 for Hopper). Precise math only: no
+/// fast-math flags, so expf / tanhf / sincosf / division match the f32 references.
+pub fn compile_cubin(file: &KernelFile, arch: u32) -> Result<Vec<u8>, KernelError> {
+    nvrtc_version()?;
+    let what = format!("{}.cu for sm_{arch}", file.name);
+    let src = CString::new(file.full_source())
+        .map_err(|_| KernelError::Device(format!("{what}: source holds a NUL byte")))?;
+    let name = CString::new(format!("{}.cu", file.name)).expect("file names hold no NUL");
+    let prog = result::create_program(&src, Some(&name)).map_err(nvrtc_err(&what))?;
+    let options = [
+        format!("--gpu-architecture=sm_{arch}"),
+        "--std=c++17".into(),
+    ];
+    // SAFETY: `prog` is a live program; it is destroyed exactly once below.
+    let compiled = unsafe { result::compile_program(prog, &options) };
+    let cubin = match compiled {
+        Ok(()) => unsafe { read_cubin(prog) }.map_err(nvrtc_err(&what)),
+        Err(e) => {
+            let log = unsafe { result::get_program_log(prog) }
+                .map(|l| c_chars_to_string(&l))
+                .unwrap_or_default();
+            Err(KernelError::Device(format!(
+                "nvrtc: compiling {what} failed ({e:?}):\n{log}"
+            )))
+        }
+    };
+    // A failed destroy leaks one program; the compile result is what matters.
+    let _ = unsafe { result::destroy_program(prog) };
+    cubin
+}
+
+/// # Safety
+/// `prog` must be a successfully compiled program.
+unsafe fn read_cubin(prog: sys::nvrtcProgram) -> Result<Vec<u8>, result::NvrtcError> {
+    let mut size = 0usize;
+    sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+    let mut cubin = vec![0u8; size];
+    sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char).result()?;
+    Ok(cubin)
+}
+
+fn c_chars_to_string(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}

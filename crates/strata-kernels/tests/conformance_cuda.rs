@@ -1,0 +1,328 @@
+//! The shared conformance checks on the CUDA backend (fixed shapes, property tests over
+//! random shapes) and a report of the largest CUDA-vs-CPU differences on model shapes.
+//!
+//! Without a usable GPU every test prints why and passes, so `cargo test` stays green on
+//! machines without CUDA; `STRATA_REQUIRE_GPU=1` (set by the GPU bundle's script) turns a
+//! missing GPU into a failure instead.
+#![cfg(feature = "cuda")]
+
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use strata_kernels::conformance::{self, *};
+use strata_kernels::cpu::CpuBackend;
+use strata_kernels::cuda::{CudaBackend, CudaQuantMatrix};
+use strata_kernels::{
+    Activation, AttentionParams, Backend, DType, MatmulShape, RmsNormParams, RopeParams, RopeStyle,
+};
+
+fn gpu() -> Option<&'static CudaBackend> {
+    static GPU: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    GPU.get_or_init(open_gpu).as_ref()
+}
+
+fn open_gpu() -> Option<CudaBackend> {
+    let t0 = std::time::Instant::now();
+    match CudaBackend::new(0) {
+        Ok(b) => {
+            eprintln!("CUDA backend on {b:?}, started in {:?}", t0.elapsed());
+            Some(b)
+        }
+        Err(e) => {
+            assert!(
+                std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
+                "STRATA_REQUIRE_GPU is set but the CUDA backend did not start: {e}"
+            );
+            eprintln!("note: no CUDA backend, GPU conformance skipped: {e}");
+            None
+        }
+    }
+}
+
+/// The reference quantized matrix, dequantized exactly (f32) onto the device.
+fn quant(q: &RowScaledQ8) -> Box<CudaQuantMatrix> {
+    let b = gpu().expect("only called with a GPU");
+    Box::new(CudaQuantMatrix::from_f32(b, q.rows, q.cols, &q.dequantized(), DType::F32).unwrap())
+}
+
+macro_rules! gpu_check {
+    ($name:ident, $check:expr) => {
+        #[test]
+        fn $name() {
+            if let Some(b) = gpu() {
+                let r: conformance::CheckResult = $check(b);
+                r.unwrap();
+            }
+        }
+    };
+}
+
+gpu_check!(upload_download, check_upload_download);
+gpu_check!(copy_strided, check_copy_strided);
+gpu_check!(embedding, check_embedding);
+gpu_check!(embedding_quant, |b| check_embedding_quant(b, &quant));
+gpu_check!(rms_norm, check_rms_norm);
+gpu_check!(rope, check_rope);
+gpu_check!(matmul, check_matmul);
+gpu_check!(matmul_quant, |b| check_matmul_quant(b, &quant));
+gpu_check!(act_mul, check_act_mul);
+gpu_check!(activation, check_activation);
+gpu_check!(softcap, check_softcap);
+gpu_check!(arith, check_arith);
+gpu_check!(attention, check_attention);
+gpu_check!(sample, check_sample);
+gpu_check!(check_all, |b| conformance::check_all(b, &quant));
+
+/// A bf16 quantized-form matrix is the bf16-rounded reference: within bf16 weight rounding.
+#[test]
+fn matmul_quant_bf16_matches_a_bf16_dense_weight() {
+    let Some(b) = gpu() else { return };
+    let mut data = TestData::new(9);
+    let (t, k, n) = (3, 256, 40);
+    let w = data.normals(n * k, 0.05, DType::BF16);
+    let x = data.normals(t * k, 1.0, DType::F32);
+    let q = CudaQuantMatrix::from_f32(b, n, k, &w, DType::BF16).unwrap();
+    let xb = b.upload_f32_as(&x, DType::F32).unwrap();
+    let mut out = b.zeros(t * n, DType::F32).unwrap();
+    b.matmul_quant(&xb, &q, &mut out).unwrap();
+    let (want, mag) = conformance::reference::matmul(&x, &w, k, n);
+    let got = b.download(&out).unwrap();
+    conformance::compare(
+        "bf16 quant",
+        &got,
+        &want,
+        &mag,
+        Tolerance::for_dtype(DType::F32),
+    )
+    .unwrap();
+}
+
+fn weight_dtype() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_random_shapes(
+        tokens in 1usize..40, in_features in 1usize..300, out_features in 1usize..120,
+        weight in weight_dtype(), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let c = MatmulCase { tokens, in_features, out_features, weight, seed };
+            check_matmul_case(b, c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn rms_norm_random_shapes(
+        rows in 1usize..10, dim in 1usize..2000, weight in proptest::option::of(weight_dtype()),
+        offset in prop_oneof![Just(0.0f32), Just(1.0f32)],
+        variant in prop_oneof![Just(NormVariant::Plain), Just(NormVariant::AddThenNorm), Just(NormVariant::NormThenAdd)],
+        seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let c = RmsNormCase { rows, dim, weight, weight_offset: offset, eps: 1e-6, variant, seed };
+            check_rms_norm_case(b, c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn rope_random_shapes(
+        tokens in 1usize..6, n_heads in 1usize..5, half in 1usize..257, rotated_frac in 0.0f64..=1.0,
+        interleaved in any::<bool>(), max_position in 1u32..50_000, seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let c = RopeCase {
+                tokens, n_heads, head_dim: 2 * half,
+                rotated_pairs: (rotated_frac * half as f64) as usize,
+                theta: 1e4,
+                style: if interleaved { RopeStyle::Interleaved } else { RopeStyle::Neox },
+                max_position, seed,
+            };
+            check_rope_case(b, c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn attention_random_shapes(
+        q_tokens in 1usize..20, cached in 0usize..200, first_position in 0u32..1000,
+        kv_heads in 1usize..3, group in 1usize..5,
+        head_dim in prop_oneof![Just(64usize), Just(128), Just(256), Just(512), 1usize..40],
+        window in proptest::option::of(1usize..64), causal in prop::bool::weighted(0.8),
+        softcap in proptest::option::of(5.0f32..60.0), shuffle_keys in any::<bool>(),
+        unit_scale in any::<bool>(), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let c = AttentionCase {
+                q_tokens, cached, first_position, n_heads: kv_heads * group, n_kv_heads: kv_heads,
+                head_dim, window, causal,
+                scale: if unit_scale { 1.0 } else { 1.0 / (head_dim as f32).sqrt() },
+                softcap, shuffle_keys, seed,
+            };
+            check_attention_case(b, c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn act_mul_random_lengths(len in 1usize..100_000, spread in 0.1f32..20.0, silu in any::<bool>(), seed in any::<u64>()) {
+        if let Some(b) = gpu() {
+            let act = if silu { Activation::Silu } else { Activation::GeluTanh };
+            check_act_mul_case(b, act, ElementwiseCase { len, spread, seed }).map_err(TestCaseError::fail)?;
+        }
+    }
+}
+
+/// Largest |CUDA - CPU| and the largest relative difference, over all elements.
+fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold((0.0f32, 0.0f32), |(m, r), (&x, &y)| {
+        let d = (x - y).abs();
+        (m.max(d), r.max(d / y.abs().max(1e-3)))
+    })
+}
+
+/// Runs `op` on both backends with the same host inputs and returns both outputs.
+fn both<F, G>(cuda_op: F, cpu_op: G) -> (Vec<f32>, Vec<f32>)
+where
+    F: FnOnce(&CudaBackend) -> Vec<f32>,
+    G: FnOnce(&CpuBackend) -> Vec<f32>,
+{
+    (cuda_op(gpu().unwrap()), cpu_op(&CpuBackend::new()))
+}
+
+fn run_matmul<B: Backend>(b: &B, x: &[f32], w: &[f32], wdt: DType, k: usize, n: usize) -> Vec<f32> {
+    let xb = b.upload_f32_as(x, DType::F32).unwrap();
+    let wb = b.upload_f32_as(w, wdt).unwrap();
+    let mut out = b.zeros(x.len() / k * n, DType::F32).unwrap();
+    let shape = MatmulShape {
+        in_features: k,
+        out_features: n,
+    };
+    b.matmul(&xb, &wb, shape, &mut out).unwrap();
+    b.download(&out).unwrap()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_attention<B: Backend>(
+    b: &B,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    qp: &[u32],
+    kp: &[u32],
+    p: AttentionParams,
+) -> Vec<f32> {
+    let up = |x: &[f32]| b.upload_f32_as(x, DType::F32).unwrap();
+    let mut out = b.zeros(q.len(), DType::F32).unwrap();
+    b.attention(&up(q), &up(k), &up(v), qp, kp, p, &mut out)
+        .unwrap();
+    b.download(&out).unwrap()
+}
+
+/// Prints the largest CUDA-vs-CPU differences on the model's shapes (for the GPU log).
+#[test]
+fn report_max_differences_vs_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    let mut data = TestData::new(42);
+    let mut report = Vec::new();
+    for &(t, k, n) in &[(1, 640, 2048), (1, 1536, 6144), (64, 1536, 2048)] {
+        for wdt in [DType::F32, DType::BF16, DType::F16] {
+            let x = data.normals(t * k, 1.0, DType::F32);
+            let w = data.normals(n * k, 0.05, wdt);
+            let (g, c) = both(
+                |b| run_matmul(b, &x, &w, wdt, k, n),
+                |b| run_matmul(b, &x, &w, wdt, k, n),
+            );
+            report.push((format!("matmul {t}x{k}x{n} {wdt:?}"), diff(&g, &c)));
+        }
+    }
+    for &(tq, s, heads, kvh, d, window) in &[
+        (1usize, 600usize, 8usize, 1usize, 256usize, Some(512usize)),
+        (1, 600, 8, 1, 512, None),
+        (64, 64, 8, 2, 256, Some(512)),
+        (32, 96, 16, 8, 128, None),
+    ] {
+        let q = data.normals(tq * heads * d, 0.3, DType::F32);
+        let k = data.normals(s * kvh * d, 0.3, DType::F32);
+        let v = data.normals(s * kvh * d, 1.0, DType::F32);
+        let kp: Vec<u32> = (0..s as u32).collect();
+        let qp: Vec<u32> = kp[s - tq..].to_vec();
+        let p = AttentionParams {
+            n_heads: heads,
+            n_kv_heads: kvh,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window,
+            causal: true,
+            softcap: None,
+        };
+        let (g, c) = both(
+            |b| run_attention(b, &q, &k, &v, &qp, &kp, p),
+            |b| run_attention(b, &q, &k, &v, &qp, &kp, p),
+        );
+        report.push((
+            format!("attention q{tq} k{s} h{heads}/{kvh} d{d} w{window:?}"),
+            diff(&g, &c),
+        ));
+    }
+    {
+        let (rows, dim) = (64, 1536);
+        let x = data.normals(rows * dim, 2.0, DType::F32);
+        let w = data.normals(dim, 1.0, DType::BF16);
+        let norm = |be: &dyn NormRunner| be.run(&x, &w, dim);
+        let (g, c) = (norm(gpu().unwrap()), norm(&CpuBackend::new()));
+        report.push((format!("rms_norm {rows}x{dim} bf16 w"), diff(&g, &c)));
+    }
+    {
+        let (t, heads, d) = (16, 8, 256);
+        let x = data.normals(t * heads * d, 1.0, DType::F32);
+        let inv: Vec<f32> = (0..d / 2)
+            .map(|i| 1e4f64.powf(-(2.0 * i as f64) / d as f64) as f32)
+            .collect();
+        let pos: Vec<u32> = (0..t as u32).map(|i| 30_000 + 97 * i).collect();
+        let rope = |be: &dyn RopeRunner| be.run(&x, &pos, &inv, heads, d);
+        let (g, c) = (rope(gpu().unwrap()), rope(&CpuBackend::new()));
+        report.push((format!("rope {t}x{heads}x{d} pos 30000+"), diff(&g, &c)));
+    }
+    eprintln!("CUDA vs CPU, largest differences (abs, rel):");
+    for (what, (abs, rel)) in &report {
+        eprintln!("  {what:<44} {abs:.3e}  {rel:.3e}");
+    }
+}
+
+trait NormRunner {
+    fn run(&self, x: &[f32], w: &[f32], dim: usize) -> Vec<f32>;
+}
+
+impl<B: Backend> NormRunner for B {
+    fn run(&self, x: &[f32], w: &[f32], dim: usize) -> Vec<f32> {
+        let xb = self.upload_f32_as(x, DType::F32).unwrap();
+        let wb = self.upload_f32_as(w, DType::BF16).unwrap();
+        let mut out = self.zeros(x.len(), DType::F32).unwrap();
+        self.rms_norm(&xb, Some(&wb), RmsNormParams::new(dim, 1e-6), &mut out)
+            .unwrap();
+        self.download(&out).unwrap()
+    }
+}
+
+trait RopeRunner {
+    fn run(&self, x: &[f32], pos: &[u32], inv: &[f32], heads: usize, d: usize) -> Vec<f32>;
+}
+
+impl<B: Backend> RopeRunner for B {
+    fn run(&self, x: &[f32], pos: &[u32], inv: &[f32], heads: usize, d: usize) -> Vec<f32> {
+        let mut xb = self.upload_f32_as(x, DType::F32).unwrap();
+        let fb = self.upload_f32_as(inv, DType::F32).unwrap();
+        let p = RopeParams {
+            n_heads: heads,
+            head_dim: d,
+            style: RopeStyle::Neox,
+        };
+        self.rope(&mut xb, pos, &fb, p).unwrap();
+        self.download(&xb).unwrap()
+    }
+}

@@ -1,0 +1,47 @@
+// Shared helpers, prepended to every kernel file before NVRTC compiles it (NVRTC is given
+// no include paths). bf16 and f16 travel as raw 16-bit patterns, so no CUDA header is needed.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Element types of weight buffers; must match `DType` codes in the Rust launcher.
+#define STRATA_F32 0
+#define STRATA_BF16 1
+#define STRATA_F16 2
+
+// -inf without math.h.
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Element `i` of a buffer of `dtype`, widened exactly to f32.
+__device__ __forceinline__ float load_as_f32(const void* p, int dtype, u64 i) {
+    switch (dtype) {
+        case STRATA_BF16: return bf16_to_f32(((const u16*)p)[i]);
+        case STRATA_F16: return f16_to_f32(((const u16*)p)[i]);
+        default: return ((const float*)p)[i];
+    }
+}
+
+__device__ __forceinline__ float warp_sum_f32(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Grid-stride loop over `n` elements.
+#define FOR_EACH_INDEX(i, n) \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)

@@ -1,0 +1,50 @@
+// RMSNorm and its fused residual forms, one block per row of `dim` elements.
+// The mean of squares is summed in f64 (as the CPU reference does), then
+// y = (x * inv_rms) * (w + offset) in f32.
+
+#define NORM_PLAIN 0          // out = norm(x)
+#define NORM_ADD_THEN_NORM 1  // residual += x; out = norm(residual)
+#define NORM_THEN_ADD 2       // residual += norm(x)
+
+__device__ double block_sum_f64(double v) {
+    __shared__ double partial[32];
+    __shared__ double total;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = warp_sum_f64(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double s = lane < (int)(blockDim.x / 32) ? partial[lane] : 0.0;
+        s = warp_sum_f64(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+// `w_dtype` < 0 means no weight (the scale-free norm).
+extern "C" __global__ void rms_norm(const float* x, float* residual, const void* w, int w_dtype,
+                                    float offset, float* out, int dim, float eps, int mode) {
+    const u64 base = (u64)blockIdx.x * dim;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = x[base + i];
+        if (mode == NORM_ADD_THEN_NORM) {
+            v = residual[base + i] + v;
+            residual[base + i] = v;  // read back below by this same thread
+        }
+        ss += (double)v * (double)v;
+    }
+    ss = block_sum_f64(ss);
+    const float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = mode == NORM_ADD_THEN_NORM ? residual[base + i] : x[base + i];
+        float y = v * inv;
+        if (w_dtype >= 0) y = y * (load_as_f32(w, w_dtype, i) + offset);
+        if (mode == NORM_THEN_ADD) {
+            residual[base + i] += y;
+        } else {
+            out[base + i] = y;
+        }
+    }
+}
