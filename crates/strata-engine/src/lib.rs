@@ -1,10 +1,15 @@
 //! Loads a model with its tokenizer and runs generation.
 
+mod engine;
 mod generate;
 mod load;
 
+pub use engine::{
+    Engine, EngineOptions, EngineStatus, FINISH_REASONS, GenerationRequest, Histogram, Metrics, RequestGuard, RequestTimings, TextStream,
+    Update, Usage,
+};
 pub use generate::{GenerateParams, GenerateResult, Timings};
-pub use load::{Device, LoadedModel};
+pub use load::{Device, LoadedModel, Prompter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

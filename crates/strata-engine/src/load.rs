@@ -1,6 +1,7 @@
 //! Loading a model, its tokenizer and its chat template.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::str::FromStr;
 
 use strata_config::{load_model_config, Architecture, ModelConfig, ModelSource};
@@ -36,11 +37,18 @@ impl FromStr for Device {
 
 /// A model ready to run, with its tokenizer.
 pub struct LoadedModel {
-    pub model: Model<CpuBackend>,
-    pub tokenizer: Option<Tokenizer>,
+    pub model: Arc<Model<CpuBackend>>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
     /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
     pub stop_ids: Vec<u32>,
-    chat: Option<ChatTemplate>,
+    chat: Option<Arc<ChatTemplate>>,
+}
+
+/// Text -> prompt ids for one model: its tokenizer and chat template, shareable across threads.
+#[derive(Clone)]
+pub struct Prompter {
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    chat: Option<Arc<ChatTemplate>>,
 }
 
 impl LoadedModel {
@@ -58,7 +66,7 @@ impl LoadedModel {
             }
             ModelSource::HuggingFace { .. } => None,
         };
-        let model = Model::load(CpuBackend::new(), path)?;
+        let model = Arc::new(Model::load(CpuBackend::new(), path)?);
         let mut stop_ids = config.eos_token_ids.clone();
         if let Some(t) = &tokenizer {
             stop_ids.extend(t.eos_id());
@@ -78,9 +86,9 @@ impl LoadedModel {
         };
         Ok(Self {
             model,
-            tokenizer,
+            tokenizer: tokenizer.map(Arc::new),
             stop_ids,
-            chat,
+            chat: chat.map(Arc::new),
         })
     }
 
@@ -88,8 +96,27 @@ impl LoadedModel {
         self.model.config()
     }
 
+    /// The tokenizer and chat template, for threads that prepare prompts.
+    pub fn prompter(&self) -> Prompter {
+        Prompter { tokenizer: self.tokenizer.clone(), chat: self.chat.clone() }
+    }
+
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        self.prompter().encode_prompt(text)
+    }
+
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.prompter().encode_chat(messages)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.prompter().decode(ids)
+    }
+}
+
+impl Prompter {
     fn tokenizer(&self) -> Result<&Tokenizer> {
-        self.tokenizer.as_ref().ok_or_else(|| {
+        self.tokenizer.as_deref().ok_or_else(|| {
             EngineError::Invalid(
                 "this model has no tokenizer (no tokenizer.json); pass token ids".into(),
             )

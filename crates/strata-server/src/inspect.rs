@@ -1,11 +1,14 @@
-//! `strata inspect`: what the engine will make of a model, without loading its weights.
+//! `strata inspect`: what the engine will make of a model: layer layout, KV sharing, KV
+//! groups and their byte prices, pages for a budget, and (when weights are present) the
+//! tensors. Weights are read only as far as their headers.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
-use strata_config::{load_model_config, ModelConfig};
+use strata_config::{load_model_config, ModelConfig, ModelSource};
+use strata_kv::{KvCacheDtype, KvLayout, PagePlan, DEFAULT_WINDOW_RATIO};
 
 #[derive(Args)]
 pub struct InspectArgs {
@@ -15,35 +18,90 @@ pub struct InspectArgs {
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// KV format to price: auto, bf16, f16, f32, fp8_per_token_head, int8_per_token_head.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// Report the pages this many bytes of KV memory hold.
+    #[arg(long)]
+    pub kv_budget_bytes: Option<u64>,
+    /// Tokens per page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// Sliding-window pool size as a fraction of the full pool's pages.
+    #[arg(long, default_value_t = DEFAULT_WINDOW_RATIO)]
+    pub swa_ratio: f64,
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
-    let (config, _source) = load_model_config(&args.model)
+    let (config, source) = load_model_config(&args.model)
         .with_context(|| format!("cannot serve {}", args.model.display()))?;
-    let report = report(&config);
+    let dtype: KvCacheDtype = args
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let layout = KvLayout::for_config(&config, dtype).context("laying out the KV pool")?;
+    let pages = match args.kv_budget_bytes {
+        Some(budget) => Some(
+            layout
+                .plan_pages(budget, args.page_size, args.swa_ratio)
+                .context("planning pages for --kv-budget-bytes")?,
+        ),
+        None => None,
+    };
+    let weights = weights_summary(&source)?;
     if args.json {
+        let report = report(&config, &layout, pages.as_ref(), weights.as_ref());
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        print!("{}", human(&config));
+        print!(
+            "{}",
+            human(&config, &layout, pages.as_ref(), weights.as_ref())
+        );
     }
     Ok(())
 }
 
+/// Tensor counts, when the model's weights are there to read.
+fn weights_summary(source: &ModelSource) -> anyhow::Result<Option<strata_weights::WeightsSummary>> {
+    let path = match source {
+        ModelSource::Gguf(p) => p.clone(),
+        ModelSource::HuggingFace { dir, .. } => {
+            let has_weights = dir.join("model.safetensors").is_file()
+                || dir.join("model.safetensors.index.json").is_file();
+            if !has_weights {
+                return Ok(None);
+            }
+            dir.clone()
+        }
+    };
+    let summary = strata_weights::inspect(&path)
+        .with_context(|| format!("reading the tensors of {}", path.display()))?;
+    Ok(Some(summary))
+}
+
 /// The JSON report. Keys are stable: later additions extend it, never rename.
-fn report(c: &ModelConfig) -> Value {
+fn report(
+    c: &ModelConfig,
+    layout: &KvLayout,
+    pages: Option<&PagePlan>,
+    weights: Option<&strata_weights::WeightsSummary>,
+) -> Value {
     let groups: Vec<Value> = c
         .kv_group_specs()
         .iter()
-        .map(|g| {
+        .zip(layout.groups())
+        .map(|(g, l)| {
             json!({
                 "attention": g.attention.short_name(),
                 "window": g.window,
                 "layer_ids": g.layer_ids,
                 "shared_layers": g.shared_layers,
+                "unit_bytes": l.unit_bytes,
+                "unit_bytes_unshared": l.unit_bytes_unshared,
             })
         })
         .collect();
-    json!({
+    let mut v = json!({
         "architecture": c.architecture.name(),
         "num_layers": c.num_layers(),
         "hidden_size": c.hidden_size,
@@ -55,7 +113,19 @@ fn report(c: &ModelConfig) -> Value {
         "intermediate_sizes": c.layers.iter().map(|l| l.intermediate_size).collect::<Vec<_>>(),
         "kv_shared_layers": c.kv_shared_layers(),
         "kv_groups": groups,
-    })
+        "kv_cache_dtype": layout.format().cache_dtype().name(),
+        "kv_cost": layout.kv_cost(),
+        "kv_cost_unshared": layout.kv_cost_unshared(),
+    });
+    if let Some(p) = pages {
+        v["pages"] = json!({ "full": p.full, "window": p.window, "page_size": p.page_size });
+    }
+    if let Some(w) = weights {
+        v["tensors"] = json!(w.tensor_count);
+        v["tensor_types"] = json!(w.types);
+        v["parameters"] = json!(w.parameters);
+    }
+    v
 }
 
 fn ranges(ids: &[usize]) -> String {
@@ -80,7 +150,12 @@ fn ranges(ids: &[usize]) -> String {
     }
 }
 
-fn human(c: &ModelConfig) -> String {
+fn human(
+    c: &ModelConfig,
+    layout: &KvLayout,
+    pages: Option<&PagePlan>,
+    weights: Option<&strata_weights::WeightsSummary>,
+) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "architecture      {}", c.architecture.name());
@@ -90,10 +165,11 @@ fn human(c: &ModelConfig) -> String {
         .layers
         .iter()
         .map(|l| {
+            let letter = &l.attention.short_name()[..1];
             if l.kv_source.is_some() {
-                l.attention.short_name()[..1].to_string()
+                letter.to_string()
             } else {
-                l.attention.short_name()[..1].to_uppercase()
+                letter.to_uppercase()
             }
         })
         .collect();
@@ -106,16 +182,18 @@ fn human(c: &ModelConfig) -> String {
         .iter()
         .map(|(l, s)| format!("{l}<-{s}"))
         .collect();
+    let shared = if pairs.is_empty() {
+        "none".into()
+    } else {
+        pairs.join(" ")
+    };
+    let _ = writeln!(s, "kv_shared_layers  {shared}");
     let _ = writeln!(
         s,
-        "kv_shared_layers  {}",
-        if pairs.is_empty() {
-            "none".into()
-        } else {
-            pairs.join(" ")
-        }
+        "kv cache dtype    {}",
+        layout.format().cache_dtype().name()
     );
-    for g in c.kv_group_specs() {
+    for (g, l) in c.kv_group_specs().iter().zip(layout.groups()) {
         let window = g.window.map_or(String::new(), |w| format!(" window {w}"));
         let _ = writeln!(s, "kv group {}{window}", g.attention.short_name());
         let _ = writeln!(
@@ -130,6 +208,28 @@ fn human(c: &ModelConfig) -> String {
             ranges(&g.shared_layers),
             g.shared_layers.len()
         );
+        let _ = writeln!(
+            s,
+            "  bytes per token {} (every layer its own copy: {})",
+            l.unit_bytes, l.unit_bytes_unshared
+        );
+    }
+    if let Some(p) = pages {
+        let _ = writeln!(
+            s,
+            "pages             full {} + window {} of {} tokens",
+            p.full, p.window, p.page_size
+        );
+    }
+    if let Some(w) = weights {
+        let types: Vec<String> = w.types.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        let _ = writeln!(
+            s,
+            "tensors           {} ({})",
+            w.tensor_count,
+            types.join(", ")
+        );
+        let _ = writeln!(s, "parameters        {}", w.parameters);
     }
     s
 }

@@ -2,6 +2,7 @@
 
 mod generate;
 mod inspect;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -24,6 +25,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Generate text from a prompt (one request, greedy by default).
     Generate(generate::GenerateArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

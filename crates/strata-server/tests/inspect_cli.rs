@@ -127,3 +127,101 @@ fn unservable_config_exits_nonzero_with_reason() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("error"));
 }
+
+fn inspect_args(args: &[&str]) -> Value {
+    let out = strata(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn kv_prices_and_pages_for_every_format() {
+    let e2b = repo().join("examples/configs/gemma-4-e2b.json");
+    let e4b = repo().join("examples/configs/gemma-4-e4b.json");
+    let cases = [
+        (&e2b, "bf16", 6144, 12288),
+        (&e4b, "bf16", 16384, 40960),
+        (&e2b, "int8_per_token_head", 3096, 6240),
+        (&e2b, "fp8_per_token_head", 3096, 6240),
+        (&e4b, "int8_per_token_head", 8256, 20800),
+    ];
+    for (model, dtype, full, window) in cases {
+        let v = inspect_args(&[
+            "inspect",
+            "--model",
+            model.to_str().unwrap(),
+            "--json",
+            "--kv-cache-dtype",
+            dtype,
+        ]);
+        assert_eq!(v["kv_cache_dtype"], dtype);
+        assert_eq!(v["kv_groups"][0]["unit_bytes"], full, "{dtype}");
+        assert_eq!(v["kv_groups"][1]["unit_bytes"], window, "{dtype}");
+        assert!(v.get("pages").is_none());
+    }
+    // auto follows the checkpoint's bf16.
+    let v = inspect_args(&["inspect", "--model", e2b.to_str().unwrap(), "--json"]);
+    assert_eq!(v["kv_cache_dtype"], "bf16");
+    assert_eq!(v["kv_groups"][0]["unit_bytes_unshared"], 14336);
+
+    let gib = (1u64 << 30).to_string();
+    let v = inspect_args(&[
+        "inspect",
+        "--model",
+        e2b.to_str().unwrap(),
+        "--json",
+        "--kv-budget-bytes",
+        &gib,
+        "--page-size",
+        "16",
+    ]);
+    let (full, window) = (
+        v["pages"]["full"].as_u64().unwrap(),
+        v["pages"]["window"].as_u64().unwrap(),
+    );
+    assert_eq!(v["pages"]["page_size"], 16);
+    assert!(full * 16 * 6144 + window * 16 * 12288 <= 1 << 30);
+    assert!(window > 0 && window < full);
+
+    let bad = strata(&[
+        "inspect",
+        "--model",
+        e2b.to_str().unwrap(),
+        "--kv-cache-dtype",
+        "int4",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--kv-cache-dtype"));
+}
+
+#[test]
+fn tensors_of_a_safetensors_model_and_a_gguf() {
+    let v = inspect_args(&[
+        "inspect",
+        "--model",
+        repo()
+            .join("tests/fixtures/tiny/llama-tiny")
+            .to_str()
+            .unwrap(),
+        "--json",
+    ]);
+    assert_eq!(v["tensor_types"]["F32"], v["tensors"]);
+    // embed 512x64 + 4 layers x (q 64x64 + k,v 32x64 + o 64x64 + mlp 3x96x64 + 2 norms) + norm + lm_head.
+    let per_layer = 64 * 64 * 2 + 32 * 64 * 2 + 3 * 96 * 64 + 2 * 64;
+    assert_eq!(v["parameters"], 512 * 64 * 2 + 4 * per_layer + 64);
+
+    let gguf = repo().join("models/gemma-3-270m-q4_k_m.gguf");
+    if !gguf.exists() {
+        eprintln!("skipping the real GGUF: run scripts/fetch-models.sh");
+        return;
+    }
+    let v = inspect_args(&["inspect", "--model", gguf.to_str().unwrap(), "--json"]);
+    assert_eq!(v["tensors"], 236);
+    assert_eq!(v["tensor_types"]["Q4_K"], 27);
+    assert_eq!(v["tensor_types"]["Q6_K"], 9);
+    assert_eq!(v["num_layers"], 18);
+}

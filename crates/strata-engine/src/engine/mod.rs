@@ -1,0 +1,243 @@
+//! The serving engine: a scheduler loop on its own thread, fed through a command channel,
+//! streaming each request's tokens and text back over a channel of its own.
+
+mod metrics;
+mod text;
+mod worker;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use strata_kernels::sampling::SamplingParams;
+use strata_kv::{CacheType, KvCacheDtype, KvStatus, PagePlan};
+use strata_sched::SchedulerConfig;
+use strata_tokenizer::Tokenizer;
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+pub use metrics::{Histogram, Metrics, FINISH_REASONS};
+pub use text::TextStream;
+
+use crate::{EngineError, LoadedModel, Prompter, Result};
+
+/// How the engine sizes and runs the pool and the scheduler.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub kv_cache_dtype: KvCacheDtype,
+    pub cache_type: CacheType,
+    /// Bytes of KV memory; the pool gets the pages this buys.
+    pub kv_budget_bytes: u64,
+    pub page_size: usize,
+    pub window_ratio: f64,
+    pub scheduler: SchedulerConfig,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            kv_cache_dtype: KvCacheDtype::Auto,
+            cache_type: CacheType::Radix,
+            kv_budget_bytes: 1 << 30,
+            page_size: 16,
+            window_ratio: strata_kv::DEFAULT_WINDOW_RATIO,
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+}
+
+/// One generation request as the server hands it over (already tokenized and validated).
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Text stop strings; the returned text ends before the first one found.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// Log-probability of each token plus this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// What the client of one request receives, in order: tokens, then one `Finished`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Update {
+    Token {
+        id: u32,
+        /// Text that became final with this token (may be empty: held-back bytes of a
+        /// character or of a possible stop string).
+        text: String,
+        logprob: Option<f32>,
+        top_logprobs: Vec<(u32, f32)>,
+    },
+    Finished {
+        /// "stop", "length", "cancelled" or "error".
+        reason: &'static str,
+        /// Remaining text (after a stop string is cut, or held-back bytes).
+        text: String,
+        error: Option<String>,
+        usage: Usage,
+        timings: RequestTimings,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// Per-request timings (`--enable-timings-report`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestTimings {
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub prompt_per_second: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    pub predicted_per_second: f64,
+    pub cached_n: usize,
+}
+
+/// The latest figures, refreshed by the engine thread after every step.
+#[derive(Clone, Debug, Default)]
+pub struct EngineStatus {
+    pub running: usize,
+    pub waiting: usize,
+    pub preemptions: u64,
+    pub kv: Option<KvStatus>,
+    pub kv_cache_dtype: String,
+    pub page_size: usize,
+    pub plan: Option<PagePlan>,
+}
+
+pub(crate) enum Command {
+    Submit {
+        client: u64,
+        req: GenerationRequest,
+        updates: tmpsc::UnboundedSender<Update>,
+    },
+    Cancel(u64),
+    /// Resize the pool to this many full-attention pages once no request holds pages.
+    Rebuild {
+        full_pages: usize,
+        reply: oneshot::Sender<std::result::Result<PagePlan, String>>,
+    },
+    Flush(oneshot::Sender<usize>),
+    Shutdown,
+}
+
+/// A handle to the engine thread; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::Sender<Command>,
+    next_client: Arc<AtomicU64>,
+    status: Arc<Mutex<EngineStatus>>,
+    pub metrics: Arc<Metrics>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub prompter: Prompter,
+    pub model_name: String,
+    pub context_len: usize,
+    pub vocab_size: usize,
+}
+
+/// Ends the engine's request when the client's stream is dropped (a disconnect).
+pub struct RequestGuard {
+    engine: Engine,
+    client: u64,
+    finished: bool,
+}
+
+impl RequestGuard {
+    /// The request ended normally; dropping the guard need not cancel it.
+    pub fn finished(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.engine.cancel(self.client);
+        }
+    }
+}
+
+impl Engine {
+    /// Starts the engine thread for `loaded`.
+    pub fn start(loaded: LoadedModel, model_name: String, opts: EngineOptions) -> Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let status = Arc::new(Mutex::new(EngineStatus::default()));
+        let metrics = Arc::new(Metrics::default());
+        let tokenizer = loaded.tokenizer.clone();
+        let prompter = loaded.prompter();
+        let context_len = loaded.config().max_position_embeddings;
+        let vocab_size = loaded.config().vocab_size;
+        let worker = worker::Worker::new(loaded, opts, status.clone(), metrics.clone())?;
+        std::thread::Builder::new()
+            .name("strata-engine".into())
+            .spawn(move || worker.run(rx))
+            .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            tx,
+            next_client: Arc::new(AtomicU64::new(1)),
+            status,
+            metrics,
+            tokenizer,
+            prompter,
+            model_name,
+            context_len,
+            vocab_size,
+        })
+    }
+
+    /// Queues a request; its updates arrive on the returned channel. Keep the guard alive
+    /// while the client listens: dropping it cancels the request.
+    pub fn submit(&self, req: GenerationRequest) -> Result<(RequestGuard, tmpsc::UnboundedReceiver<Update>)> {
+        let client = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let (updates, rx) = tmpsc::unbounded_channel();
+        self.tx
+            .send(Command::Submit { client, req, updates })
+            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
+        Ok((RequestGuard { engine: self.clone(), client, finished: false }, rx))
+    }
+
+    /// Prompt ids for a chat conversation, with the model's template.
+    pub fn encode_chat(&self, messages: &[strata_tokenizer::ChatMessage]) -> Result<Vec<u32>> {
+        self.prompter.encode_chat(messages)
+    }
+
+    pub fn cancel(&self, client: u64) {
+        let _ = self.tx.send(Command::Cancel(client));
+    }
+
+    pub fn status(&self) -> EngineStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Drains running requests, then resizes the pool; new requests wait meanwhile.
+    pub async fn rebuild(&self, full_pages: usize) -> Result<PagePlan> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Rebuild { full_pages, reply })
+            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
+        match tokio::time::timeout(Duration::from_secs(600), rx).await {
+            Ok(Ok(Ok(plan))) => Ok(plan),
+            Ok(Ok(Err(e))) => Err(EngineError::Invalid(e)),
+            _ => Err(EngineError::Invalid("the engine did not answer the rebuild".into())),
+        }
+    }
+
+    /// Drops every cached prefix; returns the pages freed.
+    pub async fn flush(&self) -> Result<usize> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Flush(reply))
+            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
+        rx.await.map_err(|_| EngineError::Invalid("the engine did not answer the flush".into()))
+    }
+
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}

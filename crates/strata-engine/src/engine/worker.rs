@@ -1,0 +1,237 @@
+//! The engine thread: owns the scheduler, turns commands into scheduler calls and scheduler
+//! events into client updates.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+
+use strata_kernels::cpu::CpuBackend;
+use strata_kv::{HostStorage, KvLayout, KvPool, PagePlan};
+use strata_model::Model;
+use strata_sched::{EventKind, FinishReason, Request, Scheduler, SeqId};
+use strata_tokenizer::Tokenizer;
+use tokio::sync::mpsc as tmpsc;
+
+use super::text::{stop_string_test, TextStream};
+use super::{Command, EngineOptions, EngineStatus, GenerationRequest, Metrics, RequestTimings, Update, Usage};
+use crate::{EngineError, LoadedModel, Result};
+
+/// What the engine remembers about one live request.
+struct Live {
+    client: u64,
+    updates: tmpsc::UnboundedSender<Update>,
+    text: Option<TextStream>,
+    submitted: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+pub(crate) struct Worker {
+    sched: Scheduler<Arc<Model<CpuBackend>>>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    stop_ids: Vec<u32>,
+    opts: EngineOptions,
+    status: Arc<Mutex<EngineStatus>>,
+    metrics: Arc<Metrics>,
+    live: HashMap<SeqId, Live>,
+    by_client: HashMap<u64, SeqId>,
+    /// Submissions held back while a rebuild waits for the pool to drain.
+    held: Vec<Command>,
+    rebuild: Option<Command>,
+}
+
+impl Worker {
+    pub(crate) fn new(loaded: LoadedModel, opts: EngineOptions, status: Arc<Mutex<EngineStatus>>, metrics: Arc<Metrics>) -> Result<Self> {
+        let layout = KvLayout::for_config(loaded.config(), opts.kv_cache_dtype)?;
+        let pool = KvPool::with_budget(layout, opts.kv_budget_bytes, opts.page_size, opts.window_ratio, opts.cache_type, HostStorage::new())?;
+        let sched = Scheduler::new(loaded.model.clone(), pool, opts.scheduler).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let worker = Self {
+            sched,
+            tokenizer: loaded.tokenizer.clone(),
+            stop_ids: loaded.stop_ids.clone(),
+            opts,
+            status,
+            metrics,
+            live: HashMap::new(),
+            by_client: HashMap::new(),
+            held: Vec::new(),
+            rebuild: None,
+        };
+        worker.publish_status();
+        Ok(worker)
+    }
+
+    pub(crate) fn run(mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            let idle = !self.sched.has_work();
+            let first = if idle {
+                match rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return,
+                }
+            } else {
+                None
+            };
+            for cmd in first.into_iter().chain(rx.try_iter()) {
+                if !self.command(cmd) {
+                    return;
+                }
+            }
+            self.try_rebuild();
+            if self.sched.has_work() {
+                let events = self.sched.step();
+                for e in events {
+                    self.event(e.id, e.kind);
+                }
+                self.publish_status();
+            }
+        }
+    }
+
+    /// Returns false on shutdown.
+    fn command(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit { .. } if self.rebuild.is_some() => self.held.push(cmd),
+            Command::Submit { client, req, updates } => self.submit(client, req, updates),
+            Command::Cancel(client) => {
+                if let Some(id) = self.by_client.get(&client) {
+                    self.sched.cancel(*id);
+                }
+            }
+            Command::Rebuild { .. } => self.rebuild = Some(cmd),
+            Command::Flush(reply) => {
+                let freed = self.sched.pool_mut().flush_cache();
+                let _ = reply.send(freed);
+                self.publish_status();
+            }
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn submit(&mut self, client: u64, req: GenerationRequest, updates: tmpsc::UnboundedSender<Update>) {
+        let text = self.tokenizer.as_ref().map(|t| TextStream::new(t.clone(), req.stop.clone()));
+        let stop_fn: Option<strata_sched::StopFn> = match (&self.tokenizer, req.stop.is_empty()) {
+            (Some(t), false) => Some(Box::new(stop_string_test(t.clone(), req.stop.clone()))),
+            _ => None,
+        };
+        let id = self.sched.submit(Request {
+            prompt: req.prompt,
+            max_tokens: req.max_tokens,
+            sampling: req.sampling,
+            stop_ids: self.stop_ids.clone(),
+            ignore_eos: req.ignore_eos,
+            stop_sequences: Vec::new(),
+            stop_fn,
+            logprobs: req.logprobs,
+        });
+        self.by_client.insert(client, id);
+        self.live.insert(
+            id,
+            Live { client, updates, text, submitted: Instant::now(), first_token: None, last_token: None },
+        );
+    }
+
+    fn event(&mut self, id: SeqId, kind: EventKind) {
+        let Some(live) = self.live.get_mut(&id) else { return };
+        let now = Instant::now();
+        match kind {
+            EventKind::Token { token, logprob, top_logprobs } => {
+                match live.last_token {
+                    None => self.metrics.ttft.observe((now - live.submitted).as_secs_f64()),
+                    Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
+                }
+                live.first_token.get_or_insert(now);
+                live.last_token = Some(now);
+                self.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
+                let text = live.text.as_mut().map(|t| t.push(token)).unwrap_or_default();
+                let sent = live.updates.send(Update::Token { id: token, text, logprob, top_logprobs });
+                if sent.is_err() {
+                    // The client is gone; its Finished event comes with the next step.
+                    self.sched.cancel(id);
+                }
+            }
+            EventKind::Finished { reason, prompt_tokens, completion_tokens, cached_tokens } => {
+                let Some(mut live) = self.live.remove(&id) else { return };
+                self.by_client.remove(&live.client);
+                let (reason, error) = match reason {
+                    FinishReason::Stop => ("stop", None),
+                    FinishReason::Length => ("length", None),
+                    FinishReason::Cancelled => ("cancelled", None),
+                    FinishReason::Error(e) => ("error", Some(e)),
+                };
+                // A stop string ends the text even when the scheduler saw another reason.
+                let reason = if live.text.as_ref().is_some_and(TextStream::stopped) && reason == "length" { "stop" } else { reason };
+                self.metrics.finished(reason);
+                self.metrics.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+                self.metrics.cached_tokens.fetch_add(cached_tokens as u64, Ordering::Relaxed);
+                let text = live.text.as_mut().map(TextStream::finish).unwrap_or_default();
+                let first = live.first_token.unwrap_or(now);
+                let prompt_ms = (first - live.submitted).as_secs_f64() * 1e3;
+                let predicted_ms = (now - first).as_secs_f64() * 1e3;
+                let computed = prompt_tokens.saturating_sub(cached_tokens);
+                let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+                // The first token comes out of the prompt pass; the rest are decode steps.
+                let decoded = completion_tokens.saturating_sub(1);
+                let timings = RequestTimings {
+                    prompt_n: computed,
+                    prompt_ms,
+                    prompt_per_second: rate(computed, prompt_ms),
+                    predicted_n: completion_tokens,
+                    predicted_ms,
+                    predicted_per_second: rate(decoded, predicted_ms),
+                    cached_n: cached_tokens,
+                };
+                let usage = Usage { prompt_tokens, completion_tokens, cached_tokens };
+                let _ = live.updates.send(Update::Finished { reason, text, error, usage, timings });
+            }
+        }
+    }
+
+    /// Runs a pending rebuild once no request holds pages.
+    fn try_rebuild(&mut self) {
+        if self.rebuild.is_none() || self.sched.has_work() {
+            return;
+        }
+        let Some(Command::Rebuild { full_pages, reply }) = self.rebuild.take() else { return };
+        let result = self.resize(full_pages);
+        let _ = reply.send(result);
+        for cmd in std::mem::take(&mut self.held) {
+            self.command(cmd);
+        }
+        self.publish_status();
+    }
+
+    fn resize(&mut self, full_pages: usize) -> std::result::Result<PagePlan, String> {
+        if full_pages == 0 {
+            return Err("num_pages must be at least 1".into());
+        }
+        let pool = self.sched.pool_mut();
+        let window = match pool.layout().window() {
+            Some(_) => ((full_pages as f64 * self.opts.window_ratio).ceil() as usize).max(1),
+            None => 0,
+        };
+        let plan = PagePlan { full: full_pages, window, page_size: self.opts.page_size };
+        pool.flush_cache();
+        pool.rebuild(plan).map_err(|e| e.to_string())?;
+        Ok(plan)
+    }
+
+    fn publish_status(&self) {
+        let s = self.sched.status();
+        let pool = self.sched.pool();
+        let snapshot = EngineStatus {
+            running: s.running,
+            waiting: s.waiting + self.held.len(),
+            preemptions: s.preemptions,
+            kv: Some(s.kv),
+            kv_cache_dtype: pool.layout().format().cache_dtype().name().to_string(),
+            page_size: pool.page_size(),
+            plan: Some(*pool.plan()),
+        };
+        if let Ok(mut st) = self.status.lock() {
+            *st = snapshot;
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The OpenAI request bodies Strata accepts, and their validation into engine requests.
+//!
+//! Unknown fields are refused (a misspelt `max_tokns` should not silently become the
+//! default); known OpenAI fields that Strata does not implement are refused when set to
+//! anything but their neutral value.
+
+use serde::Deserialize;
+use strata_engine::GenerationRequest;
+use strata_kernels::sampling::SamplingParams;
+use strata_tokenizer::ChatMessage;
+
+use super::error::ApiError;
+
+/// `stop` may be one string or a list.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `prompt` may be text, a list of one text, or token ids.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling and length fields shared by both endpoints.
+#[derive(Debug, Clone, Default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<OneOrMany>,
+    pub n: Option<u32>,
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub ignore_eos: bool,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    /// Number of top alternatives per token (OpenAI completions style).
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    // Flattened fields cannot be combined with deny_unknown_fields, so they are listed.
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<OneOrMany>,
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Accepted for OpenAI compatibility; not used.
+    #[allow(dead_code)]
+    pub user: Option<String>,
+}
+
+/// Message content: a string or a list of `{"type": "text", "text": ...}` parts.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize, Debug, Clone)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+pub struct Message {
+    pub role: String,
+    pub content: Content,
+    /// Accepted for OpenAI compatibility; not used.
+    #[allow(dead_code)]
+    pub name: Option<String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<OneOrMany>,
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Accepted for OpenAI compatibility; not used.
+    #[allow(dead_code)]
+    pub user: Option<String>,
+}
+
+impl CompletionRequest {
+    pub fn common(&self) -> Common {
+        Common {
+            model: self.model.clone(),
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            n: self.n,
+            stream: self.stream,
+            stream_options: self.stream_options.clone(),
+            ignore_eos: self.ignore_eos,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+        }
+    }
+}
+
+impl ChatRequest {
+    pub fn common(&self) -> Common {
+        Common {
+            model: self.model.clone(),
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            n: self.n,
+            stream: self.stream,
+            stream_options: self.stream_options.clone(),
+            ignore_eos: self.ignore_eos,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+        }
+    }
+
+    /// The messages as plain text turns.
+    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "messages must not be empty"));
+        }
+        self.messages
+            .iter()
+            .map(|m| {
+                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "developer") {
+                    return Err(ApiError::invalid("messages", format!("unknown role {:?}", m.role)));
+                }
+                let content = match &m.content {
+                    Content::Text(t) => t.clone(),
+                    Content::Parts(parts) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), &p.text) {
+                                ("text", Some(t)) => text.push_str(t),
+                                (kind, _) => {
+                                    return Err(ApiError::invalid(
+                                        "messages",
+                                        format!("content part of type {kind:?} is not supported (text only)"),
+                                    ))
+                                }
+                            }
+                        }
+                        text
+                    }
+                };
+                let role = if m.role == "developer" { "system".to_string() } else { m.role.clone() };
+                Ok(ChatMessage { role, content })
+            })
+            .collect()
+    }
+}
+
+/// Limits the validation checks against.
+pub struct Limits {
+    pub context_len: usize,
+    /// Tokens the whole KV pool can hold for one request.
+    pub pool_tokens: usize,
+    pub vocab_size: usize,
+}
+
+/// Default completion length when the request gives none (OpenAI's completions default).
+const DEFAULT_MAX_TOKENS: u32 = 16;
+const MAX_TOP_LOGPROBS: u32 = 20;
+const MAX_STOP_STRINGS: usize = 16;
+
+/// Checks the shared fields and builds the engine request for `prompt`.
+pub fn build(
+    c: &Common,
+    prompt: Vec<u32>,
+    logprobs: Option<usize>,
+    default_max: Option<u32>,
+    limits: &Limits,
+) -> Result<GenerationRequest, ApiError> {
+    if let Some(n) = c.n {
+        if n != 1 {
+            return Err(ApiError::invalid("n", "only n = 1 is supported"));
+        }
+    }
+    if c.presence_penalty.is_some_and(|x| x != 0.0) {
+        return Err(ApiError::invalid("presence_penalty", "presence_penalty is not supported (only 0)"));
+    }
+    if c.frequency_penalty.is_some_and(|x| x != 0.0) {
+        return Err(ApiError::invalid("frequency_penalty", "frequency_penalty is not supported (only 0)"));
+    }
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
+        return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the vocabulary of {}", limits.vocab_size)));
+    }
+    let max_tokens = c.max_tokens.or(default_max).unwrap_or(DEFAULT_MAX_TOKENS) as usize;
+    if max_tokens == 0 {
+        return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"));
+    }
+    let total = prompt.len() + max_tokens;
+    if total > limits.context_len {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "this model's maximum context length is {} tokens; the prompt has {} and max_tokens asks for {max_tokens} more",
+                limits.context_len,
+                prompt.len()
+            ),
+        ));
+    }
+    if total > limits.pool_tokens {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "prompt ({}) + max_tokens ({max_tokens}) exceeds the {} tokens the KV cache holds",
+                prompt.len(),
+                limits.pool_tokens
+            ),
+        ));
+    }
+    let temperature = c.temperature.unwrap_or(1.0);
+    if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
+        return Err(ApiError::invalid("temperature", "temperature must be between 0 and 2"));
+    }
+    let top_p = c.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
+    }
+    let top_k = match c.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => k as usize,
+        Some(_) => return Err(ApiError::invalid("top_k", "top_k must be -1, 0 (off) or positive")),
+    };
+    let min_p = c.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::invalid("min_p", "min_p must be in [0, 1]"));
+    }
+    if let Some(n) = logprobs {
+        if n > MAX_TOP_LOGPROBS as usize {
+            return Err(ApiError::invalid("logprobs", format!("at most {MAX_TOP_LOGPROBS} top logprobs")));
+        }
+    }
+    let stop = match &c.stop {
+        None => vec![],
+        Some(OneOrMany::One(s)) => vec![s.clone()],
+        Some(OneOrMany::Many(v)) => v.clone(),
+    };
+    if stop.len() > MAX_STOP_STRINGS || stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", format!("stop takes 1 to {MAX_STOP_STRINGS} non-empty strings")));
+    }
+    Ok(GenerationRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams { temperature, top_k, top_p, min_p, seed: c.seed },
+        stop,
+        ignore_eos: c.ignore_eos,
+        logprobs,
+    })
+}

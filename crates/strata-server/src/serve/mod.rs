@@ -1,0 +1,199 @@
+//! `strata serve`: the OpenAI-compatible HTTP server.
+
+mod api;
+mod error;
+mod prom;
+mod routes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::{middleware, Router};
+use clap::Args;
+use strata_engine::{Device, Engine, EngineOptions, LoadedModel};
+use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
+use strata_sched::SchedulerConfig;
+
+use routes::{AppState, Shared};
+
+/// Largest request body accepted.
+const MAX_BODY_BYTES: usize = 8 << 20;
+
+#[derive(Args, Clone)]
+pub struct ServeArgs {
+    /// A model directory, `config.json`, or `.gguf` file.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The model name clients use (default: the file or directory name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests holding KV at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running_requests: usize,
+    /// Tokens per forward pass (decode tokens and prefill chunks together).
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Prompt tokens of one request per step.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// radix (reuse cached prefixes) or naive.
+    #[arg(long, default_value = "radix")]
+    pub cache_type: String,
+    /// Bytes of KV memory (default: --mem-fraction of available memory).
+    #[arg(long)]
+    pub kv_budget_bytes: Option<u64>,
+    /// Fraction of available memory for KV when --kv-budget-bytes is not given.
+    #[arg(long, default_value_t = 0.1)]
+    pub mem_fraction: f64,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// Sliding-window pool size as a fraction of the full pool.
+    #[arg(long, default_value_t = DEFAULT_WINDOW_RATIO)]
+    pub swa_ratio: f64,
+    /// Add per-request `timings` to every response.
+    #[arg(long)]
+    pub enable_timings_report: bool,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long, env = "STRATA_API_KEY")]
+    pub api_key: Option<String>,
+    /// auto, cpu or cuda.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+}
+
+/// Available memory from /proc/meminfo, when the platform has it.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!("[strata] {}", msg.as_ref());
+}
+
+pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
+    let kv_cache_dtype: KvCacheDtype = a.kv_cache_dtype.parse().map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let cache_type: CacheType = a.cache_type.parse().map_err(|e| anyhow::anyhow!("--cache-type: {e}"))?;
+    let device: Device = a.device.parse()?;
+    if !(a.mem_fraction > 0.0 && a.mem_fraction < 1.0) {
+        anyhow::bail!("--mem-fraction must be between 0 and 1");
+    }
+    let budget = match a.kv_budget_bytes {
+        Some(b) => b,
+        None => {
+            let avail = available_memory().unwrap_or(4 << 30);
+            (avail as f64 * a.mem_fraction) as u64
+        }
+    };
+    let name = a.served_model_name.clone().unwrap_or_else(|| {
+        a.model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+
+    let t0 = Instant::now();
+    log(format!("loading {} on {:?}", a.model.display(), device));
+    let loaded = LoadedModel::load(&a.model, device).with_context(|| format!("loading {}", a.model.display()))?;
+    log(format!(
+        "loaded {} ({} layers, vocab {}) in {:.1} s",
+        loaded.config().architecture.name(),
+        loaded.config().num_layers(),
+        loaded.config().vocab_size,
+        t0.elapsed().as_secs_f64()
+    ));
+    let layout = KvLayout::for_config(loaded.config(), kv_cache_dtype)?;
+    for g in layout.groups() {
+        log(format!(
+            "kv group {}: {} slabs (layers {:?}), {} shared layers, {} bytes/token ({} if every layer kept its own)",
+            g.attention.short_name(),
+            g.slabs.len(),
+            g.owner_layers,
+            g.shared_layers.len(),
+            g.unit_bytes,
+            g.unit_bytes_unshared
+        ));
+    }
+    let opts = EngineOptions {
+        kv_cache_dtype,
+        cache_type,
+        kv_budget_bytes: budget,
+        page_size: a.page_size,
+        window_ratio: a.swa_ratio,
+        scheduler: SchedulerConfig {
+            max_running_requests: a.max_running_requests,
+            max_batch_tokens: a.max_batch_tokens,
+            prefill_chunk: a.prefill_chunk,
+            ..SchedulerConfig::default()
+        },
+    };
+    let engine = Engine::start(loaded, name.clone(), opts)?;
+    if let Some(plan) = engine.status().plan {
+        log(format!(
+            "kv pool ({} bytes budget, {}): full {} pages + window {} pages of {} tokens",
+            budget, layout.format().cache_dtype().name(), plan.full, plan.window, plan.page_size
+        ));
+    }
+    let state: Shared = Arc::new(AppState {
+        engine: engine.clone(),
+        model_name: name.clone(),
+        api_key: a.api_key.clone(),
+        timings: a.enable_timings_report,
+        next_id: AtomicU64::new(1),
+        created: routes::created_now(),
+    });
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {}", a.host, a.port))?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let bound = listener.local_addr()?;
+        log(format!("listening on http://{bound}"));
+        println!(
+            "ready: curl http://{bound}/v1/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}}'"
+        );
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        engine.shutdown();
+        anyhow::Ok(())
+    })
+}
+
+pub fn router(state: Shared) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(routes::models))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat))
+        .route("/v1/cache/status", get(routes::cache_status))
+        .route("/v1/cache/rebuild", post(routes::cache_rebuild))
+        .route("/v1/cache/flush", post(routes::cache_flush))
+        .route_layer(middleware::from_fn_with_state(state.clone(), routes::auth));
+    Router::new()
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .merge(v1)
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}

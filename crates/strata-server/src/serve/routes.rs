@@ -1,0 +1,501 @@
+//! HTTP handlers.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use strata_engine::{Engine, GenerationRequest, RequestGuard, RequestTimings, Update, Usage};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
+use super::error::ApiError;
+use super::prom;
+
+pub struct AppState {
+    pub engine: Engine,
+    pub model_name: String,
+    pub api_key: Option<String>,
+    pub timings: bool,
+    pub next_id: AtomicU64,
+    pub created: u64,
+}
+
+pub type Shared = Arc<AppState>;
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+pub fn created_now() -> u64 {
+    now_secs()
+}
+
+/// `Json<T>` whose rejections are OpenAI-style errors (400 for bad JSON or types, 413 for
+/// oversized bodies, 415 for a wrong content type).
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(rej) => {
+                let status = match rej.status() {
+                    StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+                    s => s,
+                };
+                Err(ApiError::status(status, rej.body_text()))
+            }
+        }
+    }
+}
+
+/// Bearer-token check for the `/v1` routes when `--api-key` is set.
+pub async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::status(StatusCode::UNAUTHORIZED, "missing or invalid API key (Authorization: Bearer ...)")
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+pub async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn models(State(st): State<Shared>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.model_name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "strata",
+            "max_model_len": st.engine.context_len,
+        }],
+    }))
+}
+
+pub async fn metrics(State(st): State<Shared>) -> Response {
+    let body = prom::render(&st.engine);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+pub async fn cache_status(State(st): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let s = st.engine.status();
+    let kv = s.kv.ok_or_else(|| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine is starting"))?;
+    let pool = |kind: &str| kv.pools.iter().find(|p| serde_json::to_value(p.pool).ok() == Some(json!(kind)));
+    let full = pool("full");
+    let window = pool("window");
+    let unit_bytes: Vec<Value> = kv
+        .pools
+        .iter()
+        .map(|p| json!({"attention": p.attention, "window": p.window, "unit_bytes": p.unit_bytes}))
+        .collect();
+    Ok(Json(json!({
+        "num_pages": full.map_or(0, |p| p.pages_total),
+        "window_num_pages": window.map_or(0, |p| p.pages_total),
+        "page_size": kv.page_size,
+        "free_pages": full.map_or(0, |p| p.pages_free),
+        "window_free_pages": window.map_or(0, |p| p.pages_free),
+        "used_pages": full.map_or(0, |p| p.pages_used),
+        "window_used_pages": window.map_or(0, |p| p.pages_used),
+        "cached_pages": full.map_or(0, |p| p.pages_cached),
+        "unit_bytes": unit_bytes,
+        "kv_cache_dtype": kv.kv_cache_dtype,
+        "cache_type": kv.cache_type,
+        "cached_tokens": kv.cached_tokens,
+        "cache_hits": kv.cache_hits,
+        "cache_misses": kv.cache_misses,
+        "hit_tokens": kv.hit_tokens,
+        "lookup_tokens": kv.lookup_tokens,
+        "running_requests": s.running,
+        "waiting_requests": s.waiting,
+        "bytes_reserved": kv.bytes_reserved,
+    })))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebuildBody {
+    num_pages: usize,
+}
+
+pub async fn cache_rebuild(State(st): State<Shared>, ApiJson(body): ApiJson<RebuildBody>) -> Result<Json<Value>, ApiError> {
+    if body.num_pages == 0 {
+        return Err(ApiError::invalid("num_pages", "num_pages must be at least 1"));
+    }
+    let plan = st.engine.rebuild(body.num_pages).await.map_err(|e| ApiError::invalid("num_pages", e.to_string()))?;
+    Ok(Json(json!({"num_pages": plan.full, "window_num_pages": plan.window, "page_size": plan.page_size})))
+}
+
+pub async fn cache_flush(State(st): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let freed = st.engine.flush().await?;
+    Ok(Json(json!({"flushed_pages": freed})))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::status(StatusCode::NOT_FOUND, "no such endpoint")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
+}
+
+fn limits(st: &AppState) -> Limits {
+    let s = st.engine.status();
+    let pool_tokens = s.plan.map_or(usize::MAX, |p| p.full * p.page_size);
+    Limits { context_len: st.engine.context_len, pool_tokens, vocab_size: st.engine.vocab_size }
+}
+
+fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != &st.model_name => Err(ApiError::status(
+            StatusCode::NOT_FOUND,
+            format!("model {m:?} is not served here (this server serves {:?})", st.model_name),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn tokenizer(st: &AppState) -> Result<&strata_tokenizer::Tokenizer, ApiError> {
+    st.engine
+        .tokenizer
+        .as_deref()
+        .ok_or_else(|| ApiError::bad_request("this model has no tokenizer: send the prompt as token ids"))
+}
+
+/// Which OpenAI response shape to produce.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+pub async fn completions(State(st): State<Shared>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
+    let c = req.common();
+    check_model(&st, &c.model)?;
+    if req.echo == Some(true) {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    if req.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "suffix is not supported"));
+    }
+    let prompt = match &req.prompt {
+        Prompt::Tokens(ids) => ids.clone(),
+        Prompt::Text(t) => encode_text(&st, t)?,
+        Prompt::Texts(v) if v.len() == 1 => encode_text(&st, &v[0])?,
+        Prompt::Texts(_) => return Err(ApiError::invalid("prompt", "send one prompt per request")),
+    };
+    let gen = api::build(&c, prompt, req.logprobs.map(|n| n as usize), None, &limits(&st))?;
+    respond(st, gen, Kind::Completion, c.stream, c.stream_options.is_some_and(|o| o.include_usage)).await
+}
+
+fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    if text.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
+    Ok(tokenizer(st)?.encode(text, true, true))
+}
+
+pub async fn chat(State(st): State<Shared>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
+    let c = req.common();
+    check_model(&st, &c.model)?;
+    let messages = req.messages()?;
+    let prompt = st.engine.encode_chat(&messages).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (true, n) => Some(n.unwrap_or(0) as usize),
+        (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true")),
+        (false, None) => None,
+    };
+    // Chat has no length default in OpenAI's API: let the answer run to the context.
+    let room = limits(&st).context_len.min(limits(&st).pool_tokens).saturating_sub(prompt.len());
+    let default_max = Some(room.min(u32::MAX as usize) as u32);
+    let gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
+    respond(st, gen, Kind::Chat, c.stream, c.stream_options.is_some_and(|o| o.include_usage)).await
+}
+
+async fn respond(st: Shared, gen: GenerationRequest, kind: Kind, stream: bool, include_usage: bool) -> Result<Response, ApiError> {
+    let want_logprobs = gen.logprobs.is_some();
+    let (guard, rx) = st.engine.submit(gen)?;
+    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = match kind {
+        Kind::Completion => format!("cmpl-{id}"),
+        Kind::Chat => format!("chatcmpl-{id}"),
+    };
+    if stream {
+        let s = sse_stream(st, rx, guard, kind, id, want_logprobs, include_usage);
+        Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response())
+    } else {
+        collect(st, rx, guard, kind, id, want_logprobs).await
+    }
+}
+
+/// One token's logprob entry in the endpoint's format.
+fn logprob_entry(st: &AppState, kind: Kind, id: u32, lp: f32, top: &[(u32, f32)]) -> Value {
+    let piece = |t: u32| {
+        st.engine
+            .tokenizer
+            .as_ref()
+            .and_then(|tk| tk.decode(&[t], false).ok())
+            .unwrap_or_default()
+    };
+    match kind {
+        Kind::Chat => {
+            let entry = |t: u32, l: f32| {
+                let p = piece(t);
+                json!({"token": p, "logprob": l, "bytes": p.as_bytes()})
+            };
+            let mut v = entry(id, lp);
+            v["top_logprobs"] = Value::Array(top.iter().map(|&(t, l)| entry(t, l)).collect());
+            v
+        }
+        Kind::Completion => {
+            let tops: serde_json::Map<String, Value> = top.iter().map(|&(t, l)| (piece(t), json!(l))).collect();
+            json!({"token": piece(id), "logprob": lp, "top": tops})
+        }
+    }
+}
+
+/// Folds per-token entries into the completions `logprobs` object.
+fn completion_logprobs(entries: &[Value], start_offset: usize) -> Value {
+    let mut offset = start_offset;
+    let mut offsets = Vec::new();
+    for e in entries {
+        offsets.push(offset);
+        offset += e["token"].as_str().map_or(0, str::len);
+    }
+    json!({
+        "tokens": entries.iter().map(|e| e["token"].clone()).collect::<Vec<_>>(),
+        "token_logprobs": entries.iter().map(|e| e["logprob"].clone()).collect::<Vec<_>>(),
+        "top_logprobs": entries.iter().map(|e| e["top"].clone()).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn timings_json(t: &RequestTimings) -> Value {
+    json!({
+        "prompt_n": t.prompt_n,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_second": t.prompt_per_second,
+        "predicted_n": t.predicted_n,
+        "predicted_ms": t.predicted_ms,
+        "predicted_per_second": t.predicted_per_second,
+        "cached_n": t.cached_n,
+    })
+}
+
+async fn collect(
+    st: Shared,
+    mut rx: UnboundedReceiver<Update>,
+    mut guard: RequestGuard,
+    kind: Kind,
+    id: String,
+    want_logprobs: bool,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut entries = Vec::new();
+    while let Some(update) = rx.recv().await {
+        match update {
+            Update::Token { id: tok, text: piece, logprob, top_logprobs } => {
+                text.push_str(&piece);
+                if want_logprobs {
+                    entries.push(logprob_entry(&st, kind, tok, logprob.unwrap_or(f32::NAN), &top_logprobs));
+                }
+            }
+            Update::Finished { reason, text: rest, error, usage, timings } => {
+                guard.finished();
+                if reason == "error" {
+                    return Err(ApiError::status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        error.unwrap_or_else(|| "generation failed".into()),
+                    ));
+                }
+                text.push_str(&rest);
+                let finish = if reason == "cancelled" { "abort" } else { reason };
+                let logprobs = match (want_logprobs, kind) {
+                    (false, _) => Value::Null,
+                    (true, Kind::Completion) => completion_logprobs(&entries, 0),
+                    (true, Kind::Chat) => json!({"content": entries}),
+                };
+                let choice = match kind {
+                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
+                    Kind::Chat => json!({
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                    }),
+                };
+                let mut body = json!({
+                    "id": id,
+                    "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+                    "created": now_secs(),
+                    "model": st.model_name,
+                    "choices": [choice],
+                    "usage": usage_json(&usage),
+                });
+                if st.timings {
+                    body["timings"] = timings_json(&timings);
+                }
+                return Ok(Json(body).into_response());
+            }
+        }
+    }
+    Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "the engine stopped before the request finished"))
+}
+
+struct StreamState {
+    st: Shared,
+    rx: UnboundedReceiver<Update>,
+    guard: RequestGuard,
+    kind: Kind,
+    id: String,
+    want_logprobs: bool,
+    include_usage: bool,
+    created: u64,
+    sent_role: bool,
+    text_offset: usize,
+    /// Events still to send before reading the next update.
+    queue: std::collections::VecDeque<Event>,
+    done: bool,
+}
+
+impl StreamState {
+    fn chunk(&self, delta_text: &str, logprobs: Value, finish: Option<&str>) -> Value {
+        let choice = match self.kind {
+            Kind::Completion => json!({"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": finish}),
+            Kind::Chat => {
+                let delta = if finish.is_some() && delta_text.is_empty() { json!({}) } else { json!({"content": delta_text}) };
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
+        };
+        json!({
+            "id": self.id,
+            "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.st.model_name,
+            "choices": [choice],
+        })
+    }
+
+    fn data(v: &Value) -> Event {
+        Event::default().data(v.to_string())
+    }
+
+    fn handle(&mut self, update: Update) {
+        if self.kind == Kind::Chat && !self.sent_role {
+            self.sent_role = true;
+            let mut first = self.chunk("", Value::Null, None);
+            first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
+            self.queue.push_back(Self::data(&first));
+        }
+        match update {
+            Update::Token { id, text, logprob, top_logprobs } => {
+                let logprobs = if self.want_logprobs {
+                    let e = logprob_entry(&self.st, self.kind, id, logprob.unwrap_or(f32::NAN), &top_logprobs);
+                    match self.kind {
+                        Kind::Completion => completion_logprobs(&[e], self.text_offset),
+                        Kind::Chat => json!({"content": [e]}),
+                    }
+                } else {
+                    Value::Null
+                };
+                self.text_offset += text.len();
+                if !text.is_empty() || self.want_logprobs {
+                    let c = self.chunk(&text, logprobs, None);
+                    self.queue.push_back(Self::data(&c));
+                }
+            }
+            Update::Finished { reason, text, error, usage, timings } => {
+                self.guard.finished();
+                self.done = true;
+                if reason == "error" {
+                    let e = json!({"error": {"message": error.unwrap_or_default(), "type": "server_error", "code": 500}});
+                    self.queue.push_back(Self::data(&e));
+                } else {
+                    let finish = if reason == "cancelled" { "abort" } else { reason };
+                    let mut c = self.chunk(&text, Value::Null, Some(finish));
+                    if self.st.timings {
+                        c["timings"] = timings_json(&timings);
+                    }
+                    self.queue.push_back(Self::data(&c));
+                    if self.include_usage {
+                        let mut u = self.chunk("", Value::Null, None);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage_json(&usage);
+                        self.queue.push_back(Self::data(&u));
+                    }
+                }
+                self.queue.push_back(Event::default().data("[DONE]"));
+            }
+        }
+    }
+}
+
+fn sse_stream(
+    st: Shared,
+    rx: UnboundedReceiver<Update>,
+    guard: RequestGuard,
+    kind: Kind,
+    id: String,
+    want_logprobs: bool,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let state = StreamState {
+        st,
+        rx,
+        guard,
+        kind,
+        id,
+        want_logprobs,
+        include_usage,
+        created: now_secs(),
+        sent_role: false,
+        text_offset: 0,
+        queue: Default::default(),
+        done: false,
+    };
+    // Dropping the stream (client gone) drops the guard, which cancels the request.
+    stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(e) = s.queue.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some(update) => s.handle(update),
+                None => return None,
+            }
+        }
+    })
+}
