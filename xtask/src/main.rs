@@ -1,19 +1,35 @@
 //! `cargo xtask <task>`: project automation that needs more than one cargo command.
 
+mod bench;
+mod gpu;
+mod serve;
+
 use std::process::{Command, ExitCode};
 
 const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
+  serve [ARGS]     serve a model over the OpenAI-compatible API (default: Gemma-3 270M,
+                   fetched once into models/); ARGS go to `strata serve`
   inspect [ARGS]   build the release binary and run `strata inspect` (default: the bundled
                    Gemma-4 E2B configuration)
-  ci               run the checks CI runs (fmt, clippy, tests)";
+  gpu              build the release binary and the GPU test binaries into
+                   target/gpu-bundle/ (see docs/gpu-testing.md)
+  ci               run the checks CI runs (fmt, clippy, tests)
+  bench --cpu [--model PATH]... [--threads N] [--pp N] [--tg N] [--reps N]
+                   Strata's CPU prompt (pp) and decode (tg) tokens/s on the real models
+                   (default: both models/*.gguf benchmarks), 2 threads; with LLAMA_BENCH
+                   set to a llama-bench binary, llama.cpp in the same run and the ratio.
+                   Table last; JSON in target/bench/cpu.json";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("inspect") => inspect(&args[1..]),
         Some("ci") => ci(),
+        Some("bench") => bench::run(&args[1..]),
+        Some("gpu") => gpu::gpu(),
+        Some("serve") => serve::serve(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::FAILURE;

@@ -7,13 +7,27 @@ use std::process::Command;
 const DEFAULT_MODEL: &str = "models/gemma-3-270m-q4_k_m.gguf";
 
 pub fn serve(rest: &[String]) -> anyhow::Result<()> {
-    let has_model = rest.iter().any(|a| a == "--model" || a.starts_with("--model="));
+    let has_model = rest
+        .iter()
+        .any(|a| a == "--model" || a.starts_with("--model="));
     if !has_model && !Path::new(DEFAULT_MODEL).is_file() {
-        eprintln!("xtask: {DEFAULT_MODEL} is missing; fetching it once (about 350 MB with SmolLM2)");
-        let status = Command::new("bash").args(["scripts/fetch-models.sh", "models"]).status()?;
+        eprintln!(
+            "xtask: {DEFAULT_MODEL} is missing; fetching it once (about 350 MB with SmolLM2)"
+        );
+        let status = Command::new("bash")
+            .args(["scripts/fetch-models.sh", "models"])
+            .status()?;
         anyhow::ensure!(status.success(), "scripts/fetch-models.sh failed");
     }
-    let mut args = vec!["run", "--release", "--quiet", "--bin", "strata", "--", "serve"];
+    let mut args = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "--bin",
+        "strata",
+        "--",
+        "serve",
+    ];
     if !has_model {
         args.extend(["--model", DEFAULT_MODEL]);
     }

@@ -1,10 +1,30 @@
 //! The seam through which quantized weight formats (GGUF Q8_0, Q4_K, ...) reach the CPU
 //! matmul and embedding kernels without this crate knowing any block layout.
 
+use std::any::Any;
+use std::ops::Range;
+
 /// Shape of a `[rows, cols]` weight matrix (rows = output features, cols = input features).
 pub trait MatrixShape {
     fn rows(&self) -> usize;
     fn cols(&self) -> usize;
+}
+
+/// Input vectors converted once per matmul by [`RowDot::prepare`] (for example quantized to
+/// 8-bit blocks), in whatever form the implementation chooses. The CPU matmul keeps one per
+/// thread and hands it back on the next call, so the memory is reused.
+#[derive(Default)]
+pub struct PreparedInput {
+    /// The implementation's state; `prepare` may replace it with its own type.
+    pub state: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for PreparedInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedInput")
+            .field("state", &self.state.is_some())
+            .finish()
+    }
 }
 
 /// A row-major matrix whose rows can be dotted with an f32 vector and dequantized, one row
@@ -24,6 +44,34 @@ pub trait RowDot: MatrixShape + Send + Sync {
         let cols = self.cols();
         for (o, x) in out.iter_mut().zip(xs.chunks_exact(cols)) {
             *o = self.dot_row(row, x);
+        }
+    }
+
+    /// Converts the `xs.len() / cols()` input vectors of a matmul once, before any row is
+    /// dotted (a format with an integer kernel quantizes them to 8 bits here). Returns
+    /// `false` when the format has no such path; the matmul then uses [`RowDot::dot_row`] /
+    /// [`RowDot::dot_row_many`]. The default has none.
+    ///
+    /// Results through this path may differ from [`RowDot::dot_row`] by the error of the
+    /// conversion (for 8-bit activations: at most half a quantization step of each
+    /// activation block times the block's `sum |w|`).
+    fn prepare(&self, _xs: &[f32], _input: &mut PreparedInput) -> bool {
+        false
+    }
+
+    /// `out[i * stride + j] = W[rows.start + i] . x[tokens.start + j]` for inputs that
+    /// [`RowDot::prepare`] converted (and returned `true` for). The default, never called
+    /// for a format whose `prepare` returns `false`, writes NaN.
+    fn dot_prepared(
+        &self,
+        rows: Range<usize>,
+        _input: &PreparedInput,
+        tokens: Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        for i in 0..rows.len() {
+            out[i * stride..i * stride + tokens.len()].fill(f32::NAN);
         }
     }
 }

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use strata_kernels::cpu::CpuBackend;
+use std::ops::Range;
+
+use strata_kernels::cpu::{CpuBackend, PreparedInput};
 use strata_kernels::{Backend, HostSlice, MatmulShape, MatrixShape, RowDot};
 use strata_weights::{quant, GgmlType, TensorView};
 
@@ -107,6 +109,60 @@ impl RowDot for QuantWeight {
         let r = &self.bytes[row * self.row_bytes..(row + 1) * self.row_bytes];
         if quant::dequantize(self.ty, r, out).is_err() {
             out.fill(f32::NAN);
+        }
+    }
+
+    /// Quantizes the activations to the 8-bit blocks this format's integer dot pairs with,
+    /// once per matmul (see `strata_weights::quant::Q8Input` for the error bound).
+    fn prepare(&self, xs: &[f32], input: &mut PreparedInput) -> bool {
+        if !quant::has_q8_path(self.ty) {
+            return false;
+        }
+        if !input
+            .state
+            .as_ref()
+            .is_some_and(|s| s.is::<quant::Q8Input>())
+        {
+            input.state = Some(Box::new(quant::Q8Input::new()));
+        }
+        match input
+            .state
+            .as_mut()
+            .and_then(|s| s.downcast_mut::<quant::Q8Input>())
+        {
+            Some(q) => q.quantize(self.ty, xs, self.cols),
+            None => false,
+        }
+    }
+
+    fn dot_prepared(
+        &self,
+        rows: Range<usize>,
+        input: &PreparedInput,
+        tokens: Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        match input
+            .state
+            .as_ref()
+            .and_then(|s| s.downcast_ref::<quant::Q8Input>())
+        {
+            Some(q) => quant::dot_rows_q8(
+                self.ty,
+                &self.bytes,
+                self.row_bytes,
+                rows,
+                q,
+                tokens,
+                out,
+                stride,
+            ),
+            None => {
+                for i in 0..rows.len() {
+                    out[i * stride..i * stride + tokens.len()].fill(f32::NAN);
+                }
+            }
         }
     }
 }

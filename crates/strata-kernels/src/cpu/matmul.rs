@@ -7,11 +7,16 @@
 //! tile rather than once per token; the row block stays in L2 while the tiles pass over it.
 //! For T > 1 results are produced row-major per weight row (`[N, T]`) and transposed at
 //! the end, which keeps every parallel write contiguous.
+//!
+//! Quantized weights whose format can [`RowDot::prepare`] its inputs (8-bit activation
+//! blocks for an integer dot) get them converted once per call, before the rows are split;
+//! each task then hands a whole range of rows (and a tile of tokens) to
+//! [`RowDot::dot_prepared`], so there is one dynamic call per task rather than per row.
 
 use super::buffer::CpuBuffer;
 use super::dot::{dot, DotWith};
 use crate::error::ensure;
-use crate::quant::RowDot;
+use crate::quant::{PreparedInput, RowDot};
 use crate::{DeviceBuffer, MatmulShape, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -109,11 +114,26 @@ fn run(kernel: &dyn RowKernel, x: &[f32], k: usize, n: usize, out: &mut [f32]) {
                 }
             }
         });
-    out.par_chunks_mut(n).enumerate().for_each(|(t, o)| {
-        for (r, o) in o.iter_mut().enumerate() {
-            *o = by_row[r * tokens + t];
-        }
-    });
+    transpose(&by_row, tokens, n, out);
+}
+
+/// `out[t * n + r] = by_row[r * tokens + t]`, a strip of `STRIP` tokens at a time so each
+/// read of `by_row` uses a whole cache line and the strip's output rows are written in
+/// order (a plain token-at-a-time gather reads one float per line).
+fn transpose(by_row: &[f32], tokens: usize, n: usize, out: &mut [f32]) {
+    const STRIP: usize = 16;
+    out.par_chunks_mut(STRIP * n)
+        .enumerate()
+        .for_each(|(s, o)| {
+            let t0 = s * STRIP;
+            let here = o.len() / n;
+            for r in 0..n {
+                let src = &by_row[r * tokens + t0..r * tokens + t0 + here];
+                for (j, &v) in src.iter().enumerate() {
+                    o[j * n + r] = v;
+                }
+            }
+        });
 }
 
 fn check(op: &'static str, x: usize, out: usize, k: usize, n: usize) -> Result<()> {
@@ -153,6 +173,48 @@ pub(crate) fn matmul_quant(x: &CpuBuffer, w: &dyn RowDot, out: &mut CpuBuffer) -
     let x = x.f32s(OP)?;
     let out = out.f32s_mut(OP)?;
     check(OP, x.len(), out.len(), k, n)?;
-    run(&Quant(w), x, k, n, out);
+    // One prepared-input scratch per thread, taken out while in use (so a nested or
+    // concurrent call on the same thread simply starts a fresh one).
+    thread_local!(static PREPARED: std::cell::RefCell<PreparedInput> =
+        std::cell::RefCell::new(PreparedInput::default()));
+    let mut prepared = PREPARED.with(|p| p.take());
+    if w.prepare(x, &mut prepared) {
+        run_prepared(w, &prepared, x.len() / k, n, out);
+    } else {
+        run(&Quant(w), x, k, n, out);
+    }
+    PREPARED.with(|p| *p.borrow_mut() = prepared);
     Ok(())
+}
+
+/// Rows per task for one token: a few tasks per thread (memory-bound, so few large tasks,
+/// but enough to even out a busy core), never tiny ones.
+fn decode_rows_per_task(rows: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    rows.div_ceil(threads * 4).max(16)
+}
+
+fn run_prepared(w: &dyn RowDot, p: &PreparedInput, tokens: usize, n: usize, out: &mut [f32]) {
+    if tokens == 1 {
+        let block = decode_rows_per_task(n);
+        out.par_chunks_mut(block).enumerate().for_each(|(b, o)| {
+            let r0 = b * block;
+            w.dot_prepared(r0..r0 + o.len(), p, 0..1, o, 1);
+        });
+        return;
+    }
+    let block = rows_per_task(n);
+    let mut by_row = vec![0f32; n * tokens];
+    by_row
+        .par_chunks_mut(block * tokens)
+        .enumerate()
+        .for_each(|(b, o)| {
+            let rows_here = o.len() / tokens;
+            let r0 = b * block;
+            for t0 in (0..tokens).step_by(OUTER_TOKENS) {
+                let t1 = (t0 + OUTER_TOKENS).min(tokens);
+                w.dot_prepared(r0..r0 + rows_here, p, t0..t1, &mut o[t0..], tokens);
+            }
+        });
+    transpose(&by_row, tokens, n, out);
 }

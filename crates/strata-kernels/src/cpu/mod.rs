@@ -11,6 +11,8 @@ mod norm;
 mod par;
 mod rope;
 
+/// What [`RowDot::prepare`] fills (reachable here because `quant` is private to the crate).
+pub use crate::quant::PreparedInput;
 pub use attention::{attention_over, ContiguousKv, KvSource};
 pub use buffer::CpuBuffer;
 pub use elementwise::{gelu_tanh, silu};

@@ -13,6 +13,7 @@
 //! ([`QuantBlock::dot_q8`]) use integer sums per sub-block, the way a fast CPU kernel does.
 
 mod f16le;
+mod fast;
 mod float;
 mod k_common;
 pub mod q2_k;
@@ -26,8 +27,11 @@ pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 pub mod q8_k;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use f16le::F16Le;
+pub use fast::{dot_rows_q8, dot_rows_q8_portable, has_q8_path, Q8Input};
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16};
 pub use q2_k::BlockQ2K;
 pub use q3_k::BlockQ3K;

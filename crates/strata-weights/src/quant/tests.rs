@@ -332,3 +332,116 @@ fn layouts_place_elements_where_the_format_says() {
     assert_eq!(y[0], -31.0 * 3.0);
     assert_eq!(y[1], -31.0 * -4.0);
 }
+
+/// The matmul row kernels (`dot_rows_q8`: AVX2 where the CPU has it) against the portable
+/// integer dot (equal integer sums, so only f32 rounding differs) and against the f64 dot
+/// of the dequantized weights with the unquantized activations, within the activation
+/// quantization bound: each activation moves by at most half its block's step
+/// `max|x_block| / 127`, so `|err| <= sum_blocks (step / 2) * sum |w_i|` (plus rounding).
+fn check_row_kernels<B: QuantBlock>(f16_offsets: &[usize]) {
+    let mut rng = Rng(B::TYPE.id() as u64 + 101);
+    let elems = <B::Activation as ActivationBlock>::ELEMS;
+    let (rows, blocks_per_row, tokens) = (5, 3, 3);
+    let cols = blocks_per_row * B::ELEMS;
+    for _ in 0..10 {
+        let blocks: Vec<B> = random_blocks(&mut rng, rows * blocks_per_row, f16_offsets);
+        let bytes: &[u8] = bytemuck::cast_slice(&blocks);
+        let row_bytes = bytes.len() / rows;
+        let w = dequantized(&blocks);
+        let xs = rng.values(tokens * cols, 3.0);
+        let mut input = Q8Input::new();
+        assert!(input.quantize(B::TYPE, &xs, cols));
+        assert_eq!(input.tokens(), tokens);
+        let mut fast = vec![0f32; rows * tokens];
+        let mut portable = vec![0f32; rows * tokens];
+        dot_rows_q8(
+            B::TYPE,
+            bytes,
+            row_bytes,
+            0..rows,
+            &input,
+            0..tokens,
+            &mut fast,
+            tokens,
+        );
+        dot_rows_q8_portable(
+            B::TYPE,
+            bytes,
+            row_bytes,
+            0..rows,
+            &input,
+            0..tokens,
+            &mut portable,
+            tokens,
+        );
+        // A sub-range lands at the same values.
+        let mut part = vec![0f32; 2];
+        dot_rows_q8(B::TYPE, bytes, row_bytes, 2..4, &input, 1..2, &mut part, 1);
+        assert_eq!(part, [fast[2 * tokens + 1], fast[3 * tokens + 1]]);
+        for r in 0..rows {
+            let wr = &w[r * cols..(r + 1) * cols];
+            for t in 0..tokens {
+                let x = &xs[t * cols..(t + 1) * cols];
+                let magnitude: f64 = wr
+                    .iter()
+                    .zip(x)
+                    .map(|(&w, &x)| (f64::from(w) * f64::from(x)).abs())
+                    .sum();
+                let exact: f64 = wr
+                    .iter()
+                    .zip(x)
+                    .map(|(&w, &x)| f64::from(w) * f64::from(x))
+                    .sum();
+                let (f, p) = (
+                    f64::from(fast[r * tokens + t]),
+                    f64::from(portable[r * tokens + t]),
+                );
+                assert!(
+                    (f - p).abs() <= 1e-5 * magnitude + 1e-6,
+                    "{}: simd {f} vs portable {p}",
+                    B::TYPE
+                );
+                let bound: f64 = wr
+                    .chunks_exact(elems)
+                    .zip(x.chunks_exact(elems))
+                    .map(|(w, x)| {
+                        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let wsum: f64 = w.iter().map(|&w| f64::from(w).abs()).sum();
+                        // The Q8_0 scale is stored as f16: allow its rounding too.
+                        f64::from(amax) / 127.0 * 0.5 * wsum * (1.0 + 2e-3)
+                    })
+                    .sum();
+                assert!(
+                    (f - exact).abs() <= bound + 1e-4 * magnitude + 1e-6,
+                    "{}: q8 row dot {f} vs f32 {exact} (bound {bound})",
+                    B::TYPE
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn row_kernels_match_portable_and_f32_within_bound() {
+    check_row_kernels::<BlockQ4_0>(&[0]);
+    check_row_kernels::<BlockQ4_1>(&[0, 2]);
+    check_row_kernels::<BlockQ5_0>(&[0]);
+    check_row_kernels::<BlockQ5_1>(&[0, 2]);
+    check_row_kernels::<BlockQ8_0>(&[0]);
+    check_row_kernels::<BlockQ2K>(&[80, 82]);
+    check_row_kernels::<BlockQ3K>(&[108]);
+    check_row_kernels::<BlockQ4K>(&[0, 2]);
+    check_row_kernels::<BlockQ5K>(&[0, 2]);
+    check_row_kernels::<BlockQ6K>(&[208]);
+}
+
+#[test]
+fn row_kernels_refuse_mismatched_inputs() {
+    let mut input = Q8Input::new();
+    assert!(!input.quantize(GgmlType::F32, &[0.0; 32], 32));
+    assert!(!input.quantize(GgmlType::Q4_K, &[0.0; 32], 32));
+    assert!(!input.quantize(GgmlType::Q8_0, &[0.0; 48], 48));
+    assert!(input.quantize(GgmlType::Q8_0, &[0.0; 64], 32));
+    assert_eq!(input.tokens(), 2);
+    assert!(has_q8_path(GgmlType::Q6_K) && !has_q8_path(GgmlType::BF16));
+}

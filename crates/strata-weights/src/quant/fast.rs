@@ -1,0 +1,283 @@
+//! Matrix-vector products of quantized weight rows with activations quantized once per
+//! matmul: the CPU decode and prefill hot path.
+//!
+//! [`Q8Input`] holds one or more activation vectors quantized to the 8-bit block format the
+//! weight type pairs with ([`BlockQ8_0`] for the 32-value formats, [`BlockQ8K`] for the
+//! K-quants), plus per-block scales and code sums in f32 so the row kernels do no f16
+//! conversion or code summing of their own. [`dot_rows_q8`] then dots a range of weight rows
+//! with a range of those vectors.
+//!
+//! On x86-64 with AVX2 + FMA + F16C (detected at run time) Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and
+//! Q6_K use hand-written integer kernels; every other format, and every CPU without those
+//! features, uses the portable [`QuantBlock::dot_q8`]. The integer parts of both are
+//! identical; only the order of the f32 operations that combine block results differs.
+//!
+//! Numerics: quantizing activations to 8 bits changes a dot product by at most
+//! `sum_blocks (d_a / 2) * sum |w_i|` (`d_a = max|x| / 127` of the activation block) plus
+//! f32 rounding; `tests.rs` checks that bound against the f32 dot.
+
+use std::ops::Range;
+
+use super::{
+    as_blocks, ActivationBlock, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, QuantBlock,
+};
+use strata_gguf::GgmlType;
+
+/// The activation block family of a weight format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Q8_0,
+    Q8K,
+}
+
+fn kind_of(ty: GgmlType) -> Option<Kind> {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            Some(Kind::Q8_0)
+        }
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            Some(Kind::Q8K)
+        }
+        _ => None,
+    }
+}
+
+/// Whether [`dot_rows_q8`] handles weights of type `ty`.
+pub fn has_q8_path(ty: GgmlType) -> bool {
+    kind_of(ty).is_some()
+}
+
+/// Activation vectors quantized for the integer dot of one weight type. Reusable: quantizing
+/// again overwrites the contents and keeps the allocations.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Input {
+    kind: Option<Kind>,
+    tokens: usize,
+    /// Activation blocks per token.
+    blocks: usize,
+    q8_0: Vec<BlockQ8_0>,
+    q8k: Vec<BlockQ8K>,
+    /// Per Q8_0 block: its scale as f32.
+    d: Vec<f32>,
+    /// Per Q8_0 block: scale times the sum of its codes (for formats with an offset or min).
+    dsum: Vec<f32>,
+}
+
+impl Q8Input {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of quantized vectors.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Quantizes the `xs.len() / cols` vectors of `cols` values in `xs` for weights of type
+    /// `ty`. Returns `false` (and leaves nothing usable) when `ty` has no integer path or
+    /// `cols` is not a whole number of activation blocks.
+    pub fn quantize(&mut self, ty: GgmlType, xs: &[f32], cols: usize) -> bool {
+        self.kind = None;
+        let Some(kind) = kind_of(ty) else {
+            return false;
+        };
+        let elems = match kind {
+            Kind::Q8_0 => <BlockQ8_0 as ActivationBlock>::ELEMS,
+            Kind::Q8K => <BlockQ8K as ActivationBlock>::ELEMS,
+        };
+        if cols == 0 || !cols.is_multiple_of(elems) || !xs.len().is_multiple_of(cols) {
+            return false;
+        }
+        let n = xs.len() / elems;
+        self.tokens = xs.len() / cols;
+        self.blocks = cols / elems;
+        match kind {
+            Kind::Q8_0 => {
+                self.q8_0.clear();
+                self.d.clear();
+                self.dsum.clear();
+                self.q8_0.reserve(n);
+                self.d.reserve(n);
+                self.dsum.reserve(n);
+                for x in xs.chunks_exact(elems) {
+                    let b = BlockQ8_0::quantize(x);
+                    let d = b.d.to_f32();
+                    self.d.push(d);
+                    self.dsum.push(d * b.code_sum() as f32);
+                    self.q8_0.push(b);
+                }
+            }
+            Kind::Q8K => {
+                self.q8k.clear();
+                self.q8k.reserve(n);
+                self.q8k
+                    .extend(xs.chunks_exact(elems).map(BlockQ8K::quantize));
+            }
+        }
+        self.kind = Some(kind);
+        true
+    }
+
+    fn token_range(&self, t: usize) -> Range<usize> {
+        t * self.blocks..(t + 1) * self.blocks
+    }
+}
+
+/// Which activation blocks a weight block type reads from a [`Q8Input`].
+trait PickActs: ActivationBlock {
+    fn pick(input: &Q8Input) -> &[Self];
+}
+
+impl PickActs for BlockQ8_0 {
+    fn pick(input: &Q8Input) -> &[Self] {
+        &input.q8_0
+    }
+}
+
+impl PickActs for BlockQ8K {
+    fn pick(input: &Q8Input) -> &[Self] {
+        &input.q8k
+    }
+}
+
+/// Per-row kernel: `W[row] . x[token]` for one row's blocks and one token's activations.
+type RowKernel<B> = fn(&[B], &Q8Input, Range<usize>) -> f32;
+
+fn portable_for<B>(w: &[B], input: &Q8Input, acts: Range<usize>) -> f32
+where
+    B: QuantBlock,
+    B::Activation: PickActs,
+{
+    let a = &<B::Activation as PickActs>::pick(input)[acts];
+    w.iter().zip(a).map(|(w, a)| w.dot_q8(a)).sum()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rows_with<B>(
+    kernel: RowKernel<B>,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    input: &Q8Input,
+    tokens: Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) where
+    B: QuantBlock,
+{
+    let nt = tokens.len();
+    for (i, r) in rows.enumerate() {
+        let Ok(blocks) = as_blocks::<B>(&w[r * row_bytes..(r + 1) * row_bytes]) else {
+            out[i * stride..i * stride + nt].fill(f32::NAN);
+            continue;
+        };
+        for (j, t) in tokens.clone().enumerate() {
+            out[i * stride + j] = kernel(blocks, input, input.token_range(t));
+        }
+    }
+}
+
+/// `out[i * stride + j] = W[rows.start + i] . x[tokens.start + j]` where `w` holds the whole
+/// matrix (`row_bytes` per row) of type `ty` and `input` was quantized for `ty`.
+///
+/// Rows whose bytes are malformed give NaN. Panics if `input` was quantized for another
+/// activation family, or if a range is out of bounds.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_rows_q8(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    input: &Q8Input,
+    tokens: Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert_eq!(
+        kind_of(ty),
+        input.kind,
+        "activations were quantized for another weight type"
+    );
+    assert!(tokens.end <= input.tokens, "token range out of bounds");
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::dot_rows(
+        ty,
+        w,
+        row_bytes,
+        rows.clone(),
+        input,
+        tokens.clone(),
+        out,
+        stride,
+    ) {
+        return;
+    }
+    dot_rows_q8_portable(ty, w, row_bytes, rows, input, tokens, out, stride);
+}
+
+/// The portable kernel for `ty` over whole rows, for tests: same contract as
+/// [`dot_rows_q8`] but never SIMD.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn dot_rows_q8_portable(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    input: &Q8Input,
+    tokens: Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert_eq!(kind_of(ty), input.kind);
+    macro_rules! go {
+        ($B:ty) => {
+            rows_with(
+                portable_for::<$B>,
+                w,
+                row_bytes,
+                rows,
+                input,
+                tokens,
+                out,
+                stride,
+            )
+        };
+    }
+    match ty {
+        GgmlType::Q8_0 => go!(BlockQ8_0),
+        GgmlType::Q4_0 => go!(BlockQ4_0),
+        GgmlType::Q4_1 => go!(BlockQ4_1),
+        GgmlType::Q5_0 => go!(BlockQ5_0),
+        GgmlType::Q5_1 => go!(BlockQ5_1),
+        GgmlType::Q2_K => go!(BlockQ2K),
+        GgmlType::Q3_K => go!(BlockQ3K),
+        GgmlType::Q4_K => go!(BlockQ4K),
+        GgmlType::Q5_K => go!(BlockQ5K),
+        GgmlType::Q6_K => go!(BlockQ6K),
+        _ => unreachable!("kind_of checked the type"),
+    }
+}
+
+/// Accessors the SIMD kernels need.
+impl Q8Input {
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn token_blocks(&self, t: usize) -> Range<usize> {
+        self.token_range(t)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn q8_0_parts(&self, acts: Range<usize>) -> (&[BlockQ8_0], &[f32], &[f32]) {
+        (
+            &self.q8_0[acts.clone()],
+            &self.d[acts.clone()],
+            &self.dsum[acts],
+        )
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn q8k_parts(&self, acts: Range<usize>) -> &[BlockQ8K] {
+        &self.q8k[acts]
+    }
+}

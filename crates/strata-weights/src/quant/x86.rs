@@ -1,0 +1,461 @@
+//! AVX2 integer dot products of weight blocks with 8-bit activation blocks.
+//!
+//! The building block is `_mm256_maddubs_epi16(u, s)`: 32 unsigned bytes times 32 signed
+//! bytes, adjacent products summed to 16 signed 16-bit lanes. Every use below stays inside
+//! i16: unsigned codes are at most 63 and activation codes lie in -127..=127, so a pair
+//! sums to at most 2 * 63 * 127 = 16002; for signed-by-signed (Q8_0 weights) the weight's
+//! sign moves onto the activation so its magnitude (at most 128) is the unsigned operand:
+//! 2 * 128 * 127 = 32512. `_mm256_madd_epi16` with a per-group scale (or with ones) widens
+//! to i32. Formats whose codes carry an offset (`q - 8`, `q - 16`, `q - 32`) or a minimum
+//! dot the unsigned codes and subtract offset times the activation code sums, which the
+//! caller precomputed.
+//!
+//! The integer sums equal those of the portable [`super::QuantBlock::dot_q8`]; per-block
+//! f32 scaling is fused (FMA) and summed in 8 lanes, so the f32 result differs from the
+//! portable one only by rounding.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::fast::Q8Input;
+use super::k_common::unpack_scales_mins;
+use super::{
+    as_blocks, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, F16Le,
+};
+use strata_gguf::GgmlType;
+
+/// Whether the CPU has what these kernels use (AVX2, FMA and F16C).
+#[inline]
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn h2f(h: F16Le) -> f32 {
+    let bits = u16::from_le_bytes(h.0);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_add_ss(x, _mm_shuffle_ps::<1>(x, x));
+    _mm_cvtss_f32(x)
+}
+
+/// How far ahead of the weight stream to prefetch, in bytes.
+const PREFETCH_AHEAD: usize = 1536;
+
+/// Prefetches the cache lines of `bytes[from..to]` shifted `PREFETCH_AHEAD` bytes ahead,
+/// starting at `*next` if that is further on, and moves `*next` past them: each line of
+/// a stream is asked for once. The hardware prefetcher of some (virtualised) CPUs does not
+/// keep a block-by-block stream fed; this keeps about `PREFETCH_AHEAD` bytes in flight.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn prefetch_ahead(bytes: &[u8], to: usize, next: &mut usize) {
+    let base = bytes.as_ptr() as *const i8;
+    let end = to + PREFETCH_AHEAD;
+    while *next < end {
+        // A hint: it does not fault on any address, in bounds or not.
+        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(*next));
+        *next += 64;
+    }
+}
+
+/// 32 bytes from `p`.
+///
+/// # Safety
+/// `p` must be valid for reading 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes; unaligned loads are allowed.
+    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+}
+
+/// The 32 codes of a 16-byte nibble field: low nibbles in lane 0, high nibbles in lane 1
+/// (element order for Q4_0 / Q4_1 / Q5_0).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn nibbles16(qs: &[u8; 16]) -> __m256i {
+    // SAFETY: `qs` is 16 bytes.
+    let b = unsafe { _mm_loadu_si128(qs.as_ptr() as *const __m128i) };
+    let m4 = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(b, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), m4);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Sum of `u[i] * s[i]` in 8 i32 lanes for unsigned `u` (< 64) and signed `s`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// The horizontal sums of four i32x8 vectors, as one i32x4 `[sum a, sum b, sum c, sum d]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum4_epi32(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
+/// `[v[0][i], v[1][i], v[2][i], v[3][i]]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn gather4(v: &[&[f32]], i: usize) -> __m128 {
+    _mm_setr_ps(v[0][i], v[1][i], v[2][i], v[3][i])
+}
+
+/// The Q8_0-family activations of `N` consecutive tokens: blocks, scales, scale * code sum.
+struct Acts8<'a, const N: usize> {
+    a: [&'a [BlockQ8_0]; N],
+    d: [&'a [f32]; N],
+    dsum: [&'a [f32]; N],
+}
+
+fn acts8<const N: usize>(input: &Q8Input, t0: usize) -> Acts8<'_, N> {
+    let parts: [_; N] = std::array::from_fn(|k| input.q8_0_parts(input.token_blocks(t0 + k)));
+    Acts8 {
+        a: parts.map(|p| p.0),
+        d: parts.map(|p| p.1),
+        dsum: parts.map(|p| p.2),
+    }
+}
+
+/// The Q8_K activations of `N` consecutive tokens.
+fn acts_k<const N: usize>(input: &Q8Input, t0: usize) -> [&[BlockQ8K]; N] {
+    std::array::from_fn(|k| input.q8k_parts(input.token_blocks(t0 + k)))
+}
+
+/// One row of a 32-value format against `N` tokens. `codes` gives the block's 32 codes:
+/// unsigned, or signed when `SIGNED` (Q8_0); `scale` its `d`; with `CORR`, `corr` the
+/// factor of the activation block's `d * code_sum` (the offset or the minimum).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn small_n<B, const N: usize, const SIGNED: bool, const CORR: bool>(
+    w: &[B],
+    acts: &Acts8<'_, N>,
+    codes: impl Fn(&B) -> __m256i,
+    scale: impl Fn(&B) -> f32,
+    corr: impl Fn(&B) -> f32,
+) -> [f32; N] {
+    if N == 4 {
+        // Four tokens: reduce the four integer sums of a block into one vector and do the
+        // f32 scaling once for all of them.
+        let mut acc = _mm_setzero_ps();
+        let mut c = _mm_setzero_ps();
+        for (i, b) in w.iter().enumerate() {
+            let q = codes(b);
+            let u = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
+            let p: [__m256i; 4] = std::array::from_fn(|k| {
+                // SAFETY: `qs` is 32 bytes.
+                let av = unsafe { load32(acts.a[k][i].qs.as_ptr() as *const u8) };
+                let sv = if SIGNED { _mm256_sign_epi8(av, q) } else { av };
+                dot_us(u, sv)
+            });
+            let sums = _mm_cvtepi32_ps(hsum4_epi32(p[0], p[1], p[2], p[3]));
+            let d = _mm_mul_ps(_mm_set1_ps(scale(b)), gather4(&acts.d, i));
+            acc = _mm_fmadd_ps(sums, d, acc);
+            if CORR {
+                c = _mm_fmadd_ps(_mm_set1_ps(corr(b)), gather4(&acts.dsum, i), c);
+            }
+        }
+        let mut r = [0f32; 4];
+        // SAFETY: `r` holds 4 f32.
+        unsafe { _mm_storeu_ps(r.as_mut_ptr(), _mm_add_ps(acc, c)) };
+        return std::array::from_fn(|k| r[k]);
+    }
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut c = [0f32; N];
+    for (i, b) in w.iter().enumerate() {
+        let q = codes(b);
+        let u = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
+        let d = scale(b);
+        let cf = if CORR { corr(b) } else { 0.0 };
+        for k in 0..N {
+            // SAFETY: `qs` is 32 bytes.
+            let av = unsafe { load32(acts.a[k][i].qs.as_ptr() as *const u8) };
+            let sv = if SIGNED { _mm256_sign_epi8(av, q) } else { av };
+            let p = _mm256_cvtepi32_ps(dot_us(u, sv));
+            acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * acts.d[k][i]), acc[k]);
+            if CORR {
+                c[k] += cf * acts.dsum[k][i];
+            }
+        }
+    }
+    std::array::from_fn(|k| hsum(acc[k]) + c[k])
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q8_0_n<const N: usize>(w: &[BlockQ8_0], input: &Q8Input, t0: usize) -> [f32; N] {
+    small_n::<_, N, true, false>(
+        w,
+        &acts8(input, t0),
+        // SAFETY: `qs` is 32 bytes.
+        |b| unsafe { load32(b.qs.as_ptr() as *const u8) },
+        |b| h2f(b.d),
+        |_| 0.0,
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q4_0_n<const N: usize>(w: &[BlockQ4_0], input: &Q8Input, t0: usize) -> [f32; N] {
+    small_n::<_, N, false, true>(
+        w,
+        &acts8(input, t0),
+        |b| nibbles16(&b.qs),
+        |b| h2f(b.d),
+        |b| -8.0 * h2f(b.d),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q4_1_n<const N: usize>(w: &[BlockQ4_1], input: &Q8Input, t0: usize) -> [f32; N] {
+    small_n::<_, N, false, true>(
+        w,
+        &acts8(input, t0),
+        |b| nibbles16(&b.qs),
+        |b| h2f(b.d),
+        |b| h2f(b.m),
+    )
+}
+
+/// Q5_0's 32 unsigned 5-bit codes: the nibbles plus 16 where bit `i` of `qh` is set.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn codes5(b: &BlockQ5_0) -> __m256i {
+    let bits = u32::from_le_bytes(b.qh) as i32;
+    // Byte i of the result takes byte i / 8 of `bits`, then tests bit i % 8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        ),
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+    _mm256_or_si256(
+        nibbles16(&b.qs),
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q5_0_n<const N: usize>(w: &[BlockQ5_0], input: &Q8Input, t0: usize) -> [f32; N] {
+    small_n::<_, N, false, true>(
+        w,
+        &acts8(input, t0),
+        |b| codes5(b),
+        |b| h2f(b.d),
+        |b| -16.0 * h2f(b.d),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q4_k_n<const N: usize>(w: &[BlockQ4K], input: &Q8Input, t0: usize) -> [f32; N] {
+    let acts = acts_k::<N>(input, t0);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut corr = [0f32; N];
+    for (bi, b) in w.iter().enumerate() {
+        let (sc, mn) = unpack_scales_mins(&b.scales);
+        let mut isum = [_mm256_setzero_si256(); N];
+        for c in 0..4 {
+            // SAFETY: `qs` has 128 bytes.
+            let q = unsafe { load32(b.qs.as_ptr().add(32 * c)) };
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            let (slo, shi) = (
+                _mm256_set1_epi16(i16::from(sc[2 * c])),
+                _mm256_set1_epi16(i16::from(sc[2 * c + 1])),
+            );
+            for k in 0..N {
+                let a = acts[k][bi].qs.as_ptr() as *const u8;
+                // SAFETY: an activation block has 256 codes; 64 c + 64 <= 256.
+                let (a0, a1) = unsafe { (load32(a.add(64 * c)), load32(a.add(64 * c + 32))) };
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), slo);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), shi);
+                isum[k] = _mm256_add_epi32(isum[k], _mm256_add_epi32(p0, p1));
+            }
+        }
+        let (d, dmin) = (h2f(b.d), h2f(b.dmin));
+        for k in 0..N {
+            let a = &acts[k][bi];
+            let msum: i32 = mn
+                .iter()
+                .zip(a.bsums.chunks_exact(2))
+                .map(|(&m, s)| i32::from(m) * (i32::from(s[0]) + i32::from(s[1])))
+                .sum();
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_set1_ps(d * a.d), acc[k]);
+            corr[k] += dmin * a.d * msum as f32;
+        }
+    }
+    std::array::from_fn(|k| hsum(acc[k]) - corr[k])
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q6_k_n<const N: usize>(w: &[BlockQ6K], input: &Q8Input, t0: usize) -> [f32; N] {
+    let acts = acts_k::<N>(input, t0);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut corr = [0f32; N];
+    for (bi, b) in w.iter().enumerate() {
+        let mut isum = [_mm256_setzero_si256(); N];
+        for h in 0..2 {
+            // SAFETY: `ql` has 128 bytes, `qh` 64: offsets stay inside.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    load32(b.ql.as_ptr().add(64 * h)),
+                    load32(b.ql.as_ptr().add(64 * h + 32)),
+                    load32(b.qh.as_ptr().add(32 * h)),
+                )
+            };
+            // Elements 128 h + 32 k .. + 32 as unsigned 6-bit codes (q + 32).
+            let u = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    _mm256_and_si256(qh, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                ),
+            ];
+            // Lane 0 of each holds group 2 k, lane 1 group 2 k + 1 (16 values each).
+            let scales: [__m256i; 4] = std::array::from_fn(|k| {
+                let g = 8 * h + 2 * k;
+                _mm256_set_m128i(
+                    _mm_set1_epi16(i16::from(b.scales[g + 1])),
+                    _mm_set1_epi16(i16::from(b.scales[g])),
+                )
+            });
+            for t in 0..N {
+                let a = acts[t][bi].qs.as_ptr() as *const u8;
+                for k in 0..4 {
+                    // SAFETY: an activation block has 256 codes; 128 h + 32 k + 32 <= 256.
+                    let av = unsafe { load32(a.add(128 * h + 32 * k)) };
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], av), scales[k]);
+                    isum[t] = _mm256_add_epi32(isum[t], p);
+                }
+            }
+        }
+        let d = h2f(b.d);
+        for t in 0..N {
+            let a = &acts[t][bi];
+            let mut osum = 0i32;
+            for g in 0..16 {
+                osum += i32::from(b.scales[g]) * i32::from(a.bsums[g]);
+            }
+            let da = d * a.d;
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(da), acc[t]);
+            corr[t] += da * (32 * osum) as f32;
+        }
+    }
+    std::array::from_fn(|t| hsum(acc[t]) - corr[t])
+}
+
+/// Tokens dotted per pass over a weight row in prefill: each block is decoded once for
+/// all of them. Kept at 1: a multi-token pass rounds differently from a single-token one,
+/// which would make a request's tokens depend on what else is in its batch (and on how its
+/// prompt was chunked). Batch-invariant outputs are worth more than the prefill speed.
+const TOKENS_PER_PASS: usize = 1;
+
+/// Generates a row-range driver for one format: the loops run inside the AVX2 context so
+/// the kernel inlines.
+macro_rules! rows_fn {
+    ($name:ident, $B:ty, $kernel:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        fn $name(
+            bytes: &[u8],
+            row_bytes: usize,
+            rows: Range<usize>,
+            input: &Q8Input,
+            tokens: Range<usize>,
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            let nt = tokens.len();
+            // Line-aligned start of the prefetch stream, at the first row's bytes.
+            let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+            for (i, r) in rows.enumerate() {
+                prefetch_ahead(bytes, (r + 1) * row_bytes, &mut next);
+                let o = &mut out[i * stride..i * stride + nt];
+                let Ok(w) = as_blocks::<$B>(&bytes[r * row_bytes..(r + 1) * row_bytes]) else {
+                    o.fill(f32::NAN);
+                    continue;
+                };
+                let mut j = 0;
+                while j + TOKENS_PER_PASS <= nt {
+                    let v = $kernel::<TOKENS_PER_PASS>(w, input, tokens.start + j);
+                    o[j..j + TOKENS_PER_PASS].copy_from_slice(&v);
+                    j += TOKENS_PER_PASS;
+                }
+                while j < nt {
+                    o[j] = $kernel::<1>(w, input, tokens.start + j)[0];
+                    j += 1;
+                }
+            }
+        }
+    };
+}
+
+rows_fn!(rows_q8_0, BlockQ8_0, q8_0_n);
+rows_fn!(rows_q4_0, BlockQ4_0, q4_0_n);
+rows_fn!(rows_q4_1, BlockQ4_1, q4_1_n);
+rows_fn!(rows_q5_0, BlockQ5_0, q5_0_n);
+rows_fn!(rows_q4_k, BlockQ4K, q4_k_n);
+rows_fn!(rows_q6_k, BlockQ6K, q6_k_n);
+
+/// [`super::dot_rows_q8`] for the formats with an AVX2 kernel, when the CPU has the
+/// features; returns `false` (having written nothing) otherwise.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn dot_rows(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    input: &Q8Input,
+    tokens: Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) -> bool {
+    if !available() {
+        return false;
+    }
+    let f = match ty {
+        GgmlType::Q8_0 => rows_q8_0,
+        GgmlType::Q4_0 => rows_q4_0,
+        GgmlType::Q4_1 => rows_q4_1,
+        GgmlType::Q5_0 => rows_q5_0,
+        GgmlType::Q4_K => rows_q4_k,
+        GgmlType::Q6_K => rows_q6_k,
+        _ => return false,
+    };
+    // SAFETY: the CPU has the features the drivers are compiled for.
+    unsafe { f(bytes, row_bytes, rows, input, tokens, out, stride) };
+    true
+}
