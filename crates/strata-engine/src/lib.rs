@@ -5,8 +5,8 @@ mod generate;
 mod load;
 
 pub use engine::{
-    Engine, EngineOptions, EngineStatus, FINISH_REASONS, GenerationRequest, Histogram, Metrics, RequestGuard, RequestTimings, TextStream,
-    Update, Usage,
+    Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
+    RequestTimings, TextStream, Update, Usage, FINISH_REASONS,
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadedModel, Prompter};

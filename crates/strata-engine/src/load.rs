@@ -1,8 +1,8 @@
 //! Loading a model, its tokenizer and its chat template.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use strata_config::{load_model_config, Architecture, ModelConfig, ModelSource};
 use strata_gguf::GgufFile;
@@ -98,7 +98,10 @@ impl LoadedModel {
 
     /// The tokenizer and chat template, for threads that prepare prompts.
     pub fn prompter(&self) -> Prompter {
-        Prompter { tokenizer: self.tokenizer.clone(), chat: self.chat.clone() }
+        Prompter {
+            tokenizer: self.tokenizer.clone(),
+            chat: self.chat.clone(),
+        }
     }
 
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {

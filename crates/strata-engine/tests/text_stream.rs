@@ -6,15 +6,46 @@ use strata_engine::TextStream;
 use strata_gguf::{writer::GgufWriter, GgufFile, Value};
 use strata_tokenizer::Tokenizer;
 
-const TOKENS: &[&str] = &["<unk>", "<s>", "</s>", "\u{2581}Hello", "\u{2581}wor", "ld", "S", "T", "O", "P", "!", "<0xC3>", "<0xA9>"];
+const TOKENS: &[&str] = &[
+    "<unk>",
+    "<s>",
+    "</s>",
+    "\u{2581}Hello",
+    "\u{2581}wor",
+    "ld",
+    "S",
+    "T",
+    "O",
+    "P",
+    "!",
+    "<0xC3>",
+    "<0xA9>",
+];
 
 fn tokenizer() -> Arc<Tokenizer> {
     let mut w = GgufWriter::new();
     w.str("tokenizer.ggml.model", "llama")
-        .array("tokenizer.ggml.tokens", TOKENS.iter().map(|t| Value::String(t.to_string())).collect())
+        .array(
+            "tokenizer.ggml.tokens",
+            TOKENS
+                .iter()
+                .map(|t| Value::String(t.to_string()))
+                .collect(),
+        )
         .array(
             "tokenizer.ggml.token_type",
-            TOKENS.iter().map(|t| Value::I32(if t.starts_with("<0x") { 6 } else if t.starts_with('<') { 3 } else { 1 })).collect(),
+            TOKENS
+                .iter()
+                .map(|t| {
+                    Value::I32(if t.starts_with("<0x") {
+                        6
+                    } else if t.starts_with('<') {
+                        3
+                    } else {
+                        1
+                    })
+                })
+                .collect(),
         );
     Arc::new(Tokenizer::from_gguf(&GgufFile::from_vec(w.to_bytes()).unwrap()).unwrap())
 }

@@ -2,10 +2,13 @@
 //! is in tests/fixtures/llamacpp/README.md). Needs models/ (scripts/fetch-models.sh); without
 //! it the test says so and passes.
 //!
-//! llama.cpp quantizes activations to 8 bits before its quantized dot products and its own
-//! logits move by up to ~1.2 between batch sizes, so the comparison is teacher-forced with a
-//! tolerance: the reference's top-5 logits must agree within `LOGIT_TOL`, and our argmax must
-//! equal llama.cpp's wherever its top-1/top-2 margin is clear (`CLEAR_MARGIN`).
+//! llama.cpp quantizes activations to 8 bits before its quantized dot products, and its own
+//! logits move by up to ~1.2 between batch sizes (the fixtures hold both its batched
+//! teacher-forced logits and its one-token decode logits). So the comparison is
+//! teacher-forced with tolerances: at each generated position, each of the reference's top-5
+//! logits must be within `LOGIT_TOL` of either llama.cpp run at 99% of positions and within
+//! `HARD_TOL` everywhere, and our argmax must equal llama.cpp's wherever its top-1/top-2
+//! margin is clear (`CLEAR_MARGIN`).
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +18,12 @@ use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan
 use strata_model::{ForwardBatch, LogitsMode, Model, SeqChunk};
 
 const LOGIT_TOL: f32 = 1.5;
+const HARD_TOL: f32 = 3.0;
+/// llama.cpp against itself (batched vs one-token decode, same fixtures): Gemma-3 max 1.22,
+/// 5 of 384 positions above 1.0; SmolLM2 max 0.79. Strata computes activations in f32 where
+/// both llama.cpp runs quantize them to 8 bits, so its distance to either run is about twice
+/// that: the bounds allow 2% of positions above `LOGIT_TOL` and none above `HARD_TOL`.
+const MAX_OUTLIER_FRACTION: f64 = 0.02;
 const CLEAR_MARGIN: f32 = 1.5;
 
 fn repo() -> PathBuf {
@@ -97,6 +106,7 @@ fn check(fixture: &str) {
     }
     let model = Model::load(CpuBackend::new(), &path).unwrap();
     let mut problems = Vec::new();
+    let mut outliers = Vec::new();
     let mut checked = 0;
     for p in fx["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
@@ -106,15 +116,27 @@ fn check(fixture: &str) {
         for (j, row) in rows.iter().enumerate() {
             let top_ids = ids(&p["tf_top5_ids"][j]);
             let top_logits = floats(&p["tf_top5_logits"][j]);
-            let margin = p["tf_margin"][j].as_f64().unwrap() as f32;
+            // The same ids' logits in llama.cpp's one-token decode run, where listed.
+            let step_ids = ids(&p["top5_ids"][j]);
+            let step_logits = floats(&p["top5_logits"][j]);
+            let mut worst = 0.0f32;
             for (&id, &want) in top_ids.iter().zip(&top_logits) {
                 let got = row[id as usize];
-                if (got - want).abs() > LOGIT_TOL {
-                    problems.push(format!(
-                        "{name} step {j}: logit of {id} is {got}, llama.cpp {want}"
-                    ));
+                let mut err = (got - want).abs();
+                if let Some(k) = step_ids.iter().position(|&s| s == id) {
+                    err = err.min((got - step_logits[k]).abs());
                 }
+                worst = worst.max(err);
             }
+            if worst > LOGIT_TOL {
+                outliers.push(format!("{name} step {j}: off by {worst:.2}"));
+            }
+            if worst > HARD_TOL {
+                problems.push(format!(
+                    "{name} step {j}: top-5 logits off by {worst:.2} (> {HARD_TOL})"
+                ));
+            }
+            let margin = p["tf_margin"][j].as_f64().unwrap() as f32;
             let argmax = strata_kernels::sampling::argmax(row);
             if margin > CLEAR_MARGIN && argmax != top_ids[0] {
                 problems.push(format!(
@@ -124,6 +146,16 @@ fn check(fixture: &str) {
             }
             checked += 1;
         }
+    }
+    eprintln!(
+        "{fixture}: {} of {checked} positions beyond {LOGIT_TOL}: {outliers:?}",
+        outliers.len()
+    );
+    if outliers.len() as f64 > MAX_OUTLIER_FRACTION * checked as f64 {
+        problems.push(format!(
+            "{} of {checked} positions beyond {LOGIT_TOL}: {outliers:?}",
+            outliers.len()
+        ));
     }
     assert!(
         problems.is_empty(),

@@ -193,13 +193,27 @@ impl Engine {
 
     /// Queues a request; its updates arrive on the returned channel. Keep the guard alive
     /// while the client listens: dropping it cancels the request.
-    pub fn submit(&self, req: GenerationRequest) -> Result<(RequestGuard, tmpsc::UnboundedReceiver<Update>)> {
+    pub fn submit(
+        &self,
+        req: GenerationRequest,
+    ) -> Result<(RequestGuard, tmpsc::UnboundedReceiver<Update>)> {
         let client = self.next_client.fetch_add(1, Ordering::Relaxed);
         let (updates, rx) = tmpsc::unbounded_channel();
         self.tx
-            .send(Command::Submit { client, req, updates })
+            .send(Command::Submit {
+                client,
+                req,
+                updates,
+            })
             .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
-        Ok((RequestGuard { engine: self.clone(), client, finished: false }, rx))
+        Ok((
+            RequestGuard {
+                engine: self.clone(),
+                client,
+                finished: false,
+            },
+            rx,
+        ))
     }
 
     /// Prompt ids for a chat conversation, with the model's template.
@@ -224,7 +238,9 @@ impl Engine {
         match tokio::time::timeout(Duration::from_secs(600), rx).await {
             Ok(Ok(Ok(plan))) => Ok(plan),
             Ok(Ok(Err(e))) => Err(EngineError::Invalid(e)),
-            _ => Err(EngineError::Invalid("the engine did not answer the rebuild".into())),
+            _ => Err(EngineError::Invalid(
+                "the engine did not answer the rebuild".into(),
+            )),
         }
     }
 
@@ -234,7 +250,8 @@ impl Engine {
         self.tx
             .send(Command::Flush(reply))
             .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
-        rx.await.map_err(|_| EngineError::Invalid("the engine did not answer the flush".into()))
+        rx.await
+            .map_err(|_| EngineError::Invalid("the engine did not answer the flush".into()))
     }
 
     pub fn shutdown(&self) {

@@ -20,7 +20,14 @@ pub struct TextStream {
 
 impl TextStream {
     pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>) -> Self {
-        Self { tokenizer, decoder: StreamDecoder::new(), stops, text: String::new(), emitted: 0, stopped_at: None }
+        Self {
+            tokenizer,
+            decoder: StreamDecoder::new(),
+            stops,
+            text: String::new(),
+            emitted: 0,
+            stopped_at: None,
+        }
     }
 
     pub fn stopped(&self) -> bool {
@@ -32,7 +39,10 @@ impl TextStream {
         if self.stopped_at.is_some() {
             return String::new();
         }
-        let piece = self.decoder.push(&self.tokenizer, token).unwrap_or_default();
+        let piece = self
+            .decoder
+            .push(&self.tokenizer, token)
+            .unwrap_or_default();
         self.text.push_str(&piece);
         // A stop string can only end in the new text, but may start before it.
         let from = floor_char(&self.text, self.emitted.saturating_sub(self.longest_stop()));
@@ -94,7 +104,10 @@ fn floor_char(s: &str, mut i: usize) -> usize {
 
 /// A scheduler stop test for text stop strings: decodes the last tokens of the completion
 /// (enough to hold the longest stop string) and looks for any stop string in them.
-pub fn stop_string_test(tokenizer: Arc<Tokenizer>, stops: Vec<String>) -> impl FnMut(&[u32]) -> bool + Send {
+pub fn stop_string_test(
+    tokenizer: Arc<Tokenizer>,
+    stops: Vec<String>,
+) -> impl FnMut(&[u32]) -> bool + Send {
     let window = stops.iter().map(String::len).max().unwrap_or(0) + 2;
     move |completion: &[u32]| {
         let tail = &completion[completion.len().saturating_sub(window)..];

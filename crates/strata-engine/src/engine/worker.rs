@@ -14,7 +14,9 @@ use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
 use super::text::{stop_string_test, TextStream};
-use super::{Command, EngineOptions, EngineStatus, GenerationRequest, Metrics, RequestTimings, Update, Usage};
+use super::{
+    Command, EngineOptions, EngineStatus, GenerationRequest, Metrics, RequestTimings, Update, Usage,
+};
 use crate::{EngineError, LoadedModel, Result};
 
 /// What the engine remembers about one live request.
@@ -42,10 +44,23 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn new(loaded: LoadedModel, opts: EngineOptions, status: Arc<Mutex<EngineStatus>>, metrics: Arc<Metrics>) -> Result<Self> {
+    pub(crate) fn new(
+        loaded: LoadedModel,
+        opts: EngineOptions,
+        status: Arc<Mutex<EngineStatus>>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self> {
         let layout = KvLayout::for_config(loaded.config(), opts.kv_cache_dtype)?;
-        let pool = KvPool::with_budget(layout, opts.kv_budget_bytes, opts.page_size, opts.window_ratio, opts.cache_type, HostStorage::new())?;
-        let sched = Scheduler::new(loaded.model.clone(), pool, opts.scheduler).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let pool = KvPool::with_budget(
+            layout,
+            opts.kv_budget_bytes,
+            opts.page_size,
+            opts.window_ratio,
+            opts.cache_type,
+            HostStorage::new(),
+        )?;
+        let sched = Scheduler::new(loaded.model.clone(), pool, opts.scheduler)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let worker = Self {
             sched,
             tokenizer: loaded.tokenizer.clone(),
@@ -93,7 +108,11 @@ impl Worker {
     fn command(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Submit { .. } if self.rebuild.is_some() => self.held.push(cmd),
-            Command::Submit { client, req, updates } => self.submit(client, req, updates),
+            Command::Submit {
+                client,
+                req,
+                updates,
+            } => self.submit(client, req, updates),
             Command::Cancel(client) => {
                 if let Some(id) = self.by_client.get(&client) {
                     self.sched.cancel(*id);
@@ -102,16 +121,25 @@ impl Worker {
             Command::Rebuild { .. } => self.rebuild = Some(cmd),
             Command::Flush(reply) => {
                 let freed = self.sched.pool_mut().flush_cache();
-                let _ = reply.send(freed);
+                // Publish before replying, so a client that reads the status next sees it.
                 self.publish_status();
+                let _ = reply.send(freed);
             }
             Command::Shutdown => return false,
         }
         true
     }
 
-    fn submit(&mut self, client: u64, req: GenerationRequest, updates: tmpsc::UnboundedSender<Update>) {
-        let text = self.tokenizer.as_ref().map(|t| TextStream::new(t.clone(), req.stop.clone()));
+    fn submit(
+        &mut self,
+        client: u64,
+        req: GenerationRequest,
+        updates: tmpsc::UnboundedSender<Update>,
+    ) {
+        let text = self
+            .tokenizer
+            .as_ref()
+            .map(|t| TextStream::new(t.clone(), req.stop.clone()));
         let stop_fn: Option<strata_sched::StopFn> = match (&self.tokenizer, req.stop.is_empty()) {
             (Some(t), false) => Some(Box::new(stop_string_test(t.clone(), req.stop.clone()))),
             _ => None,
@@ -129,31 +157,65 @@ impl Worker {
         self.by_client.insert(client, id);
         self.live.insert(
             id,
-            Live { client, updates, text, submitted: Instant::now(), first_token: None, last_token: None },
+            Live {
+                client,
+                updates,
+                text,
+                submitted: Instant::now(),
+                first_token: None,
+                last_token: None,
+            },
         );
     }
 
     fn event(&mut self, id: SeqId, kind: EventKind) {
-        let Some(live) = self.live.get_mut(&id) else { return };
+        let Some(live) = self.live.get_mut(&id) else {
+            return;
+        };
         let now = Instant::now();
         match kind {
-            EventKind::Token { token, logprob, top_logprobs } => {
+            EventKind::Token {
+                token,
+                logprob,
+                top_logprobs,
+            } => {
                 match live.last_token {
-                    None => self.metrics.ttft.observe((now - live.submitted).as_secs_f64()),
+                    None => self
+                        .metrics
+                        .ttft
+                        .observe((now - live.submitted).as_secs_f64()),
                     Some(prev) => self.metrics.inter_token.observe((now - prev).as_secs_f64()),
                 }
                 live.first_token.get_or_insert(now);
                 live.last_token = Some(now);
-                self.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
-                let text = live.text.as_mut().map(|t| t.push(token)).unwrap_or_default();
-                let sent = live.updates.send(Update::Token { id: token, text, logprob, top_logprobs });
+                self.metrics
+                    .generation_tokens
+                    .fetch_add(1, Ordering::Relaxed);
+                let text = live
+                    .text
+                    .as_mut()
+                    .map(|t| t.push(token))
+                    .unwrap_or_default();
+                let sent = live.updates.send(Update::Token {
+                    id: token,
+                    text,
+                    logprob,
+                    top_logprobs,
+                });
                 if sent.is_err() {
                     // The client is gone; its Finished event comes with the next step.
                     self.sched.cancel(id);
                 }
             }
-            EventKind::Finished { reason, prompt_tokens, completion_tokens, cached_tokens } => {
-                let Some(mut live) = self.live.remove(&id) else { return };
+            EventKind::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
+                let Some(mut live) = self.live.remove(&id) else {
+                    return;
+                };
                 self.by_client.remove(&live.client);
                 let (reason, error) = match reason {
                     FinishReason::Stop => ("stop", None),
@@ -162,11 +224,24 @@ impl Worker {
                     FinishReason::Error(e) => ("error", Some(e)),
                 };
                 // A stop string ends the text even when the scheduler saw another reason.
-                let reason = if live.text.as_ref().is_some_and(TextStream::stopped) && reason == "length" { "stop" } else { reason };
+                let reason =
+                    if live.text.as_ref().is_some_and(TextStream::stopped) && reason == "length" {
+                        "stop"
+                    } else {
+                        reason
+                    };
                 self.metrics.finished(reason);
-                self.metrics.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-                self.metrics.cached_tokens.fetch_add(cached_tokens as u64, Ordering::Relaxed);
-                let text = live.text.as_mut().map(TextStream::finish).unwrap_or_default();
+                self.metrics
+                    .prompt_tokens
+                    .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+                self.metrics
+                    .cached_tokens
+                    .fetch_add(cached_tokens as u64, Ordering::Relaxed);
+                let text = live
+                    .text
+                    .as_mut()
+                    .map(TextStream::finish)
+                    .unwrap_or_default();
                 let first = live.first_token.unwrap_or(now);
                 let prompt_ms = (first - live.submitted).as_secs_f64() * 1e3;
                 let predicted_ms = (now - first).as_secs_f64() * 1e3;
@@ -183,8 +258,18 @@ impl Worker {
                     predicted_per_second: rate(decoded, predicted_ms),
                     cached_n: cached_tokens,
                 };
-                let usage = Usage { prompt_tokens, completion_tokens, cached_tokens };
-                let _ = live.updates.send(Update::Finished { reason, text, error, usage, timings });
+                let usage = Usage {
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                };
+                let _ = live.updates.send(Update::Finished {
+                    reason,
+                    text,
+                    error,
+                    usage,
+                    timings,
+                });
             }
         }
     }
@@ -194,8 +279,11 @@ impl Worker {
         if self.rebuild.is_none() || self.sched.has_work() {
             return;
         }
-        let Some(Command::Rebuild { full_pages, reply }) = self.rebuild.take() else { return };
+        let Some(Command::Rebuild { full_pages, reply }) = self.rebuild.take() else {
+            return;
+        };
         let result = self.resize(full_pages);
+        self.publish_status();
         let _ = reply.send(result);
         for cmd in std::mem::take(&mut self.held) {
             self.command(cmd);
@@ -212,7 +300,11 @@ impl Worker {
             Some(_) => ((full_pages as f64 * self.opts.window_ratio).ceil() as usize).max(1),
             None => 0,
         };
-        let plan = PagePlan { full: full_pages, window, page_size: self.opts.page_size };
+        let plan = PagePlan {
+            full: full_pages,
+            window,
+            page_size: self.opts.page_size,
+        };
         pool.flush_cache();
         pool.rebuild(plan).map_err(|e| e.to_string())?;
         Ok(plan)

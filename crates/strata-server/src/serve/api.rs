@@ -241,20 +241,35 @@ pub fn build(
         }
     }
     if c.presence_penalty.is_some_and(|x| x != 0.0) {
-        return Err(ApiError::invalid("presence_penalty", "presence_penalty is not supported (only 0)"));
+        return Err(ApiError::invalid(
+            "presence_penalty",
+            "presence_penalty is not supported (only 0)",
+        ));
     }
     if c.frequency_penalty.is_some_and(|x| x != 0.0) {
-        return Err(ApiError::invalid("frequency_penalty", "frequency_penalty is not supported (only 0)"));
+        return Err(ApiError::invalid(
+            "frequency_penalty",
+            "frequency_penalty is not supported (only 0)",
+        ));
     }
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
-        return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the vocabulary of {}", limits.vocab_size)));
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "token id {bad} is outside the vocabulary of {}",
+                limits.vocab_size
+            ),
+        ));
     }
     let max_tokens = c.max_tokens.or(default_max).unwrap_or(DEFAULT_MAX_TOKENS) as usize;
     if max_tokens == 0 {
-        return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1"));
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "max_tokens must be at least 1",
+        ));
     }
     let total = prompt.len() + max_tokens;
     if total > limits.context_len {
@@ -279,7 +294,10 @@ pub fn build(
     }
     let temperature = c.temperature.unwrap_or(1.0);
     if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
-        return Err(ApiError::invalid("temperature", "temperature must be between 0 and 2"));
+        return Err(ApiError::invalid(
+            "temperature",
+            "temperature must be between 0 and 2",
+        ));
     }
     let top_p = c.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
@@ -288,7 +306,12 @@ pub fn build(
     let top_k = match c.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
-        Some(_) => return Err(ApiError::invalid("top_k", "top_k must be -1, 0 (off) or positive")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                "top_k must be -1, 0 (off) or positive",
+            ))
+        }
     };
     let min_p = c.min_p.unwrap_or(0.0);
     if !(0.0..=1.0).contains(&min_p) {
@@ -296,7 +319,10 @@ pub fn build(
     }
     if let Some(n) = logprobs {
         if n > MAX_TOP_LOGPROBS as usize {
-            return Err(ApiError::invalid("logprobs", format!("at most {MAX_TOP_LOGPROBS} top logprobs")));
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("at most {MAX_TOP_LOGPROBS} top logprobs"),
+            ));
         }
     }
     let stop = match &c.stop {
@@ -305,12 +331,21 @@ pub fn build(
         Some(OneOrMany::Many(v)) => v.clone(),
     };
     if stop.len() > MAX_STOP_STRINGS || stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", format!("stop takes 1 to {MAX_STOP_STRINGS} non-empty strings")));
+        return Err(ApiError::invalid(
+            "stop",
+            format!("stop takes 1 to {MAX_STOP_STRINGS} non-empty strings"),
+        ));
     }
     Ok(GenerationRequest {
         prompt,
         max_tokens,
-        sampling: SamplingParams { temperature, top_k, top_p, min_p, seed: c.seed },
+        sampling: SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed: c.seed,
+        },
         stop,
         ignore_eos: c.ignore_eos,
         logprobs,

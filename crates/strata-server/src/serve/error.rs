@@ -15,15 +15,27 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, message: message.into(), param: None }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: None,
+        }
     }
 
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param) }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: Some(param),
+        }
     }
 
     pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into(), param: None }
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
     }
 
     fn kind(&self) -> &'static str {

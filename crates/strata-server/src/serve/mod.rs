@@ -76,7 +76,7 @@ pub struct ServeArgs {
 }
 
 /// Available memory from /proc/meminfo, when the platform has it.
-fn available_memory() -> Option<u64> {
+pub(crate) fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -88,8 +88,14 @@ fn log(msg: impl AsRef<str>) {
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
-    let kv_cache_dtype: KvCacheDtype = a.kv_cache_dtype.parse().map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
-    let cache_type: CacheType = a.cache_type.parse().map_err(|e| anyhow::anyhow!("--cache-type: {e}"))?;
+    let kv_cache_dtype: KvCacheDtype = a
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let cache_type: CacheType = a
+        .cache_type
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--cache-type: {e}"))?;
     let device: Device = a.device.parse()?;
     if !(a.mem_fraction > 0.0 && a.mem_fraction < 1.0) {
         anyhow::bail!("--mem-fraction must be between 0 and 1");
@@ -110,7 +116,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
 
     let t0 = Instant::now();
     log(format!("loading {} on {:?}", a.model.display(), device));
-    let loaded = LoadedModel::load(&a.model, device).with_context(|| format!("loading {}", a.model.display()))?;
+    let loaded = LoadedModel::load(&a.model, device)
+        .with_context(|| format!("loading {}", a.model.display()))?;
     log(format!(
         "loaded {} ({} layers, vocab {}) in {:.1} s",
         loaded.config().architecture.name(),
@@ -147,7 +154,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     if let Some(plan) = engine.status().plan {
         log(format!(
             "kv pool ({} bytes budget, {}): full {} pages + window {} pages of {} tokens",
-            budget, layout.format().cache_dtype().name(), plan.full, plan.window, plan.page_size
+            budget,
+            layout.format().cache_dtype().name(),
+            plan.full,
+            plan.window,
+            plan.page_size
         ));
     }
     let state: Shared = Arc::new(AppState {
@@ -157,11 +168,14 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         timings: a.enable_timings_report,
         next_id: AtomicU64::new(1),
         created: routes::created_now(),
+        window_ratio: a.swa_ratio,
     });
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
         .with_context(|| format!("--host {} --port {}", a.host, a.port))?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let bound = listener.local_addr()?;
@@ -187,7 +201,11 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/cache/status", get(routes::cache_status))
         .route("/v1/cache/rebuild", post(routes::cache_rebuild))
         .route("/v1/cache/flush", post(routes::cache_flush))
-        .route_layer(middleware::from_fn_with_state(state.clone(), routes::auth));
+        .route_layer(middleware::from_fn_with_state(state.clone(), routes::auth))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            routes::count_rejections,
+        ));
     Router::new()
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))

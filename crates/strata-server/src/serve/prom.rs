@@ -22,20 +22,82 @@ pub fn render(engine: &Engine) -> String {
         .zip(&m.requests_finished)
         .map(|(r, c)| (format!("{{reason=\"{r}\"}}"), load(c)))
         .collect();
-    series(&mut out, "strata_requests_finished_total", "counter", "Requests finished, by reason.", &finished);
-    series(&mut out, "strata_requests_rejected_total", "counter", "Requests refused with a 4xx before reaching the engine.", &[(String::new(), load(&m.requests_rejected))]);
-    series(&mut out, "strata_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", &[(String::new(), load(&m.prompt_tokens))]);
-    series(&mut out, "strata_generation_tokens_total", "counter", "Tokens generated.", &[(String::new(), load(&m.generation_tokens))]);
-    series(&mut out, "strata_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.", &[(String::new(), load(&m.cached_tokens))]);
-    series(&mut out, "strata_requests_running", "gauge", "Requests holding KV pages.", &[(String::new(), s.running as f64)]);
-    series(&mut out, "strata_requests_waiting", "gauge", "Requests queued.", &[(String::new(), s.waiting as f64)]);
-    series(&mut out, "strata_preemptions_total", "counter", "Requests preempted when pages ran out.", &[(String::new(), s.preemptions as f64)]);
+    series(
+        &mut out,
+        "strata_requests_finished_total",
+        "counter",
+        "Requests finished, by reason.",
+        &finished,
+    );
+    series(
+        &mut out,
+        "strata_requests_rejected_total",
+        "counter",
+        "Requests refused with a 4xx before reaching the engine.",
+        &[(String::new(), load(&m.requests_rejected))],
+    );
+    series(
+        &mut out,
+        "strata_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of finished requests.",
+        &[(String::new(), load(&m.prompt_tokens))],
+    );
+    series(
+        &mut out,
+        "strata_generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        &[(String::new(), load(&m.generation_tokens))],
+    );
+    series(
+        &mut out,
+        "strata_prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        &[(String::new(), load(&m.cached_tokens))],
+    );
+    series(
+        &mut out,
+        "strata_requests_running",
+        "gauge",
+        "Requests holding KV pages.",
+        &[(String::new(), s.running as f64)],
+    );
+    series(
+        &mut out,
+        "strata_requests_waiting",
+        "gauge",
+        "Requests queued.",
+        &[(String::new(), s.waiting as f64)],
+    );
+    series(
+        &mut out,
+        "strata_preemptions_total",
+        "counter",
+        "Requests preempted when pages ran out.",
+        &[(String::new(), s.preemptions as f64)],
+    );
     if let Some(kv) = &s.kv {
         for (name, help, f) in [
-            ("strata_kv_pages_total", "KV pages per pool.", (|p: &strata_kv::PoolStatus| p.pages_total) as fn(&strata_kv::PoolStatus) -> usize),
-            ("strata_kv_pages_used", "KV pages in use per pool (prefix cache included).", |p| p.pages_used),
-            ("strata_kv_pages_free", "Free KV pages per pool.", |p| p.pages_free),
-            ("strata_kv_pages_cached", "KV pages held by the prefix cache per pool.", |p| p.pages_cached),
+            (
+                "strata_kv_pages_total",
+                "KV pages per pool.",
+                (|p: &strata_kv::PoolStatus| p.pages_total) as fn(&strata_kv::PoolStatus) -> usize,
+            ),
+            (
+                "strata_kv_pages_used",
+                "KV pages in use per pool (prefix cache included).",
+                |p| p.pages_used,
+            ),
+            ("strata_kv_pages_free", "Free KV pages per pool.", |p| {
+                p.pages_free
+            }),
+            (
+                "strata_kv_pages_cached",
+                "KV pages held by the prefix cache per pool.",
+                |p| p.pages_cached,
+            ),
         ] {
             let samples: Vec<(String, f64)> = kv
                 .pools
@@ -44,11 +106,37 @@ pub fn render(engine: &Engine) -> String {
                 .collect();
             series(&mut out, name, "gauge", help, &samples);
         }
-        series(&mut out, "strata_prefix_cache_hits_total", "counter", "Prefix-cache lookups that reused pages.", &[(String::new(), kv.cache_hits as f64)]);
-        series(&mut out, "strata_prefix_cache_misses_total", "counter", "Prefix-cache lookups that reused nothing.", &[(String::new(), kv.cache_misses as f64)]);
-        series(&mut out, "strata_prefix_cache_tokens", "gauge", "Tokens held by the prefix cache.", &[(String::new(), kv.cached_tokens as f64)]);
+        series(
+            &mut out,
+            "strata_prefix_cache_hits_total",
+            "counter",
+            "Prefix-cache lookups that reused pages.",
+            &[(String::new(), kv.cache_hits as f64)],
+        );
+        series(
+            &mut out,
+            "strata_prefix_cache_misses_total",
+            "counter",
+            "Prefix-cache lookups that reused nothing.",
+            &[(String::new(), kv.cache_misses as f64)],
+        );
+        series(
+            &mut out,
+            "strata_prefix_cache_tokens",
+            "gauge",
+            "Tokens held by the prefix cache.",
+            &[(String::new(), kv.cached_tokens as f64)],
+        );
     }
-    m.ttft.render("strata_time_to_first_token_seconds", "Time from submission to the first token.", &mut out);
-    m.inter_token.render("strata_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &mut out);
+    m.ttft.render(
+        "strata_time_to_first_token_seconds",
+        "Time from submission to the first token.",
+        &mut out,
+    );
+    m.inter_token.render(
+        "strata_inter_token_latency_seconds",
+        "Time between consecutive tokens of a request.",
+        &mut out,
+    );
     out
 }

@@ -15,6 +15,7 @@ use futures_util::stream::{self, Stream};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use strata_engine::{Engine, GenerationRequest, RequestGuard, RequestTimings, Update, Usage};
+use strata_kv::PoolKind;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
@@ -28,12 +29,16 @@ pub struct AppState {
     pub timings: bool,
     pub next_id: AtomicU64,
     pub created: u64,
+    /// Sliding-window pages per full page (`--swa-ratio`), to price a rebuild.
+    pub window_ratio: f64,
 }
 
 pub type Shared = Arc<AppState>;
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 pub fn created_now() -> u64 {
@@ -70,11 +75,26 @@ pub async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Respons
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         if given != Some(key.as_str()) {
-            return ApiError::status(StatusCode::UNAUTHORIZED, "missing or invalid API key (Authorization: Bearer ...)")
-                .into_response();
+            return ApiError::status(
+                StatusCode::UNAUTHORIZED,
+                "missing or invalid API key (Authorization: Bearer ...)",
+            )
+            .into_response();
         }
     }
     next.run(req).await
+}
+
+/// Counts `/v1` requests answered with a 4xx (`strata_requests_rejected_total`).
+pub async fn count_rejections(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    if resp.status().is_client_error() {
+        st.engine
+            .metrics
+            .requests_rejected
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    resp
 }
 
 pub async fn health() -> Json<Value> {
@@ -101,8 +121,14 @@ pub async fn metrics(State(st): State<Shared>) -> Response {
 
 pub async fn cache_status(State(st): State<Shared>) -> Result<Json<Value>, ApiError> {
     let s = st.engine.status();
-    let kv = s.kv.ok_or_else(|| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine is starting"))?;
-    let pool = |kind: &str| kv.pools.iter().find(|p| serde_json::to_value(p.pool).ok() == Some(json!(kind)));
+    let kv = s.kv.ok_or_else(|| {
+        ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine is starting")
+    })?;
+    let pool = |kind: &str| {
+        kv.pools
+            .iter()
+            .find(|p| serde_json::to_value(p.pool).ok() == Some(json!(kind)))
+    };
     let full = pool("full");
     let window = pool("window");
     let unit_bytes: Vec<Value> = kv
@@ -139,12 +165,59 @@ pub struct RebuildBody {
     num_pages: usize,
 }
 
-pub async fn cache_rebuild(State(st): State<Shared>, ApiJson(body): ApiJson<RebuildBody>) -> Result<Json<Value>, ApiError> {
+pub async fn cache_rebuild(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<RebuildBody>,
+) -> Result<Json<Value>, ApiError> {
     if body.num_pages == 0 {
-        return Err(ApiError::invalid("num_pages", "num_pages must be at least 1"));
+        return Err(ApiError::invalid(
+            "num_pages",
+            "num_pages must be at least 1",
+        ));
     }
-    let plan = st.engine.rebuild(body.num_pages).await.map_err(|e| ApiError::invalid("num_pages", e.to_string()))?;
-    Ok(Json(json!({"num_pages": plan.full, "window_num_pages": plan.window, "page_size": plan.page_size})))
+    check_rebuild_memory(&st, body.num_pages)?;
+    let plan = st
+        .engine
+        .rebuild(body.num_pages)
+        .await
+        .map_err(|e| ApiError::invalid("num_pages", e.to_string()))?;
+    Ok(Json(
+        json!({"num_pages": plan.full, "window_num_pages": plan.window, "page_size": plan.page_size}),
+    ))
+}
+
+/// Refuses a pool that cannot fit in memory: the KV storage (host memory in this build)
+/// allocates it at once, and a failed allocation aborts the whole process.
+fn check_rebuild_memory(st: &AppState, num_pages: usize) -> Result<(), ApiError> {
+    let s = st.engine.status();
+    let Some(kv) = s.kv else { return Ok(()) };
+    let unit = |kind: PoolKind| {
+        kv.pools
+            .iter()
+            .find(|p| p.pool == kind)
+            .map(|p| p.unit_bytes as u128)
+    };
+    let window_pages = match unit(PoolKind::Window) {
+        Some(_) => ((num_pages as f64 * st.window_ratio).ceil() as u128).max(1),
+        None => 0,
+    };
+    let page = kv.page_size as u128;
+    let needed = num_pages as u128 * page * unit(PoolKind::Full).unwrap_or(0)
+        + window_pages * page * unit(PoolKind::Window).unwrap_or(0);
+    // What the pool holds now is given back before the new one is allocated.
+    let Some(available) = super::available_memory() else {
+        return Ok(());
+    };
+    let limit = available as u128 + kv.bytes_reserved as u128;
+    if needed > limit {
+        return Err(ApiError::invalid(
+            "num_pages",
+            format!(
+                "{num_pages} pages need {needed} bytes of KV memory; {limit} bytes are available"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 pub async fn cache_flush(State(st): State<Shared>) -> Result<Json<Value>, ApiError> {
@@ -157,30 +230,39 @@ pub async fn not_found() -> ApiError {
 }
 
 pub async fn method_not_allowed() -> ApiError {
-    ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this endpoint",
+    )
 }
 
 fn limits(st: &AppState) -> Limits {
     let s = st.engine.status();
     let pool_tokens = s.plan.map_or(usize::MAX, |p| p.full * p.page_size);
-    Limits { context_len: st.engine.context_len, pool_tokens, vocab_size: st.engine.vocab_size }
+    Limits {
+        context_len: st.engine.context_len,
+        pool_tokens,
+        vocab_size: st.engine.vocab_size,
+    }
 }
 
 fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
         Some(m) if m != &st.model_name => Err(ApiError::status(
             StatusCode::NOT_FOUND,
-            format!("model {m:?} is not served here (this server serves {:?})", st.model_name),
+            format!(
+                "model {m:?} is not served here (this server serves {:?})",
+                st.model_name
+            ),
         )),
         _ => Ok(()),
     }
 }
 
 fn tokenizer(st: &AppState) -> Result<&strata_tokenizer::Tokenizer, ApiError> {
-    st.engine
-        .tokenizer
-        .as_deref()
-        .ok_or_else(|| ApiError::bad_request("this model has no tokenizer: send the prompt as token ids"))
+    st.engine.tokenizer.as_deref().ok_or_else(|| {
+        ApiError::bad_request("this model has no tokenizer: send the prompt as token ids")
+    })
 }
 
 /// Which OpenAI response shape to produce.
@@ -190,7 +272,10 @@ enum Kind {
     Chat,
 }
 
-pub async fn completions(State(st): State<Shared>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(st): State<Shared>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
     let c = req.common();
     check_model(&st, &c.model)?;
     if req.echo == Some(true) {
@@ -205,8 +290,21 @@ pub async fn completions(State(st): State<Shared>, ApiJson(req): ApiJson<Complet
         Prompt::Texts(v) if v.len() == 1 => encode_text(&st, &v[0])?,
         Prompt::Texts(_) => return Err(ApiError::invalid("prompt", "send one prompt per request")),
     };
-    let gen = api::build(&c, prompt, req.logprobs.map(|n| n as usize), None, &limits(&st))?;
-    respond(st, gen, Kind::Completion, c.stream, c.stream_options.is_some_and(|o| o.include_usage)).await
+    let gen = api::build(
+        &c,
+        prompt,
+        req.logprobs.map(|n| n as usize),
+        None,
+        &limits(&st),
+    )?;
+    respond(
+        st,
+        gen,
+        Kind::Completion,
+        c.stream,
+        c.stream_options.is_some_and(|o| o.include_usage),
+    )
+    .await
 }
 
 fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -216,24 +314,51 @@ fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     Ok(tokenizer(st)?.encode(text, true, true))
 }
 
-pub async fn chat(State(st): State<Shared>, ApiJson(req): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
+pub async fn chat(
+    State(st): State<Shared>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
     let c = req.common();
     check_model(&st, &c.model)?;
     let messages = req.messages()?;
-    let prompt = st.engine.encode_chat(&messages).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let prompt = st
+        .engine
+        .encode_chat(&messages)
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (true, n) => Some(n.unwrap_or(0) as usize),
-        (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true")),
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
         (false, None) => None,
     };
     // Chat has no length default in OpenAI's API: let the answer run to the context.
-    let room = limits(&st).context_len.min(limits(&st).pool_tokens).saturating_sub(prompt.len());
+    let room = limits(&st)
+        .context_len
+        .min(limits(&st).pool_tokens)
+        .saturating_sub(prompt.len());
     let default_max = Some(room.min(u32::MAX as usize) as u32);
     let gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
-    respond(st, gen, Kind::Chat, c.stream, c.stream_options.is_some_and(|o| o.include_usage)).await
+    respond(
+        st,
+        gen,
+        Kind::Chat,
+        c.stream,
+        c.stream_options.is_some_and(|o| o.include_usage),
+    )
+    .await
 }
 
-async fn respond(st: Shared, gen: GenerationRequest, kind: Kind, stream: bool, include_usage: bool) -> Result<Response, ApiError> {
+async fn respond(
+    st: Shared,
+    gen: GenerationRequest,
+    kind: Kind,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
     let want_logprobs = gen.logprobs.is_some();
     let (guard, rx) = st.engine.submit(gen)?;
     let id = st.next_id.fetch_add(1, Ordering::Relaxed);
@@ -269,7 +394,8 @@ fn logprob_entry(st: &AppState, kind: Kind, id: u32, lp: f32, top: &[(u32, f32)]
             v
         }
         Kind::Completion => {
-            let tops: serde_json::Map<String, Value> = top.iter().map(|&(t, l)| (piece(t), json!(l))).collect();
+            let tops: serde_json::Map<String, Value> =
+                top.iter().map(|&(t, l)| (piece(t), json!(l))).collect();
             json!({"token": piece(id), "logprob": lp, "top": tops})
         }
     }
@@ -324,13 +450,30 @@ async fn collect(
     let mut entries = Vec::new();
     while let Some(update) = rx.recv().await {
         match update {
-            Update::Token { id: tok, text: piece, logprob, top_logprobs } => {
+            Update::Token {
+                id: tok,
+                text: piece,
+                logprob,
+                top_logprobs,
+            } => {
                 text.push_str(&piece);
                 if want_logprobs {
-                    entries.push(logprob_entry(&st, kind, tok, logprob.unwrap_or(f32::NAN), &top_logprobs));
+                    entries.push(logprob_entry(
+                        &st,
+                        kind,
+                        tok,
+                        logprob.unwrap_or(f32::NAN),
+                        &top_logprobs,
+                    ));
                 }
             }
-            Update::Finished { reason, text: rest, error, usage, timings } => {
+            Update::Finished {
+                reason,
+                text: rest,
+                error,
+                usage,
+                timings,
+            } => {
                 guard.finished();
                 if reason == "error" {
                     return Err(ApiError::status(
@@ -339,14 +482,20 @@ async fn collect(
                     ));
                 }
                 text.push_str(&rest);
-                let finish = if reason == "cancelled" { "abort" } else { reason };
+                let finish = if reason == "cancelled" {
+                    "abort"
+                } else {
+                    reason
+                };
                 let logprobs = match (want_logprobs, kind) {
                     (false, _) => Value::Null,
                     (true, Kind::Completion) => completion_logprobs(&entries, 0),
                     (true, Kind::Chat) => json!({"content": entries}),
                 };
                 let choice = match kind {
-                    Kind::Completion => json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}),
+                    Kind::Completion => {
+                        json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish})
+                    }
                     Kind::Chat => json!({
                         "index": 0,
                         "message": {"role": "assistant", "content": text},
@@ -369,7 +518,10 @@ async fn collect(
             }
         }
     }
-    Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "the engine stopped before the request finished"))
+    Err(ApiError::status(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the engine stopped before the request finished",
+    ))
 }
 
 struct StreamState {
@@ -391,9 +543,15 @@ struct StreamState {
 impl StreamState {
     fn chunk(&self, delta_text: &str, logprobs: Value, finish: Option<&str>) -> Value {
         let choice = match self.kind {
-            Kind::Completion => json!({"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": finish}),
+            Kind::Completion => {
+                json!({"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": finish})
+            }
             Kind::Chat => {
-                let delta = if finish.is_some() && delta_text.is_empty() { json!({}) } else { json!({"content": delta_text}) };
+                let delta = if finish.is_some() && delta_text.is_empty() {
+                    json!({})
+                } else {
+                    json!({"content": delta_text})
+                };
                 json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
@@ -418,9 +576,20 @@ impl StreamState {
             self.queue.push_back(Self::data(&first));
         }
         match update {
-            Update::Token { id, text, logprob, top_logprobs } => {
+            Update::Token {
+                id,
+                text,
+                logprob,
+                top_logprobs,
+            } => {
                 let logprobs = if self.want_logprobs {
-                    let e = logprob_entry(&self.st, self.kind, id, logprob.unwrap_or(f32::NAN), &top_logprobs);
+                    let e = logprob_entry(
+                        &self.st,
+                        self.kind,
+                        id,
+                        logprob.unwrap_or(f32::NAN),
+                        &top_logprobs,
+                    );
                     match self.kind {
                         Kind::Completion => completion_logprobs(&[e], self.text_offset),
                         Kind::Chat => json!({"content": [e]}),
@@ -434,14 +603,24 @@ impl StreamState {
                     self.queue.push_back(Self::data(&c));
                 }
             }
-            Update::Finished { reason, text, error, usage, timings } => {
+            Update::Finished {
+                reason,
+                text,
+                error,
+                usage,
+                timings,
+            } => {
                 self.guard.finished();
                 self.done = true;
                 if reason == "error" {
                     let e = json!({"error": {"message": error.unwrap_or_default(), "type": "server_error", "code": 500}});
                     self.queue.push_back(Self::data(&e));
                 } else {
-                    let finish = if reason == "cancelled" { "abort" } else { reason };
+                    let finish = if reason == "cancelled" {
+                        "abort"
+                    } else {
+                        reason
+                    };
                     let mut c = self.chunk(&text, Value::Null, Some(finish));
                     if self.st.timings {
                         c["timings"] = timings_json(&timings);
