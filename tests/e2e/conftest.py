@@ -1,0 +1,158 @@
+"""Fixtures for the end-to-end tests: a real `strata serve` on a loopback port.
+
+Nothing is built here. The binary comes from STRATA_BIN (default: target/release/strata under
+the repository root) and the model from STRATA_MODEL (default: the Gemma-3 270M GGUF that
+scripts/fetch-models.sh downloads). Without the model file every test is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = Path(os.environ.get("STRATA_MODEL", REPO / "models" / "gemma-3-270m-q4_k_m.gguf"))
+BIN = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
+MODEL_NAME = MODEL.stem
+# A small pool keeps startup, rebuilds and the pool checks quick; it holds far more than any test
+# asks for at once.
+KV_BUDGET_BYTES = int(os.environ.get("STRATA_E2E_KV_BUDGET", str(64 << 20)))
+STARTUP_TIMEOUT_S = 120.0
+
+
+def pytest_collection_modifyitems(config, items):
+    if MODEL.is_file():
+        return
+    skip = pytest.mark.skip(
+        reason=f"model file {MODEL} is absent: run scripts/fetch-models.sh (or set STRATA_MODEL)"
+    )
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).parent == here:
+            item.add_marker(skip)
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    base: str  # http://127.0.0.1:PORT
+    log_path: Path
+    api_key: str | None
+    model_name: str
+
+    @property
+    def v1(self) -> str:
+        return self.base + "/v1"
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # graceful shutdown path
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start_server(log_dir: Path, *extra: str, api_key: str | None = None, name: str = "server") -> Server:
+    """Starts `strata serve` on 127.0.0.1 with port 0 and reads the bound port from its log."""
+    if not BIN.is_file():
+        pytest.fail(
+            f"strata binary {BIN} not found: cargo build --release -p strata-server (or set STRATA_BIN)",
+            pytrace=False,
+        )
+    log_path = log_dir / f"{name}.log"
+    args = [str(BIN), "serve", "--model", str(MODEL), "--host", "127.0.0.1", "--port", "0",
+            "--kv-budget-bytes", str(KV_BUDGET_BYTES), *extra]
+    if api_key is not None:
+        args += ["--api-key", api_key]
+    env = dict(os.environ)
+    env.pop("STRATA_API_KEY", None)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    base = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"strata serve exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}")
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text(errors="replace"))
+        if m:
+            base = m.group(1)
+            break
+        time.sleep(0.1)
+    if base is None:
+        proc.kill()
+        raise RuntimeError(f"strata serve did not start in {STARTUP_TIMEOUT_S} s:\n{log_path.read_text(errors='replace')}")
+    # Anything else on this port would be a mistake; /health must answer from our process.
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(base + "/health", timeout=2).status_code == 200:
+                served = MODEL_NAME
+                for i, a in enumerate(extra):
+                    if a == "--served-model-name":
+                        served = extra[i + 1]
+                return Server(proc, base, log_path, api_key, served)
+        except requests.RequestException:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"/health never answered:\n{log_path.read_text(errors='replace')}")
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("strata-e2e")
+
+
+@pytest.fixture(scope="session")
+def server(log_dir):
+    """The shared server: default flags plus --enable-timings-report."""
+    s = start_server(log_dir, "--enable-timings-report", name="main")
+    yield s
+    s.stop()
+    # A crash during the session shows up here even if every test passed.
+    assert s.proc.returncode in (0, -signal.SIGINT, 130), f"server exited with {s.proc.returncode}:\n{s.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def auth_server(log_dir):
+    """A second server with --api-key, a custom model name and no timings report."""
+    s = start_server(log_dir, "--served-model-name", "e2e-model", api_key="e2e-secret", name="auth")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def _server_still_up(request):
+    """After every test that used a server, that server must still be running."""
+    yield
+    for name in ("server", "auth_server"):
+        if name in request.fixturenames:
+            s = request.getfixturevalue(name)
+            assert s.alive(), f"{name} died during {request.node.name}:\n{s.log_tail()}"
