@@ -1,5 +1,6 @@
 //! The op interface every backend implements.
 
+use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
     Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy,
 };
@@ -38,6 +39,13 @@ pub trait Backend: Send + Sync {
     /// A quantized weight matrix in whatever form the backend computes with
     /// (CPU: `dyn RowDot`, implemented by the weights crate's tensors).
     type QuantMatrix: MatrixShape + Send + Sync + ?Sized;
+    /// One KV-owning layer's K/V rows (and 8-bit scales) in the pool's layout.
+    type KvSlab: Send + Sync;
+    /// A u32 index array in backend memory (slot lists).
+    type Index: Send + Sync;
+    /// A paged attention call's sequence descriptions and slot table, uploaded once per
+    /// forward step and reused by every layer of the same attention group.
+    type PagedBatch: Send + Sync;
 
     fn name(&self) -> &'static str;
 
@@ -203,6 +211,40 @@ pub trait Backend: Send + Sync {
         v: &Self::Buffer,
         q_positions: &[u32],
         k_positions: &[u32],
+        p: AttentionParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    // ---- paged KV --------------------------------------------------------------------
+
+    /// A zero-filled slab.
+    fn kv_slab(&self, shape: KvSlabShape) -> Result<Self::KvSlab>;
+
+    /// The slab's bytes and scales, copied to the host (waits for pending work).
+    fn kv_slab_contents(&self, slab: &Self::KvSlab) -> Result<KvSlabContents>;
+
+    fn upload_index(&self, index: &[u32]) -> Result<Self::Index>;
+
+    /// Encodes row `t` of `k` and `v` (`[T, num_kv_heads, head_dim]`, activation dtype) into
+    /// slot `slots[t]` of `slab`, exactly as `strata_kv::quant::encode_row` does.
+    fn kv_store(
+        &self,
+        slab: &mut Self::KvSlab,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        slots: &Self::Index,
+    ) -> Result<()>;
+
+    /// Uploads a paged batch (see [`PagedSeq`]); `slots` holds every sequence's key slots.
+    fn paged_batch(&self, seqs: &[PagedSeq], slots: &[u32]) -> Result<Self::PagedBatch>;
+
+    /// [`Backend::attention`] with keys and values read from `slab` through `batch`'s slot
+    /// table: `q` and `out` are `[T, n_heads, head_dim]` over all the batch's query rows.
+    fn paged_attention(
+        &self,
+        q: &Self::Buffer,
+        slab: &Self::KvSlab,
+        batch: &Self::PagedBatch,
         p: AttentionParams,
         out: &mut Self::Buffer,
     ) -> Result<()>;

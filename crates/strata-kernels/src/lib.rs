@@ -17,6 +17,7 @@ pub mod cpu;
 pub mod cuda;
 mod dtype;
 mod error;
+mod paged;
 mod params;
 mod quant;
 pub mod sampling;
@@ -24,6 +25,7 @@ pub mod sampling;
 pub use backend::{Backend, DeviceBuffer};
 pub use dtype::{DType, HostSlice};
 pub use error::{KernelError, Result};
+pub use paged::{has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
 pub use params::{
     Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, RopeStyle, StridedCopy,
 };

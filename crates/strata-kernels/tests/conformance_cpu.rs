@@ -165,3 +165,37 @@ proptest! {
         check_act_mul_case(&cpu(), act, ElementwiseCase { len, spread, seed }).map_err(TestCaseError::fail)?;
     }
 }
+
+#[test]
+fn paged_kv() {
+    check_paged(&cpu()).unwrap();
+}
+
+fn kv_format() -> impl Strategy<Value = strata_kernels::KvFormat> {
+    proptest::sample::select(ALL_FORMATS.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn paged_attention_random_shapes(
+        format in kv_format(), kv_heads in 1usize..3, group in 1usize..5,
+        d32 in 1usize..17, window in proptest::option::of(1usize..40),
+        seqs in proptest::collection::vec((0usize..60, 1usize..9), 1..4), seed in any::<u64>(),
+    ) {
+        let c = PagedCase {
+            format, n_heads: kv_heads * group, n_kv_heads: kv_heads, head_dim: 32 * d32,
+            window, scale: 1.0 / (32.0 * d32 as f32).sqrt(), softcap: None, seqs, seed,
+        };
+        check_paged_attention_case(&cpu(), &c).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn kv_store_random_shapes(
+        format in kv_format(), heads in 1usize..4, d in 1usize..600, rows in 1usize..20,
+        seed in any::<u64>(),
+    ) {
+        check_kv_store_case(&cpu(), format, heads, d, rows, seed).map_err(TestCaseError::fail)?;
+    }
+}

@@ -71,6 +71,7 @@ gpu_check!(softcap, check_softcap);
 gpu_check!(arith, check_arith);
 gpu_check!(attention, check_attention);
 gpu_check!(sample, check_sample);
+gpu_check!(paged, check_paged);
 gpu_check!(check_all, |b| conformance::check_all(b, &quant));
 
 /// A bf16 quantized-form matrix is the bf16-rounded reference: within bf16 weight rounding.
@@ -99,6 +100,39 @@ fn matmul_quant_bf16_matches_a_bf16_dense_weight() {
 
 fn weight_dtype() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
+}
+
+fn kv_format() -> impl Strategy<Value = strata_kernels::KvFormat> {
+    proptest::sample::select(ALL_FORMATS.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn paged_attention_random_shapes(
+        format in kv_format(), kv_heads in 1usize..3, group in 1usize..5,
+        d32 in 1usize..17, window in proptest::option::of(1usize..40),
+        seqs in proptest::collection::vec((0usize..600, 1usize..9), 1..4), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let c = PagedCase {
+                format, n_heads: kv_heads * group, n_kv_heads: kv_heads, head_dim: 32 * d32,
+                window, scale: 1.0 / (32.0 * d32 as f32).sqrt(), softcap: None, seqs, seed,
+            };
+            check_paged_attention_case(b, &c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn kv_store_random_shapes(
+        format in kv_format(), heads in 1usize..4, d in 1usize..600, rows in 1usize..20,
+        seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            check_kv_store_case(b, format, heads, d, rows, seed).map_err(TestCaseError::fail)?;
+        }
+    }
 }
 
 proptest! {

@@ -3,8 +3,7 @@
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, HostSlice, RmsNormParams, RopeParams, RopeStyle,
-    StridedCopy,
+    Activation, AttentionParams, Backend, RmsNormParams, RopeParams, RopeStyle, StridedCopy,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
@@ -59,7 +58,7 @@ impl<B: Backend> Model<B> {
 
     /// Runs every sequence of `batch` through the model, storing their K/V in `kv` and
     /// returning the logits each asked for.
-    pub fn forward<K: KvCache>(&self, kv: &mut K, batch: &ForwardBatch) -> Result<ForwardOutput> {
+    pub fn forward<K: KvCache<B>>(&self, kv: &mut K, batch: &ForwardBatch) -> Result<ForwardOutput> {
         let c = &self.config;
         let b = &self.backend;
         let h = c.hidden_size;
@@ -98,6 +97,7 @@ impl<B: Backend> Model<B> {
             });
         }
 
+        kv.begin_step(b, batch)?;
         let mut x = self.zeros(t * h)?;
         self.tensors
             .embed
@@ -110,7 +110,7 @@ impl<B: Backend> Model<B> {
         for (l, lw) in self.tensors.layers.iter().enumerate() {
             let lc = &c.layers[l];
             b.rms_norm(&x, Some(&lw.input_norm), self.norm(h), &mut normed)?;
-            let attn = self.attention(l, lc, lw, &normed, &positions, batch, &rows, kv)?;
+            let attn = self.attention(l, lc, lw, &normed, &positions, batch, kv)?;
             match &lw.post_attn_norm {
                 Some(post) => {
                     b.rms_norm_add(&mut x, &attn, Some(post), self.norm(h))?;
@@ -204,7 +204,7 @@ impl<B: Backend> Model<B> {
 
     /// Self-attention of layer `l` for the whole batch; returns `[T, H]`.
     #[allow(clippy::too_many_arguments)]
-    fn attention<K: KvCache>(
+    fn attention<K: KvCache<B>>(
         &self,
         l: usize,
         lc: &LayerConfig,
@@ -212,7 +212,6 @@ impl<B: Backend> Model<B> {
         normed: &B::Buffer,
         positions: &[u32],
         batch: &ForwardBatch,
-        rows: &[SeqRows],
         kv: &mut K,
     ) -> Result<B::Buffer> {
         let b = &self.backend;
@@ -246,20 +245,7 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(&v, None, head_norm, &mut out)?;
                 v = out;
             }
-            let (kh, vh) = (b.download(&k)?, b.download(&v)?);
-            let row = nkv * d;
-            for (seq, r) in batch.seqs.iter().zip(rows) {
-                for i in 0..r.len {
-                    let at = (r.offset + i) * row;
-                    kv.store(
-                        l,
-                        seq.request,
-                        seq.start + i,
-                        &kh[at..at + row],
-                        &vh[at..at + row],
-                    )?;
-                }
-            }
+            kv.store(b, l, batch, &k, &v)?;
         }
 
         let params = AttentionParams {
@@ -271,34 +257,8 @@ impl<B: Backend> Model<B> {
             causal: true,
             softcap: c.attn_logit_softcapping.map(|x| x as f32),
         };
-        let qrow = nh * d;
-        let mut o = self.zeros(t * qrow)?;
-        let (mut kh, mut vh) = (Vec::new(), Vec::new());
-        for (seq, r) in batch.seqs.iter().zip(rows) {
-            // Keys the chunk's queries can see: all earlier positions, or the last W - 1
-            // before the chunk for a sliding layer.
-            let end = seq.start + r.len;
-            let lo = lc.window.map_or(0, |w| seq.start.saturating_sub(w - 1));
-            kh.clear();
-            vh.clear();
-            kv.gather(l, seq.request, lo..end, nkv * d, &mut kh, &mut vh)?;
-            let kbuf = b.upload(HostSlice::F32(&kh))?;
-            let vbuf = b.upload(HostSlice::F32(&vh))?;
-            let k_pos: Vec<u32> = (lo..end).map(|p| p as u32).collect();
-            let mut qs = self.zeros(r.len * qrow)?;
-            self.copy_rows(&q, &mut qs, r.len, qrow, r.offset, 0)?;
-            let mut os = self.zeros(r.len * qrow)?;
-            b.attention(
-                &qs,
-                &kbuf,
-                &vbuf,
-                &positions[r.offset..r.offset + r.len],
-                &k_pos,
-                params,
-                &mut os,
-            )?;
-            self.copy_rows(&os, &mut o, r.len, qrow, 0, r.offset)?;
-        }
+        let mut o = self.zeros(t * nh * d)?;
+        kv.attend(b, l, batch, &q, params, &mut o)?;
         let mut out = self.zeros(t * c.hidden_size)?;
         lw.o.forward(b, &o, &mut out)?;
         Ok(out)

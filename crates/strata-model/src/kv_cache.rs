@@ -1,68 +1,138 @@
-//! What a forward pass needs from the KV pool.
+//! What a forward pass needs from the KV pool: store a layer's K/V for the batch's tokens,
+//! and attend a layer's queries over the K/V its sequences can see.
+//!
+//! Two pools implement it:
+//! - `KvPool<HostStorage>`: slabs in host memory; K/V cross to the host to be stored and
+//!   are gathered back per sequence for attention (any backend; the CPU path).
+//! - `KvPool<PagedStorage<B>>`: slabs in the backend's memory; the backend's `kv_store` and
+//!   `paged_attention` address them through slot tables built once per step (the GPU path).
 
-use std::ops::Range;
+use strata_kernels::{AttentionParams, Backend, HostSlice, StridedCopy};
+use strata_kv::{HostStorage, KvPool};
 
-use strata_kv::{HostStorage, KvPool, RequestId};
-
+use crate::batch::ForwardBatch;
 use crate::error::Result;
 
+pub use crate::paged_kv::PagedStorage;
+
 /// Per-token K/V storage addressed by (layer, request, position).
-pub trait KvCache {
-    /// Stores the K and V rows (`num_kv_heads * head_dim` values each) of a KV-owning layer
-    /// for the token at `position` of `request`; a KV-shared layer stores nothing.
+pub trait KvCache<B: Backend> {
+    /// Called once per forward pass before the first layer.
+    fn begin_step(&mut self, b: &B, batch: &ForwardBatch) -> Result<()>;
+
+    /// Stores rows of `k` and `v` (`[T, num_kv_heads * head_dim]`, the batch's tokens in
+    /// order) for a KV-owning `layer`; a KV-shared layer stores nothing.
     fn store(
         &mut self,
+        b: &B,
         layer: usize,
-        request: RequestId,
-        position: usize,
-        k: &[f32],
-        v: &[f32],
+        batch: &ForwardBatch,
+        k: &B::Buffer,
+        v: &B::Buffer,
     ) -> Result<()>;
 
-    /// Appends to `k` and `v` the rows `layer` reads for `positions` (its source's rows, for
-    /// a KV-shared layer), dequantized to f32. `row` is the length of one row.
-    fn gather(
-        &self,
+    /// Attention of `layer`'s queries `q [T, n_heads * head_dim]` over the K/V it reads (its
+    /// source's, for a KV-shared layer), into `out`.
+    fn attend(
+        &mut self,
+        b: &B,
         layer: usize,
-        request: RequestId,
-        positions: Range<usize>,
-        row: usize,
-        k: &mut Vec<f32>,
-        v: &mut Vec<f32>,
+        batch: &ForwardBatch,
+        q: &B::Buffer,
+        p: AttentionParams,
+        out: &mut B::Buffer,
     ) -> Result<()>;
 }
 
-impl KvCache for KvPool<HostStorage> {
-    fn store(
-        &mut self,
-        layer: usize,
-        request: RequestId,
-        position: usize,
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<()> {
-        let slot = self.slot(request, position)?;
-        self.write_kv(layer, slot, k, v)?;
+fn copy_rows<B: Backend>(
+    b: &B,
+    src: &B::Buffer,
+    dst: &mut B::Buffer,
+    rows: usize,
+    cols: usize,
+    src_row: usize,
+    dst_row: usize,
+) -> Result<()> {
+    b.copy_strided(
+        src,
+        dst,
+        StridedCopy {
+            rows,
+            cols,
+            src_offset: src_row * cols,
+            src_stride: cols,
+            dst_offset: dst_row * cols,
+            dst_stride: cols,
+        },
+    )?;
+    Ok(())
+}
+
+impl<B: Backend> KvCache<B> for KvPool<HostStorage> {
+    fn begin_step(&mut self, _: &B, _: &ForwardBatch) -> Result<()> {
         Ok(())
     }
 
-    fn gather(
-        &self,
+    fn store(
+        &mut self,
+        b: &B,
         layer: usize,
-        request: RequestId,
-        positions: Range<usize>,
-        row: usize,
-        k: &mut Vec<f32>,
-        v: &mut Vec<f32>,
+        batch: &ForwardBatch,
+        k: &B::Buffer,
+        v: &B::Buffer,
     ) -> Result<()> {
-        let start = k.len();
-        let n = positions.len();
-        k.resize(start + n * row, 0.0);
-        v.resize(start + n * row, 0.0);
-        for (i, pos) in positions.enumerate() {
-            let slot = self.slot(request, pos)?;
-            let at = start + i * row;
-            self.read_kv(layer, slot, &mut k[at..at + row], &mut v[at..at + row])?;
+        let (kh, vh) = (b.download(k)?, b.download(v)?);
+        let tokens: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
+        let row = kh.len() / tokens.max(1);
+        let mut at = 0;
+        for seq in &batch.seqs {
+            for i in 0..seq.tokens.len() {
+                let slot = self.slot(seq.request, seq.start + i)?;
+                self.write_kv(layer, slot, &kh[at..at + row], &vh[at..at + row])?;
+                at += row;
+            }
+        }
+        Ok(())
+    }
+
+    fn attend(
+        &mut self,
+        b: &B,
+        layer: usize,
+        batch: &ForwardBatch,
+        q: &B::Buffer,
+        p: AttentionParams,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        let act = b.activation_dtype();
+        let (qrow, kvrow) = (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim);
+        let (mut kh, mut vh) = (Vec::new(), Vec::new());
+        let mut offset = 0;
+        for seq in &batch.seqs {
+            let len = seq.tokens.len();
+            // Keys the chunk's queries can see: all earlier positions, or the last W - 1
+            // before the chunk for a sliding layer.
+            let end = seq.start + len;
+            let lo = p.window.map_or(0, |w| seq.start.saturating_sub(w - 1));
+            kh.clear();
+            vh.clear();
+            kh.resize((end - lo) * kvrow, 0.0);
+            vh.resize((end - lo) * kvrow, 0.0);
+            for (i, pos) in (lo..end).enumerate() {
+                let slot = self.slot(seq.request, pos)?;
+                let r = i * kvrow..(i + 1) * kvrow;
+                self.read_kv(layer, slot, &mut kh[r.clone()], &mut vh[r])?;
+            }
+            let kbuf = b.upload(HostSlice::F32(&kh))?;
+            let vbuf = b.upload(HostSlice::F32(&vh))?;
+            let k_pos: Vec<u32> = (lo..end).map(|x| x as u32).collect();
+            let q_pos: Vec<u32> = (seq.start..end).map(|x| x as u32).collect();
+            let mut qs = b.zeros(len * qrow, act)?;
+            copy_rows(b, q, &mut qs, len, qrow, offset, 0)?;
+            let mut os = b.zeros(len * qrow, act)?;
+            b.attention(&qs, &kbuf, &vbuf, &q_pos, &k_pos, p, &mut os)?;
+            copy_rows(b, &os, out, len, qrow, 0, offset)?;
+            offset += len;
         }
         Ok(())
     }

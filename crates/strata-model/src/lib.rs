@@ -8,11 +8,12 @@ mod forward;
 mod kv_cache;
 mod linear;
 mod model;
+mod paged_kv;
 mod tensors;
 
 pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use error::{ModelError, Result};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, PagedStorage};
 pub use linear::{upload_linear, Linear, QuantUpload, QuantWeight};
 pub use model::Model;
 pub use tensors::{LayerTensors, ModelTensors};

@@ -29,7 +29,7 @@ pub trait StepModel<S: KvStorage = HostStorage> {
 
 impl<B: Backend, S: KvStorage> StepModel<S> for Model<B>
 where
-    KvPool<S>: KvCache,
+    KvPool<S>: KvCache<B>,
 {
     fn vocab_size(&self) -> usize {
         self.config().vocab_size
@@ -51,7 +51,7 @@ where
 /// A model shared with other threads (the engine keeps its own handle for metadata).
 impl<B: Backend, S: KvStorage> StepModel<S> for Arc<Model<B>>
 where
-    KvPool<S>: KvCache,
+    KvPool<S>: KvCache<B>,
 {
     fn vocab_size(&self) -> usize {
         self.config().vocab_size

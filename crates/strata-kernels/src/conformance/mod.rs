@@ -16,6 +16,7 @@ mod elementwise;
 mod matmul;
 mod memory;
 mod norm;
+mod paged;
 pub mod reference;
 mod rope;
 mod sampling;
@@ -31,6 +32,9 @@ pub use matmul::{
 };
 pub use memory::{check_copy_strided, check_upload_download};
 pub use norm::{check_rms_norm, check_rms_norm_case, NormVariant, RmsNormCase};
+pub use paged::{
+    check_kv_store_case, check_paged, check_paged_attention_case, PagedCase, ALL_FORMATS,
+};
 pub use rope::{check_rope, check_rope_case, RopeCase};
 pub use sampling::check_sample;
 
@@ -176,6 +180,7 @@ pub fn check_all<B: Backend>(
     check_softcap(b)?;
     check_arith(b)?;
     check_attention(b)?;
+    check_paged(b)?;
     check_sample(b)?;
     Ok(())
 }

@@ -8,6 +8,7 @@ mod elementwise;
 mod embedding;
 mod matmul;
 mod norm;
+mod paged;
 mod par;
 mod rope;
 
@@ -16,6 +17,7 @@ pub use crate::quant::PreparedInput;
 pub use attention::{attention_over, ContiguousKv, KvSource};
 pub use buffer::CpuBuffer;
 pub use elementwise::{gelu_tanh, silu};
+pub use paged::{CpuKvSlab, CpuPagedBatch};
 
 use crate::quant::RowDot;
 use crate::Result;
@@ -92,6 +94,9 @@ impl CpuBackend {
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type QuantMatrix = dyn RowDot;
+    type KvSlab = CpuKvSlab;
+    type Index = Vec<u32>;
+    type PagedBatch = CpuPagedBatch;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -242,5 +247,42 @@ impl Backend for CpuBackend {
         out: &mut CpuBuffer,
     ) -> Result<()> {
         self.install(|| attention::attention(q, k, v, q_positions, k_positions, p, out))
+    }
+
+    fn kv_slab(&self, shape: crate::KvSlabShape) -> Result<CpuKvSlab> {
+        Ok(paged::new_slab(shape))
+    }
+
+    fn kv_slab_contents(&self, slab: &CpuKvSlab) -> Result<crate::KvSlabContents> {
+        Ok(slab.data.clone())
+    }
+
+    fn upload_index(&self, index: &[u32]) -> Result<Vec<u32>> {
+        Ok(index.to_vec())
+    }
+
+    fn kv_store(
+        &self,
+        slab: &mut CpuKvSlab,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        slots: &Vec<u32>,
+    ) -> Result<()> {
+        paged::store(slab, k, v, slots)
+    }
+
+    fn paged_batch(&self, seqs: &[crate::PagedSeq], slots: &[u32]) -> Result<CpuPagedBatch> {
+        paged::batch(seqs, slots)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CpuBuffer,
+        slab: &CpuKvSlab,
+        batch: &CpuPagedBatch,
+        p: AttentionParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| paged::attention(q, slab, batch, p, out))
     }
 }

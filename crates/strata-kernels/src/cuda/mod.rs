@@ -16,10 +16,12 @@ mod matmul;
 mod memory;
 mod module;
 mod ops;
+mod paged;
 mod sources;
 
 pub use buffer::CudaBuffer;
 pub use matmul::CudaQuantMatrix;
+pub use paged::{CudaIndex, CudaKvSlab, CudaPagedBatch};
 pub use sources::{compile_cubin, nvrtc_available, nvrtc_version, KernelFile, KERNEL_FILES};
 
 use std::sync::{Arc, Mutex};
@@ -33,13 +35,15 @@ use crate::params::{
 use crate::{Backend, DType, HostSlice, KernelError, Result};
 use module::Kernels;
 
-/// One GPU, one stream, the loaded kernels and a cuBLAS handle.
+/// One GPU, one stream, the loaded kernels and a cuBLAS handle. Cloning shares all of them
+/// (a KV storage keeps a clone to allocate its slabs).
+#[derive(Clone)]
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     /// cuBLAS handles are not meant for concurrent calls from several threads.
-    blas: Mutex<CudaBlas>,
-    kernels: Kernels,
+    blas: Arc<Mutex<CudaBlas>>,
+    kernels: Arc<Kernels>,
     arch: u32,
     device_name: String,
 }
@@ -114,8 +118,8 @@ impl CudaBackend {
         Ok(Self {
             ctx,
             stream,
-            blas: Mutex::new(blas),
-            kernels,
+            blas: Arc::new(Mutex::new(blas)),
+            kernels: Arc::new(kernels),
             arch,
             device_name,
         })
@@ -152,6 +156,9 @@ fn grid_for(n: usize) -> LaunchConfig {
 impl Backend for CudaBackend {
     type Buffer = CudaBuffer;
     type QuantMatrix = CudaQuantMatrix;
+    type KvSlab = CudaKvSlab;
+    type Index = CudaIndex;
+    type PagedBatch = CudaPagedBatch;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -303,5 +310,42 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         self.attention_impl(q, k, v, q_positions, k_positions, p, out)
+    }
+
+    fn kv_slab(&self, shape: crate::KvSlabShape) -> Result<CudaKvSlab> {
+        self.kv_slab_impl(shape)
+    }
+
+    fn kv_slab_contents(&self, slab: &CudaKvSlab) -> Result<crate::KvSlabContents> {
+        self.kv_slab_contents_impl(slab)
+    }
+
+    fn upload_index(&self, index: &[u32]) -> Result<CudaIndex> {
+        self.upload_index_impl(index)
+    }
+
+    fn kv_store(
+        &self,
+        slab: &mut CudaKvSlab,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        slots: &CudaIndex,
+    ) -> Result<()> {
+        self.kv_store_impl(slab, k, v, slots)
+    }
+
+    fn paged_batch(&self, seqs: &[crate::PagedSeq], slots: &[u32]) -> Result<CudaPagedBatch> {
+        self.paged_batch_impl(seqs, slots)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CudaBuffer,
+        slab: &CudaKvSlab,
+        batch: &CudaPagedBatch,
+        p: AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.paged_attention_impl(q, slab, batch, p, out)
     }
 }

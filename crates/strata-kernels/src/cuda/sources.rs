@@ -59,6 +59,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         source: include_str!("../../../../kernels/attention.cu"),
         functions: &["attention"],
     },
+    KernelFile {
+        name: "paged",
+        source: include_str!("../../../../kernels/paged.cu"),
+        functions: &["kv_store", "paged_attention", "paged_combine"],
+    },
 ];
 
 /// Whether libnvrtc can be loaded (checked before any call: a missing library would

@@ -1,0 +1,333 @@
+//! Paged KV: the store must produce exactly the pool's host encoding (bytes and scales, per
+//! format), and paged attention over a slab must equal attention by the definition over the
+//! dequantized rows, for batches of sequences at different positions whose keys sit in
+//! scattered slots (sliding windows, GQA, head_dim up to 512, split-K decode).
+
+use strata_kv::quant::{decode_row, encode_row};
+
+use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
+use crate::{has_scales, AttentionParams, Backend, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
+
+pub const ALL_FORMATS: [KvFormat; 5] = [
+    KvFormat::F32,
+    KvFormat::Bf16,
+    KvFormat::F16,
+    KvFormat::Fp8E4m3PerTokenHead,
+    KvFormat::Int8PerTokenHead,
+];
+
+/// Encodes rows `[T, heads, d]` into `slots` of host contents, as the pool does.
+fn host_store(shape: KvSlabShape, c: &mut KvSlabContents, k: &[f32], v: &[f32], slots: &[u32]) {
+    let (heads, d, eb) = (shape.num_kv_heads, shape.head_dim, shape.format.element_bytes());
+    for (t, &slot) in slots.iter().enumerate() {
+        for h in 0..heads {
+            let row = slot as usize * heads + h;
+            let src = (t * heads + h) * d..(t * heads + h + 1) * d;
+            let dst = row * d * eb..(row + 1) * d * eb;
+            let ks = encode_row(shape.format, &k[src.clone()], &mut c.k[dst.clone()]);
+            let vs = encode_row(shape.format, &v[src], &mut c.v[dst]);
+            if has_scales(shape.format) {
+                c.k_scales[row] = ks;
+                c.v_scales[row] = vs;
+            }
+        }
+    }
+}
+
+fn empty_contents(shape: KvSlabShape) -> KvSlabContents {
+    let bytes = shape.elements() * shape.format.element_bytes();
+    KvSlabContents {
+        k: vec![0; bytes],
+        v: vec![0; bytes],
+        k_scales: vec![0.0; shape.scales()],
+        v_scales: vec![0.0; shape.scales()],
+    }
+}
+
+/// A random permutation of `0..n` (Fisher-Yates).
+fn shuffled(data: &mut TestData, n: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        let j = data.below(i + 1);
+        v.swap(i, j);
+    }
+    v
+}
+
+/// Stores `rows` random rows (wide range of magnitudes, some all-zero rows) into scattered
+/// slots and compares the backend's slab with the host encoding byte for byte.
+pub fn check_kv_store_case<B: Backend>(
+    b: &B,
+    format: KvFormat,
+    heads: usize,
+    d: usize,
+    rows: usize,
+    seed: u64,
+) -> CheckResult {
+    let act = b.activation_dtype();
+    let mut data = TestData::new(seed);
+    let shape = KvSlabShape {
+        format,
+        num_kv_heads: heads,
+        head_dim: d,
+        slots: rows * 2 + 3,
+    };
+    let slots: Vec<u32> = shuffled(&mut data, shape.slots)[..rows].to_vec();
+    let mut k = Vec::with_capacity(rows * heads * d);
+    let mut v = Vec::with_capacity(rows * heads * d);
+    for r in 0..rows * heads {
+        // Row scales from 1e-3 to 1e3; every 7th row is zeros (scale 0, codes 0).
+        let s = if r % 7 == 3 {
+            0.0
+        } else {
+            10f32.powf(data.uniform(-3.0, 3.0))
+        };
+        k.extend(data.normals(d, 1.0, act).iter().map(|x| act.round(x * s)));
+        v.extend(data.normals(d, 1.0, act).iter().map(|x| act.round(x * s)));
+    }
+    let what = format!("kv_store {format:?} heads {heads} d {d} rows {rows}");
+    let mut slab = ctx(&what, b.kv_slab(shape))?;
+    let idx = ctx(&what, b.upload_index(&slots))?;
+    ctx(
+        &what,
+        b.kv_store(&mut slab, &put(b, &k, act)?, &put(b, &v, act)?, &idx),
+    )?;
+    let got = ctx(&what, b.kv_slab_contents(&slab))?;
+    let mut want = empty_contents(shape);
+    host_store(shape, &mut want, &k, &v, &slots);
+    let first_diff = |a: &[u8], b: &[u8]| a.iter().zip(b).position(|(x, y)| x != y);
+    if let Some(i) = first_diff(&got.k, &want.k).or(first_diff(&got.v, &want.v)) {
+        return Err(format!("{what}: byte {i} differs from the host encoding"));
+    }
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    if !same(&got.k_scales, &want.k_scales) || !same(&got.v_scales, &want.v_scales) {
+        return Err(format!("{what}: scales differ from the host encoding"));
+    }
+    if got != want {
+        return Err(format!("{what}: slab sizes differ from the host layout"));
+    }
+    Ok(())
+}
+
+/// One paged attention call: sequences given as (cached keys, query tokens).
+#[derive(Clone, Debug)]
+pub struct PagedCase {
+    pub format: KvFormat,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub window: Option<usize>,
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub seqs: Vec<(usize, usize)>,
+    pub seed: u64,
+}
+
+pub fn check_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> CheckResult {
+    let act = b.activation_dtype();
+    let mut data = TestData::new(c.seed);
+    let (d, hk) = (c.head_dim, c.n_kv_heads);
+    let total_keys: usize = c.seqs.iter().map(|&(a, q)| a + q).sum();
+    let shape = KvSlabShape {
+        format: c.format,
+        num_kv_heads: hk,
+        head_dim: d,
+        slots: total_keys + 5,
+    };
+    let perm = shuffled(&mut data, shape.slots);
+    let p = AttentionParams {
+        n_heads: c.n_heads,
+        n_kv_heads: hk,
+        head_dim: d,
+        scale: c.scale,
+        window: c.window,
+        causal: true,
+        softcap: c.softcap,
+    };
+    let std = (2.5f32 / (d as f32).sqrt() / c.scale.abs().max(1e-6)).sqrt();
+    let what = format!("paged_attention {c:?}");
+    let mut slab = ctx(&what, b.kv_slab(shape))?;
+    let mut host = empty_contents(shape);
+    let (mut seqs, mut slots, mut q) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut want, mut mag) = (Vec::new(), Vec::new());
+    let mut used = 0;
+    for &(cached, q_len) in &c.seqs {
+        let n = cached + q_len;
+        let seq_slots = &perm[used..used + n];
+        used += n;
+        let k = data.normals(n * hk * d, std, act);
+        let v = data.normals(n * hk * d, 1.0, act);
+        let idx = ctx(&what, b.upload_index(seq_slots))?;
+        ctx(
+            &what,
+            b.kv_store(&mut slab, &put(b, &k, act)?, &put(b, &v, act)?, &idx),
+        )?;
+        host_store(shape, &mut host, &k, &v, seq_slots);
+        // Address only the keys a window can see (as the model does), else all.
+        let k_start = c.window.map_or(0, |w| cached.saturating_sub(w - 1));
+        seqs.push(PagedSeq {
+            q_offset: q.len() / (c.n_heads * d),
+            q_len,
+            q_start: cached,
+            k_start,
+            slot_offset: slots.len(),
+        });
+        slots.extend_from_slice(&seq_slots[k_start..]);
+        let qs = data.normals(q_len * c.n_heads * d, std, act);
+        // Reference over the dequantized rows the slab holds.
+        let eb = c.format.element_bytes();
+        let (mut kd, mut vd) = (vec![0f32; (n - k_start) * hk * d], vec![0f32; (n - k_start) * hk * d]);
+        for (i, &slot) in seq_slots[k_start..].iter().enumerate() {
+            for h in 0..hk {
+                let row = slot as usize * hk + h;
+                let (ks, vs) = if has_scales(c.format) {
+                    (host.k_scales[row], host.v_scales[row])
+                } else {
+                    (1.0, 1.0)
+                };
+                let at = (i * hk + h) * d;
+                let bytes = row * d * eb..(row + 1) * d * eb;
+                decode_row(c.format, &host.k[bytes.clone()], ks, &mut kd[at..at + d]);
+                decode_row(c.format, &host.v[bytes], vs, &mut vd[at..at + d]);
+            }
+        }
+        let q_pos: Vec<u32> = (cached..n).map(|x| x as u32).collect();
+        let k_pos: Vec<u32> = (k_start..n).map(|x| x as u32).collect();
+        let (w, m) = reference::attention(&qs, &kd, &vd, &q_pos, &k_pos, &p);
+        want.extend(w);
+        mag.extend(m);
+        q.extend(qs);
+    }
+    let batch = ctx(&what, b.paged_batch(&seqs, &slots))?;
+    let mut out = ctx(&what, b.zeros(q.len(), act))?;
+    ctx(
+        &what,
+        b.paged_attention(&put(b, &q, act)?, &slab, &batch, p, &mut out),
+    )?;
+    compare(&what, &get(b, &out)?, &want, &mag, Tolerance::for_dtype(act))
+}
+
+/// Every format at small shapes, then the model's shapes: Gemma-4 E2B sliding (d 256,
+/// window 512) and full (d 512) layers with one KV head under eight query heads, E4B's
+/// two KV heads, a mixed batch of prefill chunks and decode rows, long decode (split-K),
+/// and Llama-style d 64/128 with a softcap.
+pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
+    for (i, format) in ALL_FORMATS.into_iter().enumerate() {
+        check_kv_store_case(b, format, 1, 256, 9, 700 + i as u64)?;
+        check_kv_store_case(b, format, 2, 512, 5, 710 + i as u64)?;
+        check_kv_store_case(b, format, 4, 64, 17, 720 + i as u64)?;
+    }
+    let base = PagedCase {
+        format: KvFormat::F32,
+        n_heads: 8,
+        n_kv_heads: 1,
+        head_dim: 256,
+        window: None,
+        scale: 1.0,
+        softcap: None,
+        seqs: vec![(0, 7), (12, 1), (30, 4)],
+        seed: 730,
+    };
+    for (i, format) in ALL_FORMATS.into_iter().enumerate() {
+        check_paged_attention_case(
+            b,
+            &PagedCase {
+                format,
+                seed: 731 + i as u64,
+                ..base.clone()
+            },
+        )?;
+    }
+    let cases = [
+        // E2B sliding layer: window 512 over a long decode and an extend chunk.
+        PagedCase {
+            window: Some(512),
+            seqs: vec![(700, 1), (530, 6), (3, 1)],
+            seed: 740,
+            ..base.clone()
+        },
+        // E2B full layer, d 512, long decode (several splits) beside a prefill.
+        PagedCase {
+            head_dim: 512,
+            format: KvFormat::Bf16,
+            seqs: vec![(1500, 1), (0, 20)],
+            seed: 741,
+            ..base.clone()
+        },
+        // E4B: 8 query heads over 2 KV heads, int8 and fp8.
+        PagedCase {
+            n_kv_heads: 2,
+            head_dim: 512,
+            format: KvFormat::Int8PerTokenHead,
+            seqs: vec![(900, 1), (40, 3)],
+            seed: 742,
+            ..base.clone()
+        },
+        PagedCase {
+            n_kv_heads: 2,
+            format: KvFormat::Fp8E4m3PerTokenHead,
+            window: Some(512),
+            seqs: vec![(600, 1)],
+            seed: 743,
+            ..base.clone()
+        },
+        // Llama / Qwen shapes with 1/sqrt(d); a softcap; window shorter than the chunk.
+        PagedCase {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 64,
+            scale: 0.125,
+            window: Some(3),
+            seqs: vec![(5, 9), (0, 1)],
+            seed: 744,
+            ..base.clone()
+        },
+        PagedCase {
+            n_heads: 2,
+            n_kv_heads: 2,
+            head_dim: 128,
+            scale: 1.0 / 128f32.sqrt(),
+            softcap: Some(50.0),
+            seqs: vec![(33, 2)],
+            seed: 745,
+            ..base.clone()
+        },
+    ];
+    for c in &cases {
+        check_paged_attention_case(b, c)?;
+    }
+    // A batch whose slots run past the slab is refused, not read.
+    let shape = KvSlabShape {
+        format: KvFormat::F32,
+        num_kv_heads: 1,
+        head_dim: 64,
+        slots: 4,
+    };
+    let slab = ctx("paged bounds", b.kv_slab(shape))?;
+    let seq = PagedSeq {
+        q_offset: 0,
+        q_len: 1,
+        q_start: 1,
+        k_start: 0,
+        slot_offset: 0,
+    };
+    let batch = ctx("paged bounds", b.paged_batch(&[seq], &[0, 9]))?;
+    let q = put(b, &vec![0.5; 64], b.activation_dtype())?;
+    let mut out = put(b, &vec![0.0; 64], b.activation_dtype())?;
+    let p = AttentionParams {
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 64,
+        scale: 1.0,
+        window: None,
+        causal: true,
+        softcap: None,
+    };
+    if b.paged_attention(&q, &slab, &batch, p, &mut out).is_ok() {
+        return Err("paged_attention read slot 9 of a 4-slot slab".into());
+    }
+    if b.paged_batch(&[seq], &[0]).is_ok() {
+        return Err("paged_batch accepted a sequence reading past its slot table".into());
+    }
+    Ok(())
+}

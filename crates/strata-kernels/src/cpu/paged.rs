@@ -1,0 +1,174 @@
+//! The paged-KV ops on the host: slabs in the pool's layout, rows encoded with the pool's
+//! own `encode_row`, and attention that dequantizes each row as it reads it.
+
+use strata_kv::quant::{decode_row, encode_row};
+
+use super::attention::{attention_over, KvSource};
+use super::buffer::CpuBuffer;
+use crate::error::ensure;
+use crate::paged::check_paged;
+use crate::{AttentionParams, KvSlabContents, KvSlabShape, PagedSeq, Result};
+
+/// A slab in host memory.
+#[derive(Clone, Debug)]
+pub struct CpuKvSlab {
+    pub shape: KvSlabShape,
+    pub(crate) data: KvSlabContents,
+}
+
+/// A paged batch on the host: the descriptions and slot table as given.
+#[derive(Clone, Debug)]
+pub struct CpuPagedBatch {
+    pub(crate) seqs: Vec<PagedSeq>,
+    pub(crate) slots: Vec<u32>,
+}
+
+pub(crate) fn new_slab(shape: KvSlabShape) -> CpuKvSlab {
+    let bytes = shape.elements() * shape.format.element_bytes();
+    CpuKvSlab {
+        shape,
+        data: KvSlabContents {
+            k: vec![0; bytes],
+            v: vec![0; bytes],
+            k_scales: vec![0.0; shape.scales()],
+            v_scales: vec![0.0; shape.scales()],
+        },
+    }
+}
+
+pub(crate) fn store(
+    slab: &mut CpuKvSlab,
+    k: &CpuBuffer,
+    v: &CpuBuffer,
+    slots: &[u32],
+) -> Result<()> {
+    const OP: &str = "kv_store";
+    let s = slab.shape;
+    let (k, v) = (k.f32s(OP)?, v.f32s(OP)?);
+    let (heads, d) = (s.num_kv_heads, s.head_dim);
+    ensure(
+        k.len() == slots.len() * heads * d && v.len() == k.len(),
+        OP,
+        || {
+            format!(
+                "k has {}, v has {}, want {} rows of {heads} x {d}",
+                k.len(),
+                v.len(),
+                slots.len()
+            )
+        },
+    )?;
+    if let Some(&bad) = slots.iter().find(|&&x| x as usize >= s.slots) {
+        return Err(crate::KernelError::Invalid {
+            op: OP,
+            detail: format!("slot {bad} outside the slab's {}", s.slots),
+        });
+    }
+    let eb = s.format.element_bytes();
+    let scaled = crate::has_scales(s.format);
+    let data = &mut slab.data;
+    for (t, &slot) in slots.iter().enumerate() {
+        for h in 0..heads {
+            let row = slot as usize * heads + h;
+            let src = (t * heads + h) * d..(t * heads + h + 1) * d;
+            let dst = row * d * eb..(row + 1) * d * eb;
+            let ks = encode_row(s.format, &k[src.clone()], &mut data.k[dst.clone()]);
+            let vs = encode_row(s.format, &v[src], &mut data.v[dst]);
+            if scaled {
+                data.k_scales[row] = ks;
+                data.v_scales[row] = vs;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One sequence's keys read through its slots.
+struct SlabKeys<'a> {
+    slab: &'a CpuKvSlab,
+    slots: &'a [u32],
+    k_start: usize,
+}
+
+impl SlabKeys<'_> {
+    fn row<'a>(&self, bytes: &[u8], scales: &[f32], i: usize, h: usize, out: &'a mut [f32]) {
+        let s = self.slab.shape;
+        let row = self.slots[i] as usize * s.num_kv_heads + h;
+        let eb = s.format.element_bytes();
+        let scale = if crate::has_scales(s.format) {
+            scales[row]
+        } else {
+            1.0
+        };
+        let d = s.head_dim;
+        decode_row(s.format, &bytes[row * d * eb..(row + 1) * d * eb], scale, out);
+    }
+}
+
+impl KvSource for SlabKeys<'_> {
+    fn num_keys(&self) -> usize {
+        self.slots.len()
+    }
+    fn position(&self, i: usize) -> u32 {
+        (self.k_start + i) as u32
+    }
+    fn key<'a>(&'a self, i: usize, h: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        let d = &self.slab.data;
+        self.row(&d.k, &d.k_scales, i, h, scratch);
+        scratch
+    }
+    fn value<'a>(&'a self, i: usize, h: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        let d = &self.slab.data;
+        self.row(&d.v, &d.v_scales, i, h, scratch);
+        scratch
+    }
+}
+
+pub(crate) fn batch(seqs: &[PagedSeq], slots: &[u32]) -> Result<CpuPagedBatch> {
+    check_paged(seqs, slots)?;
+    Ok(CpuPagedBatch {
+        seqs: seqs.to_vec(),
+        slots: slots.to_vec(),
+    })
+}
+
+pub(crate) fn attention(
+    q: &CpuBuffer,
+    slab: &CpuKvSlab,
+    batch: &CpuPagedBatch,
+    p: AttentionParams,
+    out: &mut CpuBuffer,
+) -> Result<()> {
+    const OP: &str = "paged_attention";
+    let s = slab.shape;
+    ensure(
+        p.head_dim == s.head_dim && p.n_kv_heads == s.num_kv_heads,
+        OP,
+        || format!("params {p:?} do not match the slab {s:?}"),
+    )?;
+    let row = p.n_heads * p.head_dim;
+    let (q, out) = (q.f32s(OP)?, out.f32s_mut(OP)?);
+    let rows: usize = batch.seqs.iter().map(|s| s.q_len).sum();
+    ensure(q.len() == rows * row && out.len() == q.len(), OP, || {
+        format!("q has {}, out {}, want {rows} rows of {row}", q.len(), out.len())
+    })?;
+    if let Some(&bad) = batch.slots.iter().find(|&&x| x as usize >= s.slots) {
+        return Err(crate::KernelError::Invalid {
+            op: OP,
+            detail: format!("slot {bad} outside the slab's {}", s.slots),
+        });
+    }
+    for seq in &batch.seqs {
+        let keys = SlabKeys {
+            slab,
+            slots: &batch.slots[seq.slot_offset..seq.slot_offset + seq.k_len()],
+            k_start: seq.k_start,
+        };
+        let positions: Vec<u32> = (seq.q_start..seq.q_start + seq.q_len)
+            .map(|x| x as u32)
+            .collect();
+        let range = seq.q_offset * row..(seq.q_offset + seq.q_len) * row;
+        attention_over(&q[range.clone()], &positions, &keys, p, &mut out[range])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,316 @@
+//! The paged-KV ops on the GPU (`kernels/paged.cu`): slabs in device memory in the pool's
+//! layout, the store kernel (bit-exact with the host encoder) and paged attention with
+//! split-K for long keys and few query rows.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::buffer::CudaBuffer;
+use super::{device_err, CudaBackend};
+use crate::error::ensure;
+use crate::paged::check_paged;
+use crate::{
+    AttentionParams, DeviceBuffer, KernelError, KvFormat, KvSlabContents, KvSlabShape, PagedSeq,
+    Result,
+};
+
+/// A slab in device memory.
+pub struct CudaKvSlab {
+    pub shape: KvSlabShape,
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    /// At least one element, so slabs without scales still have a pointer to pass.
+    k_scales: CudaSlice<f32>,
+    v_scales: CudaSlice<f32>,
+}
+
+/// A u32 array on the device.
+pub struct CudaIndex {
+    data: CudaSlice<u32>,
+    len: usize,
+}
+
+/// A paged batch on the device.
+pub struct CudaPagedBatch {
+    seqs: CudaSlice<u32>,
+    row_seq: CudaSlice<u32>,
+    slots: CudaSlice<u32>,
+    rows: usize,
+    /// Most keys any sequence addresses (bounds the split size).
+    max_keys: usize,
+    slot_limit: u32,
+}
+
+/// Format codes of `kernels/paged.cu` (`KV_F32` ...).
+fn format_code(f: KvFormat) -> i32 {
+    match f {
+        KvFormat::F32 => 0,
+        KvFormat::Bf16 => 1,
+        KvFormat::F16 => 2,
+        KvFormat::Fp8E4m3PerTokenHead => 3,
+        KvFormat::Int8PerTokenHead => 4,
+    }
+}
+
+/// Largest head_dim the attention kernel is sized for (`PA_MAX_D`).
+const PA_MAX_D: usize = 512;
+const PA_THREADS: u32 = 128;
+/// Keys one split walks at least; below this, splitting costs more than it saves.
+const MIN_SPLIT_KEYS: usize = 256;
+const MAX_SPLITS: usize = 64;
+
+impl CudaBackend {
+    fn sm_count(&self) -> usize {
+        use cudarc::driver::sys::CUdevice_attribute;
+        self.ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_or(100, |n| n.max(1) as usize)
+    }
+
+    pub(super) fn kv_slab_impl(&self, shape: KvSlabShape) -> Result<CudaKvSlab> {
+        let err = device_err("allocating a KV slab");
+        let bytes = (shape.elements() * shape.format.element_bytes()).max(1);
+        let scales = shape.scales().max(1);
+        Ok(CudaKvSlab {
+            shape,
+            k: self.stream.alloc_zeros::<u8>(bytes).map_err(&err)?,
+            v: self.stream.alloc_zeros::<u8>(bytes).map_err(&err)?,
+            k_scales: self.stream.alloc_zeros::<f32>(scales).map_err(&err)?,
+            v_scales: self.stream.alloc_zeros::<f32>(scales).map_err(&err)?,
+        })
+    }
+
+    pub(super) fn kv_slab_contents_impl(&self, slab: &CudaKvSlab) -> Result<KvSlabContents> {
+        let err = device_err("copying a KV slab to the host");
+        let s = slab.shape;
+        let bytes = s.elements() * s.format.element_bytes();
+        let n = s.scales();
+        let get_bytes = |x: &CudaSlice<u8>| -> Result<Vec<u8>> {
+            if bytes == 0 {
+                return Ok(vec![]);
+            }
+            self.stream.clone_dtoh(&x.slice(..bytes)).map_err(&err)
+        };
+        let get_scales = |x: &CudaSlice<f32>| -> Result<Vec<f32>> {
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            self.stream.clone_dtoh(&x.slice(..n)).map_err(&err)
+        };
+        let out = KvSlabContents {
+            k: get_bytes(&slab.k)?,
+            v: get_bytes(&slab.v)?,
+            k_scales: get_scales(&slab.k_scales)?,
+            v_scales: get_scales(&slab.v_scales)?,
+        };
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    pub(super) fn upload_index_impl(&self, index: &[u32]) -> Result<CudaIndex> {
+        Ok(CudaIndex {
+            data: self.to_device(index)?,
+            len: index.len(),
+        })
+    }
+
+    pub(super) fn kv_store_impl(
+        &self,
+        slab: &mut CudaKvSlab,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        slots: &CudaIndex,
+    ) -> Result<()> {
+        const OP: &str = "kv_store";
+        let s = slab.shape;
+        let (heads, d) = (s.num_kv_heads, s.head_dim);
+        let t = slots.len;
+        ensure(
+            k.len() == t * heads * d && v.len() == k.len(),
+            OP,
+            || {
+                format!(
+                    "k has {}, v has {}, want {t} rows of {heads} x {d}",
+                    k.len(),
+                    v.len()
+                )
+            },
+        )?;
+        if t == 0 || heads == 0 || d == 0 {
+            return Ok(());
+        }
+        // Slot bounds are the caller's (the pool's) invariant; a device-side check would
+        // cost a copy back per store. The CPU op checks them.
+        let (ks, vs) = (k.f32s(OP)?, v.f32s(OP)?);
+        let (heads_i, d_i, fmt) = (heads as i32, d as i32, format_code(s.format));
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        l.arg(ks)
+            .arg(vs)
+            .arg(&slots.data)
+            .arg(&mut slab.k)
+            .arg(&mut slab.v)
+            .arg(&mut slab.k_scales)
+            .arg(&mut slab.v_scales)
+            .arg(&heads_i)
+            .arg(&d_i)
+            .arg(&fmt);
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, heads as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: k/v hold t rows of heads x d (checked); every slot indexes a row of the
+        // slab (the pool hands out only its own slots).
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    pub(super) fn paged_batch_impl(
+        &self,
+        seqs: &[PagedSeq],
+        slots: &[u32],
+    ) -> Result<CudaPagedBatch> {
+        check_paged(seqs, slots)?;
+        let mut packed = Vec::with_capacity(seqs.len() * 5);
+        let mut row_seq = Vec::new();
+        let too_big = |what: &str| KernelError::Invalid {
+            op: "paged_attention",
+            detail: format!("{what} exceeds 32 bits"),
+        };
+        for (i, s) in seqs.iter().enumerate() {
+            for x in [s.q_offset, s.q_len, s.q_start, s.k_start, s.slot_offset] {
+                packed.push(u32::try_from(x).map_err(|_| too_big("a sequence field"))?);
+            }
+            row_seq.extend(std::iter::repeat_n(i as u32, s.q_len));
+        }
+        Ok(CudaPagedBatch {
+            seqs: self.to_device(&packed)?,
+            row_seq: self.to_device(&row_seq)?,
+            slots: self.to_device(slots)?,
+            rows: row_seq.len(),
+            max_keys: seqs.iter().map(|s| s.k_len()).max().unwrap_or(0),
+            slot_limit: slots.iter().copied().max().unwrap_or(0),
+        })
+    }
+
+    pub(super) fn paged_attention_impl(
+        &self,
+        q: &CudaBuffer,
+        slab: &CudaKvSlab,
+        batch: &CudaPagedBatch,
+        p: AttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "paged_attention";
+        let s = slab.shape;
+        let d = p.head_dim;
+        ensure(
+            d == s.head_dim && p.n_kv_heads == s.num_kv_heads,
+            OP,
+            || format!("params {p:?} do not match the slab {s:?}"),
+        )?;
+        ensure(d > 0 && d <= PA_MAX_D, OP, || {
+            format!("head_dim {d} outside 1..={PA_MAX_D}")
+        })?;
+        ensure(
+            p.n_kv_heads > 0 && p.n_heads.is_multiple_of(p.n_kv_heads),
+            OP,
+            || format!("{} heads over {} KV heads", p.n_heads, p.n_kv_heads),
+        )?;
+        ensure(
+            (batch.slot_limit as usize) < s.slots || batch.max_keys == 0,
+            OP,
+            || format!("slot {} outside the slab's {}", batch.slot_limit, s.slots),
+        )?;
+        let rows = batch.rows;
+        ensure(
+            q.len() == rows * p.n_heads * d && out.len() == q.len(),
+            OP,
+            || format!("q has {}, out {}, want {rows} rows", q.len(), out.len()),
+        )?;
+        let cap = p.softcap.unwrap_or(1.0);
+        ensure(cap > 0.0 && cap.is_finite(), OP, || {
+            format!("softcap {cap} must be positive and finite")
+        })?;
+        if rows == 0 || p.n_heads == 0 {
+            return Ok(());
+        }
+        let tasks = rows * p.n_heads;
+        // Split the keys when there are too few (query, head) tasks to fill the GPU.
+        let target = 2 * self.sm_count();
+        let splits = if tasks >= target {
+            1
+        } else {
+            target
+                .div_ceil(tasks)
+                .min(batch.max_keys.div_ceil(MIN_SPLIT_KEYS))
+                .clamp(1, MAX_SPLITS)
+        };
+        let chunk = batch.max_keys.div_ceil(splits).max(1);
+        let err = device_err("allocating attention workspace");
+        let (mut ws_acc, mut ws_ml) = if splits > 1 {
+            (
+                self.stream
+                    .alloc_zeros::<f32>(tasks * splits * d)
+                    .map_err(&err)?,
+                self.stream.alloc_zeros::<f32>(tasks * splits * 2).map_err(&err)?,
+            )
+        } else {
+            (
+                self.stream.alloc_zeros::<f32>(1).map_err(&err)?,
+                self.stream.alloc_zeros::<f32>(1).map_err(&err)?,
+            )
+        };
+        let qs = q.f32s(OP)?;
+        let os = out.f32s_mut(OP)?;
+        let window: i64 = p
+            .window
+            .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX));
+        let (heads, kv_heads, d_i) = (p.n_heads as i32, p.n_kv_heads as i32, d as i32);
+        let fmt = format_code(s.format);
+        let has_cap = i32::from(p.softcap.is_some());
+        let (splits_i, chunk_i) = (splits as i32, chunk as i32);
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        l.arg(qs)
+            .arg(&slab.k)
+            .arg(&slab.v)
+            .arg(&slab.k_scales)
+            .arg(&slab.v_scales)
+            .arg(&batch.seqs)
+            .arg(&batch.row_seq)
+            .arg(&batch.slots)
+            .arg(os)
+            .arg(&mut ws_acc)
+            .arg(&mut ws_ml)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&d_i)
+            .arg(&fmt)
+            .arg(&p.scale)
+            .arg(&window)
+            .arg(&has_cap)
+            .arg(&cap)
+            .arg(&splits_i)
+            .arg(&chunk_i);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, p.n_heads as u32, splits as u32),
+            block_dim: (PA_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: q/out hold rows x n_heads x d; every slot read is below the slab's slots
+        // (checked through slot_limit); the workspace holds tasks x splits partials.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        if splits > 1 {
+            let os = out.f32s_mut(OP)?;
+            let mut l = self.stream.launch_builder(self.kernels.get("paged_combine")?);
+            l.arg(&ws_acc).arg(&ws_ml).arg(os).arg(&d_i).arg(&splits_i);
+            let cfg = LaunchConfig {
+                grid_dim: (tasks as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the workspace was filled for tasks x splits; out holds tasks x d.
+            unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
+        }
+        Ok(())
+    }
+}

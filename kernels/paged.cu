@@ -1,0 +1,280 @@
+// The KV pool on the device: storing K/V rows into a slab, and attention that reads keys and
+// values through a slot table (paged attention).
+//
+// A slab holds `slots` token rows; row (slot, head) starts at element (slot * n_kv_heads +
+// head) * head_dim of the K (and V) array, in one of five element formats (KV_* below). The
+// 8-bit formats keep one f32 scale per (slot, head): value = code * scale, with scale =
+// max|x| / Q (Q = 448 for e4m3, 127 for int8). Encoding here is bit-for-bit the host's
+// (`strata_kv::quant::encode_row`), so a slab written on the GPU equals one written on the CPU.
+
+#define KV_F32 0
+#define KV_BF16 1
+#define KV_F16 2
+#define KV_FP8 3
+#define KV_INT8 4
+
+#define E4M3_MAX 448.0f
+#define INT8_QMAX 127.0f
+
+__device__ __forceinline__ u16 f32_to_bf16_rne(float x) {
+    u32 b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);  // quiet NaN
+    return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ u16 f32_to_f16_rne(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+// Nearest e4m3fn code, ties to even, saturating at +-448 (the host's `encode_e4m3`).
+__device__ __forceinline__ unsigned char f32_to_e4m3(float x) {
+    if (x != x) return 0x7f;
+    const unsigned char sign = (__float_as_uint(x) >> 31) ? 0x80 : 0;
+    const float mag = fminf(fabsf(x), E4M3_MAX);
+    unsigned char code;
+    if (mag < (1.0f / 64.0f)) {
+        code = (unsigned char)rintf(mag / (1.0f / 512.0f));
+    } else {
+        int e = (int)((__float_as_uint(mag) >> 23) & 0xff) - 127;
+        const float mantissa = mag / __uint_as_float((u32)(e + 127) << 23) - 1.0f;
+        int m = (int)rintf(mantissa * 8.0f);
+        if (m == 8) {
+            m = 0;
+            e += 1;
+        }
+        code = (unsigned char)(((e + 7) << 3) | m);
+    }
+    return sign | code;
+}
+
+__device__ __forceinline__ float e4m3_to_f32(unsigned char c) {
+    const int e = (c >> 3) & 0x0f, m = c & 0x07;
+    float mag;
+    if (e == 0x0f && m == 0x07) mag = __int_as_float(0x7fc00000);
+    else if (e == 0) mag = (float)m / 512.0f;
+    else mag = __uint_as_float(((u32)(e - 7 + 127) << 23) | ((u32)m << 20));
+    return (c & 0x80) ? -mag : mag;
+}
+
+// Element `i` of a slab array of `format`, without the row scale.
+__device__ __forceinline__ float kv_load(const unsigned char* p, int format, u64 i) {
+    switch (format) {
+        case KV_BF16: return bf16_to_f32(((const u16*)p)[i]);
+        case KV_F16: return f16_to_f32(((const u16*)p)[i]);
+        case KV_FP8: return e4m3_to_f32(p[i]);
+        case KV_INT8: return (float)((const signed char*)p)[i];
+        default: return ((const float*)p)[i];
+    }
+}
+
+__device__ __forceinline__ void kv_put(unsigned char* p, int format, u64 i, float x) {
+    switch (format) {
+        case KV_BF16: ((u16*)p)[i] = f32_to_bf16_rne(x); break;
+        case KV_F16: ((u16*)p)[i] = f32_to_f16_rne(x); break;
+        case KV_FP8: p[i] = f32_to_e4m3(x); break;
+        case KV_INT8: {
+            const float q = fminf(fmaxf(roundf(x), -INT8_QMAX), INT8_QMAX);
+            ((signed char*)p)[i] = (signed char)(int)q;
+            break;
+        }
+        default: ((float*)p)[i] = x;
+    }
+}
+
+#define STORE_THREADS 128
+
+__device__ float block_max_abs(const float* x, int d, float* red) {
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) m = fmaxf(m, fabsf(x[i]));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+    __syncthreads();
+    float all = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; ++w) all = fmaxf(all, red[w]);
+    __syncthreads();
+    return all;
+}
+
+// Encodes one (token, head) row of `src` into `dst` at `row`; returns nothing, writes the
+// row's scale for 8-bit formats.
+__device__ void store_row(const float* src, unsigned char* dst, float* scales, int format, u64 row,
+                          int d, float* red) {
+    float inv = 1.0f;
+    if (format == KV_FP8 || format == KV_INT8) {
+        const float amax = block_max_abs(src, d, red);
+        const float scale = amax / (format == KV_FP8 ? E4M3_MAX : INT8_QMAX);
+        inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+        if (threadIdx.x == 0) scales[row] = scale;
+    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        const float x = format == KV_FP8 || format == KV_INT8 ? src[i] * inv : src[i];
+        kv_put(dst, format, row * d + i, x);
+    }
+}
+
+// Grid: (tokens, n_kv_heads). Row t of k and v ([T, n_kv_heads, d] f32) goes to slots[t].
+extern "C" __global__ void __launch_bounds__(STORE_THREADS)
+kv_store(const float* k, const float* v, const u32* slots, unsigned char* k_slab,
+         unsigned char* v_slab, float* k_scales, float* v_scales, int n_kv_heads, int d,
+         int format) {
+    __shared__ float red[STORE_THREADS / 32];
+    const u64 t = blockIdx.x;
+    const int h = blockIdx.y;
+    const u64 src = (t * n_kv_heads + h) * d;
+    const u64 row = (u64)slots[t] * n_kv_heads + h;
+    store_row(k + src, k_slab, k_scales, format, row, d, red);
+    store_row(v + src, v_slab, v_scales, format, row, d, red);
+}
+
+// ---- paged attention ---------------------------------------------------------------------
+//
+// Sequences are described by 5 u32 each: q_offset, q_len, q_start, k_start, slot_offset.
+// Query row t (of sequence s) sits at position q_start + (t - q_offset); the sequence's keys
+// are positions k_start .. q_start + q_len - 1, key j's slot is slots[slot_offset + j].
+// row_seq[t] names t's sequence.
+//
+// One block of PA_WARPS warps per (query row, head, split); split `z` of `n_splits` walks
+// the visible keys [lo + z * chunk, lo + (z + 1) * chunk). Each warp takes every PA_WARPS-th
+// key with its own online softmax; warps merge in shared memory. With one split the block
+// writes the normalised output; otherwise it writes (max, sum, unnormalised acc) to the
+// workspace and `paged_combine` merges the splits.
+
+#define PA_MAX_D 512
+#define PA_WARPS 4
+#define PA_PER_LANE (PA_MAX_D / 32)
+
+extern "C" __global__ void __launch_bounds__(PA_WARPS * 32)
+paged_attention(const float* q, const unsigned char* k_slab, const unsigned char* v_slab,
+                const float* k_scales, const float* v_scales, const u32* seqs,
+                const u32* row_seq, const u32* slots, float* out, float* ws_acc, float* ws_ml,
+                int n_heads, int n_kv_heads, int d, int format, float scale, long long window,
+                int has_softcap, float softcap, int n_splits, int chunk) {
+    __shared__ float q_row[PA_MAX_D];
+    __shared__ float warp_max[PA_WARPS];
+    __shared__ float warp_sum[PA_WARPS];
+    __shared__ float warp_acc[PA_WARPS][PA_MAX_D];
+
+    const u64 t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int z = blockIdx.z;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool scaled = format == KV_FP8 || format == KV_INT8;
+
+    const u32* sq = seqs + 5 * (u64)row_seq[t];
+    const long long qp = (long long)sq[2] + ((long long)t - (long long)sq[0]);
+    const long long k_start = sq[3];
+    const u32* sl = slots + sq[4];
+    // Visible keys (as indices j from k_start): causal up to qp, and inside the window.
+    long long lo = 0, hi = qp - k_start;  // inclusive
+    if (window >= 0 && qp - window + 1 - k_start > lo) lo = qp - window + 1 - k_start;
+    const long long zlo = lo + (long long)z * chunk;
+    long long zhi = zlo + chunk - 1;
+    if (zhi > hi) zhi = hi;
+
+    const float* qsrc = q + (t * n_heads + h) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) q_row[i] = qsrc[i];
+    __syncthreads();
+
+    float m = NEG_INF, l = 0.0f;
+    float acc[PA_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < PA_PER_LANE; ++j) acc[j] = 0.0f;
+
+    for (long long j = zlo + warp; j <= zhi; j += PA_WARPS) {
+        const u64 row = (u64)sl[j] * n_kv_heads + kvh;
+        const u64 base = row * d;
+        const float ks = scaled ? k_scales[row] : 1.0f;
+        const float vs = scaled ? v_scales[row] : 1.0f;
+        float dot = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < PA_PER_LANE; ++jj) {
+            const int i = lane + 32 * jj;
+            if (i < d) dot += q_row[i] * kv_load(k_slab, format, base + i);
+        }
+        dot = warp_sum_f32(dot) * ks;
+        float s = dot * scale;
+        if (has_softcap) s = softcap * tanhf(s / softcap);
+        const float m_new = fmaxf(m, s);
+        const float correction = expf(m - m_new);
+        const float p = expf(s - m_new);
+        l = l * correction + p;
+        const float pv = p * vs;
+#pragma unroll
+        for (int jj = 0; jj < PA_PER_LANE; ++jj) {
+            const int i = lane + 32 * jj;
+            if (i < d) acc[jj] = acc[jj] * correction + pv * kv_load(v_slab, format, base + i);
+        }
+        m = m_new;
+    }
+
+    if (lane == 0) {
+        warp_max[warp] = m;
+        warp_sum[warp] = l;
+    }
+#pragma unroll
+    for (int jj = 0; jj < PA_PER_LANE; ++jj) {
+        const int i = lane + 32 * jj;
+        if (i < d) warp_acc[warp][i] = acc[jj];
+    }
+    __syncthreads();
+
+    float gmax = NEG_INF;
+    for (int w = 0; w < PA_WARPS; ++w)
+        if (warp_sum[w] > 0.0f) gmax = fmaxf(gmax, warp_max[w]);
+    float total = 0.0f;
+    float weight[PA_WARPS];
+    for (int w = 0; w < PA_WARPS; ++w) {
+        weight[w] = warp_sum[w] > 0.0f ? expf(warp_max[w] - gmax) : 0.0f;
+        total += warp_sum[w] * weight[w];
+    }
+    const u64 task = t * n_heads + h;
+    if (n_splits == 1) {
+        float* dst = out + task * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < PA_WARPS; ++w) o += warp_acc[w][i] * weight[w];
+            dst[i] = total > 0.0f ? o / total : 0.0f;
+        }
+    } else {
+        const u64 part = task * n_splits + z;
+        float* dst = ws_acc + part * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < PA_WARPS; ++w) o += warp_acc[w][i] * weight[w];
+            dst[i] = o;
+        }
+        if (threadIdx.x == 0) {
+            ws_ml[2 * part] = gmax;
+            ws_ml[2 * part + 1] = total;
+        }
+    }
+}
+
+// One block per (query row, head): merges the splits' partial softmax results.
+extern "C" __global__ void __launch_bounds__(128)
+paged_combine(const float* ws_acc, const float* ws_ml, float* out, int d, int n_splits) {
+    const u64 task = blockIdx.x;
+    float gmax = NEG_INF;
+    for (int z = 0; z < n_splits; ++z) {
+        const u64 part = task * n_splits + z;
+        if (ws_ml[2 * part + 1] > 0.0f) gmax = fmaxf(gmax, ws_ml[2 * part]);
+    }
+    float total = 0.0f;
+    for (int z = 0; z < n_splits; ++z) {
+        const u64 part = task * n_splits + z;
+        const float l = ws_ml[2 * part + 1];
+        if (l > 0.0f) total += l * expf(ws_ml[2 * part] - gmax);
+    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float o = 0.0f;
+        for (int z = 0; z < n_splits; ++z) {
+            const u64 part = task * n_splits + z;
+            const float l = ws_ml[2 * part + 1];
+            if (l > 0.0f) o += ws_acc[part * d + i] * expf(ws_ml[2 * part] - gmax);
+        }
+        out[task * d + i] = total > 0.0f ? o / total : 0.0f;
+    }
+}
