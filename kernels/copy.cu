@@ -16,3 +16,12 @@ STRIDED_COPY(copy_strided_b16, u16)
 extern "C" __global__ void widen_to_f32(const void* src, int dtype, float* dst, u64 n) {
     FOR_EACH_INDEX(i, n) { dst[i] = load_as_f32(src, dtype, i); }
 }
+
+// f32 -> bf16 bits, round to nearest even (NaN stays NaN): the activation side of a bf16 GEMM.
+extern "C" __global__ void narrow_to_bf16(const float* src, u16* dst, u64 n) {
+    FOR_EACH_INDEX(i, n) {
+        const u32 b = __float_as_uint(src[i]);
+        dst[i] = (b & 0x7fffffffu) > 0x7f800000u ? (u16)((b >> 16) | 0x40u)
+                                                  : (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+}

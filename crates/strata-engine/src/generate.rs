@@ -3,10 +3,11 @@
 use std::time::Instant;
 
 use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
-use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
-use strata_model::{ForwardBatch, LogitsMode, SeqChunk};
+use strata_kernels::Backend;
+use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
 
-use crate::{EngineError, LoadedModel, Result};
+use crate::{EngineError, LoadedModel, Result, Runtime};
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -70,7 +71,32 @@ impl LoadedModel {
             window: pages,
             page_size: PAGE_SIZE,
         };
-        let mut kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
+        match &self.runtime {
+            Runtime::Cpu(m) => {
+                let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
+                run(m, kv, prompt, p, &self.stop_ids)
+            }
+            Runtime::Cuda(m) => {
+                let storage = PagedStorage::new(m.backend().clone());
+                let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
+                run(m, kv, prompt, p, &self.stop_ids)
+            }
+        }
+    }
+}
+
+/// Prefill in chunks, then one token per step, on one request of its own pool.
+fn run<B: Backend, S: KvStorage>(
+    model: &Model<B>,
+    mut kv: KvPool<S>,
+    prompt: &[u32],
+    p: &GenerateParams,
+    stop_ids: &[u32],
+) -> Result<GenerateResult>
+where
+    KvPool<S>: KvCache<B>,
+{
+    {
         let req = kv.alloc_request();
         let mut rng = SamplerRng::for_request(&p.sampling, 0x5EED);
 
@@ -93,7 +119,7 @@ impl LoadedModel {
                     },
                 }],
             };
-            logits = self.model.forward(&mut kv, &batch)?.logits.remove(0);
+            logits = model.forward(&mut kv, &batch)?.logits.remove(0);
         }
         let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
 
@@ -103,7 +129,7 @@ impl LoadedModel {
         while tokens.len() < p.max_tokens {
             let next = sample(&logits, &p.sampling, &mut rng)?;
             tokens.push(next);
-            if p.stop_at_eos && self.stop_ids.contains(&next) {
+            if p.stop_at_eos && stop_ids.contains(&next) {
                 finish_reason = "stop";
                 break;
             }
@@ -120,7 +146,7 @@ impl LoadedModel {
                     logits: LogitsMode::Last,
                 }],
             };
-            logits = self.model.forward(&mut kv, &batch)?.logits.remove(0);
+            logits = model.forward(&mut kv, &batch)?.logits.remove(0);
         }
         let predicted_ms = t1.elapsed().as_secs_f64() * 1e3;
         kv.release(req)?;
@@ -136,4 +162,71 @@ impl LoadedModel {
             tokens,
         })
     }
+}
+
+impl LoadedModel {
+    /// Teacher-forced logits of every position of `ids` (`ids.len() x vocab`), fed in
+    /// passes of the given sizes (which must sum to `ids.len()`; a size of 1 is a decode
+    /// step), on a pool of `kv_cache_dtype`.
+    pub fn score(
+        &self,
+        ids: &[u32],
+        passes: &[usize],
+        kv_cache_dtype: KvCacheDtype,
+    ) -> Result<Vec<f32>> {
+        if passes.iter().sum::<usize>() != ids.len() || passes.contains(&0) {
+            return Err(EngineError::Invalid(format!(
+                "passes {passes:?} do not split {} tokens",
+                ids.len()
+            )));
+        }
+        let layout = KvLayout::for_config(self.config(), kv_cache_dtype)?;
+        let pages = ids.len().div_ceil(PAGE_SIZE) + 1;
+        let plan = PagePlan {
+            full: pages,
+            window: pages,
+            page_size: PAGE_SIZE,
+        };
+        match &self.runtime {
+            Runtime::Cpu(m) => {
+                let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
+                score_on(m, kv, ids, passes)
+            }
+            Runtime::Cuda(m) => {
+                let storage = PagedStorage::new(m.backend().clone());
+                let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
+                score_on(m, kv, ids, passes)
+            }
+        }
+    }
+}
+
+fn score_on<B: Backend, S: KvStorage>(
+    model: &Model<B>,
+    mut kv: KvPool<S>,
+    ids: &[u32],
+    passes: &[usize],
+) -> Result<Vec<f32>>
+where
+    KvPool<S>: KvCache<B>,
+{
+    let req = kv.alloc_request();
+    let mut out = Vec::with_capacity(ids.len() * model.config().vocab_size);
+    let mut start = 0;
+    for &n in passes {
+        kv.extend(req, n)?;
+        let batch = ForwardBatch {
+            seqs: vec![SeqChunk {
+                request: req,
+                tokens: ids[start..start + n].to_vec(),
+                start,
+                logits: LogitsMode::All,
+            }],
+        };
+        out.extend(model.forward(&mut kv, &batch)?.logits.remove(0));
+        kv.commit(req, start + n)?;
+        start += n;
+    }
+    kv.release(req)?;
+    Ok(out)
 }

@@ -1,5 +1,6 @@
 //! Loads a model with its tokenizer and runs generation.
 
+mod bench;
 mod engine;
 mod generate;
 mod load;
@@ -8,8 +9,9 @@ pub use engine::{
     Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
     RequestTimings, TextStream, Update, Usage, FINISH_REASONS,
 };
+pub use bench::{DecodeBench, PrefillBench};
 pub use generate::{GenerateParams, GenerateResult, Timings};
-pub use load::{Device, LoadedModel, Prompter};
+pub use load::{Device, LoadSettings, LoadedModel, Prompter, Runtime, WeightDtype};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use strata_config::{load_model_config, Architecture, ModelConfig, ModelSource};
 use strata_gguf::GgufFile;
 use strata_kernels::cpu::CpuBackend;
-use strata_model::Model;
+use strata_kernels::cuda::CudaBackend;
+use strata_kernels::DType;
+use strata_model::{LoadOptions, Model};
 use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
 
 use crate::{EngineError, Result};
@@ -19,6 +21,12 @@ pub enum Device {
     Auto,
     Cpu,
     Cuda,
+}
+
+impl Default for Device {
+    fn default() -> Self {
+        Device::Auto
+    }
 }
 
 impl FromStr for Device {
@@ -35,9 +43,77 @@ impl FromStr for Device {
     }
 }
 
+/// The dtype dense weights compute in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// As stored on the CPU. On CUDA: 16-bit and quantized weights as bf16 with bf16 GEMMs
+    /// (f32 accumulation), f32 checkpoints as f32.
+    #[default]
+    Auto,
+    /// Every dense weight widened to f32 and f32 GEMMs (the reference path).
+    F32,
+    /// Every dense weight as bf16 (bf16 GEMMs on CUDA).
+    Bf16,
+}
+
+impl FromStr for WeightDtype {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(WeightDtype::Auto),
+            "f32" | "float32" => Ok(WeightDtype::F32),
+            "bf16" | "bfloat16" => Ok(WeightDtype::Bf16),
+            other => Err(EngineError::Invalid(format!(
+                "unknown dtype {other:?} (auto, f32, bf16)"
+            ))),
+        }
+    }
+}
+
+/// Where and how a model is placed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadSettings {
+    pub device: Device,
+    pub dtype: WeightDtype,
+    /// `--embed-weights host`: lookup-only embedding tables stay in host memory.
+    pub host_embeddings: bool,
+}
+
+/// The model on the backend it runs on.
+#[derive(Clone)]
+pub enum Runtime {
+    Cpu(Arc<Model<CpuBackend>>),
+    Cuda(Arc<Model<CudaBackend>>),
+}
+
+impl Runtime {
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Runtime::Cpu(m) => m.config(),
+            Runtime::Cuda(m) => m.config(),
+        }
+    }
+
+    /// "cpu", or the GPU's name.
+    pub fn device_name(&self) -> String {
+        match self {
+            Runtime::Cpu(_) => "cpu".into(),
+            Runtime::Cuda(m) => format!("cuda ({})", m.backend().device_name()),
+        }
+    }
+
+    /// Free device memory in bytes (GPU only).
+    pub fn free_device_memory(&self) -> Option<u64> {
+        match self {
+            Runtime::Cpu(_) => None,
+            Runtime::Cuda(m) => m.backend().memory_info().ok().map(|(f, _)| f as u64),
+        }
+    }
+}
+
 /// A model ready to run, with its tokenizer.
 pub struct LoadedModel {
-    pub model: Arc<Model<CpuBackend>>,
+    pub runtime: Runtime,
     pub tokenizer: Option<Arc<Tokenizer>>,
     /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
     pub stop_ids: Vec<u32>,
@@ -53,11 +129,16 @@ pub struct Prompter {
 
 impl LoadedModel {
     pub fn load(path: &Path, device: Device) -> Result<Self> {
-        if device == Device::Cuda {
-            return Err(EngineError::Invalid(
-                "--device cuda: this build has no CUDA backend yet; use --device cpu".into(),
-            ));
-        }
+        Self::load_with(
+            path,
+            LoadSettings {
+                device,
+                ..Default::default()
+            },
+        )
+    }
+
+    pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Self> {
         let (config, source) = load_model_config(path)?;
         let tokenizer = match &source {
             ModelSource::Gguf(p) => Some(Tokenizer::from_gguf(&GgufFile::open(p)?)?),
@@ -66,7 +147,7 @@ impl LoadedModel {
             }
             ModelSource::HuggingFace { .. } => None,
         };
-        let model = Arc::new(Model::load(CpuBackend::new(), path)?);
+        let runtime = place(path, settings)?;
         let mut stop_ids = config.eos_token_ids.clone();
         if let Some(t) = &tokenizer {
             stop_ids.extend(t.eos_id());
@@ -85,7 +166,7 @@ impl LoadedModel {
             None => None,
         };
         Ok(Self {
-            model,
+            runtime,
             tokenizer: tokenizer.map(Arc::new),
             stop_ids,
             chat: chat.map(Arc::new),
@@ -93,7 +174,7 @@ impl LoadedModel {
     }
 
     pub fn config(&self) -> &ModelConfig {
-        self.model.config()
+        self.runtime.config()
     }
 
     /// The tokenizer and chat template, for threads that prepare prompts.
@@ -150,6 +231,33 @@ impl Prompter {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         Ok(self.tokenizer()?.decode(ids, false)?)
     }
+}
+
+/// Loads the weights on the device `settings` asks for (auto: CUDA when it starts).
+fn place(path: &Path, settings: LoadSettings) -> Result<Runtime> {
+    let gpu = match settings.device {
+        Device::Cpu => None,
+        Device::Cuda => Some(CudaBackend::new(0).map_err(|e| {
+            EngineError::Invalid(format!("--device cuda: the CUDA backend did not start: {e}"))
+        })?),
+        Device::Auto => CudaBackend::new(0).ok(),
+    };
+    let weight_dtype = match settings.dtype {
+        WeightDtype::Auto => None,
+        WeightDtype::F32 => Some(DType::F32),
+        WeightDtype::Bf16 => Some(DType::BF16),
+    };
+    let opts = LoadOptions {
+        weight_dtype,
+        host_embeddings: settings.host_embeddings,
+    };
+    Ok(match gpu {
+        Some(b) => {
+            let b = b.with_bf16_gemm(settings.dtype != WeightDtype::F32);
+            Runtime::Cuda(Arc::new(Model::load_with(b, path, opts)?))
+        }
+        None => Runtime::Cpu(Arc::new(Model::load_with(CpuBackend::new(), path, opts)?)),
+    })
 }
 
 /// The model's own template, or Gemma's turn format for Gemma files that carry none.

@@ -38,10 +38,10 @@ mod tests {
 
     use strata_kernels::cpu::CpuBackend;
     use strata_kernels::Backend;
-    use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
+    use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 
     use super::*;
-    use crate::{ForwardBatch, LogitsMode, Model, QuantUpload, SeqChunk};
+    use crate::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, QuantUpload, SeqChunk};
 
     /// `$STRATA_TINY_FIXTURES` (for a copied tree on a GPU host), else the source tree's.
     fn fixtures() -> PathBuf {
@@ -66,19 +66,42 @@ mod tests {
         }
     }
 
+    const PLAN: PagePlan = PagePlan {
+        full: 64,
+        window: 64,
+        page_size: 4,
+    };
+
     fn pool<B: Backend>(model: &Model<B>) -> KvPool<HostStorage> {
-        let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
-        let plan = PagePlan {
-            full: 64,
-            window: 64,
-            page_size: 4,
-        };
-        KvPool::new(layout, plan, CacheType::Naive, HostStorage::new()).unwrap()
+        host_pool(model, KvCacheDtype::F32)
+    }
+
+    fn host_pool<B: Backend>(model: &Model<B>, dtype: KvCacheDtype) -> KvPool<HostStorage> {
+        let layout = KvLayout::for_config(model.config(), dtype).unwrap();
+        KvPool::new(layout, PLAN, CacheType::Naive, HostStorage::new()).unwrap()
+    }
+
+    /// The device pool: slabs in GPU memory, paged attention.
+    fn device_pool(model: &Model<CudaBackend>, dtype: KvCacheDtype) -> KvPool<PagedStorage<CudaBackend>> {
+        let layout = KvLayout::for_config(model.config(), dtype).unwrap();
+        let storage = PagedStorage::new(model.backend().clone());
+        KvPool::new(layout, PLAN, CacheType::Naive, storage).unwrap()
     }
 
     /// Every position's logits for `ids` fed in chunks of the given sizes.
     fn logits<B: QuantUpload>(model: &Model<B>, ids: &[u32], chunks: &[usize]) -> Vec<f32> {
-        let mut kv = pool(model);
+        logits_in(model, pool(model), ids, chunks)
+    }
+
+    fn logits_in<B: QuantUpload, S: KvStorage>(
+        model: &Model<B>,
+        mut kv: KvPool<S>,
+        ids: &[u32],
+        chunks: &[usize],
+    ) -> Vec<f32>
+    where
+        KvPool<S>: KvCache<B>,
+    {
         let req = kv.alloc_request();
         let (mut out, mut start) = (Vec::new(), 0);
         for &n in chunks {
@@ -99,7 +122,18 @@ mod tests {
 
     /// Greedy decoding (ties to the lowest id), one token per step after the prompt.
     fn greedy<B: QuantUpload>(model: &Model<B>, prompt: &[u32], steps: usize) -> Vec<u32> {
-        let mut kv = pool(model);
+        greedy_in(model, pool(model), prompt, steps)
+    }
+
+    fn greedy_in<B: QuantUpload, S: KvStorage>(
+        model: &Model<B>,
+        mut kv: KvPool<S>,
+        prompt: &[u32],
+        steps: usize,
+    ) -> Vec<u32>
+    where
+        KvPool<S>: KvCache<B>,
+    {
         let req = kv.alloc_request();
         let (mut tokens, mut fed) = (prompt.to_vec(), 0);
         for _ in 0..steps {
@@ -178,22 +212,43 @@ mod tests {
                 v
             }];
             for chunks in &plans {
-                let on_gpu = logits(&cuda, &ids, chunks);
                 let on_cpu = logits(&cpu, &ids, chunks);
-                let vs_cpu = max_abs_diff(&on_gpu, &on_cpu);
-                let vs_ref = max_abs_diff(&on_gpu, &want);
-                eprintln!(
-                    "{name} chunks {chunks:?}: max |cuda - cpu| {vs_cpu:.3e}, \
-                     max |cuda - transformers| {vs_ref:.3e}"
-                );
-                assert!(vs_cpu < 1e-4, "{name}: CUDA differs from CPU by {vs_cpu}");
-                assert!(
-                    vs_ref < 1e-4,
-                    "{name}: CUDA differs from transformers by {vs_ref}"
-                );
+                let host_kv = logits(&cuda, &ids, chunks);
+                let device_kv = logits_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), &ids, chunks);
+                for (pool, on_gpu) in [("host pool", host_kv), ("device pool", device_kv)] {
+                    let vs_cpu = max_abs_diff(&on_gpu, &on_cpu);
+                    let vs_ref = max_abs_diff(&on_gpu, &want);
+                    eprintln!(
+                        "{name} {pool} chunks {chunks:?}: max |cuda - cpu| {vs_cpu:.3e}, \
+                         max |cuda - transformers| {vs_ref:.3e}"
+                    );
+                    assert!(vs_cpu < 1e-4, "{name} {pool}: CUDA differs from CPU by {vs_cpu}");
+                    assert!(
+                        vs_ref < 1e-4,
+                        "{name} {pool}: CUDA differs from transformers by {vs_ref}"
+                    );
+                }
+            }
+            // 8-bit and bf16 KV on the device pool against the CPU's host pool of the same
+            // format: within the formats' stated bounds of transformers (see
+            // tests/transformers_parity.rs), and close to the CPU.
+            let gemma4 = name.starts_with("gemma4");
+            for (dtype, bound) in [
+                (KvCacheDtype::Bf16, if gemma4 { 0.3 } else { 0.03 }),
+                (KvCacheDtype::Int8PerTokenHead, if gemma4 { 0.7 } else { 0.08 }),
+                (KvCacheDtype::Fp8PerTokenHead, if gemma4 { 2.0 } else { 0.4 }),
+            ] {
+                let chunks = [n - 6, 1, 1, 1, 1, 1, 1];
+                let on_gpu = logits_in(&cuda, device_pool(&cuda, dtype), &ids, &chunks);
+                let on_cpu = logits_in(&cpu, host_pool(&cpu, dtype), &ids, &chunks);
+                let (vs_cpu, vs_ref) = (max_abs_diff(&on_gpu, &on_cpu), max_abs_diff(&on_gpu, &want));
+                eprintln!("{name} device pool {dtype}: max |cuda - cpu| {vs_cpu:.3e}, max |cuda - transformers| {vs_ref:.3e}");
+                assert!(vs_ref < bound, "{name} {dtype}: {vs_ref} from transformers (bound {bound})");
             }
             let prompt = &ids[..8];
             let (g, c) = (greedy(&cuda, prompt, 16), greedy(&cpu, prompt, 16));
+            let gd = greedy_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), prompt, 16);
+            assert_eq!(gd, c, "{name}: greedy tokens on the device pool differ (cpu {c:?})");
             eprintln!("{name} greedy 16 after 8: cuda {g:?}");
             assert_eq!(g, c, "{name}: greedy tokens differ (cpu {c:?})");
         }

@@ -18,6 +18,93 @@ pub enum Linear<B: Backend> {
         cols: usize,
     },
     Quant(Arc<B::QuantMatrix>),
+    /// A table kept in host memory for row lookups only (`--embed-weights host`): each
+    /// step's rows are gathered on the host and only they cross to the backend.
+    Host(HostTable),
+}
+
+/// A `[rows, cols]` table in host memory, rows decoded to f32 on lookup.
+pub struct HostTable {
+    rows: usize,
+    cols: usize,
+    data: HostTableData,
+}
+
+enum HostTableData {
+    Dense(Vec<f32>),
+    Bf16(Vec<half::bf16>),
+    F16(Vec<half::f16>),
+    Quant(QuantWeight),
+}
+
+impl HostTable {
+    pub fn new(view: &TensorView<'_>) -> Result<Self> {
+        let (rows, cols) = (view.rows(), view.row_len());
+        let data = match view.ty {
+            GgmlType::F32 => HostTableData::Dense(view.to_f32_vec()?),
+            GgmlType::BF16 => HostTableData::Bf16(
+                view.bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            ),
+            GgmlType::F16 => HostTableData::F16(
+                view.bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            ),
+            _ => HostTableData::Quant(QuantWeight::new(view)?),
+        };
+        Ok(Self { rows, cols, data })
+    }
+
+    /// Host bytes the table holds.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            HostTableData::Dense(v) => v.len() * 4,
+            HostTableData::Bf16(v) => v.len() * 2,
+            HostTableData::F16(v) => v.len() * 2,
+            HostTableData::Quant(q) => q.bytes.len(),
+        }
+    }
+
+    fn row(&self, r: usize, out: &mut [f32]) {
+        let span = r * self.cols..(r + 1) * self.cols;
+        match &self.data {
+            HostTableData::Dense(v) => out.copy_from_slice(&v[span]),
+            HostTableData::Bf16(v) => {
+                for (o, x) in out.iter_mut().zip(&v[span]) {
+                    *o = x.to_f32();
+                }
+            }
+            HostTableData::F16(v) => {
+                for (o, x) in out.iter_mut().zip(&v[span]) {
+                    *o = x.to_f32();
+                }
+            }
+            HostTableData::Quant(q) => q.dequant_row(r, out),
+        }
+    }
+
+    /// `[ids.len(), cols]` rows times `scale`, as f32 (the multiply in f32 after widening,
+    /// as the backends' embedding ops do).
+    pub fn gather(&self, ids: &[u32], scale: f32) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; ids.len() * self.cols];
+        for (&id, o) in ids.iter().zip(out.chunks_exact_mut(self.cols.max(1))) {
+            if id as usize >= self.rows {
+                return Err(ModelError::Invalid(format!(
+                    "token id {id} outside a table of {} rows",
+                    self.rows
+                )));
+            }
+            self.row(id as usize, o);
+            for v in o.iter_mut() {
+                *v *= scale;
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl<B: Backend> Linear<B> {
@@ -25,6 +112,7 @@ impl<B: Backend> Linear<B> {
         match self {
             Linear::Dense { rows, .. } => *rows,
             Linear::Quant(q) => q.rows(),
+            Linear::Host(t) => t.rows,
         }
     }
 
@@ -32,6 +120,7 @@ impl<B: Backend> Linear<B> {
         match self {
             Linear::Dense { cols, .. } => *cols,
             Linear::Quant(q) => q.cols(),
+            Linear::Host(t) => t.cols,
         }
     }
 
@@ -48,6 +137,11 @@ impl<B: Backend> Linear<B> {
                 out,
             )?,
             Linear::Quant(q) => b.matmul_quant(x, q, out)?,
+            Linear::Host(_) => {
+                return Err(ModelError::Invalid(
+                    "a host-resident table serves lookups only, not matmuls".into(),
+                ))
+            }
         }
         Ok(())
     }
@@ -57,6 +151,9 @@ impl<B: Backend> Linear<B> {
         match self {
             Linear::Dense { w, cols, .. } => b.embedding(ids, w, *cols, scale, out)?,
             Linear::Quant(q) => b.embedding_quant(ids, q, scale, out)?,
+            Linear::Host(t) => {
+                *out = b.upload_f32_as(&t.gather(ids, scale)?, b.activation_dtype())?;
+            }
         }
         Ok(())
     }
@@ -180,8 +277,29 @@ impl QuantUpload for CpuBackend {
 
 /// Uploads a stored matrix: dense types as they are, block formats through `QuantUpload`.
 pub fn upload_linear<B: QuantUpload>(b: &B, view: &TensorView<'_>) -> Result<Linear<B>> {
+    upload_linear_as(b, view, None)
+}
+
+/// As [`upload_linear`], converting a dense matrix to `dtype` when one is given (f32 for
+/// the exact reference path, bf16 for the fast path). Block formats ignore it.
+pub fn upload_linear_as<B: QuantUpload>(
+    b: &B,
+    view: &TensorView<'_>,
+    dtype: Option<strata_kernels::DType>,
+) -> Result<Linear<B>> {
     let (rows, cols) = (view.rows(), view.row_len());
     let dense = |w| Ok(Linear::Dense { w, rows, cols });
+    let stored = match view.ty {
+        GgmlType::F32 => Some(strata_kernels::DType::F32),
+        GgmlType::BF16 => Some(strata_kernels::DType::BF16),
+        GgmlType::F16 => Some(strata_kernels::DType::F16),
+        _ => None,
+    };
+    if let (Some(want), Some(have)) = (dtype, stored) {
+        if want != have {
+            return dense(b.upload_f32_as(&view.to_f32_vec()?, want)?);
+        }
+    }
     match view.ty {
         GgmlType::F32 => match view.as_f32() {
             Some(s) => dense(b.upload(HostSlice::F32(s))?),

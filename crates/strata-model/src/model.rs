@@ -3,12 +3,24 @@
 use std::path::Path;
 
 use strata_config::{load_model_config, ModelConfig, ModelSource, SourceFormat};
-use strata_kernels::Backend;
+use strata_kernels::{Backend, DType};
 use strata_weights::{GgmlType, ModelWeights};
 
 use crate::error::Result;
 use crate::linear::QuantUpload;
 use crate::tensors::ModelTensors;
+
+/// How weights are placed on the backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Dense (F32/BF16/F16) weights are converted to this dtype on upload; `None` keeps the
+    /// stored dtype. GGUF block formats follow the backend's `QuantUpload`.
+    pub weight_dtype: Option<DType>,
+    /// Keep the lookup-only tables (Gemma-4's per-layer embeddings; the token embedding
+    /// when it is not tied to the output projection) in host memory; each step's rows are
+    /// gathered there and uploaded.
+    pub host_embeddings: bool,
+}
 
 pub struct Model<B: Backend> {
     pub(crate) backend: B,
@@ -34,6 +46,11 @@ fn embedding_scale(n: usize, source: SourceFormat, weight: GgmlType) -> f32 {
 impl<B: QuantUpload> Model<B> {
     /// Loads the model at `path` (a model directory, `config.json`'s directory, or a `.gguf`).
     pub fn load(backend: B, path: &Path) -> Result<Self> {
+        Self::load_with(backend, path, LoadOptions::default())
+    }
+
+    /// [`Model::load`] with placement options.
+    pub fn load_with(backend: B, path: &Path, opts: LoadOptions) -> Result<Self> {
         let (config, source) = load_model_config(path)?;
         let weights_path = match &source {
             ModelSource::HuggingFace { dir, .. } => dir.clone(),
@@ -46,17 +63,34 @@ impl<B: QuantUpload> Model<B> {
             Some(config.architecture.name()),
             first_shared,
         )?;
-        Self::from_weights(backend, config, &weights)
+        Self::from_weights_with(backend, config, &weights, opts)
     }
 
     pub fn from_weights(backend: B, config: ModelConfig, weights: &ModelWeights) -> Result<Self> {
-        let tensors = ModelTensors::load(&backend, &config, weights)?;
-        let embed_ty = weights
+        Self::from_weights_with(backend, config, weights, LoadOptions::default())
+    }
+
+    pub fn from_weights_with(
+        backend: B,
+        config: ModelConfig,
+        weights: &ModelWeights,
+        opts: LoadOptions,
+    ) -> Result<Self> {
+        let tensors = ModelTensors::load(&backend, &config, weights, &opts)?;
+        let stored = weights
             .require(
                 "embed_tokens.weight",
                 &[config.vocab_size, config.hidden_size],
             )?
             .ty;
+        // The scale is rounded to the dtype the weights compute in (transformers casts it
+        // to the embedding's dtype after loading).
+        let embed_ty = match opts.weight_dtype {
+            Some(DType::F32) => GgmlType::F32,
+            Some(DType::BF16) => GgmlType::BF16,
+            Some(DType::F16) => GgmlType::F16,
+            None => stored,
+        };
         let embed_scale = if config.scale_embeddings {
             embedding_scale(config.hidden_size, config.source_format, embed_ty)
         } else {
@@ -82,5 +116,10 @@ impl<B: Backend> Model<B> {
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// See [`ModelTensors::matmul_elements`].
+    pub fn matmul_elements(&self) -> usize {
+        self.tensors.matmul_elements()
     }
 }

@@ -5,7 +5,8 @@ use strata_kernels::{Backend, HostSlice};
 use strata_weights::ModelWeights;
 
 use crate::error::Result;
-use crate::linear::{upload_linear, upload_vector, Linear, QuantUpload};
+use crate::linear::{upload_linear_as, upload_vector, HostTable, Linear, QuantUpload};
+use crate::model::LoadOptions;
 
 /// One decoder layer's weights.
 pub struct LayerTensors<B: Backend> {
@@ -53,21 +54,39 @@ pub struct ModelTensors<B: Backend> {
 }
 
 impl<B: QuantUpload> ModelTensors<B> {
-    pub fn load(b: &B, c: &ModelConfig, w: &ModelWeights) -> Result<Self> {
+    pub fn load(b: &B, c: &ModelConfig, w: &ModelWeights, opts: &LoadOptions) -> Result<Self> {
         let h = c.hidden_size;
         let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
-            upload_linear(b, &w.require(name, shape)?)
+            upload_linear_as(b, &w.require(name, shape)?, opts.weight_dtype)
         };
+        // A table for lookups only, in host memory when asked.
+        let table = |name: &str, shape: &[usize], host: bool| -> Result<Linear<B>> {
+            if host {
+                Ok(Linear::Host(HostTable::new(&w.require(name, shape)?)?))
+            } else {
+                lin(name, shape)
+            }
+        };
+        let tied = c.tie_word_embeddings || w.is_tied();
         let vec = |name: &str, len: usize| -> Result<B::Buffer> {
             upload_vector(b, &w.require(name, &[len])?)
         };
-        let embed = lin("embed_tokens.weight", &[c.vocab_size, h])?;
+        // A tied embedding is also the output projection, so it stays on the backend.
+        let embed = table(
+            "embed_tokens.weight",
+            &[c.vocab_size, h],
+            opts.host_embeddings && !tied,
+        )?;
         let ple = match c.per_layer_input {
             None => None,
             Some(p) => {
                 let lp = c.num_layers() * p.hidden_size;
                 Some(PleTensors {
-                    table: lin("embed_tokens_per_layer.weight", &[p.vocab_size, lp])?,
+                    table: table(
+                        "embed_tokens_per_layer.weight",
+                        &[p.vocab_size, lp],
+                        opts.host_embeddings,
+                    )?,
                     projection: lin("per_layer_model_projection.weight", &[lp, h])?,
                     norm: vec("per_layer_projection_norm.weight", p.hidden_size)?,
                 })
@@ -141,7 +160,7 @@ impl<B: QuantUpload> ModelTensors<B> {
                 inv_freq: b.upload(HostSlice::F32(&inv))?,
             });
         }
-        let lm_head = if c.tie_word_embeddings || w.is_tied() {
+        let lm_head = if tied {
             None
         } else {
             Some(lin("lm_head.weight", &[c.vocab_size, h])?)
@@ -153,5 +172,26 @@ impl<B: QuantUpload> ModelTensors<B> {
             final_norm: vec("norm.weight", h)?,
             lm_head,
         })
+    }
+}
+
+impl<B: Backend> ModelTensors<B> {
+    /// Weight elements one decode step multiplies through (every matmul matrix, the output
+    /// projection included; lookup tables count only when they are also the output
+    /// projection): the bytes a step must read are this times the weight dtype's size.
+    pub fn matmul_elements(&self) -> usize {
+        let size = |l: &Linear<B>| l.rows() * l.cols();
+        let mut n = size(self.lm_head.as_ref().unwrap_or(&self.embed));
+        if let Some(p) = &self.ple {
+            n += size(&p.projection);
+        }
+        for l in &self.layers {
+            n += size(&l.q) + size(&l.o) + size(&l.gate) + size(&l.up) + size(&l.down);
+            n += l.k.as_ref().map_or(0, size) + l.v.as_ref().map_or(0, size);
+            if let Some((g, p, _)) = &l.ple {
+                n += size(g) + size(p);
+            }
+        }
+        n
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use strata_engine::{Device, GenerateParams, LoadedModel};
+use strata_engine::{GenerateParams, LoadedModel};
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::KvCacheDtype;
 use strata_tokenizer::ChatMessage;
@@ -38,9 +38,8 @@ pub struct GenerateArgs {
     /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: String,
-    /// auto, cpu or cuda.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    #[command(flatten)]
+    pub placement: crate::placement::PlacementArgs,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -54,7 +53,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         .kv_cache_dtype
         .parse()
         .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
-    let device: Device = a.device.parse()?;
+    let settings = a.placement.settings()?;
     let sampling = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -62,7 +61,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         min_p: a.min_p,
         seed: a.seed,
     };
-    let model = LoadedModel::load(&a.model, device)
+    let model = LoadedModel::load_with(&a.model, settings)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let prompt = if a.chat {
         model.encode_chat(&[ChatMessage {

@@ -1,7 +1,10 @@
 //! `strata`: the command-line entry point of the engine.
 
+mod bench;
 mod generate;
 mod inspect;
+mod placement;
+mod score;
 mod serve;
 
 use std::process::ExitCode;
@@ -27,6 +30,11 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Teacher-forced logits of token ids, written as raw f32 (for parity checks against
+    /// a reference implementation).
+    Score(score::ScoreArgs),
+    /// Engine benchmark: decode and prefill speed, KV capacity, decode roofline.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +43,8 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Score(args) => score::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

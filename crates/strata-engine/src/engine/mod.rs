@@ -18,7 +18,9 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 pub use metrics::{Histogram, Metrics, FINISH_REASONS};
 pub use text::TextStream;
 
-use crate::{EngineError, LoadedModel, Prompter, Result};
+use crate::{EngineError, LoadedModel, Prompter, Result, Runtime};
+use strata_kv::HostStorage;
+use strata_model::PagedStorage;
 
 /// How the engine sizes and runs the pool and the scheduler.
 #[derive(Clone, Debug)]
@@ -173,10 +175,21 @@ impl Engine {
         let prompter = loaded.prompter();
         let context_len = loaded.config().max_position_embeddings;
         let vocab_size = loaded.config().vocab_size;
-        let worker = worker::Worker::new(loaded, opts, status.clone(), metrics.clone())?;
-        std::thread::Builder::new()
-            .name("strata-engine".into())
-            .spawn(move || worker.run(rx))
+        let thread = std::thread::Builder::new().name("strata-engine".into());
+        let spawned = match &loaded.runtime {
+            Runtime::Cpu(m) => {
+                let pool = worker::pool_for(&loaded, &opts, HostStorage::new())?;
+                let w = worker::Worker::new(&loaded, m.clone(), pool, opts, status.clone(), metrics.clone())?;
+                thread.spawn(move || w.run(rx))
+            }
+            Runtime::Cuda(m) => {
+                let storage = PagedStorage::new(m.backend().clone());
+                let pool = worker::pool_for(&loaded, &opts, storage)?;
+                let w = worker::Worker::new(&loaded, m.clone(), pool, opts, status.clone(), metrics.clone())?;
+                thread.spawn(move || w.run(rx))
+            }
+        };
+        spawned
             .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             tx,

@@ -6,10 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use strata_kernels::cpu::CpuBackend;
-use strata_kv::{HostStorage, KvLayout, KvPool, PagePlan};
-use strata_model::Model;
-use strata_sched::{EventKind, FinishReason, Request, Scheduler, SeqId};
+use strata_kv::{KvLayout, KvPool, KvStorage, PagePlan};
+use strata_sched::{EventKind, FinishReason, Request, Scheduler, SeqId, StepModel};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
@@ -29,8 +27,8 @@ struct Live {
     last_token: Option<Instant>,
 }
 
-pub(crate) struct Worker {
-    sched: Scheduler<Arc<Model<CpuBackend>>>,
+pub(crate) struct Worker<M, S: KvStorage> {
+    sched: Scheduler<M, S>,
     tokenizer: Option<Arc<Tokenizer>>,
     stop_ids: Vec<u32>,
     opts: EngineOptions,
@@ -43,23 +41,33 @@ pub(crate) struct Worker {
     rebuild: Option<Command>,
 }
 
-impl Worker {
+/// The pool `opts` asks for, over `storage`.
+pub(crate) fn pool_for<S: KvStorage>(
+    loaded: &LoadedModel,
+    opts: &EngineOptions,
+    storage: S,
+) -> Result<KvPool<S>> {
+    let layout = KvLayout::for_config(loaded.config(), opts.kv_cache_dtype)?;
+    Ok(KvPool::with_budget(
+        layout,
+        opts.kv_budget_bytes,
+        opts.page_size,
+        opts.window_ratio,
+        opts.cache_type,
+        storage,
+    )?)
+}
+
+impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
     pub(crate) fn new(
-        loaded: LoadedModel,
+        loaded: &LoadedModel,
+        model: M,
+        pool: KvPool<S>,
         opts: EngineOptions,
         status: Arc<Mutex<EngineStatus>>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
-        let layout = KvLayout::for_config(loaded.config(), opts.kv_cache_dtype)?;
-        let pool = KvPool::with_budget(
-            layout,
-            opts.kv_budget_bytes,
-            opts.page_size,
-            opts.window_ratio,
-            opts.cache_type,
-            HostStorage::new(),
-        )?;
-        let sched = Scheduler::new(loaded.model.clone(), pool, opts.scheduler)
+        let sched = Scheduler::new(model, pool, opts.scheduler)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let worker = Self {
             sched,

@@ -104,10 +104,13 @@ impl CudaBackend {
             format!("out has {}, want {t} x {n}", out.len())
         })?;
         let xs = x.f32s(OP)?;
-        let os = out.f32s_mut(OP)?;
         if t == 0 || n == 0 {
             return Ok(());
         }
+        if self.bf16_gemm && w.dtype() == DType::BF16 {
+            return self.matmul_bf16(xs, w, t, k, n, out);
+        }
+        let os = out.f32s_mut(OP)?;
         let widened: CudaSlice<f32>;
         let ws: &CudaSlice<f32> = match &w.storage {
             Storage::F32(s) => s,
@@ -145,6 +148,75 @@ impl CudaBackend {
             .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
         unsafe { blas.gemm(cfg, ws, &xs.slice(..t * k), os) }
             .map_err(|e| KernelError::Device(format!("{OP}: cuBLAS SGEMM: {e:?}")))?;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// `out = bf16(x) * W^T` with a bf16 `W`, f32 accumulation and output (cublasGemmEx).
+    fn matmul_bf16(
+        &self,
+        xs: &CudaSlice<f32>,
+        w: &CudaBuffer,
+        t: usize,
+        k: usize,
+        n: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
+        const OP: &str = "matmul";
+        let Storage::Bits16(ws) = &w.storage else {
+            unreachable!("a BF16 buffer holds 16-bit storage")
+        };
+        // SAFETY: every element is written by the narrowing kernel before the GEMM reads it.
+        let mut xb = unsafe { self.stream.alloc::<u16>(t * k) }
+            .map_err(device_err("allocating matmul scratch"))?;
+        let n_x = (t * k) as u64;
+        let mut l = self.stream.launch_builder(self.kernels.get("narrow_to_bf16")?);
+        l.arg(xs).arg(&mut xb).arg(&n_x);
+        // SAFETY: xs holds at least t*k elements (checked by the caller), xb exactly t*k.
+        unsafe { l.launch(super::grid_for(t * k)) }.map_err(device_err("narrow_to_bf16"))?;
+        let os = out.f32s_mut(OP)?;
+        let (m_i, n_i, k_i) = (as_c_int(OP, n)?, as_c_int(OP, t)?, as_c_int(OP, k)?);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        self.ctx
+            .bind_to_thread()
+            .map_err(device_err("binding the GPU context"))?;
+        let blas = self
+            .blas
+            .lock()
+            .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
+        let (wp, _g1) = ws.device_ptr(&self.stream);
+        let (xp, _g2) = xb.device_ptr(&self.stream);
+        let (op, _g3) = os.device_ptr_mut(&self.stream);
+        // SAFETY: as in SGEMM above: A = W (k x n col-major, transposed), B = x (k x t),
+        // C = out (n x t); all three hold the sizes given; alpha/beta are f32 as the
+        // compute type asks.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                m_i,
+                n_i,
+                k_i,
+                (&alpha as *const f32).cast(),
+                wp as *const std::ffi::c_void,
+                cudaDataType::CUDA_R_16BF,
+                k_i,
+                xp as *const std::ffi::c_void,
+                cudaDataType::CUDA_R_16BF,
+                k_i,
+                (&beta as *const f32).cast(),
+                op as *mut std::ffi::c_void,
+                cudaDataType::CUDA_R_32F,
+                m_i,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| KernelError::Device(format!("{OP}: cublasGemmEx (bf16): {e:?}")))?;
         Ok(())
     }
 }

@@ -46,6 +46,10 @@ pub struct CudaBackend {
     kernels: Arc<Kernels>,
     arch: u32,
     device_name: String,
+    /// Dense matmuls with a BF16 weight round the activations to bf16 and run a bf16 GEMM
+    /// with f32 accumulation and output (the speed path); off, the weight is widened and
+    /// SGEMM keeps f32 activations exact (the reference path).
+    bf16_gemm: bool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -122,7 +126,51 @@ impl CudaBackend {
             kernels: Arc::new(kernels),
             arch,
             device_name,
+            bf16_gemm: false,
         })
+    }
+
+    /// Sets the bf16 GEMM path (see the field); returns the backend for chaining.
+    pub fn with_bf16_gemm(mut self, on: bool) -> Self {
+        self.bf16_gemm = on;
+        self
+    }
+
+    pub fn bf16_gemm(&self) -> bool {
+        self.bf16_gemm
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(device_err("binding the GPU context"))?;
+        cudarc::driver::result::mem_get_info().map_err(device_err("reading free memory"))
+    }
+
+    /// Device-to-device copy bandwidth in bytes per second, counting bytes read and
+    /// written: the best of a few copies of `bytes` (the decode roofline's denominator).
+    pub fn measure_copy_bandwidth(&self, bytes: usize) -> Result<f64> {
+        let n = bytes / 4;
+        let src = self
+            .stream
+            .alloc_zeros::<f32>(n)
+            .map_err(device_err("allocating a bandwidth buffer"))?;
+        let mut dst = self
+            .stream
+            .alloc_zeros::<f32>(n)
+            .map_err(device_err("allocating a bandwidth buffer"))?;
+        let mut best = f64::INFINITY;
+        for _ in 0..6 {
+            self.synchronize()?;
+            let t = std::time::Instant::now();
+            self.stream
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(device_err("copying on the GPU"))?;
+            self.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * (n * 4) as f64 / best)
     }
 
     /// The GPU's name as the driver reports it.

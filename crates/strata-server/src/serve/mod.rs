@@ -16,7 +16,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use clap::Args;
-use strata_engine::{Device, Engine, EngineOptions, LoadedModel};
+use strata_engine::{Engine, EngineOptions, LoadedModel};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::SchedulerConfig;
 
@@ -55,9 +55,11 @@ pub struct ServeArgs {
     /// Bytes of KV memory (default: --mem-fraction of available memory).
     #[arg(long)]
     pub kv_budget_bytes: Option<u64>,
-    /// Fraction of available memory for KV when --kv-budget-bytes is not given.
-    #[arg(long, default_value_t = 0.1)]
-    pub mem_fraction: f64,
+    /// Fraction of memory for KV when --kv-budget-bytes is not given: of free device
+    /// memory after the weights on a GPU (default 0.85), of available host memory on the
+    /// CPU (default 0.1).
+    #[arg(long)]
+    pub mem_fraction: Option<f64>,
     /// Tokens per KV page.
     #[arg(long, default_value_t = 16)]
     pub page_size: usize,
@@ -70,9 +72,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "STRATA_API_KEY")]
     pub api_key: Option<String>,
-    /// auto, cpu or cuda.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    #[command(flatten)]
+    pub placement: crate::placement::PlacementArgs,
 }
 
 /// Available memory from /proc/meminfo, when the platform has it.
@@ -96,17 +97,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         .cache_type
         .parse()
         .map_err(|e| anyhow::anyhow!("--cache-type: {e}"))?;
-    let device: Device = a.device.parse()?;
-    if !(a.mem_fraction > 0.0 && a.mem_fraction < 1.0) {
-        anyhow::bail!("--mem-fraction must be between 0 and 1");
-    }
-    let budget = match a.kv_budget_bytes {
-        Some(b) => b,
-        None => {
-            let avail = available_memory().unwrap_or(4 << 30);
-            (avail as f64 * a.mem_fraction) as u64
+    let settings = a.placement.settings()?;
+    if let Some(f) = a.mem_fraction {
+        if !(f > 0.0 && f < 1.0) {
+            anyhow::bail!("--mem-fraction must be between 0 and 1");
         }
-    };
+    }
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         a.model
             .file_stem()
@@ -115,16 +111,32 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     });
 
     let t0 = Instant::now();
-    log(format!("loading {} on {:?}", a.model.display(), device));
-    let loaded = LoadedModel::load(&a.model, device)
+    log(format!(
+        "loading {} (device {}, dtype {}, embeddings on {})",
+        a.model.display(),
+        a.placement.device,
+        a.placement.dtype,
+        a.placement.embed_weights
+    ));
+    let loaded = LoadedModel::load_with(&a.model, settings)
         .with_context(|| format!("loading {}", a.model.display()))?;
     log(format!(
-        "loaded {} ({} layers, vocab {}) in {:.1} s",
+        "loaded {} ({} layers, vocab {}) on {} in {:.1} s",
         loaded.config().architecture.name(),
         loaded.config().num_layers(),
         loaded.config().vocab_size,
+        loaded.runtime.device_name(),
         t0.elapsed().as_secs_f64()
     ));
+    let budget = match (a.kv_budget_bytes, loaded.runtime.free_device_memory()) {
+        (Some(b), _) => b,
+        // Leave the rest of the GPU to activations, cuBLAS workspaces and the allocator.
+        (None, Some(free)) => (free as f64 * a.mem_fraction.unwrap_or(0.85)) as u64,
+        (None, None) => {
+            let avail = available_memory().unwrap_or(4 << 30);
+            (avail as f64 * a.mem_fraction.unwrap_or(0.1)) as u64
+        }
+    };
     let layout = KvLayout::for_config(loaded.config(), kv_cache_dtype)?;
     for g in layout.groups() {
         log(format!(

@@ -1,0 +1,197 @@
+//! Engine benchmarks on the loaded model: batched decode at a context depth, prefill of one
+//! long prompt, and how many KV pages fit. Token values do not change the work, so prompts
+//! are pseudo-random ids and the context of a decode benchmark is reserved in the pool
+//! without being computed (its K/V rows are whatever the slabs hold): the decode step still
+//! reads every one of those rows.
+
+use std::time::Instant;
+
+use strata_kernels::sampling::SamplerRng;
+use strata_kernels::Backend;
+use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
+
+use crate::{EngineError, LoadedModel, Result, Runtime};
+
+const PAGE: usize = 16;
+
+/// One decode measurement.
+#[derive(Clone, Debug)]
+pub struct DecodeBench {
+    pub batch: usize,
+    pub depth: usize,
+    pub steps: usize,
+    pub seconds_per_step: f64,
+    pub tokens_per_second: f64,
+}
+
+/// One prefill measurement.
+#[derive(Clone, Debug)]
+pub struct PrefillBench {
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = SamplerRng::new(seed);
+    (0..n).map(|_| 3 + (rng.next_u64() % (vocab as u64 - 3)) as u32).collect()
+}
+
+fn plan(tokens: usize) -> PagePlan {
+    let pages = tokens.div_ceil(PAGE) + 1;
+    PagePlan {
+        full: pages,
+        window: pages,
+        page_size: PAGE,
+    }
+}
+
+impl LoadedModel {
+    /// Decode steps of `batch` sequences each `depth` tokens deep (after `warmup` steps).
+    pub fn bench_decode(
+        &self,
+        batch: usize,
+        depth: usize,
+        steps: usize,
+        warmup: usize,
+        kv: KvCacheDtype,
+    ) -> Result<DecodeBench> {
+        let layout = KvLayout::for_config(self.config(), kv)?;
+        let p = plan(batch * (depth + steps + warmup + PAGE));
+        let secs = match &self.runtime {
+            Runtime::Cpu(m) => decode_on(
+                m,
+                KvPool::new(layout, p, CacheType::Naive, HostStorage::new())?,
+                batch,
+                depth,
+                steps,
+                warmup,
+            )?,
+            Runtime::Cuda(m) => decode_on(
+                m,
+                KvPool::new(layout, p, CacheType::Naive, PagedStorage::new(m.backend().clone()))?,
+                batch,
+                depth,
+                steps,
+                warmup,
+            )?,
+        };
+        Ok(DecodeBench {
+            batch,
+            depth,
+            steps,
+            seconds_per_step: secs / steps as f64,
+            tokens_per_second: (batch * steps) as f64 / secs,
+        })
+    }
+
+    /// One prompt of `tokens` pseudo-random ids in a single pass, best of `repeats`.
+    pub fn bench_prefill(
+        &self,
+        tokens: usize,
+        repeats: usize,
+        kv: KvCacheDtype,
+    ) -> Result<PrefillBench> {
+        let layout = KvLayout::for_config(self.config(), kv)?;
+        let p = plan(tokens);
+        let prompt = ids(tokens, self.config().vocab_size, 1);
+        let mut best = f64::INFINITY;
+        for _ in 0..repeats.max(1) {
+            let secs = match &self.runtime {
+                Runtime::Cpu(m) => prefill_on(
+                    m,
+                    KvPool::new(layout.clone(), p, CacheType::Naive, HostStorage::new())?,
+                    &prompt,
+                )?,
+                Runtime::Cuda(m) => prefill_on(
+                    m,
+                    KvPool::new(
+                        layout.clone(),
+                        p,
+                        CacheType::Naive,
+                        PagedStorage::new(m.backend().clone()),
+                    )?,
+                    &prompt,
+                )?,
+            };
+            best = best.min(secs);
+        }
+        Ok(PrefillBench {
+            tokens,
+            seconds: best,
+            tokens_per_second: tokens as f64 / best,
+        })
+    }
+}
+
+fn decode_on<B: Backend, S: KvStorage>(
+    model: &Model<B>,
+    mut kv: KvPool<S>,
+    batch: usize,
+    depth: usize,
+    steps: usize,
+    warmup: usize,
+) -> Result<f64>
+where
+    KvPool<S>: KvCache<B>,
+{
+    if batch == 0 || steps == 0 {
+        return Err(EngineError::Invalid("batch and steps must be positive".into()));
+    }
+    let vocab = model.config().vocab_size;
+    let reqs: Vec<_> = (0..batch).map(|_| kv.alloc_request()).collect();
+    for &r in &reqs {
+        kv.extend(r, depth)?;
+        kv.commit(r, depth)?;
+    }
+    let mut next = ids(batch, vocab, 2);
+    let mut secs = 0.0;
+    for step in 0..warmup + steps {
+        let pos = depth + step;
+        let mut seqs = Vec::with_capacity(batch);
+        for (i, &r) in reqs.iter().enumerate() {
+            kv.extend(r, 1)?;
+            seqs.push(SeqChunk {
+                request: r,
+                tokens: vec![next[i]],
+                start: pos,
+                logits: LogitsMode::Last,
+            });
+        }
+        let t = Instant::now();
+        let out = model.forward(&mut kv, &ForwardBatch { seqs })?;
+        // Greedy next tokens, as a server would pick them (the logits are on the host).
+        for (i, n) in next.iter_mut().enumerate() {
+            if let Some(row) = out.last(i) {
+                *n = (0..row.len()).fold(0, |b, j| if row[j] > row[b] { j } else { b }) as u32;
+            }
+        }
+        if step >= warmup {
+            secs += t.elapsed().as_secs_f64();
+        }
+        for &r in &reqs {
+            kv.commit(r, pos + 1)?;
+        }
+    }
+    Ok(secs)
+}
+
+fn prefill_on<B: Backend, S: KvStorage>(model: &Model<B>, mut kv: KvPool<S>, prompt: &[u32]) -> Result<f64>
+where
+    KvPool<S>: KvCache<B>,
+{
+    let r = kv.alloc_request();
+    kv.extend(r, prompt.len())?;
+    let batch = ForwardBatch {
+        seqs: vec![SeqChunk {
+            request: r,
+            tokens: prompt.to_vec(),
+            start: 0,
+            logits: LogitsMode::Last,
+        }],
+    };
+    let t = Instant::now();
+    model.forward(&mut kv, &batch)?;
+    Ok(t.elapsed().as_secs_f64())
+}

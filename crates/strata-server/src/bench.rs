@@ -1,0 +1,148 @@
+//! `strata bench`: the engine benchmark (decode at batch sizes and context depths, prefill
+//! of long prompts, KV pages that fit) with the decode roofline. Prints a table last and
+//! writes JSON. See docs/benchmarks.md.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::json;
+use strata_engine::{LoadedModel, Runtime};
+use strata_kv::{KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A model directory, `config.json`, or `.gguf` file.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub placement: crate::placement::PlacementArgs,
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// Decode batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128")]
+    pub batches: Vec<usize>,
+    /// Context depths for decode.
+    #[arg(long, value_delimiter = ',', default_value = "128,4096,16384")]
+    pub depths: Vec<usize>,
+    /// Prompt lengths for prefill (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,4096,16384")]
+    pub prefill: Vec<usize>,
+    #[arg(long, default_value_t = 8)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Skip decode points whose KV would exceed this many tokens (batch x depth).
+    #[arg(long, default_value_t = 2_200_000)]
+    pub max_kv_tokens: usize,
+    /// Write the results here as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
+    let kv: KvCacheDtype = a
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let model = LoadedModel::load_with(&a.model, a.placement.settings()?)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    let device = model.runtime.device_name();
+    eprintln!("[bench] {} on {device}", a.model.display());
+
+    // Roofline: weight bytes a decode step reads over the measured copy bandwidth.
+    let (weight_bytes, bandwidth, free) = match &model.runtime {
+        Runtime::Cuda(m) => {
+            let bytes = m.matmul_elements() as f64 * if m.backend().bf16_gemm() { 2.0 } else { 4.0 };
+            let bw = m.backend().measure_copy_bandwidth(2 << 30)?;
+            let free = m.backend().memory_info()?.0 as u64;
+            (bytes, Some(bw), Some(free))
+        }
+        Runtime::Cpu(m) => (m.matmul_elements() as f64 * 4.0, None, None),
+    };
+    let roofline = bandwidth.map(|bw| bw / weight_bytes);
+
+    let mut decode = Vec::new();
+    for &depth in &a.depths {
+        for &batch in &a.batches {
+            if batch * depth > a.max_kv_tokens {
+                continue;
+            }
+            let r = model.bench_decode(batch, depth, a.steps, a.warmup, kv)?;
+            eprintln!(
+                "[bench] decode batch {batch} depth {depth}: {:.2} ms/step, {:.1} tok/s",
+                r.seconds_per_step * 1e3,
+                r.tokens_per_second
+            );
+            decode.push(r);
+        }
+    }
+    let mut prefill = Vec::new();
+    for &n in &a.prefill {
+        let r = model.bench_prefill(n, 2, kv)?;
+        eprintln!("[bench] prefill {n}: {:.1} ms, {:.0} tok/s", r.seconds * 1e3, r.tokens_per_second);
+        prefill.push(r);
+    }
+    // Pages the whole free device memory buys per KV format.
+    let mut pages = Vec::new();
+    if let Some(free) = free {
+        for d in [KvCacheDtype::Bf16, KvCacheDtype::Fp8PerTokenHead, KvCacheDtype::Int8PerTokenHead] {
+            let layout = KvLayout::for_config(model.config(), d)?;
+            let plan = layout.plan_pages((free as f64 * 0.85) as u64, 16, DEFAULT_WINDOW_RATIO)?;
+            pages.push(json!({"kv_cache_dtype": d.name(), "budget_bytes": (free as f64 * 0.85) as u64,
+                "full_pages": plan.full, "window_pages": plan.window, "page_size": plan.page_size,
+                "full_tokens": plan.full * plan.page_size}));
+        }
+    }
+
+    let report = json!({
+        "model": a.model.display().to_string(),
+        "device": device,
+        "kv_cache_dtype": kv.name(),
+        "weight_bytes_per_step": weight_bytes,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "decode_roofline_tok_s_batch1": roofline,
+        "decode": decode.iter().map(|r| json!({"batch": r.batch, "depth": r.depth, "steps": r.steps,
+            "ms_per_step": r.seconds_per_step * 1e3, "tokens_per_second": r.tokens_per_second})).collect::<Vec<_>>(),
+        "prefill": prefill.iter().map(|r| json!({"tokens": r.tokens, "ms": r.seconds * 1e3,
+            "tokens_per_second": r.tokens_per_second})).collect::<Vec<_>>(),
+        "kv_pages": pages,
+    });
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    println!("\n| figure | value |\n|---|---|");
+    if let (Some(bw), Some(rf)) = (bandwidth, roofline) {
+        println!("| copy bandwidth | {:.2} TB/s |", bw / 1e12);
+        println!("| weight bytes per decode step | {:.2} GB |", weight_bytes / 1e9);
+        println!("| decode roofline, batch 1 | {rf:.0} tok/s |");
+    }
+    for r in &decode {
+        let frac = roofline
+            .filter(|_| r.batch == 1)
+            .map(|rf| format!(" ({:.0}% of roofline)", 100.0 * r.tokens_per_second / rf))
+            .unwrap_or_default();
+        println!(
+            "| decode batch {} depth {} | {:.1} tok/s, {:.2} ms/step{frac} |",
+            r.batch,
+            r.depth,
+            r.tokens_per_second,
+            r.seconds_per_step * 1e3
+        );
+    }
+    for r in &prefill {
+        println!(
+            "| prefill {} tokens | {:.1} ms, {:.0} tok/s |",
+            r.tokens,
+            r.seconds * 1e3,
+            r.tokens_per_second
+        );
+    }
+    for p in &pages {
+        println!(
+            "| KV pages at {} | {} full pages ({} tokens) |",
+            p["kv_cache_dtype"], p["full_pages"], p["full_tokens"]
+        );
+    }
+    Ok(())
+}
