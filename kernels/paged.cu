@@ -136,7 +136,7 @@ kv_store(const float* k, const float* v, const u32* slots, unsigned char* k_slab
 // row_seq[t] names t's sequence.
 //
 // One block of PA_WARPS warps per (query row, head, split); split `z` of `n_splits` walks
-// the visible keys [lo + z * chunk, lo + (z + 1) * chunk). Each warp takes every PA_WARPS-th
+// the z-th of n_splits equal parts of the row's visible keys. Each warp takes every PA_WARPS-th
 // key with its own online softmax; warps merge in shared memory. With one split the block
 // writes the normalised output; otherwise it writes (max, sum, unnormalised acc) to the
 // workspace and `paged_combine` merges the splits.
@@ -150,7 +150,7 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
                 const float* k_scales, const float* v_scales, const u32* seqs,
                 const u32* row_seq, const u32* slots, float* out, float* ws_acc, float* ws_ml,
                 int n_heads, int n_kv_heads, int d, int format, float scale, long long window,
-                int has_softcap, float softcap, int n_splits, int chunk) {
+                int has_softcap, float softcap, int n_splits) {
     __shared__ float q_row[PA_MAX_D];
     __shared__ float warp_max[PA_WARPS];
     __shared__ float warp_sum[PA_WARPS];
@@ -170,6 +170,9 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
     // Visible keys (as indices j from k_start): causal up to qp, and inside the window.
     long long lo = 0, hi = qp - k_start;  // inclusive
     if (window >= 0 && qp - window + 1 - k_start > lo) lo = qp - window + 1 - k_start;
+    // This row's visible keys, split evenly: the grid's split count is fixed (a captured
+    // graph replays it unchanged) while each row's key count grows.
+    const long long chunk = (hi - lo + n_splits) / n_splits;
     const long long zlo = lo + (long long)z * chunk;
     long long zhi = zlo + chunk - 1;
     if (zhi > hi) zhi = hi;

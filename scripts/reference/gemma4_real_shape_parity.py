@@ -52,12 +52,19 @@ def log(*a):
 
 @torch.no_grad()
 def randomise_text(lm, seed):
-    """Norm weights 1 + 0.1 N; embeddings N(0, 0.05^2); other matrices N(0, 1/fan_in);
-    layer scalars U(0.5, 1.5): activations and logits stay O(1) at the real widths."""
+    """Weights whose activations, attention scores and logits stay O(1) at the real widths,
+    as a trained model's do: matrices N(0, 1/fan_in), embeddings N(0, 0.05^2), norm weights
+    1 + 0.1 N, layer scalars U(0.5, 1.5), and q/k norm weights d^-1/4 (1 + 0.1 N). Gemma-4
+    scores are q.k with scale 1 over unit-RMS q and k, so with q/k norm weights near 1 a
+    score has standard deviation sqrt(d) = 16..23: softmax is one-hot and the model chaotic
+    (transformers in bf16 and f32 then agree on under 1% of next tokens). d^-1/4 on each
+    side gives scores of standard deviation 1."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     for name, p in lm.named_parameters():
         noise = torch.randn(p.shape, generator=g, device="cuda", dtype=torch.float32)
-        if "norm" in name:
+        if "q_norm" in name or "k_norm" in name:
+            p.copy_(p.shape[0] ** -0.25 * (1.0 + 0.1 * noise))
+        elif "norm" in name:
             p.copy_(1.0 + 0.1 * noise)
         elif "embed" in name:
             p.copy_(0.05 * noise)
@@ -156,6 +163,7 @@ def run_model(model, args, report, failures):
     ref32 = hf_logits(ckpt, ids, torch.float32)
     ref16 = hf_logits(ckpt, ids, torch.bfloat16)
     r = {"tokens": n, "transformers_bf16_vs_f32": compare(ref16, ref32)}
+    log(model, "transformers bf16 vs f32", json.dumps(r["transformers_bf16_vs_f32"]))
 
     got, rep = strata_logits(args.strata, ckpt, ids_path, out, vocab, n, "f32", "f32")
     r["f32"] = {"vs_transformers_f32": compare(got, ref32), "strata": rep}
@@ -196,11 +204,18 @@ def main():
     ap.add_argument("--tokens", type=int, default=1280)
     ap.add_argument("--report", default="parity.json")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints")
+    ap.add_argument("--checkpoint-only", action="store_true",
+                    help="only make the checkpoints (for benchmarks) and stop")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     report = {"transformers": transformers.__version__, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0), "bounds": BOUNDS}
     failures = []
+    if args.checkpoint_only:
+        for model in args.models.split(","):
+            make_checkpoint(model, os.path.join(args.work, model, "ckpt"),
+                            seed=41 if model == "e2b" else 42)
+        return
     for model in args.models.split(","):
         try:
             run_model(model, args, report, failures)

@@ -46,6 +46,9 @@ pub trait Backend: Send + Sync {
     /// A paged attention call's sequence descriptions and slot table, uploaded once per
     /// forward step and reused by every layer of the same attention group.
     type PagedBatch: Send + Sync;
+    /// A captured sequence of ops that can be replayed (CUDA graphs); `()` where the
+    /// backend has none.
+    type Graph: Send + Sync;
 
     fn name(&self) -> &'static str;
 
@@ -248,6 +251,80 @@ pub trait Backend: Send + Sync {
         p: AttentionParams,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// Overwrites an index buffer's contents (same length) in place, keeping its address.
+    fn write_index(&self, index: &mut Self::Index, data: &[u32]) -> Result<()>;
+
+    /// [`Backend::paged_batch`] with room for `slot_capacity` slots, so later
+    /// [`Backend::paged_batch_update`] calls with the same sequence count keep every
+    /// address (what a captured graph needs). Its attention call splits keys as if they
+    /// were long, since the grid cannot change between replays.
+    fn paged_batch_with_capacity(
+        &self,
+        seqs: &[PagedSeq],
+        slots: &[u32],
+        slot_capacity: usize,
+    ) -> Result<Self::PagedBatch>;
+
+    /// Rewrites a batch made by [`Backend::paged_batch_with_capacity`] in place: the same
+    /// number of sequences and query rows, at most its slot capacity.
+    fn paged_batch_update(
+        &self,
+        batch: &mut Self::PagedBatch,
+        seqs: &[PagedSeq],
+        slots: &[u32],
+    ) -> Result<()>;
+
+    /// [`Backend::embedding`] with the ids in backend memory (checked by the caller).
+    fn embedding_idx(
+        &self,
+        ids: &Self::Index,
+        table: &Self::Buffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// [`Backend::embedding_quant`] with the ids in backend memory.
+    fn embedding_quant_idx(
+        &self,
+        ids: &Self::Index,
+        table: &Self::QuantMatrix,
+        scale: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// [`Backend::rope`] with the positions in backend memory.
+    fn rope_idx(
+        &self,
+        x: &mut Self::Buffer,
+        positions: &Self::Index,
+        inv_freq: &Self::Buffer,
+        p: RopeParams,
+    ) -> Result<()>;
+
+    // ---- graphs ------------------------------------------------------------------------
+
+    /// Whether [`Backend::begin_capture`] can work.
+    fn supports_graphs(&self) -> bool {
+        false
+    }
+
+    /// Starts recording every op queued from this thread instead of running it. Inputs the
+    /// recorded ops read must live in buffers whose addresses outlast the graph.
+    fn begin_capture(&self) -> Result<()> {
+        Err(crate::KernelError::Device(format!("{} has no graphs", self.name())))
+    }
+
+    /// Stops recording and returns the replayable graph.
+    fn end_capture(&self) -> Result<Self::Graph> {
+        Err(crate::KernelError::Device(format!("{} has no graphs", self.name())))
+    }
+
+    /// Runs a captured graph (in order with every other op).
+    fn launch_graph(&self, _graph: &Self::Graph) -> Result<()> {
+        Err(crate::KernelError::Device(format!("{} has no graphs", self.name())))
+    }
 
     // ---- sampling -----------------------------------------------------------------------
 

@@ -13,9 +13,22 @@ use crate::model::Model;
 use crate::tensors::LayerTensors;
 
 /// Where each sequence's rows sit in the batch's token-major buffers.
-struct SeqRows {
-    offset: usize,
-    len: usize,
+pub(crate) struct SeqRows {
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+/// A batch checked and flattened on the host.
+pub(crate) struct Prepared {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) positions: Vec<u32>,
+    pub(crate) rows: Vec<SeqRows>,
+}
+
+/// The step's token ids and positions in backend memory (fixed addresses for a graph).
+pub(crate) struct StepInputs<B: Backend> {
+    pub(crate) ids: B::Index,
+    pub(crate) positions: B::Index,
 }
 
 impl<B: Backend> Model<B> {
@@ -57,11 +70,33 @@ impl<B: Backend> Model<B> {
     }
 
     /// Runs every sequence of `batch` through the model, storing their K/V in `kv` and
-    /// returning the logits each asked for.
+    /// returning the logits each asked for. A KV cache that can replay a captured graph
+    /// for the batch (decode steps on the GPU) does so; everything else runs op by op.
     pub fn forward<K: KvCache<B>>(&self, kv: &mut K, batch: &ForwardBatch) -> Result<ForwardOutput> {
         let c = &self.config;
         let b = &self.backend;
-        let h = c.hidden_size;
+        let prep = self.prepare(batch)?;
+        if prep.ids.is_empty() {
+            return Ok(ForwardOutput {
+                vocab: c.vocab_size,
+                logits: vec![],
+            });
+        }
+        if let Some(out) = kv.replay_decode(self, batch, &prep)? {
+            return Ok(out);
+        }
+        kv.begin_step(b, batch)?;
+        let inputs = StepInputs {
+            ids: b.upload_index(&prep.ids)?,
+            positions: b.upload_index(&prep.positions)?,
+        };
+        let (logits, counts) = self.run(kv, batch, &prep, &inputs)?;
+        self.download_logits(logits, &counts)
+    }
+
+    /// Checks `batch` and flattens its ids and positions.
+    pub(crate) fn prepare(&self, batch: &ForwardBatch) -> Result<Prepared> {
+        let c = &self.config;
         let mut ids = Vec::new();
         let mut positions = Vec::new();
         let mut rows = Vec::with_capacity(batch.seqs.len());
@@ -89,28 +124,41 @@ impl<B: Backend> Model<B> {
             ids.extend_from_slice(&s.tokens);
             positions.extend((s.start..end).map(|p| p as u32));
         }
-        let t = ids.len();
-        if t == 0 {
-            return Ok(ForwardOutput {
-                vocab: c.vocab_size,
-                logits: vec![],
-            });
-        }
+        Ok(Prepared {
+            ids,
+            positions,
+            rows,
+        })
+    }
 
-        kv.begin_step(b, batch)?;
+    /// Every layer and the selected rows' logits, left in backend memory (`None` when no
+    /// sequence wants logits), with the row count per sequence. Touches the host only for
+    /// host-resident embedding tables, so it can be captured as a graph otherwise.
+    pub(crate) fn run<K: KvCache<B>>(
+        &self,
+        kv: &mut K,
+        batch: &ForwardBatch,
+        prep: &Prepared,
+        inputs: &StepInputs<B>,
+    ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
+        let c = &self.config;
+        let b = &self.backend;
+        let h = c.hidden_size;
+        let t = prep.ids.len();
+        let rows = &prep.rows;
         let mut x = self.zeros(t * h)?;
         self.tensors
             .embed
-            .embed(b, &ids, self.embed_scale, &mut x)?;
+            .embed_idx(b, &prep.ids, &inputs.ids, self.embed_scale, &mut x)?;
         let ple = match &self.tensors.ple {
-            Some(_) => Some(self.per_layer_inputs(&ids, &x)?),
+            Some(_) => Some(self.per_layer_inputs(&prep.ids, inputs, &x)?),
             None => None,
         };
         let mut normed = self.zeros(t * h)?;
         for (l, lw) in self.tensors.layers.iter().enumerate() {
             let lc = &c.layers[l];
             b.rms_norm(&x, Some(&lw.input_norm), self.norm(h), &mut normed)?;
-            let attn = self.attention(l, lc, lw, &normed, &positions, batch, kv)?;
+            let attn = self.attention(l, lc, lw, &normed, t, inputs, batch, kv)?;
             match &lw.post_attn_norm {
                 Some(post) => {
                     b.rms_norm_add(&mut x, &attn, Some(post), self.norm(h))?;
@@ -158,7 +206,7 @@ impl<B: Backend> Model<B> {
                 b.scale(&mut x, lw.layer_scalar)?;
             }
         }
-        self.logits(&x, batch, &rows)
+        self.logits(&x, batch, rows)
     }
 
     fn activation(&self) -> Activation {
@@ -169,7 +217,12 @@ impl<B: Backend> Model<B> {
     }
 
     /// Gemma-4 PLE: `[T, L * P]` = (norm(W_plp x0 / sqrt(H)) + E_ple[id] * sqrt(P)) / sqrt(2).
-    fn per_layer_inputs(&self, ids: &[u32], x0: &B::Buffer) -> Result<B::Buffer> {
+    fn per_layer_inputs(
+        &self,
+        ids: &[u32],
+        inputs: &StepInputs<B>,
+        x0: &B::Buffer,
+    ) -> Result<B::Buffer> {
         let b = &self.backend;
         let ple = self.tensors.ple.as_ref().expect("checked by caller");
         let p = self
@@ -180,7 +233,8 @@ impl<B: Backend> Model<B> {
         let t = ids.len();
         let lp = ple.projection.rows();
         let mut tok = self.zeros(t * lp)?;
-        ple.table.embed(b, ids, self.ple_scale, &mut tok)?;
+        ple.table
+            .embed_idx(b, ids, &inputs.ids, self.ple_scale, &mut tok)?;
         let mut ctx = self.zeros(t * lp)?;
         ple.projection.forward(b, x0, &mut ctx)?;
         b.scale(&mut ctx, (self.config.hidden_size as f32).powf(-0.5))?;
@@ -210,13 +264,13 @@ impl<B: Backend> Model<B> {
         lc: &LayerConfig,
         lw: &LayerTensors<B>,
         normed: &B::Buffer,
-        positions: &[u32],
+        t: usize,
+        inputs: &StepInputs<B>,
         batch: &ForwardBatch,
         kv: &mut K,
     ) -> Result<B::Buffer> {
         let b = &self.backend;
         let c = &self.config;
-        let t = positions.len();
         let (d, nh, nkv) = (lc.head_dim, c.num_attention_heads, lc.num_kv_heads);
         let head_norm = self.norm(d);
 
@@ -227,7 +281,7 @@ impl<B: Backend> Model<B> {
             b.rms_norm(&q, Some(qn), head_norm, &mut out)?;
             q = out;
         }
-        b.rope(&mut q, positions, &lw.inv_freq, self.rope_params(lc, nh))?;
+        b.rope_idx(&mut q, &inputs.positions, &lw.inv_freq, self.rope_params(lc, nh))?;
 
         if let (Some(wk), Some(wv)) = (&lw.k, &lw.v) {
             let mut k = self.zeros(t * nkv * d)?;
@@ -237,7 +291,7 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(&k, Some(kn), head_norm, &mut out)?;
                 k = out;
             }
-            b.rope(&mut k, positions, &lw.inv_freq, self.rope_params(lc, nkv))?;
+            b.rope_idx(&mut k, &inputs.positions, &lw.inv_freq, self.rope_params(lc, nkv))?;
             let mut v = self.zeros(t * nkv * d)?;
             wv.forward(b, normed, &mut v)?;
             if c.v_norm {
@@ -285,7 +339,7 @@ impl<B: Backend> Model<B> {
         x: &B::Buffer,
         batch: &ForwardBatch,
         rows: &[SeqRows],
-    ) -> Result<ForwardOutput> {
+    ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let b = &self.backend;
         let c = &self.config;
         let (h, vocab) = (c.hidden_size, c.vocab_size);
@@ -302,10 +356,7 @@ impl<B: Backend> Model<B> {
         }
         let n = wanted.len();
         if n == 0 {
-            return Ok(ForwardOutput {
-                vocab,
-                logits: vec![vec![]; rows.len()],
-            });
+            return Ok((None, counts));
         }
         let mut sel = self.zeros(n * h)?;
         for (i, &row) in wanted.iter().enumerate() {
@@ -322,10 +373,26 @@ impl<B: Backend> Model<B> {
         if let Some(cap) = c.final_logit_softcapping {
             b.softcap(&mut logits, cap as f32)?;
         }
-        let host = b.download(&logits)?;
-        let mut out = Vec::with_capacity(rows.len());
+        Ok((Some(logits), counts))
+    }
+
+    /// The logits of [`Model::run`] on the host, split per sequence.
+    pub(crate) fn download_logits(
+        &self,
+        logits: Option<B::Buffer>,
+        counts: &[usize],
+    ) -> Result<ForwardOutput> {
+        let vocab = self.config.vocab_size;
+        let Some(logits) = logits else {
+            return Ok(ForwardOutput {
+                vocab,
+                logits: vec![vec![]; counts.len()],
+            });
+        };
+        let host = self.backend.download(&logits)?;
+        let mut out = Vec::with_capacity(counts.len());
         let mut at = 0;
-        for k in counts {
+        for &k in counts {
             out.push(host[at * vocab..(at + k) * vocab].to_vec());
             at += k;
         }

@@ -10,8 +10,10 @@
 use strata_kernels::{AttentionParams, Backend, HostSlice, StridedCopy};
 use strata_kv::{HostStorage, KvPool};
 
-use crate::batch::ForwardBatch;
+use crate::batch::{ForwardBatch, ForwardOutput};
 use crate::error::Result;
+use crate::forward::Prepared;
+use crate::model::Model;
 
 pub use crate::paged_kv::PagedStorage;
 
@@ -19,6 +21,18 @@ pub use crate::paged_kv::PagedStorage;
 pub trait KvCache<B: Backend> {
     /// Called once per forward pass before the first layer.
     fn begin_step(&mut self, b: &B, batch: &ForwardBatch) -> Result<()>;
+
+    /// Runs the whole step by replaying a captured graph, if this cache keeps graphs and
+    /// the batch is one it can replay; `None` sends the step down the op-by-op path.
+    #[allow(private_interfaces)]
+    fn replay_decode(
+        &mut self,
+        _model: &Model<B>,
+        _batch: &ForwardBatch,
+        _prep: &Prepared,
+    ) -> Result<Option<ForwardOutput>> {
+        Ok(None)
+    }
 
     /// Stores rows of `k` and `v` (`[T, num_kv_heads * head_dim]`, the batch's tokens in
     /// order) for a KV-owning `layer`; a KV-shared layer stores nothing.

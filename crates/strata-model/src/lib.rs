@@ -3,6 +3,7 @@
 mod batch;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
+mod decode_graph;
 mod error;
 mod forward;
 mod kv_cache;

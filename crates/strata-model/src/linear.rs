@@ -146,6 +146,28 @@ impl<B: Backend> Linear<B> {
         Ok(())
     }
 
+    /// As [`Linear::embed`] with the ids also in backend memory (`ids` stays the host
+    /// copy, which only a host-resident table reads).
+    pub fn embed_idx(
+        &self,
+        b: &B,
+        ids: &[u32],
+        ids_dev: &B::Index,
+        scale: f32,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        match self {
+            Linear::Dense { w, cols, .. } => b.embedding_idx(ids_dev, w, *cols, scale, out)?,
+            Linear::Quant(q) => b.embedding_quant_idx(ids_dev, q, scale, out)?,
+            Linear::Host(_) => self.embed(b, ids, scale, out)?,
+        }
+        Ok(())
+    }
+
+    pub fn is_host(&self) -> bool {
+        matches!(self, Linear::Host(_))
+    }
+
     /// Rows of the matrix as embeddings: `out[t] = W[ids[t]] * scale`.
     pub fn embed(&self, b: &B, ids: &[u32], scale: f32, out: &mut B::Buffer) -> Result<()> {
         match self {

@@ -118,6 +118,12 @@ impl<B: Backend> Model<B> {
         &self.backend
     }
 
+    /// Whether a lookup table lives in host memory (steps then cross to the host, so they
+    /// cannot be captured as graphs).
+    pub fn has_host_tables(&self) -> bool {
+        self.tensors.embed.is_host() || self.tensors.ple.as_ref().is_some_and(|p| p.table.is_host())
+    }
+
     /// See [`ModelTensors::matmul_elements`].
     pub fn matmul_elements(&self) -> usize {
         self.tensors.matmul_elements()

@@ -7,17 +7,22 @@
 //! slots of the keys it can see. Every layer of the group reuses them, so a step uploads
 //! its tables once, not once per layer.
 
+use std::collections::HashMap;
+
 use strata_kernels::{AttentionParams, Backend, KvSlabShape, PagedSeq};
 use strata_kv::{KvError, KvLayout, KvPool, KvStorage, PagePlan, PoolKind};
 
-use crate::batch::ForwardBatch;
+use crate::batch::{ForwardBatch, ForwardOutput};
+use crate::decode_graph::DecodeGraph;
 use crate::error::{ModelError, Result};
+use crate::forward::Prepared;
 use crate::kv_cache::KvCache;
+use crate::model::Model;
 
 /// One attention group's tables for the current step.
-struct GroupTables<B: Backend> {
-    store: B::Index,
-    batch: B::PagedBatch,
+pub(crate) struct GroupTables<B: Backend> {
+    pub(crate) store: B::Index,
+    pub(crate) batch: B::PagedBatch,
 }
 
 /// Slabs in `B`'s memory.
@@ -26,9 +31,12 @@ pub struct PagedStorage<B: Backend> {
     slabs: Vec<B::KvSlab>,
     bytes: u64,
     /// What the slabs are sized for, to restore them when a new plan does not fit.
-    current: Option<(KvLayout, PagePlan)>,
-    full: Option<GroupTables<B>>,
-    window: Option<GroupTables<B>>,
+    pub(crate) current: Option<(KvLayout, PagePlan)>,
+    pub(crate) full: Option<GroupTables<B>>,
+    pub(crate) window: Option<GroupTables<B>>,
+    /// Captured decode steps by batch-size bucket (they address these slabs).
+    pub(crate) graphs: HashMap<usize, DecodeGraph<B>>,
+    pub(crate) graphs_enabled: bool,
 }
 
 impl<B: Backend> PagedStorage<B> {
@@ -40,7 +48,23 @@ impl<B: Backend> PagedStorage<B> {
             current: None,
             full: None,
             window: None,
+            graphs: HashMap::new(),
+            // STRATA_CUDA_GRAPHS=0 runs decode op by op (for comparisons and debugging).
+            graphs_enabled: std::env::var("STRATA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
         }
+    }
+
+    /// Turns decode graphs on or off (on by default where the backend has them).
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs_enabled = on;
+        if !on {
+            self.graphs.clear();
+        }
+    }
+
+    /// Decode graphs captured so far (one per batch-size bucket).
+    pub fn graph_count(&self) -> usize {
+        self.graphs.len()
     }
 
     /// The slab of slab id `i`, for checks.
@@ -61,7 +85,8 @@ impl<B: Backend> PagedStorage<B> {
                 format: s.format,
                 num_kv_heads: s.num_kv_heads,
                 head_dim: s.head_dim,
-                slots: plan.slots(s.pool),
+                // One slot past the plan's: the row padded graph batches write and read.
+                slots: plan.slots(s.pool) + 1,
             };
             bytes += shape.bytes();
             let slab = self.backend.kv_slab(shape).map_err(|e| {
@@ -88,6 +113,7 @@ impl<B: Backend> KvStorage for PagedStorage<B> {
         self.bytes = 0;
         self.full = None;
         self.window = None;
+        self.graphs.clear();
         match self.allocate(layout, plan) {
             Ok(()) => {
                 self.current = Some((layout.clone(), *plan));
@@ -112,14 +138,21 @@ impl<B: Backend> KvStorage for PagedStorage<B> {
     }
 }
 
-/// Builds one group's tables: store slots for every token, visible-key slots per sequence.
-fn group_tables<B: Backend>(
+/// One group's tables on the host: store slots for every token, and per sequence its
+/// queries and visible-key slots.
+pub(crate) struct HostTables {
+    pub(crate) store: Vec<u32>,
+    pub(crate) seqs: Vec<PagedSeq>,
+    pub(crate) slots: Vec<u32>,
+}
+
+/// Flattens the pool's page tables for `batch` in one group (`kind`, sliding `window`).
+pub(crate) fn host_tables<B: Backend>(
     pool: &KvPool<PagedStorage<B>>,
-    b: &B,
     kind: PoolKind,
     window: Option<usize>,
     batch: &ForwardBatch,
-) -> Result<GroupTables<B>> {
+) -> Result<HostTables> {
     let slot = |req, pos: usize| -> Result<u32> {
         let full = pool.slot(req, pos)?;
         Ok(match kind {
@@ -129,35 +162,58 @@ fn group_tables<B: Backend>(
                 .ok_or(KvError::WindowSlotReleased { position: pos })?,
         })
     };
-    let mut store = Vec::new();
-    let mut seqs = Vec::with_capacity(batch.seqs.len());
-    let mut slots = Vec::new();
+    let mut t = HostTables {
+        store: Vec::new(),
+        seqs: Vec::with_capacity(batch.seqs.len()),
+        slots: Vec::new(),
+    };
     let mut q_offset = 0;
     for s in &batch.seqs {
         let end = s.start + s.tokens.len();
         for pos in s.start..end {
-            store.push(slot(s.request, pos)?);
+            t.store.push(slot(s.request, pos)?);
         }
         let k_start = window.map_or(0, |w| s.start.saturating_sub(w - 1));
-        seqs.push(PagedSeq {
+        t.seqs.push(PagedSeq {
             q_offset,
             q_len: s.tokens.len(),
             q_start: s.start,
             k_start,
-            slot_offset: slots.len(),
+            slot_offset: t.slots.len(),
         });
         for pos in k_start..end {
-            slots.push(slot(s.request, pos)?);
+            t.slots.push(slot(s.request, pos)?);
         }
         q_offset += s.tokens.len();
     }
+    Ok(t)
+}
+
+fn group_tables<B: Backend>(
+    pool: &KvPool<PagedStorage<B>>,
+    b: &B,
+    kind: PoolKind,
+    window: Option<usize>,
+    batch: &ForwardBatch,
+) -> Result<GroupTables<B>> {
+    let t = host_tables(pool, kind, window, batch)?;
     Ok(GroupTables {
-        store: b.upload_index(&store)?,
-        batch: b.paged_batch(&seqs, &slots)?,
+        store: b.upload_index(&t.store)?,
+        batch: b.paged_batch(&t.seqs, &t.slots)?,
     })
 }
 
 impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
+    #[allow(private_interfaces)]
+    fn replay_decode(
+        &mut self,
+        model: &Model<B>,
+        batch: &ForwardBatch,
+        prep: &Prepared,
+    ) -> Result<Option<ForwardOutput>> {
+        crate::decode_graph::replay(self, model, batch, prep)
+    }
+
     fn begin_step(&mut self, b: &B, batch: &ForwardBatch) -> Result<()> {
         let groups: Vec<_> = self
             .layout()

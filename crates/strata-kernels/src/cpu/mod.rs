@@ -97,6 +97,7 @@ impl Backend for CpuBackend {
     type KvSlab = CpuKvSlab;
     type Index = Vec<u32>;
     type PagedBatch = CpuPagedBatch;
+    type Graph = ();
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -284,5 +285,63 @@ impl Backend for CpuBackend {
         out: &mut CpuBuffer,
     ) -> Result<()> {
         self.install(|| paged::attention(q, slab, batch, p, out))
+    }
+
+    fn write_index(&self, index: &mut Vec<u32>, data: &[u32]) -> Result<()> {
+        crate::error::ensure(index.len() == data.len(), "write_index", || {
+            format!("{} values for an index of {}", data.len(), index.len())
+        })?;
+        index.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn paged_batch_with_capacity(
+        &self,
+        seqs: &[crate::PagedSeq],
+        slots: &[u32],
+        _slot_capacity: usize,
+    ) -> Result<CpuPagedBatch> {
+        paged::batch(seqs, slots)
+    }
+
+    fn paged_batch_update(
+        &self,
+        batch: &mut CpuPagedBatch,
+        seqs: &[crate::PagedSeq],
+        slots: &[u32],
+    ) -> Result<()> {
+        *batch = paged::batch(seqs, slots)?;
+        Ok(())
+    }
+
+    fn embedding_idx(
+        &self,
+        ids: &Vec<u32>,
+        table: &CpuBuffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.embedding(ids, table, hidden, scale, out)
+    }
+
+    fn embedding_quant_idx(
+        &self,
+        ids: &Vec<u32>,
+        table: &(dyn RowDot + 'static),
+        scale: f32,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.embedding_quant(ids, table, scale, out)
+    }
+
+    fn rope_idx(
+        &self,
+        x: &mut CpuBuffer,
+        positions: &Vec<u32>,
+        inv_freq: &CpuBuffer,
+        p: RopeParams,
+    ) -> Result<()> {
+        self.rope(x, positions, inv_freq, p)
     }
 }

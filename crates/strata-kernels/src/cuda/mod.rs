@@ -35,6 +35,14 @@ use crate::params::{
 use crate::{Backend, DType, HostSlice, KernelError, Result};
 use module::Kernels;
 
+/// A captured, instantiated CUDA graph.
+pub struct CudaGraphExec(cudarc::driver::CudaGraph);
+
+// SAFETY: the graph is only launched on the backend's one stream; cudarc's handle types
+// are plain driver handles.
+unsafe impl Send for CudaGraphExec {}
+unsafe impl Sync for CudaGraphExec {}
+
 /// One GPU, one stream, the loaded kernels and a cuBLAS handle. Cloning shares all of them
 /// (a KV storage keeps a clone to allocate its slabs).
 #[derive(Clone)]
@@ -111,6 +119,7 @@ impl CudaBackend {
         // streams and cudarc's per-buffer events would only add work to every launch.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(device_err("creating a stream"))?;
+        keep_freed_memory(&ctx);
         let (major, minor) = ctx
             .compute_capability()
             .map_err(device_err("reading the compute capability"))?;
@@ -191,6 +200,28 @@ impl CudaBackend {
     }
 }
 
+/// Lets the device's default memory pool keep freed blocks instead of returning them to
+/// the driver at each synchronisation, so the per-op stream-ordered allocations of the
+/// eager forward pass are served from the pool. Best effort: a driver without pools keeps
+/// its default behaviour.
+fn keep_freed_memory(ctx: &Arc<CudaContext>) {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: plain driver calls with valid out-pointers; failures are ignored.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            == sys::CUresult::CUDA_SUCCESS
+        {
+            let mut threshold: u64 = u64::MAX;
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            );
+        }
+    }
+}
+
 /// A 1-D grid-stride launch over `n` elements (256 threads a block).
 fn grid_for(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, 1 << 20) as u32;
@@ -207,6 +238,7 @@ impl Backend for CudaBackend {
     type KvSlab = CudaKvSlab;
     type Index = CudaIndex;
     type PagedBatch = CudaPagedBatch;
+    type Graph = CudaGraphExec;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -395,5 +427,83 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         self.paged_attention_impl(q, slab, batch, p, out)
+    }
+
+    fn write_index(&self, index: &mut CudaIndex, data: &[u32]) -> Result<()> {
+        self.write_index_impl(index, data)
+    }
+
+    fn paged_batch_with_capacity(
+        &self,
+        seqs: &[crate::PagedSeq],
+        slots: &[u32],
+        slot_capacity: usize,
+    ) -> Result<CudaPagedBatch> {
+        self.paged_batch_with_capacity_impl(seqs, slots, slot_capacity)
+    }
+
+    fn paged_batch_update(
+        &self,
+        batch: &mut CudaPagedBatch,
+        seqs: &[crate::PagedSeq],
+        slots: &[u32],
+    ) -> Result<()> {
+        self.paged_batch_update_impl(batch, seqs, slots)
+    }
+
+    fn embedding_idx(
+        &self,
+        ids: &CudaIndex,
+        table: &CudaBuffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.embedding_dev(ids.len(), ids.data(), table, hidden, scale, out)
+    }
+
+    fn embedding_quant_idx(
+        &self,
+        ids: &CudaIndex,
+        table: &CudaQuantMatrix,
+        scale: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.embedding_dev(ids.len(), ids.data(), &table.w, table.cols, scale, out)
+    }
+
+    fn rope_idx(
+        &self,
+        x: &mut CudaBuffer,
+        positions: &CudaIndex,
+        inv_freq: &CudaBuffer,
+        p: RopeParams,
+    ) -> Result<()> {
+        self.rope_dev(x, positions.len(), positions.data(), inv_freq, p)
+    }
+
+    fn supports_graphs(&self) -> bool {
+        true
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        use cudarc::driver::sys::CUstreamCaptureMode;
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(device_err("starting a graph capture"))
+    }
+
+    fn end_capture(&self) -> Result<CudaGraphExec> {
+        use cudarc::driver::sys::CUgraphInstantiate_flags;
+        let g = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
+            .map_err(device_err("ending a graph capture"))?
+            .ok_or_else(|| KernelError::Device("the capture recorded no work".into()))?;
+        Ok(CudaGraphExec(g))
+    }
+
+    fn launch_graph(&self, graph: &CudaGraphExec) -> Result<()> {
+        graph.0.launch().map_err(device_err("launching a graph"))
     }
 }

@@ -64,26 +64,50 @@ impl CudaBackend {
         ensure(out.len() == ids.len() * hidden, OP, || {
             format!("out has {}, want {} x {hidden}", out.len(), ids.len())
         })?;
-        let o = out.f32s_mut(OP)?;
         if ids.is_empty() {
             return Ok(());
         }
         let ids_dev = self.to_device(ids)?;
+        self.embedding_dev(ids.len(), &ids_dev, table, hidden, scale, out)
+    }
+
+    /// Embedding with the ids already on the device (`n` of them, each below the table's
+    /// rows: the caller checked them on the host).
+    pub(super) fn embedding_dev(
+        &self,
+        n: usize,
+        ids_dev: &cudarc::driver::CudaSlice<u32>,
+        table: &CudaBuffer,
+        hidden: usize,
+        scale: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "embedding";
+        ensure(
+            hidden > 0 && table.len().is_multiple_of(hidden) && out.len() == n * hidden,
+            OP,
+            || format!("out has {}, want {n} x {hidden}", out.len()),
+        )?;
+        let o = out.f32s_mut(OP)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let ids = ids_dev;
         let f = self.kernels.get("embedding")?;
         let (dtype, hidden_i) = (dtype_code(table.dtype), hidden as i32);
         let mut l = self.stream.launch_builder(f);
         arg_any(&mut l, table);
         l.arg(&dtype)
-            .arg(&ids_dev)
+            .arg(ids)
             .arg(o)
             .arg(&hidden_i)
             .arg(&scale);
         let cfg = LaunchConfig {
-            grid_dim: (ids.len() as u32, 1, 1),
+            grid_dim: (n as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: ids < vocab and out holds ids x hidden, checked above.
+        // SAFETY: ids < vocab (checked by the caller) and out holds n x hidden.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -243,19 +267,41 @@ impl CudaBackend {
         ensure(inv_freq.len() == p.head_dim / 2, OP, || {
             format!("inv_freq has {}, want {}", inv_freq.len(), p.head_dim / 2)
         })?;
-        let freqs = inv_freq.f32s(OP)?;
-        let xs = x.f32s_mut(OP)?;
-        let pairs = positions.len() * p.n_heads * p.head_dim / 2;
-        if pairs == 0 {
+        if positions.is_empty() {
             return Ok(());
         }
         let pos = self.to_device(positions)?;
+        self.rope_dev(x, positions.len(), &pos, inv_freq, p)
+    }
+
+    /// RoPE with the positions already on the device (`n_tokens` of them); shapes are the
+    /// caller's to check against `positions`.
+    pub(super) fn rope_dev(
+        &self,
+        x: &mut CudaBuffer,
+        n_tokens: usize,
+        pos: &cudarc::driver::CudaSlice<u32>,
+        inv_freq: &CudaBuffer,
+        p: RopeParams,
+    ) -> Result<()> {
+        const OP: &str = "rope";
+        ensure(
+            x.len() == n_tokens * p.n_heads * p.head_dim && inv_freq.len() == p.head_dim / 2,
+            OP,
+            || format!("x has {}, want {n_tokens} tokens x {} heads x {}", x.len(), p.n_heads, p.head_dim),
+        )?;
+        let freqs = inv_freq.f32s(OP)?;
+        let xs = x.f32s_mut(OP)?;
+        let pairs = n_tokens * p.n_heads * p.head_dim / 2;
+        if pairs == 0 {
+            return Ok(());
+        }
         let f = self.kernels.get("rope")?;
-        let (tokens, heads, d) = (positions.len() as i32, p.n_heads as i32, p.head_dim as i32);
+        let (tokens, heads, d) = (n_tokens as i32, p.n_heads as i32, p.head_dim as i32);
         let interleaved = i32::from(p.style == RopeStyle::Interleaved);
         let mut l = self.stream.launch_builder(f);
         l.arg(xs)
-            .arg(&pos)
+            .arg(pos)
             .arg(freqs)
             .arg(&tokens)
             .arg(&heads)

@@ -29,15 +29,33 @@ pub struct CudaIndex {
     len: usize,
 }
 
+impl CudaIndex {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(super) fn data(&self) -> &CudaSlice<u32> {
+        &self.data
+    }
+}
+
 /// A paged batch on the device.
 pub struct CudaPagedBatch {
     seqs: CudaSlice<u32>,
     row_seq: CudaSlice<u32>,
     slots: CudaSlice<u32>,
     rows: usize,
-    /// Most keys any sequence addresses (bounds the split size).
+    seq_count: usize,
+    /// Most keys any sequence addresses (chooses the split count).
     max_keys: usize,
     slot_limit: u32,
+    /// Set for batches made to be rewritten in place (graphs): the slot capacity, and the
+    /// split count is the one for long keys.
+    capacity: Option<usize>,
 }
 
 /// Format codes of `kernels/paged.cu` (`KV_F32` ...).
@@ -187,9 +205,90 @@ impl CudaBackend {
             row_seq: self.to_device(&row_seq)?,
             slots: self.to_device(slots)?,
             rows: row_seq.len(),
+            seq_count: seqs.len(),
             max_keys: seqs.iter().map(|s| s.k_len()).max().unwrap_or(0),
             slot_limit: slots.iter().copied().max().unwrap_or(0),
+            capacity: None,
         })
+    }
+
+    pub(super) fn paged_batch_with_capacity_impl(
+        &self,
+        seqs: &[PagedSeq],
+        slots: &[u32],
+        capacity: usize,
+    ) -> Result<CudaPagedBatch> {
+        ensure(slots.len() <= capacity, "paged_batch", || {
+            format!("{} slots exceed the capacity of {capacity}", slots.len())
+        })?;
+        let mut b = self.paged_batch_impl(seqs, slots)?;
+        let mut room = self
+            .stream
+            .alloc_zeros::<u32>(capacity.max(1))
+            .map_err(device_err("allocating a slot table"))?;
+        if !slots.is_empty() {
+            self.stream
+                .memcpy_htod(slots, &mut room.slice_mut(..slots.len()))
+                .map_err(device_err("copying a slot table"))?;
+        }
+        b.slots = room;
+        b.capacity = Some(capacity);
+        Ok(b)
+    }
+
+    pub(super) fn paged_batch_update_impl(
+        &self,
+        b: &mut CudaPagedBatch,
+        seqs: &[PagedSeq],
+        slots: &[u32],
+    ) -> Result<()> {
+        const OP: &str = "paged_batch_update";
+        check_paged(seqs, slots)?;
+        let capacity = b.capacity.ok_or_else(|| KernelError::Invalid {
+            op: OP,
+            detail: "the batch was not made with a capacity".into(),
+        })?;
+        let rows: usize = seqs.iter().map(|s| s.q_len).sum();
+        ensure(
+            seqs.len() == b.seq_count && rows == b.rows && slots.len() <= capacity,
+            OP,
+            || format!("{} sequences, {rows} rows, {} slots for a batch of {} sequences, {} rows, {capacity} slots",
+                seqs.len(), slots.len(), b.seq_count, b.rows),
+        )?;
+        let mut packed = Vec::with_capacity(seqs.len() * 5);
+        let mut row_seq = Vec::with_capacity(rows);
+        for (i, s) in seqs.iter().enumerate() {
+            for x in [s.q_offset, s.q_len, s.q_start, s.k_start, s.slot_offset] {
+                packed.push(u32::try_from(x).map_err(|_| KernelError::Invalid {
+                    op: OP,
+                    detail: "a sequence field exceeds 32 bits".into(),
+                })?);
+            }
+            row_seq.extend(std::iter::repeat_n(i as u32, s.q_len));
+        }
+        let err = device_err("rewriting a paged batch");
+        self.stream.memcpy_htod(&packed, &mut b.seqs.slice_mut(..packed.len())).map_err(&err)?;
+        if !row_seq.is_empty() {
+            self.stream.memcpy_htod(&row_seq, &mut b.row_seq.slice_mut(..row_seq.len())).map_err(&err)?;
+        }
+        if !slots.is_empty() {
+            self.stream.memcpy_htod(slots, &mut b.slots.slice_mut(..slots.len())).map_err(&err)?;
+        }
+        b.max_keys = seqs.iter().map(|s| s.k_len()).max().unwrap_or(0);
+        b.slot_limit = slots.iter().copied().max().unwrap_or(0);
+        Ok(())
+    }
+
+    pub(super) fn write_index_impl(&self, index: &mut CudaIndex, data: &[u32]) -> Result<()> {
+        ensure(data.len() == index.len, "write_index", || {
+            format!("{} values for an index of {}", data.len(), index.len)
+        })?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_htod(data, &mut index.data.slice_mut(..data.len()))
+            .map_err(device_err("write_index"))
     }
 
     pub(super) fn paged_attention_impl(
@@ -239,13 +338,14 @@ impl CudaBackend {
         let target = 2 * self.sm_count();
         let splits = if tasks >= target {
             1
+        } else if batch.capacity.is_some() {
+            target.div_ceil(tasks).clamp(1, MAX_SPLITS)
         } else {
             target
                 .div_ceil(tasks)
                 .min(batch.max_keys.div_ceil(MIN_SPLIT_KEYS))
                 .clamp(1, MAX_SPLITS)
         };
-        let chunk = batch.max_keys.div_ceil(splits).max(1);
         let err = device_err("allocating attention workspace");
         let (mut ws_acc, mut ws_ml) = if splits > 1 {
             (
@@ -268,7 +368,7 @@ impl CudaBackend {
         let (heads, kv_heads, d_i) = (p.n_heads as i32, p.n_kv_heads as i32, d as i32);
         let fmt = format_code(s.format);
         let has_cap = i32::from(p.softcap.is_some());
-        let (splits_i, chunk_i) = (splits as i32, chunk as i32);
+        let splits_i = splits as i32;
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
         l.arg(qs)
             .arg(&slab.k)
@@ -289,8 +389,7 @@ impl CudaBackend {
             .arg(&window)
             .arg(&has_cap)
             .arg(&cap)
-            .arg(&splits_i)
-            .arg(&chunk_i);
+            .arg(&splits_i);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, p.n_heads as u32, splits as u32),
             block_dim: (PA_THREADS, 1, 1),

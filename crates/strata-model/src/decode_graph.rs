@@ -1,0 +1,271 @@
+//! Decode steps as captured graphs (CUDA graphs on the GPU).
+//!
+//! A decode step (every sequence feeds one token and wants its last logits) runs the same
+//! ops in the same order every time; only the token ids, positions and slot tables change.
+//! So the first step of a batch-size bucket (1, 2, 4, ... 256 sequences) is captured once:
+//! inputs live in buffers the graph owns (fixed addresses), the step's ops are recorded,
+//! and the logits land in the graph's own output buffer. Later steps of that bucket only
+//! rewrite the inputs in place and replay: one launch instead of hundreds.
+//!
+//! A batch smaller than its bucket is padded with rows that feed token 0 at position 0,
+//! store their K/V in the slab's spare slot (one past the plan's) and attend to it alone;
+//! their logits are dropped. The full group's slot table has a capacity; a step that
+//! needs more recaptures the bucket with twice the room.
+
+use strata_kernels::{Backend, PagedSeq, StridedCopy};
+use strata_kv::{KvPool, PoolKind, RequestId};
+
+use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+use crate::error::{ModelError, Result};
+use crate::forward::{Prepared, SeqRows, StepInputs};
+use crate::model::Model;
+use crate::paged_kv::{host_tables, GroupTables, HostTables, PagedStorage};
+
+/// Largest batch replayed as a graph; larger decode batches run op by op.
+const MAX_GRAPH_BATCH: usize = 256;
+/// Smallest slot capacity of a graph's full-attention table.
+const MIN_SLOT_CAPACITY: usize = 1 << 16;
+
+/// One captured bucket.
+pub(crate) struct DecodeGraph<B: Backend> {
+    graph: B::Graph,
+    inputs: StepInputs<B>,
+    full: Option<GroupTables<B>>,
+    window: Option<GroupTables<B>>,
+    /// `[bucket, vocab]` logits the graph writes.
+    logits: B::Buffer,
+    full_capacity: usize,
+    window_capacity: usize,
+}
+
+/// The step's host inputs, padded to `bucket` rows.
+struct Padded {
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    full: Option<HostTables>,
+    window: Option<HostTables>,
+}
+
+fn pad_tables(t: &mut HostTables, n: usize, bucket: usize, spare: u32) {
+    for row in n..bucket {
+        t.store.push(spare);
+        t.seqs.push(PagedSeq {
+            q_offset: row,
+            q_len: 1,
+            q_start: 0,
+            k_start: 0,
+            slot_offset: t.slots.len(),
+        });
+        t.slots.push(spare);
+    }
+}
+
+fn eligible<B: Backend>(
+    pool: &KvPool<PagedStorage<B>>,
+    model: &Model<B>,
+    batch: &ForwardBatch,
+) -> bool {
+    let n = batch.seqs.len();
+    pool.storage().graphs_enabled
+        && model.backend().supports_graphs()
+        && !model.has_host_tables()
+        && (1..=MAX_GRAPH_BATCH).contains(&n)
+        && batch
+            .seqs
+            .iter()
+            .all(|s| s.tokens.len() == 1 && s.logits == LogitsMode::Last)
+}
+
+fn padded<B: Backend>(
+    pool: &KvPool<PagedStorage<B>>,
+    batch: &ForwardBatch,
+    prep: &Prepared,
+    bucket: usize,
+) -> Result<Padded> {
+    let n = batch.seqs.len();
+    let plan = *pool.plan();
+    let mut p = Padded {
+        ids: prep.ids.clone(),
+        positions: prep.positions.clone(),
+        full: None,
+        window: None,
+    };
+    p.ids.resize(bucket, 0);
+    p.positions.resize(bucket, 0);
+    for g in pool.layout().groups() {
+        let mut t = host_tables(pool, g.pool, g.window, batch)?;
+        pad_tables(&mut t, n, bucket, plan.slots(g.pool) as u32);
+        match g.pool {
+            PoolKind::Full => p.full = Some(t),
+            PoolKind::Window => p.window = Some(t),
+        }
+    }
+    Ok(p)
+}
+
+/// The padded batch the captured ops see: real sequences, then one-token pads.
+fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch {
+    let mut seqs = batch.seqs.clone();
+    seqs.extend((batch.seqs.len()..bucket).map(|_| SeqChunk {
+        request: RequestId(u64::MAX),
+        tokens: vec![0],
+        start: 0,
+        logits: LogitsMode::Last,
+    }));
+    ForwardBatch { seqs }
+}
+
+fn padded_prep(p: &Padded) -> Prepared {
+    Prepared {
+        ids: p.ids.clone(),
+        positions: p.positions.clone(),
+        rows: (0..p.ids.len())
+            .map(|i| SeqRows { offset: i, len: 1 })
+            .collect(),
+    }
+}
+
+fn tables_with_capacity<B: Backend>(
+    b: &B,
+    t: &Option<HostTables>,
+    capacity: usize,
+) -> Result<Option<GroupTables<B>>> {
+    t.as_ref()
+        .map(|t| {
+            Ok(GroupTables {
+                store: b.upload_index(&t.store)?,
+                batch: b.paged_batch_with_capacity(&t.seqs, &t.slots, capacity)?,
+            })
+        })
+        .transpose()
+}
+
+fn needs(t: &Option<HostTables>) -> usize {
+    t.as_ref().map_or(0, |t| t.slots.len())
+}
+
+/// Records the bucket's graph. The step's K/V is written by a warm-up pass run op by op
+/// first (which also settles library workspaces before capture); the replay that follows
+/// writes the same values again.
+fn capture<B: Backend>(
+    pool: &mut KvPool<PagedStorage<B>>,
+    model: &Model<B>,
+    batch: &ForwardBatch,
+    p: &Padded,
+    bucket: usize,
+    full_capacity: usize,
+    window_capacity: usize,
+) -> Result<DecodeGraph<B>> {
+    let b = model.backend();
+    let vocab = model.config().vocab_size;
+    let inputs = StepInputs {
+        ids: b.upload_index(&p.ids)?,
+        positions: b.upload_index(&p.positions)?,
+    };
+    let st = pool.storage_mut();
+    st.full = tables_with_capacity(b, &p.full, full_capacity)?;
+    st.window = tables_with_capacity(b, &p.window, window_capacity)?;
+    let pb = padded_batch(batch, bucket);
+    let prep = padded_prep(p);
+    let mut logits = b.zeros(bucket * vocab, b.activation_dtype())?;
+    model.run(pool, &pb, &prep, &inputs)?;
+    b.begin_capture()?;
+    let recorded = (|| -> Result<()> {
+        let (out, _) = model.run(pool, &pb, &prep, &inputs)?;
+        let out = out.ok_or_else(|| ModelError::Invalid("a decode step without logits".into()))?;
+        b.copy_strided(
+            &out,
+            &mut logits,
+            StridedCopy {
+                rows: 1,
+                cols: bucket * vocab,
+                src_offset: 0,
+                src_stride: 0,
+                dst_offset: 0,
+                dst_stride: 0,
+            },
+        )?;
+        Ok(())
+    })();
+    // End the capture whatever happened, so the stream is usable again.
+    let graph = b.end_capture();
+    recorded?;
+    let st = pool.storage_mut();
+    Ok(DecodeGraph {
+        graph: graph?,
+        inputs,
+        full: st.full.take(),
+        window: st.window.take(),
+        logits,
+        full_capacity,
+        window_capacity,
+    })
+}
+
+fn update<B: Backend>(b: &B, g: &mut DecodeGraph<B>, p: &Padded) -> Result<()> {
+    b.write_index(&mut g.inputs.ids, &p.ids)?;
+    b.write_index(&mut g.inputs.positions, &p.positions)?;
+    for (tables, host) in [(&mut g.full, &p.full), (&mut g.window, &p.window)] {
+        if let (Some(t), Some(h)) = (tables.as_mut(), host.as_ref()) {
+            b.write_index(&mut t.store, &h.store)?;
+            b.paged_batch_update(&mut t.batch, &h.seqs, &h.slots)?;
+        }
+    }
+    Ok(())
+}
+
+/// Replays (capturing first when needed) the graph for `batch`'s bucket; `None` when the
+/// batch is not a graph-eligible decode step.
+pub(crate) fn replay<B: Backend>(
+    pool: &mut KvPool<PagedStorage<B>>,
+    model: &Model<B>,
+    batch: &ForwardBatch,
+    prep: &Prepared,
+) -> Result<Option<ForwardOutput>> {
+    if !eligible(pool, model, batch) {
+        return Ok(None);
+    }
+    let b = model.backend();
+    let n = batch.seqs.len();
+    let bucket = n.next_power_of_two();
+    let p = padded(pool, batch, prep, bucket)?;
+    let (need_full, need_window) = (needs(&p.full), needs(&p.window));
+    let fits = pool
+        .storage()
+        .graphs
+        .get(&bucket)
+        .is_some_and(|g| need_full <= g.full_capacity && need_window <= g.window_capacity);
+    if !fits {
+        let old = pool.storage_mut().graphs.remove(&bucket);
+        let grow = |need: usize, had: Option<usize>| {
+            (2 * need).max(MIN_SLOT_CAPACITY).max(had.map_or(0, |h| 2 * h))
+        };
+        let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
+        let window_cap = grow(need_window, old.as_ref().map(|g| g.window_capacity));
+        drop(old);
+        let g = capture(pool, model, batch, &p, bucket, full_cap, window_cap)?;
+        pool.storage_mut().graphs.insert(bucket, g);
+    }
+    let g = pool
+        .storage_mut()
+        .graphs
+        .get_mut(&bucket)
+        .expect("captured above");
+    update(b, g, &p)?;
+    b.launch_graph(&g.graph)?;
+    let vocab = model.config().vocab_size;
+    let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
+    b.copy_strided(
+        &g.logits,
+        &mut rows,
+        StridedCopy {
+            rows: 1,
+            cols: n * vocab,
+            src_offset: 0,
+            src_stride: 0,
+            dst_offset: 0,
+            dst_stride: 0,
+        },
+    )?;
+    Ok(Some(model.download_logits(Some(rows), &vec![1; n])?))
+}
