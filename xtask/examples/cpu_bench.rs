@@ -160,30 +160,10 @@ fn rayon_threads() -> usize {
 /// Teacher-forced logits of `prompt + expect`: per expected position, our argmax, the
 /// expected token and our top-1/top-2 margin.
 fn margins(model: &LoadedModel, prompt: &[u32], expect: &[u32]) -> anyhow::Result<()> {
-    use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
-    use strata_model::{ForwardBatch, LogitsMode, SeqChunk};
     anyhow::ensure!(!expect.is_empty(), "--margins needs --expect");
     let mut seq = prompt.to_vec();
     seq.extend_from_slice(&expect[..expect.len() - 1]);
-    let layout = KvLayout::for_config(model.config(), KvCacheDtype::Auto)?;
-    let pages = seq.len().div_ceil(16) + 1;
-    let plan = PagePlan {
-        full: pages,
-        window: pages,
-        page_size: 16,
-    };
-    let mut kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-    let req = kv.alloc_request();
-    kv.extend(req, seq.len())?;
-    let batch = ForwardBatch {
-        seqs: vec![SeqChunk {
-            request: req,
-            tokens: seq.clone(),
-            start: 0,
-            logits: LogitsMode::All,
-        }],
-    };
-    let out = model.model.forward(&mut kv, &batch)?.logits.remove(0);
+    let out = model.score(&seq, &[seq.len()], strata_kv::KvCacheDtype::Auto)?;
     let vocab = model.config().vocab_size;
     for (j, &want) in expect.iter().enumerate() {
         let row = &out[(prompt.len() - 1 + j) * vocab..(prompt.len() + j) * vocab];

@@ -35,7 +35,9 @@ pub struct PrefillBench {
 
 fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut rng = SamplerRng::new(seed);
-    (0..n).map(|_| 3 + (rng.next_u64() % (vocab as u64 - 3)) as u32).collect()
+    (0..n)
+        .map(|_| 3 + (rng.next_u64() % (vocab as u64 - 3)) as u32)
+        .collect()
 }
 
 fn plan(tokens: usize) -> PagePlan {
@@ -70,7 +72,12 @@ impl LoadedModel {
             )?,
             Runtime::Cuda(m) => decode_on(
                 m,
-                KvPool::new(layout, p, CacheType::Naive, PagedStorage::new(m.backend().clone()))?,
+                KvPool::new(
+                    layout,
+                    p,
+                    CacheType::Naive,
+                    PagedStorage::new(m.backend().clone()),
+                )?,
                 batch,
                 depth,
                 steps,
@@ -137,7 +144,9 @@ where
     KvPool<S>: KvCache<B>,
 {
     if batch == 0 || steps == 0 {
-        return Err(EngineError::Invalid("batch and steps must be positive".into()));
+        return Err(EngineError::Invalid(
+            "batch and steps must be positive".into(),
+        ));
     }
     let vocab = model.config().vocab_size;
     let reqs: Vec<_> = (0..batch).map(|_| kv.alloc_request()).collect();
@@ -156,15 +165,16 @@ where
                 request: r,
                 tokens: vec![next[i]],
                 start: pos,
-                logits: LogitsMode::Last,
+                logits: LogitsMode::Argmax,
             });
         }
         let t = Instant::now();
         let out = model.forward(&mut kv, &ForwardBatch { seqs })?;
-        // Greedy next tokens, as a server would pick them (the logits are on the host).
+        // Greedy next tokens, chosen where the logits are, as the server does for greedy
+        // requests.
         for (i, n) in next.iter_mut().enumerate() {
-            if let Some(row) = out.last(i) {
-                *n = (0..row.len()).fold(0, |b, j| if row[j] > row[b] { j } else { b }) as u32;
+            if let Some(t) = out.token(i) {
+                *n = t;
             }
         }
         if step >= warmup {
@@ -177,7 +187,11 @@ where
     Ok(secs)
 }
 
-fn prefill_on<B: Backend, S: KvStorage>(model: &Model<B>, mut kv: KvPool<S>, prompt: &[u32]) -> Result<f64>
+fn prefill_on<B: Backend, S: KvStorage>(
+    model: &Model<B>,
+    mut kv: KvPool<S>,
+    prompt: &[u32],
+) -> Result<f64>
 where
     KvPool<S>: KvCache<B>,
 {

@@ -85,6 +85,22 @@ impl LoadedModel {
     }
 }
 
+/// What one step gave the single sequence: its greedy token or its last logits.
+#[derive(Default)]
+struct Step {
+    token: Option<u32>,
+    logits: Vec<f32>,
+}
+
+impl Step {
+    fn of(mut out: strata_model::ForwardOutput) -> Self {
+        Step {
+            token: out.token(0),
+            logits: out.logits.pop().unwrap_or_default(),
+        }
+    }
+}
+
 /// Prefill in chunks, then one token per step, on one request of its own pool.
 fn run<B: Backend, S: KvStorage>(
     model: &Model<B>,
@@ -102,7 +118,13 @@ where
 
         let t0 = Instant::now();
         let chunk = p.prefill_chunk.max(1);
-        let mut logits = Vec::new();
+        // Greedy generation asks the model for the argmax alone (computed on the device).
+        let want = if p.sampling.is_greedy() {
+            LogitsMode::Argmax
+        } else {
+            LogitsMode::Last
+        };
+        let mut step = Step::default();
         for (i, part) in prompt.chunks(chunk).enumerate() {
             let start = i * chunk;
             kv.extend(req, part.len())?;
@@ -112,14 +134,10 @@ where
                     request: req,
                     tokens: part.to_vec(),
                     start,
-                    logits: if last {
-                        LogitsMode::Last
-                    } else {
-                        LogitsMode::None
-                    },
+                    logits: if last { want } else { LogitsMode::None },
                 }],
             };
-            logits = model.forward(&mut kv, &batch)?.logits.remove(0);
+            step = Step::of(model.forward(&mut kv, &batch)?);
         }
         let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
 
@@ -127,7 +145,10 @@ where
         let mut tokens = Vec::with_capacity(p.max_tokens);
         let mut finish_reason = "length";
         while tokens.len() < p.max_tokens {
-            let next = sample(&logits, &p.sampling, &mut rng)?;
+            let next = match step.token {
+                Some(t) => t,
+                None => sample(&step.logits, &p.sampling, &mut rng)?,
+            };
             tokens.push(next);
             if p.stop_at_eos && stop_ids.contains(&next) {
                 finish_reason = "stop";
@@ -143,10 +164,10 @@ where
                     request: req,
                     tokens: vec![next],
                     start: pos,
-                    logits: LogitsMode::Last,
+                    logits: want,
                 }],
             };
-            logits = model.forward(&mut kv, &batch)?.logits.remove(0);
+            step = Step::of(model.forward(&mut kv, &batch)?);
         }
         let predicted_ms = t1.elapsed().as_secs_f64() * 1e3;
         kv.release(req)?;

@@ -5,11 +5,11 @@ mod engine;
 mod generate;
 mod load;
 
+pub use bench::{DecodeBench, PrefillBench};
 pub use engine::{
     Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
     RequestTimings, TextStream, Update, Usage, FINISH_REASONS,
 };
-pub use bench::{DecodeBench, PrefillBench};
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadSettings, LoadedModel, Prompter, Runtime, WeightDtype};
 

@@ -15,18 +15,13 @@ use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
 use crate::{EngineError, Result};
 
 /// Where the model runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Device {
     /// CUDA when a GPU is present, else the CPU.
+    #[default]
     Auto,
     Cpu,
     Cuda,
-}
-
-impl Default for Device {
-    fn default() -> Self {
-        Device::Auto
-    }
 }
 
 impl FromStr for Device {
@@ -238,7 +233,9 @@ fn place(path: &Path, settings: LoadSettings) -> Result<Runtime> {
     let gpu = match settings.device {
         Device::Cpu => None,
         Device::Cuda => Some(CudaBackend::new(0).map_err(|e| {
-            EngineError::Invalid(format!("--device cuda: the CUDA backend did not start: {e}"))
+            EngineError::Invalid(format!(
+                "--device cuda: the CUDA backend did not start: {e}"
+            ))
         })?),
         Device::Auto => CudaBackend::new(0).ok(),
     };

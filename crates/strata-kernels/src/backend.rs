@@ -313,20 +313,45 @@ pub trait Backend: Send + Sync {
     /// Starts recording every op queued from this thread instead of running it. Inputs the
     /// recorded ops read must live in buffers whose addresses outlast the graph.
     fn begin_capture(&self) -> Result<()> {
-        Err(crate::KernelError::Device(format!("{} has no graphs", self.name())))
+        Err(crate::KernelError::Device(format!(
+            "{} has no graphs",
+            self.name()
+        )))
     }
 
     /// Stops recording and returns the replayable graph.
     fn end_capture(&self) -> Result<Self::Graph> {
-        Err(crate::KernelError::Device(format!("{} has no graphs", self.name())))
+        Err(crate::KernelError::Device(format!(
+            "{} has no graphs",
+            self.name()
+        )))
     }
 
     /// Runs a captured graph (in order with every other op).
     fn launch_graph(&self, _graph: &Self::Graph) -> Result<()> {
-        Err(crate::KernelError::Device(format!("{} has no graphs", self.name())))
+        Err(crate::KernelError::Device(format!(
+            "{} has no graphs",
+            self.name()
+        )))
     }
 
     // ---- sampling -----------------------------------------------------------------------
+
+    /// The greedy token of each of the first `rows` rows of `logits [.., vocab]` (the
+    /// host sampler's `argmax`: ties to the lowest id, NaN as -inf). The default downloads
+    /// the logits; a device backend sends back only the ids.
+    fn argmax_rows(&self, logits: &Self::Buffer, vocab: usize, rows: usize) -> Result<Vec<u32>> {
+        crate::error::ensure(
+            vocab > 0 && logits.len() >= rows * vocab,
+            "argmax_rows",
+            || format!("{} logits for {rows} rows of {vocab}", logits.len()),
+        )?;
+        let host = self.download(logits)?;
+        Ok(host[..rows * vocab]
+            .chunks_exact(vocab)
+            .map(sampling::argmax)
+            .collect())
+    }
 
     /// One token per row of `logits [rows, vocab]`, row `i` drawn with `params[i]` and
     /// `rngs[i]`. The default downloads the logits and runs the host sampler, which is the

@@ -167,6 +167,11 @@ proptest! {
 }
 
 #[test]
+fn argmax() {
+    check_argmax(&cpu()).unwrap();
+}
+
+#[test]
 fn paged_kv() {
     check_paged(&cpu()).unwrap();
 }

@@ -72,6 +72,7 @@ gpu_check!(arith, check_arith);
 gpu_check!(attention, check_attention);
 gpu_check!(sample, check_sample);
 gpu_check!(paged, check_paged);
+gpu_check!(argmax, check_argmax);
 gpu_check!(check_all, |b| conformance::check_all(b, &quant));
 
 /// A bf16 quantized-form matrix is the bf16-rounded reference: within bf16 weight rounding.
@@ -107,11 +108,19 @@ fn bf16_gemm_equals_cpu_on_bf16_rounded_inputs() {
     let fast = b.clone().with_bf16_gemm(true);
     let cpu = CpuBackend::new();
     let mut data = TestData::new(11);
-    for (t, k, n) in [(1, 1536, 6144), (64, 2048, 1536), (7, 640, 262), (300, 256, 512)] {
+    for (t, k, n) in [
+        (1, 1536, 6144),
+        (64, 2048, 1536),
+        (7, 640, 262),
+        (300, 256, 512),
+    ] {
         let w = data.normals(n * k, 0.05, DType::BF16);
         let x = data.normals(t * k, 1.0, DType::F32);
         let xr: Vec<f32> = x.iter().map(|&v| DType::BF16.round(v)).collect();
-        let shape = MatmulShape { in_features: k, out_features: n };
+        let shape = MatmulShape {
+            in_features: k,
+            out_features: n,
+        };
         let run = |be: &CudaBackend, input: &[f32]| {
             let wb = be.upload_f32_as(&w, DType::BF16).unwrap();
             let xb = be.upload_f32_as(input, DType::F32).unwrap();
@@ -126,16 +135,30 @@ fn bf16_gemm_equals_cpu_on_bf16_rounded_inputs() {
         cpu.matmul(&xc, &wc, shape, &mut oc).unwrap();
         let on_cpu = cpu.download(&oc).unwrap();
         let (_, mag) = conformance::reference::matmul(&xr, &w, k, n);
-        let tol = Tolerance { abs: 1e-6, rel: 1e-5, accum: 1e-4 };
+        let tol = Tolerance {
+            abs: 1e-6,
+            rel: 1e-5,
+            accum: 1e-4,
+        };
         let want: Vec<f64> = on_cpu.iter().map(|&v| v as f64).collect();
         conformance::compare(&format!("bf16 gemm {t}x{k}x{n}"), &got, &want, &mag, tol).unwrap();
-        let worst = got.iter().zip(&on_cpu).map(|(a, c)| (a - c).abs()).fold(0.0f32, f32::max);
+        let worst = got
+            .iter()
+            .zip(&on_cpu)
+            .map(|(a, c)| (a - c).abs())
+            .fold(0.0f32, f32::max);
         eprintln!("bf16 gemm {t}x{k}x{n}: max |cuda - cpu(bf16 x)| {worst:.3e}");
         // The exact path on the same inputs matches the unrounded product instead.
         let exact = run(b, &x);
         let (want, mag) = conformance::reference::matmul(&x, &w, k, n);
-        conformance::compare("exact gemm", &exact, &want, &mag, Tolerance::for_dtype(DType::F32))
-            .unwrap();
+        conformance::compare(
+            "exact gemm",
+            &exact,
+            &want,
+            &mag,
+            Tolerance::for_dtype(DType::F32),
+        )
+        .unwrap();
     }
 }
 

@@ -11,6 +11,9 @@ pub enum LogitsMode {
     Last,
     /// Every token's (teacher-forced scoring, speculative verification).
     All,
+    /// Only the greedy choice for the last token (argmax, ties to the lowest id), computed
+    /// where the logits are: a GPU then sends back one id instead of a vocabulary of floats.
+    Argmax,
 }
 
 /// A run of consecutive tokens of one sequence: a prefill chunk or a decode token.
@@ -32,11 +35,13 @@ pub struct ForwardBatch {
 }
 
 /// Logits per sequence of the batch, in batch order: `rows x vocab` values each (0, 1 or
-/// the chunk's length rows, per its `LogitsMode`).
+/// the chunk's length rows, per its `LogitsMode`; none for `Argmax`), and for `Argmax`
+/// sequences the chosen token.
 #[derive(Clone, Debug)]
 pub struct ForwardOutput {
     pub vocab: usize,
     pub logits: Vec<Vec<f32>>,
+    pub tokens: Vec<Option<u32>>,
 }
 
 impl ForwardOutput {
@@ -44,5 +49,10 @@ impl ForwardOutput {
     pub fn last(&self, i: usize) -> Option<&[f32]> {
         let l = &self.logits[i];
         (l.len() >= self.vocab && self.vocab > 0).then(|| &l[l.len() - self.vocab..])
+    }
+
+    /// The greedy token of sequence `i`, if it asked for `Argmax`.
+    pub fn token(&self, i: usize) -> Option<u32> {
+        self.tokens.get(i).copied().flatten()
     }
 }

@@ -82,7 +82,10 @@ mod tests {
     }
 
     /// The device pool: slabs in GPU memory, paged attention.
-    fn device_pool(model: &Model<CudaBackend>, dtype: KvCacheDtype) -> KvPool<PagedStorage<CudaBackend>> {
+    fn device_pool(
+        model: &Model<CudaBackend>,
+        dtype: KvCacheDtype,
+    ) -> KvPool<PagedStorage<CudaBackend>> {
         let layout = KvLayout::for_config(model.config(), dtype).unwrap();
         let storage = PagedStorage::new(model.backend().clone());
         KvPool::new(layout, PLAN, CacheType::Naive, storage).unwrap()
@@ -214,7 +217,8 @@ mod tests {
             for chunks in &plans {
                 let on_cpu = logits(&cpu, &ids, chunks);
                 let host_kv = logits(&cuda, &ids, chunks);
-                let device_kv = logits_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), &ids, chunks);
+                let device_kv =
+                    logits_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), &ids, chunks);
                 for (pool, on_gpu) in [("host pool", host_kv), ("device pool", device_kv)] {
                     let vs_cpu = max_abs_diff(&on_gpu, &on_cpu);
                     let vs_ref = max_abs_diff(&on_gpu, &want);
@@ -222,7 +226,10 @@ mod tests {
                         "{name} {pool} chunks {chunks:?}: max |cuda - cpu| {vs_cpu:.3e}, \
                          max |cuda - transformers| {vs_ref:.3e}"
                     );
-                    assert!(vs_cpu < 1e-4, "{name} {pool}: CUDA differs from CPU by {vs_cpu}");
+                    assert!(
+                        vs_cpu < 1e-4,
+                        "{name} {pool}: CUDA differs from CPU by {vs_cpu}"
+                    );
                     assert!(
                         vs_ref < 1e-4,
                         "{name} {pool}: CUDA differs from transformers by {vs_ref}"
@@ -235,20 +242,33 @@ mod tests {
             let gemma4 = name.starts_with("gemma4");
             for (dtype, bound) in [
                 (KvCacheDtype::Bf16, if gemma4 { 0.3 } else { 0.03 }),
-                (KvCacheDtype::Int8PerTokenHead, if gemma4 { 0.7 } else { 0.08 }),
-                (KvCacheDtype::Fp8PerTokenHead, if gemma4 { 2.0 } else { 0.4 }),
+                (
+                    KvCacheDtype::Int8PerTokenHead,
+                    if gemma4 { 0.7 } else { 0.08 },
+                ),
+                (
+                    KvCacheDtype::Fp8PerTokenHead,
+                    if gemma4 { 2.0 } else { 0.4 },
+                ),
             ] {
                 let chunks = [n - 6, 1, 1, 1, 1, 1, 1];
                 let on_gpu = logits_in(&cuda, device_pool(&cuda, dtype), &ids, &chunks);
                 let on_cpu = logits_in(&cpu, host_pool(&cpu, dtype), &ids, &chunks);
-                let (vs_cpu, vs_ref) = (max_abs_diff(&on_gpu, &on_cpu), max_abs_diff(&on_gpu, &want));
+                let (vs_cpu, vs_ref) =
+                    (max_abs_diff(&on_gpu, &on_cpu), max_abs_diff(&on_gpu, &want));
                 eprintln!("{name} device pool {dtype}: max |cuda - cpu| {vs_cpu:.3e}, max |cuda - transformers| {vs_ref:.3e}");
-                assert!(vs_ref < bound, "{name} {dtype}: {vs_ref} from transformers (bound {bound})");
+                assert!(
+                    vs_ref < bound,
+                    "{name} {dtype}: {vs_ref} from transformers (bound {bound})"
+                );
             }
             let prompt = &ids[..8];
             let (g, c) = (greedy(&cuda, prompt, 16), greedy(&cpu, prompt, 16));
             let gd = greedy_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), prompt, 16);
-            assert_eq!(gd, c, "{name}: greedy tokens on the device pool differ (cpu {c:?})");
+            assert_eq!(
+                gd, c,
+                "{name}: greedy tokens on the device pool differ (cpu {c:?})"
+            );
             eprintln!("{name} greedy 16 after 8: cuda {g:?}");
             assert_eq!(g, c, "{name}: greedy tokens differ (cpu {c:?})");
         }
@@ -271,7 +291,12 @@ mod tests {
                 for (&r, &n) in reqs.iter().zip(&lens) {
                     kv.extend(r, n).unwrap();
                     let batch = ForwardBatch {
-                        seqs: vec![SeqChunk { request: r, tokens: ids[..n].to_vec(), start: 0, logits: LogitsMode::None }],
+                        seqs: vec![SeqChunk {
+                            request: r,
+                            tokens: ids[..n].to_vec(),
+                            start: 0,
+                            logits: LogitsMode::None,
+                        }],
                     };
                     cuda.forward(&mut kv, &batch).unwrap();
                 }
@@ -282,7 +307,12 @@ mod tests {
                         .zip(&lens)
                         .map(|(&r, &n)| {
                             kv.extend(r, 1).unwrap();
-                            SeqChunk { request: r, tokens: vec![ids[n + step]], start: n + step, logits: LogitsMode::Last }
+                            SeqChunk {
+                                request: r,
+                                tokens: vec![ids[n + step]],
+                                start: n + step,
+                                logits: LogitsMode::Last,
+                            }
                         })
                         .collect();
                     let o = cuda.forward(&mut kv, &ForwardBatch { seqs }).unwrap();

@@ -70,10 +70,9 @@ fn eligible<B: Backend>(
         && model.backend().supports_graphs()
         && !model.has_host_tables()
         && (1..=MAX_GRAPH_BATCH).contains(&n)
-        && batch
-            .seqs
-            .iter()
-            .all(|s| s.tokens.len() == 1 && s.logits == LogitsMode::Last)
+        && batch.seqs.iter().all(|s| {
+            s.tokens.len() == 1 && matches!(s.logits, LogitsMode::Last | LogitsMode::Argmax)
+        })
 }
 
 fn padded<B: Backend>(
@@ -238,7 +237,9 @@ pub(crate) fn replay<B: Backend>(
     if !fits {
         let old = pool.storage_mut().graphs.remove(&bucket);
         let grow = |need: usize, had: Option<usize>| {
-            (2 * need).max(MIN_SLOT_CAPACITY).max(had.map_or(0, |h| 2 * h))
+            (2 * need)
+                .max(MIN_SLOT_CAPACITY)
+                .max(had.map_or(0, |h| 2 * h))
         };
         let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
         let window_cap = grow(need_window, old.as_ref().map(|g| g.window_capacity));
@@ -254,6 +255,16 @@ pub(crate) fn replay<B: Backend>(
     update(b, g, &p)?;
     b.launch_graph(&g.graph)?;
     let vocab = model.config().vocab_size;
+    let argmax = crate::forward::argmax_flags(batch);
+    if argmax.iter().all(|&a| a) {
+        // Greedy steps read back one id per sequence from the graph's logits.
+        let ids = b.argmax_rows(&g.logits, vocab, n)?;
+        return Ok(Some(ForwardOutput {
+            vocab,
+            logits: vec![vec![]; n],
+            tokens: ids.into_iter().map(Some).collect(),
+        }));
+    }
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
     b.copy_strided(
         &g.logits,
@@ -267,5 +278,9 @@ pub(crate) fn replay<B: Backend>(
             dst_stride: 0,
         },
     )?;
-    Ok(Some(model.download_logits(Some(rows), &vec![1; n])?))
+    Ok(Some(model.download_logits(
+        Some(rows),
+        &vec![1; n],
+        &argmax,
+    )?))
 }

@@ -31,6 +31,15 @@ pub(crate) struct StepInputs<B: Backend> {
     pub(crate) positions: B::Index,
 }
 
+/// Which sequences of `batch` want only their greedy token.
+pub(crate) fn argmax_flags(batch: &ForwardBatch) -> Vec<bool> {
+    batch
+        .seqs
+        .iter()
+        .map(|s| s.logits == LogitsMode::Argmax)
+        .collect()
+}
+
 impl<B: Backend> Model<B> {
     fn norm(&self, dim: usize) -> RmsNormParams {
         RmsNormParams {
@@ -72,7 +81,11 @@ impl<B: Backend> Model<B> {
     /// Runs every sequence of `batch` through the model, storing their K/V in `kv` and
     /// returning the logits each asked for. A KV cache that can replay a captured graph
     /// for the batch (decode steps on the GPU) does so; everything else runs op by op.
-    pub fn forward<K: KvCache<B>>(&self, kv: &mut K, batch: &ForwardBatch) -> Result<ForwardOutput> {
+    pub fn forward<K: KvCache<B>>(
+        &self,
+        kv: &mut K,
+        batch: &ForwardBatch,
+    ) -> Result<ForwardOutput> {
         let c = &self.config;
         let b = &self.backend;
         let prep = self.prepare(batch)?;
@@ -80,6 +93,7 @@ impl<B: Backend> Model<B> {
             return Ok(ForwardOutput {
                 vocab: c.vocab_size,
                 logits: vec![],
+                tokens: vec![],
             });
         }
         if let Some(out) = kv.replay_decode(self, batch, &prep)? {
@@ -91,7 +105,7 @@ impl<B: Backend> Model<B> {
             positions: b.upload_index(&prep.positions)?,
         };
         let (logits, counts) = self.run(kv, batch, &prep, &inputs)?;
-        self.download_logits(logits, &counts)
+        self.download_logits(logits, &counts, &argmax_flags(batch))
     }
 
     /// Checks `batch` and flattens its ids and positions.
@@ -281,7 +295,12 @@ impl<B: Backend> Model<B> {
             b.rms_norm(&q, Some(qn), head_norm, &mut out)?;
             q = out;
         }
-        b.rope_idx(&mut q, &inputs.positions, &lw.inv_freq, self.rope_params(lc, nh))?;
+        b.rope_idx(
+            &mut q,
+            &inputs.positions,
+            &lw.inv_freq,
+            self.rope_params(lc, nh),
+        )?;
 
         if let (Some(wk), Some(wv)) = (&lw.k, &lw.v) {
             let mut k = self.zeros(t * nkv * d)?;
@@ -291,7 +310,12 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(&k, Some(kn), head_norm, &mut out)?;
                 k = out;
             }
-            b.rope_idx(&mut k, &inputs.positions, &lw.inv_freq, self.rope_params(lc, nkv))?;
+            b.rope_idx(
+                &mut k,
+                &inputs.positions,
+                &lw.inv_freq,
+                self.rope_params(lc, nkv),
+            )?;
             let mut v = self.zeros(t * nkv * d)?;
             wv.forward(b, normed, &mut v)?;
             if c.v_norm {
@@ -348,7 +372,7 @@ impl<B: Backend> Model<B> {
         for (seq, r) in batch.seqs.iter().zip(rows) {
             let picked: Vec<usize> = match seq.logits {
                 LogitsMode::None => vec![],
-                LogitsMode::Last => vec![r.offset + r.len - 1],
+                LogitsMode::Last | LogitsMode::Argmax => vec![r.offset + r.len - 1],
                 LogitsMode::All => (r.offset..r.offset + r.len).collect(),
             };
             counts.push(picked.len());
@@ -376,26 +400,45 @@ impl<B: Backend> Model<B> {
         Ok((Some(logits), counts))
     }
 
-    /// The logits of [`Model::run`] on the host, split per sequence.
+    /// The logits of [`Model::run`] on the host, split per sequence; for the sequences
+    /// marked in `argmax`, only their greedy token (the logits stay on the backend).
     pub(crate) fn download_logits(
         &self,
         logits: Option<B::Buffer>,
         counts: &[usize],
+        argmax: &[bool],
     ) -> Result<ForwardOutput> {
         let vocab = self.config.vocab_size;
-        let Some(logits) = logits else {
-            return Ok(ForwardOutput {
-                vocab,
-                logits: vec![vec![]; counts.len()],
-            });
+        let mut out = ForwardOutput {
+            vocab,
+            logits: vec![vec![]; counts.len()],
+            tokens: vec![None; counts.len()],
         };
-        let host = self.backend.download(&logits)?;
-        let mut out = Vec::with_capacity(counts.len());
-        let mut at = 0;
-        for &k in counts {
-            out.push(host[at * vocab..(at + k) * vocab].to_vec());
-            at += k;
+        let Some(logits) = logits else {
+            return Ok(out);
+        };
+        let rows: usize = counts.iter().sum();
+        if argmax.iter().any(|&a| a) {
+            let ids = self.backend.argmax_rows(&logits, vocab, rows)?;
+            let mut at = 0;
+            for (i, &k) in counts.iter().enumerate() {
+                if argmax[i] && k > 0 {
+                    out.tokens[i] = Some(ids[at + k - 1]);
+                }
+                at += k;
+            }
         }
-        Ok(ForwardOutput { vocab, logits: out })
+        let wanted = counts.iter().zip(argmax).any(|(&k, &a)| k > 0 && !a);
+        if wanted {
+            let host = self.backend.download(&logits)?;
+            let mut at = 0;
+            for (i, &k) in counts.iter().enumerate() {
+                if !argmax[i] {
+                    out.logits[i] = host[at * vocab..(at + k) * vocab].to_vec();
+                }
+                at += k;
+            }
+        }
+        Ok(out)
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use strata_kernels::cpu::CpuBackend;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
-use strata_model::{KvCache, PagedStorage, ForwardBatch, LogitsMode, Model, SeqChunk};
+use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
 
 struct Reference {
     ids: Vec<u32>,
@@ -205,7 +205,13 @@ fn quantized_kv_within_bounds() {
 /// across the window and decode with two sequences interleaved in one batch.
 #[test]
 fn paged_storage_equals_host_storage() {
-    for name in ["gemma4-tiny", "gemma4-tiny-mm", "gemma3-tiny", "llama-tiny", "qwen3-tiny"] {
+    for name in [
+        "gemma4-tiny",
+        "gemma4-tiny-mm",
+        "gemma3-tiny",
+        "llama-tiny",
+        "qwen3-tiny",
+    ] {
         let dir = fixture(name);
         let r = reference(&dir);
         let model = Model::load(CpuBackend::new(), &dir).unwrap();
@@ -233,13 +239,18 @@ fn paged_storage_equals_host_storage() {
             let got = run_chunked(&model, &mut paged, &r.ids, &chunks);
             let want = run_chunked(&model, &mut pool(&model, dtype), &r.ids, &chunks);
             assert!(
-                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{name} {dtype}: paged storage differs from host storage by {}",
                 max_abs_diff(&got, &want)
             );
             if dtype == KvCacheDtype::F32 {
                 let d = max_abs_diff(&got, &r.logits);
-                assert!(d < 1e-4, "{name}: paged storage differs from transformers by {d}");
+                assert!(
+                    d < 1e-4,
+                    "{name}: paged storage differs from transformers by {d}"
+                );
             }
             // Two sequences in one batch, each chunk aligned with its own solo run.
             let (a, b) = (paged.alloc_request(), paged.alloc_request());
@@ -248,15 +259,31 @@ fn paged_storage_equals_host_storage() {
             paged.extend(b, n).unwrap();
             let batch = ForwardBatch {
                 seqs: vec![
-                    SeqChunk { request: a, tokens: r.ids[..half].to_vec(), start: 0, logits: LogitsMode::All },
-                    SeqChunk { request: b, tokens: r.ids.clone(), start: 0, logits: LogitsMode::All },
+                    SeqChunk {
+                        request: a,
+                        tokens: r.ids[..half].to_vec(),
+                        start: 0,
+                        logits: LogitsMode::All,
+                    },
+                    SeqChunk {
+                        request: b,
+                        tokens: r.ids.clone(),
+                        start: 0,
+                        logits: LogitsMode::All,
+                    },
                 ],
             };
             let out = model.forward(&mut paged, &batch).unwrap();
             let solo = run_chunked(&model, &mut pool(&model, dtype), &r.ids, &[n]);
             let solo_half = run_chunked(&model, &mut pool(&model, dtype), &r.ids[..half], &[half]);
-            assert_eq!(out.logits[1], solo, "{name} {dtype}: batched sequence differs");
-            assert_eq!(out.logits[0], solo_half, "{name} {dtype}: batched sequence differs");
+            assert_eq!(
+                out.logits[1], solo,
+                "{name} {dtype}: batched sequence differs"
+            );
+            assert_eq!(
+                out.logits[0], solo_half,
+                "{name} {dtype}: batched sequence differs"
+            );
         }
     }
 }

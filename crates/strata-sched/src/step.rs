@@ -112,7 +112,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     tokens: s.tokens[s.computed..end].to_vec(),
                     start: s.computed,
                     logits: if end == s.tokens.len() {
-                        LogitsMode::Last
+                        // Greedy requests without logprobs need only the argmax, which
+                        // the model computes where the logits are.
+                        if s.req.sampling.is_greedy() && s.req.logprobs.is_none() {
+                            LogitsMode::Argmax
+                        } else {
+                            LogitsMode::Last
+                        }
                     } else {
                         LogitsMode::None
                     },
@@ -159,6 +165,21 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                         seq.pinned = held;
                     }
                 }
+            }
+            if let Some(token) = out.token(b).filter(|&t| (t as usize) < out.vocab) {
+                seq.tokens.push(token);
+                events.push(Event {
+                    id: seq.id,
+                    kind: EventKind::Token {
+                        token,
+                        logprob: None,
+                        top_logprobs: Vec::new(),
+                    },
+                });
+                if let Some(reason) = seq.stop_reason(context_len) {
+                    done.push((seq.id, reason));
+                }
+                continue;
             }
             let Some(logits) = out.last(b).filter(|l| l.len() == out.vocab) else {
                 done.push((

@@ -25,7 +25,7 @@ pub struct BenchArgs {
     /// Context depths for decode.
     #[arg(long, value_delimiter = ',', default_value = "128,4096,16384")]
     pub depths: Vec<usize>,
-    /// Prompt lengths for prefill (empty: none).
+    /// Prompt lengths for prefill (0: none).
     #[arg(long, value_delimiter = ',', default_value = "512,2048,4096,16384")]
     pub prefill: Vec<usize>,
     #[arg(long, default_value_t = 8)]
@@ -53,7 +53,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     // Roofline: weight bytes a decode step reads over the measured copy bandwidth.
     let (weight_bytes, bandwidth, free) = match &model.runtime {
         Runtime::Cuda(m) => {
-            let bytes = m.matmul_elements() as f64 * if m.backend().bf16_gemm() { 2.0 } else { 4.0 };
+            let bytes =
+                m.matmul_elements() as f64 * if m.backend().bf16_gemm() { 2.0 } else { 4.0 };
             let bw = m.backend().measure_copy_bandwidth(2 << 30)?;
             let free = m.backend().memory_info()?.0 as u64;
             (bytes, Some(bw), Some(free))
@@ -78,20 +79,30 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let mut prefill = Vec::new();
-    for &n in &a.prefill {
+    for &n in a.prefill.iter().filter(|&&n| n > 0) {
         let r = model.bench_prefill(n, 2, kv)?;
-        eprintln!("[bench] prefill {n}: {:.1} ms, {:.0} tok/s", r.seconds * 1e3, r.tokens_per_second);
+        eprintln!(
+            "[bench] prefill {n}: {:.1} ms, {:.0} tok/s",
+            r.seconds * 1e3,
+            r.tokens_per_second
+        );
         prefill.push(r);
     }
     // Pages the whole free device memory buys per KV format.
     let mut pages = Vec::new();
     if let Some(free) = free {
-        for d in [KvCacheDtype::Bf16, KvCacheDtype::Fp8PerTokenHead, KvCacheDtype::Int8PerTokenHead] {
+        for d in [
+            KvCacheDtype::Bf16,
+            KvCacheDtype::Fp8PerTokenHead,
+            KvCacheDtype::Int8PerTokenHead,
+        ] {
             let layout = KvLayout::for_config(model.config(), d)?;
             let plan = layout.plan_pages((free as f64 * 0.85) as u64, 16, DEFAULT_WINDOW_RATIO)?;
-            pages.push(json!({"kv_cache_dtype": d.name(), "budget_bytes": (free as f64 * 0.85) as u64,
+            pages.push(
+                json!({"kv_cache_dtype": d.name(), "budget_bytes": (free as f64 * 0.85) as u64,
                 "full_pages": plan.full, "window_pages": plan.window, "page_size": plan.page_size,
-                "full_tokens": plan.full * plan.page_size}));
+                "full_tokens": plan.full * plan.page_size}),
+            );
         }
     }
 
@@ -114,7 +125,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     println!("\n| figure | value |\n|---|---|");
     if let (Some(bw), Some(rf)) = (bandwidth, roofline) {
         println!("| copy bandwidth | {:.2} TB/s |", bw / 1e12);
-        println!("| weight bytes per decode step | {:.2} GB |", weight_bytes / 1e9);
+        println!(
+            "| weight bytes per decode step | {:.2} GB |",
+            weight_bytes / 1e9
+        );
         println!("| decode roofline, batch 1 | {rf:.0} tok/s |");
     }
     for r in &decode {

@@ -179,13 +179,27 @@ impl Engine {
         let spawned = match &loaded.runtime {
             Runtime::Cpu(m) => {
                 let pool = worker::pool_for(&loaded, &opts, HostStorage::new())?;
-                let w = worker::Worker::new(&loaded, m.clone(), pool, opts, status.clone(), metrics.clone())?;
+                let w = worker::Worker::new(
+                    &loaded,
+                    m.clone(),
+                    pool,
+                    opts,
+                    status.clone(),
+                    metrics.clone(),
+                )?;
                 thread.spawn(move || w.run(rx))
             }
             Runtime::Cuda(m) => {
                 let storage = PagedStorage::new(m.backend().clone());
                 let pool = worker::pool_for(&loaded, &opts, storage)?;
-                let w = worker::Worker::new(&loaded, m.clone(), pool, opts, status.clone(), metrics.clone())?;
+                let w = worker::Worker::new(
+                    &loaded,
+                    m.clone(),
+                    pool,
+                    opts,
+                    status.clone(),
+                    metrics.clone(),
+                )?;
                 thread.spawn(move || w.run(rx))
             }
         };

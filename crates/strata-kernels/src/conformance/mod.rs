@@ -36,7 +36,7 @@ pub use paged::{
     check_kv_store_case, check_paged, check_paged_attention_case, PagedCase, ALL_FORMATS,
 };
 pub use rope::{check_rope, check_rope_case, RopeCase};
-pub use sampling::check_sample;
+pub use sampling::{check_argmax, check_sample};
 
 use crate::sampling::SamplerRng;
 use crate::{Backend, DType};
@@ -182,5 +182,6 @@ pub fn check_all<B: Backend>(
     check_attention(b)?;
     check_paged(b)?;
     check_sample(b)?;
+    check_argmax(b)?;
     Ok(())
 }

@@ -6,7 +6,9 @@
 use strata_kv::quant::{decode_row, encode_row};
 
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
-use crate::{has_scales, AttentionParams, Backend, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
+use crate::{
+    has_scales, AttentionParams, Backend, KvFormat, KvSlabContents, KvSlabShape, PagedSeq,
+};
 
 pub const ALL_FORMATS: [KvFormat; 5] = [
     KvFormat::F32,
@@ -18,7 +20,11 @@ pub const ALL_FORMATS: [KvFormat; 5] = [
 
 /// Encodes rows `[T, heads, d]` into `slots` of host contents, as the pool does.
 fn host_store(shape: KvSlabShape, c: &mut KvSlabContents, k: &[f32], v: &[f32], slots: &[u32]) {
-    let (heads, d, eb) = (shape.num_kv_heads, shape.head_dim, shape.format.element_bytes());
+    let (heads, d, eb) = (
+        shape.num_kv_heads,
+        shape.head_dim,
+        shape.format.element_bytes(),
+    );
     for (t, &slot) in slots.iter().enumerate() {
         for h in 0..heads {
             let row = slot as usize * heads + h;
@@ -176,7 +182,10 @@ pub fn check_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> CheckResu
         let qs = data.normals(q_len * c.n_heads * d, std, act);
         // Reference over the dequantized rows the slab holds.
         let eb = c.format.element_bytes();
-        let (mut kd, mut vd) = (vec![0f32; (n - k_start) * hk * d], vec![0f32; (n - k_start) * hk * d]);
+        let (mut kd, mut vd) = (
+            vec![0f32; (n - k_start) * hk * d],
+            vec![0f32; (n - k_start) * hk * d],
+        );
         for (i, &slot) in seq_slots[k_start..].iter().enumerate() {
             for h in 0..hk {
                 let row = slot as usize * hk + h;
@@ -204,7 +213,13 @@ pub fn check_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> CheckResu
         &what,
         b.paged_attention(&put(b, &q, act)?, &slab, &batch, p, &mut out),
     )?;
-    compare(&what, &get(b, &out)?, &want, &mag, Tolerance::for_dtype(act))
+    compare(
+        &what,
+        &get(b, &out)?,
+        &want,
+        &mag,
+        Tolerance::for_dtype(act),
+    )
 }
 
 /// Every format at small shapes, then the model's shapes: Gemma-4 E2B sliding (d 256,

@@ -48,3 +48,38 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
     }
     Ok(())
 }
+
+/// Greedy choice where the logits are: equal to the host `argmax` on rows with ties (the
+/// lowest id wins), NaN (never chosen), all -inf (id 0), at the real vocabulary size, and
+/// over only the first rows of a larger buffer.
+pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
+    let mut data = TestData::new(801);
+    for vocab in [7usize, 1000, 262_144] {
+        let rows = 5;
+        let mut logits: Vec<f32> = (0..rows * vocab).map(|_| data.normal() * 3.0).collect();
+        // Row 1: a tie between two ids for the maximum; row 2: NaNs; row 3: all -inf.
+        let top = 100.0;
+        logits[vocab + vocab / 2] = top;
+        logits[vocab + vocab / 3] = top;
+        for i in (0..vocab).step_by(3) {
+            logits[2 * vocab + i] = f32::NAN;
+        }
+        logits[3 * vocab..4 * vocab].fill(f32::NEG_INFINITY);
+        let lb = put(b, &logits, b.activation_dtype())?;
+        for n in [rows, 2] {
+            let got = b
+                .argmax_rows(&lb, vocab, n)
+                .map_err(|e| format!("argmax_rows: {e}"))?;
+            let want: Vec<u32> = logits[..n * vocab]
+                .chunks_exact(vocab)
+                .map(crate::sampling::argmax)
+                .collect();
+            if got != want {
+                return Err(format!(
+                    "argmax_rows vocab {vocab}: got {got:?}, want {want:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}

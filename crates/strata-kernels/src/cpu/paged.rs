@@ -91,7 +91,7 @@ struct SlabKeys<'a> {
 }
 
 impl SlabKeys<'_> {
-    fn row<'a>(&self, bytes: &[u8], scales: &[f32], i: usize, h: usize, out: &'a mut [f32]) {
+    fn row(&self, bytes: &[u8], scales: &[f32], i: usize, h: usize, out: &mut [f32]) {
         let s = self.slab.shape;
         let row = self.slots[i] as usize * s.num_kv_heads + h;
         let eb = s.format.element_bytes();
@@ -101,7 +101,12 @@ impl SlabKeys<'_> {
             1.0
         };
         let d = s.head_dim;
-        decode_row(s.format, &bytes[row * d * eb..(row + 1) * d * eb], scale, out);
+        decode_row(
+            s.format,
+            &bytes[row * d * eb..(row + 1) * d * eb],
+            scale,
+            out,
+        );
     }
 }
 
@@ -150,7 +155,11 @@ pub(crate) fn attention(
     let (q, out) = (q.f32s(OP)?, out.f32s_mut(OP)?);
     let rows: usize = batch.seqs.iter().map(|s| s.q_len).sum();
     ensure(q.len() == rows * row && out.len() == q.len(), OP, || {
-        format!("q has {}, out {}, want {rows} rows of {row}", q.len(), out.len())
+        format!(
+            "q has {}, out {}, want {rows} rows of {row}",
+            q.len(),
+            out.len()
+        )
     })?;
     if let Some(&bad) = batch.slots.iter().find(|&&x| x as usize >= s.slots) {
         return Err(crate::KernelError::Invalid {

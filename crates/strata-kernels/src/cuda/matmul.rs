@@ -173,7 +173,9 @@ impl CudaBackend {
         let mut xb = unsafe { self.stream.alloc::<u16>(t * k) }
             .map_err(device_err("allocating matmul scratch"))?;
         let n_x = (t * k) as u64;
-        let mut l = self.stream.launch_builder(self.kernels.get("narrow_to_bf16")?);
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get("narrow_to_bf16")?);
         l.arg(xs).arg(&mut xb).arg(&n_x);
         // SAFETY: xs holds at least t*k elements (checked by the caller), xb exactly t*k.
         unsafe { l.launch(super::grid_for(t * k)) }.map_err(device_err("narrow_to_bf16"))?;

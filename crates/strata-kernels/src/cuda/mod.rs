@@ -209,8 +209,7 @@ fn keep_freed_memory(ctx: &Arc<CudaContext>) {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: plain driver calls with valid out-pointers; failures are ignored.
     unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-            == sys::CUresult::CUDA_SUCCESS
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS
         {
             let mut threshold: u64 = u64::MAX;
             let _ = sys::cuMemPoolSetAttribute(
@@ -505,5 +504,9 @@ impl Backend for CudaBackend {
 
     fn launch_graph(&self, graph: &CudaGraphExec) -> Result<()> {
         graph.0.launch().map_err(device_err("launching a graph"))
+    }
+
+    fn argmax_rows(&self, logits: &CudaBuffer, vocab: usize, rows: usize) -> Result<Vec<u32>> {
+        self.argmax_rows_impl(logits, vocab, rows)
     }
 }

@@ -97,11 +97,7 @@ impl CudaBackend {
         let (dtype, hidden_i) = (dtype_code(table.dtype), hidden as i32);
         let mut l = self.stream.launch_builder(f);
         arg_any(&mut l, table);
-        l.arg(&dtype)
-            .arg(ids)
-            .arg(o)
-            .arg(&hidden_i)
-            .arg(&scale);
+        l.arg(&dtype).arg(ids).arg(o).arg(&hidden_i).arg(&scale);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -288,7 +284,14 @@ impl CudaBackend {
         ensure(
             x.len() == n_tokens * p.n_heads * p.head_dim && inv_freq.len() == p.head_dim / 2,
             OP,
-            || format!("x has {}, want {n_tokens} tokens x {} heads x {}", x.len(), p.n_heads, p.head_dim),
+            || {
+                format!(
+                    "x has {}, want {n_tokens} tokens x {} heads x {}",
+                    x.len(),
+                    p.n_heads,
+                    p.head_dim
+                )
+            },
         )?;
         let freqs = inv_freq.f32s(OP)?;
         let xs = x.f32s_mut(OP)?;

@@ -142,17 +142,13 @@ impl CudaBackend {
         let s = slab.shape;
         let (heads, d) = (s.num_kv_heads, s.head_dim);
         let t = slots.len;
-        ensure(
-            k.len() == t * heads * d && v.len() == k.len(),
-            OP,
-            || {
-                format!(
-                    "k has {}, v has {}, want {t} rows of {heads} x {d}",
-                    k.len(),
-                    v.len()
-                )
-            },
-        )?;
+        ensure(k.len() == t * heads * d && v.len() == k.len(), OP, || {
+            format!(
+                "k has {}, v has {}, want {t} rows of {heads} x {d}",
+                k.len(),
+                v.len()
+            )
+        })?;
         if t == 0 || heads == 0 || d == 0 {
             return Ok(());
         }
@@ -252,8 +248,10 @@ impl CudaBackend {
         ensure(
             seqs.len() == b.seq_count && rows == b.rows && slots.len() <= capacity,
             OP,
-            || format!("{} sequences, {rows} rows, {} slots for a batch of {} sequences, {} rows, {capacity} slots",
-                seqs.len(), slots.len(), b.seq_count, b.rows),
+            || {
+                format!("{} sequences, {rows} rows, {} slots for a batch of {} sequences, {} rows, {capacity} slots",
+                seqs.len(), slots.len(), b.seq_count, b.rows)
+            },
         )?;
         let mut packed = Vec::with_capacity(seqs.len() * 5);
         let mut row_seq = Vec::with_capacity(rows);
@@ -267,12 +265,18 @@ impl CudaBackend {
             row_seq.extend(std::iter::repeat_n(i as u32, s.q_len));
         }
         let err = device_err("rewriting a paged batch");
-        self.stream.memcpy_htod(&packed, &mut b.seqs.slice_mut(..packed.len())).map_err(&err)?;
+        self.stream
+            .memcpy_htod(&packed, &mut b.seqs.slice_mut(..packed.len()))
+            .map_err(&err)?;
         if !row_seq.is_empty() {
-            self.stream.memcpy_htod(&row_seq, &mut b.row_seq.slice_mut(..row_seq.len())).map_err(&err)?;
+            self.stream
+                .memcpy_htod(&row_seq, &mut b.row_seq.slice_mut(..row_seq.len()))
+                .map_err(&err)?;
         }
         if !slots.is_empty() {
-            self.stream.memcpy_htod(slots, &mut b.slots.slice_mut(..slots.len())).map_err(&err)?;
+            self.stream
+                .memcpy_htod(slots, &mut b.slots.slice_mut(..slots.len()))
+                .map_err(&err)?;
         }
         b.max_keys = seqs.iter().map(|s| s.k_len()).max().unwrap_or(0);
         b.slot_limit = slots.iter().copied().max().unwrap_or(0);
@@ -352,7 +356,9 @@ impl CudaBackend {
                 self.stream
                     .alloc_zeros::<f32>(tasks * splits * d)
                     .map_err(&err)?,
-                self.stream.alloc_zeros::<f32>(tasks * splits * 2).map_err(&err)?,
+                self.stream
+                    .alloc_zeros::<f32>(tasks * splits * 2)
+                    .map_err(&err)?,
             )
         } else {
             (
@@ -400,7 +406,9 @@ impl CudaBackend {
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         if splits > 1 {
             let os = out.f32s_mut(OP)?;
-            let mut l = self.stream.launch_builder(self.kernels.get("paged_combine")?);
+            let mut l = self
+                .stream
+                .launch_builder(self.kernels.get("paged_combine")?);
             l.arg(&ws_acc).arg(&ws_ml).arg(os).arg(&d_i).arg(&splits_i);
             let cfg = LaunchConfig {
                 grid_dim: (tasks as u32, 1, 1),
@@ -411,5 +419,43 @@ impl CudaBackend {
             unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
         }
         Ok(())
+    }
+}
+
+impl CudaBackend {
+    pub(super) fn argmax_rows_impl(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        rows: usize,
+    ) -> Result<Vec<u32>> {
+        const OP: &str = "argmax_rows";
+        ensure(vocab > 0 && logits.len() >= rows * vocab, OP, || {
+            format!("{} logits for {rows} rows of {vocab}", logits.len())
+        })?;
+        if rows == 0 {
+            return Ok(vec![]);
+        }
+        let xs = logits.f32s(OP)?;
+        let mut out = self
+            .stream
+            .alloc_zeros::<u32>(rows)
+            .map_err(device_err("allocating argmax output"))?;
+        let v = vocab as u64;
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        l.arg(xs).arg(&mut out).arg(&v);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: logits hold at least rows x vocab values (checked); out holds rows.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        let ids = self
+            .stream
+            .clone_dtoh(&out)
+            .map_err(device_err("copying argmax ids"))?;
+        self.synchronize()?;
+        Ok(ids)
     }
 }

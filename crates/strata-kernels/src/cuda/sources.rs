@@ -52,12 +52,22 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "copy",
         source: include_str!("../../../../kernels/copy.cu"),
-        functions: &["copy_strided_b32", "copy_strided_b16", "widen_to_f32", "narrow_to_bf16"],
+        functions: &[
+            "copy_strided_b32",
+            "copy_strided_b16",
+            "widen_to_f32",
+            "narrow_to_bf16",
+        ],
     },
     KernelFile {
         name: "attention",
         source: include_str!("../../../../kernels/attention.cu"),
         functions: &["attention"],
+    },
+    KernelFile {
+        name: "sampling",
+        source: include_str!("../../../../kernels/sampling.cu"),
+        functions: &["argmax_rows"],
     },
     KernelFile {
         name: "paged",

@@ -6,7 +6,7 @@ use serde_json::json;
 use strata_config::ModelConfig;
 use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan};
-use strata_model::{ForwardBatch, ForwardOutput, KvCache, LogitsMode};
+use strata_model::{ForwardBatch, ForwardOutput, LogitsMode};
 use strata_sched::{
     Event, EventKind, FinishReason, Request, SchedError, Scheduler, SchedulerConfig, SeqId,
     StepModel,
@@ -122,8 +122,14 @@ impl FakeModel {
         let bad = |m: String| SchedError::Other(format!("fake model: {m}"));
         for (l, layer) in self.cfg.layers.iter().enumerate() {
             let from = layer.window.map_or(0, |w| (query + 1).saturating_sub(w));
-            let (mut k, mut v) = (Vec::new(), Vec::new());
-            kv.gather(l, req, from..query + 1, ROW, &mut k, &mut v)?;
+            let n = query + 1 - from;
+            let (mut k, mut v) = (vec![0.0; n * ROW], vec![0.0; n * ROW]);
+            for (i, pos) in (from..query + 1).enumerate() {
+                let slot = kv.slot(req, pos).map_err(|e| bad(e.to_string()))?;
+                let r = i * ROW..(i + 1) * ROW;
+                kv.read_kv(l, slot, &mut k[r.clone()], &mut v[r])
+                    .map_err(|e| bad(e.to_string()))?;
+            }
             let source = self.cfg.kv_layer_for(l);
             let mut seen = Vec::new();
             for (i, (row, vrow)) in k.chunks(ROW).zip(v.chunks(ROW)).enumerate() {
@@ -163,17 +169,22 @@ impl StepModel for FakeModel {
                 let pos = s.start + i;
                 for l in 0..self.cfg.layers.len() {
                     let row = kv_row(t, pos, l);
-                    kv.store(l, s.request, pos, &row, &row)?;
+                    let slot = kv
+                        .slot(s.request, pos)
+                        .map_err(|e| SchedError::Other(e.to_string()))?;
+                    kv.write_kv(l, slot, &row, &row)
+                        .map_err(|e| SchedError::Other(e.to_string()))?;
                 }
             }
             self.tokens_computed += s.tokens.len();
         }
         let mut logits = Vec::with_capacity(batch.seqs.len());
+        let mut tokens = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
             let end = s.start + s.tokens.len();
             let rows = match s.logits {
                 LogitsMode::None => s.start..s.start,
-                LogitsMode::Last => end - 1..end,
+                LogitsMode::Last | LogitsMode::Argmax => end - 1..end,
                 LogitsMode::All => s.start..end,
             };
             let mut out = Vec::new();
@@ -181,11 +192,19 @@ impl StepModel for FakeModel {
                 let seq = self.read_sequence(kv, s.request, q)?;
                 out.extend(logits_for(&seq));
             }
+            if s.logits == LogitsMode::Argmax {
+                // As a device would: the greedy choice only, no logits.
+                tokens.push(Some(strata_kernels::sampling::argmax(&out)));
+                out.clear();
+            } else {
+                tokens.push(None);
+            }
             logits.push(out);
         }
         Ok(ForwardOutput {
             vocab: VOCAB,
             logits,
+            tokens,
         })
     }
 }

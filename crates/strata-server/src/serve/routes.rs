@@ -598,7 +598,10 @@ impl StreamState {
                     Value::Null
                 };
                 self.text_offset += text.len();
-                if !text.is_empty() || self.want_logprobs {
+                // A model without a tokenizer has no text to stream: one (empty) chunk per
+                // token still tells the client a token was generated.
+                let no_text = self.st.engine.tokenizer.is_none();
+                if !text.is_empty() || self.want_logprobs || no_text {
                     let c = self.chunk(&text, logprobs, None);
                     self.queue.push_back(Self::data(&c));
                 }
