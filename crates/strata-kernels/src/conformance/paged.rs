@@ -286,6 +286,15 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
             seed: 743,
             ..base.clone()
         },
+        // Sixteen query heads on one KV head (a group too large for one block of warps).
+        PagedCase {
+            n_heads: 16,
+            head_dim: 128,
+            scale: 1.0 / 128f32.sqrt(),
+            seqs: vec![(300, 1), (7, 5)],
+            seed: 746,
+            ..base.clone()
+        },
         // Llama / Qwen shapes with 1/sqrt(d); a softcap; window shorter than the chunk.
         PagedCase {
             n_heads: 4,
