@@ -124,6 +124,19 @@ fn padded_prep(p: &Padded) -> Prepared {
     }
 }
 
+/// Copies the first `len` elements of `src` into `dst`.
+fn copy_prefix<B: Backend>(b: &B, src: &B::Buffer, dst: &mut B::Buffer, len: usize) -> Result<()> {
+    let c = StridedCopy {
+        rows: 1,
+        cols: len,
+        src_offset: 0,
+        src_stride: 0,
+        dst_offset: 0,
+        dst_stride: 0,
+    };
+    Ok(b.copy_strided(src, dst, c)?)
+}
+
 fn tables_with_capacity<B: Backend>(
     b: &B,
     t: &Option<HostTables>,
@@ -172,19 +185,7 @@ fn capture<B: Backend>(
     let recorded = (|| -> Result<()> {
         let (out, _) = model.run(pool, &pb, &prep, &inputs)?;
         let out = out.ok_or_else(|| ModelError::Invalid("a decode step without logits".into()))?;
-        b.copy_strided(
-            &out,
-            &mut logits,
-            StridedCopy {
-                rows: 1,
-                cols: bucket * vocab,
-                src_offset: 0,
-                src_stride: 0,
-                dst_offset: 0,
-                dst_stride: 0,
-            },
-        )?;
-        Ok(())
+        copy_prefix(b, &out, &mut logits, bucket * vocab)
     })();
     // End the capture whatever happened, so the stream is usable again.
     let graph = b.end_capture();
@@ -266,18 +267,7 @@ pub(crate) fn replay<B: Backend>(
         }));
     }
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
-    b.copy_strided(
-        &g.logits,
-        &mut rows,
-        StridedCopy {
-            rows: 1,
-            cols: n * vocab,
-            src_offset: 0,
-            src_stride: 0,
-            dst_offset: 0,
-            dst_stride: 0,
-        },
-    )?;
+    copy_prefix(b, &g.logits, &mut rows, n * vocab)?;
     Ok(Some(model.download_logits(
         Some(rows),
         &vec![1; n],

@@ -58,6 +58,8 @@ pub struct CudaBackend {
     /// with f32 accumulation and output (the speed path); off, the weight is widened and
     /// SGEMM keeps f32 activations exact (the reference path).
     bf16_gemm: bool,
+    /// Multiprocessors, read once: attention sizes its key splits from it every call.
+    sm_count: usize,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -125,6 +127,11 @@ impl CudaBackend {
             .map_err(device_err("reading the compute capability"))?;
         let arch = (major * 10 + minor) as u32;
         let device_name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_or(100, |n| n.max(1) as usize);
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         let kernels = Kernels::load(&ctx, arch)?;
@@ -136,6 +143,7 @@ impl CudaBackend {
             arch,
             device_name,
             bf16_gemm: false,
+            sm_count,
         })
     }
 

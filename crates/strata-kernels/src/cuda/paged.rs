@@ -69,6 +69,23 @@ fn format_code(f: KvFormat) -> i32 {
     }
 }
 
+/// The kernel's view of a batch: five u32 fields per sequence (`q_offset, q_len, q_start,
+/// k_start, slot_offset`) and each query row's sequence index.
+fn pack_seqs(seqs: &[PagedSeq]) -> Result<(Vec<u32>, Vec<u32>)> {
+    let mut packed = Vec::with_capacity(seqs.len() * 5);
+    let mut row_seq = Vec::new();
+    for (i, s) in seqs.iter().enumerate() {
+        for x in [s.q_offset, s.q_len, s.q_start, s.k_start, s.slot_offset] {
+            packed.push(u32::try_from(x).map_err(|_| KernelError::Invalid {
+                op: "paged_attention",
+                detail: "a sequence field exceeds 32 bits".into(),
+            })?);
+        }
+        row_seq.extend(std::iter::repeat_n(i as u32, s.q_len));
+    }
+    Ok((packed, row_seq))
+}
+
 /// Largest head_dim the attention kernel is sized for (`PA_MAX_D`).
 const PA_MAX_D: usize = 512;
 const PA_THREADS: u32 = 128;
@@ -77,13 +94,6 @@ const MIN_SPLIT_KEYS: usize = 256;
 const MAX_SPLITS: usize = 64;
 
 impl CudaBackend {
-    fn sm_count(&self) -> usize {
-        use cudarc::driver::sys::CUdevice_attribute;
-        self.ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_or(100, |n| n.max(1) as usize)
-    }
-
     pub(super) fn kv_slab_impl(&self, shape: KvSlabShape) -> Result<CudaKvSlab> {
         let err = device_err("allocating a KV slab");
         let bytes = (shape.elements() * shape.format.element_bytes()).max(1);
@@ -184,18 +194,7 @@ impl CudaBackend {
         slots: &[u32],
     ) -> Result<CudaPagedBatch> {
         check_paged(seqs, slots)?;
-        let mut packed = Vec::with_capacity(seqs.len() * 5);
-        let mut row_seq = Vec::new();
-        let too_big = |what: &str| KernelError::Invalid {
-            op: "paged_attention",
-            detail: format!("{what} exceeds 32 bits"),
-        };
-        for (i, s) in seqs.iter().enumerate() {
-            for x in [s.q_offset, s.q_len, s.q_start, s.k_start, s.slot_offset] {
-                packed.push(u32::try_from(x).map_err(|_| too_big("a sequence field"))?);
-            }
-            row_seq.extend(std::iter::repeat_n(i as u32, s.q_len));
-        }
+        let (packed, row_seq) = pack_seqs(seqs)?;
         Ok(CudaPagedBatch {
             seqs: self.to_device(&packed)?,
             row_seq: self.to_device(&row_seq)?,
@@ -253,17 +252,7 @@ impl CudaBackend {
                 seqs.len(), slots.len(), b.seq_count, b.rows)
             },
         )?;
-        let mut packed = Vec::with_capacity(seqs.len() * 5);
-        let mut row_seq = Vec::with_capacity(rows);
-        for (i, s) in seqs.iter().enumerate() {
-            for x in [s.q_offset, s.q_len, s.q_start, s.k_start, s.slot_offset] {
-                packed.push(u32::try_from(x).map_err(|_| KernelError::Invalid {
-                    op: OP,
-                    detail: "a sequence field exceeds 32 bits".into(),
-                })?);
-            }
-            row_seq.extend(std::iter::repeat_n(i as u32, s.q_len));
-        }
+        let (packed, row_seq) = pack_seqs(seqs)?;
         let err = device_err("rewriting a paged batch");
         self.stream
             .memcpy_htod(&packed, &mut b.seqs.slice_mut(..packed.len()))
@@ -339,7 +328,7 @@ impl CudaBackend {
         }
         let tasks = rows * p.n_heads;
         // Split the keys when there are too few (query, head) tasks to fill the GPU.
-        let target = 2 * self.sm_count();
+        let target = 2 * self.sm_count;
         let splits = if tasks >= target {
             1
         } else if batch.capacity.is_some() {
