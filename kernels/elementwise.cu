@@ -20,6 +20,16 @@ extern "C" __global__ void act_mul(const float* gate, const float* up, float* ou
     FOR_EACH_INDEX(i, n) { out[i] = apply_act(act, gate[i]) * up[i]; }
 }
 
+// out[t, i] = act(gate[t, i]) * table[t * stride + offset + i] for i < cols: the gated
+// product with a column slice of a wider table (Gemma-4's per-layer inputs) in one pass.
+extern "C" __global__ void act_mul_slice(const float* gate, const float* table, float* out, u64 n,
+                                         u64 cols, u64 offset, u64 stride, int act) {
+    FOR_EACH_INDEX(i, n) {
+        const u64 t = i / cols, c = i % cols;
+        out[i] = apply_act(act, gate[i]) * table[t * stride + offset + c];
+    }
+}
+
 extern "C" __global__ void activation(const float* x, float* out, u64 n, int act) {
     FOR_EACH_INDEX(i, n) { out[i] = apply_act(act, x[i]); }
 }

@@ -150,7 +150,7 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
                 const float* k_scales, const float* v_scales, const u32* seqs,
                 const u32* row_seq, const u32* slots, float* out, float* ws_acc, float* ws_ml,
                 int n_heads, int n_kv_heads, int d, int format, float scale, long long window,
-                int has_softcap, float softcap, int n_splits) {
+                int has_softcap, float softcap, int n_splits, int dense_min_q) {
     __shared__ float q_row[PA_MAX_D];
     __shared__ float warp_max[PA_WARPS];
     __shared__ float warp_sum[PA_WARPS];
@@ -170,6 +170,9 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
     // Visible keys (as indices j from k_start): causal up to qp, and inside the window.
     long long lo = 0, hi = qp - k_start;  // inclusive
     if (window >= 0 && qp - window + 1 - k_start > lo) lo = qp - window + 1 - k_start;
+    // Rows of a sequence the dense path attends (q_len >= dense_min_q > 0) get an empty key
+    // range here: zeros, overwritten by that path.
+    if (dense_min_q > 0 && (int)sq[1] >= dense_min_q) hi = lo - 1;
     // This row's visible keys, split evenly: the grid's split count is fixed (a captured
     // graph replays it unchanged) while each row's key count grows.
     const long long chunk = (hi - lo + n_splits) / n_splits;
@@ -280,4 +283,74 @@ paged_combine(const float* ws_acc, const float* ws_ml, float* out, int d, int n_
         }
         out[task * d + i] = total > 0.0f ? o / total : 0.0f;
     }
+}
+
+// ---- dense attention for long query runs (prefill) ---------------------------------------
+//
+// A sequence with many query rows is attended with GEMMs (`cuda/dense_attention.rs`):
+// its visible keys and values are gathered from the slab into dense f32 [keys, n_kv_heads, d]
+// arrays, scores S = Q K^T come from one batched GEMM per KV head, `masked_softmax` turns
+// each row of S into probabilities in place, and a second GEMM writes P V into the output.
+
+// Grid: (keys, n_kv_heads). Key j's row comes from slots[j], dequantized (times its scale).
+extern "C" __global__ void __launch_bounds__(128)
+kv_gather(const unsigned char* k_slab, const unsigned char* v_slab, const float* k_scales,
+          const float* v_scales, const u32* slots, float* k_out, float* v_out, int n_kv_heads,
+          int d, int format) {
+    const u64 j = blockIdx.x;
+    const int h = blockIdx.y;
+    const u64 row = (u64)slots[j] * n_kv_heads + h;
+    const bool scaled = format == KV_FP8 || format == KV_INT8;
+    const float ks = scaled ? k_scales[row] : 1.0f;
+    const float vs = scaled ? v_scales[row] : 1.0f;
+    const u64 dst = (j * n_kv_heads + h) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        k_out[dst + i] = kv_load(k_slab, format, row * d + i) * ks;
+        v_out[dst + i] = kv_load(v_slab, format, row * d + i) * vs;
+    }
+}
+
+__device__ float block_reduce(float v, bool is_max, float* red) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, other) : v + other;
+    }
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float all = is_max ? NEG_INF : 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; ++w) all = is_max ? fmaxf(all, red[w]) : all + red[w];
+    __syncthreads();
+    return all;
+}
+
+// One block per row of S ([rows, n_keys], row r = query r % tile of one head). Query r sits
+// at position q_pos0 + r % tile, key j at k_pos0 + j; scores are scaled, soft-capped and
+// masked (causal, window) as paged_attention does, then replaced by their softmax.
+extern "C" __global__ void __launch_bounds__(256)
+masked_softmax(float* s, int n_keys, int tile, long long q_pos0, long long k_pos0, float scale,
+               int has_softcap, float softcap, long long window) {
+    __shared__ float red[8];
+    float* row = s + (u64)blockIdx.x * n_keys;
+    const long long qp = q_pos0 + (long long)(blockIdx.x % tile);
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
+        const long long kp = k_pos0 + j;
+        float v = NEG_INF;
+        if (kp <= qp && (window < 0 || qp - kp < window)) {
+            v = row[j] * scale;
+            if (has_softcap) v = softcap * tanhf(v / softcap);
+        }
+        row[j] = v;
+        m = fmaxf(m, v);
+    }
+    m = block_reduce(m, true, red);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
+        const float p = row[j] == NEG_INF ? 0.0f : expf(row[j] - m);
+        row[j] = p;
+        sum += p;
+    }
+    sum = block_reduce(sum, false, red);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) row[j] *= inv;
 }

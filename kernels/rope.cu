@@ -23,3 +23,41 @@ extern "C" __global__ void rope(float* x, const u32* positions, const float* inv
         x[ib] = b * c + a * s;
     }
 }
+
+// A per-head RMSNorm then RoPE, in place on x [tokens, n_heads, head_dim] (Gemma's q/k
+// norms before the rotation): one warp per (token, head) instead of a norm kernel and a
+// rope kernel. The norm is rms_norm's (f64 sum of squares, then f32), the rotation rope's.
+extern "C" __global__ void head_norm_rope(float* x, const u32* positions, const float* inv_freq,
+                                          const void* w, int w_dtype, float offset, float eps,
+                                          int rows, int n_heads, int head_dim, int interleaved) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float* xr = x + (u64)row * head_dim;
+    double ss = 0.0;
+    for (int i = lane; i < head_dim; i += 32) {
+        const float v = xr[i];
+        ss += (double)v * (double)v;
+    }
+    ss = warp_sum_f64(ss);
+    const float inv = (float)(1.0 / sqrt(ss / head_dim + (double)eps));
+    for (int i = lane; i < head_dim; i += 32) {
+        float y = xr[i] * inv;
+        if (w_dtype >= 0) y = y * (load_as_f32(w, w_dtype, i) + offset);
+        xr[i] = y;
+    }
+    __syncwarp();  // the rotation pairs elements written by other lanes
+    const int half = head_dim / 2;
+    const float pos = (float)positions[row / n_heads];
+    for (int i = lane; i < half; i += 32) {
+        const float f = inv_freq[i];
+        if (f == 0.0f) continue;
+        float s, c;
+        sincosf(pos * f, &s, &c);
+        const int ia = interleaved ? 2 * i : i;
+        const int ib = interleaved ? 2 * i + 1 : i + half;
+        const float a = xr[ia], b = xr[ib];
+        xr[ia] = a * c - b * s;
+        xr[ib] = b * c + a * s;
+    }
+}

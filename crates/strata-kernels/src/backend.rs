@@ -2,7 +2,7 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy,
+    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, SamplerRng, SamplingParams};
@@ -62,6 +62,12 @@ pub trait Backend: Send + Sync {
 
     /// A buffer of `len` zeros.
     fn zeros(&self, len: usize, dtype: DType) -> Result<Self::Buffer>;
+
+    /// A buffer of `len` values whose contents are unspecified: for outputs the caller
+    /// writes in full before reading (a device backend skips the zero fill).
+    fn scratch(&self, len: usize, dtype: DType) -> Result<Self::Buffer> {
+        self.zeros(len, dtype)
+    }
 
     /// The buffer's values widened to f32 (waits for pending work).
     fn download(&self, buf: &Self::Buffer) -> Result<Vec<f32>>;
@@ -142,6 +148,35 @@ pub trait Backend: Send + Sync {
         weight: Option<&Self::Buffer>,
         p: RmsNormParams,
     ) -> Result<()>;
+
+    /// Sandwich-norm residual step followed by the next pre-norm:
+    /// `residual += rms_norm(x, weight); out = rms_norm(residual, next_weight)`.
+    fn rms_norm_add_norm(
+        &self,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        next_weight: Option<&Self::Buffer>,
+        p: RmsNormParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        self.rms_norm_add(residual, x, weight, p)?;
+        self.rms_norm(residual, next_weight, p, out)
+    }
+
+    /// [`Backend::rms_norm_add`] then the residual scaled: `residual = (residual +
+    /// rms_norm(x)) * scale` (Gemma-4's layer scalar).
+    fn rms_norm_add_scale(
+        &self,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        p: RmsNormParams,
+        scale: f32,
+    ) -> Result<()> {
+        self.rms_norm_add(residual, x, weight, p)?;
+        self.scale(residual, scale)
+    }
 
     // ---- RoPE ---------------------------------------------------------------------------
 
@@ -302,6 +337,53 @@ pub trait Backend: Send + Sync {
         inv_freq: &Self::Buffer,
         p: RopeParams,
     ) -> Result<()>;
+
+    /// Per-head RMSNorm (`norm.dim = rope.head_dim`) then RoPE, in place on
+    /// `x [T, n_heads, head_dim]`: [`Backend::rms_norm`] followed by [`Backend::rope_idx`].
+    fn head_norm_rope_idx(
+        &self,
+        x: &mut Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        norm: RmsNormParams,
+        positions: &Self::Index,
+        inv_freq: &Self::Buffer,
+        rope: RopeParams,
+    ) -> Result<()> {
+        let mut normed = self.scratch(x.len(), x.dtype())?;
+        self.rms_norm(x, weight, norm, &mut normed)?;
+        self.rope_idx(&mut normed, positions, inv_freq, rope)?;
+        *x = normed;
+        Ok(())
+    }
+
+    /// `out[t, i] = act(gate[t, i]) * table[t * s.stride + s.offset + i]` for `i < s.cols`:
+    /// [`Backend::activation`], a strided copy of the table's column slice, and
+    /// [`Backend::mul`], in one op.
+    fn act_mul_slice(
+        &self,
+        act: Activation,
+        gate: &Self::Buffer,
+        table: &Self::Buffer,
+        s: TableSlice,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let rows = gate.len().checked_div(s.cols).unwrap_or(0);
+        self.activation(act, gate, out)?;
+        let mut slice = self.scratch(gate.len(), gate.dtype())?;
+        self.copy_strided(
+            table,
+            &mut slice,
+            StridedCopy {
+                rows,
+                cols: s.cols,
+                src_offset: s.offset,
+                src_stride: s.stride,
+                dst_offset: 0,
+                dst_stride: s.cols,
+            },
+        )?;
+        self.mul(out, &slice)
+    }
 
     // ---- graphs ------------------------------------------------------------------------
 

@@ -28,5 +28,6 @@ pub use error::{KernelError, Result};
 pub use paged::{has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
 pub use params::{
     Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, RopeStyle, StridedCopy,
+    TableSlice,
 };
 pub use quant::{MatrixShape, RowDot};

@@ -73,6 +73,15 @@ gpu_check!(attention, check_attention);
 gpu_check!(sample, check_sample);
 gpu_check!(paged, check_paged);
 gpu_check!(argmax, check_argmax);
+gpu_check!(fused, check_fused);
+
+/// Every GEMV row count (1 to 8; by default only 1 and 2 take that path).
+#[test]
+fn gemv_every_row_count() {
+    if let Some(b) = gpu() {
+        check_matmul(&b.clone().with_gemv_max_rows(8)).unwrap();
+    }
+}
 gpu_check!(check_all, |b| conformance::check_all(b, &quant));
 
 /// A bf16 quantized-form matrix is the bf16-rounded reference: within bf16 weight rounding.
@@ -101,7 +110,9 @@ fn matmul_quant_bf16_matches_a_bf16_dense_weight() {
 
 /// The bf16 GEMM path (`with_bf16_gemm(true)`): the same product as the CPU backend's f32
 /// matmul of the bf16-rounded activations, at f32-accumulation tolerance, on model shapes;
-/// and f32 weights or the path switched off still give the exact f32 product.
+/// at 8 rows or fewer (k % 8 == 0) the GEMV keeps the activations in f32 and gives the
+/// CPU's product of the unrounded rows instead; and f32 weights or the path switched off
+/// still give the exact f32 product.
 #[test]
 fn bf16_gemm_equals_cpu_on_bf16_rounded_inputs() {
     let Some(b) = gpu() else { return };
@@ -110,6 +121,8 @@ fn bf16_gemm_equals_cpu_on_bf16_rounded_inputs() {
     let mut data = TestData::new(11);
     for (t, k, n) in [
         (1, 1536, 6144),
+        (8, 1536, 512),
+        (9, 1536, 512),
         (64, 2048, 1536),
         (7, 640, 262),
         (300, 256, 512),
@@ -129,6 +142,8 @@ fn bf16_gemm_equals_cpu_on_bf16_rounded_inputs() {
             be.download(&out).unwrap()
         };
         let got = run(&fast, &x);
+        let gemv = t <= fast.gemv_max_rows() && k % 8 == 0;
+        let xr = if gemv { x.clone() } else { xr };
         let wc = cpu.upload_f32_as(&w, DType::BF16).unwrap();
         let xc = cpu.upload_f32_as(&xr, DType::F32).unwrap();
         let mut oc = cpu.zeros(t * n, DType::F32).unwrap();
@@ -210,6 +225,18 @@ proptest! {
         if let Some(b) = gpu() {
             let c = MatmulCase { tokens, in_features, out_features, weight, seed };
             check_matmul_case(b, c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    /// Decode-sized products (1..8 rows, k a multiple of 8: the GEMV path for bf16).
+    #[test]
+    fn gemv_random_shapes(
+        tokens in 1usize..9, k8 in 1usize..400, out_features in 1usize..300,
+        weight in weight_dtype(), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let c = MatmulCase { tokens, in_features: 8 * k8, out_features, weight, seed };
+            check_matmul_case(&b.clone().with_gemv_max_rows(8), c).map_err(TestCaseError::fail)?;
         }
     }
 

@@ -4,6 +4,7 @@
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::{
     Activation, AttentionParams, Backend, RmsNormParams, RopeParams, RopeStyle, StridedCopy,
+    TableSlice,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
@@ -49,8 +50,25 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    fn zeros(&self, len: usize) -> Result<B::Buffer> {
-        Ok(self.backend.zeros(len, self.backend.activation_dtype())?)
+    /// An activation buffer the next op writes in full (no zero fill on a device).
+    fn scratch(&self, len: usize) -> Result<B::Buffer> {
+        Ok(self.backend.scratch(len, self.backend.activation_dtype())?)
+    }
+
+    /// `residual += rms_norm(y)`, then times the layer scalar when one is given.
+    fn norm_add(
+        &self,
+        residual: &mut B::Buffer,
+        y: &B::Buffer,
+        weight: &B::Buffer,
+        scale: Option<f32>,
+    ) -> Result<()> {
+        let (b, p) = (&self.backend, self.norm(self.config.hidden_size));
+        match scale {
+            Some(s) => b.rms_norm_add_scale(residual, y, Some(weight), p, s)?,
+            None => b.rms_norm_add(residual, y, Some(weight), p)?,
+        }
+        Ok(())
     }
 
     /// Copies `rows` rows of `cols` values between token-major buffers.
@@ -160,7 +178,7 @@ impl<B: Backend> Model<B> {
         let h = c.hidden_size;
         let t = prep.ids.len();
         let rows = &prep.rows;
-        let mut x = self.zeros(t * h)?;
+        let mut x = self.scratch(t * h)?;
         self.tensors
             .embed
             .embed_idx(b, &prep.ids, &inputs.ids, self.embed_scale, &mut x)?;
@@ -168,16 +186,20 @@ impl<B: Backend> Model<B> {
             Some(_) => Some(self.per_layer_inputs(&prep.ids, inputs, &x)?),
             None => None,
         };
-        let mut normed = self.zeros(t * h)?;
+        let mut normed = self.scratch(t * h)?;
         for (l, lw) in self.tensors.layers.iter().enumerate() {
             let lc = &c.layers[l];
             b.rms_norm(&x, Some(&lw.input_norm), self.norm(h), &mut normed)?;
             let attn = self.attention(l, lc, lw, &normed, t, inputs, batch, kv)?;
             match &lw.post_attn_norm {
-                Some(post) => {
-                    b.rms_norm_add(&mut x, &attn, Some(post), self.norm(h))?;
-                    b.rms_norm(&x, Some(&lw.pre_mlp_norm), self.norm(h), &mut normed)?;
-                }
+                Some(post) => b.rms_norm_add_norm(
+                    &mut x,
+                    &attn,
+                    Some(post),
+                    Some(&lw.pre_mlp_norm),
+                    self.norm(h),
+                    &mut normed,
+                )?,
                 None => b.add_rms_norm(
                     &mut x,
                     &attn,
@@ -187,37 +209,37 @@ impl<B: Backend> Model<B> {
                 )?,
             }
             let m = self.mlp(lw, &normed, t)?;
+            // The layer scalar multiplies the residual after the layer's last add; it is
+            // folded into that add's kernel where there is a norm to fold it into.
+            let scalar = c.layer_scalar.then_some(lw.layer_scalar);
+            let ple_step = match (&ple, &lw.ple) {
+                (Some(ple), Some(weights)) => Some((ple, weights)),
+                _ => None,
+            };
+            let mlp_scalar = if ple_step.is_some() { None } else { scalar };
             match &lw.post_mlp_norm {
-                Some(post) => b.rms_norm_add(&mut x, &m, Some(post), self.norm(h))?,
-                None => b.add(&mut x, &m)?,
+                Some(post) => self.norm_add(&mut x, &m, post, mlp_scalar)?,
+                None => {
+                    b.add(&mut x, &m)?;
+                    if let Some(s) = mlp_scalar {
+                        b.scale(&mut x, s)?;
+                    }
+                }
             }
-            if let (Some(ple), Some((gate, proj, norm))) = (&ple, &lw.ple) {
+            if let Some((ple, (gate, proj, norm))) = ple_step {
                 let p = gate.rows();
-                let mut g = self.zeros(t * p)?;
+                let mut g = self.scratch(t * p)?;
                 gate.forward(b, &x, &mut g)?;
-                let mut ga = self.zeros(t * p)?;
-                b.activation(self.activation(), &g, &mut ga)?;
-                let mut slice = self.zeros(t * p)?;
-                let lp = c.num_layers() * p;
-                b.copy_strided(
-                    ple,
-                    &mut slice,
-                    StridedCopy {
-                        rows: t,
-                        cols: p,
-                        src_offset: l * p,
-                        src_stride: lp,
-                        dst_offset: 0,
-                        dst_stride: p,
-                    },
-                )?;
-                b.mul(&mut ga, &slice)?;
-                let mut out = self.zeros(t * h)?;
+                let mut ga = self.scratch(t * p)?;
+                let slice = TableSlice {
+                    cols: p,
+                    offset: l * p,
+                    stride: c.num_layers() * p,
+                };
+                b.act_mul_slice(self.activation(), &g, ple, slice, &mut ga)?;
+                let mut out = self.scratch(t * h)?;
                 proj.forward(b, &ga, &mut out)?;
-                b.rms_norm_add(&mut x, &out, Some(norm), self.norm(h))?;
-            }
-            if c.layer_scalar {
-                b.scale(&mut x, lw.layer_scalar)?;
+                self.norm_add(&mut x, &out, norm, scalar)?;
             }
         }
         self.logits(&x, batch, rows)
@@ -246,13 +268,13 @@ impl<B: Backend> Model<B> {
             .hidden_size;
         let t = ids.len();
         let lp = ple.projection.rows();
-        let mut tok = self.zeros(t * lp)?;
+        let mut tok = self.scratch(t * lp)?;
         ple.table
             .embed_idx(b, ids, &inputs.ids, self.ple_scale, &mut tok)?;
-        let mut ctx = self.zeros(t * lp)?;
+        let mut ctx = self.scratch(t * lp)?;
         ple.projection.forward(b, x0, &mut ctx)?;
         b.scale(&mut ctx, (self.config.hidden_size as f32).powf(-0.5))?;
-        let mut out = self.zeros(t * lp)?;
+        let mut out = self.scratch(t * lp)?;
         b.rms_norm(&ctx, Some(&ple.norm), self.norm(p), &mut out)?;
         b.add(&mut out, &tok)?;
         b.scale(&mut out, std::f32::consts::FRAC_1_SQRT_2)?;
@@ -268,6 +290,32 @@ impl<B: Backend> Model<B> {
                 CfgRopeStyle::Interleaved => RopeStyle::Interleaved,
             },
         }
+    }
+
+    /// The optional per-head norm, then RoPE, in place (one fused op when both apply).
+    fn norm_rope(
+        &self,
+        x: &mut B::Buffer,
+        norm: Option<&B::Buffer>,
+        lc: &LayerConfig,
+        n_heads: usize,
+        inputs: &StepInputs<B>,
+        inv_freq: &B::Buffer,
+    ) -> Result<()> {
+        let b = &self.backend;
+        let rope = self.rope_params(lc, n_heads);
+        match norm {
+            Some(w) => b.head_norm_rope_idx(
+                x,
+                Some(w),
+                self.norm(lc.head_dim),
+                &inputs.positions,
+                inv_freq,
+                rope,
+            )?,
+            None => b.rope_idx(x, &inputs.positions, inv_freq, rope)?,
+        }
+        Ok(())
     }
 
     /// Self-attention of layer `l` for the whole batch; returns `[T, H]`.
@@ -288,38 +336,18 @@ impl<B: Backend> Model<B> {
         let (d, nh, nkv) = (lc.head_dim, c.num_attention_heads, lc.num_kv_heads);
         let head_norm = self.norm(d);
 
-        let mut q = self.zeros(t * nh * d)?;
+        let mut q = self.scratch(t * nh * d)?;
         lw.q.forward(b, normed, &mut q)?;
-        if let Some(qn) = &lw.q_norm {
-            let mut out = self.zeros(t * nh * d)?;
-            b.rms_norm(&q, Some(qn), head_norm, &mut out)?;
-            q = out;
-        }
-        b.rope_idx(
-            &mut q,
-            &inputs.positions,
-            &lw.inv_freq,
-            self.rope_params(lc, nh),
-        )?;
+        self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
 
         if let (Some(wk), Some(wv)) = (&lw.k, &lw.v) {
-            let mut k = self.zeros(t * nkv * d)?;
+            let mut k = self.scratch(t * nkv * d)?;
             wk.forward(b, normed, &mut k)?;
-            if let Some(kn) = &lw.k_norm {
-                let mut out = self.zeros(t * nkv * d)?;
-                b.rms_norm(&k, Some(kn), head_norm, &mut out)?;
-                k = out;
-            }
-            b.rope_idx(
-                &mut k,
-                &inputs.positions,
-                &lw.inv_freq,
-                self.rope_params(lc, nkv),
-            )?;
-            let mut v = self.zeros(t * nkv * d)?;
+            self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, inputs, &lw.inv_freq)?;
+            let mut v = self.scratch(t * nkv * d)?;
             wv.forward(b, normed, &mut v)?;
             if c.v_norm {
-                let mut out = self.zeros(t * nkv * d)?;
+                let mut out = self.scratch(t * nkv * d)?;
                 b.rms_norm(&v, None, head_norm, &mut out)?;
                 v = out;
             }
@@ -335,9 +363,9 @@ impl<B: Backend> Model<B> {
             causal: true,
             softcap: c.attn_logit_softcapping.map(|x| x as f32),
         };
-        let mut o = self.zeros(t * nh * d)?;
+        let mut o = self.scratch(t * nh * d)?;
         kv.attend(b, l, batch, &q, params, &mut o)?;
-        let mut out = self.zeros(t * c.hidden_size)?;
+        let mut out = self.scratch(t * c.hidden_size)?;
         lw.o.forward(b, &o, &mut out)?;
         Ok(out)
     }
@@ -346,13 +374,13 @@ impl<B: Backend> Model<B> {
     fn mlp(&self, lw: &LayerTensors<B>, normed: &B::Buffer, t: usize) -> Result<B::Buffer> {
         let b = &self.backend;
         let f = lw.gate.rows();
-        let mut gate = self.zeros(t * f)?;
+        let mut gate = self.scratch(t * f)?;
         lw.gate.forward(b, normed, &mut gate)?;
-        let mut up = self.zeros(t * f)?;
+        let mut up = self.scratch(t * f)?;
         lw.up.forward(b, normed, &mut up)?;
-        let mut act = self.zeros(t * f)?;
+        let mut act = self.scratch(t * f)?;
         b.act_mul(self.activation(), &gate, &up, &mut act)?;
-        let mut out = self.zeros(t * self.config.hidden_size)?;
+        let mut out = self.scratch(t * self.config.hidden_size)?;
         lw.down.forward(b, &act, &mut out)?;
         Ok(out)
     }
@@ -382,13 +410,13 @@ impl<B: Backend> Model<B> {
         if n == 0 {
             return Ok((None, counts));
         }
-        let mut sel = self.zeros(n * h)?;
+        let mut sel = self.scratch(n * h)?;
         for (i, &row) in wanted.iter().enumerate() {
             self.copy_rows(x, &mut sel, 1, h, row, i)?;
         }
-        let mut y = self.zeros(n * h)?;
+        let mut y = self.scratch(n * h)?;
         b.rms_norm(&sel, Some(&self.tensors.final_norm), self.norm(h), &mut y)?;
-        let mut logits = self.zeros(n * vocab)?;
+        let mut logits = self.scratch(n * vocab)?;
         self.tensors
             .lm_head
             .as_ref()

@@ -115,6 +115,12 @@ pub fn check_matmul<B: Backend>(b: &B) -> CheckResult {
         (1, 17, 1),
         (9, 1, 5),
         (40, 64, 70),
+        // Row counts 2..8 with k % 8 == 0: the GEMV path of a device backend.
+        (2, 1536, 33),
+        (3, 256, 130),
+        (5, 64, 17),
+        (8, 2048, 40),
+        (6, 24, 3),
     ];
     let dtypes = [DType::F32, DType::BF16, DType::F16];
     for (i, &(tokens, in_features, out_features)) in shapes.iter().enumerate() {

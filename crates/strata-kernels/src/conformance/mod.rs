@@ -13,6 +13,7 @@
 
 mod attention;
 mod elementwise;
+mod fused;
 mod matmul;
 mod memory;
 mod norm;
@@ -26,6 +27,7 @@ pub use elementwise::{
     check_act_mul, check_act_mul_case, check_activation, check_arith, check_softcap,
     ElementwiseCase,
 };
+pub use fused::{check_act_mul_slice, check_fused, check_fused_norms, check_head_norm_rope};
 pub use matmul::{
     check_embedding, check_embedding_case, check_embedding_quant, check_matmul, check_matmul_case,
     check_matmul_quant, check_matmul_quant_case, EmbeddingCase, MatmulCase, RowScaledQ8,
@@ -183,5 +185,6 @@ pub fn check_all<B: Backend>(
     check_paged(b)?;
     check_sample(b)?;
     check_argmax(b)?;
+    check_fused(b)?;
     Ok(())
 }

@@ -316,6 +316,41 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
             seed: 745,
             ..base.clone()
         },
+        // Long query runs (prefill chunks, which a device backend may attend with GEMMs)
+        // beside short ones: a full layer with a cached prefix, a window shorter than the
+        // chunk (several query tiles), 8:2 GQA with int8 KV, and a softcap.
+        PagedCase {
+            head_dim: 512,
+            format: KvFormat::Bf16,
+            seqs: vec![(0, 300), (100, 70), (50, 1)],
+            seed: 747,
+            ..base.clone()
+        },
+        PagedCase {
+            window: Some(64),
+            seqs: vec![(0, 200), (37, 90)],
+            seed: 748,
+            ..base.clone()
+        },
+        PagedCase {
+            n_kv_heads: 2,
+            format: KvFormat::Int8PerTokenHead,
+            window: Some(512),
+            seqs: vec![(600, 100)],
+            seed: 749,
+            ..base.clone()
+        },
+        PagedCase {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 64,
+            scale: 0.125,
+            softcap: Some(50.0),
+            window: Some(7),
+            seqs: vec![(10, 65), (0, 64)],
+            seed: 750,
+            ..base.clone()
+        },
     ];
     for c in &cases {
         check_paged_attention_case(b, c)?;

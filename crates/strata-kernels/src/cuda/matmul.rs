@@ -107,6 +107,9 @@ impl CudaBackend {
         if t == 0 || n == 0 {
             return Ok(());
         }
+        if super::fused::gemv_applies(w.dtype(), t, k, self.gemv_max_rows) {
+            return self.gemv_bf16(xs, w, t, k, n, out);
+        }
         if self.bf16_gemm && w.dtype() == DType::BF16 {
             return self.matmul_bf16(xs, w, t, k, n, out);
         }

@@ -58,6 +58,26 @@ impl CudaBackend {
         })
     }
 
+    /// As `zeros_impl` without the fill: the caller writes every element before reading.
+    pub(super) fn scratch_impl(&self, len: usize, dtype: DType) -> Result<CudaBuffer> {
+        let n = len.max(1);
+        let err = device_err("allocating GPU memory");
+        // SAFETY: device memory; the contract of `Backend::scratch` is that it is written
+        // before it is read (reading it first would give unspecified values, not UB on the
+        // host side).
+        let storage = match dtype {
+            DType::F32 => Storage::F32(unsafe { self.stream.alloc::<f32>(n) }.map_err(&err)?),
+            DType::BF16 | DType::F16 => {
+                Storage::Bits16(unsafe { self.stream.alloc::<u16>(n) }.map_err(&err)?)
+            }
+        };
+        Ok(CudaBuffer {
+            storage,
+            len,
+            dtype,
+        })
+    }
+
     pub(super) fn download_impl(&self, buf: &CudaBuffer) -> Result<Vec<f32>> {
         let len = buf.len();
         if len == 0 {

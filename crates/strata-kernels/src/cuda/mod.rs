@@ -12,6 +12,8 @@
 mod attention;
 mod buffer;
 mod cache;
+mod dense_attention;
+mod fused;
 mod matmul;
 mod memory;
 mod module;
@@ -30,7 +32,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
 
 use crate::params::{
-    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy,
+    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy, TableSlice,
 };
 use crate::{Backend, DType, HostSlice, KernelError, Result};
 use module::Kernels;
@@ -60,6 +62,11 @@ pub struct CudaBackend {
     bf16_gemm: bool,
     /// Multiprocessors, read once: attention sizes its key splits from it every call.
     sm_count: usize,
+    /// Row counts up to which a bf16 matmul runs as the GEMV kernel (`STRATA_GEMV_MAX_ROWS`).
+    gemv_max_rows: usize,
+    /// Query rows from which a sequence's attention runs as GEMMs (0: never), from
+    /// `STRATA_DENSE_ATTENTION_MIN_Q`.
+    dense_min_q: usize,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -144,6 +151,8 @@ impl CudaBackend {
             device_name,
             bf16_gemm: false,
             sm_count,
+            gemv_max_rows: fused::gemv_max_rows_from_env(fused::GEMV_DEFAULT_MAX_ROWS),
+            dense_min_q: dense_attention::dense_min_q_from_env(),
         })
     }
 
@@ -155,6 +164,17 @@ impl CudaBackend {
 
     pub fn bf16_gemm(&self) -> bool {
         self.bf16_gemm
+    }
+
+    /// Sets the row count up to which bf16 matmuls run as the GEMV kernel (0 to 8; the
+    /// default is 2, or `STRATA_GEMV_MAX_ROWS`); returns the backend for chaining.
+    pub fn with_gemv_max_rows(mut self, rows: usize) -> Self {
+        self.gemv_max_rows = rows.min(fused::GEMV_MAX_ROWS);
+        self
+    }
+
+    pub fn gemv_max_rows(&self) -> usize {
+        self.gemv_max_rows
     }
 
     /// Free and total device memory in bytes.
@@ -263,6 +283,10 @@ impl Backend for CudaBackend {
         self.zeros_impl(len, dtype)
     }
 
+    fn scratch(&self, len: usize, dtype: DType) -> Result<CudaBuffer> {
+        self.scratch_impl(len, dtype)
+    }
+
     fn download(&self, buf: &CudaBuffer) -> Result<Vec<f32>> {
         self.download_impl(buf)
     }
@@ -320,7 +344,30 @@ impl Backend for CudaBackend {
         weight: Option<&CudaBuffer>,
         p: RmsNormParams,
     ) -> Result<()> {
-        self.rms_norm_then_add(residual, x, weight, p)
+        self.rms_norm_then_add(residual, x, weight, p, 1.0)
+    }
+
+    fn rms_norm_add_norm(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        next_weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.rms_norm_add_then_norm(residual, x, weight, next_weight, p, out)
+    }
+
+    fn rms_norm_add_scale(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        scale: f32,
+    ) -> Result<()> {
+        self.rms_norm_then_add(residual, x, weight, p, scale)
     }
 
     fn rope(
@@ -487,6 +534,30 @@ impl Backend for CudaBackend {
         p: RopeParams,
     ) -> Result<()> {
         self.rope_dev(x, positions.len(), positions.data(), inv_freq, p)
+    }
+
+    fn head_norm_rope_idx(
+        &self,
+        x: &mut CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        norm: RmsNormParams,
+        positions: &CudaIndex,
+        inv_freq: &CudaBuffer,
+        rope: RopeParams,
+    ) -> Result<()> {
+        let n = positions.len();
+        self.head_norm_rope_dev(x, weight, norm, n, positions.data(), inv_freq, rope)
+    }
+
+    fn act_mul_slice(
+        &self,
+        act: Activation,
+        gate: &CudaBuffer,
+        table: &CudaBuffer,
+        s: TableSlice,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.act_mul_slice_impl(act, gate, table, s, out)
     }
 
     fn supports_graphs(&self) -> bool {

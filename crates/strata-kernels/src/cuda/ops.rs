@@ -37,7 +37,21 @@ enum NormMode {
     Plain = 0,
     AddThenNorm = 1,
     NormThenAdd = 2,
+    NormAddNorm = 3,
 }
+
+/// The optional parts of a norm launch: the second norm's weight (`NormAddNorm`) and the
+/// residual's scale after `NormThenAdd`.
+#[derive(Clone, Copy)]
+struct NormExtra<'a> {
+    weight2: Option<&'a CudaBuffer>,
+    post_scale: f32,
+}
+
+const NO_EXTRA: NormExtra<'static> = NormExtra {
+    weight2: None,
+    post_scale: 1.0,
+};
 
 const NORM_THREADS: u32 = 256;
 
@@ -138,6 +152,7 @@ impl CudaBackend {
         weight: Option<&CudaBuffer>,
         p: RmsNormParams,
         out: Option<&mut CudaBuffer>,
+        extra: NormExtra<'_>,
     ) -> Result<()> {
         let rows = x.len() / p.dim;
         if rows == 0 {
@@ -145,10 +160,11 @@ impl CudaBackend {
         }
         let f = self.kernels.get("rms_norm")?;
         let xs = x.f32s(op)?;
-        let (dim, mode, w_dtype) = (
+        let (dim, mode, w_dtype, w2_dtype) = (
             p.dim as i32,
             mode as i32,
             weight.map_or(-1, |w| dtype_code(w.dtype)),
+            extra.weight2.map_or(-1, |w| dtype_code(w.dtype)),
         );
         let mut l = self.stream.launch_builder(f);
         l.arg(xs);
@@ -163,12 +179,19 @@ impl CudaBackend {
                 l.arg(xs);
             }
         }
-        l.arg(&w_dtype).arg(&p.weight_offset);
+        l.arg(&w_dtype);
+        match extra.weight2 {
+            Some(w) => arg_any(&mut l, w),
+            None => {
+                l.arg(xs);
+            }
+        }
+        l.arg(&w2_dtype).arg(&p.weight_offset);
         match out {
             Some(o) => l.arg(o.f32s_mut(op)?),
             None => l.arg(xs),
         };
-        l.arg(&dim).arg(&p.eps).arg(&mode);
+        l.arg(&dim).arg(&p.eps).arg(&mode).arg(&extra.post_scale);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (NORM_THREADS, 1, 1),
@@ -189,7 +212,7 @@ impl CudaBackend {
         const OP: &str = "rms_norm";
         self.norm_checks(OP, x, weight, &p)?;
         same_len(OP, x, out)?;
-        self.launch_norm(OP, NormMode::Plain, x, None, weight, p, Some(out))
+        self.launch_norm(OP, NormMode::Plain, x, None, weight, p, Some(out), NO_EXTRA)
     }
 
     pub(super) fn add_then_rms_norm(
@@ -212,19 +235,26 @@ impl CudaBackend {
             weight,
             p,
             Some(out),
+            NO_EXTRA,
         )
     }
 
+    /// `residual = (residual + rms_norm(x)) * post_scale`.
     pub(super) fn rms_norm_then_add(
         &self,
         residual: &mut CudaBuffer,
         x: &CudaBuffer,
         weight: Option<&CudaBuffer>,
         p: RmsNormParams,
+        post_scale: f32,
     ) -> Result<()> {
         const OP: &str = "rms_norm_add";
         self.norm_checks(OP, x, weight, &p)?;
         same_len(OP, x, residual)?;
+        let extra = NormExtra {
+            weight2: None,
+            post_scale,
+        };
         self.launch_norm(
             OP,
             NormMode::NormThenAdd,
@@ -233,6 +263,38 @@ impl CudaBackend {
             weight,
             p,
             None,
+            extra,
+        )
+    }
+
+    /// `residual += rms_norm(x, weight); out = rms_norm(residual, weight2)`.
+    pub(super) fn rms_norm_add_then_norm(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        weight2: Option<&CudaBuffer>,
+        p: RmsNormParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "rms_norm_add_norm";
+        self.norm_checks(OP, x, weight, &p)?;
+        self.norm_checks(OP, x, weight2, &p)?;
+        same_len(OP, x, residual)?;
+        same_len(OP, x, out)?;
+        let extra = NormExtra {
+            weight2,
+            post_scale: 1.0,
+        };
+        self.launch_norm(
+            OP,
+            NormMode::NormAddNorm,
+            x,
+            Some(residual),
+            weight,
+            p,
+            Some(out),
+            extra,
         )
     }
 

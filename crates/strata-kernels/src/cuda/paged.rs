@@ -23,6 +23,16 @@ pub struct CudaKvSlab {
     v_scales: CudaSlice<f32>,
 }
 
+impl CudaKvSlab {
+    /// Pushes the slab's four arrays (K, V, K scales, V scales) as kernel arguments.
+    pub(super) fn push_args<'a>(&'a self, l: &mut cudarc::driver::LaunchArgs<'a>) {
+        l.arg(&self.k)
+            .arg(&self.v)
+            .arg(&self.k_scales)
+            .arg(&self.v_scales);
+    }
+}
+
 /// A u32 array on the device.
 pub struct CudaIndex {
     data: CudaSlice<u32>,
@@ -50,6 +60,8 @@ pub struct CudaPagedBatch {
     slots: CudaSlice<u32>,
     rows: usize,
     seq_count: usize,
+    /// The sequences as described on the host (the dense path picks its own from them).
+    host_seqs: Vec<PagedSeq>,
     /// Most keys any sequence addresses (chooses the split count).
     max_keys: usize,
     slot_limit: u32,
@@ -59,7 +71,7 @@ pub struct CudaPagedBatch {
 }
 
 /// Format codes of `kernels/paged.cu` (`KV_F32` ...).
-fn format_code(f: KvFormat) -> i32 {
+pub(super) fn format_code(f: KvFormat) -> i32 {
     match f {
         KvFormat::F32 => 0,
         KvFormat::Bf16 => 1,
@@ -201,6 +213,7 @@ impl CudaBackend {
             slots: self.to_device(slots)?,
             rows: row_seq.len(),
             seq_count: seqs.len(),
+            host_seqs: seqs.to_vec(),
             max_keys: seqs.iter().map(|s| s.k_len()).max().unwrap_or(0),
             slot_limit: slots.iter().copied().max().unwrap_or(0),
             capacity: None,
@@ -268,6 +281,7 @@ impl CudaBackend {
                 .map_err(&err)?;
         }
         b.max_keys = seqs.iter().map(|s| s.k_len()).max().unwrap_or(0);
+        b.host_seqs = seqs.to_vec();
         b.slot_limit = slots.iter().copied().max().unwrap_or(0);
         Ok(())
     }
@@ -340,19 +354,18 @@ impl CudaBackend {
                 .clamp(1, MAX_SPLITS)
         };
         let err = device_err("allocating attention workspace");
-        let (mut ws_acc, mut ws_ml) = if splits > 1 {
-            (
-                self.stream
-                    .alloc_zeros::<f32>(tasks * splits * d)
-                    .map_err(&err)?,
-                self.stream
-                    .alloc_zeros::<f32>(tasks * splits * 2)
-                    .map_err(&err)?,
-            )
+        // Every split block writes its whole part of the workspace (empty splits write a
+        // zero sum), so it needs no zero fill.
+        let (ws_len, ml_len) = if splits > 1 {
+            (tasks * splits * d, tasks * splits * 2)
         } else {
+            (1, 1)
+        };
+        // SAFETY: device memory written by the attention kernel before the combine reads it.
+        let (mut ws_acc, mut ws_ml) = unsafe {
             (
-                self.stream.alloc_zeros::<f32>(1).map_err(&err)?,
-                self.stream.alloc_zeros::<f32>(1).map_err(&err)?,
+                self.stream.alloc::<f32>(ws_len).map_err(&err)?,
+                self.stream.alloc::<f32>(ml_len).map_err(&err)?,
             )
         };
         let qs = q.f32s(OP)?;
@@ -364,6 +377,13 @@ impl CudaBackend {
         let fmt = format_code(s.format);
         let has_cap = i32::from(p.softcap.is_some());
         let splits_i = splits as i32;
+        // Graph batches (made with a capacity) are decode steps: never the dense path.
+        let dense_min_q = if batch.capacity.is_some() {
+            0
+        } else {
+            self.dense_min_q
+        };
+        let dense_min_q_i = i32::try_from(dense_min_q).unwrap_or(i32::MAX);
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
         l.arg(qs)
             .arg(&slab.k)
@@ -384,7 +404,8 @@ impl CudaBackend {
             .arg(&window)
             .arg(&has_cap)
             .arg(&cap)
-            .arg(&splits_i);
+            .arg(&splits_i)
+            .arg(&dense_min_q_i);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, p.n_heads as u32, splits as u32),
             block_dim: (PA_THREADS, 1, 1),
@@ -406,6 +427,12 @@ impl CudaBackend {
             };
             // SAFETY: the workspace was filled for tasks x splits; out holds tasks x d.
             unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
+        }
+        if dense_min_q > 0 {
+            let os = out.f32s_mut(OP)?;
+            for seq in batch.host_seqs.iter().filter(|s| s.q_len >= dense_min_q) {
+                self.dense_attention(qs, slab, &batch.slots, seq, p, os)?;
+            }
         }
         Ok(())
     }

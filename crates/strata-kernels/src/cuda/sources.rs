@@ -42,12 +42,20 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "rope",
         source: include_str!("../../../../kernels/rope.cu"),
-        functions: &["rope"],
+        functions: &["rope", "head_norm_rope"],
     },
     KernelFile {
         name: "elementwise",
         source: include_str!("../../../../kernels/elementwise.cu"),
-        functions: &["act_mul", "activation", "softcap", "add", "mul", "scale"],
+        functions: &[
+            "act_mul",
+            "act_mul_slice",
+            "activation",
+            "softcap",
+            "add",
+            "mul",
+            "scale",
+        ],
     },
     KernelFile {
         name: "copy",
@@ -70,9 +78,29 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         functions: &["argmax_rows"],
     },
     KernelFile {
+        name: "gemv",
+        source: include_str!("../../../../kernels/gemv.cu"),
+        functions: &[
+            "gemv_bf16_1",
+            "gemv_bf16_2",
+            "gemv_bf16_3",
+            "gemv_bf16_4",
+            "gemv_bf16_5",
+            "gemv_bf16_6",
+            "gemv_bf16_7",
+            "gemv_bf16_8",
+        ],
+    },
+    KernelFile {
         name: "paged",
         source: include_str!("../../../../kernels/paged.cu"),
-        functions: &["kv_store", "paged_attention", "paged_combine"],
+        functions: &[
+            "kv_store",
+            "paged_attention",
+            "paged_combine",
+            "kv_gather",
+            "masked_softmax",
+        ],
     },
 ];
 

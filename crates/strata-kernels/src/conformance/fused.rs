@@ -1,0 +1,256 @@
+//! Fused ops: each must equal the chain of unfused ops it replaces, as the CPU backend runs
+//! that chain (the trait's default bodies, themselves checked against the f64 references
+//! by the other families), within f32 rounding.
+
+use super::{compare, ctx, get, put, CheckResult, TestData, Tolerance};
+use crate::cpu::CpuBackend;
+use crate::{Activation, Backend, DType, RmsNormParams, RopeParams, RopeStyle, TableSlice};
+
+/// Runs `op` on `b` and on the CPU backend with the same host inputs and compares the
+/// buffer it returns.
+fn same_as_cpu<B: Backend>(
+    what: &str,
+    b: &B,
+    run_b: impl FnOnce(&B) -> crate::Result<B::Buffer>,
+    run_cpu: impl FnOnce(&CpuBackend) -> crate::Result<<CpuBackend as Backend>::Buffer>,
+) -> CheckResult {
+    let cpu = CpuBackend::new();
+    let got = get(b, &ctx(what, run_b(b))?)?;
+    let want = ctx(what, cpu.download(&ctx(what, run_cpu(&cpu))?))?;
+    let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+    let mag: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
+    compare(what, &got, &want64, &mag, Tolerance::for_dtype(DType::F32))
+}
+
+fn norm_params(dim: usize, offset: f32) -> RmsNormParams {
+    RmsNormParams {
+        dim,
+        eps: 1e-6,
+        weight_offset: offset,
+    }
+}
+
+/// `rms_norm_add_norm` and `rms_norm_add_scale`: both the residual and the output.
+pub fn check_fused_norms<B: Backend>(b: &B) -> CheckResult {
+    for (seed, &(rows, dim, w_dtype, offset)) in [
+        (1usize, 1536usize, DType::BF16, 0.0f32),
+        (3, 2560, DType::F32, 1.0),
+        (5, 100, DType::F16, 0.0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut data = TestData::new(40 + seed as u64);
+        let r = data.normals(rows * dim, 3.0, DType::F32);
+        let x = data.normals(rows * dim, 1.0, DType::F32);
+        let w1 = data.normals(dim, 0.5, w_dtype);
+        let w2 = data.normals(dim, 0.5, w_dtype);
+        let p = norm_params(dim, offset);
+        for want_residual in [false, true] {
+            let what = format!("rms_norm_add_norm {rows}x{dim} residual={want_residual}");
+            same_as_cpu(
+                &what,
+                b,
+                |b| fused_norm_add_norm(b, &r, &x, &w1, &w2, w_dtype, p, want_residual),
+                |c| fused_norm_add_norm(c, &r, &x, &w1, &w2, w_dtype, p, want_residual),
+            )?;
+        }
+        let what = format!("rms_norm_add_scale {rows}x{dim}");
+        same_as_cpu(
+            &what,
+            b,
+            |b| fused_norm_add_scale(b, &r, &x, &w1, w_dtype, p, 0.37),
+            |c| fused_norm_add_scale(c, &r, &x, &w1, w_dtype, p, 0.37),
+        )?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fused_norm_add_norm<B: Backend>(
+    b: &B,
+    r: &[f32],
+    x: &[f32],
+    w1: &[f32],
+    w2: &[f32],
+    w_dtype: DType,
+    p: RmsNormParams,
+    residual_out: bool,
+) -> crate::Result<B::Buffer> {
+    let mut rb = b.upload_f32_as(r, DType::F32)?;
+    let xb = b.upload_f32_as(x, DType::F32)?;
+    let (w1b, w2b) = (b.upload_f32_as(w1, w_dtype)?, b.upload_f32_as(w2, w_dtype)?);
+    let mut out = b.zeros(x.len(), DType::F32)?;
+    b.rms_norm_add_norm(&mut rb, &xb, Some(&w1b), Some(&w2b), p, &mut out)?;
+    Ok(if residual_out { rb } else { out })
+}
+
+fn fused_norm_add_scale<B: Backend>(
+    b: &B,
+    r: &[f32],
+    x: &[f32],
+    w: &[f32],
+    w_dtype: DType,
+    p: RmsNormParams,
+    scale: f32,
+) -> crate::Result<B::Buffer> {
+    let mut rb = b.upload_f32_as(r, DType::F32)?;
+    let xb = b.upload_f32_as(x, DType::F32)?;
+    let wb = b.upload_f32_as(w, w_dtype)?;
+    b.rms_norm_add_scale(&mut rb, &xb, Some(&wb), p, scale)?;
+    Ok(rb)
+}
+
+/// `head_norm_rope_idx` on Gemma-4's head sizes (256 sliding, 512 full with a zero-frequency
+/// tail), both RoPE styles, with and without a weight, at far positions.
+pub fn check_head_norm_rope<B: Backend>(b: &B) -> CheckResult {
+    let cases = [
+        (
+            1usize,
+            8usize,
+            256usize,
+            RopeStyle::Neox,
+            Some(DType::BF16),
+            0usize,
+        ),
+        (3, 1, 512, RopeStyle::Neox, Some(DType::F32), 192),
+        (2, 4, 64, RopeStyle::Interleaved, None, 0),
+        (5, 2, 128, RopeStyle::Neox, Some(DType::BF16), 16),
+    ];
+    for (seed, &(tokens, heads, d, style, w_dtype, zero_tail)) in cases.iter().enumerate() {
+        let mut data = TestData::new(60 + seed as u64);
+        let x = data.normals(tokens * heads * d, 2.0, DType::F32);
+        let w = w_dtype.map(|dt| data.normals(d, 0.5, dt));
+        let positions: Vec<u32> = (0..tokens).map(|i| (i * 977 + 5) as u32).collect();
+        let half = d / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                if i >= half - zero_tail {
+                    0.0
+                } else {
+                    10000f32.powf(-(2.0 * i as f32) / d as f32)
+                }
+            })
+            .collect();
+        let rope = RopeParams {
+            n_heads: heads,
+            head_dim: d,
+            style,
+        };
+        let norm = norm_params(d, 0.0);
+        let what = format!("head_norm_rope {tokens}x{heads}x{d} {style:?} weight={w_dtype:?}");
+        same_as_cpu(
+            &what,
+            b,
+            |b| {
+                head_norm_rope(
+                    b,
+                    &x,
+                    w.as_deref(),
+                    w_dtype,
+                    &positions,
+                    &inv_freq,
+                    norm,
+                    rope,
+                )
+            },
+            |c| {
+                head_norm_rope(
+                    c,
+                    &x,
+                    w.as_deref(),
+                    w_dtype,
+                    &positions,
+                    &inv_freq,
+                    norm,
+                    rope,
+                )
+            },
+        )?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn head_norm_rope<B: Backend>(
+    b: &B,
+    x: &[f32],
+    w: Option<&[f32]>,
+    w_dtype: Option<DType>,
+    positions: &[u32],
+    inv_freq: &[f32],
+    norm: RmsNormParams,
+    rope: RopeParams,
+) -> crate::Result<B::Buffer> {
+    let mut xb = b.upload_f32_as(x, DType::F32)?;
+    let wb = match (w, w_dtype) {
+        (Some(w), Some(dt)) => Some(b.upload_f32_as(w, dt)?),
+        _ => None,
+    };
+    let pos = b.upload_index(positions)?;
+    let freqs = b.upload_f32_as(inv_freq, DType::F32)?;
+    b.head_norm_rope_idx(&mut xb, wb.as_ref(), norm, &pos, &freqs, rope)?;
+    Ok(xb)
+}
+
+/// `act_mul_slice`: Gemma-4 E2B's per-layer-input shapes (256 columns of 35 x 256), both
+/// activations, first and last slice.
+pub fn check_act_mul_slice<B: Backend>(b: &B) -> CheckResult {
+    let cases = [
+        (1usize, 256usize, 35usize, 0usize, Activation::GeluTanh),
+        (7, 256, 35, 34, Activation::GeluTanh),
+        (3, 10, 4, 2, Activation::Silu),
+    ];
+    for (seed, &(rows, cols, layers, layer, act)) in cases.iter().enumerate() {
+        let mut data = TestData::new(80 + seed as u64);
+        let gate = data.normals(rows * cols, 2.0, DType::F32);
+        let table = data.normals(rows * cols * layers, 1.0, DType::F32);
+        let s = TableSlice {
+            cols,
+            offset: layer * cols,
+            stride: layers * cols,
+        };
+        let what = format!("act_mul_slice {rows}x{cols} of {layers} layers, slice {layer} {act:?}");
+        same_as_cpu(
+            &what,
+            b,
+            |b| act_mul_slice(b, act, &gate, &table, s),
+            |c| act_mul_slice(c, act, &gate, &table, s),
+        )?;
+    }
+    // A slice reaching past the table's rows is refused.
+    let g = put(b, &[0.0; 4], DType::F32)?;
+    let t = put(b, &[0.0; 6], DType::F32)?;
+    let mut out = put(b, &[0.0; 4], DType::F32)?;
+    let bad = TableSlice {
+        cols: 2,
+        offset: 2,
+        stride: 3,
+    };
+    if b.act_mul_slice(Activation::Silu, &g, &t, bad, &mut out)
+        .is_ok()
+    {
+        return Err("act_mul_slice accepted a slice wider than its table's rows".into());
+    }
+    Ok(())
+}
+
+fn act_mul_slice<B: Backend>(
+    b: &B,
+    act: Activation,
+    gate: &[f32],
+    table: &[f32],
+    s: TableSlice,
+) -> crate::Result<B::Buffer> {
+    let g = b.upload_f32_as(gate, DType::F32)?;
+    let t = b.upload_f32_as(table, DType::F32)?;
+    let mut out = b.zeros(gate.len(), DType::F32)?;
+    b.act_mul_slice(act, &g, &t, s, &mut out)?;
+    Ok(out)
+}
+
+pub fn check_fused<B: Backend>(b: &B) -> CheckResult {
+    check_fused_norms(b)?;
+    check_head_norm_rope(b)?;
+    check_act_mul_slice(b)
+}

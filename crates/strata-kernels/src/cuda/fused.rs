@@ -1,0 +1,236 @@
+//! Launchers for the fused decode kernels: the bf16 GEMV (`kernels/gemv.cu`), the per-head
+//! norm + RoPE and the gated slice product. Each replaces a chain of the small kernels in
+//! `ops.rs` whose launches, not their bytes, dominated a decode step.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::buffer::{dtype_code, CudaBuffer, Storage};
+use super::{device_err, grid_for, CudaBackend};
+use crate::error::ensure;
+use crate::{
+    Activation, DType, DeviceBuffer, KernelError, Result, RmsNormParams, RopeParams, RopeStyle,
+    TableSlice,
+};
+
+/// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count).
+pub(super) const GEMV_MAX_ROWS: usize = 8;
+
+const GEMV_KERNELS: [&str; GEMV_MAX_ROWS] = [
+    "gemv_bf16_1",
+    "gemv_bf16_2",
+    "gemv_bf16_3",
+    "gemv_bf16_4",
+    "gemv_bf16_5",
+    "gemv_bf16_6",
+    "gemv_bf16_7",
+    "gemv_bf16_8",
+];
+
+/// The default row limit of the GEMV path (measured on an H200: `docs/perf-notes.md`).
+pub(super) const GEMV_DEFAULT_MAX_ROWS: usize = 2;
+
+/// Output features each warp of `gemv_bf16_<t>` computes (`GEMV_ENTRY` in `gemv.cu`).
+const GEMV_FEATURES_PER_WARP: [u32; GEMV_MAX_ROWS] = [1, 1, 2, 2, 4, 4, 4, 4];
+
+/// Warps per GEMV block.
+const GEMV_WARPS: u32 = 8;
+
+/// Whether `matmul` takes the GEMV path for `t` rows of `k` against a weight of `dtype`,
+/// given the backend's row limit (`STRATA_GEMV_MAX_ROWS`, at most 8; 0 turns it off).
+pub(super) fn gemv_applies(dtype: DType, t: usize, k: usize, max_rows: usize) -> bool {
+    dtype == DType::BF16 && t >= 1 && t <= max_rows.min(GEMV_MAX_ROWS) && k.is_multiple_of(8)
+}
+
+/// The GEMV row limit: `STRATA_GEMV_MAX_ROWS` if set and valid, else `default`.
+pub(super) fn gemv_max_rows_from_env(default: usize) -> usize {
+    std::env::var("STRATA_GEMV_MAX_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(default, |v| v.min(GEMV_MAX_ROWS))
+}
+
+impl CudaBackend {
+    /// `out [t, n] = x [t, k] * W^T` for a bf16 `W [n, k]`, `t <= 8`, `k % 8 == 0`
+    /// (shapes checked by `matmul_impl`).
+    pub(super) fn gemv_bf16(
+        &self,
+        xs: &CudaSlice<f32>,
+        w: &CudaBuffer,
+        t: usize,
+        k: usize,
+        n: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "matmul (gemv)";
+        let Storage::Bits16(ws) = &w.storage else {
+            unreachable!("a BF16 buffer holds 16-bit storage")
+        };
+        let os = out.f32s_mut(OP)?;
+        let (k_i, n_i) = (
+            i32::try_from(k).map_err(|_| too_big(OP, k))?,
+            i32::try_from(n).map_err(|_| too_big(OP, n))?,
+        );
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get(GEMV_KERNELS[t - 1])?);
+        l.arg(xs).arg(ws).arg(os).arg(&k_i).arg(&n_i);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (n as u32).div_ceil(GEMV_WARPS * GEMV_FEATURES_PER_WARP[t - 1]),
+                1,
+                1,
+            ),
+            block_dim: (32 * GEMV_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x holds t*k, W n*k and out t*n elements (checked by the caller); k is a
+        // multiple of 8 and every buffer starts an allocation, so the 16-byte loads align.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn head_norm_rope_dev(
+        &self,
+        x: &mut CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        norm: RmsNormParams,
+        n_tokens: usize,
+        pos: &CudaSlice<u32>,
+        inv_freq: &CudaBuffer,
+        rope: RopeParams,
+    ) -> Result<()> {
+        const OP: &str = "head_norm_rope";
+        let d = rope.head_dim;
+        ensure(
+            norm.dim == d && d > 0 && x.len() == n_tokens * rope.n_heads * d,
+            OP,
+            || {
+                format!(
+                    "x has {}, want {n_tokens} tokens x {} heads x {d} (norm dim {})",
+                    x.len(),
+                    rope.n_heads,
+                    norm.dim
+                )
+            },
+        )?;
+        ensure(inv_freq.len() == d / 2, OP, || {
+            format!("{} frequencies for head_dim {d}", inv_freq.len())
+        })?;
+        if let Some(w) = weight {
+            ensure(w.len() == d, OP, || {
+                format!("weight has {} elements, head_dim is {d}", w.len())
+            })?;
+        }
+        let rows = n_tokens * rope.n_heads;
+        if rows == 0 {
+            return Ok(());
+        }
+        let freqs = inv_freq.f32s(OP)?;
+        let xs = x.f32s_mut(OP)?;
+        let w_dtype = weight.map_or(-1, |w| dtype_code(w.dtype));
+        let (rows_i, heads, d_i) = (rows as i32, rope.n_heads as i32, d as i32);
+        let interleaved = i32::from(rope.style == RopeStyle::Interleaved);
+        let f = self.kernels.get("head_norm_rope")?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(xs).arg(pos).arg(freqs);
+        match weight {
+            Some(w) => match &w.storage {
+                Storage::F32(s) => l.arg(s),
+                Storage::Bits16(s) => l.arg(s),
+            },
+            // Never dereferenced with w_dtype < 0.
+            None => l.arg(freqs),
+        };
+        l.arg(&w_dtype)
+            .arg(&norm.weight_offset)
+            .arg(&norm.eps)
+            .arg(&rows_i)
+            .arg(&heads)
+            .arg(&d_i)
+            .arg(&interleaved);
+        const WARPS: u32 = 8;
+        let cfg = LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(WARPS), 1, 1),
+            block_dim: (32 * WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x holds rows x head_dim, positions n_tokens, inv_freq head_dim / 2 and
+        // the weight head_dim elements (checked above and by the caller).
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    pub(super) fn act_mul_slice_impl(
+        &self,
+        act: Activation,
+        gate: &CudaBuffer,
+        table: &CudaBuffer,
+        s: TableSlice,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "act_mul_slice";
+        let n = gate.len();
+        ensure(
+            out.len() == n && s.cols > 0 && n.is_multiple_of(s.cols),
+            OP,
+            || {
+                format!(
+                    "gate of {n}, out of {}, slice of {} columns",
+                    out.len(),
+                    s.cols
+                )
+            },
+        )?;
+        let rows = n / s.cols;
+        let needed = if rows == 0 {
+            0
+        } else {
+            (rows - 1) * s.stride + s.offset + s.cols
+        };
+        ensure(
+            s.offset + s.cols <= s.stride && needed <= table.len(),
+            OP,
+            || {
+                format!(
+                    "slice {}..{} of rows of {} beyond a table of {}",
+                    s.offset,
+                    s.offset + s.cols,
+                    s.stride,
+                    table.len()
+                )
+            },
+        )?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (g, tb, o) = (gate.f32s(OP)?, table.f32s(OP)?, out.f32s_mut(OP)?);
+        let (n64, cols, offset, stride) =
+            (n as u64, s.cols as u64, s.offset as u64, s.stride as u64);
+        let code = match act {
+            Activation::GeluTanh => 0i32,
+            Activation::Silu => 1,
+        };
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get("act_mul_slice")?);
+        l.arg(g)
+            .arg(tb)
+            .arg(o)
+            .arg(&n64)
+            .arg(&cols)
+            .arg(&offset)
+            .arg(&stride)
+            .arg(&code);
+        // SAFETY: lengths and the slice's reach into the table checked above.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+}
+
+fn too_big(op: &'static str, v: usize) -> KernelError {
+    KernelError::Invalid {
+        op,
+        detail: format!("dimension {v} exceeds 32 bits"),
+    }
+}
