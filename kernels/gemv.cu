@@ -33,20 +33,31 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
 
 // T rows of x, R output features per warp: each x value read from L1 serves R weight rows,
 // which matters once T grows (at T = 8 and R = 1 the x reads outweigh the weight reads).
+// `split` warps share each group of R features, each taking a contiguous share of k, and
+// add their partial sums in shared memory: few features with long rows (a 1536-feature
+// down projection over 12288 inputs) would otherwise leave most multiprocessors idle.
+#define GEMV_BLOCK_WARPS 8
+
 template <int T, int R>
 __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const u16* __restrict__ w,
-                                          float* __restrict__ y, int k, int n) {
+                                          float* __restrict__ y, int k, int n, int split) {
     constexpr int U = R >= GEMV_UNROLL ? 1 : GEMV_UNROLL / R;  // chunks in flight per row
+    __shared__ float partial[GEMV_BLOCK_WARPS][R * T];
     const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-    if (row0 >= n) return;
+    const int warp = threadIdx.x >> 5;
+    const int groups = GEMV_BLOCK_WARPS / split;
+    const int part = warp % split;
+    const int row0 = (blockIdx.x * groups + warp / split) * R;
     const int chunks = k >> 3;
+    const int per = (chunks + split - 1) / split;
+    const int c_begin = part * per;
+    const int c_end = row0 < n ? min(chunks, c_begin + per) : c_begin;  // idle past n
     float acc[R][T];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
-    for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+    for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * U) {
         uint4 wv[U][R];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -54,13 +65,13 @@ __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const u16
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const uint4* wr = reinterpret_cast<const uint4*>(w + (u64)(row0 + r) * k);
-                wv[u][r] = c < chunks && row0 + r < n ? load_streaming(wr + c) : make_uint4(0, 0, 0, 0);
+                wv[u][r] = c < c_end && row0 + r < n ? load_streaming(wr + c) : make_uint4(0, 0, 0, 0);
             }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = c0 + u * 32;
-            if (c < chunks) {
+            if (c < c_end) {
 #pragma unroll
                 for (int t = 0; t < T; ++t) {
                     const float* xp = x + (u64)t * k + c * 8;
@@ -75,17 +86,35 @@ __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const u16
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int t = 0; t < T; ++t) {
-            const float s = warp_sum_f32(acc[r][t]);
-            if (lane == 0 && row0 + r < n) y[(u64)t * n + row0 + r] = s;
-        }
+        for (int t = 0; t < T; ++t) acc[r][t] = warp_sum_f32(acc[r][t]);
+    if (split == 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int t = 0; t < T; ++t)
+                    if (row0 + r < n) y[(u64)t * n + row0 + r] = acc[r][t];
+        return;
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int t = 0; t < T; ++t) partial[warp][r * T + t] = acc[r][t];
+    __syncthreads();
+    if (part == 0 && lane < R * T) {
+        const int r = lane / T, t = lane % T;
+        float sum = 0.0f;
+        for (int p = 0; p < split; ++p) sum += partial[warp + p][lane];
+        if (row0 + r < n) y[(u64)t * n + row0 + r] = sum;
+    }
 }
 
 // Features per warp by row count; the launcher's GEMV_FEATURES_PER_WARP must match.
 #define GEMV_ENTRY(T, R)                                                                  \
-    extern "C" __global__ void gemv_bf16_##T(const float* x, const u16* w, float* y, int k, \
-                                             int n) {                                     \
-        gemv_bf16<T, R>(x, w, y, k, n);                                                   \
+    extern "C" __global__ void __launch_bounds__(GEMV_BLOCK_WARPS * 32)                 \
+        gemv_bf16_##T(const float* x, const u16* w, float* y, int k, int n, int split) {  \
+        gemv_bf16<T, R>(x, w, y, k, n, split);                                            \
     }
 
 GEMV_ENTRY(1, 1)

@@ -259,28 +259,37 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
     }
 }
 
-// One block per (query row, head): merges the splits' partial softmax results.
+// One block per (query row, head): merges the splits' partial softmax results. Warp 0
+// turns the splits' (max, sum) pairs into weights once; every thread then sums its dims.
+#define PA_MAX_SPLITS 64  // MAX_SPLITS in cuda/paged.rs
+
 extern "C" __global__ void __launch_bounds__(128)
 paged_combine(const float* ws_acc, const float* ws_ml, float* out, int d, int n_splits) {
+    __shared__ float weight[PA_MAX_SPLITS];
+    __shared__ float total_sum;
     const u64 task = blockIdx.x;
-    float gmax = NEG_INF;
-    for (int z = 0; z < n_splits; ++z) {
-        const u64 part = task * n_splits + z;
-        if (ws_ml[2 * part + 1] > 0.0f) gmax = fmaxf(gmax, ws_ml[2 * part]);
+    const u64 first = task * n_splits;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float gmax = NEG_INF;
+        for (int z = lane; z < n_splits; z += 32)
+            if (ws_ml[2 * (first + z) + 1] > 0.0f) gmax = fmaxf(gmax, ws_ml[2 * (first + z)]);
+        for (int o = 16; o > 0; o >>= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
+        float total = 0.0f;
+        for (int z = lane; z < n_splits; z += 32) {
+            const float l = ws_ml[2 * (first + z) + 1];
+            const float w = l > 0.0f ? expf(ws_ml[2 * (first + z)] - gmax) : 0.0f;
+            weight[z] = w;
+            total += l * w;
+        }
+        total = warp_sum_f32(total);
+        if (lane == 0) total_sum = total;
     }
-    float total = 0.0f;
-    for (int z = 0; z < n_splits; ++z) {
-        const u64 part = task * n_splits + z;
-        const float l = ws_ml[2 * part + 1];
-        if (l > 0.0f) total += l * expf(ws_ml[2 * part] - gmax);
-    }
+    __syncthreads();
+    const float total = total_sum;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float o = 0.0f;
-        for (int z = 0; z < n_splits; ++z) {
-            const u64 part = task * n_splits + z;
-            const float l = ws_ml[2 * part + 1];
-            if (l > 0.0f) o += ws_acc[part * d + i] * expf(ws_ml[2 * part] - gmax);
-        }
+        for (int z = 0; z < n_splits; ++z) o += ws_acc[(first + z) * d + i] * weight[z];
         out[task * d + i] = total > 0.0f ? o / total : 0.0f;
     }
 }

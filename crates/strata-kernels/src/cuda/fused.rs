@@ -32,8 +32,20 @@ pub(super) const GEMV_DEFAULT_MAX_ROWS: usize = 2;
 /// Output features each warp of `gemv_bf16_<t>` computes (`GEMV_ENTRY` in `gemv.cu`).
 const GEMV_FEATURES_PER_WARP: [u32; GEMV_MAX_ROWS] = [1, 1, 2, 2, 4, 4, 4, 4];
 
-/// Warps per GEMV block.
+/// Warps per GEMV block (`GEMV_BLOCK_WARPS` in `gemv.cu`).
 const GEMV_WARPS: u32 = 8;
+
+/// Warps that share each output feature group: enough that the grid holds about 4096
+/// warps (31 per multiprocessor on an H200), while every warp keeps at least 32 chunks of
+/// 8 inputs (one per lane) and the split divides the block.
+fn gemv_split(features: usize, groups_of: usize, k: usize) -> u32 {
+    let groups = features.div_ceil(groups_of).max(1);
+    let mut split = 1usize;
+    while split < GEMV_WARPS as usize && groups * split < 4096 && k / 8 / (split * 2) >= 32 {
+        split *= 2;
+    }
+    split as u32
+}
 
 /// Whether `matmul` takes the GEMV path for `t` rows of `k` against a weight of `dtype`,
 /// given the backend's row limit (`STRATA_GEMV_MAX_ROWS`, at most 8; 0 turns it off).
@@ -70,16 +82,16 @@ impl CudaBackend {
             i32::try_from(k).map_err(|_| too_big(OP, k))?,
             i32::try_from(n).map_err(|_| too_big(OP, n))?,
         );
+        let per_warp = GEMV_FEATURES_PER_WARP[t - 1];
+        let split = gemv_split(n, per_warp as usize, k);
+        let split_i = split as i32;
         let mut l = self
             .stream
             .launch_builder(self.kernels.get(GEMV_KERNELS[t - 1])?);
-        l.arg(xs).arg(ws).arg(os).arg(&k_i).arg(&n_i);
+        l.arg(xs).arg(ws).arg(os).arg(&k_i).arg(&n_i).arg(&split_i);
+        let features_per_block = (GEMV_WARPS / split) * per_warp;
         let cfg = LaunchConfig {
-            grid_dim: (
-                (n as u32).div_ceil(GEMV_WARPS * GEMV_FEATURES_PER_WARP[t - 1]),
-                1,
-                1,
-            ),
+            grid_dim: ((n as u32).div_ceil(features_per_block), 1, 1),
             block_dim: (32 * GEMV_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -53,7 +53,14 @@ const NO_EXTRA: NormExtra<'static> = NormExtra {
     post_scale: 1.0,
 };
 
-const NORM_THREADS: u32 = 256;
+/// Values per thread the norm kernel keeps in registers (`NORM_REG` in `kernels/norm.cu`).
+const NORM_REG: usize = 8;
+
+/// Threads for a norm over rows of `dim`: enough warps that each thread holds at most
+/// NORM_REG values (the register path), up to a block of 1024 (longer rows loop).
+fn norm_threads(dim: usize) -> u32 {
+    (dim.div_ceil(NORM_REG).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
 
 impl CudaBackend {
     pub(super) fn embedding_impl(
@@ -194,7 +201,7 @@ impl CudaBackend {
         l.arg(&dim).arg(&p.eps).arg(&mode).arg(&extra.post_scale);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (NORM_THREADS, 1, 1),
+            block_dim: (norm_threads(p.dim), 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: every buffer holds rows x dim elements (weight: dim), checked by callers.

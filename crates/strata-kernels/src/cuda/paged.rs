@@ -103,6 +103,7 @@ const PA_MAX_D: usize = 512;
 const PA_THREADS: u32 = 128;
 /// Keys one split walks at least; below this, splitting costs more than it saves.
 const MIN_SPLIT_KEYS: usize = 256;
+/// Must match `PA_MAX_SPLITS` in `kernels/paged.cu` (the combine kernel's weight array).
 const MAX_SPLITS: usize = 64;
 
 impl CudaBackend {

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU benchmark suite behind docs/benchmarks.md, for a machine with an NVIDIA GPU, torch
+# and transformers but no Rust: run it from the repository root with target/gpu-bundle/
+# (built by `cargo xtask gpu`) copied there.
+#
+#   scripts/bench/gpu-suite.sh OUT_DIR [MODELS]     # MODELS: e2b,e4b by default
+#
+# For each model: a random-weight checkpoint at the real shapes, the engine benchmark
+# (`strata bench`: decode at batch 1-128 and depth 128 / 4096, prefill 512-16384, KV pages),
+# the serving benchmark against `strata serve` (512 random ids in, 512 out, concurrency 1
+# and 100), and transformers' prefill on the same checkpoint as the peer. Results land in
+# OUT_DIR as text and JSON, one file per step.
+set -u
+out=${1:?usage: gpu-suite.sh OUT_DIR [MODELS]}
+models=${2:-e2b,e4b}
+strata=target/gpu-bundle/strata
+work=${WORK:-/tmp/strata-bench}
+mkdir -p "$out" "$work"
+export STRATA_KERNEL_CACHE=${STRATA_KERNEL_CACHE:-$work/kernels}
+for m in ${models//,/ }; do
+    python3 scripts/reference/gemma4_real_shape_parity.py --strata x --models "$m" \
+        --work "$work" --checkpoint-only >"$out/$m-checkpoint.txt" 2>&1
+    ckpt=$work/$m/ckpt
+    timeout 300 "$strata" bench --model "$ckpt" --device cuda --depths 128,4096 \
+        --prefill 512,2048,4096,16384 --json "$out/$m-bench.json" >"$out/$m-bench.txt" 2>&1
+    port=8090
+    "$strata" serve --model "$ckpt" --device cuda --port $port --max-running-requests 128 \
+        >"$out/$m-serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do
+        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health')" \
+            2>/dev/null && break
+        sleep 1
+    done
+    for c in 1 100; do
+        n=$([ $c -eq 1 ] && echo 3 || echo 100)
+        timeout 300 python3 scripts/bench/serving.py --url "http://127.0.0.1:$port" --model ckpt \
+            --concurrency $c --requests $n --out "$out/$m-serving-c$c.json" \
+            >"$out/$m-serving-c$c.txt" 2>&1
+    done
+    kill $pid
+    wait $pid 2>/dev/null
+    timeout 300 python3 scripts/bench/transformers_peer.py --model "$ckpt" --batches "" \
+        --prefill 512,4096 --out "$out/$m-transformers.json" >"$out/$m-transformers.txt" 2>&1
+done
