@@ -8,12 +8,14 @@
 # For each model: a random-weight checkpoint at the real shapes, the engine benchmark
 # (`strata bench`: decode at batch 1-128 and depth 128 / 4096, prefill 512-16384, KV pages),
 # the serving benchmark against `strata serve` (512 random ids in, 512 out, concurrency 1
-# and 100), and transformers' prefill on the same checkpoint as the peer. Results land in
-# OUT_DIR as text and JSON, one file per step.
+# and 100), and transformers on the same checkpoint as the peer (prefill; decode eager with
+# a static cache). Results land in OUT_DIR as text and JSON, one file per step; the summary
+# table (scripts/bench/summarize.py, also OUT_DIR/summary.json) is printed last.
+# STRATA=path/to/strata picks another binary (e.g. target/release/strata).
 set -u
 out=${1:?usage: gpu-suite.sh OUT_DIR [MODELS]}
 models=${2:-e2b,e4b}
-strata=target/gpu-bundle/strata
+strata=${STRATA:-target/gpu-bundle/strata}
 work=${WORK:-/tmp/strata-bench}
 mkdir -p "$out" "$work"
 export STRATA_KERNEL_CACHE=${STRATA_KERNEL_CACHE:-$work/kernels}
@@ -40,6 +42,10 @@ for m in ${models//,/ }; do
     done
     kill $pid
     wait $pid 2>/dev/null
-    timeout 300 python3 scripts/bench/transformers_peer.py --model "$ckpt" --batches "" \
-        --prefill 512,4096 --out "$out/$m-transformers.json" >"$out/$m-transformers.txt" 2>&1
+    # The decode peer runs eager: torch.compile crashed (reduce-overhead) or did not finish
+    # compiling (default mode) on this model with transformers 5.17 / torch 2.11.
+    timeout 300 python3 scripts/bench/transformers_peer.py --model "$ckpt" --batches 1,8 \
+        --compile none --prefill 512,2048,4096,16384 --out "$out/$m-transformers.json" \
+        >"$out/$m-transformers.txt" 2>&1
 done
+python3 scripts/bench/summarize.py "$out"

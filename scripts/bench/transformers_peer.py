@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The peer on the GPU host: transformers with a static cache and torch.compile, on the same
-checkpoint and shapes as `strata bench`. Prints one JSON object.
+"""The peer on the GPU host: transformers with a static cache and torch.compile (or, with
+--compile none, eager), on the same checkpoint and shapes as `strata bench`. Prints one JSON
+object.
 
   decode: greedy generation of --new tokens at batch sizes --batches after a --depth token
           prompt; tokens/s = batch * new / (time(prompt + new) - time(prompt + 1)).
@@ -30,6 +31,8 @@ def main():
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prefill", default="512,4096")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compile", choices=["default", "none"], default="default",
+                    help="decode with torch.compile's default mode, or eager")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     try:
@@ -39,7 +42,8 @@ def main():
     m.eval()
     vocab = m.config.get_text_config().vocab_size
     g = torch.Generator().manual_seed(3)
-    report = {"model": args.model, "gpu": torch.cuda.get_device_name(0), "prefill": [], "decode": []}
+    report = {"model": args.model, "gpu": torch.cuda.get_device_name(0), "prefill": [], "decode": [],
+              "decode_mode": "static cache, " + ("torch.compile" if args.compile == "default" else "eager")}
     for n in [int(x) for x in args.prefill.split(",") if x]:
         ids = torch.randint(3, vocab, (1, n), generator=g).cuda()
         m(input_ids=ids, use_cache=False)
@@ -52,10 +56,15 @@ def main():
         m.generation_config.cache_implementation = "static"
         # mode="reduce-overhead" (CUDA graphs) crashed inside inductor on this model with
         # transformers 5.17 / torch 2.11; the default mode compiles without graphs.
-        m.forward = torch.compile(m.forward, fullgraph=False)
+        if args.compile == "default":
+            m.forward = torch.compile(m.forward, fullgraph=False)
         for b in [int(x) for x in args.batches.split(",") if x]:
             ids = torch.randint(3, vocab, (b, args.depth), generator=g).cuda()
             kw = dict(do_sample=False, pad_token_id=0)
+            if args.compile == "none":
+                # generate() compiles the forward by itself for a static cache; a run cut off
+                # mid-compile (2026-11-30, 215 s limit) showed it, so opt out explicitly.
+                kw["disable_compile"] = True
             for _ in range(2):  # compile and warm up for this shape
                 m.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, **kw)
             one = min(timed(lambda: m.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)) for _ in range(2))

@@ -57,7 +57,7 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
         }
     }
     if !cpu {
-        bail!("bench: only `--cpu` exists so far (cargo xtask bench --cpu)");
+        bail!("bench: say --cpu or --gpu (cargo xtask bench --cpu | --gpu)");
     }
     if o.models.is_empty() {
         o.models = DEFAULT_MODELS.iter().map(PathBuf::from).collect();
@@ -73,7 +73,7 @@ fn parse(args: &[String]) -> anyhow::Result<Opts> {
     Ok(o)
 }
 
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask sits in the workspace")
@@ -188,6 +188,9 @@ fn llama(bin: &Path, o: &Opts, model: &Path) -> anyhow::Result<(Value, Vec<Strin
 }
 
 pub fn run(args: &[String]) -> anyhow::Result<()> {
+    if args.iter().any(|a| a == "--gpu") {
+        return crate::bench_gpu::run(args);
+    }
     let o = parse(args)?;
     let root = workspace_root();
     let llama_bin = std::env::var_os("LLAMA_BENCH").map(PathBuf::from);

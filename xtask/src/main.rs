@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: project automation that needs more than one cargo command.
 
 mod bench;
+mod bench_gpu;
 mod gpu;
 mod serve;
 
@@ -20,7 +21,12 @@ tasks:
                    Strata's CPU prompt (pp) and decode (tg) tokens/s on the real models
                    (default: both models/*.gguf benchmarks), 2 threads; with LLAMA_BENCH
                    set to a llama-bench binary, llama.cpp in the same run and the ratio.
-                   Table last; JSON in target/bench/cpu.json";
+                   Table last; JSON in target/bench/cpu.json
+  bench --gpu [--models e2b,e4b]
+                   on a machine with an NVIDIA GPU, torch and transformers: the engine and
+                   serving benchmarks on real-shape Gemma-4 checkpoints and transformers as
+                   the peer (scripts/bench/gpu-suite.sh); summary table last, files in
+                   target/bench/gpu/";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
