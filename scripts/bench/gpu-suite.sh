@@ -6,10 +6,10 @@
 #   scripts/bench/gpu-suite.sh OUT_DIR [MODELS]     # MODELS: e2b,e4b by default
 #
 # For each model: a random-weight checkpoint at the real shapes, the engine benchmark
-# (`strata bench`: decode at batch 1-128 and depth 128 / 4096, prefill 512-16384, KV pages),
-# the serving benchmark against `strata serve` (512 random ids in, 512 out, concurrency 1
-# and 100), and transformers on the same checkpoint as the peer (prefill; decode eager with
-# a static cache). Results land in OUT_DIR as text and JSON, one file per step; the summary
+# (`strata bench`: decode at batch 1-128 and depth 128 / 4096 / 16384, prefill 512-16384,
+# KV pages), the serving benchmark against `strata serve` (512 random ids in, 512 out,
+# concurrency 1 and 100), and transformers on the same checkpoint as the peer (prefill;
+# decode eager with a static cache). Results land in OUT_DIR as text and JSON, one file per step; the summary
 # table (scripts/bench/summarize.py, also OUT_DIR/summary.json) is printed last.
 # STRATA=path/to/strata picks another binary (e.g. target/release/strata).
 set -u
@@ -23,7 +23,7 @@ for m in ${models//,/ }; do
     python3 scripts/reference/gemma4_real_shape_parity.py --strata x --models "$m" \
         --work "$work" --checkpoint-only >"$out/$m-checkpoint.txt" 2>&1
     ckpt=$work/$m/ckpt
-    timeout 300 "$strata" bench --model "$ckpt" --device cuda --depths 128,4096 \
+    timeout 400 "$strata" bench --model "$ckpt" --device cuda --depths 128,4096,16384 \
         --prefill 512,2048,4096,16384 --json "$out/$m-bench.json" >"$out/$m-bench.txt" 2>&1
     port=8090
     "$strata" serve --model "$ckpt" --device cuda --port $port --max-running-requests 128 \

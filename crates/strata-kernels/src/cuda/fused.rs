@@ -5,6 +5,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buffer::{dtype_code, CudaBuffer, Storage};
+use super::sources::GEMV_KERNELS;
 use super::{device_err, grid_for, CudaBackend};
 use crate::error::ensure;
 use crate::{
@@ -13,18 +14,7 @@ use crate::{
 };
 
 /// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count).
-pub(super) const GEMV_MAX_ROWS: usize = 8;
-
-const GEMV_KERNELS: [&str; GEMV_MAX_ROWS] = [
-    "gemv_bf16_1",
-    "gemv_bf16_2",
-    "gemv_bf16_3",
-    "gemv_bf16_4",
-    "gemv_bf16_5",
-    "gemv_bf16_6",
-    "gemv_bf16_7",
-    "gemv_bf16_8",
-];
+pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len();
 
 /// The default row limit of the GEMV path (measured on an H200: `docs/perf-notes.md`).
 pub(super) const GEMV_DEFAULT_MAX_ROWS: usize = 2;

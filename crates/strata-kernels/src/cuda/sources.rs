@@ -27,6 +27,18 @@ impl KernelFile {
     }
 }
 
+/// The GEMV entry points, `gemv_bf16_<rows>` for 1 to 8 rows of x (index = rows - 1).
+pub(crate) const GEMV_KERNELS: [&str; 8] = [
+    "gemv_bf16_1",
+    "gemv_bf16_2",
+    "gemv_bf16_3",
+    "gemv_bf16_4",
+    "gemv_bf16_5",
+    "gemv_bf16_6",
+    "gemv_bf16_7",
+    "gemv_bf16_8",
+];
+
 /// Every kernel family, in the order the backend loads them.
 pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
@@ -80,16 +92,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "gemv",
         source: include_str!("../../../../kernels/gemv.cu"),
-        functions: &[
-            "gemv_bf16_1",
-            "gemv_bf16_2",
-            "gemv_bf16_3",
-            "gemv_bf16_4",
-            "gemv_bf16_5",
-            "gemv_bf16_6",
-            "gemv_bf16_7",
-            "gemv_bf16_8",
-        ],
+        functions: &GEMV_KERNELS,
     },
     KernelFile {
         name: "paged",
