@@ -236,3 +236,52 @@ fn too_big(op: &'static str, v: usize) -> KernelError {
         detail: format!("dimension {v} exceeds 32 bits"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The split fills the grid for few long rows, stays 1 for many rows, divides the
+    /// block, and never leaves a lane without a chunk of k.
+    #[test]
+    fn gemv_split_fills_the_grid_without_starving_lanes() {
+        // (features, k) of E2B's matrices: output projection, q, k/v, o, MLP, PLE proj.
+        let cases = [
+            ((262144, 1536), 1),
+            ((2048, 1536), 2),
+            ((256, 1536), 4),
+            ((1536, 2048), 4),
+            ((1536, 12288), 4),
+            ((6144, 1536), 1),
+            ((1536, 256), 1),
+        ];
+        for ((n, k), want) in cases {
+            assert_eq!(gemv_split(n, 1, k), want, "{n} x {k}");
+        }
+        for n in [1, 7, 100, 1000, 5000] {
+            for k in [8, 64, 256, 512, 4096, 16384] {
+                let s = gemv_split(n, 1, k) as usize;
+                assert!(
+                    (GEMV_WARPS as usize).is_multiple_of(s),
+                    "{n} x {k}: split {s}"
+                );
+                assert!(
+                    s == 1 || k / 8 / s >= 32,
+                    "{n} x {k}: split {s} starves lanes"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gemv_applies_to_bf16_rows_within_the_limit() {
+        assert!(gemv_applies(DType::BF16, 1, 1536, 2));
+        assert!(gemv_applies(DType::BF16, 2, 1536, 2));
+        assert!(!gemv_applies(DType::BF16, 3, 1536, 2));
+        assert!(gemv_applies(DType::BF16, 8, 1536, 8));
+        assert!(!gemv_applies(DType::BF16, 9, 1536, 9));
+        assert!(!gemv_applies(DType::BF16, 1, 1537, 2));
+        assert!(!gemv_applies(DType::F32, 1, 1536, 2));
+        assert!(!gemv_applies(DType::BF16, 1, 1536, 0));
+    }
+}

@@ -505,3 +505,28 @@ impl CudaBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows up to 8 x 1024 values fit the register path (at most NORM_REG per thread);
+    /// blocks are whole warps.
+    #[test]
+    fn norm_threads_keep_rows_in_registers() {
+        for dim in [1, 31, 256, 1536, 2560, 4096, 8192] {
+            let t = norm_threads(dim) as usize;
+            assert_eq!(t % 32, 0, "dim {dim}");
+            assert!(t * NORM_REG >= dim, "dim {dim}: {t} threads");
+            assert!(
+                t == 32 || (t - 32) * NORM_REG < dim,
+                "dim {dim}: {t} threads is more than needed"
+            );
+        }
+        assert_eq!(
+            norm_threads(100_000),
+            1024,
+            "longer rows loop in a full block"
+        );
+    }
+}
