@@ -3,13 +3,12 @@
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, RmsNormParams, RopeParams, RopeStyle, StridedCopy,
-    TableSlice,
+    Activation, AttentionParams, Backend, RmsNormParams, RopeParams, RopeStyle, TableSlice,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
 use crate::error::{ModelError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{copy_rows, KvCache};
 use crate::model::Model;
 use crate::tensors::LayerTensors;
 
@@ -68,31 +67,6 @@ impl<B: Backend> Model<B> {
             Some(s) => b.rms_norm_add_scale(residual, y, Some(weight), p, s)?,
             None => b.rms_norm_add(residual, y, Some(weight), p)?,
         }
-        Ok(())
-    }
-
-    /// Copies `rows` rows of `cols` values between token-major buffers.
-    fn copy_rows(
-        &self,
-        src: &B::Buffer,
-        dst: &mut B::Buffer,
-        rows: usize,
-        cols: usize,
-        src_row: usize,
-        dst_row: usize,
-    ) -> Result<()> {
-        self.backend.copy_strided(
-            src,
-            dst,
-            StridedCopy {
-                rows,
-                cols,
-                src_offset: src_row * cols,
-                src_stride: cols,
-                dst_offset: dst_row * cols,
-                dst_stride: cols,
-            },
-        )?;
         Ok(())
     }
 
@@ -212,10 +186,7 @@ impl<B: Backend> Model<B> {
             // The layer scalar multiplies the residual after the layer's last add; it is
             // folded into that add's kernel where there is a norm to fold it into.
             let scalar = c.layer_scalar.then_some(lw.layer_scalar);
-            let ple_step = match (&ple, &lw.ple) {
-                (Some(ple), Some(weights)) => Some((ple, weights)),
-                _ => None,
-            };
+            let ple_step = ple.as_ref().zip(lw.ple.as_ref());
             let mlp_scalar = if ple_step.is_some() { None } else { scalar };
             match &lw.post_mlp_norm {
                 Some(post) => self.norm_add(&mut x, &m, post, mlp_scalar)?,
@@ -412,7 +383,7 @@ impl<B: Backend> Model<B> {
         }
         let mut sel = self.scratch(n * h)?;
         for (i, &row) in wanted.iter().enumerate() {
-            self.copy_rows(x, &mut sel, 1, h, row, i)?;
+            copy_rows(b, x, &mut sel, 1, h, row, i)?;
         }
         let mut y = self.scratch(n * h)?;
         b.rms_norm(&sel, Some(&self.tensors.final_norm), self.norm(h), &mut y)?;

@@ -58,7 +58,8 @@ pub trait KvCache<B: Backend> {
     ) -> Result<()>;
 }
 
-fn copy_rows<B: Backend>(
+/// Copies `rows` rows of `cols` values between token-major buffers.
+pub(crate) fn copy_rows<B: Backend>(
     b: &B,
     src: &B::Buffer,
     dst: &mut B::Buffer,

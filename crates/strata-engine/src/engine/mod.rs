@@ -178,11 +178,10 @@ impl Engine {
         let thread = std::thread::Builder::new().name("strata-engine".into());
         let spawned = match &loaded.runtime {
             Runtime::Cpu(m) => {
-                let pool = worker::pool_for(&loaded, &opts, HostStorage::new())?;
                 let w = worker::Worker::new(
                     &loaded,
                     m.clone(),
-                    pool,
+                    HostStorage::new(),
                     opts,
                     status.clone(),
                     metrics.clone(),
@@ -190,12 +189,10 @@ impl Engine {
                 thread.spawn(move || w.run(rx))
             }
             Runtime::Cuda(m) => {
-                let storage = PagedStorage::new(m.backend().clone());
-                let pool = worker::pool_for(&loaded, &opts, storage)?;
                 let w = worker::Worker::new(
                     &loaded,
                     m.clone(),
-                    pool,
+                    PagedStorage::new(m.backend().clone()),
                     opts,
                     status.clone(),
                     metrics.clone(),

@@ -42,7 +42,7 @@ pub(crate) struct Worker<M, S: KvStorage> {
 }
 
 /// The pool `opts` asks for, over `storage`.
-pub(crate) fn pool_for<S: KvStorage>(
+fn pool_for<S: KvStorage>(
     loaded: &LoadedModel,
     opts: &EngineOptions,
     storage: S,
@@ -59,14 +59,16 @@ pub(crate) fn pool_for<S: KvStorage>(
 }
 
 impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
+    /// A worker for `model` with the KV pool `opts` asks for, over `storage`.
     pub(crate) fn new(
         loaded: &LoadedModel,
         model: M,
-        pool: KvPool<S>,
+        storage: S,
         opts: EngineOptions,
         status: Arc<Mutex<EngineStatus>>,
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
+        let pool = pool_for(loaded, &opts, storage)?;
         let sched = Scheduler::new(model, pool, opts.scheduler)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let worker = Self {

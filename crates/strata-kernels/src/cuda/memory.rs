@@ -43,31 +43,31 @@ impl CudaBackend {
     }
 
     pub(super) fn zeros_impl(&self, len: usize, dtype: DType) -> Result<CudaBuffer> {
-        let n = len.max(1);
-        let err = device_err("allocating GPU memory");
-        let storage = match dtype {
-            DType::F32 => Storage::F32(self.stream.alloc_zeros::<f32>(n).map_err(&err)?),
-            DType::BF16 | DType::F16 => {
-                Storage::Bits16(self.stream.alloc_zeros::<u16>(n).map_err(&err)?)
-            }
-        };
-        Ok(CudaBuffer {
-            storage,
-            len,
-            dtype,
-        })
+        self.alloc_buffer(len, dtype, true)
     }
 
     /// As `zeros_impl` without the fill: the caller writes every element before reading.
     pub(super) fn scratch_impl(&self, len: usize, dtype: DType) -> Result<CudaBuffer> {
+        self.alloc_buffer(len, dtype, false)
+    }
+
+    /// A buffer of `len` elements (at least one, so every buffer has a pointer to pass),
+    /// zero-filled when `zero` is set.
+    fn alloc_buffer(&self, len: usize, dtype: DType, zero: bool) -> Result<CudaBuffer> {
         let n = len.max(1);
         let err = device_err("allocating GPU memory");
-        // SAFETY: device memory; the contract of `Backend::scratch` is that it is written
-        // before it is read (reading it first would give unspecified values, not UB on the
-        // host side).
-        let storage = match dtype {
-            DType::F32 => Storage::F32(unsafe { self.stream.alloc::<f32>(n) }.map_err(&err)?),
-            DType::BF16 | DType::F16 => {
+        // SAFETY (alloc without zeroing): device memory; `Backend::scratch`'s contract is that
+        // it is written before it is read (reading it first gives unspecified values, not UB
+        // on the host side).
+        let storage = match (dtype, zero) {
+            (DType::F32, true) => Storage::F32(self.stream.alloc_zeros::<f32>(n).map_err(&err)?),
+            (DType::F32, false) => {
+                Storage::F32(unsafe { self.stream.alloc::<f32>(n) }.map_err(&err)?)
+            }
+            (DType::BF16 | DType::F16, true) => {
+                Storage::Bits16(self.stream.alloc_zeros::<u16>(n).map_err(&err)?)
+            }
+            (DType::BF16 | DType::F16, false) => {
                 Storage::Bits16(unsafe { self.stream.alloc::<u16>(n) }.map_err(&err)?)
             }
         };

@@ -59,15 +59,19 @@ pub struct CudaPagedBatch {
     row_seq: CudaSlice<u32>,
     slots: CudaSlice<u32>,
     rows: usize,
-    seq_count: usize,
     /// The sequences as described on the host (the dense path picks its own from them).
     host_seqs: Vec<PagedSeq>,
-    /// Most keys any sequence addresses (chooses the split count).
-    max_keys: usize,
     slot_limit: u32,
     /// Set for batches made to be rewritten in place (graphs): the slot capacity, and the
     /// split count is the one for long keys.
     capacity: Option<usize>,
+}
+
+impl CudaPagedBatch {
+    /// Most keys any sequence addresses (chooses the split count).
+    fn max_keys(&self) -> usize {
+        self.host_seqs.iter().map(|s| s.k_len()).max().unwrap_or(0)
+    }
 }
 
 /// Format codes of `kernels/paged.cu` (`KV_F32` ...).
@@ -213,9 +217,7 @@ impl CudaBackend {
             row_seq: self.to_device(&row_seq)?,
             slots: self.to_device(slots)?,
             rows: row_seq.len(),
-            seq_count: seqs.len(),
             host_seqs: seqs.to_vec(),
-            max_keys: seqs.iter().map(|s| s.k_len()).max().unwrap_or(0),
             slot_limit: slots.iter().copied().max().unwrap_or(0),
             capacity: None,
         })
@@ -259,11 +261,11 @@ impl CudaBackend {
         })?;
         let rows: usize = seqs.iter().map(|s| s.q_len).sum();
         ensure(
-            seqs.len() == b.seq_count && rows == b.rows && slots.len() <= capacity,
+            seqs.len() == b.host_seqs.len() && rows == b.rows && slots.len() <= capacity,
             OP,
             || {
                 format!("{} sequences, {rows} rows, {} slots for a batch of {} sequences, {} rows, {capacity} slots",
-                seqs.len(), slots.len(), b.seq_count, b.rows)
+                seqs.len(), slots.len(), b.host_seqs.len(), b.rows)
             },
         )?;
         let (packed, row_seq) = pack_seqs(seqs)?;
@@ -281,7 +283,6 @@ impl CudaBackend {
                 .memcpy_htod(slots, &mut b.slots.slice_mut(..slots.len()))
                 .map_err(&err)?;
         }
-        b.max_keys = seqs.iter().map(|s| s.k_len()).max().unwrap_or(0);
         b.host_seqs = seqs.to_vec();
         b.slot_limit = slots.iter().copied().max().unwrap_or(0);
         Ok(())
@@ -324,7 +325,7 @@ impl CudaBackend {
             || format!("{} heads over {} KV heads", p.n_heads, p.n_kv_heads),
         )?;
         ensure(
-            (batch.slot_limit as usize) < s.slots || batch.max_keys == 0,
+            (batch.slot_limit as usize) < s.slots || batch.max_keys() == 0,
             OP,
             || format!("slot {} outside the slab's {}", batch.slot_limit, s.slots),
         )?;
@@ -351,7 +352,7 @@ impl CudaBackend {
         } else {
             target
                 .div_ceil(tasks)
-                .min(batch.max_keys.div_ceil(MIN_SPLIT_KEYS))
+                .min(batch.max_keys().div_ceil(MIN_SPLIT_KEYS))
                 .clamp(1, MAX_SPLITS)
         };
         let err = device_err("allocating attention workspace");
@@ -386,12 +387,9 @@ impl CudaBackend {
         };
         let dense_min_q_i = i32::try_from(dense_min_q).unwrap_or(i32::MAX);
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
-        l.arg(qs)
-            .arg(&slab.k)
-            .arg(&slab.v)
-            .arg(&slab.k_scales)
-            .arg(&slab.v_scales)
-            .arg(&batch.seqs)
+        l.arg(qs);
+        slab.push_args(&mut l);
+        l.arg(&batch.seqs)
             .arg(&batch.row_seq)
             .arg(&batch.slots)
             .arg(os)
