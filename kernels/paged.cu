@@ -259,11 +259,14 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
     }
 }
 
-// One block per (query row, head): merges the splits' partial softmax results. Warp 0
-// turns the splits' (max, sum) pairs into weights once; every thread then sums its dims.
+// Grid (query row x head, column chunks of 128): merges the splits' partial softmax
+// results. Warp 0 of each block turns the splits' (max, sum) pairs into weights; every
+// thread then sums one column over the splits (the column chunks give a batch of one row
+// enough blocks to read the workspace in parallel).
 #define PA_MAX_SPLITS 64  // MAX_SPLITS in cuda/paged.rs
+#define COMBINE_COLS 128
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(COMBINE_COLS)
 paged_combine(const float* ws_acc, const float* ws_ml, float* out, int d, int n_splits) {
     __shared__ float weight[PA_MAX_SPLITS];
     __shared__ float total_sum;
@@ -287,11 +290,13 @@ paged_combine(const float* ws_acc, const float* ws_ml, float* out, int d, int n_
     }
     __syncthreads();
     const float total = total_sum;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float o = 0.0f;
-        for (int z = 0; z < n_splits; ++z) o += ws_acc[(first + z) * d + i] * weight[z];
-        out[task * d + i] = total > 0.0f ? o / total : 0.0f;
-    }
+    const int i = blockIdx.y * COMBINE_COLS + threadIdx.x;
+    if (i >= d) return;
+    float o = 0.0f;
+    // Empty splits (weight 0: rows shorter than the grid's split count) are not read.
+    for (int z = 0; z < n_splits; ++z)
+        if (weight[z] != 0.0f) o += ws_acc[(first + z) * d + i] * weight[z];
+    out[task * d + i] = total > 0.0f ? o / total : 0.0f;
 }
 
 // ---- dense attention for long query runs (prefill) ---------------------------------------

@@ -177,6 +177,28 @@ fn bf16_gemm_equals_cpu_on_bf16_rounded_inputs() {
     }
 }
 
+/// Attention in the bf16 mode rounds the queries and probabilities to bf16 (tensor-core
+/// kernel) or runs its GEMMs in TF32 (long query runs): bf16's tolerance.
+fn bf16_mode_tol() -> Tolerance {
+    Tolerance::for_dtype(DType::BF16)
+}
+
+/// Every paged-attention case with its slab in bf16, in the bf16 mode: the shapes the
+/// tensor-core kernel takes (head_dim a multiple of 64, groups up to 16) run there, long
+/// query runs take the TF32 GEMMs; all against the f32 reference over the same bf16 rows.
+#[test]
+fn paged_attention_bf16_mode() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    for c in paged_attention_cases() {
+        let c = PagedCase {
+            format: strata_kernels::KvFormat::Bf16,
+            ..c
+        };
+        check_paged_attention_case_within(&fast, &c, bf16_mode_tol()).unwrap();
+    }
+}
+
 fn weight_dtype() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
 }
@@ -200,6 +222,25 @@ proptest! {
                 window, scale: 1.0 / (32.0 * d32 as f32).sqrt(), softcap: None, seqs, seed,
             };
             check_paged_attention_case(b, &c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    /// The bf16 mode's tensor-core attention on random groups (up to 16 query heads a KV
+    /// head), head_dims (multiples of 64), windows and key counts (several tiles, splits).
+    #[test]
+    fn paged_attention_bf16_mode_random_shapes(
+        kv_heads in 1usize..3, group in 1usize..17, d64 in 1usize..9,
+        window in proptest::option::of(1usize..300), softcap in proptest::option::of(5.0f32..60.0),
+        seqs in proptest::collection::vec((0usize..1500, 1usize..9), 1..4), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let c = PagedCase {
+                format: strata_kernels::KvFormat::Bf16, n_heads: kv_heads * group,
+                n_kv_heads: kv_heads, head_dim: 64 * d64, window,
+                scale: 1.0 / (64.0 * d64 as f32).sqrt(), softcap, seqs, seed,
+            };
+            check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
+                .map_err(TestCaseError::fail)?;
         }
     }
 

@@ -382,8 +382,9 @@ impl<B: Backend> Model<B> {
             return Ok((None, counts));
         }
         let mut sel = self.scratch(n * h)?;
-        for (i, &row) in wanted.iter().enumerate() {
-            copy_rows(b, x, &mut sel, 1, h, row, i)?;
+        // One copy per run of consecutive rows (a decode batch is a single run).
+        for (src, dst, len) in row_runs(&wanted) {
+            copy_rows(b, x, &mut sel, len, h, src, dst)?;
         }
         let mut y = self.scratch(n * h)?;
         b.rms_norm(&sel, Some(&self.tensors.final_norm), self.norm(h), &mut y)?;
@@ -439,5 +440,32 @@ impl<B: Backend> Model<B> {
             }
         }
         Ok(out)
+    }
+}
+
+/// `rows` as maximal runs of consecutive values: (first row, index in `rows`, length).
+fn row_runs(rows: &[usize]) -> Vec<(usize, usize, usize)> {
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, &r) in rows.iter().enumerate() {
+        match runs.last_mut() {
+            Some((first, _, len)) if *first + *len == r => *len += 1,
+            _ => runs.push((r, i, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod row_run_tests {
+    use super::row_runs;
+
+    #[test]
+    fn consecutive_rows_make_one_run() {
+        assert_eq!(row_runs(&[]), vec![]);
+        assert_eq!(row_runs(&[0, 1, 2, 3]), vec![(0, 0, 4)]);
+        assert_eq!(
+            row_runs(&[4, 9, 10, 11, 2]),
+            vec![(4, 0, 1), (9, 1, 3), (2, 4, 1)]
+        );
     }
 }

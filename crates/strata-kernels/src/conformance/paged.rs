@@ -130,6 +130,16 @@ pub struct PagedCase {
 }
 
 pub fn check_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> CheckResult {
+    check_paged_attention_case_within(b, c, Tolerance::for_dtype(b.activation_dtype()))
+}
+
+/// [`check_paged_attention_case`] at a given tolerance (a backend mode that rounds inside
+/// attention, such as the CUDA backend's bf16 mode, is held to bf16's).
+pub fn check_paged_attention_case_within<B: Backend>(
+    b: &B,
+    c: &PagedCase,
+    tol: Tolerance,
+) -> CheckResult {
     let act = b.activation_dtype();
     let mut data = TestData::new(c.seed);
     let (d, hk) = (c.head_dim, c.n_kv_heads);
@@ -213,25 +223,12 @@ pub fn check_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> CheckResu
         &what,
         b.paged_attention(&put(b, &q, act)?, &slab, &batch, p, &mut out),
     )?;
-    compare(
-        &what,
-        &get(b, &out)?,
-        &want,
-        &mag,
-        Tolerance::for_dtype(act),
-    )
+    compare(&what, &get(b, &out)?, &want, &mag, tol)
 }
 
-/// Every format at small shapes, then the model's shapes: Gemma-4 E2B sliding (d 256,
-/// window 512) and full (d 512) layers with one KV head under eight query heads, E4B's
-/// two KV heads, a mixed batch of prefill chunks and decode rows, long decode (split-K),
-/// and Llama-style d 64/128 with a softcap.
-pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
-    for (i, format) in ALL_FORMATS.into_iter().enumerate() {
-        check_kv_store_case(b, format, 1, 256, 9, 700 + i as u64)?;
-        check_kv_store_case(b, format, 2, 512, 5, 710 + i as u64)?;
-        check_kv_store_case(b, format, 4, 64, 17, 720 + i as u64)?;
-    }
+/// The attention cases of [`check_paged`]: every format at a small shape, then the model's
+/// shapes.
+pub fn paged_attention_cases() -> Vec<PagedCase> {
     let base = PagedCase {
         format: KvFormat::F32,
         n_heads: 8,
@@ -243,17 +240,16 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
         seqs: vec![(0, 7), (12, 1), (30, 4)],
         seed: 730,
     };
-    for (i, format) in ALL_FORMATS.into_iter().enumerate() {
-        check_paged_attention_case(
-            b,
-            &PagedCase {
-                format,
-                seed: 731 + i as u64,
-                ..base.clone()
-            },
-        )?;
-    }
-    let cases = [
+    let mut cases: Vec<PagedCase> = ALL_FORMATS
+        .into_iter()
+        .enumerate()
+        .map(|(i, format)| PagedCase {
+            format,
+            seed: 731 + i as u64,
+            ..base.clone()
+        })
+        .collect();
+    cases.extend([
         // E2B sliding layer: window 512 over a long decode and an extend chunk.
         PagedCase {
             window: Some(512),
@@ -351,8 +347,21 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
             seed: 750,
             ..base.clone()
         },
-    ];
-    for c in &cases {
+    ]);
+    cases
+}
+
+/// Every format at small shapes, then the model's shapes: Gemma-4 E2B sliding (d 256,
+/// window 512) and full (d 512) layers with one KV head under eight query heads, E4B's
+/// two KV heads, a mixed batch of prefill chunks and decode rows, long decode (split-K),
+/// and Llama-style d 64/128 with a softcap.
+pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
+    for (i, format) in ALL_FORMATS.into_iter().enumerate() {
+        check_kv_store_case(b, format, 1, 256, 9, 700 + i as u64)?;
+        check_kv_store_case(b, format, 2, 512, 5, 710 + i as u64)?;
+        check_kv_store_case(b, format, 4, 64, 17, 720 + i as u64)?;
+    }
+    for c in &paged_attention_cases() {
         check_paged_attention_case(b, c)?;
     }
     // A batch whose slots run past the slab is refused, not read.

@@ -19,6 +19,7 @@ mod memory;
 mod module;
 mod ops;
 mod paged;
+mod paged_mma;
 mod sources;
 
 pub use buffer::CudaBuffer;
@@ -67,6 +68,8 @@ pub struct CudaBackend {
     /// Query rows from which a sequence's attention runs as GEMMs (0: never), from
     /// `STRATA_DENSE_ATTENTION_MIN_Q`.
     dense_min_q: usize,
+    /// What the device grants the tensor-core paged attention (nothing: not used).
+    paged_mma: paged_mma::MmaSupport,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -142,6 +145,7 @@ impl CudaBackend {
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         let kernels = Kernels::load(&ctx, arch)?;
+        let paged_mma = paged_mma::MmaSupport::probe(&ctx, arch, &kernels);
         Ok(Self {
             ctx,
             stream,
@@ -153,6 +157,7 @@ impl CudaBackend {
             sm_count,
             gemv_max_rows: fused::gemv_max_rows_from_env(fused::GEMV_DEFAULT_MAX_ROWS),
             dense_min_q: dense_attention::dense_min_q_from_env(),
+            paged_mma,
         })
     }
 

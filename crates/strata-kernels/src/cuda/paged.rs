@@ -109,6 +109,8 @@ const PA_THREADS: u32 = 128;
 const MIN_SPLIT_KEYS: usize = 256;
 /// Must match `PA_MAX_SPLITS` in `kernels/paged.cu` (the combine kernel's weight array).
 const MAX_SPLITS: usize = 64;
+/// Columns one combine block merges (`COMBINE_COLS`).
+const COMBINE_COLS: usize = 128;
 
 impl CudaBackend {
     pub(super) fn kv_slab_impl(&self, shape: KvSlabShape) -> Result<CudaKvSlab> {
@@ -343,17 +345,34 @@ impl CudaBackend {
             return Ok(());
         }
         let tasks = rows * p.n_heads;
-        // Split the keys when there are too few (query, head) tasks to fill the GPU.
-        let target = 2 * self.sm_count;
-        let splits = if tasks >= target {
-            1
-        } else if batch.capacity.is_some() {
-            target.div_ceil(tasks).clamp(1, MAX_SPLITS)
+        let mma = self.paged_mma.applies(self.bf16_gemm, s.format, &p);
+        // Split the keys when there are too few blocks to fill the GPU. The tensor-core
+        // kernel serves a KV head's whole query group per block and holds a multiprocessor's
+        // shared memory, so it sizes its grid to one wave of resident blocks.
+        let splits = if mma {
+            let blocks = rows * p.n_kv_heads;
+            let resident = self.paged_mma.resident_blocks(d, self.sm_count);
+            let most = if batch.capacity.is_some() {
+                MAX_SPLITS
+            } else {
+                batch
+                    .max_keys()
+                    .div_ceil(MIN_SPLIT_KEYS)
+                    .clamp(1, MAX_SPLITS)
+            };
+            super::paged_mma::wave_splits(blocks, resident, most)
         } else {
-            target
-                .div_ceil(tasks)
-                .min(batch.max_keys().div_ceil(MIN_SPLIT_KEYS))
-                .clamp(1, MAX_SPLITS)
+            let target = 2 * self.sm_count;
+            if tasks >= target {
+                1
+            } else if batch.capacity.is_some() {
+                target.div_ceil(tasks).clamp(1, MAX_SPLITS)
+            } else {
+                target
+                    .div_ceil(tasks)
+                    .min(batch.max_keys().div_ceil(MIN_SPLIT_KEYS))
+                    .clamp(1, MAX_SPLITS)
+            }
         };
         let err = device_err("allocating attention workspace");
         // Every split block writes its whole part of the workspace (empty splits write a
@@ -386,9 +405,14 @@ impl CudaBackend {
             self.dense_min_q
         };
         let dense_min_q_i = i32::try_from(dense_min_q).unwrap_or(i32::MAX);
-        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        let name = if mma { super::paged_mma::KERNEL } else { OP };
+        let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(qs);
-        slab.push_args(&mut l);
+        if mma {
+            l.arg(&slab.k).arg(&slab.v);
+        } else {
+            slab.push_args(&mut l);
+        }
         l.arg(&batch.seqs)
             .arg(&batch.row_seq)
             .arg(&batch.slots)
@@ -397,22 +421,39 @@ impl CudaBackend {
             .arg(&mut ws_ml)
             .arg(&heads)
             .arg(&kv_heads)
-            .arg(&d_i)
-            .arg(&fmt)
-            .arg(&p.scale)
+            .arg(&d_i);
+        if !mma {
+            l.arg(&fmt);
+        }
+        l.arg(&p.scale)
             .arg(&window)
             .arg(&has_cap)
             .arg(&cap)
             .arg(&splits_i)
             .arg(&dense_min_q_i);
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, p.n_heads as u32, splits as u32),
-            block_dim: (PA_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+        let stages = self.paged_mma.stages(d);
+        let stages_i = stages as i32;
+        if mma {
+            l.arg(&stages_i);
+        }
+        let cfg = if mma {
+            LaunchConfig {
+                grid_dim: (rows as u32, p.n_kv_heads as u32, splits as u32),
+                block_dim: (super::paged_mma::THREADS, 1, 1),
+                shared_mem_bytes: super::paged_mma::smem_bytes(d, stages) as u32,
+            }
+        } else {
+            LaunchConfig {
+                grid_dim: (rows as u32, p.n_heads as u32, splits as u32),
+                block_dim: (PA_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            }
         };
         // SAFETY: q/out hold rows x n_heads x d; every slot read is below the slab's slots
-        // (checked through slot_limit); the workspace holds tasks x splits partials.
-        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        // (checked through slot_limit); the workspace holds tasks x splits partials; the
+        // tensor-core kernel gets a bf16 slab, d a multiple of 64 and the shared memory its
+        // layout needs (granted at start-up, `paged_mma::enable`).
+        unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         if splits > 1 {
             let os = out.f32s_mut(OP)?;
             let mut l = self
@@ -420,8 +461,8 @@ impl CudaBackend {
                 .launch_builder(self.kernels.get("paged_combine")?);
             l.arg(&ws_acc).arg(&ws_ml).arg(os).arg(&d_i).arg(&splits_i);
             let cfg = LaunchConfig {
-                grid_dim: (tasks as u32, 1, 1),
-                block_dim: (128, 1, 1),
+                grid_dim: (tasks as u32, d.div_ceil(COMBINE_COLS) as u32, 1),
+                block_dim: (COMBINE_COLS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: the workspace was filled for tasks x splits; out holds tasks x d.

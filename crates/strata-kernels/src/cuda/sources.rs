@@ -105,6 +105,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "masked_softmax",
         ],
     },
+    KernelFile {
+        name: "paged_mma",
+        source: include_str!("../../../../kernels/paged_mma.cu"),
+        functions: &["paged_attention_mma"],
+    },
 ];
 
 /// Whether libnvrtc can be loaded (checked before any call: a missing library would

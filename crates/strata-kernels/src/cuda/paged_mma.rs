@@ -1,0 +1,183 @@
+//! Tensor-core paged attention (`kernels/paged_mma.cu`): in the bf16 speed mode, bf16 slabs
+//! are attended one KV head's whole query group per block, so each key is read once per
+//! group. Everything else (other formats, the exact path, head_dim not a multiple of 64,
+//! groups over 16 heads) keeps the CUDA-core kernel.
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::CudaContext;
+
+use super::module::Kernels;
+use crate::{AttentionParams, KvFormat};
+
+pub(super) const KERNEL: &str = "paged_attention_mma";
+/// Keys per tile, query rows per block, padding per shared row: `PM_*` in the kernel.
+const KT: usize = 32;
+const ROWS: usize = 16;
+const PAD: usize = 8;
+pub(super) const MAX_D: usize = 512;
+pub(super) const THREADS: u32 = 128;
+
+/// Pipeline depths the kernel takes: tiles loading or in use at once.
+const MAX_STAGES: usize = 3;
+const MIN_STAGES: usize = 2;
+
+/// Dynamic shared memory of one block for `head_dim` d and `stages` K/V tile buffers (the
+/// kernel's layout: Q and the K and V tiles in bf16, S in f32, P in bf16, one factor per
+/// row).
+pub(super) fn smem_bytes(d: usize, stages: usize) -> usize {
+    let ld = d + PAD;
+    (ROWS * ld + 2 * stages * KT * ld) * 2 + ROWS * KT * 4 + ROWS * (KT + PAD) * 2 + ROWS * 4
+}
+
+/// What the device grants the kernel.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct MmaSupport {
+    /// Dynamic shared memory a block may use (0: the kernel is not used).
+    pub smem_limit: usize,
+    /// Shared memory of one multiprocessor (how many blocks run side by side).
+    pub smem_per_sm: usize,
+}
+
+impl MmaSupport {
+    /// The GPU needs bf16 mma (sm_80+), and the block size for the largest head_dim is
+    /// granted up to the device's opt-in limit. `STRATA_PAGED_MMA=0` turns the kernel off.
+    pub(super) fn probe(ctx: &CudaContext, arch: u32, kernels: &Kernels) -> Self {
+        if arch < 80 || std::env::var("STRATA_PAGED_MMA").is_ok_and(|v| v == "0") {
+            return Self::default();
+        }
+        let attr = |a| ctx.attribute(a).map_or(0, |v: i32| v.max(0) as usize);
+        let optin = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+        let per_sm =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+        let limit = optin.min(smem_bytes(MAX_D, MAX_STAGES));
+        let granted = kernels.get(KERNEL).is_ok_and(|f| {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                limit as i32,
+            )
+            .is_ok()
+        });
+        if !granted {
+            return Self::default();
+        }
+        Self {
+            smem_limit: limit,
+            smem_per_sm: per_sm.max(limit),
+        }
+    }
+
+    /// Whether an attention call takes the tensor-core kernel.
+    pub(super) fn applies(&self, bf16_mode: bool, format: KvFormat, p: &AttentionParams) -> bool {
+        let d = p.head_dim;
+        bf16_mode
+            && format == KvFormat::Bf16
+            && d > 0
+            && d.is_multiple_of(64)
+            && d <= MAX_D
+            && p.n_kv_heads > 0
+            && p.n_heads / p.n_kv_heads <= ROWS
+            && smem_bytes(d, MIN_STAGES) <= self.smem_limit
+    }
+
+    /// The deepest pipeline whose blocks fit the granted shared memory (the kernel's
+    /// `n_stages`).
+    pub(super) fn stages(&self, d: usize) -> usize {
+        (MIN_STAGES..=MAX_STAGES)
+            .rev()
+            .find(|&s| smem_bytes(d, s) <= self.smem_limit)
+            .unwrap_or(MIN_STAGES)
+    }
+
+    /// Blocks of head_dim `d` the whole GPU runs at once.
+    pub(super) fn resident_blocks(&self, d: usize, sm_count: usize) -> usize {
+        // About 1 KB of each multiprocessor's shared memory is reserved per block.
+        let block = smem_bytes(d, self.stages(d)) + 1024;
+        sm_count * (self.smem_per_sm / block).max(1)
+    }
+}
+
+/// Key splits for `blocks` (query row, KV head) blocks: the split count that brings the
+/// grid closest to one full wave of `resident` blocks (a partial second wave costs a
+/// whole block's time), at most `max`.
+pub(super) fn wave_splits(blocks: usize, resident: usize, max: usize) -> usize {
+    let blocks = blocks.max(1);
+    ((resident + blocks / 2) / blocks).clamp(1, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> AttentionParams {
+        AttentionParams {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: 1.0,
+            window: None,
+            causal: true,
+            softcap: None,
+        }
+    }
+
+    #[test]
+    fn shared_memory_fits_hopper_for_gemma4_head_dims() {
+        // H100/H200 grant 227 KB a block and hold 228 KB a multiprocessor; A100 163 KB.
+        assert_eq!(smem_bytes(512, 2), 153_152);
+        assert_eq!(smem_bytes(512, 3), 219_712);
+        let hopper = MmaSupport {
+            smem_limit: 227 * 1024,
+            smem_per_sm: 228 * 1024,
+        };
+        assert_eq!(hopper.stages(512), 3);
+        assert_eq!(hopper.stages(256), 3);
+        assert_eq!(
+            hopper.resident_blocks(256, 1),
+            2,
+            "two d-256 blocks a multiprocessor"
+        );
+        let ampere = MmaSupport {
+            smem_limit: 163 * 1024,
+            smem_per_sm: 164 * 1024,
+        };
+        assert_eq!(ampere.stages(512), 2);
+    }
+
+    fn support(smem_limit: usize) -> MmaSupport {
+        MmaSupport {
+            smem_limit,
+            smem_per_sm: 228 * 1024,
+        }
+    }
+
+    #[test]
+    fn only_bf16_slabs_in_bf16_mode_with_whole_tiles() {
+        let full = support(smem_bytes(MAX_D, 2));
+        let e2b = params(8, 1, 512);
+        assert!(full.applies(true, KvFormat::Bf16, &e2b));
+        assert!(!full.applies(false, KvFormat::Bf16, &e2b));
+        assert!(!full.applies(true, KvFormat::F32, &e2b));
+        assert!(!full.applies(true, KvFormat::Fp8E4m3PerTokenHead, &e2b));
+        assert!(!full.applies(true, KvFormat::Bf16, &params(8, 1, 96)));
+        assert!(!full.applies(true, KvFormat::Bf16, &params(32, 1, 128)));
+        let small = support(smem_bytes(256, 2));
+        assert!(!small.applies(true, KvFormat::Bf16, &e2b));
+        assert!(small.applies(true, KvFormat::Bf16, &params(8, 2, 256)));
+        assert!(!MmaSupport::default().applies(true, KvFormat::Bf16, &params(8, 2, 256)));
+    }
+
+    #[test]
+    fn splits_fill_one_wave() {
+        let h200 = support(227 * 1024);
+        // E2B on 132 multiprocessors: one d-512 block or two d-256 blocks each.
+        assert_eq!(h200.resident_blocks(512, 132), 132);
+        assert_eq!(h200.resident_blocks(256, 132), 264);
+        assert_eq!(wave_splits(128, 132, 64), 1);
+        assert_eq!(wave_splits(128, 264, 64), 2);
+        assert_eq!(wave_splits(64, 132, 64), 2);
+        assert_eq!(wave_splits(8, 132, 64), 17);
+        assert_eq!(wave_splits(1, 132, 64), 64);
+        assert_eq!(wave_splits(500, 132, 64), 1);
+        assert_eq!(wave_splits(0, 132, 64), 64);
+    }
+}
