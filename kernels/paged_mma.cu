@@ -6,11 +6,15 @@
 // query head as in `paged_attention`. Keys go in tiles of PM_KT:
 //   1. the tile's K and V rows are copied to shared memory with cp.async, two or three
 //      buffers deep (the next tiles' copies run while this one is computed);
-//   2. S = Q K^T (16 x PM_KT, f32): warp w takes keys 8w .. 8w + 7, all of head_dim;
-//   3. the online softmax: warp w owns rows w, w + 4, w + 8, w + 12 (one lane per key),
-//      keeps their running max and sum, writes the tile's probabilities as bf16 and each row's
+//   2. S = Q K^T (16 x PM_KT, f32): warp w takes keys 8 (w % 4) .. + 7 over half w / 4 of
+//      head_dim (the two halves are added in the softmax);
+//   3. the online softmax: warp w owns rows w and w + 8 (one lane per key), keeps their
+//      running max and sum, writes the tile's probabilities as bf16 and each row's
 //      rescaling factor;
-//   4. O += P V (16 x head_dim, f32 in registers): warp w owns a quarter of head_dim.
+//   4. O += P V (16 x head_dim, f32 in registers): warp w takes keys 16 (w / 4) .. + 15 into
+//      a quarter of head_dim; the two key halves' partial outputs are summed at the end.
+// Eight warps rather than four: each warp's share of a tile is a latency chain (mma, shuffles,
+// barriers), and a block with half the chain per warp keeps twice the bytes moving.
 // Outputs and the split workspace use `paged_attention`'s layout, so `paged_combine`
 // merges splits of either kernel.
 //
@@ -19,11 +23,11 @@
 // the H200's tensor rate, so the kernel is bound by how many bytes it keeps in flight.
 
 #define PM_KT 32
-#define PM_WARPS 4
+#define PM_WARPS 8
 #define PM_ROWS 16
 #define PM_PAD 8
 #define PM_MAX_D 512
-#define PM_MAX_NT (PM_MAX_D / (8 * PM_WARPS))
+#define PM_MAX_NT (PM_MAX_D / 32)  // 8-column output tiles a warp owns (a quarter of d)
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)__cvta_generic_to_shared(p);
@@ -94,10 +98,11 @@ __device__ __forceinline__ void load_tile(u16* kt, u16* vt, const u16* k_slab,
 }
 
 // Shared memory: Q [16][ld], K and V [n_stages][PM_KT][ld] (bf16, ld = d + PM_PAD), S
-// [16][PM_KT] f32, P [16][PM_KT + PM_PAD] bf16, per-row factors [16] f32 (`smem_bytes` in
+// [2][16][PM_KT] f32, P [16][PM_KT + PM_PAD] bf16, per-row factors [16] f32 (`smem_bytes` in
 // cuda/paged_mma.rs computes the same sum). n_stages (2 or 3) tiles are in flight or in use
 // at once: with 3, two tiles load while one is computed.
-extern "C" __global__ void __launch_bounds__(PM_WARPS * 32)
+// At most 128 registers a thread (the 2): two d-256 blocks share a multiprocessor.
+extern "C" __global__ void __launch_bounds__(PM_WARPS * 32, 2)
 paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const u32* seqs,
                     const u32* row_seq, const u32* slots, float* out, float* ws_acc,
                     float* ws_ml, int n_heads, int n_kv_heads, int d, float scale,
@@ -110,8 +115,8 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
     u16* qs = (u16*)smem;
     u16* ks = qs + PM_ROWS * ld;
     u16* vs = ks + n_stages * PM_KT * ld;
-    float* ss = (float*)(vs + n_stages * PM_KT * ld);
-    u16* ps = (u16*)(ss + PM_ROWS * PM_KT);
+    float* ss = (float*)(vs + n_stages * PM_KT * ld);  // [2][16][PM_KT]: S over each half of d
+    u16* ps = (u16*)(ss + 2 * PM_ROWS * PM_KT);
     float* row_f = (float*)(ps + PM_ROWS * ldp);
 
     const u64 t = blockIdx.x;
@@ -177,16 +182,20 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
     const int g = lane / 4, tq = lane % 4;
     // ldmatrix.x4 row addresses: lanes 8i .. 8i + 7 give matrix i's rows.
     const int lm_row = (lane % 8) + 8 * ((lane / 8) % 2), lm_col = 8 * (lane / 16);
-    const int n_tiles_d = d / (8 * PM_WARPS);  // output column tiles per warp
-    const int col0 = warp * (d / PM_WARPS);
+    // Warp w: S for keys 8 (w % 4) .. + 7 over half w / 4 of head_dim; P V for keys
+    // 16 (w / 4) .. + 15 into columns (w % 4) d / 4 .. + d / 4 (the two key halves' partial
+    // outputs are summed at the end).
+    const int quarter = warp % 4, half_id = warp / 4;
+    const int n_tiles_d = d / 32;  // 8-column output tiles per warp
+    const int col0 = quarter * (d / 4);
 
     float o[PM_MAX_NT][4];
 #pragma unroll
     for (int nt = 0; nt < PM_MAX_NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    // Running max and sum of rows warp + 4 rr (the same in every lane).
-    float m_run[4], l_run[4];
+    // Running max and sum of rows warp + 8 rr (the same in every lane).
+    float m_run[2], l_run[2];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < 2; ++r) {
         m_run[r] = NEG_INF;
         l_run[r] = 0.0f;
     }
@@ -208,11 +217,12 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
             cp_async_commit();
         }
 
-        // S for keys 8 warp .. 8 warp + 7, two k-steps of 16 per K load.
-        // Two accumulators halve the chain of dependent mma instructions.
+        // S for this warp's 8 keys and half of d, two k-steps of 16 per K load; two
+        // accumulators halve the chain of dependent mma instructions.
         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const u16* krow = kt + (warp * 8 + lane % 8) * ld + 8 * (lane / 8);
-        for (int kk = 0; kk < d; kk += 32) {
+        const u16* krow = kt + (quarter * 8 + lane % 8) * ld + 8 * (lane / 8);
+        const int d_half = d / 2;
+        for (int kk = half_id * d_half; kk < (half_id + 1) * d_half; kk += 32) {
             u32 b0, b1, b2, b3, a0, a1, a2, a3;
             ldmatrix_x4(b0, b1, b2, b3, krow + kk);
             ldmatrix_x4(a0, a1, a2, a3, qs + lm_row * ld + kk + lm_col);
@@ -222,22 +232,23 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[i] += s2[i];
-        ss[g * PM_KT + warp * 8 + 2 * tq] = s[0];
-        ss[g * PM_KT + warp * 8 + 2 * tq + 1] = s[1];
-        ss[(g + 8) * PM_KT + warp * 8 + 2 * tq] = s[2];
-        ss[(g + 8) * PM_KT + warp * 8 + 2 * tq + 1] = s[3];
+        float* sh = ss + half_id * PM_ROWS * PM_KT;
+        sh[g * PM_KT + quarter * 8 + 2 * tq] = s[0];
+        sh[g * PM_KT + quarter * 8 + 2 * tq + 1] = s[1];
+        sh[(g + 8) * PM_KT + quarter * 8 + 2 * tq] = s[2];
+        sh[(g + 8) * PM_KT + quarter * 8 + 2 * tq + 1] = s[3];
         __syncthreads();
 
-        // Online softmax, one lane per key; warp w takes rows w, w + 4, ... of the group
+        // Online softmax, one lane per key; warp w takes rows w and w + 8 of the group
         // (rows past it feed only output rows nobody writes).
         const bool valid = j0 + lane <= zhi;
 #pragma unroll
-        for (int rr = 0; rr < 4; ++rr) {
+        for (int rr = 0; rr < 2; ++rr) {
             const int r = warp + PM_WARPS * rr;
             if (r >= group) break;
             float x = NEG_INF;
             if (valid) {
-                x = ss[r * PM_KT + lane] * scale;
+                x = (ss[r * PM_KT + lane] + ss[(PM_ROWS + r) * PM_KT + lane]) * scale;
                 if (has_softcap) x = softcap * tanhf(x / softcap);
             }
             float mx = x;
@@ -264,8 +275,8 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
             o[nt][2] *= c_hi;
             o[nt][3] *= c_hi;
         }
-#pragma unroll
-        for (int kk = 0; kk < PM_KT; kk += 16) {
+        {
+            const int kk = 16 * half_id;
             u32 a0, a1, a2, a3;
             ldmatrix_x4(a0, a1, a2, a3, ps + lm_row * ldp + kk + lm_col);
             const u16* vrow = vt + (kk + lm_row) * ld + col0 + lm_col;
@@ -281,18 +292,33 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
         }
     }
 
-    // Rows' (max, sum) to shared memory for the writers.
+    // Rows' (max, sum) to shared memory for the writers; the second key half's partial
+    // outputs through the (now idle) K tiles to the warps of the first half.
     float* m_s = ss;
     float* l_s = ss + PM_ROWS;
+    float* o_hi = (float*)ks;  // [16][d]
     __syncthreads();
     if (lane == 0) {
 #pragma unroll
-        for (int rr = 0; rr < 4; ++rr) {
+        for (int rr = 0; rr < 2; ++rr) {
             m_s[warp + PM_WARPS * rr] = m_run[rr];
             l_s[warp + PM_WARPS * rr] = l_run[rr];
         }
     }
+    if (half_id == 1) {
+#pragma unroll
+        for (int nt = 0; nt < PM_MAX_NT; ++nt) {
+            if (nt < n_tiles_d) {
+                const int c = col0 + nt * 8 + 2 * tq;
+                o_hi[g * d + c] = o[nt][0];
+                o_hi[g * d + c + 1] = o[nt][1];
+                o_hi[(g + 8) * d + c] = o[nt][2];
+                o_hi[(g + 8) * d + c + 1] = o[nt][3];
+            }
+        }
+    }
     __syncthreads();
+    if (half_id == 1) return;
     const u64 task0 = t * n_heads + (u64)kvh * group;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -318,8 +344,8 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
         for (int nt = 0; nt < PM_MAX_NT; ++nt) {
             if (nt < n_tiles_d) {
                 const int c = col0 + nt * 8 + 2 * tq;
-                dst[c] = o[nt][2 * half] * norm;
-                dst[c + 1] = o[nt][2 * half + 1] * norm;
+                dst[c] = (o[nt][2 * half] + o_hi[r * d + c]) * norm;
+                dst[c + 1] = (o[nt][2 * half + 1] + o_hi[r * d + c + 1]) * norm;
             }
         }
     }
