@@ -17,6 +17,14 @@ __device__ __forceinline__ float bf16_to_f32(u16 h) {
     return __uint_as_float(((u32)h) << 16);
 }
 
+// f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN with its sign and top
+// payload bits: the host encoder's rounding (the KV-store check compares them bit for bit).
+__device__ __forceinline__ u16 f32_to_bf16_rne(float x) {
+    const u32 b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
+    return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -17,11 +17,7 @@ extern "C" __global__ void widen_to_f32(const void* src, int dtype, float* dst, 
     FOR_EACH_INDEX(i, n) { dst[i] = load_as_f32(src, dtype, i); }
 }
 
-// f32 -> bf16 bits, round to nearest even (NaN stays NaN): the activation side of a bf16 GEMM.
+// f32 -> bf16 bits, round to nearest even: the activation side of a bf16 GEMM.
 extern "C" __global__ void narrow_to_bf16(const float* src, u16* dst, u64 n) {
-    FOR_EACH_INDEX(i, n) {
-        const u32 b = __float_as_uint(src[i]);
-        dst[i] = (b & 0x7fffffffu) > 0x7f800000u ? (u16)((b >> 16) | 0x40u)
-                                                  : (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-    }
+    FOR_EACH_INDEX(i, n) { dst[i] = f32_to_bf16_rne(src[i]); }
 }

@@ -16,12 +16,6 @@
 #define E4M3_MAX 448.0f
 #define INT8_QMAX 127.0f
 
-__device__ __forceinline__ u16 f32_to_bf16_rne(float x) {
-    u32 b = __float_as_uint(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);  // quiet NaN
-    return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
 __device__ __forceinline__ u16 f32_to_f16_rne(float x) {
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));

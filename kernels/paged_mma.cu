@@ -70,12 +70,6 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ u16 to_bf16(float x) {
-    u16 h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return h;
-}
-
 // Copies keys j0 .. j0 + PM_KT - 1 (those up to `last`) of a KV head into a tile; rows past
 // `last` are zero-filled so they add nothing (their probabilities are zero too). Lane j of
 // every warp reads key j's slot once; the copies take it by shuffle.
@@ -167,10 +161,10 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
             if (i < q4) {
                 const int r = 4 * i / d, c = 4 * i % d;
                 u16* dst = qs + r * ld + c;
-                dst[0] = to_bf16(v[u].x);
-                dst[1] = to_bf16(v[u].y);
-                dst[2] = to_bf16(v[u].z);
-                dst[3] = to_bf16(v[u].w);
+                dst[0] = f32_to_bf16_rne(v[u].x);
+                dst[1] = f32_to_bf16_rne(v[u].y);
+                dst[2] = f32_to_bf16_rne(v[u].z);
+                dst[3] = f32_to_bf16_rne(v[u].w);
             }
         }
     }
@@ -258,7 +252,7 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
             // The hardware exponential (ex2.approx): its error is far below the bf16
             // rounding of the probabilities that follows.
             const float corr = __expf(m_run[rr] - m_new);
-            const u16 pb = valid ? to_bf16(__expf(x - m_new)) : (u16)0;
+            const u16 pb = valid ? f32_to_bf16_rne(__expf(x - m_new)) : (u16)0;
             l_run[rr] = l_run[rr] * corr + warp_sum_f32(bf16_to_f32(pb));
             m_run[rr] = m_new;
             ps[r * ldp + lane] = pb;

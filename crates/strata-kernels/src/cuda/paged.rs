@@ -433,10 +433,8 @@ impl CudaBackend {
             .arg(&dense_min_q_i);
         let stages = self.paged_mma.stages(d);
         let stages_i = stages as i32;
-        if mma {
-            l.arg(&stages_i);
-        }
         let cfg = if mma {
+            l.arg(&stages_i);
             LaunchConfig {
                 grid_dim: (rows as u32, p.n_kv_heads as u32, splits as u32),
                 block_dim: (super::paged_mma::THREADS, 1, 1),
@@ -452,7 +450,7 @@ impl CudaBackend {
         // SAFETY: q/out hold rows x n_heads x d; every slot read is below the slab's slots
         // (checked through slot_limit); the workspace holds tasks x splits partials; the
         // tensor-core kernel gets a bf16 slab, d a multiple of 64 and the shared memory its
-        // layout needs (granted at start-up, `paged_mma::enable`).
+        // layout needs (granted at start-up, `MmaSupport::probe`).
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         if splits > 1 {
             let os = out.f32s_mut(OP)?;
