@@ -50,6 +50,24 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
     return v;
 }
 
+// Activations (precise libm tanhf / expf: NVRTC runs without fast math); the codes match
+// the launcher's `act_code`.
+#define ACT_GELU_TANH 0
+#define ACT_SILU 1
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float sqrt_2_over_pi = 0.7978845608028654f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * x * x * x)));
+}
+
+// x / (1 + e^-x): finite for every finite x.
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float apply_act(int act, float x) {
+    return act == ACT_GELU_TANH ? gelu_tanh(x) : silu(x);
+}
+
 // Grid-stride loop over `n` elements.
 #define FOR_EACH_INDEX(i, n) \
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+

@@ -1,20 +1,5 @@
 // Elementwise ops on f32 activations: gated activations, bare activation, softcap,
-// add / mul / scale. Precise libm functions (tanhf, expf): NVRTC runs without fast math.
-
-#define ACT_GELU_TANH 0
-#define ACT_SILU 1
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float sqrt_2_over_pi = 0.7978845608028654f;
-    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * x * x * x)));
-}
-
-// x / (1 + e^-x): finite for every finite x.
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float apply_act(int act, float x) {
-    return act == ACT_GELU_TANH ? gelu_tanh(x) : silu(x);
-}
+// add / mul / scale. The activations live in common.cuh (the gated GEMV uses them too).
 
 extern "C" __global__ void act_mul(const float* gate, const float* up, float* out, u64 n, int act) {
     FOR_EACH_INDEX(i, n) { out[i] = apply_act(act, gate[i]) * up[i]; }

@@ -5,7 +5,7 @@
 #define NORM_PLAIN 0          // out = norm(x)
 #define NORM_ADD_THEN_NORM 1  // residual += x; out = norm(residual)
 #define NORM_THEN_ADD 2       // residual = (residual + norm(x)) * post_scale
-#define NORM_ADD_NORM 3       // residual += norm(x); out = norm2(residual)
+#define NORM_ADD_NORM 3       // residual = (residual + norm(x)) * post_scale; out = norm2(residual)
 
 __device__ double block_sum_f64(double v) {
     __shared__ double partial[32];
@@ -77,7 +77,7 @@ __device__ __forceinline__ void rms_norm_regs(const float* x, float* residual, c
             if (mode == NORM_THEN_ADD) {
                 residual[base + i] = (rv[r] + y) * post_scale;
             } else if (mode == NORM_ADD_NORM) {
-                rv[r] = rv[r] + y;
+                rv[r] = (rv[r] + y) * post_scale;
                 residual[base + i] = rv[r];
                 ss2 += (double)rv[r] * (double)rv[r];
             } else {
@@ -100,8 +100,8 @@ __device__ __forceinline__ void rms_norm_regs(const float* x, float* residual, c
 }
 
 // `w_dtype` < 0 means no weight (the scale-free norm). `w2` is the second norm's weight
-// (NORM_ADD_NORM only); `post_scale` multiplies the residual after NORM_THEN_ADD's add
-// (1.0 leaves it exact).
+// (NORM_ADD_NORM only); `post_scale` multiplies the residual after the add of NORM_THEN_ADD
+// and NORM_ADD_NORM (1.0 leaves it exact).
 __device__ void rms_norm_long(const float* x, float* residual, const void* w, int w_dtype,
                               const void* w2, int w2_dtype, float offset, float* out, int dim,
                               float eps, int mode, float post_scale) {
@@ -125,7 +125,7 @@ __device__ void rms_norm_long(const float* x, float* residual, const void* w, in
         if (mode == NORM_THEN_ADD) {
             residual[base + i] = (residual[base + i] + y) * post_scale;
         } else if (mode == NORM_ADD_NORM) {
-            const float r = residual[base + i] + y;
+            const float r = (residual[base + i] + y) * post_scale;
             residual[base + i] = r;  // read back below by this same thread
             ss2 += (double)r * (double)r;
         } else {

@@ -2,7 +2,8 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy, TableSlice,
+    Activation, AttentionParams, MatmulOut, MatmulShape, RmsNormParams, RopeParams, StridedCopy,
+    TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, SamplerRng, SamplingParams};
@@ -178,6 +179,22 @@ pub trait Backend: Send + Sync {
         self.scale(residual, scale)
     }
 
+    /// The end of one Gemma-4 layer and the start of the next in one step:
+    /// `residual = (residual + rms_norm(x, weights[0])) * scale;
+    /// out = rms_norm(residual, weights[1])`.
+    fn rms_norm_add_scale_norm(
+        &self,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        weights: [Option<&Self::Buffer>; 2],
+        p: RmsNormParams,
+        scale: f32,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        self.rms_norm_add_scale(residual, x, weights[0], p, scale)?;
+        self.rms_norm(residual, weights[1], p, out)
+    }
+
     // ---- RoPE ---------------------------------------------------------------------------
 
     /// Rotates `x [T, n_heads, head_dim]` in place; token `t` sits at `positions[t]`.
@@ -209,6 +226,40 @@ pub trait Backend: Send + Sync {
         w: &Self::QuantMatrix,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// `m.out = x * m.w^T` for each of `mats`, dense weights that all read the same `x` (a
+    /// layer's q, k and v projections; every shape has the same `in_features`). One call so
+    /// a backend can prepare `x` once and run the products as one kernel.
+    fn matmul_shared_input(
+        &self,
+        x: &Self::Buffer,
+        mats: &mut [MatmulOut<'_, Self::Buffer>],
+    ) -> Result<()> {
+        for m in mats.iter_mut() {
+            self.matmul(x, m.w, m.shape, m.out)?;
+        }
+        Ok(())
+    }
+
+    /// `out = act(x * gate^T) * (x * up^T)`, the first half of a gated MLP, for dense
+    /// `gate` and `up` of one `shape`. A backend may fuse the two products and the
+    /// activation so that neither product reaches memory.
+    fn gated_matmul(
+        &self,
+        act: Activation,
+        x: &Self::Buffer,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+        shape: MatmulShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let dt = self.activation_dtype();
+        let mut g = self.scratch(out.len(), dt)?;
+        let mut u = self.scratch(out.len(), dt)?;
+        self.matmul(x, gate, shape, &mut g)?;
+        self.matmul(x, up, shape, &mut u)?;
+        self.act_mul(act, &g, &u, out)
+    }
 
     // ---- elementwise --------------------------------------------------------------------
 

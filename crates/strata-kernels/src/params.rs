@@ -56,6 +56,14 @@ pub struct MatmulShape {
     pub out_features: usize,
 }
 
+/// One product of [`crate::Backend::matmul_shared_input`]: `out = x * w^T` for a dense
+/// `w` of `shape`.
+pub struct MatmulOut<'a, Buf> {
+    pub w: &'a Buf,
+    pub shape: MatmulShape,
+    pub out: &'a mut Buf,
+}
+
 /// Attention over explicitly positioned keys.
 ///
 /// Key `s` is visible to query `t` iff (`!causal` or `k_pos[s] <= q_pos[t]`) and (`window` is

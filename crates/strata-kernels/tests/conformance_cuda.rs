@@ -84,6 +84,16 @@ fn gemv_every_row_count() {
 }
 gpu_check!(check_all, |b| conformance::check_all(b, &quant));
 
+/// The shared-input and gated products at every GEMV row count, and in the bf16 mode (one
+/// narrowing of x for all GEMMs past the GEMV rows: bf16's tolerance).
+#[test]
+fn fused_matmuls_every_row_count_and_bf16_mode() {
+    let Some(b) = gpu() else { return };
+    check_fused_matmuls(&b.clone().with_gemv_max_rows(8)).unwrap();
+    let fast = b.clone().with_bf16_gemm(true);
+    check_fused_matmuls_within(&fast, bf16_mode_tol()).unwrap();
+}
+
 /// A bf16 quantized-form matrix is the bf16-rounded reference: within bf16 weight rounding.
 #[test]
 fn matmul_quant_bf16_matches_a_bf16_dense_weight() {
@@ -278,6 +288,27 @@ proptest! {
         if let Some(b) = gpu() {
             let c = MatmulCase { tokens, in_features: 8 * k8, out_features, weight, seed };
             check_matmul_case(&b.clone().with_gemv_max_rows(8), c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    /// q / k / v-like weight sets and gated MLP products at random decode shapes.
+    #[test]
+    fn fused_matmul_random_shapes(
+        tokens in 1usize..9, k8 in 1usize..300, outs in prop::collection::vec(1usize..300, 1..4),
+        silu in any::<bool>(), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let b = b.clone().with_gemv_max_rows(8);
+            let tol = Tolerance::for_dtype(DType::F32);
+            let c = SharedMatmulCase {
+                tokens, in_features: 8 * k8, outs: outs.clone(), weight: DType::BF16, seed,
+            };
+            check_shared_matmul_case(&b, &c, tol).map_err(TestCaseError::fail)?;
+            let act = if silu { Activation::Silu } else { Activation::GeluTanh };
+            let c = GatedMatmulCase {
+                tokens, in_features: 8 * k8, out_features: outs[0], weight: DType::BF16, act, seed,
+            };
+            check_gated_matmul_case(&b, c, tol).map_err(TestCaseError::fail)?;
         }
     }
 

@@ -9,6 +9,7 @@ use strata_kernels::{
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{copy_rows, KvCache};
+use crate::linear::Linear;
 use crate::model::Model;
 use crate::tensors::LayerTensors;
 
@@ -54,18 +55,51 @@ impl<B: Backend> Model<B> {
         Ok(self.backend.scratch(len, self.backend.activation_dtype())?)
     }
 
-    /// `residual += rms_norm(y)`, then times the layer scalar when one is given.
+    /// `residual = (residual + rms_norm(y)) * scale` (the layer scalar, when given); with
+    /// `next` (the next layer's input norm) also `normed = rms_norm(residual, next)`, in the
+    /// same step.
     fn norm_add(
         &self,
         residual: &mut B::Buffer,
         y: &B::Buffer,
         weight: &B::Buffer,
         scale: Option<f32>,
+        next: Option<&B::Buffer>,
+        normed: &mut B::Buffer,
     ) -> Result<()> {
         let (b, p) = (&self.backend, self.norm(self.config.hidden_size));
-        match scale {
-            Some(s) => b.rms_norm_add_scale(residual, y, Some(weight), p, s)?,
-            None => b.rms_norm_add(residual, y, Some(weight), p)?,
+        let w = Some(weight);
+        match (scale, next) {
+            (Some(s), Some(n)) => {
+                b.rms_norm_add_scale_norm(residual, y, [w, Some(n)], p, s, normed)?
+            }
+            (None, Some(n)) => b.rms_norm_add_norm(residual, y, w, Some(n), p, normed)?,
+            (Some(s), None) => b.rms_norm_add_scale(residual, y, w, p, s)?,
+            (None, None) => b.rms_norm_add(residual, y, w, p)?,
+        }
+        Ok(())
+    }
+
+    /// As [`Self::norm_add`] for a layer without a post-norm: `residual += y` (then scaled).
+    fn add_residual(
+        &self,
+        residual: &mut B::Buffer,
+        y: &B::Buffer,
+        scale: Option<f32>,
+        next: Option<&B::Buffer>,
+        normed: &mut B::Buffer,
+    ) -> Result<()> {
+        let (b, p) = (&self.backend, self.norm(self.config.hidden_size));
+        if let (None, Some(n)) = (scale, next) {
+            b.add_rms_norm(residual, y, Some(n), p, normed)?;
+            return Ok(());
+        }
+        b.add(residual, y)?;
+        if let Some(s) = scale {
+            b.scale(residual, s)?;
+        }
+        if let Some(n) = next {
+            b.rms_norm(residual, Some(n), p, normed)?;
         }
         Ok(())
     }
@@ -160,10 +194,15 @@ impl<B: Backend> Model<B> {
             Some(_) => Some(self.per_layer_inputs(&prep.ids, inputs, &x)?),
             None => None,
         };
+        let layers = &self.tensors.layers;
         let mut normed = self.scratch(t * h)?;
-        for (l, lw) in self.tensors.layers.iter().enumerate() {
+        if let Some(first) = layers.first() {
+            b.rms_norm(&x, Some(&first.input_norm), self.norm(h), &mut normed)?;
+        }
+        for (l, lw) in layers.iter().enumerate() {
             let lc = &c.layers[l];
-            b.rms_norm(&x, Some(&lw.input_norm), self.norm(h), &mut normed)?;
+            // The layer's last residual step also norms the next layer's input.
+            let next = layers.get(l + 1).map(|n| &n.input_norm);
             let attn = self.attention(l, lc, lw, &normed, t, inputs, batch, kv)?;
             match &lw.post_attn_norm {
                 Some(post) => b.rms_norm_add_norm(
@@ -187,15 +226,14 @@ impl<B: Backend> Model<B> {
             // folded into that add's kernel where there is a norm to fold it into.
             let scalar = c.layer_scalar.then_some(lw.layer_scalar);
             let ple_step = ple.as_ref().zip(lw.ple.as_ref());
-            let mlp_scalar = if ple_step.is_some() { None } else { scalar };
+            let (mlp_scalar, mlp_next) = if ple_step.is_some() {
+                (None, None)
+            } else {
+                (scalar, next)
+            };
             match &lw.post_mlp_norm {
-                Some(post) => self.norm_add(&mut x, &m, post, mlp_scalar)?,
-                None => {
-                    b.add(&mut x, &m)?;
-                    if let Some(s) = mlp_scalar {
-                        b.scale(&mut x, s)?;
-                    }
-                }
+                Some(post) => self.norm_add(&mut x, &m, post, mlp_scalar, mlp_next, &mut normed)?,
+                None => self.add_residual(&mut x, &m, mlp_scalar, mlp_next, &mut normed)?,
             }
             if let Some((ple, (gate, proj, norm))) = ple_step {
                 let p = gate.rows();
@@ -210,7 +248,7 @@ impl<B: Backend> Model<B> {
                 b.act_mul_slice(self.activation(), &g, ple, slice, &mut ga)?;
                 let mut out = self.scratch(t * h)?;
                 proj.forward(b, &ga, &mut out)?;
-                self.norm_add(&mut x, &out, norm, scalar)?;
+                self.norm_add(&mut x, &out, norm, scalar, next, &mut normed)?;
             }
         }
         self.logits(&x, batch, rows)
@@ -308,21 +346,25 @@ impl<B: Backend> Model<B> {
         let head_norm = self.norm(d);
 
         let mut q = self.scratch(t * nh * d)?;
-        lw.q.forward(b, normed, &mut q)?;
-        self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
-
         if let (Some(wk), Some(wv)) = (&lw.k, &lw.v) {
             let mut k = self.scratch(t * nkv * d)?;
-            wk.forward(b, normed, &mut k)?;
-            self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, inputs, &lw.inv_freq)?;
             let mut v = self.scratch(t * nkv * d)?;
-            wv.forward(b, normed, &mut v)?;
+            Linear::forward_shared(
+                b,
+                normed,
+                &mut [(&lw.q, &mut q), (wk, &mut k), (wv, &mut v)],
+            )?;
+            self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
+            self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, inputs, &lw.inv_freq)?;
             if c.v_norm {
                 let mut out = self.scratch(t * nkv * d)?;
                 b.rms_norm(&v, None, head_norm, &mut out)?;
                 v = out;
             }
             kv.store(b, l, batch, &k, &v)?;
+        } else {
+            lw.q.forward(b, normed, &mut q)?;
+            self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
         }
 
         let params = AttentionParams {
@@ -345,12 +387,8 @@ impl<B: Backend> Model<B> {
     fn mlp(&self, lw: &LayerTensors<B>, normed: &B::Buffer, t: usize) -> Result<B::Buffer> {
         let b = &self.backend;
         let f = lw.gate.rows();
-        let mut gate = self.scratch(t * f)?;
-        lw.gate.forward(b, normed, &mut gate)?;
-        let mut up = self.scratch(t * f)?;
-        lw.up.forward(b, normed, &mut up)?;
         let mut act = self.scratch(t * f)?;
-        b.act_mul(self.activation(), &gate, &up, &mut act)?;
+        Linear::forward_gated(b, self.activation(), &lw.gate, &lw.up, normed, &mut act)?;
         let mut out = self.scratch(t * self.config.hidden_size)?;
         lw.down.forward(b, &act, &mut out)?;
         Ok(out)

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::ops::Range;
 
 use strata_kernels::cpu::{CpuBackend, PreparedInput};
-use strata_kernels::{Backend, HostSlice, MatmulShape, MatrixShape, RowDot};
+use strata_kernels::{
+    Activation, Backend, DeviceBuffer, HostSlice, MatmulOut, MatmulShape, MatrixShape, RowDot,
+};
 use strata_weights::{quant, GgmlType, TensorView};
 
 use crate::error::{ModelError, Result};
@@ -143,6 +145,68 @@ impl<B: Backend> Linear<B> {
                 ))
             }
         }
+        Ok(())
+    }
+
+    /// `out_i = x * W_i^T` for matrices that all read `x` (a layer's q, k and v): dense
+    /// ones go to the backend together, so it can prepare `x` once and launch once.
+    pub fn forward_shared(
+        b: &B,
+        x: &B::Buffer,
+        mats: &mut [(&Self, &mut B::Buffer)],
+    ) -> Result<()> {
+        let mut dense = Vec::with_capacity(mats.len());
+        for (m, out) in mats.iter_mut() {
+            match m {
+                Linear::Dense { w, rows, cols } => dense.push(MatmulOut {
+                    w,
+                    shape: MatmulShape {
+                        in_features: *cols,
+                        out_features: *rows,
+                    },
+                    out: &mut **out,
+                }),
+                _ => m.forward(b, x, out)?,
+            }
+        }
+        b.matmul_shared_input(x, &mut dense)?;
+        Ok(())
+    }
+
+    /// `out = act(x * gate^T) * (x * up^T)`: one backend op when both are dense matrices of
+    /// one shape (a backend may fuse it), else the two products and `act_mul`.
+    pub fn forward_gated(
+        b: &B,
+        act: Activation,
+        gate: &Self,
+        up: &Self,
+        x: &B::Buffer,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        if let (
+            Linear::Dense { w: wg, rows, cols },
+            Linear::Dense {
+                w: wu,
+                rows: ru,
+                cols: cu,
+            },
+        ) = (gate, up)
+        {
+            if (rows, cols) == (ru, cu) {
+                let shape = MatmulShape {
+                    in_features: *cols,
+                    out_features: *rows,
+                };
+                b.gated_matmul(act, x, wg, wu, shape, out)?;
+                return Ok(());
+            }
+        }
+        let dt = b.activation_dtype();
+        let mut g = b.scratch(out.len(), dt)?;
+        let mut u = b.scratch(out.len(), dt)?;
+        gate.forward(b, x, &mut g)?;
+        up.forward(b, x, &mut u)?;
+        b.act_mul(act, &g, &u, out)?;
         Ok(())
     }
 

@@ -30,7 +30,8 @@ fn norm_params(dim: usize, offset: f32) -> RmsNormParams {
     }
 }
 
-/// `rms_norm_add_norm` and `rms_norm_add_scale`: both the residual and the output.
+/// `rms_norm_add_norm` (with and without the layer scalar) and `rms_norm_add_scale`: both
+/// the residual and the output.
 pub fn check_fused_norms<B: Backend>(b: &B) -> CheckResult {
     for (seed, &(rows, dim, w_dtype, offset)) in [
         (1usize, 1536usize, DType::BF16, 0.0f32),
@@ -46,14 +47,26 @@ pub fn check_fused_norms<B: Backend>(b: &B) -> CheckResult {
         let w1 = data.normals(dim, 0.5, w_dtype);
         let w2 = data.normals(dim, 0.5, w_dtype);
         let p = norm_params(dim, offset);
-        for want_residual in [false, true] {
-            let what = format!("rms_norm_add_norm {rows}x{dim} residual={want_residual}");
-            same_as_cpu(
-                &what,
-                b,
-                |b| fused_norm_add_norm(b, &r, &x, &w1, &w2, w_dtype, p, want_residual),
-                |c| fused_norm_add_norm(c, &r, &x, &w1, &w2, w_dtype, p, want_residual),
-            )?;
+        for scale in [None, Some(0.37)] {
+            for want_residual in [false, true] {
+                let what = format!(
+                    "rms_norm_add_norm {rows}x{dim} scale={scale:?} residual={want_residual}"
+                );
+                let ins = NormAddNormInputs {
+                    r: &r,
+                    x: &x,
+                    w1: &w1,
+                    w2: &w2,
+                    w_dtype,
+                    scale,
+                };
+                same_as_cpu(
+                    &what,
+                    b,
+                    |b| fused_norm_add_norm(b, &ins, p, want_residual),
+                    |c| fused_norm_add_norm(c, &ins, p, want_residual),
+                )?;
+            }
         }
         let what = format!("rms_norm_add_scale {rows}x{dim}");
         same_as_cpu(
@@ -66,22 +79,35 @@ pub fn check_fused_norms<B: Backend>(b: &B) -> CheckResult {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Residual, input, both norms' weights and the optional layer scalar of an add-norm step.
+struct NormAddNormInputs<'a> {
+    r: &'a [f32],
+    x: &'a [f32],
+    w1: &'a [f32],
+    w2: &'a [f32],
+    w_dtype: DType,
+    scale: Option<f32>,
+}
+
+/// `rms_norm_add_norm`, or with a scale `rms_norm_add_scale_norm`; returns the residual or
+/// the output.
 fn fused_norm_add_norm<B: Backend>(
     b: &B,
-    r: &[f32],
-    x: &[f32],
-    w1: &[f32],
-    w2: &[f32],
-    w_dtype: DType,
+    i: &NormAddNormInputs<'_>,
     p: RmsNormParams,
     residual_out: bool,
 ) -> crate::Result<B::Buffer> {
-    let mut rb = b.upload_f32_as(r, DType::F32)?;
-    let xb = b.upload_f32_as(x, DType::F32)?;
-    let (w1b, w2b) = (b.upload_f32_as(w1, w_dtype)?, b.upload_f32_as(w2, w_dtype)?);
-    let mut out = b.zeros(x.len(), DType::F32)?;
-    b.rms_norm_add_norm(&mut rb, &xb, Some(&w1b), Some(&w2b), p, &mut out)?;
+    let mut rb = b.upload_f32_as(i.r, DType::F32)?;
+    let xb = b.upload_f32_as(i.x, DType::F32)?;
+    let w1b = b.upload_f32_as(i.w1, i.w_dtype)?;
+    let w2b = b.upload_f32_as(i.w2, i.w_dtype)?;
+    let mut out = b.zeros(i.x.len(), DType::F32)?;
+    match i.scale {
+        Some(s) => {
+            b.rms_norm_add_scale_norm(&mut rb, &xb, [Some(&w1b), Some(&w2b)], p, s, &mut out)?
+        }
+        None => b.rms_norm_add_norm(&mut rb, &xb, Some(&w1b), Some(&w2b), p, &mut out)?,
+    }
     Ok(if residual_out { rb } else { out })
 }
 

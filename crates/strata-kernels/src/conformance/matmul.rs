@@ -1,7 +1,7 @@
 //! Dense and quantized matmul, and the embedding gather that shares their weight types.
 
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
-use crate::{Backend, DType, MatmulShape, MatrixShape, RowDot};
+use crate::{Activation, Backend, DType, MatmulOut, MatmulShape, MatrixShape, RowDot};
 
 /// A minimal quantized format for the checks: int8 values with one f32 scale per row
 /// (`w = scale * q`). Real formats (GGUF blocks) live in the weights crate; this one only
@@ -149,6 +149,195 @@ pub fn check_matmul<B: Backend>(b: &B) -> CheckResult {
         return Err("matmul accepted out of 5 for 2 tokens x 2 outputs".into());
     }
     Ok(())
+}
+
+/// Products that share one x (`matmul_shared_input`): `tokens` rows of `in_features`
+/// against one weight of each of `outs` output features, all of dtype `weight`.
+#[derive(Clone, Debug)]
+pub struct SharedMatmulCase {
+    pub tokens: usize,
+    pub in_features: usize,
+    pub outs: Vec<usize>,
+    pub weight: DType,
+    pub seed: u64,
+}
+
+pub fn check_shared_matmul_case<B: Backend>(
+    b: &B,
+    c: &SharedMatmulCase,
+    tol: Tolerance,
+) -> CheckResult {
+    let act = b.activation_dtype();
+    let mut data = TestData::new(c.seed);
+    let k = c.in_features;
+    let x = data.normals(c.tokens * k, 1.0, act);
+    let ws: Vec<Vec<f32>> = c
+        .outs
+        .iter()
+        .map(|&n| data.normals(n * k, 0.05, c.weight))
+        .collect();
+    let what = format!("matmul_shared_input {c:?}");
+    let xb = put(b, &x, act)?;
+    let wbs = ws
+        .iter()
+        .map(|w| put(b, w, c.weight))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut outs = c
+        .outs
+        .iter()
+        .map(|&n| ctx(&what, b.zeros(c.tokens * n, act)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut mats: Vec<MatmulOut<'_, B::Buffer>> = wbs
+        .iter()
+        .zip(outs.iter_mut())
+        .zip(&c.outs)
+        .map(|((w, out), &n)| MatmulOut {
+            w,
+            shape: MatmulShape {
+                in_features: k,
+                out_features: n,
+            },
+            out,
+        })
+        .collect();
+    ctx(&what, b.matmul_shared_input(&xb, &mut mats))?;
+    drop(mats);
+    for (i, (w, out)) in ws.iter().zip(&outs).enumerate() {
+        let (want, mag) = reference::matmul(&x, w, k, c.outs[i]);
+        compare(
+            &format!("{what} output {i}"),
+            &get(b, out)?,
+            &want,
+            &mag,
+            tol,
+        )?;
+    }
+    Ok(())
+}
+
+/// The gated MLP product (`gated_matmul`): `act(x gate^T) * (x up^T)`.
+#[derive(Clone, Copy, Debug)]
+pub struct GatedMatmulCase {
+    pub tokens: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+    pub weight: DType,
+    pub act: Activation,
+    pub seed: u64,
+}
+
+pub fn check_gated_matmul_case<B: Backend>(
+    b: &B,
+    c: GatedMatmulCase,
+    tol: Tolerance,
+) -> CheckResult {
+    let dt = b.activation_dtype();
+    let mut data = TestData::new(c.seed);
+    let (k, n) = (c.in_features, c.out_features);
+    let x = data.normals(c.tokens * k, 1.0, dt);
+    let gate = data.normals(n * k, 0.05, c.weight);
+    let up = data.normals(n * k, 0.05, c.weight);
+    let what = format!("gated_matmul {c:?}");
+    let mut out = ctx(&what, b.zeros(c.tokens * n, dt))?;
+    let shape = MatmulShape {
+        in_features: k,
+        out_features: n,
+    };
+    ctx(
+        &what,
+        b.gated_matmul(
+            c.act,
+            &put(b, &x, dt)?,
+            &put(b, &gate, c.weight)?,
+            &put(b, &up, c.weight)?,
+            shape,
+            &mut out,
+        ),
+    )?;
+    let (g, g_mag) = reference::matmul(&x, &gate, k, n);
+    let (u, u_mag) = reference::matmul(&x, &up, k, n);
+    let act = |v: f64| match c.act {
+        Activation::GeluTanh => reference::gelu_tanh(v),
+        Activation::Silu => reference::silu(v),
+    };
+    let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| act(g) * u).collect();
+    // An error e in the gate moves act(g) by at most 1.13 e (the activations' steepest
+    // slope) and one in up moves the product by |act(g)| <= |g| times it; the gelu
+    // cancellation of act_mul's check comes on top.
+    let mag: Vec<f64> = (0..want.len())
+        .map(|i| {
+            1.13 * g_mag[i] * u[i].abs() + g[i].abs() * u_mag[i] + 0.05 * g[i].abs() * u[i].abs()
+        })
+        .collect();
+    compare(&what, &get(b, &out)?, &want, &mag, tol)
+}
+
+/// `matmul_shared_input` on a layer's q / k / v shapes (GEMV and GEMM row counts, a
+/// one-feature weight, more weights than one GEMV launch takes, k not a multiple of 8) and
+/// `gated_matmul` on MLP shapes, for both activations; at `tol`.
+pub fn check_fused_matmuls_within<B: Backend>(b: &B, tol: Tolerance) -> CheckResult {
+    let shared = [
+        (1, 1536, vec![2048, 256, 256], DType::BF16),
+        (2, 1536, vec![4096, 512, 512], DType::BF16),
+        (1, 64, vec![17, 1, 5], DType::BF16),
+        (3, 256, vec![130, 64], DType::BF16),
+        (9, 64, vec![40, 8, 8], DType::F32),
+        (1, 20, vec![7, 3], DType::BF16),
+        (2, 64, vec![33], DType::BF16),
+        (1, 64, vec![8, 8, 8, 8], DType::BF16),
+        (5, 128, vec![24, 16, 9], DType::BF16),
+    ];
+    for (i, (tokens, in_features, outs, weight)) in shared.into_iter().enumerate() {
+        let c = SharedMatmulCase {
+            tokens,
+            in_features,
+            outs,
+            weight,
+            seed: 700 + i as u64,
+        };
+        check_shared_matmul_case(b, &c, tol)?;
+    }
+    let gated = [
+        (1, 1536, 6144, DType::BF16),
+        (2, 2048, 4096, DType::BF16),
+        (3, 256, 130, DType::BF16),
+        (1, 24, 5, DType::F32),
+        (5, 64, 17, DType::BF16),
+        (1, 1536, 1, DType::BF16),
+        (8, 128, 40, DType::BF16),
+    ];
+    for (i, (tokens, in_features, out_features, weight)) in gated.into_iter().enumerate() {
+        for act in [Activation::GeluTanh, Activation::Silu] {
+            let c = GatedMatmulCase {
+                tokens,
+                in_features,
+                out_features,
+                weight,
+                act,
+                seed: 800 + i as u64,
+            };
+            check_gated_matmul_case(b, c, tol)?;
+        }
+    }
+    let dt = b.activation_dtype();
+    let x = put(b, &[1.0; 8], dt)?;
+    let w = put(b, &[1.0; 8], DType::BF16)?;
+    let mut out = put(b, &[0.0; 3], dt)?;
+    let shape = MatmulShape {
+        in_features: 4,
+        out_features: 2,
+    };
+    if b.gated_matmul(Activation::Silu, &x, &w, &w, shape, &mut out)
+        .is_ok()
+    {
+        return Err("gated_matmul accepted out of 3 for 2 tokens x 2 outputs".into());
+    }
+    Ok(())
+}
+
+/// [`check_fused_matmuls_within`] at the activation dtype's tolerance.
+pub fn check_fused_matmuls<B: Backend>(b: &B) -> CheckResult {
+    check_fused_matmuls_within(b, Tolerance::for_dtype(b.activation_dtype()))
 }
 
 pub fn check_matmul_quant_case<B: Backend>(

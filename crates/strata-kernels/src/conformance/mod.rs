@@ -29,8 +29,10 @@ pub use elementwise::{
 };
 pub use fused::{check_act_mul_slice, check_fused, check_fused_norms, check_head_norm_rope};
 pub use matmul::{
-    check_embedding, check_embedding_case, check_embedding_quant, check_matmul, check_matmul_case,
-    check_matmul_quant, check_matmul_quant_case, EmbeddingCase, MatmulCase, RowScaledQ8,
+    check_embedding, check_embedding_case, check_embedding_quant, check_fused_matmuls,
+    check_fused_matmuls_within, check_gated_matmul_case, check_matmul, check_matmul_case,
+    check_matmul_quant, check_matmul_quant_case, check_shared_matmul_case, EmbeddingCase,
+    GatedMatmulCase, MatmulCase, RowScaledQ8, SharedMatmulCase,
 };
 pub use memory::{check_copy_strided, check_upload_download};
 pub use norm::{check_rms_norm, check_rms_norm_case, NormVariant, RmsNormCase};
@@ -177,6 +179,7 @@ pub fn check_all<B: Backend>(
     check_rms_norm(b)?;
     check_rope(b)?;
     check_matmul(b)?;
+    check_fused_matmuls(b)?;
     check_matmul_quant(b, prepare_quant)?;
     check_act_mul(b)?;
     check_activation(b)?;

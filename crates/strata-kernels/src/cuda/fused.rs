@@ -13,8 +13,9 @@ use crate::{
     TableSlice,
 };
 
-/// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count).
-pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len();
+/// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count, plain and
+/// gated).
+pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len() / 2;
 
 /// The default row limit of the GEMV path (measured on an H200: `docs/perf-notes.md`).
 pub(super) const GEMV_DEFAULT_MAX_ROWS: usize = 2;
@@ -51,6 +52,45 @@ pub(super) fn gemv_max_rows_from_env(default: usize) -> usize {
         .map_or(default, |v| v.min(GEMV_MAX_ROWS))
 }
 
+/// Weights one GEMV launch reads (`GemvMats` in `gemv.cu`, same layout).
+pub(super) const GEMV_MAX_MATS: usize = 3;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GemvMats {
+    w: [u64; GEMV_MAX_MATS],
+    y: [u64; GEMV_MAX_MATS],
+    n: [i32; GEMV_MAX_MATS],
+    /// Feature groups in matrices `0..=m`; unused slots repeat the last matrix and its end.
+    group_end: [i32; GEMV_MAX_MATS],
+}
+
+// SAFETY: plain integers in the kernel parameter's C layout (`GemvMats` in `gemv.cu`).
+unsafe impl cudarc::driver::DeviceRepr for GemvMats {}
+
+/// One weight of a GEMV launch: its device address, output features and output address.
+#[derive(Clone, Copy)]
+pub(super) struct GemvMat {
+    pub(super) w: u64,
+    pub(super) n: usize,
+    pub(super) y: u64,
+}
+
+/// The device address of a bf16 buffer.
+pub(super) fn bf16_ptr(b: &CudaBackend, w: &CudaBuffer) -> u64 {
+    use cudarc::driver::DevicePtr;
+    match &w.storage {
+        Storage::Bits16(s) => s.device_ptr(&b.stream).0,
+        Storage::F32(s) => s.device_ptr(&b.stream).0,
+    }
+}
+
+/// The device address of an f32 activation buffer `op` writes.
+pub(super) fn f32_ptr_mut(b: &CudaBackend, out: &mut CudaBuffer, op: &'static str) -> Result<u64> {
+    use cudarc::driver::DevicePtrMut;
+    Ok(out.f32s_mut(op)?.device_ptr_mut(&b.stream).0)
+}
+
 impl CudaBackend {
     /// `out [t, n] = x [t, k] * W^T` for a bf16 `W [n, k]`, `t <= 8`, `k % 8 == 0`
     /// (shapes checked by `matmul_impl`).
@@ -63,30 +103,68 @@ impl CudaBackend {
         n: usize,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        const OP: &str = "matmul (gemv)";
-        let Storage::Bits16(ws) = &w.storage else {
-            unreachable!("a BF16 buffer holds 16-bit storage")
+        let y = f32_ptr_mut(self, out, "matmul (gemv)")?;
+        let mat = GemvMat {
+            w: bf16_ptr(self, w),
+            n,
+            y,
         };
-        let os = out.f32s_mut(OP)?;
-        let (k_i, n_i) = (
-            i32::try_from(k).map_err(|_| too_big(OP, k))?,
-            i32::try_from(n).map_err(|_| too_big(OP, n))?,
-        );
-        let per_warp = GEMV_FEATURES_PER_WARP[t - 1];
-        let split = gemv_split(n, per_warp as usize, k);
+        self.gemv_launch(xs, t, k, &[mat], None)
+    }
+
+    /// One GEMV launch over `mats` (1 to 3 bf16 weights `[n_i, k]` sharing x `[t, k]`), or,
+    /// with `gated`, over an MLP's gate and up (`mats[0]`, `mats[1]`, one shape) writing
+    /// `act(gate) * up` to `mats[0].y`. Callers check the shapes and `k % 8 == 0`.
+    pub(super) fn gemv_launch(
+        &self,
+        xs: &CudaSlice<f32>,
+        t: usize,
+        k: usize,
+        mats: &[GemvMat],
+        gated: Option<Activation>,
+    ) -> Result<()> {
+        const OP: &str = "matmul (gemv)";
+        ensure(
+            !mats.is_empty() && mats.len() <= GEMV_MAX_MATS && (gated.is_none() || mats.len() == 2),
+            OP,
+            || format!("{} weights in one launch", mats.len()),
+        )?;
+        let per_warp = GEMV_FEATURES_PER_WARP[t - 1] as usize;
+        let mut p = GemvMats::default();
+        let mut groups = 0usize;
+        for slot in 0..GEMV_MAX_MATS {
+            let m = mats[slot.min(mats.len() - 1)];
+            // A gated launch's groups are the gate's features; the up rows ride along.
+            if slot < mats.len() && (gated.is_none() || slot == 0) {
+                groups += m.n.div_ceil(per_warp);
+            }
+            p.w[slot] = m.w;
+            p.y[slot] = m.y;
+            p.n[slot] = i32::try_from(m.n).map_err(|_| too_big(OP, m.n))?;
+            p.group_end[slot] = i32::try_from(groups).map_err(|_| too_big(OP, groups))?;
+        }
+        if groups == 0 {
+            return Ok(());
+        }
+        let k_i = i32::try_from(k).map_err(|_| too_big(OP, k))?;
+        let split = gemv_split(groups * per_warp, per_warp, k);
         let split_i = split as i32;
-        let mut l = self
-            .stream
-            .launch_builder(self.kernels.get(GEMV_KERNELS[t - 1])?);
-        l.arg(xs).arg(ws).arg(os).arg(&k_i).arg(&n_i).arg(&split_i);
-        let features_per_block = (GEMV_WARPS / split) * per_warp;
+        let act = gated.map_or(0, super::ops::act_code);
+        let name = GEMV_KERNELS[t - 1 + if gated.is_some() { GEMV_MAX_ROWS } else { 0 }];
+        let f = self.kernels.get(name)?;
+        let mut l = self.stream.launch_builder(f);
+        l.arg(xs).arg(&p).arg(&k_i).arg(&split_i);
+        if gated.is_some() {
+            l.arg(&act);
+        }
         let cfg = LaunchConfig {
-            grid_dim: ((n as u32).div_ceil(features_per_block), 1, 1),
+            grid_dim: ((groups as u32).div_ceil(GEMV_WARPS / split), 1, 1),
             block_dim: (32 * GEMV_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: x holds t*k, W n*k and out t*n elements (checked by the caller); k is a
-        // multiple of 8 and every buffer starts an allocation, so the 16-byte loads align.
+        // SAFETY: x holds t*k, each W n_i*k and each output t*n_i elements (checked by the
+        // callers); k is a multiple of 8 and every buffer starts an allocation, so the
+        // 16-byte loads align.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }

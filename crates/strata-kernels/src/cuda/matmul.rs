@@ -15,7 +15,8 @@ use super::buffer::{CudaBuffer, Storage};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::{
-    Backend, DType, DeviceBuffer, HostSlice, KernelError, MatmulShape, MatrixShape, Result,
+    Activation, Backend, DType, DeviceBuffer, HostSlice, KernelError, MatmulOut, MatmulShape,
+    MatrixShape, Result,
 };
 
 /// A quantized weight as CUDA computes with it: the matrix dequantized on upload to a dense
@@ -83,6 +84,28 @@ fn as_c_int(op: &'static str, v: usize) -> Result<i32> {
     })
 }
 
+/// Checks `out [t, n] = x [t, k] * W^T` and returns t.
+fn matmul_rows(
+    op: &'static str,
+    x: &CudaBuffer,
+    w: &CudaBuffer,
+    shape: MatmulShape,
+    out: &CudaBuffer,
+) -> Result<usize> {
+    let (k, n) = (shape.in_features, shape.out_features);
+    ensure(k > 0 && x.len().is_multiple_of(k), op, || {
+        format!("x of {} is not rows of {k}", x.len())
+    })?;
+    let t = x.len() / k;
+    ensure(w.len() == n * k, op, || {
+        format!("weight has {}, want {n} x {k}", w.len())
+    })?;
+    ensure(out.len() == t * n, op, || {
+        format!("out has {}, want {t} x {n}", out.len())
+    })?;
+    Ok(t)
+}
+
 impl CudaBackend {
     pub(super) fn matmul_impl(
         &self,
@@ -93,16 +116,7 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "matmul";
         let (k, n) = (shape.in_features, shape.out_features);
-        ensure(k > 0 && x.len().is_multiple_of(k), OP, || {
-            format!("x of {} is not rows of {k}", x.len())
-        })?;
-        let t = x.len() / k;
-        ensure(w.len() == n * k, OP, || {
-            format!("weight has {}, want {n} x {k}", w.len())
-        })?;
-        ensure(out.len() == t * n, OP, || {
-            format!("out has {}, want {t} x {n}", out.len())
-        })?;
+        let t = matmul_rows(OP, x, w, shape, out)?;
         let xs = x.f32s(OP)?;
         if t == 0 || n == 0 {
             return Ok(());
@@ -166,22 +180,42 @@ impl CudaBackend {
         n: usize,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-        use cudarc::driver::{DevicePtr, DevicePtrMut, PushKernelArg};
-        const OP: &str = "matmul";
-        let Storage::Bits16(ws) = &w.storage else {
-            unreachable!("a BF16 buffer holds 16-bit storage")
-        };
+        let xb = self.narrow_to_bf16(xs, t * k)?;
+        self.gemm_bf16(&xb, w, t, k, n, out)
+    }
+
+    /// The first `len` values of `xs` rounded to bf16 (the GEMM's activation operand).
+    fn narrow_to_bf16(&self, xs: &CudaSlice<f32>, len: usize) -> Result<CudaSlice<u16>> {
+        use cudarc::driver::PushKernelArg;
         // SAFETY: every element is written by the narrowing kernel before the GEMM reads it.
-        let mut xb = unsafe { self.stream.alloc::<u16>(t * k) }
+        let mut xb = unsafe { self.stream.alloc::<u16>(len) }
             .map_err(device_err("allocating matmul scratch"))?;
-        let n_x = (t * k) as u64;
+        let n_x = len as u64;
         let mut l = self
             .stream
             .launch_builder(self.kernels.get("narrow_to_bf16")?);
         l.arg(xs).arg(&mut xb).arg(&n_x);
-        // SAFETY: xs holds at least t*k elements (checked by the caller), xb exactly t*k.
-        unsafe { l.launch(super::grid_for(t * k)) }.map_err(device_err("narrow_to_bf16"))?;
+        // SAFETY: xs holds at least `len` elements (checked by the callers), xb exactly len.
+        unsafe { l.launch(super::grid_for(len)) }.map_err(device_err("narrow_to_bf16"))?;
+        Ok(xb)
+    }
+
+    /// `out [t, n] = xb [t, k] * W^T` for bf16 `xb` and `W`, f32 accumulation and output.
+    fn gemm_bf16(
+        &self,
+        xb: &CudaSlice<u16>,
+        w: &CudaBuffer,
+        t: usize,
+        k: usize,
+        n: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        const OP: &str = "matmul";
+        let Storage::Bits16(ws) = &w.storage else {
+            unreachable!("a BF16 buffer holds 16-bit storage")
+        };
         let os = out.f32s_mut(OP)?;
         let (m_i, n_i, k_i) = (as_c_int(OP, n)?, as_c_int(OP, t)?, as_c_int(OP, k)?);
         let (alpha, beta) = (1.0f32, 0.0f32);
@@ -223,5 +257,98 @@ impl CudaBackend {
         }
         .map_err(|e| KernelError::Device(format!("{OP}: cublasGemmEx (bf16): {e:?}")))?;
         Ok(())
+    }
+
+    /// [`crate::Backend::matmul_shared_input`]: bf16 weights take one GEMV launch (few rows)
+    /// or one narrowing of x for all their GEMMs (bf16 mode); anything else runs each.
+    pub(super) fn matmul_shared_impl(
+        &self,
+        x: &CudaBuffer,
+        mats: &mut [MatmulOut<'_, CudaBuffer>],
+    ) -> Result<()> {
+        const OP: &str = "matmul_shared_input";
+        let Some(first) = mats.first() else {
+            return Ok(());
+        };
+        let k = first.shape.in_features;
+        let mut t = 0;
+        for m in mats.iter() {
+            ensure(m.shape.in_features == k, OP, || {
+                format!("in_features {} and {k} differ", m.shape.in_features)
+            })?;
+            t = matmul_rows(OP, x, m.w, m.shape, m.out)?;
+        }
+        let xs = x.f32s(OP)?;
+        let all_bf16 = mats.iter().all(|m| m.w.dtype() == DType::BF16);
+        if t == 0 || !all_bf16 {
+            return mats
+                .iter_mut()
+                .try_for_each(|m| self.matmul_impl(x, m.w, m.shape, m.out));
+        }
+        if mats.len() <= super::fused::GEMV_MAX_MATS
+            && super::fused::gemv_applies(DType::BF16, t, k, self.gemv_max_rows)
+        {
+            let mut list = Vec::with_capacity(mats.len());
+            for m in mats.iter_mut() {
+                list.push(super::fused::GemvMat {
+                    w: super::fused::bf16_ptr(self, m.w),
+                    n: m.shape.out_features,
+                    y: super::fused::f32_ptr_mut(self, m.out, OP)?,
+                });
+            }
+            return self.gemv_launch(xs, t, k, &list, None);
+        }
+        if self.bf16_gemm {
+            let xb = self.narrow_to_bf16(xs, t * k)?;
+            return mats
+                .iter_mut()
+                .filter(|m| m.shape.out_features > 0)
+                .try_for_each(|m| self.gemm_bf16(&xb, m.w, t, k, m.shape.out_features, m.out));
+        }
+        mats.iter_mut()
+            .try_for_each(|m| self.matmul_impl(x, m.w, m.shape, m.out))
+    }
+
+    /// [`crate::Backend::gated_matmul`]: bf16 weights take the gated GEMV (few rows) or one
+    /// narrowing of x for both GEMMs (bf16 mode); otherwise two matmuls and `act_mul`.
+    pub(super) fn gated_matmul_impl(
+        &self,
+        act: Activation,
+        x: &CudaBuffer,
+        gate: &CudaBuffer,
+        up: &CudaBuffer,
+        shape: MatmulShape,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "gated_matmul";
+        let t = matmul_rows(OP, x, gate, shape, out)?;
+        matmul_rows(OP, x, up, shape, out)?;
+        let (k, n) = (shape.in_features, shape.out_features);
+        if t == 0 || n == 0 {
+            return Ok(());
+        }
+        let xs = x.f32s(OP)?;
+        let bf16 = gate.dtype() == DType::BF16 && up.dtype() == DType::BF16;
+        if bf16 && super::fused::gemv_applies(DType::BF16, t, k, self.gemv_max_rows) {
+            let y = super::fused::f32_ptr_mut(self, out, OP)?;
+            let mats = [gate, up].map(|w| super::fused::GemvMat {
+                w: super::fused::bf16_ptr(self, w),
+                n,
+                y,
+            });
+            return self.gemv_launch(xs, t, k, &mats, Some(act));
+        }
+        let dt = self.activation_dtype();
+        let mut g = self.scratch(out.len(), dt)?;
+        let mut u = self.scratch(out.len(), dt)?;
+        if bf16 && self.bf16_gemm {
+            let xb = self.narrow_to_bf16(xs, t * k)?;
+            self.gemm_bf16(&xb, gate, t, k, n, &mut g)?;
+            self.gemm_bf16(&xb, up, t, k, n, &mut u)?;
+        } else {
+            self.matmul_impl(x, gate, shape, &mut g)?;
+            self.matmul_impl(x, up, shape, &mut u)?;
+        }
+        self.act_mul(act, &g, &u, out)
     }
 }

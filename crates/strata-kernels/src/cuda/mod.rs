@@ -361,7 +361,19 @@ impl Backend for CudaBackend {
         p: RmsNormParams,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        self.rms_norm_add_then_norm(residual, x, weight, next_weight, p, out)
+        self.rms_norm_add_then_norm(residual, x, weight, next_weight, p, 1.0, out)
+    }
+
+    fn rms_norm_add_scale_norm(
+        &self,
+        residual: &mut CudaBuffer,
+        x: &CudaBuffer,
+        weights: [Option<&CudaBuffer>; 2],
+        p: RmsNormParams,
+        scale: f32,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.rms_norm_add_then_norm(residual, x, weights[0], weights[1], p, scale, out)
     }
 
     fn rms_norm_add_scale(
@@ -393,6 +405,26 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         self.matmul_impl(x, w, shape, out)
+    }
+
+    fn matmul_shared_input(
+        &self,
+        x: &CudaBuffer,
+        mats: &mut [crate::MatmulOut<'_, CudaBuffer>],
+    ) -> Result<()> {
+        self.matmul_shared_impl(x, mats)
+    }
+
+    fn gated_matmul(
+        &self,
+        act: Activation,
+        x: &CudaBuffer,
+        gate: &CudaBuffer,
+        up: &CudaBuffer,
+        shape: MatmulShape,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.gated_matmul_impl(act, x, gate, up, shape, out)
     }
 
     fn matmul_quant(

@@ -18,7 +18,7 @@ fn arg_any<'a>(l: &mut LaunchArgs<'a>, buf: &'a CudaBuffer) {
     };
 }
 
-fn act_code(act: Activation) -> i32 {
+pub(super) fn act_code(act: Activation) -> i32 {
     match act {
         Activation::GeluTanh => 0,
         Activation::Silu => 1,
@@ -274,7 +274,9 @@ impl CudaBackend {
         )
     }
 
-    /// `residual += rms_norm(x, weight); out = rms_norm(residual, weight2)`.
+    /// `residual = (residual + rms_norm(x, weight)) * post_scale;
+    /// out = rms_norm(residual, weight2)`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn rms_norm_add_then_norm(
         &self,
         residual: &mut CudaBuffer,
@@ -282,6 +284,7 @@ impl CudaBackend {
         weight: Option<&CudaBuffer>,
         weight2: Option<&CudaBuffer>,
         p: RmsNormParams,
+        post_scale: f32,
         out: &mut CudaBuffer,
     ) -> Result<()> {
         const OP: &str = "rms_norm_add_norm";
@@ -291,7 +294,7 @@ impl CudaBackend {
         same_len(OP, x, out)?;
         let extra = NormExtra {
             weight2,
-            post_scale: 1.0,
+            post_scale,
         };
         self.launch_norm(
             OP,

@@ -27,8 +27,9 @@ impl KernelFile {
     }
 }
 
-/// The GEMV entry points, `gemv_bf16_<rows>` for 1 to 8 rows of x (index = rows - 1).
-pub(crate) const GEMV_KERNELS: [&str; 8] = [
+/// The GEMV entry points: `gemv_bf16_<rows>` for 1 to 8 rows of x (index = rows - 1),
+/// then the gated MLP forms `gemv_gated_bf16_<rows>` (index = 8 + rows - 1).
+pub(crate) const GEMV_KERNELS: [&str; 16] = [
     "gemv_bf16_1",
     "gemv_bf16_2",
     "gemv_bf16_3",
@@ -37,6 +38,14 @@ pub(crate) const GEMV_KERNELS: [&str; 8] = [
     "gemv_bf16_6",
     "gemv_bf16_7",
     "gemv_bf16_8",
+    "gemv_gated_bf16_1",
+    "gemv_gated_bf16_2",
+    "gemv_gated_bf16_3",
+    "gemv_gated_bf16_4",
+    "gemv_gated_bf16_5",
+    "gemv_gated_bf16_6",
+    "gemv_gated_bf16_7",
+    "gemv_gated_bf16_8",
 ];
 
 /// Every kernel family, in the order the backend loads them.
