@@ -50,6 +50,13 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
     return v;
 }
 
+// Slot m of a three-entry kernel-parameter array by selects, not an indexed load (which
+// would copy the kernel parameters to local memory).
+template <typename V>
+__device__ __forceinline__ V pick3(const V (&a)[3], int m) {
+    return m == 0 ? a[0] : (m == 1 ? a[1] : a[2]);
+}
+
 // Activations (precise libm tanhf / expf: NVRTC runs without fast math); the codes match
 // the launcher's `act_code`.
 #define ACT_GELU_TANH 0

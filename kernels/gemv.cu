@@ -49,13 +49,6 @@ struct GemvMats {
     int group_end[GEMV_MAX_MATS];
 };
 
-// Slot m of a three-entry parameter array by selects, not an indexed load (which would
-// copy the kernel parameters to local memory).
-template <typename V>
-__device__ __forceinline__ V pick3(const V (&a)[GEMV_MAX_MATS], int m) {
-    return m == 0 ? a[0] : (m == 1 ? a[1] : a[2]);
-}
-
 // GATED: matrix 0 is the gate and matrix 1 the up projection of an MLP (same shape); each
 // warp computes R features of both and writes act(gate) * up to y[0], so the two products
 // and the activation are one kernel and the gate and up outputs never reach memory.
@@ -73,13 +66,15 @@ __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const Gem
     const int m = GATED ? 0 : (group >= mats.group_end[0]) + (group >= mats.group_end[1]);
     const int first_group = m == 0 ? 0 : (m == 1 ? mats.group_end[0] : mats.group_end[1]);
     const int row0 = (group - first_group) * R;
-    const int n = pick3(mats.n, m);
-    float* __restrict__ y = pick3(mats.y, m);
+    // Groups past the last matrix's end (the last block's spare warps) would map onto its
+    // first rows: with n = 0 they neither load nor write.
     const bool active = group < mats.group_end[GEMV_MAX_MATS - 1];
+    const int n = active ? pick3(mats.n, m) : 0;
+    float* __restrict__ y = pick3(mats.y, m);
     const int chunks = k >> 3;
     const int per = (chunks + split - 1) / split;
     const int c_begin = part * per;
-    const int c_end = active ? min(chunks, c_begin + per) : c_begin;  // idle past the end
+    const int c_end = active ? min(chunks, c_begin + per) : c_begin;
     const uint4* wr[RR];
 #pragma unroll
     for (int r = 0; r < RR; ++r) {

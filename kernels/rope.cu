@@ -27,13 +27,27 @@ extern "C" __global__ void rope(float* x, const u32* positions, const float* inv
 // A per-head RMSNorm then RoPE, in place on x [tokens, n_heads, head_dim] (Gemma's q/k
 // norms before the rotation): one warp per (token, head) instead of a norm kernel and a
 // rope kernel. The norm is rms_norm's (f64 sum of squares, then f32), the rotation rope's.
-extern "C" __global__ void head_norm_rope(float* x, const u32* positions, const float* inv_freq,
-                                          const void* w, int w_dtype, float offset, float eps,
-                                          int rows, int n_heads, int head_dim, int interleaved) {
+// Up to three tensors of one layer in one launch, one per blockIdx.y (q and k rotated, v
+// only normed); the launcher's `HeadSegs` has this layout.
+struct HeadSegs {
+    float* x[3];
+    const void* w[3];
+    int w_dtype[3];  // < 0: no weight (the scale-free norm)
+    int n_heads[3];
+    int rope[3];     // 0: the norm only
+};
+
+extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
+                                          const float* inv_freq, float offset, float eps,
+                                          int tokens, int head_dim, int interleaved) {
+    const int seg = blockIdx.y;
+    const int n_heads = pick3(segs.n_heads, seg);
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    float* xr = x + (u64)row * head_dim;
+    if (row >= tokens * n_heads) return;
+    const void* w = pick3(segs.w, seg);
+    const int w_dtype = pick3(segs.w_dtype, seg);
+    float* xr = pick3(segs.x, seg) + (u64)row * head_dim;
     double ss = 0.0;
     for (int i = lane; i < head_dim; i += 32) {
         const float v = xr[i];
@@ -46,6 +60,7 @@ extern "C" __global__ void head_norm_rope(float* x, const u32* positions, const 
         if (w_dtype >= 0) y = y * (load_as_f32(w, w_dtype, i) + offset);
         xr[i] = y;
     }
+    if (!pick3(segs.rope, seg)) return;
     __syncwarp();  // the rotation pairs elements written by other lanes
     const int half = head_dim / 2;
     const float pos = (float)positions[row / n_heads];

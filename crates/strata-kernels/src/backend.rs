@@ -2,8 +2,8 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, MatmulOut, MatmulShape, RmsNormParams, RopeParams, StridedCopy,
-    TableSlice,
+    Activation, AttentionParams, MatmulOut, MatmulShape, QkvPrep, RmsNormParams, RopeParams,
+    StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, SamplerRng, SamplingParams};
@@ -404,6 +404,32 @@ pub trait Backend: Send + Sync {
         self.rms_norm(x, weight, norm, &mut normed)?;
         self.rope_idx(&mut normed, positions, inv_freq, rope)?;
         *x = normed;
+        Ok(())
+    }
+
+    /// A layer's q, k and v after their projections, in place: q and k through
+    /// [`Backend::head_norm_rope_idx`] with `norms[0]` / `norms[1]`, v through the
+    /// scale-free per-head norm when `p.v_norm`. One call so a backend can do all three in
+    /// one launch.
+    fn qkv_norm_rope_idx(
+        &self,
+        [q, k, v]: [&mut Self::Buffer; 3],
+        norms: [&Self::Buffer; 2],
+        positions: &Self::Index,
+        inv_freq: &Self::Buffer,
+        p: QkvPrep,
+    ) -> Result<()> {
+        self.head_norm_rope_idx(q, Some(norms[0]), p.norm, positions, inv_freq, p.rope)?;
+        let k_rope = RopeParams {
+            n_heads: p.kv_heads,
+            ..p.rope
+        };
+        self.head_norm_rope_idx(k, Some(norms[1]), p.norm, positions, inv_freq, k_rope)?;
+        if p.v_norm {
+            let mut normed = self.scratch(v.len(), v.dtype())?;
+            self.rms_norm(v, None, p.norm, &mut normed)?;
+            *v = normed;
+        }
         Ok(())
     }
 

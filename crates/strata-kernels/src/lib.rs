@@ -27,7 +27,7 @@ pub use dtype::{DType, HostSlice};
 pub use error::{KernelError, Result};
 pub use paged::{has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
 pub use params::{
-    Activation, AttentionParams, MatmulOut, MatmulShape, RmsNormParams, RopeParams, RopeStyle,
-    StridedCopy, TableSlice,
+    Activation, AttentionParams, MatmulOut, MatmulShape, QkvPrep, RmsNormParams, RopeParams,
+    RopeStyle, StridedCopy, TableSlice,
 };
 pub use quant::{MatrixShape, RowDot};

@@ -48,6 +48,17 @@ pub struct RopeParams {
     pub style: RopeStyle,
 }
 
+/// A layer's per-head q / k / v preparation ([`crate::Backend::qkv_norm_rope_idx`]): the
+/// per-head norm (`norm.dim` = head_dim) for all three, RoPE (`rope`, q's head count) for q
+/// and k; k and v have `kv_heads` heads; v is normed only when `v_norm` (no weight).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkvPrep {
+    pub norm: RmsNormParams,
+    pub rope: RopeParams,
+    pub kv_heads: usize,
+    pub v_norm: bool,
+}
+
 /// `out[T, out_features] = x[T, in_features] * W^T` with `W` stored `[out_features, in_features]`
 /// row-major (the HF and GGUF layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

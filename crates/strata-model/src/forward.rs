@@ -3,7 +3,7 @@
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, RmsNormParams, RopeParams, RopeStyle, TableSlice,
+    Activation, AttentionParams, Backend, QkvPrep, RmsNormParams, RopeParams, RopeStyle, TableSlice,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
@@ -354,12 +354,23 @@ impl<B: Backend> Model<B> {
                 normed,
                 &mut [(&lw.q, &mut q), (wk, &mut k), (wv, &mut v)],
             )?;
-            self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
-            self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, inputs, &lw.inv_freq)?;
-            if c.v_norm {
-                let mut out = self.scratch(t * nkv * d)?;
-                b.rms_norm(&v, None, head_norm, &mut out)?;
-                v = out;
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                let prep = QkvPrep {
+                    norm: head_norm,
+                    rope: self.rope_params(lc, nh),
+                    kv_heads: nkv,
+                    v_norm: c.v_norm,
+                };
+                let (pos, freqs) = (&inputs.positions, &lw.inv_freq);
+                b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [qn, kn], pos, freqs, prep)?;
+            } else {
+                self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
+                self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, inputs, &lw.inv_freq)?;
+                if c.v_norm {
+                    let mut out = self.scratch(t * nkv * d)?;
+                    b.rms_norm(&v, None, head_norm, &mut out)?;
+                    v = out;
+                }
             }
             kv.store(b, l, batch, &k, &v)?;
         } else {

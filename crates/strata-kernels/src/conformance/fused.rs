@@ -4,7 +4,9 @@
 
 use super::{compare, ctx, get, put, CheckResult, TestData, Tolerance};
 use crate::cpu::CpuBackend;
-use crate::{Activation, Backend, DType, RmsNormParams, RopeParams, RopeStyle, TableSlice};
+use crate::{
+    Activation, Backend, DType, QkvPrep, RmsNormParams, RopeParams, RopeStyle, TableSlice,
+};
 
 /// Runs `op` on `b` and on the CPU backend with the same host inputs and compares the
 /// buffer it returns.
@@ -148,16 +150,7 @@ pub fn check_head_norm_rope<B: Backend>(b: &B) -> CheckResult {
         let x = data.normals(tokens * heads * d, 2.0, DType::F32);
         let w = w_dtype.map(|dt| data.normals(d, 0.5, dt));
         let positions: Vec<u32> = (0..tokens).map(|i| (i * 977 + 5) as u32).collect();
-        let half = d / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                if i >= half - zero_tail {
-                    0.0
-                } else {
-                    10000f32.powf(-(2.0 * i as f32) / d as f32)
-                }
-            })
-            .collect();
+        let inv_freq = inv_freq_with_zero_tail(d, zero_tail);
         let rope = RopeParams {
             n_heads: heads,
             head_dim: d,
@@ -219,6 +212,103 @@ fn head_norm_rope<B: Backend>(
     Ok(xb)
 }
 
+/// Frequencies `10000^(-2i/d)` with the last `zero_tail` of the `d / 2` set to zero
+/// (proportional RoPE).
+fn inv_freq_with_zero_tail(d: usize, zero_tail: usize) -> Vec<f32> {
+    let half = d / 2;
+    (0..half)
+        .map(|i| {
+            if i >= half - zero_tail {
+                0.0
+            } else {
+                10000f32.powf(-(2.0 * i as f32) / d as f32)
+            }
+        })
+        .collect()
+}
+
+/// The host inputs of one `qkv_norm_rope_idx` check.
+struct QkvInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    norms: [Vec<f32>; 2],
+    w_dtype: DType,
+    positions: Vec<u32>,
+    inv_freq: Vec<f32>,
+    p: QkvPrep,
+}
+
+/// Runs `qkv_norm_rope_idx` and returns q, k or v (`which` 0, 1, 2).
+fn qkv_norm_rope<B: Backend>(b: &B, i: &QkvInputs, which: usize) -> crate::Result<B::Buffer> {
+    let mut q = b.upload_f32_as(&i.q, DType::F32)?;
+    let mut k = b.upload_f32_as(&i.k, DType::F32)?;
+    let mut v = b.upload_f32_as(&i.v, DType::F32)?;
+    let qn = b.upload_f32_as(&i.norms[0], i.w_dtype)?;
+    let kn = b.upload_f32_as(&i.norms[1], i.w_dtype)?;
+    let pos = b.upload_index(&i.positions)?;
+    let freqs = b.upload_f32_as(&i.inv_freq, DType::F32)?;
+    b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [&qn, &kn], &pos, &freqs, i.p)?;
+    Ok([q, k, v].into_iter().nth(which).expect("which < 3"))
+}
+
+/// `qkv_norm_rope_idx` on Gemma-4's layer shapes (8 query heads over one KV head at 256,
+/// and at 512 with a zero-frequency tail), a 4-over-2 interleaved case and one without v's
+/// norm: q, k and v each against the CPU's chain of separate ops.
+pub fn check_qkv_norm_rope<B: Backend>(b: &B) -> CheckResult {
+    let cases = [
+        (
+            1usize,
+            8usize,
+            1usize,
+            256usize,
+            RopeStyle::Neox,
+            DType::BF16,
+            0usize,
+            true,
+        ),
+        (3, 8, 1, 512, RopeStyle::Neox, DType::F32, 192, true),
+        (2, 4, 2, 64, RopeStyle::Interleaved, DType::BF16, 0, false),
+        (5, 2, 2, 128, RopeStyle::Neox, DType::BF16, 16, true),
+    ];
+    for (seed, &(tokens, heads, kv_heads, d, style, w_dtype, zero_tail, v_norm)) in
+        cases.iter().enumerate()
+    {
+        let mut data = TestData::new(90 + seed as u64);
+        let inputs = QkvInputs {
+            q: data.normals(tokens * heads * d, 2.0, DType::F32),
+            k: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
+            v: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
+            norms: [data.normals(d, 0.5, w_dtype), data.normals(d, 0.5, w_dtype)],
+            w_dtype,
+            positions: (0..tokens).map(|i| (i * 977 + 5) as u32).collect(),
+            inv_freq: inv_freq_with_zero_tail(d, zero_tail),
+            p: QkvPrep {
+                norm: norm_params(d, 1.0),
+                rope: RopeParams {
+                    n_heads: heads,
+                    head_dim: d,
+                    style,
+                },
+                kv_heads,
+                v_norm,
+            },
+        };
+        for (which, name) in ["q", "k", "v"].iter().enumerate() {
+            let what = format!(
+                "qkv_norm_rope {tokens}x({heads}+{kv_heads})x{d} {style:?} v_norm={v_norm}: {name}"
+            );
+            same_as_cpu(
+                &what,
+                b,
+                |b| qkv_norm_rope(b, &inputs, which),
+                |c| qkv_norm_rope(c, &inputs, which),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// `act_mul_slice`: Gemma-4 E2B's per-layer-input shapes (256 columns of 35 x 256), both
 /// activations, first and last slice.
 pub fn check_act_mul_slice<B: Backend>(b: &B) -> CheckResult {
@@ -278,5 +368,6 @@ fn act_mul_slice<B: Backend>(
 pub fn check_fused<B: Backend>(b: &B) -> CheckResult {
     check_fused_norms(b)?;
     check_head_norm_rope(b)?;
+    check_qkv_norm_rope(b)?;
     check_act_mul_slice(b)
 }

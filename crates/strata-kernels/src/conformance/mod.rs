@@ -27,7 +27,9 @@ pub use elementwise::{
     check_act_mul, check_act_mul_case, check_activation, check_arith, check_softcap,
     ElementwiseCase,
 };
-pub use fused::{check_act_mul_slice, check_fused, check_fused_norms, check_head_norm_rope};
+pub use fused::{
+    check_act_mul_slice, check_fused, check_fused_norms, check_head_norm_rope, check_qkv_norm_rope,
+};
 pub use matmul::{
     check_embedding, check_embedding_case, check_embedding_quant, check_fused_matmuls,
     check_fused_matmuls_within, check_gated_matmul_case, check_matmul, check_matmul_case,

@@ -68,6 +68,30 @@ struct GemvMats {
 // SAFETY: plain integers in the kernel parameter's C layout (`GemvMats` in `gemv.cu`).
 unsafe impl cudarc::driver::DeviceRepr for GemvMats {}
 
+/// One tensor of a `head_norm_rope` launch: its per-head norm weight (none: scale-free),
+/// head count and whether RoPE follows the norm.
+pub(super) struct HeadSeg<'a> {
+    pub(super) x: &'a mut CudaBuffer,
+    pub(super) weight: Option<&'a CudaBuffer>,
+    pub(super) n_heads: usize,
+    pub(super) rope: bool,
+}
+
+/// `HeadSegs` in `kernels/rope.cu`, same layout; unused slots have no heads, so no block
+/// touches them.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct HeadSegs {
+    x: [u64; 3],
+    w: [u64; 3],
+    w_dtype: [i32; 3],
+    n_heads: [i32; 3],
+    rope: [i32; 3],
+}
+
+// SAFETY: plain integers in the kernel parameter's C layout.
+unsafe impl cudarc::driver::DeviceRepr for HeadSegs {}
+
 /// One weight of a GEMV launch: its device address, output features and output address.
 #[derive(Clone, Copy)]
 pub(super) struct GemvMat {
@@ -76,8 +100,8 @@ pub(super) struct GemvMat {
     pub(super) y: u64,
 }
 
-/// The device address of a bf16 buffer.
-pub(super) fn bf16_ptr(b: &CudaBackend, w: &CudaBuffer) -> u64 {
+/// The device address of a weight buffer (any dtype).
+pub(super) fn buffer_ptr(b: &CudaBackend, w: &CudaBuffer) -> u64 {
     use cudarc::driver::DevicePtr;
     match &w.storage {
         Storage::Bits16(s) => s.device_ptr(&b.stream).0,
@@ -105,7 +129,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let y = f32_ptr_mut(self, out, "matmul (gemv)")?;
         let mat = GemvMat {
-            w: bf16_ptr(self, w),
+            w: buffer_ptr(self, w),
             n,
             y,
         };
@@ -180,16 +204,35 @@ impl CudaBackend {
         inv_freq: &CudaBuffer,
         rope: RopeParams,
     ) -> Result<()> {
+        let seg = HeadSeg {
+            x,
+            weight,
+            n_heads: rope.n_heads,
+            rope: true,
+        };
+        self.head_norm_rope_segs(vec![seg], norm, n_tokens, pos, inv_freq, rope)
+    }
+
+    /// `kernels/rope.cu`'s `head_norm_rope` over up to three tensors of `n_tokens` tokens
+    /// (one launch); `rope` gives the head_dim and style, each segment its head count.
+    pub(super) fn head_norm_rope_segs(
+        &self,
+        segs: Vec<HeadSeg<'_>>,
+        norm: RmsNormParams,
+        n_tokens: usize,
+        pos: &CudaSlice<u32>,
+        inv_freq: &CudaBuffer,
+        rope: RopeParams,
+    ) -> Result<()> {
         const OP: &str = "head_norm_rope";
         let d = rope.head_dim;
         ensure(
-            norm.dim == d && d > 0 && x.len() == n_tokens * rope.n_heads * d,
+            norm.dim == d && d > 0 && !segs.is_empty() && segs.len() <= 3,
             OP,
             || {
                 format!(
-                    "x has {}, want {n_tokens} tokens x {} heads x {d} (norm dim {})",
-                    x.len(),
-                    rope.n_heads,
+                    "{} tensors, head_dim {d}, norm dim {}",
+                    segs.len(),
                     norm.dim
                 )
             },
@@ -197,46 +240,57 @@ impl CudaBackend {
         ensure(inv_freq.len() == d / 2, OP, || {
             format!("{} frequencies for head_dim {d}", inv_freq.len())
         })?;
-        if let Some(w) = weight {
-            ensure(w.len() == d, OP, || {
-                format!("weight has {} elements, head_dim is {d}", w.len())
+        let mut p = HeadSegs::default();
+        let mut max_rows = 0;
+        let count = segs.len() as u32;
+        for (i, seg) in segs.into_iter().enumerate() {
+            ensure(seg.x.len() == n_tokens * seg.n_heads * d, OP, || {
+                format!(
+                    "x has {}, want {n_tokens} tokens x {} heads x {d}",
+                    seg.x.len(),
+                    seg.n_heads
+                )
             })?;
+            if let Some(w) = seg.weight {
+                ensure(w.len() == d, OP, || {
+                    format!("weight has {} elements, head_dim is {d}", w.len())
+                })?;
+                p.w[i] = buffer_ptr(self, w);
+            }
+            p.w_dtype[i] = seg.weight.map_or(-1, |w| dtype_code(w.dtype));
+            p.x[i] = f32_ptr_mut(self, seg.x, OP)?;
+            p.n_heads[i] = i32::try_from(seg.n_heads).map_err(|_| too_big(OP, seg.n_heads))?;
+            p.rope[i] = i32::from(seg.rope);
+            max_rows = max_rows.max(n_tokens * seg.n_heads);
         }
-        let rows = n_tokens * rope.n_heads;
-        if rows == 0 {
+        if max_rows == 0 {
             return Ok(());
         }
         let freqs = inv_freq.f32s(OP)?;
-        let xs = x.f32s_mut(OP)?;
-        let w_dtype = weight.map_or(-1, |w| dtype_code(w.dtype));
-        let (rows_i, heads, d_i) = (rows as i32, rope.n_heads as i32, d as i32);
+        let (tokens_i, d_i) = (
+            i32::try_from(n_tokens).map_err(|_| too_big(OP, n_tokens))?,
+            d as i32,
+        );
         let interleaved = i32::from(rope.style == RopeStyle::Interleaved);
         let f = self.kernels.get("head_norm_rope")?;
         let mut l = self.stream.launch_builder(f);
-        l.arg(xs).arg(pos).arg(freqs);
-        match weight {
-            Some(w) => match &w.storage {
-                Storage::F32(s) => l.arg(s),
-                Storage::Bits16(s) => l.arg(s),
-            },
-            // Never dereferenced with w_dtype < 0.
-            None => l.arg(freqs),
-        };
-        l.arg(&w_dtype)
+        l.arg(&p)
+            .arg(pos)
+            .arg(freqs)
             .arg(&norm.weight_offset)
             .arg(&norm.eps)
-            .arg(&rows_i)
-            .arg(&heads)
+            .arg(&tokens_i)
             .arg(&d_i)
             .arg(&interleaved);
         const WARPS: u32 = 8;
         let cfg = LaunchConfig {
-            grid_dim: ((rows as u32).div_ceil(WARPS), 1, 1),
+            grid_dim: ((max_rows as u32).div_ceil(WARPS), count, 1),
             block_dim: (32 * WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: x holds rows x head_dim, positions n_tokens, inv_freq head_dim / 2 and
-        // the weight head_dim elements (checked above and by the caller).
+        // SAFETY: each tensor holds n_tokens x its heads x head_dim, positions n_tokens,
+        // inv_freq head_dim / 2 and each weight head_dim elements (checked above and by
+        // the caller).
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }

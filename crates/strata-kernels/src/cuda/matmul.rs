@@ -291,7 +291,7 @@ impl CudaBackend {
             let mut list = Vec::with_capacity(mats.len());
             for m in mats.iter_mut() {
                 list.push(super::fused::GemvMat {
-                    w: super::fused::bf16_ptr(self, m.w),
+                    w: super::fused::buffer_ptr(self, m.w),
                     n: m.shape.out_features,
                     y: super::fused::f32_ptr_mut(self, m.out, OP)?,
                 });
@@ -332,7 +332,7 @@ impl CudaBackend {
         if bf16 && super::fused::gemv_applies(DType::BF16, t, k, self.gemv_max_rows) {
             let y = super::fused::f32_ptr_mut(self, out, OP)?;
             let mats = [gate, up].map(|w| super::fused::GemvMat {
-                w: super::fused::bf16_ptr(self, w),
+                w: super::fused::buffer_ptr(self, w),
                 n,
                 y,
             });

@@ -586,6 +586,41 @@ impl Backend for CudaBackend {
         self.head_norm_rope_dev(x, weight, norm, n, positions.data(), inv_freq, rope)
     }
 
+    fn qkv_norm_rope_idx(
+        &self,
+        [q, k, v]: [&mut CudaBuffer; 3],
+        norms: [&CudaBuffer; 2],
+        positions: &CudaIndex,
+        inv_freq: &CudaBuffer,
+        p: crate::QkvPrep,
+    ) -> Result<()> {
+        use fused::HeadSeg;
+        let mut segs = vec![
+            HeadSeg {
+                x: q,
+                weight: Some(norms[0]),
+                n_heads: p.rope.n_heads,
+                rope: true,
+            },
+            HeadSeg {
+                x: k,
+                weight: Some(norms[1]),
+                n_heads: p.kv_heads,
+                rope: true,
+            },
+        ];
+        if p.v_norm {
+            segs.push(HeadSeg {
+                x: v,
+                weight: None,
+                n_heads: p.kv_heads,
+                rope: false,
+            });
+        }
+        let n = positions.len();
+        self.head_norm_rope_segs(segs, p.norm, n, positions.data(), inv_freq, p.rope)
+    }
+
     fn act_mul_slice(
         &self,
         act: Activation,
