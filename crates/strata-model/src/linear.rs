@@ -126,18 +126,18 @@ impl<B: Backend> Linear<B> {
         }
     }
 
+    /// The matmul shape: `cols` inputs, `rows` outputs.
+    pub fn shape(&self) -> MatmulShape {
+        MatmulShape {
+            in_features: self.cols(),
+            out_features: self.rows(),
+        }
+    }
+
     /// `out [T, rows] = x [T, cols] * W^T`.
     pub fn forward(&self, b: &B, x: &B::Buffer, out: &mut B::Buffer) -> Result<()> {
         match self {
-            Linear::Dense { w, rows, cols } => b.matmul(
-                x,
-                w,
-                MatmulShape {
-                    in_features: *cols,
-                    out_features: *rows,
-                },
-                out,
-            )?,
+            Linear::Dense { w, .. } => b.matmul(x, w, self.shape(), out)?,
             Linear::Quant(q) => b.matmul_quant(x, q, out)?,
             Linear::Host(_) => {
                 return Err(ModelError::Invalid(
@@ -158,12 +158,9 @@ impl<B: Backend> Linear<B> {
         let mut dense = Vec::with_capacity(mats.len());
         for (m, out) in mats.iter_mut() {
             match m {
-                Linear::Dense { w, rows, cols } => dense.push(MatmulOut {
+                Linear::Dense { w, .. } => dense.push(MatmulOut {
                     w,
-                    shape: MatmulShape {
-                        in_features: *cols,
-                        out_features: *rows,
-                    },
+                    shape: m.shape(),
                     out: &mut **out,
                 }),
                 _ => m.forward(b, x, out)?,
@@ -183,21 +180,9 @@ impl<B: Backend> Linear<B> {
         x: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()> {
-        if let (
-            Linear::Dense { w: wg, rows, cols },
-            Linear::Dense {
-                w: wu,
-                rows: ru,
-                cols: cu,
-            },
-        ) = (gate, up)
-        {
-            if (rows, cols) == (ru, cu) {
-                let shape = MatmulShape {
-                    in_features: *cols,
-                    out_features: *rows,
-                };
-                b.gated_matmul(act, x, wg, wu, shape, out)?;
+        if let (Linear::Dense { w: wg, .. }, Linear::Dense { w: wu, .. }) = (gate, up) {
+            if gate.shape() == up.shape() {
+                b.gated_matmul(act, x, wg, wu, gate.shape(), out)?;
                 return Ok(());
             }
         }
