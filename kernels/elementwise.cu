@@ -1,17 +1,27 @@
 // Elementwise ops on f32 activations: gated activations, bare activation, softcap,
 // add / mul / scale. The activations live in common.cuh (the gated GEMV uses them too).
 
-extern "C" __global__ void act_mul(const float* gate, const float* up, float* out, u64 n, int act) {
-    FOR_EACH_INDEX(i, n) { out[i] = apply_act(act, gate[i]) * up[i]; }
+// `out_b`, when not null, receives the result rounded to bf16 as well: the operand of the
+// bf16 GEMM that reads `out` next (which then skips its narrowing pass).
+extern "C" __global__ void act_mul(const float* gate, const float* up, float* out, u16* out_b,
+                                   u64 n, int act) {
+    FOR_EACH_INDEX(i, n) {
+        const float y = apply_act(act, gate[i]) * up[i];
+        out[i] = y;
+        if (out_b) out_b[i] = f32_to_bf16_rne(y);
+    }
 }
 
 // out[t, i] = act(gate[t, i]) * table[t * stride + offset + i] for i < cols: the gated
 // product with a column slice of a wider table (Gemma-4's per-layer inputs) in one pass.
-extern "C" __global__ void act_mul_slice(const float* gate, const float* table, float* out, u64 n,
-                                         u64 cols, u64 offset, u64 stride, int act) {
+extern "C" __global__ void act_mul_slice(const float* gate, const float* table, float* out,
+                                         u16* out_b, u64 n, u64 cols, u64 offset, u64 stride,
+                                         int act) {
     FOR_EACH_INDEX(i, n) {
         const u64 t = i / cols, c = i % cols;
-        out[i] = apply_act(act, gate[i]) * table[t * stride + offset + c];
+        const float y = apply_act(act, gate[i]) * table[t * stride + offset + c];
+        out[i] = y;
+        if (out_b) out_b[i] = f32_to_bf16_rne(y);
     }
 }
 

@@ -209,6 +209,87 @@ fn paged_attention_bf16_mode() {
     }
 }
 
+/// The bf16 twin: in the bf16 mode a norm (result in `out`, or the residual for the
+/// post-norm add) and the gated product write a bf16 copy of their result that the next
+/// bf16 GEMM reads instead of narrowing. The GEMM must give the bits it gives on the same
+/// values uploaded fresh (narrowed), and any other write must make the copy stale.
+#[test]
+fn bf16_twin_matches_narrowing_and_goes_stale() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    let (rows, dim, n, inter) = (24, 320, 72, 200);
+    let vals = |len: usize, seed: u32| -> Vec<f32> {
+        (0..len as u32)
+            .map(|i| {
+                let h = i
+                    .wrapping_mul(2_654_435_761)
+                    .wrapping_add(seed.wrapping_mul(40_503));
+                ((h >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    };
+    let up = |v: &[f32], dt: DType| fast.upload_f32_as(v, dt).unwrap();
+    let x = up(&vals(rows * dim, 1), DType::F32);
+    let norm_w = up(&vals(dim, 2), DType::BF16);
+    let w = up(&vals(n * dim, 3), DType::BF16);
+    let (gate, upw) = (
+        up(&vals(inter * dim, 4), DType::BF16),
+        up(&vals(inter * dim, 5), DType::BF16),
+    );
+    let down = up(&vals(n * inter, 6), DType::BF16);
+    let p = RmsNormParams {
+        dim,
+        eps: 1e-6,
+        weight_offset: 0.0,
+    };
+    let shape = MatmulShape {
+        in_features: dim,
+        out_features: n,
+    };
+    let down_shape = MatmulShape {
+        in_features: inter,
+        out_features: n,
+    };
+    // y = a * W^T on the buffer itself and on a fresh upload of its values.
+    let both = |a: &strata_kernels::cuda::CudaBuffer, w, s: MatmulShape| {
+        let mut y1 = fast.zeros(rows * s.out_features, DType::F32).unwrap();
+        fast.matmul(a, w, s, &mut y1).unwrap();
+        let fresh = up(&fast.download(a).unwrap(), DType::F32);
+        let mut y2 = fast.zeros(rows * s.out_features, DType::F32).unwrap();
+        fast.matmul(&fresh, w, s, &mut y2).unwrap();
+        (fast.download(&y1).unwrap(), fast.download(&y2).unwrap())
+    };
+
+    let mut normed = fast.zeros(rows * dim, DType::F32).unwrap();
+    fast.rms_norm(&x, Some(&norm_w), p, &mut normed).unwrap();
+    let (y, want) = both(&normed, &w, shape);
+    assert_eq!(y, want, "a norm's twin");
+
+    fast.scale(&mut normed, 3.0).unwrap();
+    let (y_scaled, want) = both(&normed, &w, shape);
+    assert_eq!(
+        y_scaled, want,
+        "a write after the norm makes its twin stale"
+    );
+    assert_ne!(y_scaled, y, "the scale changed the product");
+
+    let mut residual = up(&vals(rows * dim, 7), DType::F32);
+    fast.rms_norm_add(&mut residual, &x, Some(&norm_w), p)
+        .unwrap();
+    let (y, want) = both(&residual, &w, shape);
+    assert_eq!(y, want, "the post-norm add's residual twin");
+
+    let mut act = fast.zeros(rows * inter, DType::F32).unwrap();
+    let gate_shape = MatmulShape {
+        in_features: dim,
+        out_features: inter,
+    };
+    fast.gated_matmul(Activation::GeluTanh, &x, &gate, &upw, gate_shape, &mut act)
+        .unwrap();
+    let (y, want) = both(&act, &down, down_shape);
+    assert_eq!(y, want, "the gated product's twin");
+}
+
 fn weight_dtype() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
 }

@@ -1,6 +1,8 @@
 //! Device buffers: f32, or bf16 / f16 kept as raw 16-bit patterns.
 
-use cudarc::driver::CudaSlice;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::{DType, DeviceBuffer, KernelError, Result};
 
@@ -13,9 +15,18 @@ pub(super) enum Storage {
 /// A device allocation of `len` elements of `dtype`. Empty buffers hold one unused element,
 /// since a zero-byte device allocation is not portable.
 pub struct CudaBuffer {
+    /// Written only through [`CudaBuffer::f32s_mut`] / [`CudaBuffer::storage_mut`], which
+    /// mark the bf16 twin stale.
     pub(super) storage: Storage,
     pub(super) len: usize,
     pub(super) dtype: DType,
+    /// A bf16 copy of an f32 activation, written by the kernel that produced the values
+    /// (norms, gated activations) when a bf16 GEMM is to read them next: the GEMM then
+    /// skips its narrowing pass (a read of the f32 values and a write of the copy).
+    twin: Option<CudaSlice<u16>>,
+    /// Whether `twin` holds the current values: set when a kernel is queued to write both,
+    /// cleared by every other write.
+    twin_current: bool,
 }
 
 impl DeviceBuffer for CudaBuffer {
@@ -37,6 +48,22 @@ pub(super) fn dtype_code(dtype: DType) -> i32 {
 }
 
 impl CudaBuffer {
+    pub(super) fn new(storage: Storage, len: usize, dtype: DType) -> Self {
+        Self {
+            storage,
+            len,
+            dtype,
+            twin: None,
+            twin_current: false,
+        }
+    }
+
+    /// Mutable storage for a write that does not keep the twin (it goes stale).
+    pub(super) fn storage_mut(&mut self) -> &mut Storage {
+        self.twin_current = false;
+        &mut self.storage
+    }
+
     /// The f32 slice of an activation buffer, or a dtype error naming `op`.
     pub(super) fn f32s(&self, op: &'static str) -> Result<&CudaSlice<f32>> {
         match &self.storage {
@@ -48,7 +75,9 @@ impl CudaBuffer {
         }
     }
 
+    /// The f32 slice for a write that does not keep the twin (it goes stale).
     pub(super) fn f32s_mut(&mut self, op: &'static str) -> Result<&mut CudaSlice<f32>> {
+        self.twin_current = false;
         match &mut self.storage {
             Storage::F32(s) => Ok(s),
             Storage::Bits16(_) => Err(KernelError::DType {
@@ -56,5 +85,51 @@ impl CudaBuffer {
                 dtype: self.dtype,
             }),
         }
+    }
+
+    /// The f32 slice and the bf16 twin (allocated on first use) for a kernel that writes
+    /// both: the twin counts as current from here on, in stream order.
+    pub(super) fn f32s_and_twin_mut(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        op: &'static str,
+    ) -> Result<(&mut CudaSlice<f32>, &mut CudaSlice<u16>)> {
+        let Storage::F32(values) = &mut self.storage else {
+            return Err(KernelError::DType {
+                op,
+                dtype: self.dtype,
+            });
+        };
+        if self.twin.is_none() {
+            // SAFETY: the twin is read only while current, that is after a kernel that
+            // writes every element of it.
+            let twin = unsafe { stream.alloc::<u16>(self.len.max(1)) }.map_err(|e| {
+                KernelError::Device(format!("{op}: allocating the bf16 copy: {e:?}"))
+            })?;
+            self.twin = Some(twin);
+        }
+        self.twin_current = true;
+        let twin = self.twin.as_mut().expect("allocated above");
+        Ok((values, twin))
+    }
+
+    /// [`Self::f32s_and_twin_mut`] when `twin` is set, else [`Self::f32s_mut`].
+    pub(super) fn f32s_maybe_twin_mut(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        twin: bool,
+        op: &'static str,
+    ) -> Result<(&mut CudaSlice<f32>, Option<&mut CudaSlice<u16>>)> {
+        if twin {
+            let (values, twin) = self.f32s_and_twin_mut(stream, op)?;
+            Ok((values, Some(twin)))
+        } else {
+            Ok((self.f32s_mut(op)?, None))
+        }
+    }
+
+    /// The bf16 twin, if it holds the buffer's current values.
+    pub(super) fn current_twin(&self) -> Option<&CudaSlice<u16>> {
+        self.twin.as_ref().filter(|_| self.twin_current)
     }
 }

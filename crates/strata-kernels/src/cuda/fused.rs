@@ -338,24 +338,24 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let (g, tb, o) = (gate.f32s(OP)?, table.f32s(OP)?, out.f32s_mut(OP)?);
+        let (g, tb) = (gate.f32s(OP)?, table.f32s(OP)?);
+        let (o, ob) = out.f32s_maybe_twin_mut(&self.stream, self.gemm_reads_bf16(rows), OP)?;
         let (n64, cols, offset, stride) =
             (n as u64, s.cols as u64, s.offset as u64, s.stride as u64);
         let code = match act {
             Activation::GeluTanh => 0i32,
             Activation::Silu => 1,
         };
+        let null = 0u64;
         let mut l = self
             .stream
             .launch_builder(self.kernels.get("act_mul_slice")?);
-        l.arg(g)
-            .arg(tb)
-            .arg(o)
-            .arg(&n64)
-            .arg(&cols)
-            .arg(&offset)
-            .arg(&stride)
-            .arg(&code);
+        l.arg(g).arg(tb).arg(o);
+        match ob {
+            Some(b) => l.arg(b),
+            None => l.arg(&null),
+        };
+        l.arg(&n64).arg(&cols).arg(&offset).arg(&stride).arg(&code);
         // SAFETY: lengths and the slice's reach into the table checked above.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())

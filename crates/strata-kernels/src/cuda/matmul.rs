@@ -84,6 +84,22 @@ fn as_c_int(op: &'static str, v: usize) -> Result<i32> {
     })
 }
 
+/// A bf16 GEMM operand: borrowed from the activation's twin or narrowed for this call.
+enum Bf16Operand<'a> {
+    Twin(&'a CudaSlice<u16>),
+    Narrowed(CudaSlice<u16>),
+}
+
+impl std::ops::Deref for Bf16Operand<'_> {
+    type Target = CudaSlice<u16>;
+    fn deref(&self) -> &CudaSlice<u16> {
+        match self {
+            Self::Twin(s) => s,
+            Self::Narrowed(s) => s,
+        }
+    }
+}
+
 /// Checks `out [t, n] = x [t, k] * W^T` and returns t.
 fn matmul_rows(
     op: &'static str,
@@ -125,7 +141,8 @@ impl CudaBackend {
             return self.gemv_bf16(xs, w, t, k, n, out);
         }
         if self.bf16_gemm && w.dtype() == DType::BF16 {
-            return self.matmul_bf16(xs, w, t, k, n, out);
+            let xb = self.bf16_operand(x, t * k)?;
+            return self.gemm_bf16(&xb, w, t, k, n, out);
         }
         let os = out.f32s_mut(OP)?;
         let widened: CudaSlice<f32>;
@@ -170,18 +187,22 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
-    /// `out = bf16(x) * W^T` with a bf16 `W`, f32 accumulation and output (cublasGemmEx).
-    fn matmul_bf16(
-        &self,
-        xs: &CudaSlice<f32>,
-        w: &CudaBuffer,
-        t: usize,
-        k: usize,
-        n: usize,
-        out: &mut CudaBuffer,
-    ) -> Result<()> {
-        let xb = self.narrow_to_bf16(xs, t * k)?;
-        self.gemm_bf16(&xb, w, t, k, n, out)
+    /// Whether a matmul over `rows` rows of an activation reads it as a bf16 GEMM operand
+    /// (the bf16 mode past the GEMV's rows): the op producing the activation then writes
+    /// its bf16 twin too.
+    pub(super) fn gemm_reads_bf16(&self, rows: usize) -> bool {
+        self.bf16_gemm && rows > self.gemv_max_rows
+    }
+
+    /// The first `len` values of the f32 activation `x` in bf16 (a GEMM's activation
+    /// operand): the twin its producer wrote, else a narrowed copy.
+    fn bf16_operand<'a>(&self, x: &'a CudaBuffer, len: usize) -> Result<Bf16Operand<'a>> {
+        if let Some(twin) = x.current_twin() {
+            return Ok(Bf16Operand::Twin(twin));
+        }
+        Ok(Bf16Operand::Narrowed(
+            self.narrow_to_bf16(x.f32s("matmul")?, len)?,
+        ))
     }
 
     /// The first `len` values of `xs` rounded to bf16 (the GEMM's activation operand).
@@ -299,7 +320,7 @@ impl CudaBackend {
             return self.gemv_launch(xs, t, k, &list, None);
         }
         if self.bf16_gemm {
-            let xb = self.narrow_to_bf16(xs, t * k)?;
+            let xb = self.bf16_operand(x, t * k)?;
             return mats
                 .iter_mut()
                 .filter(|m| m.shape.out_features > 0)
@@ -342,13 +363,14 @@ impl CudaBackend {
         let mut g = self.scratch(out.len(), dt)?;
         let mut u = self.scratch(out.len(), dt)?;
         if bf16 && self.bf16_gemm {
-            let xb = self.narrow_to_bf16(xs, t * k)?;
+            let xb = self.bf16_operand(x, t * k)?;
             self.gemm_bf16(&xb, gate, t, k, n, &mut g)?;
             self.gemm_bf16(&xb, up, t, k, n, &mut u)?;
         } else {
             self.matmul_impl(x, gate, shape, &mut g)?;
             self.matmul_impl(x, up, shape, &mut u)?;
         }
-        self.act_mul(act, &g, &u, out)
+        // The MLP's down projection reads `out` next.
+        self.act_mul_impl(act, &g, &u, out, self.gemm_reads_bf16(t))
     }
 }

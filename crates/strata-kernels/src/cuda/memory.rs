@@ -35,11 +35,7 @@ impl CudaBackend {
                 DType::F16,
             ),
         };
-        Ok(CudaBuffer {
-            storage,
-            len,
-            dtype,
-        })
+        Ok(CudaBuffer::new(storage, len, dtype))
     }
 
     pub(super) fn zeros_impl(&self, len: usize, dtype: DType) -> Result<CudaBuffer> {
@@ -71,11 +67,7 @@ impl CudaBackend {
                 Storage::Bits16(unsafe { self.stream.alloc::<u16>(n) }.map_err(&err)?)
             }
         };
-        Ok(CudaBuffer {
-            storage,
-            len,
-            dtype,
-        })
+        Ok(CudaBuffer::new(storage, len, dtype))
     }
 
     pub(super) fn download_impl(&self, buf: &CudaBuffer) -> Result<Vec<f32>> {
@@ -135,7 +127,7 @@ impl CudaBackend {
             c.dst_stride as u64,
         ];
         let cfg = grid_for(c.rows * c.cols);
-        let launched = match (&src.storage, &mut dst.storage) {
+        let launched = match (&src.storage, dst.storage_mut()) {
             (Storage::F32(s), Storage::F32(d)) => {
                 let f = self.kernels.get("copy_strided_b32")?;
                 let mut l = self.stream.launch_builder(f);

@@ -447,7 +447,7 @@ impl Backend for CudaBackend {
         up: &CudaBuffer,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        self.act_mul_impl(act, gate, up, out)
+        self.act_mul_impl(act, gate, up, out, false)
     }
 
     fn activation(&self, act: Activation, x: &CudaBuffer, out: &mut CudaBuffer) -> Result<()> {

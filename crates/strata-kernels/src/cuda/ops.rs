@@ -31,13 +31,26 @@ fn same_len(op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<()> {
     })
 }
 
-/// Which of the three RMSNorm forms `kernels/norm.cu` runs.
+/// Which of the four RMSNorm forms `kernels/norm.cu` runs.
 #[derive(Clone, Copy)]
 enum NormMode {
     Plain = 0,
     AddThenNorm = 1,
     NormThenAdd = 2,
     NormAddNorm = 3,
+}
+
+impl NormMode {
+    /// The mode's entry point in `kernels/norm.cu` (one per mode, each with its own
+    /// register count; the `mode` argument they all take must match).
+    fn kernel(self) -> &'static str {
+        match self {
+            NormMode::Plain => "rms_norm_plain",
+            NormMode::AddThenNorm => "rms_norm_add_then_norm",
+            NormMode::NormThenAdd => "rms_norm_then_add",
+            NormMode::NormAddNorm => "rms_norm_add_norm",
+        }
+    }
 }
 
 /// The optional parts of a norm launch: the second norm's weight (`NormAddNorm`) and the
@@ -53,13 +66,24 @@ const NO_EXTRA: NormExtra<'static> = NormExtra {
     post_scale: 1.0,
 };
 
-/// Values per thread the norm kernel keeps in registers (`NORM_REG` in `kernels/norm.cu`).
-const NORM_REG: usize = 8;
+/// float4 chunks per thread on the norm kernel's vector path (`NORM_VEC` in
+/// `kernels/norm.cu`), taken when `dim % 4 == 0` and `dim / 4 <= NORM_VEC * threads`.
+const NORM_VEC: usize = 2;
 
-/// Threads for a norm over rows of `dim`: enough warps that each thread holds at most
-/// NORM_REG values (the register path), up to a block of 1024 (longer rows loop).
+/// Values per thread of the scalar strided path (`dim % 4 != 0`) before the block grows.
+const NORM_SCALAR_PER_THREAD: usize = 8;
+
+/// Threads for a norm over rows of `dim` (one block per row; whole warps, 32 to 1024):
+/// with `dim % 4 == 0`, the fewest warps that give each thread at most NORM_VEC float4
+/// chunks (1536 -> 192, 2560 -> 320; up to dim 8192 at 1024 threads, longer rows loop);
+/// otherwise about NORM_SCALAR_PER_THREAD values per thread for the strided loops.
 fn norm_threads(dim: usize) -> u32 {
-    (dim.div_ceil(NORM_REG).div_ceil(32) * 32).clamp(32, 1024) as u32
+    let per_thread = if dim.is_multiple_of(4) {
+        4 * NORM_VEC
+    } else {
+        NORM_SCALAR_PER_THREAD
+    };
+    (dim.div_ceil(per_thread).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
 impl CudaBackend {
@@ -165,19 +189,32 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.kernels.get("rms_norm")?;
+        let f = self.kernels.get(mode.kernel())?;
         let xs = x.f32s(op)?;
+        // The kernel's result (the residual for NormThenAdd, else `out`) also goes out in
+        // bf16 when a bf16 GEMM reads it next.
+        let twin = self.gemm_reads_bf16(rows);
+        let (twin_res, twin_out) = match mode {
+            NormMode::NormThenAdd => (twin, false),
+            _ => (false, twin),
+        };
         let (dim, mode, w_dtype, w2_dtype) = (
             p.dim as i32,
             mode as i32,
             weight.map_or(-1, |w| dtype_code(w.dtype)),
             extra.weight2.map_or(-1, |w| dtype_code(w.dtype)),
         );
+        let null = 0u64;
+        let mut twin_ptr = None;
         let mut l = self.stream.launch_builder(f);
         l.arg(xs);
         // An unused pointer argument gets `x` (never dereferenced by that mode).
         match residual {
-            Some(r) => l.arg(r.f32s_mut(op)?),
+            Some(r) => {
+                let (values, b) = r.f32s_maybe_twin_mut(&self.stream, twin_res, op)?;
+                twin_ptr = b.or(twin_ptr);
+                l.arg(values)
+            }
             None => l.arg(xs),
         };
         match weight {
@@ -195,8 +232,16 @@ impl CudaBackend {
         }
         l.arg(&w2_dtype).arg(&p.weight_offset);
         match out {
-            Some(o) => l.arg(o.f32s_mut(op)?),
+            Some(o) => {
+                let (values, b) = o.f32s_maybe_twin_mut(&self.stream, twin_out, op)?;
+                twin_ptr = b.or(twin_ptr);
+                l.arg(values)
+            }
             None => l.arg(xs),
+        };
+        match twin_ptr {
+            Some(b) => l.arg(b),
+            None => l.arg(&null),
         };
         l.arg(&dim).arg(&p.eps).arg(&mode).arg(&extra.post_scale);
         let cfg = LaunchConfig {
@@ -387,24 +432,32 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `out = act(gate) * up`; with `twin`, `out`'s bf16 twin too (a bf16 GEMM reads it).
     pub(super) fn act_mul_impl(
         &self,
         act: Activation,
         gate: &CudaBuffer,
         up: &CudaBuffer,
         out: &mut CudaBuffer,
+        twin: bool,
     ) -> Result<()> {
         const OP: &str = "act_mul";
         same_len(OP, gate, up)?;
         same_len(OP, gate, out)?;
         let n = gate.len();
-        let (g, u, o) = (gate.f32s(OP)?, up.f32s(OP)?, out.f32s_mut(OP)?);
+        let (g, u) = (gate.f32s(OP)?, up.f32s(OP)?);
+        let (o, ob) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
         if n == 0 {
             return Ok(());
         }
-        let (n64, code) = (n as u64, act_code(act));
+        let (n64, code, null) = (n as u64, act_code(act), 0u64);
         let mut l = self.stream.launch_builder(self.kernels.get("act_mul")?);
-        l.arg(g).arg(u).arg(o).arg(&n64).arg(&code);
+        l.arg(g).arg(u).arg(o);
+        match ob {
+            Some(b) => l.arg(b),
+            None => l.arg(&null),
+        };
+        l.arg(&n64).arg(&code);
         // SAFETY: equal lengths checked above.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
@@ -513,18 +566,26 @@ impl CudaBackend {
 mod tests {
     use super::*;
 
-    /// Rows up to 8 x 1024 values fit the register path (at most NORM_REG per thread);
-    /// blocks are whole warps.
+    /// Rows of a multiple of 4 up to 8 x 1024 values take the vector path (at most NORM_VEC
+    /// float4 chunks per thread, no more warps than needed); blocks are whole warps.
     #[test]
     fn norm_threads_keep_rows_in_registers() {
-        for dim in [1, 31, 256, 1536, 2560, 4096, 8192] {
+        for dim in [4, 12, 100, 256, 1536, 2560, 4096, 8192] {
             let t = norm_threads(dim) as usize;
+            let chunks = dim / 4;
             assert_eq!(t % 32, 0, "dim {dim}");
-            assert!(t * NORM_REG >= dim, "dim {dim}: {t} threads");
+            assert!(t * NORM_VEC >= chunks, "dim {dim}: {t} threads");
             assert!(
-                t == 32 || (t - 32) * NORM_REG < dim,
+                t == 32 || (t - 32) * NORM_VEC < chunks,
                 "dim {dim}: {t} threads is more than needed"
             );
+        }
+        assert_eq!(norm_threads(1536), 192);
+        assert_eq!(norm_threads(2560), 320);
+        for dim in [1, 31, 255, 1537, 9001] {
+            let t = norm_threads(dim) as usize;
+            assert_eq!(t % 32, 0, "dim {dim}");
+            assert!((32..=1024).contains(&t), "dim {dim}: {t} threads");
         }
         assert_eq!(
             norm_threads(100_000),

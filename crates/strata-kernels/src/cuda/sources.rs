@@ -58,7 +58,12 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "norm",
         source: include_str!("../../../../kernels/norm.cu"),
-        functions: &["rms_norm"],
+        functions: &[
+            "rms_norm_plain",
+            "rms_norm_add_then_norm",
+            "rms_norm_then_add",
+            "rms_norm_add_norm",
+        ],
     },
     KernelFile {
         name: "rope",
