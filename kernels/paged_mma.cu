@@ -72,23 +72,54 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 
 // Copies keys j0 .. j0 + PM_KT - 1 (those up to `last`) of a KV head into a tile; rows past
 // `last` are zero-filled so they add nothing (their probabilities are zero too). Lane j of
-// every warp reads key j's slot once; the copies take it by shuffle.
-__device__ __forceinline__ void load_tile(u16* kt, u16* vt, const u16* k_slab,
-                                          const u16* v_slab, const u32* sl, long long j0,
-                                          long long last, int n_kv_heads, int kvh, int d,
-                                          int ld) {
-    const int lane = threadIdx.x % 32;
-    const u32 my_slot = j0 + lane <= last ? sl[j0 + lane] : 0u;
+// every warp reads key j's slot once; the copies take it by shuffle. THREADS is the block
+// size; PM_KT * chunks = 4 d is a multiple of 32, so every lane of a warp runs the same
+// rounds (the shuffle needs them all).
+template <int THREADS, bool STEP = false>
+__device__ __forceinline__ void load_tile_slot(u16* kt, u16* vt, const u16* k_slab,
+                                               const u16* v_slab, u32 my_slot, long long j0,
+                                               long long last, int n_kv_heads, int kvh, int d,
+                                               int ld) {
     const int chunks = d / 8;  // 16-byte pieces of a row
-    // PM_KT * chunks = 4 d is a multiple of the block size: every lane runs every round.
-    for (int c = threadIdx.x; c < PM_KT * chunks; c += PM_WARPS * 32) {
-        const int key = c / chunks, part = c % chunks;
+    // Piece c is (key c / chunks, part c % chunks). With STEP the loop steps both instead
+    // of dividing every round (fewer instructions, two more registers: the decode kernel,
+    // at its register cap, keeps the divisions).
+    int key = threadIdx.x / chunks, part = threadIdx.x % chunks;
+    const int key_step = THREADS / chunks, part_step = THREADS % chunks;
+    for (int c = threadIdx.x; c < PM_KT * chunks; c += THREADS) {
+        if (!STEP) {
+            key = c / chunks;
+            part = c % chunks;
+        }
         const u32 slot = __shfl_sync(0xffffffffu, my_slot, key);
         const bool valid = j0 + key <= last;
         const u64 off = valid ? ((u64)slot * n_kv_heads + kvh) * d + part * 8 : 0;
         cp_async16(kt + key * ld + part * 8, k_slab + off, valid ? 16 : 0);
         cp_async16(vt + key * ld + part * 8, v_slab + off, valid ? 16 : 0);
+        if (STEP) {
+            key += key_step;
+            part += part_step;
+            if (part >= chunks) {
+                part -= chunks;
+                ++key;
+            }
+        }
     }
+}
+
+// Lane j's slot of the tile starting at key j0 (0 past `last`).
+__device__ __forceinline__ u32 tile_slot(const u32* sl, long long j0, long long last) {
+    const int lane = threadIdx.x % 32;
+    return j0 + lane <= last ? sl[j0 + lane] : 0u;
+}
+
+template <int THREADS>
+__device__ __forceinline__ void load_tile(u16* kt, u16* vt, const u16* k_slab,
+                                          const u16* v_slab, const u32* sl, long long j0,
+                                          long long last, int n_kv_heads, int kvh, int d,
+                                          int ld) {
+    load_tile_slot<THREADS>(kt, vt, k_slab, v_slab, tile_slot(sl, j0, last), j0, last,
+                            n_kv_heads, kvh, d, ld);
 }
 
 // Shared memory: Q [16][ld], K and V [n_stages][PM_KT][ld] (bf16, ld = d + PM_PAD), S
@@ -140,10 +171,14 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
     // group (empty past the last tile) so the wait counts stay uniform.
     for (int st = 0; st + 1 < n_stages; ++st) {
         if (st < n_tiles)
-            load_tile(ks + st * PM_KT * ld, vs + st * PM_KT * ld, k_slab, v_slab, sl,
-                      zlo + (long long)st * PM_KT, zhi, n_kv_heads, kvh, d, ld);
+            load_tile<PM_WARPS * 32>(ks + st * PM_KT * ld, vs + st * PM_KT * ld, k_slab,
+                                     v_slab, sl, zlo + (long long)st * PM_KT, zhi, n_kv_heads,
+                                     kvh, d, ld);
         cp_async_commit();
     }
+    // Each lane's slot of the next tile to load, read one iteration ahead so the tile's
+    // copies never wait on it.
+    u32 next_slot = tile_slot(sl, zlo + (long long)(n_stages - 1) * PM_KT, zhi);
     // The group's query rows as bf16 (four values a thread per round, every load of a
     // thread issued before its first store); rows past the group are zero.
     const float4* qsrc = (const float4*)(q + (t * n_heads + (u64)kvh * group) * d);
@@ -206,9 +241,12 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
             const int ahead = it + n_stages - 1;
             const int nb = ahead % n_stages;
             if (ahead < n_tiles)
-                load_tile(ks + nb * PM_KT * ld, vs + nb * PM_KT * ld, k_slab, v_slab, sl,
-                          zlo + (long long)ahead * PM_KT, zhi, n_kv_heads, kvh, d, ld);
+                load_tile_slot<PM_WARPS * 32>(ks + nb * PM_KT * ld, vs + nb * PM_KT * ld,
+                                              k_slab, v_slab, next_slot,
+                                              zlo + (long long)ahead * PM_KT, zhi, n_kv_heads,
+                                              kvh, d, ld);
             cp_async_commit();
+            next_slot = tile_slot(sl, zlo + (long long)(ahead + 1) * PM_KT, zhi);
         }
 
         // S for this warp's 8 keys and half of d, two k-steps of 16 per K load; two
@@ -340,6 +378,326 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
                 const int c = col0 + nt * 8 + 2 * tq;
                 dst[c] = (o[nt][2 * half] + o_hi[r * d + c]) * norm;
                 dst[c + 1] = (o[nt][2 * half + 1] + o_hi[r * d + c + 1]) * norm;
+            }
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
+// Prefill attention on tensor cores: the long query runs of one sequence (prefill chunks),
+// bf16 slab, bf16 mode. Where the decode kernel above gives a block one token's query group
+// (16 mma rows, half of them empty for a group of 8), a block here takes PF_ROWS = 64 rows:
+// `tpb` consecutive tokens times the group's query heads (row r is token t0 + r / group,
+// head r % group), so each key and value row is read from memory once per 64 query rows.
+// Per tile of PM_KT keys, PF_WARPS = 16 warps:
+//   1. S = Q K^T (64 x PM_KT): warp w computes rows 16 (w / 4) .. + 15 against keys
+//      8 (w % 4) .. + 7 over the whole head_dim;
+//   2. the online softmax, one lane per key, rows w, w + 16, w + 32, w + 48 a warp, each row
+//      masked to its own token's keys (causal and window);
+//   3. O += P V: warp w accumulates rows 16 (w / 4) .. + 15 over columns (w % 4) d / 4 ..
+//      + d / 4 in registers (64 floats a lane at d 512).
+// Blocks are issued last tokens first: under the causal mask they have the most keys, and
+// starting them first keeps the grid's tail short. Splits (few blocks: short prompts) cut
+// the block's key range in whole tiles as the decode kernel does; a row with no key in a
+// split writes a zero sum, which `paged_combine` skips.
+//
+// Floor (E2B, 4096 tokens): the full layers' K and V cross from L2 once per 64 query rows
+// (4096 / 8 blocks x ~2048 keys x 2 KB = 2.1 GB a layer); the mma work (2 x 64 x d flops a
+// key for each product, about half of it masked-out in the causal triangle's diagonal
+// tiles only) is ~1 TFLOP for the model, a few ms at the tensor rate mma.sync reaches.
+
+#define PF_ROWS 64
+#define PF_WARPS 16
+
+// A finite f32 rounded to bf16 (nearest even) in one instruction: the probabilities, which
+// are never NaN (f32_to_bf16_rne keeps NaN payloads, for the KV store's bit-exactness).
+__device__ __forceinline__ u16 bf16_rn_finite(float x) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+}
+
+// Shared memory: Q [64][ld], K and V [n_stages][PM_KT][ld] (bf16, ld = d + PM_PAD), S
+// [64][PM_KT] f32, P [64][PM_KT + PM_PAD] bf16, per-row factors [64] f32, per-row key
+// bounds [2][64] i32
+// (`prefill_smem_bytes` in cuda/paged_mma.rs computes the same sum). One block a
+// multiprocessor: 512 threads at up to 128 registers fill the register file.
+// `q` and `out` start at the sequence's first row; `sl` at its first slot.
+extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1)
+prefill_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const u32* sl,
+                      float* out, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
+                      int d, float scale, long long window, int has_softcap, float softcap,
+                      int n_splits, int n_stages, int q_len, long long q_pos0,
+                      long long k_start, int tpb) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int ld = d + PM_PAD;
+    const int ldp = PM_KT + PM_PAD;
+    u16* qs = (u16*)smem;
+    u16* ks = qs + PF_ROWS * ld;
+    u16* vs = ks + n_stages * PM_KT * ld;
+    float* ss = (float*)(vs + n_stages * PM_KT * ld);  // [64][PM_KT]
+    u16* ps = (u16*)(ss + PF_ROWS * PM_KT);
+    float* row_f = (float*)(ps + PF_ROWS * ldp);
+    int* row_lo = (int*)(row_f + PF_ROWS);  // [64] each row's first and last visible key
+    int* row_hi = row_lo + PF_ROWS;
+
+    const int kvh = blockIdx.y;
+    const int z = blockIdx.z;
+    const int group = n_heads / n_kv_heads;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * tpb;
+    const int n_tok = min(tpb, q_len - t0);
+    const int rows_used = n_tok * group;
+
+    // Visible keys (indices from k_start, 32-bit: a sequence's slot list is far shorter)
+    // of token t: lo(t) ..= hi(t); both grow with t. The block's range runs from its first
+    // token's lo to its last token's hi. A window longer than every key list is no window.
+    const int hi0 = (int)(q_pos0 + t0 - k_start);
+    const int win = window >= 0 && window <= hi0 + tpb ? (int)window : -1;
+    const int lo = win >= 0 ? max(0, hi0 - win + 1) : 0;
+    const int hi = hi0 + n_tok - 1;
+    int chunk = (hi - lo + n_splits) / n_splits;
+    chunk = (chunk + PM_KT - 1) / PM_KT * PM_KT;
+    const int zlo = lo + z * chunk;
+    const int zhi = min(zlo + chunk - 1, hi);
+    const int n_tiles = zhi >= zlo ? (zhi - zlo + PM_KT) / PM_KT : 0;
+    // Rows' key bounds, once per block (the softmax would otherwise divide by the group
+    // size every tile); rows past the block's tokens see no key. Read after the first
+    // barrier of the tile loop.
+    if (threadIdx.x < PF_ROWS) {
+        const int r = threadIdx.x;
+        const int rhi = hi0 + r / group;
+        row_lo[r] = win >= 0 ? max(0, rhi - win + 1) : 0;
+        row_hi[r] = r < rows_used ? min(rhi, zhi) : -1;
+    }
+
+    for (int st = 0; st + 1 < n_stages; ++st) {
+        if (st < n_tiles)
+            load_tile<PF_WARPS * 32>(ks + st * PM_KT * ld, vs + st * PM_KT * ld, k_slab,
+                                     v_slab, sl, zlo + st * PM_KT, zhi, n_kv_heads, kvh, d,
+                                     ld);
+        cp_async_commit();
+    }
+    // Each lane's slot of the next tile to load, read one iteration ahead so the tile's
+    // copies never wait on it.
+    u32 next_slot = tile_slot(sl, zlo + (n_stages - 1) * PM_KT, zhi);
+    // Query rows as bf16, four values a thread per load; rows past the block's tokens are
+    // zero. A token's group of heads is contiguous in q.
+    {
+        const int q4 = PF_ROWS * d / 4;
+        const int dq = d / 4;
+        for (int i0 = 0; i0 < q4; i0 += 4 * PF_WARPS * 32) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int i = i0 + u * PF_WARPS * 32 + threadIdx.x;
+                const int r = i / dq;
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (i < q4 && r < rows_used) {
+                    const u64 tok = t0 + r / group;
+                    const u64 head = (u64)kvh * group + r % group;
+                    v[u] = ((const float4*)(q + (tok * n_heads + head) * d))[i % dq];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int i = i0 + u * PF_WARPS * 32 + threadIdx.x;
+                if (i < q4) {
+                    u16* dst = qs + (i / dq) * ld + 4 * (i % dq);
+                    dst[0] = f32_to_bf16_rne(v[u].x);
+                    dst[1] = f32_to_bf16_rne(v[u].y);
+                    dst[2] = f32_to_bf16_rne(v[u].z);
+                    dst[3] = f32_to_bf16_rne(v[u].w);
+                }
+            }
+        }
+    }
+
+    const int g = lane / 4, tq = lane % 4;
+    const int lm_row = (lane % 8) + 8 * ((lane / 8) % 2), lm_col = 8 * (lane / 16);
+    const int rg = warp / 4, quarter = warp % 4;  // row group; key group (S) / column quarter (P V)
+    const int n_tiles_d = d / 32;
+    const int col0 = quarter * (d / 4);
+
+    float o[PM_MAX_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < PM_MAX_NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m_run[4], l_run[4];  // rows warp + 16 i (the same in every lane)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        m_run[i] = NEG_INF;
+        l_run[i] = 0.0f;
+    }
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int buf = it % n_stages;
+        const int j0 = zlo + it * PM_KT;
+        u16* kt = ks + buf * PM_KT * ld;
+        u16* vt = vs + buf * PM_KT * ld;
+        cp_async_wait(n_stages - 2);
+        __syncthreads();  // tile `it` landed; every warp is done with tile it - 1
+        {
+            const int ahead = it + n_stages - 1;
+            const int nb = ahead % n_stages;
+            if (ahead < n_tiles)
+                load_tile_slot<PF_WARPS * 32, true>(ks + nb * PM_KT * ld,
+                                                    vs + nb * PM_KT * ld,
+                                              k_slab, v_slab, next_slot, zlo + ahead * PM_KT,
+                                              zhi, n_kv_heads, kvh, d, ld);
+            cp_async_commit();
+            next_slot = tile_slot(sl, zlo + (ahead + 1) * PM_KT, zhi);
+        }
+
+        // S for rows 16 rg .. + 15 and keys 8 quarter .. + 7; four accumulators (a quarter
+        // of each 64 columns of head_dim each) keep four mma chains in flight.
+        {
+            float s[4][4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
+            const u16* krow = kt + (quarter * 8 + lane % 8) * ld + 8 * (lane / 8);
+            const u16* qrow = qs + (rg * 16 + lm_row) * ld + lm_col;
+            for (int kk = 0; kk < d; kk += 64) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    u32 b0, b1, b2, b3, a0, a1, a2, a3;
+                    ldmatrix_x4(b0, b1, b2, b3, krow + kk + 32 * h);
+                    ldmatrix_x4(a0, a1, a2, a3, qrow + kk + 32 * h);
+                    mma_bf16(s[2 * h], a0, a1, a2, a3, b0, b1);
+                    ldmatrix_x4(a0, a1, a2, a3, qrow + kk + 32 * h + 16);
+                    mma_bf16(s[2 * h + 1], a0, a1, a2, a3, b2, b3);
+                }
+            }
+            float* sr = ss + (rg * 16 + g) * PM_KT + quarter * 8 + 2 * tq;
+            sr[0] = (s[0][0] + s[1][0]) + (s[2][0] + s[3][0]);
+            sr[1] = (s[0][1] + s[1][1]) + (s[2][1] + s[3][1]);
+            sr[8 * PM_KT] = (s[0][2] + s[1][2]) + (s[2][2] + s[3][2]);
+            sr[8 * PM_KT + 1] = (s[0][3] + s[1][3]) + (s[2][3] + s[3][3]);
+        }
+        __syncthreads();
+
+        // Online softmax, one lane per key, each row masked to its token's keys; the warp's
+        // four rows go through each shuffle step together (four independent chains). A row
+        // with no visible key yet keeps max -inf: its factors use 0 in place of the max so
+        // nothing turns NaN (its sum stays 0). Rows past the block's tokens compute on
+        // nothing and store nothing.
+        {
+            const int j = j0 + lane;
+            float x[4], mx[4], pf[4];
+            bool valid[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = warp + PF_WARPS * i;
+                valid[i] = j >= row_lo[r] && j <= row_hi[r];
+                x[i] = NEG_INF;
+                if (valid[i]) {
+                    x[i] = ss[r * PM_KT + lane] * scale;
+                    if (has_softcap) x[i] = softcap * tanhf(x[i] / softcap);
+                }
+                mx[i] = x[i];
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+            }
+            float corr[4];
+            u16 pb[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float m_new = fmaxf(m_run[i], mx[i]);
+                const float m_use = m_new == NEG_INF ? 0.0f : m_new;
+                corr[i] = __expf(m_run[i] - m_use);
+                pb[i] = valid[i] ? bf16_rn_finite(__expf(x[i] - m_use)) : (u16)0;
+                pf[i] = bf16_to_f32(pb[i]);
+                m_run[i] = m_new;
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) pf[i] += __shfl_xor_sync(0xffffffffu, pf[i], off);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = warp + PF_WARPS * i;
+                l_run[i] = l_run[i] * corr[i] + pf[i];
+                if (r < rows_used) {
+                    ps[r * ldp + lane] = pb[i];
+                    if (lane == 0) row_f[r] = corr[i];
+                }
+            }
+        }
+        __syncthreads();
+
+        // O = O * corr + P V over this warp's rows and columns. Once the rows' maxima
+        // settle every factor is exactly 1: the warp then skips the multiplies (same bits).
+        const float c_lo = row_f[rg * 16 + g], c_hi = row_f[rg * 16 + g + 8];
+        if (__any_sync(0xffffffffu, c_lo != 1.0f || c_hi != 1.0f)) {
+#pragma unroll
+            for (int nt = 0; nt < PM_MAX_NT; ++nt) {
+                o[nt][0] *= c_lo;
+                o[nt][1] *= c_lo;
+                o[nt][2] *= c_hi;
+                o[nt][3] *= c_hi;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < PM_KT; kk += 16) {
+            u32 a0, a1, a2, a3;
+            ldmatrix_x4(a0, a1, a2, a3, ps + (rg * 16 + lm_row) * ldp + kk + lm_col);
+            const u16* vrow = vt + (kk + lm_row) * ld + col0 + lm_col;
+#pragma unroll
+            for (int nt = 0; nt < PM_MAX_NT; nt += 2) {
+                if (nt < n_tiles_d) {
+                    u32 b0, b1, b2, b3;
+                    ldmatrix_x4_trans(b0, b1, b2, b3, vrow + nt * 8);
+                    mma_bf16(o[nt], a0, a1, a2, a3, b0, b1);
+                    mma_bf16(o[nt + 1], a0, a1, a2, a3, b2, b3);
+                }
+            }
+        }
+    }
+
+    // Rows' (max, sum) through shared memory (S's space: every warp is past its last read).
+    float* m_s = ss;
+    float* l_s = ss + PF_ROWS;
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            m_s[warp + PF_WARPS * i] = m_run[i];
+            l_s[warp + PF_WARPS * i] = l_run[i];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = rg * 16 + g + 8 * half;
+        if (r >= rows_used) continue;
+        const float l = l_s[r];
+        const u64 task = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
+        float* dst;
+        float norm;
+        if (n_splits == 1) {
+            dst = out + task * d;
+            norm = l > 0.0f ? 1.0f / l : 0.0f;
+        } else {
+            const u64 part = task * n_splits + z;
+            dst = ws_acc + part * d;
+            norm = 1.0f;
+            if (quarter == 0 && tq == 0) {
+                ws_ml[2 * part] = m_s[r];
+                ws_ml[2 * part + 1] = l;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < PM_MAX_NT; ++nt) {
+            if (nt < n_tiles_d) {
+                const int c = col0 + nt * 8 + 2 * tq;
+                dst[c] = o[nt][2 * half] * norm;
+                dst[c + 1] = o[nt][2 * half + 1] * norm;
             }
         }
     }

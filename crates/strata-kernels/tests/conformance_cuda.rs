@@ -347,6 +347,35 @@ proptest! {
 }
 
 proptest! {
+    // Each case's f64 reference covers hundreds of rows against up to a thousand keys.
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Long query runs (prefill chunks, 64 rows or more) in the bf16 mode: the tensor-core
+    /// prefill kernel, with cached prefixes, windows shorter and longer than the run,
+    /// softcaps, groups up to 16 and a short sequence beside them (which takes the decode
+    /// kernel in the same call).
+    #[test]
+    fn prefill_attention_bf16_mode_random_shapes(
+        kv_heads in 1usize..3, group in 1usize..17, d64 in 1usize..9,
+        window in proptest::option::of(1usize..300), softcap in proptest::option::of(5.0f32..60.0),
+        seqs in proptest::collection::vec((0usize..700, 64usize..300), 1..3),
+        short in proptest::option::of((0usize..400, 1usize..9)), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let mut seqs = seqs;
+            seqs.extend(short);
+            let c = PagedCase {
+                format: strata_kernels::KvFormat::Bf16, n_heads: kv_heads * group,
+                n_kv_heads: kv_heads, head_dim: 64 * d64, window,
+                scale: 1.0 / (64.0 * d64 as f32).sqrt(), softcap, seqs, seed,
+            };
+            check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
+                .map_err(TestCaseError::fail)?;
+        }
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]

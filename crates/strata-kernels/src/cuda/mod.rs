@@ -20,6 +20,7 @@ mod module;
 mod ops;
 mod paged;
 mod paged_mma;
+mod prefill_attention;
 mod sources;
 
 pub use buffer::CudaBuffer;

@@ -16,8 +16,8 @@ use crate::{
 /// A slab in device memory.
 pub struct CudaKvSlab {
     pub shape: KvSlabShape,
-    k: CudaSlice<u8>,
-    v: CudaSlice<u8>,
+    pub(super) k: CudaSlice<u8>,
+    pub(super) v: CudaSlice<u8>,
     /// At least one element, so slabs without scales still have a pointer to pass.
     k_scales: CudaSlice<f32>,
     v_scales: CudaSlice<f32>,
@@ -106,9 +106,9 @@ fn pack_seqs(seqs: &[PagedSeq]) -> Result<(Vec<u32>, Vec<u32>)> {
 const PA_MAX_D: usize = 512;
 const PA_THREADS: u32 = 128;
 /// Keys one split walks at least; below this, splitting costs more than it saves.
-const MIN_SPLIT_KEYS: usize = 256;
+pub(super) const MIN_SPLIT_KEYS: usize = 256;
 /// Must match `PA_MAX_SPLITS` in `kernels/paged.cu` (the combine kernel's weight array).
-const MAX_SPLITS: usize = 64;
+pub(super) const MAX_SPLITS: usize = 64;
 /// Columns one combine block merges (`COMBINE_COLS`).
 const COMBINE_COLS: usize = 128;
 
@@ -344,6 +344,19 @@ impl CudaBackend {
         if rows == 0 || p.n_heads == 0 {
             return Ok(());
         }
+        // Graph batches (made with a capacity) are decode steps: never the dense path.
+        let dense_min_q = if batch.capacity.is_some() {
+            0
+        } else {
+            self.dense_min_q
+        };
+        let qs = q.f32s(OP)?;
+        if dense_min_q > 0 && batch.host_seqs.iter().all(|s| s.q_len >= dense_min_q) {
+            // Every row is a long query run's (a prefill): the paged kernel would only
+            // launch blocks that find no keys.
+            let os = out.f32s_mut(OP)?;
+            return self.dense_sequences(qs, slab, batch, p, dense_min_q, os);
+        }
         let tasks = rows * p.n_heads;
         let mma = self.paged_mma.applies(self.bf16_gemm, s.format, &p);
         // Split the keys when there are too few blocks to fill the GPU. The tensor-core
@@ -389,7 +402,6 @@ impl CudaBackend {
                 self.stream.alloc::<f32>(ml_len).map_err(&err)?,
             )
         };
-        let qs = q.f32s(OP)?;
         let os = out.f32s_mut(OP)?;
         let window: i64 = p
             .window
@@ -398,12 +410,6 @@ impl CudaBackend {
         let fmt = format_code(s.format);
         let has_cap = i32::from(p.softcap.is_some());
         let splits_i = splits as i32;
-        // Graph batches (made with a capacity) are decode steps: never the dense path.
-        let dense_min_q = if batch.capacity.is_some() {
-            0
-        } else {
-            self.dense_min_q
-        };
         let dense_min_q_i = i32::try_from(dense_min_q).unwrap_or(i32::MAX);
         let name = if mma { super::paged_mma::KERNEL } else { OP };
         let mut l = self.stream.launch_builder(self.kernels.get(name)?);
@@ -453,25 +459,70 @@ impl CudaBackend {
         // layout needs (granted at start-up, `MmaSupport::probe`).
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         if splits > 1 {
-            let os = out.f32s_mut(OP)?;
-            let mut l = self
-                .stream
-                .launch_builder(self.kernels.get("paged_combine")?);
-            l.arg(&ws_acc).arg(&ws_ml).arg(os).arg(&d_i).arg(&splits_i);
-            let cfg = LaunchConfig {
-                grid_dim: (tasks as u32, d.div_ceil(COMBINE_COLS) as u32, 1),
-                block_dim: (COMBINE_COLS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the workspace was filled for tasks x splits; out holds tasks x d.
-            unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
+            let mut os = out.f32s_mut(OP)?.slice_mut(..);
+            self.combine_splits(&ws_acc, &ws_ml, &mut os, tasks, d, splits)?;
         }
         if dense_min_q > 0 {
             let os = out.f32s_mut(OP)?;
-            for seq in batch.host_seqs.iter().filter(|s| s.q_len >= dense_min_q) {
+            self.dense_sequences(qs, slab, batch, p, dense_min_q, os)?;
+        }
+        Ok(())
+    }
+
+    /// Attends the sequences with at least `dense_min_q` query rows: the tensor-core
+    /// prefill kernel in the bf16 mode on bf16 slabs, else the GEMM path.
+    fn dense_sequences(
+        &self,
+        qs: &CudaSlice<f32>,
+        slab: &CudaKvSlab,
+        batch: &CudaPagedBatch,
+        p: AttentionParams,
+        dense_min_q: usize,
+        os: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let mma = self
+            .paged_mma
+            .prefill_applies(self.bf16_gemm, slab.shape.format, &p);
+        for seq in batch.host_seqs.iter().filter(|s| s.q_len >= dense_min_q) {
+            if mma {
+                self.prefill_attention(qs, slab, &batch.slots, seq, p, os)?;
+            } else {
                 self.dense_attention(qs, slab, &batch.slots, seq, p, os)?;
             }
         }
+        Ok(())
+    }
+
+    /// Merges `splits` partial results per task (`paged_combine`) into `out`'s
+    /// `tasks` x `d` values.
+    pub(super) fn combine_splits(
+        &self,
+        ws_acc: &CudaSlice<f32>,
+        ws_ml: &CudaSlice<f32>,
+        out: &mut cudarc::driver::CudaViewMut<'_, f32>,
+        tasks: usize,
+        d: usize,
+        splits: usize,
+    ) -> Result<()> {
+        ensure(
+            out.len() >= tasks * d
+                && ws_acc.len() >= tasks * splits * d
+                && ws_ml.len() >= tasks * splits * 2,
+            "paged_combine",
+            || format!("{tasks} tasks of {d} over {splits} splits do not fit the buffers"),
+        )?;
+        let (d_i, splits_i) = (d as i32, splits as i32);
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get("paged_combine")?);
+        l.arg(ws_acc).arg(ws_ml).arg(out).arg(&d_i).arg(&splits_i);
+        let cfg = LaunchConfig {
+            grid_dim: (tasks as u32, d.div_ceil(COMBINE_COLS) as u32, 1),
+            block_dim: (COMBINE_COLS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the workspace holds tasks x splits partials (checked); out holds tasks x d.
+        unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
         Ok(())
     }
 }

@@ -10,6 +10,10 @@ use super::module::Kernels;
 use crate::{AttentionParams, KvFormat};
 
 pub(super) const KERNEL: &str = "paged_attention_mma";
+/// The prefill kernel: 64 query rows (tokens x the group's heads) a block.
+pub(super) const PREFILL_KERNEL: &str = "prefill_attention_mma";
+pub(super) const PREFILL_ROWS: usize = 64;
+pub(super) const PREFILL_THREADS: u32 = 512;
 /// Keys per tile, query rows per block, padding per shared row: `PM_*` in the kernel.
 const KT: usize = 32;
 const ROWS: usize = 16;
@@ -29,13 +33,26 @@ pub(super) fn smem_bytes(d: usize, stages: usize) -> usize {
     (ROWS * ld + 2 * stages * KT * ld) * 2 + 2 * ROWS * KT * 4 + ROWS * (KT + PAD) * 2 + ROWS * 4
 }
 
-/// What the device grants the kernel.
+/// The prefill kernel's dynamic shared memory: the same layout with PREFILL_ROWS rows of
+/// Q, S, P and factors, and two i32 key bounds a row.
+pub(super) fn prefill_smem_bytes(d: usize, stages: usize) -> usize {
+    let (ld, rows) = (d + PAD, PREFILL_ROWS);
+    (rows * ld + 2 * stages * KT * ld) * 2
+        + rows * KT * 4
+        + rows * (KT + PAD) * 2
+        + rows * 4
+        + 2 * rows * 4
+}
+
+/// What the device grants the kernels.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct MmaSupport {
     /// Dynamic shared memory a block may use (0: the kernel is not used).
     pub smem_limit: usize,
     /// Shared memory of one multiprocessor (how many blocks run side by side).
     pub smem_per_sm: usize,
+    /// The same for the prefill kernel (0: not used).
+    pub prefill_smem_limit: usize,
 }
 
 impl MmaSupport {
@@ -49,20 +66,29 @@ impl MmaSupport {
         let optin = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
         let per_sm =
             attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+        let grant = |name: &'static str, limit: usize| {
+            kernels.get(name).is_ok_and(|f| {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    limit as i32,
+                )
+                .is_ok()
+            })
+        };
         let limit = optin.min(smem_bytes(MAX_D, MAX_STAGES));
-        let granted = kernels.get(KERNEL).is_ok_and(|f| {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                limit as i32,
-            )
-            .is_ok()
-        });
-        if !granted {
+        if !grant(KERNEL, limit) {
             return Self::default();
         }
+        let prefill_limit = optin.min(prefill_smem_bytes(MAX_D, MAX_STAGES));
+        let prefill_off = std::env::var("STRATA_PREFILL_MMA").is_ok_and(|v| v == "0");
         Self {
             smem_limit: limit,
             smem_per_sm: per_sm.max(limit),
+            prefill_smem_limit: if !prefill_off && grant(PREFILL_KERNEL, prefill_limit) {
+                prefill_limit
+            } else {
+                0
+            },
         }
     }
 
@@ -77,6 +103,34 @@ impl MmaSupport {
             && p.n_kv_heads > 0
             && p.n_heads / p.n_kv_heads <= ROWS
             && smem_bytes(d, MIN_STAGES) <= self.smem_limit
+    }
+
+    /// Whether a sequence's long query run takes the prefill kernel: the decode kernel's
+    /// conditions, with groups of up to PREFILL_ROWS query heads.
+    pub(super) fn prefill_applies(
+        &self,
+        bf16_mode: bool,
+        format: KvFormat,
+        p: &AttentionParams,
+    ) -> bool {
+        let d = p.head_dim;
+        bf16_mode
+            && format == KvFormat::Bf16
+            && d > 0
+            && d.is_multiple_of(64)
+            && d <= MAX_D
+            && p.n_kv_heads > 0
+            && p.n_heads.is_multiple_of(p.n_kv_heads)
+            && p.n_heads / p.n_kv_heads <= PREFILL_ROWS
+            && prefill_smem_bytes(d, MIN_STAGES) <= self.prefill_smem_limit
+    }
+
+    /// The prefill kernel's pipeline depth for head_dim `d`.
+    pub(super) fn prefill_stages(&self, d: usize) -> usize {
+        (MIN_STAGES..=MAX_STAGES)
+            .rev()
+            .find(|&s| prefill_smem_bytes(d, s) <= self.prefill_smem_limit)
+            .unwrap_or(MIN_STAGES)
     }
 
     /// The deepest pipeline whose blocks fit the granted shared memory (the kernel's
@@ -128,6 +182,7 @@ mod tests {
         let hopper = MmaSupport {
             smem_limit: 227 * 1024,
             smem_per_sm: 228 * 1024,
+            prefill_smem_limit: 227 * 1024,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -139,14 +194,27 @@ mod tests {
         let ampere = MmaSupport {
             smem_limit: 163 * 1024,
             smem_per_sm: 164 * 1024,
+            prefill_smem_limit: 163 * 1024,
         };
         assert_eq!(ampere.stages(512), 2);
+        // The prefill kernel: d 512 in two stages on Hopper; on A100 only up to d 256.
+        assert_eq!(prefill_smem_bytes(512, 2), 213_760);
+        assert_eq!(hopper.prefill_stages(512), 2);
+        assert_eq!(hopper.prefill_stages(256), 3);
+        let e2b_full = params(8, 1, 512);
+        assert!(hopper.prefill_applies(true, KvFormat::Bf16, &e2b_full));
+        assert!(!ampere.prefill_applies(true, KvFormat::Bf16, &e2b_full));
+        assert!(ampere.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 256)));
+        assert!(hopper.prefill_applies(true, KvFormat::Bf16, &params(32, 1, 128)));
+        assert!(!hopper.prefill_applies(true, KvFormat::Bf16, &params(128, 1, 128)));
+        assert!(!hopper.prefill_applies(false, KvFormat::Bf16, &e2b_full));
     }
 
     fn support(smem_limit: usize) -> MmaSupport {
         MmaSupport {
             smem_limit,
             smem_per_sm: 228 * 1024,
+            prefill_smem_limit: 0,
         }
     }
 

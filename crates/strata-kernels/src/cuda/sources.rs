@@ -122,7 +122,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "paged_mma",
         source: include_str!("../../../../kernels/paged_mma.cu"),
-        functions: &["paged_attention_mma"],
+        functions: &["paged_attention_mma", "prefill_attention_mma"],
     },
 ];
 

@@ -1,0 +1,134 @@
+//! Long query runs (prefill chunks) on tensor cores: `prefill_attention_mma` in
+//! `kernels/paged_mma.cu`, for bf16 slabs in the bf16 mode. A block takes 64 query rows (a
+//! run of tokens times one KV head's query group), so each key crosses from L2 once per 64
+//! rows, and the causal and window masks are applied per row inside the kernel: no
+//! gathered K / V copies, no score matrix in memory, no masked tiles past the diagonal.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::paged::{CudaKvSlab, MAX_SPLITS};
+use super::paged_mma::{self, PREFILL_KERNEL, PREFILL_ROWS, PREFILL_THREADS};
+use super::{device_err, CudaBackend};
+use crate::error::ensure;
+use crate::{AttentionParams, PagedSeq, Result};
+
+/// A split takes at least this many keys (four tiles).
+const MIN_SPLIT_KEYS: usize = 128;
+
+/// Tokens a block takes: as many as fill its 64 rows with whole query groups.
+pub(super) fn tokens_per_block(group: usize) -> usize {
+    (PREFILL_ROWS / group.max(1)).max(1)
+}
+
+impl CudaBackend {
+    /// Attends `seq`'s query rows of `q` into `out` (both `[rows, n_heads, d]` f32) over the
+    /// keys its slots name; the caller checked `MmaSupport::prefill_applies`.
+    pub(super) fn prefill_attention(
+        &self,
+        q: &CudaSlice<f32>,
+        slab: &CudaKvSlab,
+        slots: &CudaSlice<u32>,
+        seq: &PagedSeq,
+        p: AttentionParams,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        const OP: &str = "prefill_attention";
+        let (d, nh, nkv) = (p.head_dim, p.n_heads, p.n_kv_heads);
+        let group = nh / nkv;
+        let n_keys = seq.k_len();
+        if seq.q_len == 0 || n_keys == 0 {
+            return Ok(());
+        }
+        let rows = seq.q_offset * nh * d..(seq.q_offset + seq.q_len) * nh * d;
+        ensure(rows.end <= q.len() && rows.end <= out.len(), OP, || {
+            format!("{seq:?} reads past q ({}) or out ({})", q.len(), out.len())
+        })?;
+        ensure(seq.slot_offset + n_keys <= slots.len(), OP, || {
+            format!("{seq:?} reads past the {} slots", slots.len())
+        })?;
+        let tpb = tokens_per_block(group);
+        let blocks_x = seq.q_len.div_ceil(tpb);
+        // Short prompts leave multiprocessors idle (one block each): split the keys.
+        let most = n_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
+        let splits = paged_mma::wave_splits(blocks_x * nkv, self.sm_count, most);
+        let tasks = seq.q_len * nh;
+        let (ws_len, ml_len) = if splits > 1 {
+            (tasks * splits * d, tasks * splits * 2)
+        } else {
+            (1, 1)
+        };
+        let err = device_err("allocating prefill attention workspace");
+        // SAFETY: every (task, split) part is written by the kernel before the combine
+        // reads it (rows without keys in a split write a zero sum).
+        let (mut ws_acc, mut ws_ml) = unsafe {
+            (
+                self.stream.alloc::<f32>(ws_len).map_err(&err)?,
+                self.stream.alloc::<f32>(ml_len).map_err(&err)?,
+            )
+        };
+        let stages = self.paged_mma.prefill_stages(d);
+        let qv = q.slice(rows.clone());
+        let mut ov = out.slice_mut(rows);
+        let sl = slots.slice(seq.slot_offset..seq.slot_offset + n_keys);
+        let window: i64 = p
+            .window
+            .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX));
+        let cap = p.softcap.unwrap_or(1.0);
+        let ints = [nh, nkv, d].map(|v| v as i32);
+        let (has_cap, splits_i, stages_i) =
+            (i32::from(p.softcap.is_some()), splits as i32, stages as i32);
+        let (q_len, tpb_i) = (seq.q_len as i32, tpb as i32);
+        let (q_pos0, k_start) = (seq.q_start as i64, seq.k_start as i64);
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get(PREFILL_KERNEL)?);
+        l.arg(&qv)
+            .arg(&slab.k)
+            .arg(&slab.v)
+            .arg(&sl)
+            .arg(&mut ov)
+            .arg(&mut ws_acc)
+            .arg(&mut ws_ml)
+            .arg(&ints[0])
+            .arg(&ints[1])
+            .arg(&ints[2])
+            .arg(&p.scale)
+            .arg(&window)
+            .arg(&has_cap)
+            .arg(&cap)
+            .arg(&splits_i)
+            .arg(&stages_i)
+            .arg(&q_len)
+            .arg(&q_pos0)
+            .arg(&k_start)
+            .arg(&tpb_i);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks_x as u32, nkv as u32, splits as u32),
+            block_dim: (PREFILL_THREADS, 1, 1),
+            shared_mem_bytes: paged_mma::prefill_smem_bytes(d, stages) as u32,
+        };
+        // SAFETY: q / out views hold the sequence's q_len x n_heads x d values; its n_keys
+        // slots are rows of the slab (the pool's invariant, checked on the batch through its
+        // slot limit); the workspace holds tasks x splits parts; the shared memory was
+        // granted at start-up (`MmaSupport::probe`) and d is a multiple of 64 up to 512.
+        unsafe { l.launch(cfg) }.map_err(device_err(PREFILL_KERNEL))?;
+        if splits > 1 {
+            self.combine_splits(&ws_acc, &ws_ml, &mut ov, tasks, d, splits)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_hold_whole_query_groups() {
+        assert_eq!(tokens_per_block(8), 8, "E2B: 8 tokens x 8 heads");
+        assert_eq!(tokens_per_block(4), 16, "E4B and Gemma-3 270M");
+        assert_eq!(tokens_per_block(1), 64);
+        assert_eq!(tokens_per_block(6), 10, "rows past 60 stay empty");
+        assert_eq!(tokens_per_block(64), 1);
+    }
+}
