@@ -1,48 +1,46 @@
-// Greedy sampling where the logits are: one block per row finds the largest value, ties to
-// the lowest index, NaN counted as -inf (the host sampler's `argmax`), and writes its index.
+// Greedy sampling where the logits are: the largest value of each row, ties to the lowest
+// index, NaN counted as -inf (the host sampler's `argmax`).
 
-#define ARGMAX_THREADS 1024
+#define ARGMAX_THREADS 512
 
-__device__ __forceinline__ bool better(float v, u32 i, float bv, u32 bi) {
-    return v > bv || (v == bv && i < bi);
+// A logit and its index as one u64 whose unsigned order is the argmax order: the f32 bits
+// mapped to an unsigned total order (NaN as -inf, -0 as +0) above the complemented index,
+// so a larger value wins and, between equal values, the lower index.
+__device__ __forceinline__ u64 argmax_key(float v, u32 i) {
+    if (v != v) v = NEG_INF;
+    if (v == 0.0f) v = 0.0f;  // -0 ties with +0, as the host's comparison has it
+    const u32 b = __float_as_uint(v);
+    const u32 ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)ordered << 32) | (u64)(0xffffffffu - i);
 }
 
+// Grid (rows, parts): block (r, p) takes every gridDim.y-th stretch of row r and folds its
+// best key into keys[r] (zeroed by the launcher) with one atomicMax, so a single row
+// spreads over many multiprocessors. The index is ~key's low half (every value -inf or NaN:
+// index 0, as the host does, since ties go to the lowest index).
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_rows(const float* logits, u32* out, u64 vocab) {
-    __shared__ float sv[ARGMAX_THREADS / 32];
-    __shared__ u32 si[ARGMAX_THREADS / 32];
+argmax_rows(const float* logits, unsigned long long* keys, u64 vocab) {
+    __shared__ u64 warp_best[ARGMAX_THREADS / 32];
     const float* row = logits + (u64)blockIdx.x * vocab;
-    float bv = NEG_INF;
-    u32 bi = 0xffffffffu;
-    for (u64 i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = row[i];
-        if (v != v) v = NEG_INF;
-        if (better(v, (u32)i, bv, bi)) {
-            bv = v;
-            bi = (u32)i;
-        }
+    u64 best = 0;
+    const u64 stride = (u64)gridDim.y * blockDim.x;
+    for (u64 i = (u64)blockIdx.y * blockDim.x + threadIdx.x; i < vocab; i += stride) {
+        const u64 k = argmax_key(row[i], (u32)i);
+        best = k > best ? k : best;
     }
     for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
+        const u64 other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
+    if (lane == 0) warp_best[warp] = best;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x / 32); ++w)
-            if (better(sv[w], si[w], bv, bi)) {
-                bv = sv[w];
-                bi = si[w];
-            }
-        // Every value -inf (or NaN): index 0, as the host does.
-        out[blockIdx.x] = bi == 0xffffffffu ? 0 : bi;
+    if (warp == 0) {
+        best = lane < (int)(blockDim.x / 32) ? warp_best[lane] : 0;
+        for (int o = 16; o > 0; o >>= 1) {
+            const u64 other = __shfl_xor_sync(0xffffffffu, best, o);
+            best = other > best ? other : best;
+        }
+        if (lane == 0) atomicMax(keys + blockIdx.x, (unsigned long long)best);
     }
 }

@@ -109,6 +109,10 @@ const PA_THREADS: u32 = 128;
 pub(super) const MIN_SPLIT_KEYS: usize = 256;
 /// Must match `PA_MAX_SPLITS` in `kernels/paged.cu` (the combine kernel's weight array).
 pub(super) const MAX_SPLITS: usize = 64;
+/// Threads of an argmax block (`ARGMAX_THREADS` in `kernels/sampling.cu`) and the logits
+/// each block takes (16 a thread).
+const ARGMAX_THREADS: u32 = 512;
+const ARGMAX_PER_BLOCK: usize = 16 * ARGMAX_THREADS as usize;
 /// Columns one combine block merges (`COMBINE_COLS`).
 const COMBINE_COLS: usize = 128;
 
@@ -542,25 +546,29 @@ impl CudaBackend {
             return Ok(vec![]);
         }
         let xs = logits.f32s(OP)?;
-        let mut out = self
+        // One (value, index) key per row, folded in with atomicMax from every block.
+        let mut keys = self
             .stream
-            .alloc_zeros::<u32>(rows)
+            .alloc_zeros::<u64>(rows)
             .map_err(device_err("allocating argmax output"))?;
         let v = vocab as u64;
+        // Enough blocks a row that one row (batch 1) still spreads over the GPU.
+        let parts = vocab.div_ceil(ARGMAX_PER_BLOCK).clamp(1, 64) as u32;
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
-        l.arg(xs).arg(&mut out).arg(&v);
+        l.arg(xs).arg(&mut keys).arg(&v);
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (1024, 1, 1),
+            grid_dim: (rows as u32, parts, 1),
+            block_dim: (ARGMAX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: logits hold at least rows x vocab values (checked); out holds rows.
+        // SAFETY: logits hold at least rows x vocab values (checked); keys holds rows.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
-        let ids = self
+        let keys = self
             .stream
-            .clone_dtoh(&out)
+            .clone_dtoh(&keys)
             .map_err(device_err("copying argmax ids"))?;
         self.synchronize()?;
-        Ok(ids)
+        // The key's low half is the complemented index.
+        Ok(keys.iter().map(|&k| u32::MAX - k as u32).collect())
     }
 }
