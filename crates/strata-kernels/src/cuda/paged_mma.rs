@@ -44,6 +44,19 @@ pub(super) fn prefill_smem_bytes(d: usize, stages: usize) -> usize {
         + 2 * rows * 4
 }
 
+/// What both tensor-core kernels need of a call: the bf16 mode on a bf16 slab, head_dim a
+/// multiple of 64 up to MAX_D, and a query group of at most `max_group` heads.
+fn takes_mma(bf16_mode: bool, format: KvFormat, p: &AttentionParams, max_group: usize) -> bool {
+    let d = p.head_dim;
+    bf16_mode
+        && format == KvFormat::Bf16
+        && d > 0
+        && d.is_multiple_of(64)
+        && d <= MAX_D
+        && p.n_kv_heads > 0
+        && p.n_heads / p.n_kv_heads <= max_group
+}
+
 /// What the device grants the kernels.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct MmaSupport {
@@ -94,15 +107,8 @@ impl MmaSupport {
 
     /// Whether an attention call takes the tensor-core kernel.
     pub(super) fn applies(&self, bf16_mode: bool, format: KvFormat, p: &AttentionParams) -> bool {
-        let d = p.head_dim;
-        bf16_mode
-            && format == KvFormat::Bf16
-            && d > 0
-            && d.is_multiple_of(64)
-            && d <= MAX_D
-            && p.n_kv_heads > 0
-            && p.n_heads / p.n_kv_heads <= ROWS
-            && smem_bytes(d, MIN_STAGES) <= self.smem_limit
+        takes_mma(bf16_mode, format, p, ROWS)
+            && smem_bytes(p.head_dim, MIN_STAGES) <= self.smem_limit
     }
 
     /// Whether a sequence's long query run takes the prefill kernel: the decode kernel's
@@ -113,16 +119,9 @@ impl MmaSupport {
         format: KvFormat,
         p: &AttentionParams,
     ) -> bool {
-        let d = p.head_dim;
-        bf16_mode
-            && format == KvFormat::Bf16
-            && d > 0
-            && d.is_multiple_of(64)
-            && d <= MAX_D
-            && p.n_kv_heads > 0
+        takes_mma(bf16_mode, format, p, PREFILL_ROWS)
             && p.n_heads.is_multiple_of(p.n_kv_heads)
-            && p.n_heads / p.n_kv_heads <= PREFILL_ROWS
-            && prefill_smem_bytes(d, MIN_STAGES) <= self.prefill_smem_limit
+            && prefill_smem_bytes(p.head_dim, MIN_STAGES) <= self.prefill_smem_limit
     }
 
     /// The prefill kernel's pipeline depth for head_dim `d`.
