@@ -290,6 +290,33 @@ fn bf16_twin_matches_narrowing_and_goes_stale() {
     assert_eq!(y, want, "the gated product's twin");
 }
 
+/// A random bf16-slab attention case in the bf16 mode (the tensor-core kernels), scaled by
+/// 1/sqrt(head_dim), against the f32 reference at bf16 tolerance.
+#[allow(clippy::too_many_arguments)]
+fn check_bf16_mode_attention(
+    b: &CudaBackend,
+    kv_heads: usize,
+    group: usize,
+    d64: usize,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    seqs: Vec<(usize, usize)>,
+    seed: u64,
+) -> conformance::CheckResult {
+    let c = PagedCase {
+        format: strata_kernels::KvFormat::Bf16,
+        n_heads: kv_heads * group,
+        n_kv_heads: kv_heads,
+        head_dim: 64 * d64,
+        window,
+        scale: 1.0 / (64.0 * d64 as f32).sqrt(),
+        softcap,
+        seqs,
+        seed,
+    };
+    check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
+}
+
 fn weight_dtype() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
 }
@@ -325,12 +352,7 @@ proptest! {
         seqs in proptest::collection::vec((0usize..1500, 1usize..9), 1..4), seed in any::<u64>(),
     ) {
         if let Some(b) = gpu() {
-            let c = PagedCase {
-                format: strata_kernels::KvFormat::Bf16, n_heads: kv_heads * group,
-                n_kv_heads: kv_heads, head_dim: 64 * d64, window,
-                scale: 1.0 / (64.0 * d64 as f32).sqrt(), softcap, seqs, seed,
-            };
-            check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
+            check_bf16_mode_attention(b, kv_heads, group, d64, window, softcap, seqs, seed)
                 .map_err(TestCaseError::fail)?;
         }
     }
@@ -364,12 +386,7 @@ proptest! {
         if let Some(b) = gpu() {
             let mut seqs = seqs;
             seqs.extend(short);
-            let c = PagedCase {
-                format: strata_kernels::KvFormat::Bf16, n_heads: kv_heads * group,
-                n_kv_heads: kv_heads, head_dim: 64 * d64, window,
-                scale: 1.0 / (64.0 * d64 as f32).sqrt(), softcap, seqs, seed,
-            };
-            check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
+            check_bf16_mode_attention(b, kv_heads, group, d64, window, softcap, seqs, seed)
                 .map_err(TestCaseError::fail)?;
         }
     }

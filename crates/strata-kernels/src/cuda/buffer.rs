@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
 
 use crate::{DType, DeviceBuffer, KernelError, Result};
 
@@ -36,6 +36,17 @@ impl DeviceBuffer for CudaBuffer {
     fn dtype(&self) -> DType {
         self.dtype
     }
+}
+
+/// The null device address a kernel's optional bf16-twin argument takes when there is none.
+static NO_TWIN: u64 = 0;
+
+/// Pushes a kernel's optional bf16-twin pointer argument: the twin, or null.
+pub(super) fn arg_twin<'a>(l: &mut LaunchArgs<'a>, twin: Option<&'a mut CudaSlice<u16>>) {
+    match twin {
+        Some(b) => l.arg(b),
+        None => l.arg(&NO_TWIN),
+    };
 }
 
 /// The dtype codes the kernels switch on (`STRATA_F32` ... in `kernels/common.cuh`).

@@ -346,15 +346,11 @@ impl CudaBackend {
             Activation::GeluTanh => 0i32,
             Activation::Silu => 1,
         };
-        let null = 0u64;
         let mut l = self
             .stream
             .launch_builder(self.kernels.get("act_mul_slice")?);
         l.arg(g).arg(tb).arg(o);
-        match ob {
-            Some(b) => l.arg(b),
-            None => l.arg(&null),
-        };
+        super::buffer::arg_twin(&mut l, ob);
         l.arg(&n64).arg(&cols).arg(&offset).arg(&stride).arg(&code);
         // SAFETY: lengths and the slice's reach into the table checked above.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
-use super::buffer::{dtype_code, CudaBuffer, Storage};
+use super::buffer::{arg_twin, dtype_code, CudaBuffer, Storage};
 use super::{device_err, grid_for, CudaBackend};
 use crate::error::ensure;
 use crate::RopeStyle;
@@ -204,7 +204,6 @@ impl CudaBackend {
             weight.map_or(-1, |w| dtype_code(w.dtype)),
             extra.weight2.map_or(-1, |w| dtype_code(w.dtype)),
         );
-        let null = 0u64;
         let mut twin_ptr = None;
         let mut l = self.stream.launch_builder(f);
         l.arg(xs);
@@ -239,10 +238,7 @@ impl CudaBackend {
             }
             None => l.arg(xs),
         };
-        match twin_ptr {
-            Some(b) => l.arg(b),
-            None => l.arg(&null),
-        };
+        arg_twin(&mut l, twin_ptr);
         l.arg(&dim).arg(&p.eps).arg(&mode).arg(&extra.post_scale);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
@@ -450,13 +446,10 @@ impl CudaBackend {
         if n == 0 {
             return Ok(());
         }
-        let (n64, code, null) = (n as u64, act_code(act), 0u64);
+        let (n64, code) = (n as u64, act_code(act));
         let mut l = self.stream.launch_builder(self.kernels.get("act_mul")?);
         l.arg(g).arg(u).arg(o);
-        match ob {
-            Some(b) => l.arg(b),
-            None => l.arg(&null),
-        };
+        arg_twin(&mut l, ob);
         l.arg(&n64).arg(&code);
         // SAFETY: equal lengths checked above.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;

@@ -106,7 +106,7 @@ fn pack_seqs(seqs: &[PagedSeq]) -> Result<(Vec<u32>, Vec<u32>)> {
 const PA_MAX_D: usize = 512;
 const PA_THREADS: u32 = 128;
 /// Keys one split walks at least; below this, splitting costs more than it saves.
-pub(super) const MIN_SPLIT_KEYS: usize = 256;
+const MIN_SPLIT_KEYS: usize = 256;
 /// Must match `PA_MAX_SPLITS` in `kernels/paged.cu` (the combine kernel's weight array).
 pub(super) const MAX_SPLITS: usize = 64;
 /// Threads of an argmax block (`ARGMAX_THREADS` in `kernels/sampling.cu`) and the logits
