@@ -41,7 +41,9 @@ mod tests {
     use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 
     use super::*;
-    use crate::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, QuantUpload, SeqChunk};
+    use crate::{
+        DecodeGraphs, ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, QuantUpload, SeqChunk,
+    };
 
     /// `$STRATA_TINY_FIXTURES` (for a copied tree on a GPU host), else the source tree's.
     fn fixtures() -> PathBuf {
@@ -274,8 +276,13 @@ mod tests {
         }
     }
 
-    /// Decode steps of a batch of three sequences at different depths: replayed graphs
-    /// (bucket 4, one padded row) give the logits of the op-by-op path.
+    /// Decode steps of a batch of three sequences at different depths (bucket 4, one padded
+    /// row). A replayed graph runs the same kernels on the same inputs as its padded step
+    /// run op by op, so their logits must agree bit for bit. Against the plain op-by-op
+    /// step, whose attention splits its keys by the batch's own depths, the logits differ in
+    /// f32 summation order only: checked with an f32 KV cache, where nothing amplifies that.
+    /// (With a bf16 cache a last-bit difference can move a stored K/V value by one bf16
+    /// step, which the random tiny Gemma-4 moves later logits by ~1e-4; printed, not bounded.)
     #[test]
     fn decode_graphs_match_eager_steps() {
         let Some(_) = gpu() else { return };
@@ -283,9 +290,9 @@ mod tests {
             let dir = fixtures().join(name);
             let cuda = Model::load(gpu().unwrap(), &dir).unwrap();
             let (ids, _) = reference(&dir);
-            let run = |graphs: bool| {
-                let mut kv = device_pool(&cuda, KvCacheDtype::Bf16);
-                kv.storage_mut().set_graphs(graphs);
+            let run = |mode: DecodeGraphs, dtype: KvCacheDtype| {
+                let mut kv = device_pool(&cuda, dtype);
+                kv.storage_mut().set_graph_mode(mode);
                 let reqs: Vec<_> = (0..3).map(|_| kv.alloc_request()).collect();
                 let lens = [5usize, 9, 13];
                 for (&r, &n) in reqs.iter().zip(&lens) {
@@ -322,13 +329,30 @@ mod tests {
                 }
                 (out, kv.storage().graph_count())
             };
-            let (eager, none) = run(false);
-            let (replayed, graphs) = run(true);
-            assert_eq!(none, 0);
+            let (unrecorded, none) = run(DecodeGraphs::Unrecorded, KvCacheDtype::Bf16);
+            let (replayed, graphs) = run(DecodeGraphs::Replay, KvCacheDtype::Bf16);
+            assert_eq!(none, 0, "{name}: the unrecorded mode captures nothing");
             assert_eq!(graphs, 1, "{name}: one bucket captured");
-            let d = max_abs_diff(&eager, &replayed);
-            eprintln!("{name}: decode graphs vs op by op: max |diff| {d:.3e}");
-            assert!(d < 1e-4, "{name}: graph replay differs by {d}");
+            let differing = unrecorded
+                .iter()
+                .zip(&replayed)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let d = max_abs_diff(&unrecorded, &replayed);
+            eprintln!("{name}: replayed vs unrecorded graph step: {differing} logits differ, max |diff| {d:.3e}");
+            assert_eq!(
+                (differing, unrecorded.len()),
+                (0, replayed.len()),
+                "{name}: replay differs from the same step run op by op (max {d})"
+            );
+            let (eager, _) = run(DecodeGraphs::Off, KvCacheDtype::F32);
+            let (replayed_f32, _) = run(DecodeGraphs::Replay, KvCacheDtype::F32);
+            let d = max_abs_diff(&eager, &replayed_f32);
+            eprintln!("{name}: f32 KV, graphs vs op by op: max |diff| {d:.3e}");
+            assert!(d < 1e-4, "{name}: graph replay differs by {d} (f32 KV)");
+            let (eager_bf16, _) = run(DecodeGraphs::Off, KvCacheDtype::Bf16);
+            let d = max_abs_diff(&eager_bf16, &replayed);
+            eprintln!("{name}: bf16 KV, graphs vs op by op: max |diff| {d:.3e} (not bounded)");
         }
     }
 }

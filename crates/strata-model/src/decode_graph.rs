@@ -19,7 +19,7 @@ use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 use crate::error::{ModelError, Result};
 use crate::forward::{Prepared, SeqRows, StepInputs};
 use crate::model::Model;
-use crate::paged_kv::{host_tables, GroupTables, HostTables, PagedStorage};
+use crate::paged_kv::{host_tables, DecodeGraphs, GroupTables, HostTables, PagedStorage};
 
 /// Largest batch replayed as a graph; larger decode batches run op by op.
 const MAX_GRAPH_BATCH: usize = 256;
@@ -66,7 +66,7 @@ fn eligible<B: Backend>(
     batch: &ForwardBatch,
 ) -> bool {
     let n = batch.seqs.len();
-    pool.storage().graphs_enabled
+    pool.storage().graph_mode != DecodeGraphs::Off
         && model.backend().supports_graphs()
         && !model.has_host_tables()
         && (1..=MAX_GRAPH_BATCH).contains(&n)
@@ -156,6 +156,38 @@ fn needs(t: &Option<HostTables>) -> usize {
     t.as_ref().map_or(0, |t| t.slots.len())
 }
 
+/// The padded step's inputs uploaded, and the pool's tables set to the graph's (with
+/// their capacities: graph batches take the split counts of long keys).
+fn graph_inputs<B: Backend>(
+    pool: &mut KvPool<PagedStorage<B>>,
+    b: &B,
+    p: &Padded,
+    full_capacity: usize,
+    window_capacity: usize,
+) -> Result<StepInputs<B>> {
+    let inputs = StepInputs {
+        ids: b.upload_index(&p.ids)?,
+        positions: b.upload_index(&p.positions)?,
+    };
+    let st = pool.storage_mut();
+    st.full = tables_with_capacity(b, &p.full, full_capacity)?;
+    st.window = tables_with_capacity(b, &p.window, window_capacity)?;
+    Ok(inputs)
+}
+
+/// Runs the padded step op by op on `graph_inputs`' tables: the `[bucket, vocab]` logits.
+fn run_padded<B: Backend>(
+    pool: &mut KvPool<PagedStorage<B>>,
+    model: &Model<B>,
+    batch: &ForwardBatch,
+    p: &Padded,
+    bucket: usize,
+    inputs: &StepInputs<B>,
+) -> Result<B::Buffer> {
+    let (out, _) = model.run(pool, &padded_batch(batch, bucket), &padded_prep(p), inputs)?;
+    out.ok_or_else(|| ModelError::Invalid("a decode step without logits".into()))
+}
+
 /// Records the bucket's graph. The step's K/V is written by a warm-up pass run op by op
 /// first (which also settles library workspaces before capture); the replay that follows
 /// writes the same values again.
@@ -170,21 +202,12 @@ fn capture<B: Backend>(
 ) -> Result<DecodeGraph<B>> {
     let b = model.backend();
     let vocab = model.config().vocab_size;
-    let inputs = StepInputs {
-        ids: b.upload_index(&p.ids)?,
-        positions: b.upload_index(&p.positions)?,
-    };
-    let st = pool.storage_mut();
-    st.full = tables_with_capacity(b, &p.full, full_capacity)?;
-    st.window = tables_with_capacity(b, &p.window, window_capacity)?;
-    let pb = padded_batch(batch, bucket);
-    let prep = padded_prep(p);
+    let inputs = graph_inputs(pool, b, p, full_capacity, window_capacity)?;
     let mut logits = b.zeros(bucket * vocab, b.activation_dtype())?;
-    model.run(pool, &pb, &prep, &inputs)?;
+    run_padded(pool, model, batch, p, bucket, &inputs)?;
     b.begin_capture()?;
     let recorded = (|| -> Result<()> {
-        let (out, _) = model.run(pool, &pb, &prep, &inputs)?;
-        let out = out.ok_or_else(|| ModelError::Invalid("a decode step without logits".into()))?;
+        let out = run_padded(pool, model, batch, p, bucket, &inputs)?;
         copy_prefix(b, &out, &mut logits, bucket * vocab)
     })();
     // End the capture whatever happened, so the stream is usable again.
@@ -230,6 +253,19 @@ pub(crate) fn replay<B: Backend>(
     let bucket = n.next_power_of_two();
     let p = padded(pool, batch, prep, bucket)?;
     let (need_full, need_window) = (needs(&p.full), needs(&p.window));
+    let grow = |need: usize, had: Option<usize>| {
+        (2 * need)
+            .max(MIN_SLOT_CAPACITY)
+            .max(had.map_or(0, |h| 2 * h))
+    };
+    if pool.storage().graph_mode == DecodeGraphs::Unrecorded {
+        let (full_cap, window_cap) = (grow(need_full, None), grow(need_window, None));
+        let inputs = graph_inputs(pool, b, &p, full_cap, window_cap)?;
+        let logits = run_padded(pool, model, batch, &p, bucket, &inputs);
+        let st = pool.storage_mut();
+        (st.full, st.window) = (None, None);
+        return step_output(model, batch, &logits?).map(Some);
+    }
     let fits = pool
         .storage()
         .graphs
@@ -237,11 +273,6 @@ pub(crate) fn replay<B: Backend>(
         .is_some_and(|g| need_full <= g.full_capacity && need_window <= g.window_capacity);
     if !fits {
         let old = pool.storage_mut().graphs.remove(&bucket);
-        let grow = |need: usize, had: Option<usize>| {
-            (2 * need)
-                .max(MIN_SLOT_CAPACITY)
-                .max(had.map_or(0, |h| 2 * h))
-        };
         let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
         let window_cap = grow(need_window, old.as_ref().map(|g| g.window_capacity));
         drop(old);
@@ -255,22 +286,30 @@ pub(crate) fn replay<B: Backend>(
         .expect("captured above");
     update(b, g, &p)?;
     b.launch_graph(&g.graph)?;
+    step_output(model, batch, &g.logits).map(Some)
+}
+
+/// The step's output from the padded `[bucket, vocab]` logits: the first `n` rows, or their
+/// argmax ids.
+fn step_output<B: Backend>(
+    model: &Model<B>,
+    batch: &ForwardBatch,
+    logits: &B::Buffer,
+) -> Result<ForwardOutput> {
+    let b = model.backend();
+    let n = batch.seqs.len();
     let vocab = model.config().vocab_size;
     let argmax = crate::forward::argmax_flags(batch);
     if argmax.iter().all(|&a| a) {
         // Greedy steps read back one id per sequence from the graph's logits.
-        let ids = b.argmax_rows(&g.logits, vocab, n)?;
-        return Ok(Some(ForwardOutput {
+        let ids = b.argmax_rows(logits, vocab, n)?;
+        return Ok(ForwardOutput {
             vocab,
             logits: vec![vec![]; n],
             tokens: ids.into_iter().map(Some).collect(),
-        }));
+        });
     }
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
-    copy_prefix(b, &g.logits, &mut rows, n * vocab)?;
-    Ok(Some(model.download_logits(
-        Some(rows),
-        &vec![1; n],
-        &argmax,
-    )?))
+    copy_prefix(b, logits, &mut rows, n * vocab)?;
+    model.download_logits(Some(rows), &vec![1; n], &argmax)
 }

@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::forward::Prepared;
 use crate::model::Model;
 
-pub use crate::paged_kv::PagedStorage;
+pub use crate::paged_kv::{DecodeGraphs, PagedStorage};
 
 /// Per-token K/V storage addressed by (layer, request, position).
 pub trait KvCache<B: Backend> {

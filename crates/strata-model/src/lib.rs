@@ -14,7 +14,7 @@ mod tensors;
 
 pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use error::{ModelError, Result};
-pub use kv_cache::{KvCache, PagedStorage};
+pub use kv_cache::{DecodeGraphs, KvCache, PagedStorage};
 pub use linear::{upload_linear, upload_linear_as, HostTable, Linear, QuantUpload, QuantWeight};
 pub use model::{LoadOptions, Model};
 pub use tensors::{LayerTensors, ModelTensors};

@@ -36,7 +36,33 @@ pub struct PagedStorage<B: Backend> {
     pub(crate) window: Option<GroupTables<B>>,
     /// Captured decode steps by batch-size bucket (they address these slabs).
     pub(crate) graphs: HashMap<usize, DecodeGraph<B>>,
-    pub(crate) graphs_enabled: bool,
+    pub(crate) graph_mode: DecodeGraphs,
+}
+
+/// How decode-only steps (every sequence feeds one token) run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeGraphs {
+    /// Op by op, each step shaped by its own batch (split counts from its own depths).
+    Off,
+    /// Captured once per batch-size bucket, then replayed (the default where the backend
+    /// has graphs).
+    Replay,
+    /// The replayed step's exact shape (the padded bucket, the graph's tables and split
+    /// counts) run op by op without capture: the same kernels on the same inputs, so a
+    /// replay must give the same bits. Tells a capture or replay fault from a shape effect.
+    Unrecorded,
+}
+
+impl DecodeGraphs {
+    /// `STRATA_CUDA_GRAPHS`: `0` is `Off`, `unrecorded` is `Unrecorded`, anything else (or
+    /// unset) `Replay`.
+    fn from_env() -> Self {
+        match std::env::var("STRATA_CUDA_GRAPHS").as_deref() {
+            Ok("0") => Self::Off,
+            Ok("unrecorded") => Self::Unrecorded,
+            _ => Self::Replay,
+        }
+    }
 }
 
 impl<B: Backend> PagedStorage<B> {
@@ -49,15 +75,23 @@ impl<B: Backend> PagedStorage<B> {
             full: None,
             window: None,
             graphs: HashMap::new(),
-            // STRATA_CUDA_GRAPHS=0 runs decode op by op (for comparisons and debugging).
-            graphs_enabled: std::env::var("STRATA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            graph_mode: DecodeGraphs::from_env(),
         }
     }
 
     /// Turns decode graphs on or off (on by default where the backend has them).
     pub fn set_graphs(&mut self, on: bool) {
-        self.graphs_enabled = on;
-        if !on {
+        self.set_graph_mode(if on {
+            DecodeGraphs::Replay
+        } else {
+            DecodeGraphs::Off
+        });
+    }
+
+    /// How decode-only steps run from now on (drops captured graphs unless replaying).
+    pub fn set_graph_mode(&mut self, mode: DecodeGraphs) {
+        self.graph_mode = mode;
+        if mode != DecodeGraphs::Replay {
             self.graphs.clear();
         }
     }
