@@ -49,12 +49,34 @@ struct GemvMats {
     int group_end[GEMV_MAX_MATS];
 };
 
-// GATED: matrix 0 is the gate and matrix 1 the up projection of an MLP (same shape); each
-// warp computes R features of both and writes act(gate) * up to y[0], so the two products
-// and the activation are one kernel and the gate and up outputs never reach memory.
-template <int T, int R, bool GATED, int UNROLL>
+// What a launch writes. GEMV_GATED: matrix 0 is the gate and matrix 1 the up projection of
+// an MLP (same shape); each warp computes R features of both and writes act(gate) * up to
+// y[0], so the two products and the activation are one kernel and the gate and up outputs
+// never reach memory. GEMV_SLICE: y[t, i] = act(x W^T)[t, i] * table[t * stride + offset +
+// i] (Gemma-4's per-layer-input gate times its slice of the per-layer inputs).
+#define GEMV_PLAIN 0
+#define GEMV_GATED 1
+#define GEMV_SLICE 2
+
+struct GemvSlice {
+    const float* table;
+    u64 offset;
+    u64 stride;
+};
+
+// One output value: the product, act(gate) * up, or act(product) times the table's value.
+template <int MODE>
+__device__ __forceinline__ float gemv_out(float acc, float up, int act, const GemvSlice& s, int t,
+                                          int i) {
+    if (MODE == GEMV_GATED) return apply_act(act, acc) * up;
+    if (MODE == GEMV_SLICE) return apply_act(act, acc) * s.table[t * s.stride + s.offset + i];
+    return acc;
+}
+
+template <int T, int R, int MODE, int UNROLL>
 __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const GemvMats& mats, int k,
-                                          int split, int act) {
+                                          int split, int act, const GemvSlice& slice) {
+    constexpr bool GATED = MODE == GEMV_GATED;
     constexpr int RR = GATED ? 2 * R : R;  // weight rows each warp streams
     constexpr int U = RR >= UNROLL ? 1 : UNROLL / RR;  // chunks in flight per row
     __shared__ float partial[GEMV_BLOCK_WARPS][RR * T];
@@ -124,7 +146,8 @@ __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const Gem
                 for (int t = 0; t < T; ++t)
                     if (row0 + r < n)
                         y[(u64)t * n + row0 + r] =
-                            GATED ? apply_act(act, acc[r][t]) * acc[R + r][t] : acc[r][t];
+                            gemv_out<MODE>(acc[r][t], GATED ? acc[R + r][t] : 0.0f, act, slice,
+                                           t, row0 + r);
         return;
     }
     if (lane == 0)
@@ -140,7 +163,8 @@ __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const Gem
             sum += partial[warp + p][lane];
             if (GATED) up += partial[warp + p][R * T + lane];
         }
-        if (row0 + r < n) y[(u64)t * n + row0 + r] = GATED ? apply_act(act, sum) * up : sum;
+        if (row0 + r < n)
+            y[(u64)t * n + row0 + r] = gemv_out<MODE>(sum, up, act, slice, t, row0 + r);
     }
 }
 
@@ -152,11 +176,16 @@ __device__ __forceinline__ void gemv_bf16(const float* __restrict__ x, const Gem
 #define GEMV_ENTRY(T, R, U, B)                                                                \
     extern "C" __global__ void __launch_bounds__(GEMV_BLOCK_WARPS * 32, B)                  \
         gemv_bf16_##T(const float* x, GemvMats mats, int k, int split) {                      \
-        gemv_bf16<T, R, false, U>(x, mats, k, split, 0);                                      \
+        gemv_bf16<T, R, GEMV_PLAIN, U>(x, mats, k, split, 0, GemvSlice{});                    \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(GEMV_BLOCK_WARPS * 32, B)                  \
         gemv_gated_bf16_##T(const float* x, GemvMats mats, int k, int split, int act) {       \
-        gemv_bf16<T, R, true, U>(x, mats, k, split, act);                                     \
+        gemv_bf16<T, R, GEMV_GATED, U>(x, mats, k, split, act, GemvSlice{});                  \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GEMV_BLOCK_WARPS * 32, B)                  \
+        gemv_slice_bf16_##T(const float* x, GemvMats mats, int k, int split, int act,         \
+                            GemvSlice slice) {                                                \
+        gemv_bf16<T, R, GEMV_SLICE, U>(x, mats, k, split, act, slice);                        \
     }
 
 GEMV_ENTRY(1, 1, 2, 6)

@@ -261,6 +261,26 @@ pub trait Backend: Send + Sync {
         self.act_mul(act, &g, &u, out)
     }
 
+    /// `out[t, i] = act((x * gate^T)[t, i]) * table[t * s.stride + s.offset + i]` for a dense
+    /// `gate` of `shape` (`s.cols` = its out_features): Gemma-4's per-layer-input gate over
+    /// its slice of the per-layer inputs. A backend may fuse the product into the gated
+    /// slice so that the product never reaches memory.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_slice_matmul(
+        &self,
+        act: Activation,
+        x: &Self::Buffer,
+        gate: &Self::Buffer,
+        shape: MatmulShape,
+        table: &Self::Buffer,
+        s: TableSlice,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let mut g = self.scratch(out.len(), self.activation_dtype())?;
+        self.matmul(x, gate, shape, &mut g)?;
+        self.act_mul_slice(act, &g, table, s, out)
+    }
+
     // ---- elementwise --------------------------------------------------------------------
 
     /// `out = act(gate) * up` (the gated MLP's middle).

@@ -237,15 +237,13 @@ impl<B: Backend> Model<B> {
             }
             if let Some((ple, (gate, proj, norm))) = ple_step {
                 let p = gate.rows();
-                let mut g = self.scratch(t * p)?;
-                gate.forward(b, &x, &mut g)?;
                 let mut ga = self.scratch(t * p)?;
                 let slice = TableSlice {
                     cols: p,
                     offset: l * p,
                     stride: c.num_layers() * p,
                 };
-                b.act_mul_slice(self.activation(), &g, ple, slice, &mut ga)?;
+                gate.forward_gated_slice(b, self.activation(), &x, ple, slice, &mut ga)?;
                 let mut out = self.scratch(t * h)?;
                 proj.forward(b, &ga, &mut out)?;
                 self.norm_add(&mut x, &out, norm, scalar, next, &mut normed)?;

@@ -7,6 +7,7 @@ use std::ops::Range;
 use strata_kernels::cpu::{CpuBackend, PreparedInput};
 use strata_kernels::{
     Activation, Backend, DeviceBuffer, HostSlice, MatmulOut, MatmulShape, MatrixShape, RowDot,
+    TableSlice,
 };
 use strata_weights::{quant, GgmlType, TensorView};
 
@@ -192,6 +193,27 @@ impl<B: Backend> Linear<B> {
         gate.forward(b, x, &mut g)?;
         up.forward(b, x, &mut u)?;
         b.act_mul(act, &g, &u, out)?;
+        Ok(())
+    }
+
+    /// `out = act(x * W^T) * table[slice]` (Gemma-4's per-layer-input gate): one backend op
+    /// for a dense matrix (a backend may fuse it), else the product and `act_mul_slice`.
+    pub fn forward_gated_slice(
+        &self,
+        b: &B,
+        act: Activation,
+        x: &B::Buffer,
+        table: &B::Buffer,
+        slice: TableSlice,
+        out: &mut B::Buffer,
+    ) -> Result<()> {
+        if let Linear::Dense { w, .. } = self {
+            b.gated_slice_matmul(act, x, w, self.shape(), table, slice, out)?;
+            return Ok(());
+        }
+        let mut g = b.scratch(out.len(), b.activation_dtype())?;
+        self.forward(b, x, &mut g)?;
+        b.act_mul_slice(act, &g, table, slice, out)?;
         Ok(())
     }
 

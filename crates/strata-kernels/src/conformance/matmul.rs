@@ -1,7 +1,7 @@
 //! Dense and quantized matmul, and the embedding gather that shares their weight types.
 
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
-use crate::{Activation, Backend, DType, MatmulOut, MatmulShape, MatrixShape, RowDot};
+use crate::{Activation, Backend, DType, MatmulOut, MatmulShape, MatrixShape, RowDot, TableSlice};
 
 /// A minimal quantized format for the checks: int8 values with one f32 scale per row
 /// (`w = scale * q`). Real formats (GGUF blocks) live in the weights crate; this one only
@@ -319,9 +319,48 @@ pub fn check_fused_matmuls_within<B: Backend>(b: &B, tol: Tolerance) -> CheckRes
             check_gated_matmul_case(b, c, tol)?;
         }
     }
+    // Gemma-4's per-layer-input gate: E2B's shapes (256 of 35 x 256 columns, first and
+    // last slice) and small odd ones.
+    let sliced = [
+        (1, 1536, 256, 35, 34, DType::BF16),
+        (2, 1536, 256, 35, 0, DType::BF16),
+        (3, 64, 40, 4, 2, DType::BF16),
+        (5, 24, 7, 3, 1, DType::F32),
+    ];
+    for (i, (tokens, k, n, layers, layer, weight)) in sliced.into_iter().enumerate() {
+        for act in [Activation::GeluTanh, Activation::Silu] {
+            let c = GatedSliceCase {
+                tokens,
+                in_features: k,
+                out_features: n,
+                layers,
+                layer,
+                weight,
+                act,
+                seed: 900 + i as u64,
+            };
+            check_gated_slice_matmul_case(b, c, tol)?;
+        }
+    }
     let dt = b.activation_dtype();
     let x = put(b, &[1.0; 8], dt)?;
     let w = put(b, &[1.0; 8], DType::BF16)?;
+    let table = put(b, &[1.0; 6], DType::F32)?;
+    let wide = TableSlice {
+        cols: 2,
+        offset: 2,
+        stride: 3,
+    };
+    let mut two = put(b, &[0.0; 4], dt)?;
+    let shape = MatmulShape {
+        in_features: 4,
+        out_features: 2,
+    };
+    if b.gated_slice_matmul(Activation::Silu, &x, &w, shape, &table, wide, &mut two)
+        .is_ok()
+    {
+        return Err("gated_slice_matmul accepted a slice wider than its table's rows".into());
+    }
     let mut out = put(b, &[0.0; 3], dt)?;
     let shape = MatmulShape {
         in_features: 4,
@@ -333,6 +372,68 @@ pub fn check_fused_matmuls_within<B: Backend>(b: &B, tol: Tolerance) -> CheckRes
         return Err("gated_matmul accepted out of 3 for 2 tokens x 2 outputs".into());
     }
     Ok(())
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct GatedSliceCase {
+    pub tokens: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+    /// The table holds `layers` slices of `out_features` columns a row; `layer` is used.
+    pub layers: usize,
+    pub layer: usize,
+    pub weight: DType,
+    pub act: Activation,
+    pub seed: u64,
+}
+
+/// `gated_slice_matmul` against the f64 definition.
+pub fn check_gated_slice_matmul_case<B: Backend>(
+    b: &B,
+    c: GatedSliceCase,
+    tol: Tolerance,
+) -> CheckResult {
+    let dt = b.activation_dtype();
+    let mut data = TestData::new(c.seed);
+    let (k, n) = (c.in_features, c.out_features);
+    let x = data.normals(c.tokens * k, 1.0, dt);
+    let w = data.normals(n * k, 0.05, c.weight);
+    let table = data.normals(c.tokens * n * c.layers, 1.0, DType::F32);
+    let s = TableSlice {
+        cols: n,
+        offset: c.layer * n,
+        stride: c.layers * n,
+    };
+    let what = format!("gated_slice_matmul {c:?}");
+    let mut out = ctx(&what, b.zeros(c.tokens * n, dt))?;
+    let shape = MatmulShape {
+        in_features: k,
+        out_features: n,
+    };
+    ctx(
+        &what,
+        b.gated_slice_matmul(
+            c.act,
+            &put(b, &x, dt)?,
+            &put(b, &w, c.weight)?,
+            shape,
+            &put(b, &table, DType::F32)?,
+            s,
+            &mut out,
+        ),
+    )?;
+    let (g, g_mag) = reference::matmul(&x, &w, k, n);
+    let act = |v: f64| match c.act {
+        Activation::GeluTanh => reference::gelu_tanh(v),
+        Activation::Silu => reference::silu(v),
+    };
+    let tab = |i: usize| table[(i / n) * s.stride + s.offset + i % n] as f64;
+    let want: Vec<f64> = (0..g.len()).map(|i| act(g[i]) * tab(i)).collect();
+    // As for gated_matmul: an error e in the product moves act by at most 1.13 e.
+    let mag: Vec<f64> = (0..g.len())
+        .map(|i| (1.13 * g_mag[i] + 0.05 * g[i].abs()) * tab(i).abs())
+        .collect();
+    compare(&what, &get(b, &out)?, &want, &mag, tol)
 }
 
 /// [`check_fused_matmuls_within`] at the activation dtype's tolerance.

@@ -9,13 +9,13 @@ use super::sources::GEMV_KERNELS;
 use super::{device_err, grid_for, CudaBackend};
 use crate::error::ensure;
 use crate::{
-    Activation, DType, DeviceBuffer, KernelError, Result, RmsNormParams, RopeParams, RopeStyle,
-    TableSlice,
+    Activation, DType, DeviceBuffer, KernelError, MatmulShape, Result, RmsNormParams, RopeParams,
+    RopeStyle, TableSlice,
 };
 
 /// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count, plain and
 /// gated).
-pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len() / 2;
+pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len() / 3;
 
 /// The default row limit of the GEMV path (measured on an H200: `docs/perf-notes.md`).
 pub(super) const GEMV_DEFAULT_MAX_ROWS: usize = 2;
@@ -67,6 +67,29 @@ struct GemvMats {
 
 // SAFETY: plain integers in the kernel parameter's C layout (`GemvMats` in `gemv.cu`).
 unsafe impl cudarc::driver::DeviceRepr for GemvMats {}
+
+/// `GemvSlice` in `gemv.cu`, same layout: the table a slice-form GEMV multiplies by.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct GemvSlice {
+    pub(super) table: u64,
+    pub(super) offset: u64,
+    pub(super) stride: u64,
+}
+
+// SAFETY: plain integers in the kernel parameter's C layout.
+unsafe impl cudarc::driver::DeviceRepr for GemvSlice {}
+
+/// What a GEMV launch writes (the kernel's `MODE`).
+#[derive(Clone, Copy)]
+pub(super) enum GemvOut {
+    /// The products.
+    Plain,
+    /// `act(gate) * up` of an MLP's two matrices.
+    Gated(Activation),
+    /// `act(product) * table[t * stride + offset + i]`.
+    Slice(Activation, GemvSlice),
+}
 
 /// One tensor of a `head_norm_rope` launch: its per-head norm weight (none: scale-free),
 /// head count and whether RoPE follows the norm.
@@ -133,23 +156,33 @@ impl CudaBackend {
             n,
             y,
         };
-        self.gemv_launch(xs, t, k, &[mat], None)
+        self.gemv_launch(xs, t, k, &[mat], GemvOut::Plain)
     }
 
     /// One GEMV launch over `mats` (1 to 3 bf16 weights `[n_i, k]` sharing x `[t, k]`), or,
-    /// with `gated`, over an MLP's gate and up (`mats[0]`, `mats[1]`, one shape) writing
-    /// `act(gate) * up` to `mats[0].y`. Callers check the shapes and `k % 8 == 0`.
+    /// gated, over an MLP's gate and up (`mats[0]`, `mats[1]`, one shape) writing
+    /// `act(gate) * up` to `mats[0].y`, or, sliced, over one matrix whose activated
+    /// products are multiplied by a table slice. Callers check the shapes (and the slice's
+    /// reach) and `k % 8 == 0`.
     pub(super) fn gemv_launch(
         &self,
         xs: &CudaSlice<f32>,
         t: usize,
         k: usize,
         mats: &[GemvMat],
-        gated: Option<Activation>,
+        mode: GemvOut,
     ) -> Result<()> {
         const OP: &str = "matmul (gemv)";
+        let (family, act, wants) = match mode {
+            GemvOut::Plain => (0, None, None),
+            GemvOut::Gated(a) => (1, Some(a), Some(2)),
+            GemvOut::Slice(a, _) => (2, Some(a), Some(1)),
+        };
+        let gated = matches!(mode, GemvOut::Gated(_));
         ensure(
-            !mats.is_empty() && mats.len() <= GEMV_MAX_MATS && (gated.is_none() || mats.len() == 2),
+            !mats.is_empty()
+                && mats.len() <= GEMV_MAX_MATS
+                && wants.is_none_or(|w| mats.len() == w),
             OP,
             || format!("{} weights in one launch", mats.len()),
         )?;
@@ -159,7 +192,7 @@ impl CudaBackend {
         for slot in 0..GEMV_MAX_MATS {
             let m = mats[slot.min(mats.len() - 1)];
             // A gated launch's groups are the gate's features; the up rows ride along.
-            if slot < mats.len() && (gated.is_none() || slot == 0) {
+            if slot < mats.len() && (!gated || slot == 0) {
                 groups += m.n.div_ceil(per_warp);
             }
             p.w[slot] = m.w;
@@ -173,22 +206,28 @@ impl CudaBackend {
         let k_i = i32::try_from(k).map_err(|_| too_big(OP, k))?;
         let split = gemv_split(groups * per_warp, per_warp, k);
         let split_i = split as i32;
-        let act = gated.map_or(0, super::ops::act_code);
-        let name = GEMV_KERNELS[t - 1 + if gated.is_some() { GEMV_MAX_ROWS } else { 0 }];
+        let act = act.map_or(0, super::ops::act_code);
+        let name = GEMV_KERNELS[t - 1 + family * GEMV_MAX_ROWS];
         let f = self.kernels.get(name)?;
-        let mut l = self.stream.launch_builder(f);
-        l.arg(xs).arg(&p).arg(&k_i).arg(&split_i);
-        if gated.is_some() {
-            l.arg(&act);
-        }
         let cfg = LaunchConfig {
             grid_dim: ((groups as u32).div_ceil(GEMV_WARPS / split), 1, 1),
             block_dim: (32 * GEMV_WARPS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let mut l = self.stream.launch_builder(f);
+        l.arg(xs).arg(&p).arg(&k_i).arg(&split_i);
+        match &mode {
+            GemvOut::Plain => {}
+            GemvOut::Gated(_) => {
+                l.arg(&act);
+            }
+            GemvOut::Slice(_, s) => {
+                l.arg(&act).arg(s);
+            }
+        }
         // SAFETY: x holds t*k, each W n_i*k and each output t*n_i elements (checked by the
-        // callers); k is a multiple of 8 and every buffer starts an allocation, so the
-        // 16-byte loads align.
+        // callers; a slice's table reaches every row it is read at); k is a multiple of 8
+        // and every buffer starts an allocation, so the 16-byte loads align.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -295,6 +334,54 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// [`crate::Backend::gated_slice_matmul`]: one GEMV launch for few rows of bf16
+    /// weights (the product stays in registers), else the product and `act_mul_slice`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gated_slice_matmul_impl(
+        &self,
+        act: Activation,
+        x: &CudaBuffer,
+        gate: &CudaBuffer,
+        shape: MatmulShape,
+        table: &CudaBuffer,
+        s: TableSlice,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        const OP: &str = "gated_slice_matmul";
+        let (k, n) = (shape.in_features, shape.out_features);
+        let t = x.len().checked_div(k).unwrap_or(0);
+        ensure(
+            s.cols == n && x.len() == t * k && gate.len() == n * k,
+            OP,
+            || {
+                format!(
+                    "x of {}, gate of {} for {n} x {k}, slice of {} columns",
+                    x.len(),
+                    gate.len(),
+                    s.cols
+                )
+            },
+        )?;
+        slice_rows(OP, out.len(), out.len(), table.len(), s)?;
+        if !gemv_applies(gate.dtype(), t, k, self.gemv_max_rows) {
+            let mut g = self.scratch_impl(out.len(), crate::Backend::activation_dtype(self))?;
+            self.matmul_impl(x, gate, shape, &mut g)?;
+            return self.act_mul_slice_impl(act, &g, table, s, out);
+        }
+        let y = f32_ptr_mut(self, out, OP)?;
+        let mat = GemvMat {
+            w: buffer_ptr(self, gate),
+            n,
+            y,
+        };
+        let slice = GemvSlice {
+            table: buffer_ptr(self, table),
+            offset: s.offset as u64,
+            stride: s.stride as u64,
+        };
+        self.gemv_launch(x.f32s(OP)?, t, k, &[mat], GemvOut::Slice(act, slice))
+    }
+
     pub(super) fn act_mul_slice_impl(
         &self,
         act: Activation,
@@ -305,36 +392,7 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "act_mul_slice";
         let n = gate.len();
-        ensure(
-            out.len() == n && s.cols > 0 && n.is_multiple_of(s.cols),
-            OP,
-            || {
-                format!(
-                    "gate of {n}, out of {}, slice of {} columns",
-                    out.len(),
-                    s.cols
-                )
-            },
-        )?;
-        let rows = n / s.cols;
-        let needed = if rows == 0 {
-            0
-        } else {
-            (rows - 1) * s.stride + s.offset + s.cols
-        };
-        ensure(
-            s.offset + s.cols <= s.stride && needed <= table.len(),
-            OP,
-            || {
-                format!(
-                    "slice {}..{} of rows of {} beyond a table of {}",
-                    s.offset,
-                    s.offset + s.cols,
-                    s.stride,
-                    table.len()
-                )
-            },
-        )?;
+        let rows = slice_rows(OP, n, out.len(), table.len(), s)?;
         if n == 0 {
             return Ok(());
         }
@@ -356,6 +414,41 @@ impl CudaBackend {
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
     }
+}
+
+/// Rows of a gated slice product of `n` values into `out_len`, after checking the shapes
+/// and that the slice stays inside the table's rows.
+fn slice_rows(
+    op: &'static str,
+    n: usize,
+    out_len: usize,
+    table_len: usize,
+    s: TableSlice,
+) -> Result<usize> {
+    ensure(
+        out_len == n && s.cols > 0 && n.is_multiple_of(s.cols),
+        op,
+        || format!("gate of {n}, out of {out_len}, slice of {} columns", s.cols),
+    )?;
+    let rows = n / s.cols;
+    let needed = if rows == 0 {
+        0
+    } else {
+        (rows - 1) * s.stride + s.offset + s.cols
+    };
+    ensure(
+        s.offset + s.cols <= s.stride && needed <= table_len,
+        op,
+        || {
+            format!(
+                "slice {}..{} of rows of {} beyond a table of {table_len}",
+                s.offset,
+                s.offset + s.cols,
+                s.stride,
+            )
+        },
+    )?;
+    Ok(rows)
 }
 
 fn too_big(op: &'static str, v: usize) -> KernelError {

@@ -317,7 +317,7 @@ impl CudaBackend {
                     y: super::fused::f32_ptr_mut(self, m.out, OP)?,
                 });
             }
-            return self.gemv_launch(xs, t, k, &list, None);
+            return self.gemv_launch(xs, t, k, &list, super::fused::GemvOut::Plain);
         }
         if self.bf16_gemm {
             let xb = self.bf16_operand(x, t * k)?;
@@ -357,7 +357,7 @@ impl CudaBackend {
                 n,
                 y,
             });
-            return self.gemv_launch(xs, t, k, &mats, Some(act));
+            return self.gemv_launch(xs, t, k, &mats, super::fused::GemvOut::Gated(act));
         }
         let dt = self.activation_dtype();
         let mut g = self.scratch(out.len(), dt)?;

@@ -428,6 +428,19 @@ impl Backend for CudaBackend {
         self.gated_matmul_impl(act, x, gate, up, shape, out)
     }
 
+    fn gated_slice_matmul(
+        &self,
+        act: Activation,
+        x: &CudaBuffer,
+        gate: &CudaBuffer,
+        shape: MatmulShape,
+        table: &CudaBuffer,
+        s: TableSlice,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.gated_slice_matmul_impl(act, x, gate, shape, table, s, out)
+    }
+
     fn matmul_quant(
         &self,
         x: &CudaBuffer,

@@ -21,15 +21,25 @@ pub struct KernelFile {
 
 impl KernelFile {
     /// The text NVRTC compiles: the common helpers, then the file (with a `#line` so errors
-    /// point into the file itself).
+    /// point into the file itself). With `STRATA_KERNEL_DIR` set, `common.cuh` and
+    /// `<name>.cu` are read from that directory where present (kernel work: edit a file and
+    /// rerun the same binary; the cache keys on the text, so each version compiles once).
     pub fn full_source(&self) -> String {
-        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.source)
+        let dir = std::env::var_os("STRATA_KERNEL_DIR").map(std::path::PathBuf::from);
+        let read = |file: &str| {
+            dir.as_ref()
+                .and_then(|d| std::fs::read_to_string(d.join(file)).ok())
+        };
+        let common = read("common.cuh").unwrap_or_else(|| COMMON.into());
+        let source = read(&format!("{}.cu", self.name)).unwrap_or_else(|| self.source.into());
+        format!("{common}\n#line 1 \"{}.cu\"\n{source}", self.name)
     }
 }
 
 /// The GEMV entry points: `gemv_bf16_<rows>` for 1 to 8 rows of x (index = rows - 1),
-/// then the gated MLP forms `gemv_gated_bf16_<rows>` (index = 8 + rows - 1).
-pub(crate) const GEMV_KERNELS: [&str; 16] = [
+/// then the gated MLP forms `gemv_gated_bf16_<rows>` (index = 8 + rows - 1), then the
+/// table-slice forms `gemv_slice_bf16_<rows>` (index = 16 + rows - 1).
+pub(crate) const GEMV_KERNELS: [&str; 24] = [
     "gemv_bf16_1",
     "gemv_bf16_2",
     "gemv_bf16_3",
@@ -46,6 +56,14 @@ pub(crate) const GEMV_KERNELS: [&str; 16] = [
     "gemv_gated_bf16_6",
     "gemv_gated_bf16_7",
     "gemv_gated_bf16_8",
+    "gemv_slice_bf16_1",
+    "gemv_slice_bf16_2",
+    "gemv_slice_bf16_3",
+    "gemv_slice_bf16_4",
+    "gemv_slice_bf16_5",
+    "gemv_slice_bf16_6",
+    "gemv_slice_bf16_7",
+    "gemv_slice_bf16_8",
 ];
 
 /// Every kernel family, in the order the backend loads them.
