@@ -12,6 +12,18 @@ extern "C" __global__ void act_mul(const float* gate, const float* up, float* ou
     }
 }
 
+// act_mul over bf16 gate and up: in the bf16 mode a gated MLP's two GEMMs write bf16
+// (half the bytes of f32 out of the GEMM and into this pass; the activations a bf16 model
+// computes round there too).
+extern "C" __global__ void act_mul_bf16_in(const u16* gate, const u16* up, float* out,
+                                           u16* out_b, u64 n, int act) {
+    FOR_EACH_INDEX(i, n) {
+        const float y = apply_act(act, bf16_to_f32(gate[i])) * bf16_to_f32(up[i]);
+        out[i] = y;
+        if (out_b) out_b[i] = f32_to_bf16_rne(y);
+    }
+}
+
 // out[t, i] = act(gate[t, i]) * table[t * stride + offset + i] for i < cols: the gated
 // product with a column slice of a wider table (Gemma-4's per-layer inputs) in one pass.
 extern "C" __global__ void act_mul_slice(const float* gate, const float* table, float* out,

@@ -186,6 +186,13 @@ impl CudaBackend {
     }
 }
 
+/// The element type a bf16 GEMM writes.
+#[derive(Clone, Copy)]
+enum GemmOut {
+    F32,
+    Bf16,
+}
+
 impl CudaBackend {
     /// Whether a matmul over `rows` rows of an activation reads it as a bf16 GEMM operand
     /// (the bf16 mode past the GEMV's rows): the op producing the activation then writes
@@ -231,13 +238,57 @@ impl CudaBackend {
         n: usize,
         out: &mut CudaBuffer,
     ) -> Result<()> {
+        use cudarc::driver::DevicePtrMut;
+        let os = out.f32s_mut("matmul")?;
+        let (op, _g) = os.device_ptr_mut(&self.stream);
+        // SAFETY: `out` holds t*n f32 values (checked by the callers).
+        unsafe { self.gemm_bf16_to(xb, w, t, k, n, op, GemmOut::F32) }
+    }
+
+    /// `out [t, n] = xb [t, k] * W^T` rounded to bf16 (f32 accumulation).
+    fn gemm_bf16_out_bf16(
+        &self,
+        xb: &CudaSlice<u16>,
+        w: &CudaBuffer,
+        t: usize,
+        k: usize,
+        n: usize,
+        out: &mut CudaSlice<u16>,
+    ) -> Result<()> {
+        use cudarc::driver::DevicePtrMut;
+        ensure(out.len() >= t * n, "matmul", || {
+            format!("{} bf16 outputs for {t} x {n}", out.len())
+        })?;
+        let (op, _g) = out.device_ptr_mut(&self.stream);
+        // SAFETY: `out` holds t*n values (checked above).
+        unsafe { self.gemm_bf16_to(xb, w, t, k, n, op, GemmOut::Bf16) }
+    }
+
+    /// The bf16 GEMM into the device address `op` of `kind`.
+    ///
+    /// # Safety
+    /// `op` must address t*n writable elements of `kind` that outlive the GEMM's run.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_bf16_to(
+        &self,
+        xb: &CudaSlice<u16>,
+        w: &CudaBuffer,
+        t: usize,
+        k: usize,
+        n: usize,
+        op: u64,
+        kind: GemmOut,
+    ) -> Result<()> {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use cudarc::driver::DevicePtr;
         const OP: &str = "matmul";
         let Storage::Bits16(ws) = &w.storage else {
             unreachable!("a BF16 buffer holds 16-bit storage")
         };
-        let os = out.f32s_mut(OP)?;
+        let out_type = match kind {
+            GemmOut::F32 => cudaDataType::CUDA_R_32F,
+            GemmOut::Bf16 => cudaDataType::CUDA_R_16BF,
+        };
         let (m_i, n_i, k_i) = (as_c_int(OP, n)?, as_c_int(OP, t)?, as_c_int(OP, k)?);
         let (alpha, beta) = (1.0f32, 0.0f32);
         self.ctx
@@ -249,10 +300,9 @@ impl CudaBackend {
             .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
         let (wp, _g1) = ws.device_ptr(&self.stream);
         let (xp, _g2) = xb.device_ptr(&self.stream);
-        let (op, _g3) = os.device_ptr_mut(&self.stream);
         // SAFETY: as in SGEMM above: A = W (k x n col-major, transposed), B = x (k x t),
-        // C = out (n x t); all three hold the sizes given; alpha/beta are f32 as the
-        // compute type asks.
+        // C = out (n x t, the caller's contract); all three hold the sizes given;
+        // alpha/beta are f32 as the compute type asks.
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *blas.handle(),
@@ -270,7 +320,7 @@ impl CudaBackend {
                 k_i,
                 (&beta as *const f32).cast(),
                 op as *mut std::ffi::c_void,
-                cudaDataType::CUDA_R_32F,
+                out_type,
                 m_i,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -359,18 +409,24 @@ impl CudaBackend {
             });
             return self.gemv_launch(xs, t, k, &mats, super::fused::GemvOut::Gated(act));
         }
+        // The MLP's down projection reads `out` next.
+        let twin = self.gemm_reads_bf16(t);
+        if bf16 && self.bf16_gemm {
+            // Both products in bf16: the activation pass reads half the bytes.
+            let xb = self.bf16_operand(x, t * k)?;
+            let err = device_err("allocating gated matmul scratch");
+            // SAFETY: each GEMM writes all t*n values before act_mul reads them.
+            let mut g = unsafe { self.stream.alloc::<u16>(t * n) }.map_err(&err)?;
+            let mut u = unsafe { self.stream.alloc::<u16>(t * n) }.map_err(&err)?;
+            self.gemm_bf16_out_bf16(&xb, gate, t, k, n, &mut g)?;
+            self.gemm_bf16_out_bf16(&xb, up, t, k, n, &mut u)?;
+            return self.act_mul_bf16_in(act, &g, &u, out, twin);
+        }
         let dt = self.activation_dtype();
         let mut g = self.scratch(out.len(), dt)?;
         let mut u = self.scratch(out.len(), dt)?;
-        if bf16 && self.bf16_gemm {
-            let xb = self.bf16_operand(x, t * k)?;
-            self.gemm_bf16(&xb, gate, t, k, n, &mut g)?;
-            self.gemm_bf16(&xb, up, t, k, n, &mut u)?;
-        } else {
-            self.matmul_impl(x, gate, shape, &mut g)?;
-            self.matmul_impl(x, up, shape, &mut u)?;
-        }
-        // The MLP's down projection reads `out` next.
-        self.act_mul_impl(act, &g, &u, out, self.gemm_reads_bf16(t))
+        self.matmul_impl(x, gate, shape, &mut g)?;
+        self.matmul_impl(x, up, shape, &mut u)?;
+        self.act_mul_impl(act, &g, &u, out, twin)
     }
 }

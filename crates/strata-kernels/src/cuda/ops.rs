@@ -2,7 +2,7 @@
 //! Each checks lengths and dtypes on the host first (a mismatch is an error, never an
 //! out-of-bounds launch), then queues the kernel.
 
-use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::buffer::{arg_twin, dtype_code, CudaBuffer, Storage};
 use super::{device_err, grid_for, CudaBackend};
@@ -452,6 +452,37 @@ impl CudaBackend {
         arg_twin(&mut l, ob);
         l.arg(&n64).arg(&code);
         // SAFETY: equal lengths checked above.
+        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    /// `out = act(gate) * up` over bf16 `gate` and `up` (a bf16 GEMM's outputs), with the
+    /// bf16 twin of `out` when `twin` is set.
+    pub(super) fn act_mul_bf16_in(
+        &self,
+        act: Activation,
+        gate: &CudaSlice<u16>,
+        up: &CudaSlice<u16>,
+        out: &mut CudaBuffer,
+        twin: bool,
+    ) -> Result<()> {
+        const OP: &str = "act_mul";
+        let n = out.len();
+        ensure(gate.len() >= n && up.len() >= n, OP, || {
+            format!("gate {}, up {}, out {n}", gate.len(), up.len())
+        })?;
+        let (o, ob) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (n64, code) = (n as u64, act_code(act));
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get("act_mul_bf16_in")?);
+        l.arg(gate).arg(up).arg(o);
+        arg_twin(&mut l, ob);
+        l.arg(&n64).arg(&code);
+        // SAFETY: gate and up hold at least n elements (checked above), out n.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
     }

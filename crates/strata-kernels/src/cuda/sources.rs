@@ -93,6 +93,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         source: include_str!("../../../../kernels/elementwise.cu"),
         functions: &[
             "act_mul",
+            "act_mul_bf16_in",
             "act_mul_slice",
             "activation",
             "softcap",
