@@ -256,12 +256,14 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
 // Grid (query row x head, column chunks of 128): merges the splits' partial softmax
 // results. Warp 0 of each block turns the splits' (max, sum) pairs into weights; every
 // thread then sums one column over the splits (the column chunks give a batch of one row
-// enough blocks to read the workspace in parallel).
+// enough blocks to read the workspace in parallel). `out_b`, when not null, receives the
+// result in bf16 too (the o projection's GEMM operand).
 #define PA_MAX_SPLITS 64  // MAX_SPLITS in cuda/paged.rs
 #define COMBINE_COLS 128
 
 extern "C" __global__ void __launch_bounds__(COMBINE_COLS)
-paged_combine(const float* ws_acc, const float* ws_ml, float* out, int d, int n_splits) {
+paged_combine(const float* ws_acc, const float* ws_ml, float* out, u16* out_b, int d,
+              int n_splits) {
     __shared__ float weight[PA_MAX_SPLITS];
     __shared__ float total_sum;
     const u64 task = blockIdx.x;
@@ -290,7 +292,9 @@ paged_combine(const float* ws_acc, const float* ws_ml, float* out, int d, int n_
     // Empty splits (weight 0: rows shorter than the grid's split count) are not read.
     for (int z = 0; z < n_splits; ++z)
         if (weight[z] != 0.0f) o += ws_acc[(first + z) * d + i] * weight[z];
-    out[task * d + i] = total > 0.0f ? o / total : 0.0f;
+    const float y = total > 0.0f ? o / total : 0.0f;
+    out[task * d + i] = y;
+    if (out_b) out_b[task * d + i] = f32_to_bf16_rne(y);
 }
 
 // ---- dense attention for long query runs (prefill) ---------------------------------------

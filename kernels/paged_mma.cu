@@ -107,6 +107,38 @@ __device__ __forceinline__ void load_tile_slot(u16* kt, u16* vt, const u16* k_sl
     }
 }
 
+// Where a block's result rows go. Unsplit: the output row, scaled by 1 / sum, and its bf16
+// twin when the launcher passed one (`out_b`: the o projection's GEMM reads it). Split: the
+// split's workspace row, unscaled, with the row's (max, sum) written by one thread.
+struct OutRow {
+    float* dst;
+    u16* dst_b;
+    float norm;
+};
+
+__device__ __forceinline__ OutRow out_row(float* out, u16* out_b, float* ws_acc, float* ws_ml,
+                                          u64 task, int d, int n_splits, int z, float m,
+                                          float l, bool writes_ml) {
+    if (n_splits == 1)
+        return {out + task * d, out_b ? out_b + task * d : nullptr, l > 0.0f ? 1.0f / l : 0.0f};
+    const u64 part = task * n_splits + z;
+    if (writes_ml) {
+        ws_ml[2 * part] = m;
+        ws_ml[2 * part + 1] = l;
+    }
+    return {ws_acc + part * d, nullptr, 1.0f};
+}
+
+// Columns c and c + 1 (c even) of a result row, and of its twin: one 8-byte and one 4-byte
+// store (rows start at multiples of d, a multiple of 64).
+__device__ __forceinline__ void store_pair(const OutRow& o, int c, float a, float b) {
+    const float x = a * o.norm, y = b * o.norm;
+    *reinterpret_cast<float2*>(o.dst + c) = make_float2(x, y);
+    if (o.dst_b)
+        *reinterpret_cast<u32*>(o.dst_b + c) =
+            (u32)f32_to_bf16_rne(x) | ((u32)f32_to_bf16_rne(y) << 16);
+}
+
 // Lane j's slot of the tile starting at key j0 (0 past `last`).
 __device__ __forceinline__ u32 tile_slot(const u32* sl, long long j0, long long last) {
     const int lane = threadIdx.x % 32;
@@ -129,7 +161,7 @@ __device__ __forceinline__ void load_tile(u16* kt, u16* vt, const u16* k_slab,
 // At most 128 registers a thread (the 2): two d-256 blocks share a multiprocessor.
 extern "C" __global__ void __launch_bounds__(PM_WARPS * 32, 2)
 paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const u32* seqs,
-                    const u32* row_seq, const u32* slots, float* out, float* ws_acc,
+                    const u32* row_seq, const u32* slots, float* out, u16* out_b, float* ws_acc,
                     float* ws_ml, int n_heads, int n_kv_heads, int d, float scale,
                     long long window, int has_softcap, float softcap, int n_splits,
                     int dense_min_q, int n_stages) {
@@ -356,28 +388,14 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
     for (int half = 0; half < 2; ++half) {
         const int r = g + 8 * half;
         if (r >= group) continue;
-        const float l = l_s[r];
-        const u64 task = task0 + r;
-        float* dst;
-        float norm;
-        if (n_splits == 1) {
-            dst = out + task * d;
-            norm = l > 0.0f ? 1.0f / l : 0.0f;
-        } else {
-            const u64 part = task * n_splits + z;
-            dst = ws_acc + part * d;
-            norm = 1.0f;
-            if (warp == 0 && tq == 0) {
-                ws_ml[2 * part] = m_s[r];
-                ws_ml[2 * part + 1] = l;
-            }
-        }
+        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task0 + r, d, n_splits, z, m_s[r],
+                                   l_s[r], warp == 0 && tq == 0);
 #pragma unroll
         for (int nt = 0; nt < PM_MAX_NT; ++nt) {
             if (nt < n_tiles_d) {
                 const int c = col0 + nt * 8 + 2 * tq;
-                dst[c] = (o[nt][2 * half] + o_hi[r * d + c]) * norm;
-                dst[c + 1] = (o[nt][2 * half + 1] + o_hi[r * d + c + 1]) * norm;
+                store_pair(dst, c, o[nt][2 * half] + o_hi[r * d + c],
+                           o[nt][2 * half + 1] + o_hi[r * d + c + 1]);
             }
         }
     }
@@ -427,7 +445,7 @@ __device__ __forceinline__ u16 bf16_rn_finite(float x) {
 // `q` and `out` start at the sequence's first row; `sl` at its first slot.
 extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1)
 prefill_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const u32* sl,
-                      float* out, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
+                      float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
                       int d, float scale, long long window, int has_softcap, float softcap,
                       int n_splits, int n_stages, int q_len, long long q_pos0,
                       long long k_start, int tpb) {
@@ -676,28 +694,14 @@ prefill_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, cons
     for (int half = 0; half < 2; ++half) {
         const int r = rg * 16 + g + 8 * half;
         if (r >= rows_used) continue;
-        const float l = l_s[r];
         const u64 task = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
-        float* dst;
-        float norm;
-        if (n_splits == 1) {
-            dst = out + task * d;
-            norm = l > 0.0f ? 1.0f / l : 0.0f;
-        } else {
-            const u64 part = task * n_splits + z;
-            dst = ws_acc + part * d;
-            norm = 1.0f;
-            if (quarter == 0 && tq == 0) {
-                ws_ml[2 * part] = m_s[r];
-                ws_ml[2 * part + 1] = l;
-            }
-        }
+        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task, d, n_splits, z, m_s[r],
+                                   l_s[r], quarter == 0 && tq == 0);
 #pragma unroll
         for (int nt = 0; nt < PM_MAX_NT; ++nt) {
             if (nt < n_tiles_d) {
                 const int c = col0 + nt * 8 + 2 * tq;
-                dst[c] = o[nt][2 * half] * norm;
-                dst[c + 1] = o[nt][2 * half + 1] * norm;
+                store_pair(dst, c, o[nt][2 * half], o[nt][2 * half + 1]);
             }
         }
     }

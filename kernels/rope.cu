@@ -37,70 +37,6 @@ struct HeadSegs {
     int rope[3];     // 0: the norm only
 };
 
-// The row in registers (head_dim a multiple of 64, at most 512): element lane + 32 j in
-// v[j]. Everything that does not depend on x (the weight, the position, the frequencies)
-// is requested before x, so the loads overlap; a NeoX pair (i, i + half) sits in one lane,
-// an interleaved pair (2i, 2i + 1) in lanes lane and lane ^ 1. Same operations, in the same
-// order, as the general path below, so the same bits.
-#define HNR_MAX_PER_LANE 16
-
-__device__ __forceinline__ void head_norm_rope_regs(float* xr, const void* w, int w_dtype,
-                                                    bool rope, float pos,
-                                                    const float* inv_freq, float offset,
-                                                    float eps, int head_dim, int interleaved) {
-    const int lane = threadIdx.x & 31;
-    const int per = head_dim >> 5;
-    const int half = head_dim >> 1;
-    float wv[HNR_MAX_PER_LANE], f[HNR_MAX_PER_LANE], v[HNR_MAX_PER_LANE];
-#pragma unroll
-    for (int j = 0; j < HNR_MAX_PER_LANE; ++j) {
-        if (j >= per) break;
-        const int e = lane + 32 * j;
-        wv[j] = w_dtype >= 0 ? load_as_f32(w, w_dtype, e) + offset : 1.0f;
-        f[j] = rope ? inv_freq[interleaved ? e >> 1 : (e < half ? e : e - half)] : 0.0f;
-        v[j] = xr[e];
-    }
-    double ss = 0.0;
-#pragma unroll
-    for (int j = 0; j < HNR_MAX_PER_LANE; ++j)
-        if (j < per) ss += (double)v[j] * (double)v[j];
-    ss = warp_sum_f64(ss);
-    const float inv = (float)(1.0 / sqrt(ss / head_dim + (double)eps));
-#pragma unroll
-    for (int j = 0; j < HNR_MAX_PER_LANE; ++j) {
-        if (j >= per) break;
-        float y = v[j] * inv;
-        if (w_dtype >= 0) y = y * wv[j];
-        v[j] = y;
-    }
-    if (rope && interleaved) {
-#pragma unroll
-        for (int j = 0; j < HNR_MAX_PER_LANE; ++j) {
-            if (j >= per) break;
-            const float other = __shfl_xor_sync(0xffffffffu, v[j], 1);
-            if (f[j] == 0.0f) continue;
-            float sn, cs;
-            sincosf(pos * f[j], &sn, &cs);
-            // Even lanes hold a (a c - b s), odd lanes b (b c + a s).
-            v[j] = (lane & 1) ? v[j] * cs + other * sn : v[j] * cs - other * sn;
-        }
-    } else if (rope) {
-#pragma unroll
-        for (int j = 0; j < HNR_MAX_PER_LANE / 2; ++j) {
-            if (j >= per / 2) break;
-            if (f[j] == 0.0f) continue;
-            float sn, cs;
-            sincosf(pos * f[j], &sn, &cs);
-            const float a = v[j], b = v[j + per / 2];
-            v[j] = a * cs - b * sn;
-            v[j + per / 2] = b * cs + a * sn;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < HNR_MAX_PER_LANE; ++j)
-        if (j < per) xr[lane + 32 * j] = v[j];
-}
-
 extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
                                           const float* inv_freq, float offset, float eps,
                                           int tokens, int head_dim, int interleaved) {
@@ -112,13 +48,6 @@ extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
     const void* w = pick3(segs.w, seg);
     const int w_dtype = pick3(segs.w_dtype, seg);
     float* xr = pick3(segs.x, seg) + (u64)row * head_dim;
-    const bool rope = pick3(segs.rope, seg);
-    if (head_dim % 64 == 0 && head_dim <= 32 * HNR_MAX_PER_LANE) {
-        const float pos = rope ? (float)positions[row / n_heads] : 0.0f;
-        head_norm_rope_regs(xr, w, w_dtype, rope, pos, inv_freq, offset, eps, head_dim,
-                            interleaved);
-        return;
-    }
     double ss = 0.0;
     for (int i = lane; i < head_dim; i += 32) {
         const float v = xr[i];
@@ -131,7 +60,7 @@ extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
         if (w_dtype >= 0) y = y * (load_as_f32(w, w_dtype, i) + offset);
         xr[i] = y;
     }
-    if (!rope) return;
+    if (!pick3(segs.rope, seg)) return;
     __syncwarp();  // the rotation pairs elements written by other lanes
     const int half = head_dim / 2;
     const float pos = (float)positions[row / n_heads];

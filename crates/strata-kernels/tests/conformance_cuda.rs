@@ -290,6 +290,60 @@ fn bf16_twin_matches_narrowing_and_goes_stale() {
     assert_eq!(y, want, "the gated product's twin");
 }
 
+/// The attention output's bf16 twin (the o projection's operand) from the tensor-core
+/// kernels: a prefill run alone (prefill kernel), long and short runs in one call (both
+/// kernels), and decode rows only (the decode kernel, its splits merged by the combine).
+/// The o projection must give the bits of a fresh narrowed upload; the outputs stay within
+/// bf16 tolerance of the reference.
+#[test]
+fn attention_twin_matches_narrowing() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    let (heads, kv_heads, d, n) = (8, 2, 128, 96);
+    let mut data = conformance::TestData::new(31);
+    let w = fast
+        .upload_f32_as(&data.normals(n * heads * d, 0.05, DType::BF16), DType::BF16)
+        .unwrap();
+    let shape = MatmulShape {
+        in_features: heads * d,
+        out_features: n,
+    };
+    for (i, seqs) in [
+        vec![(0, 80)],
+        vec![(30, 70), (12, 1), (5, 2)],
+        vec![(40, 1), (700, 1), (100, 1)],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let rows: usize = seqs.iter().map(|&(_, q)| q).sum();
+        let c = PagedCase {
+            format: strata_kernels::KvFormat::Bf16,
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            head_dim: d,
+            window: None,
+            scale: 1.0 / (d as f32).sqrt(),
+            softcap: None,
+            seqs,
+            seed: 40 + i as u64,
+        };
+        let (out, want, mag) = conformance::run_paged_attention_case(&fast, &c).unwrap();
+        let got = fast.download(&out).unwrap();
+        conformance::compare("attention twin case", &got, &want, &mag, bf16_mode_tol()).unwrap();
+        let mut y1 = fast.zeros(rows * n, DType::F32).unwrap();
+        fast.matmul(&out, &w, shape, &mut y1).unwrap();
+        let fresh = fast.upload_f32_as(&got, DType::F32).unwrap();
+        let mut y2 = fast.zeros(rows * n, DType::F32).unwrap();
+        fast.matmul(&fresh, &w, shape, &mut y2).unwrap();
+        assert_eq!(
+            fast.download(&y1).unwrap(),
+            fast.download(&y2).unwrap(),
+            "case {i}: the o projection on the attention's twin"
+        );
+    }
+}
+
 /// A random bf16-slab attention case in the bf16 mode (the tensor-core kernels), scaled by
 /// 1/sqrt(head_dim), against the f32 reference at bf16 tolerance.
 #[allow(clippy::too_many_arguments)]

@@ -140,6 +140,16 @@ pub fn check_paged_attention_case_within<B: Backend>(
     c: &PagedCase,
     tol: Tolerance,
 ) -> CheckResult {
+    let what = format!("paged_attention {c:?}");
+    let (out, want, mag) = run_paged_attention_case(b, c)?;
+    compare(&what, &get(b, &out)?, &want, &mag, tol)
+}
+
+/// A case's output buffer, and the reference values and magnitudes.
+pub type PagedRun<B> = (<B as Backend>::Buffer, Vec<f64>, Vec<f64>);
+
+/// Runs `c` on `b`.
+pub fn run_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> Result<PagedRun<B>, String> {
     let act = b.activation_dtype();
     let mut data = TestData::new(c.seed);
     let (d, hk) = (c.head_dim, c.n_kv_heads);
@@ -223,7 +233,7 @@ pub fn check_paged_attention_case_within<B: Backend>(
         &what,
         b.paged_attention(&put(b, &q, act)?, &slab, &batch, p, &mut out),
     )?;
-    compare(&what, &get(b, &out)?, &want, &mag, tol)
+    Ok((out, want, mag))
 }
 
 /// The attention cases of [`check_paged`]: every format at a small shape, then the model's

@@ -49,6 +49,13 @@ pub(super) fn arg_twin<'a>(l: &mut LaunchArgs<'a>, twin: Option<&'a mut CudaSlic
     };
 }
 
+/// The device address of an optional twin (0: none), for kernels that take it as a raw
+/// pointer argument at an offset.
+pub(super) fn twin_addr(stream: &Arc<CudaStream>, twin: &mut Option<&mut CudaSlice<u16>>) -> u64 {
+    use cudarc::driver::DevicePtrMut;
+    twin.as_mut().map_or(0, |t| t.device_ptr_mut(stream).0)
+}
+
 /// The dtype codes the kernels switch on (`STRATA_F32` ... in `kernels/common.cuh`).
 pub(super) fn dtype_code(dtype: DType) -> i32 {
     match dtype {

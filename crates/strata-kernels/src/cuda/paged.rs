@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::buffer::CudaBuffer;
+use super::buffer::{twin_addr, CudaBuffer};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::paged::check_paged;
@@ -355,14 +355,25 @@ impl CudaBackend {
             self.dense_min_q
         };
         let qs = q.f32s(OP)?;
-        if dense_min_q > 0 && batch.host_seqs.iter().all(|s| s.q_len >= dense_min_q) {
+        let mma = self.paged_mma.applies(self.bf16_gemm, s.format, &p);
+        let all_long = dense_min_q > 0 && batch.host_seqs.iter().all(|s| s.q_len >= dense_min_q);
+        let any_long = dense_min_q > 0 && batch.host_seqs.iter().any(|s| s.q_len >= dense_min_q);
+        // The o projection's bf16 GEMM reads the result next: the tensor-core kernels and
+        // the combine write its bf16 twin as well, if every path of this call is theirs
+        // (the CUDA-core kernel and the GEMM path do not write one).
+        let twin = self.gemm_reads_bf16(rows)
+            && (all_long || mma)
+            && (!any_long
+                || self.paged_mma.prefill_twin
+                    && self.paged_mma.prefill_applies(self.bf16_gemm, s.format, &p));
+        let (os, mut ob) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
+        let ob_addr = twin_addr(&self.stream, &mut ob);
+        if all_long {
             // Every row is a long query run's (a prefill): the paged kernel would only
             // launch blocks that find no keys.
-            let os = out.f32s_mut(OP)?;
-            return self.dense_sequences(qs, slab, batch, p, dense_min_q, os);
+            return self.dense_sequences(qs, slab, batch, p, dense_min_q, os, ob_addr);
         }
         let tasks = rows * p.n_heads;
-        let mma = self.paged_mma.applies(self.bf16_gemm, s.format, &p);
         // Split the keys when there are too few blocks to fill the GPU. The tensor-core
         // kernel serves a KV head's whole query group per block and holds a multiprocessor's
         // shared memory, so it sizes its grid to one wave of resident blocks.
@@ -406,7 +417,6 @@ impl CudaBackend {
                 self.stream.alloc::<f32>(ml_len).map_err(&err)?,
             )
         };
-        let os = out.f32s_mut(OP)?;
         let window: i64 = p
             .window
             .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX));
@@ -426,8 +436,11 @@ impl CudaBackend {
         l.arg(&batch.seqs)
             .arg(&batch.row_seq)
             .arg(&batch.slots)
-            .arg(os)
-            .arg(&mut ws_acc)
+            .arg(&mut *os);
+        if mma {
+            l.arg(&ob_addr);
+        }
+        l.arg(&mut ws_acc)
             .arg(&mut ws_ml)
             .arg(&heads)
             .arg(&kv_heads)
@@ -463,18 +476,20 @@ impl CudaBackend {
         // layout needs (granted at start-up, `MmaSupport::probe`).
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         if splits > 1 {
-            let mut os = out.f32s_mut(OP)?.slice_mut(..);
-            self.combine_splits(&ws_acc, &ws_ml, &mut os, tasks, d, splits)?;
+            // The CUDA-core kernel's combine writes no twin (`twin` is off without mma).
+            let ob = if mma { ob_addr } else { 0 };
+            self.combine_splits(&ws_acc, &ws_ml, &mut os.slice_mut(..), ob, tasks, d, splits)?;
         }
-        if dense_min_q > 0 {
-            let os = out.f32s_mut(OP)?;
-            self.dense_sequences(qs, slab, batch, p, dense_min_q, os)?;
+        if any_long {
+            self.dense_sequences(qs, slab, batch, p, dense_min_q, os, ob_addr)?;
         }
         Ok(())
     }
 
     /// Attends the sequences with at least `dense_min_q` query rows: the tensor-core
-    /// prefill kernel in the bf16 mode on bf16 slabs, else the GEMM path.
+    /// prefill kernel in the bf16 mode on bf16 slabs (with the output's bf16 twin at device
+    /// address `twin` unless 0), else the GEMM path.
+    #[allow(clippy::too_many_arguments)]
     fn dense_sequences(
         &self,
         qs: &CudaSlice<f32>,
@@ -483,13 +498,14 @@ impl CudaBackend {
         p: AttentionParams,
         dense_min_q: usize,
         os: &mut CudaSlice<f32>,
+        twin: u64,
     ) -> Result<()> {
         let mma = self
             .paged_mma
             .prefill_applies(self.bf16_gemm, slab.shape.format, &p);
         for seq in batch.host_seqs.iter().filter(|s| s.q_len >= dense_min_q) {
             if mma {
-                self.prefill_attention(qs, slab, &batch.slots, seq, p, os)?;
+                self.prefill_attention(qs, slab, &batch.slots, seq, p, os, twin)?;
             } else {
                 self.dense_attention(qs, slab, &batch.slots, seq, p, os)?;
             }
@@ -498,12 +514,14 @@ impl CudaBackend {
     }
 
     /// Merges `splits` partial results per task (`paged_combine`) into `out`'s
-    /// `tasks` x `d` values.
+    /// `tasks` x `d` values, and into their bf16 twin at device address `twin` unless 0.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn combine_splits(
         &self,
         ws_acc: &CudaSlice<f32>,
         ws_ml: &CudaSlice<f32>,
         out: &mut cudarc::driver::CudaViewMut<'_, f32>,
+        twin: u64,
         tasks: usize,
         d: usize,
         splits: usize,
@@ -519,13 +537,19 @@ impl CudaBackend {
         let mut l = self
             .stream
             .launch_builder(self.kernels.get("paged_combine")?);
-        l.arg(ws_acc).arg(ws_ml).arg(out).arg(&d_i).arg(&splits_i);
+        l.arg(ws_acc)
+            .arg(ws_ml)
+            .arg(out)
+            .arg(&twin)
+            .arg(&d_i)
+            .arg(&splits_i);
         let cfg = LaunchConfig {
             grid_dim: (tasks as u32, d.div_ceil(COMBINE_COLS) as u32, 1),
             block_dim: (COMBINE_COLS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the workspace holds tasks x splits partials (checked); out holds tasks x d.
+        // SAFETY: the workspace holds tasks x splits partials (checked); out holds tasks x d,
+        // and so does the twin where the caller passed one.
         unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
         Ok(())
     }

@@ -66,6 +66,9 @@ pub(super) struct MmaSupport {
     pub smem_per_sm: usize,
     /// The same for the prefill kernel (0: not used).
     pub prefill_smem_limit: usize,
+    /// Whether the prefill kernel writes its output's bf16 twin (`STRATA_PREFILL_TWIN=0`:
+    /// no, and the o projection narrows its input).
+    pub prefill_twin: bool,
 }
 
 impl MmaSupport {
@@ -102,6 +105,7 @@ impl MmaSupport {
             } else {
                 0
             },
+            prefill_twin: std::env::var("STRATA_PREFILL_TWIN").map_or(true, |v| v != "0"),
         }
     }
 
@@ -182,6 +186,7 @@ mod tests {
             smem_limit: 227 * 1024,
             smem_per_sm: 228 * 1024,
             prefill_smem_limit: 227 * 1024,
+            prefill_twin: true,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -194,6 +199,7 @@ mod tests {
             smem_limit: 163 * 1024,
             smem_per_sm: 164 * 1024,
             prefill_smem_limit: 163 * 1024,
+            prefill_twin: true,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernel: d 512 in two stages on Hopper; on A100 only up to d 256.
@@ -214,6 +220,7 @@ mod tests {
             smem_limit,
             smem_per_sm: 228 * 1024,
             prefill_smem_limit: 0,
+            prefill_twin: true,
         }
     }
 

@@ -22,7 +22,9 @@ pub(super) fn tokens_per_block(group: usize) -> usize {
 
 impl CudaBackend {
     /// Attends `seq`'s query rows of `q` into `out` (both `[rows, n_heads, d]` f32) over the
-    /// keys its slots name; the caller checked `MmaSupport::prefill_applies`.
+    /// keys its slots name, and into `out`'s bf16 twin at device address `twin` unless 0
+    /// (same layout); the caller checked `MmaSupport::prefill_applies`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn prefill_attention(
         &self,
         q: &CudaSlice<f32>,
@@ -31,6 +33,7 @@ impl CudaBackend {
         seq: &PagedSeq,
         p: AttentionParams,
         out: &mut CudaSlice<f32>,
+        twin: u64,
     ) -> Result<()> {
         const OP: &str = "prefill_attention";
         let (d, nh, nkv) = (p.head_dim, p.n_heads, p.n_kv_heads);
@@ -67,6 +70,12 @@ impl CudaBackend {
             )
         };
         let stages = self.paged_mma.prefill_stages(d);
+        // The twin's view of the sequence's rows (2 bytes a value).
+        let twin_rows = if twin == 0 {
+            0
+        } else {
+            twin + 2 * rows.start as u64
+        };
         let qv = q.slice(rows.clone());
         let mut ov = out.slice_mut(rows);
         let sl = slots.slice(seq.slot_offset..seq.slot_offset + n_keys);
@@ -87,6 +96,7 @@ impl CudaBackend {
             .arg(&slab.v)
             .arg(&sl)
             .arg(&mut ov)
+            .arg(&twin_rows)
             .arg(&mut ws_acc)
             .arg(&mut ws_ml)
             .arg(&ints[0])
@@ -113,7 +123,7 @@ impl CudaBackend {
         // granted at start-up (`MmaSupport::probe`) and d is a multiple of 64 up to 512.
         unsafe { l.launch(cfg) }.map_err(device_err(PREFILL_KERNEL))?;
         if splits > 1 {
-            self.combine_splits(&ws_acc, &ws_ml, &mut ov, tasks, d, splits)?;
+            self.combine_splits(&ws_acc, &ws_ml, &mut ov, twin_rows, tasks, d, splits)?;
         }
         Ok(())
     }
