@@ -14,10 +14,43 @@ extern "C" __global__ void act_mul(const float* gate, const float* up, float* ou
 
 // act_mul over bf16 gate and up: in the bf16 mode a gated MLP's two GEMMs write bf16
 // (half the bytes of f32 out of the GEMM and into this pass; the activations a bf16 model
-// computes round there too).
+// computes round there too). Eight values a thread in 16-byte loads and stores (the pass
+// is bound by memory; every buffer starts an allocation, so the vectors align), the last
+// n % 8 one at a time.
+__device__ __forceinline__ float act_mul_pair_lo(int act, u32 g, u32 u) {
+    return apply_act(act, __uint_as_float(g << 16)) * __uint_as_float(u << 16);
+}
+
+__device__ __forceinline__ float act_mul_pair_hi(int act, u32 g, u32 u) {
+    return apply_act(act, __uint_as_float(g & 0xffff0000u)) * __uint_as_float(u & 0xffff0000u);
+}
+
 extern "C" __global__ void act_mul_bf16_in(const u16* gate, const u16* up, float* out,
                                            u16* out_b, u64 n, int act) {
-    FOR_EACH_INDEX(i, n) {
+    const u64 groups = n / 8;
+    FOR_EACH_INDEX(v, groups) {
+        const uint4 g = reinterpret_cast<const uint4*>(gate)[v];
+        const uint4 u = reinterpret_cast<const uint4*>(up)[v];
+        const u32 gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+        float y[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            y[2 * j] = act_mul_pair_lo(act, gw[j], uw[j]);
+            y[2 * j + 1] = act_mul_pair_hi(act, gw[j], uw[j]);
+        }
+        float4* o = reinterpret_cast<float4*>(out) + 2 * v;
+        o[0] = make_float4(y[0], y[1], y[2], y[3]);
+        o[1] = make_float4(y[4], y[5], y[6], y[7]);
+        if (out_b) {
+            u32 b[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                b[j] = (u32)f32_to_bf16_rne(y[2 * j]) | ((u32)f32_to_bf16_rne(y[2 * j + 1]) << 16);
+            reinterpret_cast<uint4*>(out_b)[v] = make_uint4(b[0], b[1], b[2], b[3]);
+        }
+    }
+    FOR_EACH_INDEX(t, n - groups * 8) {
+        const u64 i = groups * 8 + t;
         const float y = apply_act(act, bf16_to_f32(gate[i])) * bf16_to_f32(up[i]);
         out[i] = y;
         if (out_b) out_b[i] = f32_to_bf16_rne(y);

@@ -482,8 +482,9 @@ impl CudaBackend {
         l.arg(gate).arg(up).arg(o);
         arg_twin(&mut l, ob);
         l.arg(&n64).arg(&code);
-        // SAFETY: gate and up hold at least n elements (checked above), out n.
-        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        // SAFETY: gate and up hold at least n elements (checked above), out n; all start
+        // allocations (16-byte aligned), as the kernel's vector accesses need.
+        unsafe { l.launch(grid_for(n.div_ceil(8))) }.map_err(device_err(OP))?;
         Ok(())
     }
 
