@@ -256,10 +256,7 @@ pub fn check_gated_matmul_case<B: Backend>(
     )?;
     let (g, g_mag) = reference::matmul(&x, &gate, k, n);
     let (u, u_mag) = reference::matmul(&x, &up, k, n);
-    let act = |v: f64| match c.act {
-        Activation::GeluTanh => reference::gelu_tanh(v),
-        Activation::Silu => reference::silu(v),
-    };
+    let act = |v: f64| reference::activation(c.act, v);
     let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| act(g) * u).collect();
     // An error e in the gate moves act(g) by at most 1.13 e (the activations' steepest
     // slope) and one in up moves the product by |act(g)| <= |g| times it; the gelu
@@ -423,10 +420,7 @@ pub fn check_gated_slice_matmul_case<B: Backend>(
         ),
     )?;
     let (g, g_mag) = reference::matmul(&x, &w, k, n);
-    let act = |v: f64| match c.act {
-        Activation::GeluTanh => reference::gelu_tanh(v),
-        Activation::Silu => reference::silu(v),
-    };
+    let act = |v: f64| reference::activation(c.act, v);
     let tab = |i: usize| table[(i / n) * s.stride + s.offset + i % n] as f64;
     let want: Vec<f64> = (0..g.len()).map(|i| act(g[i]) * tab(i)).collect();
     // As for gated_matmul: an error e in the product moves act by at most 1.13 e.

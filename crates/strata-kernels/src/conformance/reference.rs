@@ -82,6 +82,14 @@ pub fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
+/// `act(x)` by the definition.
+pub fn activation(act: crate::Activation, x: f64) -> f64 {
+    match act {
+        crate::Activation::GeluTanh => gelu_tanh(x),
+        crate::Activation::Silu => silu(x),
+    }
+}
+
 /// Attention by the definition: masked scores, softmax, weighted sum of values.
 /// Magnitude per output element: `sum_s p_s |v_s| * (1 + max_s sum_i |scale q_i k_si|)`,
 /// since an error in a score moves its weight in proportion to the score's own size.
