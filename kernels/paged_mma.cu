@@ -442,12 +442,13 @@ __device__ __forceinline__ u16 bf16_rn_finite(float x) {
 // bounds [2][64] i32
 // (`prefill_smem_bytes` in cuda/paged_mma.rs computes the same sum). One block a
 // multiprocessor: 512 threads at up to 128 registers fill the register file.
-// `q` and `out` start at the sequence's first row; `sl` at its first slot.
+// `q`, `out` and `out_b` (the bf16 twin, or null) start at the sequence's first row; `sl` at
+// its first slot.
 extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1)
 prefill_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const u32* sl,
-                      float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
-                      int d, float scale, long long window, int has_softcap, float softcap,
-                      int n_splits, int n_stages, int q_len, long long q_pos0,
+                      float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads,
+                      int n_kv_heads, int d, float scale, long long window, int has_softcap,
+                      float softcap, int n_splits, int n_stages, int q_len, long long q_pos0,
                       long long k_start, int tpb) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) unsigned char smem[];

@@ -13,8 +13,8 @@ use crate::{
     RopeStyle, TableSlice,
 };
 
-/// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count, plain and
-/// gated).
+/// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count, plain,
+/// gated and sliced).
 pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len() / 3;
 
 /// The default row limit of the GEMV path (measured on an H200: `docs/perf-notes.md`).

@@ -476,9 +476,16 @@ impl CudaBackend {
         // layout needs (granted at start-up, `MmaSupport::probe`).
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         if splits > 1 {
-            // The CUDA-core kernel's combine writes no twin (`twin` is off without mma).
-            let ob = if mma { ob_addr } else { 0 };
-            self.combine_splits(&ws_acc, &ws_ml, &mut os.slice_mut(..), ob, tasks, d, splits)?;
+            // (Without mma there is no twin: ob_addr is 0.)
+            self.combine_splits(
+                &ws_acc,
+                &ws_ml,
+                &mut os.slice_mut(..),
+                ob_addr,
+                tasks,
+                d,
+                splits,
+            )?;
         }
         if any_long {
             self.dense_sequences(qs, slab, batch, p, dense_min_q, os, ob_addr)?;
