@@ -16,7 +16,7 @@ use strata_kernels::{Backend, PagedSeq, StridedCopy};
 use strata_kv::{KvPool, PoolKind, RequestId};
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::forward::{Prepared, SeqRows, StepInputs};
 use crate::model::Model;
 use crate::paged_kv::{host_tables, DecodeGraphs, GroupTables, HostTables, PagedStorage};
@@ -175,17 +175,19 @@ fn graph_inputs<B: Backend>(
     Ok(inputs)
 }
 
-/// Runs the padded step op by op on `graph_inputs`' tables: the `[bucket, vocab]` logits.
+/// Runs the padded step op by op on `graph_inputs`' tables, its `[bucket, vocab]` logits
+/// written straight into `logits` (a graph's own buffer: no copy after the step).
 fn run_padded<B: Backend>(
     pool: &mut KvPool<PagedStorage<B>>,
     model: &Model<B>,
     batch: &ForwardBatch,
-    p: &Padded,
-    bucket: usize,
+    (p, bucket): (&Padded, usize),
     inputs: &StepInputs<B>,
-) -> Result<B::Buffer> {
-    let (out, _) = model.run(pool, &padded_batch(batch, bucket), &padded_prep(p), inputs)?;
-    out.ok_or_else(|| ModelError::Invalid("a decode step without logits".into()))
+    logits: &mut B::Buffer,
+) -> Result<()> {
+    let pb = padded_batch(batch, bucket);
+    model.run(pool, &pb, &padded_prep(p), inputs, Some(logits))?;
+    Ok(())
 }
 
 /// Records the bucket's graph. The step's K/V is written by a warm-up pass run op by op
@@ -204,12 +206,9 @@ fn capture<B: Backend>(
     let vocab = model.config().vocab_size;
     let inputs = graph_inputs(pool, b, p, full_capacity, window_capacity)?;
     let mut logits = b.zeros(bucket * vocab, b.activation_dtype())?;
-    run_padded(pool, model, batch, p, bucket, &inputs)?;
+    run_padded(pool, model, batch, (p, bucket), &inputs, &mut logits)?;
     b.begin_capture()?;
-    let recorded = (|| -> Result<()> {
-        let out = run_padded(pool, model, batch, p, bucket, &inputs)?;
-        copy_prefix(b, &out, &mut logits, bucket * vocab)
-    })();
+    let recorded = run_padded(pool, model, batch, (p, bucket), &inputs, &mut logits);
     // End the capture whatever happened, so the stream is usable again.
     let graph = b.end_capture();
     recorded?;
@@ -261,10 +260,13 @@ pub(crate) fn replay<B: Backend>(
     if pool.storage().graph_mode == DecodeGraphs::Unrecorded {
         let (full_cap, window_cap) = (grow(need_full, None), grow(need_window, None));
         let inputs = graph_inputs(pool, b, &p, full_cap, window_cap)?;
-        let logits = run_padded(pool, model, batch, &p, bucket, &inputs);
+        let vocab = model.config().vocab_size;
+        let mut logits = b.scratch(bucket * vocab, b.activation_dtype())?;
+        let ran = run_padded(pool, model, batch, (&p, bucket), &inputs, &mut logits);
         let st = pool.storage_mut();
         (st.full, st.window) = (None, None);
-        return step_output(model, batch, &logits?).map(Some);
+        ran?;
+        return step_output(model, batch, &logits).map(Some);
     }
     let fits = pool
         .storage()

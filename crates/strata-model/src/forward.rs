@@ -3,7 +3,8 @@
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, QkvPrep, RmsNormParams, RopeParams, RopeStyle, TableSlice,
+    Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, RmsNormParams, RopeParams,
+    RopeStyle, TableSlice,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
@@ -130,7 +131,7 @@ impl<B: Backend> Model<B> {
             ids: b.upload_index(&prep.ids)?,
             positions: b.upload_index(&prep.positions)?,
         };
-        let (logits, counts) = self.run(kv, batch, &prep, &inputs)?;
+        let (logits, counts) = self.run(kv, batch, &prep, &inputs, None)?;
         self.download_logits(logits, &counts, &argmax_flags(batch))
     }
 
@@ -172,7 +173,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// Every layer and the selected rows' logits, left in backend memory (`None` when no
-    /// sequence wants logits), with the row count per sequence. Touches the host only for
+    /// sequence wants logits, or when they went `into` the caller's buffer, which must hold
+    /// exactly them), with the row count per sequence. Touches the host only for
     /// host-resident embedding tables, so it can be captured as a graph otherwise.
     pub(crate) fn run<K: KvCache<B>>(
         &self,
@@ -180,6 +182,7 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
         prep: &Prepared,
         inputs: &StepInputs<B>,
+        into: Option<&mut B::Buffer>,
     ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let c = &self.config;
         let b = &self.backend;
@@ -249,7 +252,7 @@ impl<B: Backend> Model<B> {
                 self.norm_add(&mut x, &out, norm, scalar, next, &mut normed)?;
             }
         }
-        self.logits(&x, batch, rows)
+        self.logits(&x, batch, rows, into)
     }
 
     fn activation(&self) -> Activation {
@@ -409,6 +412,7 @@ impl<B: Backend> Model<B> {
         x: &B::Buffer,
         batch: &ForwardBatch,
         rows: &[SeqRows],
+        into: Option<&mut B::Buffer>,
     ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let b = &self.backend;
         let c = &self.config;
@@ -435,16 +439,26 @@ impl<B: Backend> Model<B> {
         }
         let mut y = self.scratch(n * h)?;
         b.rms_norm(&sel, Some(&self.tensors.final_norm), self.norm(h), &mut y)?;
-        let mut logits = self.scratch(n * vocab)?;
+        let mut own = None;
+        let logits = match into {
+            Some(dst) if dst.len() == n * vocab => dst,
+            Some(dst) => {
+                return Err(ModelError::Invalid(format!(
+                    "a logits buffer of {} for {n} rows of {vocab}",
+                    dst.len()
+                )))
+            }
+            None => own.insert(self.scratch(n * vocab)?),
+        };
         self.tensors
             .lm_head
             .as_ref()
             .unwrap_or(&self.tensors.embed)
-            .forward(b, &y, &mut logits)?;
+            .forward(b, &y, logits)?;
         if let Some(cap) = c.final_logit_softcapping {
-            b.softcap(&mut logits, cap as f32)?;
+            b.softcap(logits, cap as f32)?;
         }
-        Ok((Some(logits), counts))
+        Ok((own, counts))
     }
 
     /// The logits of [`Model::run`] on the host, split per sequence; for the sequences
