@@ -107,6 +107,23 @@ __device__ __forceinline__ void load_tile_slot(u16* kt, u16* vt, const u16* k_sl
     }
 }
 
+// O += P V for one 16-key step: P's 16 rows x 16 keys (bf16, ldmatrix address `prow`) times
+// those keys' values over this warp's columns (`vrow`), two 8-column tiles an ldmatrix.
+__device__ __forceinline__ void pv_step(float (&o)[PM_MAX_NT][4], const u16* prow,
+                                        const u16* vrow, int n_tiles_d) {
+    u32 a0, a1, a2, a3;
+    ldmatrix_x4(a0, a1, a2, a3, prow);
+#pragma unroll
+    for (int nt = 0; nt < PM_MAX_NT; nt += 2) {
+        if (nt < n_tiles_d) {
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4_trans(b0, b1, b2, b3, vrow + nt * 8);
+            mma_bf16(o[nt], a0, a1, a2, a3, b0, b1);
+            mma_bf16(o[nt + 1], a0, a1, a2, a3, b2, b3);
+        }
+    }
+}
+
 // Where a block's result rows go. Unsplit: the output row, scaled by 1 / sum, and its bf16
 // twin when the launcher passed one (`out_b`: the o projection's GEMM reads it). Split: the
 // split's workspace row, unscaled, with the row's (max, sum) written by one thread.
@@ -341,18 +358,8 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
         }
         {
             const int kk = 16 * half_id;
-            u32 a0, a1, a2, a3;
-            ldmatrix_x4(a0, a1, a2, a3, ps + lm_row * ldp + kk + lm_col);
-            const u16* vrow = vt + (kk + lm_row) * ld + col0 + lm_col;
-#pragma unroll
-            for (int nt = 0; nt < PM_MAX_NT; nt += 2) {
-                if (nt < n_tiles_d) {
-                    u32 b0, b1, b2, b3;
-                    ldmatrix_x4_trans(b0, b1, b2, b3, vrow + nt * 8);
-                    mma_bf16(o[nt], a0, a1, a2, a3, b0, b1);
-                    mma_bf16(o[nt + 1], a0, a1, a2, a3, b2, b3);
-                }
-            }
+            pv_step(o, ps + lm_row * ldp + kk + lm_col, vt + (kk + lm_row) * ld + col0 + lm_col,
+                    n_tiles_d);
         }
     }
 
@@ -664,20 +671,9 @@ prefill_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, cons
             }
         }
 #pragma unroll
-        for (int kk = 0; kk < PM_KT; kk += 16) {
-            u32 a0, a1, a2, a3;
-            ldmatrix_x4(a0, a1, a2, a3, ps + (rg * 16 + lm_row) * ldp + kk + lm_col);
-            const u16* vrow = vt + (kk + lm_row) * ld + col0 + lm_col;
-#pragma unroll
-            for (int nt = 0; nt < PM_MAX_NT; nt += 2) {
-                if (nt < n_tiles_d) {
-                    u32 b0, b1, b2, b3;
-                    ldmatrix_x4_trans(b0, b1, b2, b3, vrow + nt * 8);
-                    mma_bf16(o[nt], a0, a1, a2, a3, b0, b1);
-                    mma_bf16(o[nt + 1], a0, a1, a2, a3, b2, b3);
-                }
-            }
-        }
+        for (int kk = 0; kk < PM_KT; kk += 16)
+            pv_step(o, ps + (rg * 16 + lm_row) * ldp + kk + lm_col,
+                    vt + (kk + lm_row) * ld + col0 + lm_col, n_tiles_d);
     }
 
     // Rows' (max, sum) through shared memory (S's space: every warp is past its last read).

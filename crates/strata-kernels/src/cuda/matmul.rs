@@ -380,8 +380,9 @@ impl CudaBackend {
             .try_for_each(|m| self.matmul_impl(x, m.w, m.shape, m.out))
     }
 
-    /// [`crate::Backend::gated_matmul`]: bf16 weights take the gated GEMV (few rows) or one
-    /// narrowing of x for both GEMMs (bf16 mode); otherwise two matmuls and `act_mul`.
+    /// [`crate::Backend::gated_matmul`]: bf16 weights take the gated GEMV (few rows) or, in
+    /// the bf16 mode, two GEMMs on one bf16 operand writing bf16 for `act_mul_bf16_in`;
+    /// otherwise two matmuls and `act_mul`.
     pub(super) fn gated_matmul_impl(
         &self,
         act: Activation,
