@@ -39,6 +39,12 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
                  "l"(src), "r"(bytes));
 }
 
+// The same to a shared-memory address already converted (`smem_addr`).
+__device__ __forceinline__ void cp_async16_to(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 
 // Waits until at most `pending` (0 or 1) of this thread's newest copy groups are in flight.
@@ -75,35 +81,19 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // every warp reads key j's slot once; the copies take it by shuffle. THREADS is the block
 // size; PM_KT * chunks = 4 d is a multiple of 32, so every lane of a warp runs the same
 // rounds (the shuffle needs them all).
-template <int THREADS, bool STEP = false>
+template <int THREADS>
 __device__ __forceinline__ void load_tile_slot(u16* kt, u16* vt, const u16* k_slab,
                                                const u16* v_slab, u32 my_slot, long long j0,
                                                long long last, int n_kv_heads, int kvh, int d,
                                                int ld) {
     const int chunks = d / 8;  // 16-byte pieces of a row
-    // Piece c is (key c / chunks, part c % chunks). With STEP the loop steps both instead
-    // of dividing every round (fewer instructions, two more registers: the decode kernel,
-    // at its register cap, keeps the divisions).
-    int key = threadIdx.x / chunks, part = threadIdx.x % chunks;
-    const int key_step = THREADS / chunks, part_step = THREADS % chunks;
     for (int c = threadIdx.x; c < PM_KT * chunks; c += THREADS) {
-        if (!STEP) {
-            key = c / chunks;
-            part = c % chunks;
-        }
+        const int key = c / chunks, part = c % chunks;
         const u32 slot = __shfl_sync(0xffffffffu, my_slot, key);
         const bool valid = j0 + key <= last;
         const u64 off = valid ? ((u64)slot * n_kv_heads + kvh) * d + part * 8 : 0;
         cp_async16(kt + key * ld + part * 8, k_slab + off, valid ? 16 : 0);
         cp_async16(vt + key * ld + part * 8, v_slab + off, valid ? 16 : 0);
-        if (STEP) {
-            key += key_step;
-            part += part_step;
-            if (part >= chunks) {
-                part -= chunks;
-                ++key;
-            }
-        }
     }
 }
 
@@ -412,68 +402,130 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
 }
 
 // Prefill attention on tensor cores: the long query runs of one sequence (prefill chunks),
-// bf16 slab, bf16 mode. Where the decode kernel above gives a block one token's query group
-// (16 mma rows, half of them empty for a group of 8), a block here takes PF_ROWS = 64 rows:
-// `tpb` consecutive tokens times the group's query heads (row r is token t0 + r / group,
-// head r % group), so each key and value row is read from memory once per 64 query rows.
-// Per tile of PM_KT keys, PF_WARPS = 16 warps:
-//   1. S = Q K^T (64 x PM_KT): warp w computes rows 16 (w / 4) .. + 15 against keys
-//      8 (w % 4) .. + 7 over the whole head_dim;
-//   2. the online softmax, one lane per key, rows w, w + 16, w + 32, w + 48 a warp, each row
-//      masked to its own token's keys (causal and window);
-//   3. O += P V: warp w accumulates rows 16 (w / 4) .. + 15 over columns (w % 4) d / 4 ..
-//      + d / 4 in registers (64 floats a lane at d 512).
+// bf16 slab, bf16 mode, in the FlashAttention-2 layout. A block of PF_WARPS = 8 warps
+// takes ROWS query rows: `tpb` consecutive tokens times the group's query heads (row r is
+// token t0 + r / group, head r % group), so each key and value row crosses from L2 once per
+// ROWS query rows. Each warp owns 16 rows and a slice of head_dim (CS slices: all of it for
+// d up to 256, half of it past that, so the output stays at 128 registers a lane):
+//   1. S = Q K^T for its 16 rows and the tile's KT keys, over its slice of d, in registers;
+//      with two slices the pair of warps adds each other's partial S through shared memory
+//      (a 64-thread named barrier);
+//   2. the online softmax in registers: a row's keys live in the four lanes of a quad,
+//      so its max takes two shuffles; each row masked to its own token's keys;
+//   3. the probabilities, rounded to bf16, are already the A fragments of O += P V (the
+//      accumulator layout of one mma is the operand layout of the next), over the warp's
+//      slice of the output columns.
+// One block-wide barrier a tile (the K/V buffers' hand-over); nothing of S or P touches
+// shared memory in the one-slice form.
 // Blocks are issued last tokens first: under the causal mask they have the most keys, and
 // starting them first keeps the grid's tail short. Splits (few blocks: short prompts) cut
 // the block's key range in whole tiles as the decode kernel does; a row with no key in a
 // split writes a zero sum, which `paged_combine` skips.
 //
-// Floor (E2B, 4096 tokens): the full layers' K and V cross from L2 once per 64 query rows
-// (4096 / 8 blocks x ~2048 keys x 2 KB = 2.1 GB a layer); the mma work (2 x 64 x d flops a
-// key for each product, about half of it masked-out in the causal triangle's diagonal
-// tiles only) is ~1 TFLOP for the model, a few ms at the tensor rate mma.sync reaches.
+// Floor (E2B, 4096 tokens): about 1.4 TFLOP of mma for the model (2 x rows x d flops a key
+// for each product; the diagonal tiles' masked half included), a few ms at the rate
+// mma.sync reaches on an H200. K and V cross from L2 once per block: at d 512 (64 rows a
+// block, all the output registers allow) that is 2.1 GB a full layer, which the d-512 kernel
+// reads at about 2.6 TB/s (`docs/perf-notes.md`).
 
-#define PF_ROWS 64
-#define PF_WARPS 16
+#define PF_WARPS 8
 
-// A finite f32 rounded to bf16 (nearest even) in one instruction: the probabilities, which
-// are never NaN (f32_to_bf16_rne keeps NaN payloads, for the KV store's bit-exactness).
-__device__ __forceinline__ u16 bf16_rn_finite(float x) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+// Two f32 rounded to bf16 (nearest even; finite inputs: the probabilities) in one register,
+// `lo` in the low half: an mma A-operand pair.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
-// Shared memory: Q [64][ld], K and V [n_stages][PM_KT][ld] (bf16, ld = d + PM_PAD), S
-// [64][PM_KT] f32, P [64][PM_KT + PM_PAD] bf16, per-row factors [64] f32, per-row key
-// bounds [2][64] i32
-// (`prefill_smem_bytes` in cuda/paged_mma.rs computes the same sum). One block a
-// multiprocessor: 512 threads at up to 128 registers fill the register file.
-// `q`, `out` and `out_b` (the bf16 twin, or null) start at the sequence's first row; `sl` at
-// its first slot.
-extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1)
-prefill_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const u32* sl,
-                      float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads,
-                      int n_kv_heads, int d, float scale, long long window, int has_softcap,
-                      float softcap, int n_splits, int n_stages, int q_len, long long q_pos0,
-                      long long k_start, int tpb) {
+// 2^x, the hardware approximation (2^-inf = 0).
+__device__ __forceinline__ float ex2_approx(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+// The sum of the two bf16 values a pack holds (what the probabilities add to the row sum).
+__device__ __forceinline__ float sum_bf16x2(u32 p) {
+    return __uint_as_float(p << 16) + __uint_as_float(p & 0xffff0000u);
+}
+
+// Lane j's slots of the tile starting at key j0: keys j0 + j + 32 h (0 past `last`).
+template <int KT>
+__device__ __forceinline__ void tile_slots(u32 (&slot)[KT / 32], const u32* sl, int j0,
+                                           int last) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 0; h < KT / 32; ++h) {
+        const int j = j0 + 32 * h + lane;
+        slot[h] = j <= last ? sl[j] : 0u;
+    }
+}
+
+// Copies keys j0 .. j0 + KT - 1 (those up to `last`) of a KV head into a K and a V tile;
+// rows past `last` are zero-filled (their probabilities are zero too). Warp w copies keys
+// w, w + PF_WARPS, ...: the key, its slot (by shuffle from the lane that read it) and its
+// row address are the same across the warp, and the lanes take the row's 16-byte pieces.
+// Key w + PF_WARPS i sits in slot register PF_WARPS i / 32 (w < PF_WARPS divides 32).
+// `row` is the slab's elements a slot (KV heads x d), `head` the KV head's offset in it.
+template <int KT, int D>
+__device__ __forceinline__ void load_kv_tile(u16* kt, u16* vt, const u16* k_slab,
+                                             const u16* v_slab, const u32 (&slot)[KT / 32],
+                                             int j0, int last, u32 row, u32 head) {
+    constexpr int ld = D + PM_PAD, chunks = D / 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // The lane's first piece, in shared memory (bytes) and in the slab; a warp's next key
+    // is PF_WARPS rows further on, a lane's next piece 32 pieces (256 values) along.
+    const u32 kdst = smem_addr(kt + warp * ld + lane * 8);
+    const u32 vdst = smem_addr(vt + warp * ld + lane * 8);
+    const u32 step = PF_WARPS * ld * 2;
+    const u16* ksrc = k_slab + head + lane * 8;
+    const u16* vsrc = v_slab + head + lane * 8;
+#pragma unroll
+    for (int i = 0; i < KT / PF_WARPS; ++i) {
+        const int key = warp + PF_WARPS * i;
+        const u32 s = __shfl_sync(0xffffffffu, slot[PF_WARPS * i / 32], key % 32);
+        const bool valid = j0 + key <= last;
+        const u64 off = valid ? (u64)s * row : 0;
+#pragma unroll
+        for (int u = 0; u < (chunks + 31) / 32; ++u) {
+            if (chunks % 32 == 0 || lane + 32 * u < chunks) {
+                cp_async16_to(kdst + i * step + 512 * u, ksrc + off + 256 * u, valid ? 16 : 0);
+                cp_async16_to(vdst + i * step + 512 * u, vsrc + off + 256 * u, valid ? 16 : 0);
+            }
+        }
+    }
+}
+
+// Shared memory: Q [ROWS][ld], K and V [n_stages][KT][ld] (bf16, ld = d + PM_PAD), and with
+// two slices the partial S exchange [PF_WARPS][KT / 8][32] float4 (`prefill_smem_bytes` in
+// cuda/paged_mma.rs computes the same sum). One block a multiprocessor: 256 threads at up to
+// 255 registers. `q`, `out` and `out_b` (the bf16 twin, or null) start at the sequence's
+// first row; `sl` at its first slot.
+template <int D>
+__device__ __forceinline__ void prefill_attention_body(
+    unsigned char* smem, const float* q, const u16* k_slab, const u16* v_slab, const u32* sl,
+    float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
+    float scale, long long window, int has_softcap, float softcap, int n_splits, int n_stages,
+    int q_len, long long q_pos0, long long k_start, int tpb) {
 #if __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int ld = d + PM_PAD;
-    const int ldp = PM_KT + PM_PAD;
+    constexpr int CS = D > 256 ? 2 : 1;    // slices of d (warps on the same rows)
+    constexpr int KT = CS == 2 ? 32 : 64;  // keys a tile
+    constexpr int DS = D / CS;             // columns of a warp's slice
+    constexpr int NT = DS / 8;             // its 8-column output tiles
+    constexpr int ROWS = 16 * PF_WARPS / CS;
+    constexpr int NS = KT / 8;  // S accumulator tiles (8 keys each)
+    constexpr int ld = D + PM_PAD;
     u16* qs = (u16*)smem;
-    u16* ks = qs + PF_ROWS * ld;
-    u16* vs = ks + n_stages * PM_KT * ld;
-    float* ss = (float*)(vs + n_stages * PM_KT * ld);  // [64][PM_KT]
-    u16* ps = (u16*)(ss + PF_ROWS * PM_KT);
-    float* row_f = (float*)(ps + PF_ROWS * ldp);
-    int* row_lo = (int*)(row_f + PF_ROWS);  // [64] each row's first and last visible key
-    int* row_hi = row_lo + PF_ROWS;
+    u16* ks = qs + ROWS * ld;
+    u16* vs = ks + n_stages * KT * ld;
+    float4* xs = (float4*)(vs + n_stages * KT * ld);
 
     const int kvh = blockIdx.y;
     const int z = blockIdx.z;
     const int group = n_heads / n_kv_heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int rg = warp / CS, cs = warp % CS;  // row group; slice of d
     const int t0 = (gridDim.x - 1 - blockIdx.x) * tpb;
     const int n_tok = min(tpb, q_len - t0);
     const int rows_used = n_tok * group;
@@ -486,223 +538,253 @@ prefill_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, cons
     const int lo = win >= 0 ? max(0, hi0 - win + 1) : 0;
     const int hi = hi0 + n_tok - 1;
     int chunk = (hi - lo + n_splits) / n_splits;
-    chunk = (chunk + PM_KT - 1) / PM_KT * PM_KT;
+    chunk = (chunk + KT - 1) / KT * KT;
     const int zlo = lo + z * chunk;
     const int zhi = min(zlo + chunk - 1, hi);
-    const int n_tiles = zhi >= zlo ? (zhi - zlo + PM_KT) / PM_KT : 0;
-    // Rows' key bounds, once per block (the softmax would otherwise divide by the group
-    // size every tile); rows past the block's tokens see no key. Read after the first
-    // barrier of the tile loop.
-    if (threadIdx.x < PF_ROWS) {
-        const int r = threadIdx.x;
+    const int n_tiles = zhi >= zlo ? (zhi - zlo + KT) / KT : 0;
+
+    // Fragment coordinates (PTX mma.m16n8k16): lane holds rows g and g + 8 of its warp's 16,
+    // columns 2 tq and 2 tq + 1 of each 8-wide accumulator tile.
+    const int g = lane / 4, tq = lane % 4;
+    // The lane's two rows' key bounds (rows past the block's tokens see no key).
+    int row_lo[2], row_hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = rg * 16 + g + 8 * h;
         const int rhi = hi0 + r / group;
-        row_lo[r] = win >= 0 ? max(0, rhi - win + 1) : 0;
-        row_hi[r] = r < rows_used ? min(rhi, zhi) : -1;
+        row_lo[h] = win >= 0 ? max(0, rhi - win + 1) : 0;
+        row_hi[h] = r < rows_used ? min(rhi, zhi) : -1;
     }
 
+    const u32 row = (u32)(n_kv_heads * D), head = (u32)(kvh * D);
+    u32 slot[KT / 32];
     for (int st = 0; st + 1 < n_stages; ++st) {
-        if (st < n_tiles)
-            load_tile<PF_WARPS * 32>(ks + st * PM_KT * ld, vs + st * PM_KT * ld, k_slab,
-                                     v_slab, sl, zlo + st * PM_KT, zhi, n_kv_heads, kvh, d,
-                                     ld);
+        if (st < n_tiles) {
+            tile_slots<KT>(slot, sl, zlo + st * KT, zhi);
+            load_kv_tile<KT, D>(ks + st * KT * ld, vs + st * KT * ld, k_slab, v_slab, slot,
+                                zlo + st * KT, zhi, row, head);
+        }
         cp_async_commit();
     }
-    // Each lane's slot of the next tile to load, read one iteration ahead so the tile's
-    // copies never wait on it.
-    u32 next_slot = tile_slot(sl, zlo + (n_stages - 1) * PM_KT, zhi);
-    // Query rows as bf16, four values a thread per load; rows past the block's tokens are
-    // zero. A token's group of heads is contiguous in q.
-    {
-        const int q4 = PF_ROWS * d / 4;
-        const int dq = d / 4;
-        for (int i0 = 0; i0 < q4; i0 += 4 * PF_WARPS * 32) {
-            float4 v[4];
+    // Each lane's slots of the next tile to load, read one iteration ahead so the tile's
+    // copies never wait on them.
+    tile_slots<KT>(slot, sl, zlo + (n_stages - 1) * KT, zhi);
+    // Query rows as bf16: warp w takes rows w, w + PF_WARPS, ..., its lanes four values at
+    // a time; rows past the block's tokens are zero.
+#pragma unroll 4
+    for (int r = warp; r < ROWS; r += PF_WARPS) {
+        u32* dst = (u32*)(qs + r * ld);
+        const u64 head_row = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
+        const float4* src = (const float4*)(q + head_row * D);
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int i = i0 + u * PF_WARPS * 32 + threadIdx.x;
-                const int r = i / dq;
-                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (i < q4 && r < rows_used) {
-                    const u64 tok = t0 + r / group;
-                    const u64 head = (u64)kvh * group + r % group;
-                    v[u] = ((const float4*)(q + (tok * n_heads + head) * d))[i % dq];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int i = i0 + u * PF_WARPS * 32 + threadIdx.x;
-                if (i < q4) {
-                    u16* dst = qs + (i / dq) * ld + 4 * (i % dq);
-                    dst[0] = f32_to_bf16_rne(v[u].x);
-                    dst[1] = f32_to_bf16_rne(v[u].y);
-                    dst[2] = f32_to_bf16_rne(v[u].z);
-                    dst[3] = f32_to_bf16_rne(v[u].w);
-                }
-            }
+        for (int c = lane; c < D / 4; c += 32) {
+            const float4 v = r < rows_used ? src[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            dst[2 * c] = pack_bf16x2(v.x, v.y);
+            dst[2 * c + 1] = pack_bf16x2(v.z, v.w);
         }
     }
 
-    const int g = lane / 4, tq = lane % 4;
+    // ldmatrix.x4 row addresses: lanes 8i .. 8i + 7 give matrix i's rows. Q (A operand):
+    // rows 0-7 / 8-15 by (lane / 8) % 2, columns 0-7 / 8-15 by lane / 16. K (B operand, two
+    // key tiles): keys 0-7 / 8-15 by lane / 16, columns by (lane / 8) % 2.
     const int lm_row = (lane % 8) + 8 * ((lane / 8) % 2), lm_col = 8 * (lane / 16);
-    const int rg = warp / 4, quarter = warp % 4;  // row group; key group (S) / column quarter (P V)
-    const int n_tiles_d = d / 32;
-    const int col0 = quarter * (d / 4);
+    const int kb_row = (lane % 8) + 8 * (lane / 16), kb_col = 8 * ((lane / 8) % 2);
+    const int col0 = cs * DS;
 
-    float o[PM_MAX_NT][4];
+    float o[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < PM_MAX_NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    float m_run[4], l_run[4];  // rows warp + 16 i (the same in every lane)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        m_run[i] = NEG_INF;
-        l_run[i] = 0.0f;
-    }
+    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    // Rows g and g + 8: running max (the same in the quad) and this lane's share of the sum.
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+    // Without a softcap S stays unscaled (scale > 0 keeps its maxima) and the scale goes
+    // into the exponent's one FFMA: p = 2^(s c2 - m c2), c2 = scale log2(e).
+    const bool raw = !has_softcap && scale > 0.0f;
+    const float c2 = (raw ? scale : 1.0f) * 1.4426950408889634f;
 
     for (int it = 0; it < n_tiles; ++it) {
         const int buf = it % n_stages;
-        const int j0 = zlo + it * PM_KT;
-        u16* kt = ks + buf * PM_KT * ld;
-        u16* vt = vs + buf * PM_KT * ld;
+        const int j0 = zlo + it * KT;
+        const u16* kt = ks + buf * KT * ld;
+        const u16* vt = vs + buf * KT * ld;
         cp_async_wait(n_stages - 2);
         __syncthreads();  // tile `it` landed; every warp is done with tile it - 1
         {
             const int ahead = it + n_stages - 1;
             const int nb = ahead % n_stages;
             if (ahead < n_tiles)
-                load_tile_slot<PF_WARPS * 32, true>(ks + nb * PM_KT * ld,
-                                                    vs + nb * PM_KT * ld,
-                                              k_slab, v_slab, next_slot, zlo + ahead * PM_KT,
-                                              zhi, n_kv_heads, kvh, d, ld);
+                load_kv_tile<KT, D>(ks + nb * KT * ld, vs + nb * KT * ld, k_slab, v_slab, slot,
+                                    zlo + ahead * KT, zhi, row, head);
             cp_async_commit();
-            next_slot = tile_slot(sl, zlo + (ahead + 1) * PM_KT, zhi);
+            tile_slots<KT>(slot, sl, zlo + (ahead + 1) * KT, zhi);
         }
 
-        // S for rows 16 rg .. + 15 and keys 8 quarter .. + 7; four accumulators (a quarter
-        // of each 64 columns of head_dim each) keep four mma chains in flight.
+        // S over the warp's slice of d: one Q fragment a 16-column step, two key tiles an
+        // ldmatrix of K; the NS accumulators are NS independent mma chains.
+        float s[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
         {
-            float s[4][4];
+            const u16* qrow = qs + (rg * 16 + lm_row) * ld + col0 + lm_col;
+            const u16* krow = kt + kb_row * ld + col0 + kb_col;
 #pragma unroll
-            for (int c = 0; c < 4; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
-            const u16* krow = kt + (quarter * 8 + lane % 8) * ld + 8 * (lane / 8);
-            const u16* qrow = qs + (rg * 16 + lm_row) * ld + lm_col;
-            for (int kk = 0; kk < d; kk += 64) {
+            for (int kk = 0; kk < DS; kk += 16) {
+                u32 a0, a1, a2, a3;
+                ldmatrix_x4(a0, a1, a2, a3, qrow + kk);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    u32 b0, b1, b2, b3, a0, a1, a2, a3;
-                    ldmatrix_x4(b0, b1, b2, b3, krow + kk + 32 * h);
-                    ldmatrix_x4(a0, a1, a2, a3, qrow + kk + 32 * h);
-                    mma_bf16(s[2 * h], a0, a1, a2, a3, b0, b1);
-                    ldmatrix_x4(a0, a1, a2, a3, qrow + kk + 32 * h + 16);
-                    mma_bf16(s[2 * h + 1], a0, a1, a2, a3, b2, b3);
+                for (int p = 0; p < NS / 2; ++p) {
+                    u32 b0, b1, b2, b3;
+                    ldmatrix_x4(b0, b1, b2, b3, krow + p * 16 * ld + kk);
+                    mma_bf16(s[2 * p], a0, a1, a2, a3, b0, b1);
+                    mma_bf16(s[2 * p + 1], a0, a1, a2, a3, b2, b3);
                 }
             }
-            float* sr = ss + (rg * 16 + g) * PM_KT + quarter * 8 + 2 * tq;
-            sr[0] = (s[0][0] + s[1][0]) + (s[2][0] + s[3][0]);
-            sr[1] = (s[0][1] + s[1][1]) + (s[2][1] + s[3][1]);
-            sr[8 * PM_KT] = (s[0][2] + s[1][2]) + (s[2][2] + s[3][2]);
-            sr[8 * PM_KT + 1] = (s[0][3] + s[1][3]) + (s[2][3] + s[3][3]);
         }
-        __syncthreads();
+        if (CS == 2) {
+            // The pair's partial S: the same lane holds the same elements in both warps,
+            // and both add them in either order (the same bits: the softmax below must
+            // agree across the pair).
+            float4* mine = xs + warp * NS * 32 + lane;
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+                mine[j * 32] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+            asm volatile("bar.sync %0, 64;\n" ::"r"(1 + rg));
+            const float4* other = xs + (warp ^ 1) * NS * 32 + lane;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                const float4 v = other[j * 32];
+                s[j][0] += v.x;
+                s[j][1] += v.y;
+                s[j][2] += v.z;
+                s[j][3] += v.w;
+            }
+        }
 
-        // Online softmax, one lane per key, each row masked to its token's keys; the warp's
-        // four rows go through each shuffle step together (four independent chains). A row
-        // with no visible key yet keeps max -inf: its factors use 0 in place of the max so
-        // nothing turns NaN (its sum stays 0). Rows past the block's tokens compute on
-        // nothing and store nothing.
-        {
-            const int j = j0 + lane;
-            float x[4], mx[4], pf[4];
-            bool valid[4];
+        // Online softmax: element e of tile j is row g + 8 (e / 2), key j0 + 8 j + 2 tq +
+        // e % 2. A row with no visible key yet keeps max -inf; its factors use 0 in place
+        // of the max so nothing turns NaN (its sum stays 0). Tiles every row of the warp sees
+        // whole (all but the causal diagonal and the window's edge) skip the mask.
+        if (has_softcap) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = warp + PF_WARPS * i;
-                valid[i] = j >= row_lo[r] && j <= row_hi[r];
-                x[i] = NEG_INF;
-                if (valid[i]) {
-                    x[i] = ss[r * PM_KT + lane] * scale;
-                    if (has_softcap) x[i] = softcap * tanhf(x[i] / softcap);
-                }
-                mx[i] = x[i];
-            }
+            for (int j = 0; j < NS; ++j)
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
+                for (int e = 0; e < 4; ++e) s[j][e] = softcap * tanhf(s[j][e] * scale / softcap);
+        } else if (!raw) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-            }
-            float corr[4];
-            u16 pb[4];
+            for (int j = 0; j < NS; ++j)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float m_new = fmaxf(m_run[i], mx[i]);
-                const float m_use = m_new == NEG_INF ? 0.0f : m_new;
-                corr[i] = __expf(m_run[i] - m_use);
-                pb[i] = valid[i] ? bf16_rn_finite(__expf(x[i] - m_use)) : (u16)0;
-                pf[i] = bf16_to_f32(pb[i]);
-                m_run[i] = m_new;
-            }
+                for (int e = 0; e < 4; ++e) s[j][e] *= scale;
+        }
+        const int j1 = j0 + KT - 1;
+        if (!__all_sync(0xffffffffu, j0 >= row_lo[0] && j0 >= row_lo[1] && j1 <= row_hi[0] &&
+                                         j1 <= row_hi[1])) {
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
+            for (int j = 0; j < NS; ++j) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) pf[i] += __shfl_xor_sync(0xffffffffu, pf[i], off);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int r = warp + PF_WARPS * i;
-                l_run[i] = l_run[i] * corr[i] + pf[i];
-                if (r < rows_used) {
-                    ps[r * ldp + lane] = pb[i];
-                    if (lane == 0) row_f[r] = corr[i];
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e / 2, key = j0 + 8 * j + 2 * tq + (e % 2);
+                    if (key < row_lo[h] || key > row_hi[h]) s[j][e] = NEG_INF;
                 }
             }
         }
-        __syncthreads();
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float corr[2], m_use[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float m_new = fmaxf(m_run[h], mx[h]);
+            m_use[h] = m_new == NEG_INF ? 0.0f : m_new;
+            corr[h] = ex2_approx((m_run[h] - m_use[h]) * c2);
+            m_use[h] *= c2;
+            m_run[h] = m_new;
+        }
+        // P as bf16 A fragments: keys 16 k2 .. + 15 are accumulator tiles 2 k2 and 2 k2 + 1.
+        // The hardware exponential (ex2.approx): its error is far below the bf16 rounding.
+        u32 pa[NS / 2][4];
+        float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int k2 = 0; k2 < NS / 2; ++k2) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = 2 * k2 + u / 2, h = u % 2;
+                const u32 p = pack_bf16x2(ex2_approx(fmaf(s[j][2 * h], c2, -m_use[h])),
+                                          ex2_approx(fmaf(s[j][2 * h + 1], c2, -m_use[h])));
+                pa[k2][u] = p;
+                ls[h] += sum_bf16x2(p);
+            }
+        }
+        l_run[0] = l_run[0] * corr[0] + ls[0];
+        l_run[1] = l_run[1] * corr[1] + ls[1];
 
-        // O = O * corr + P V over this warp's rows and columns. Once the rows' maxima
-        // settle every factor is exactly 1: the warp then skips the multiplies (same bits).
-        const float c_lo = row_f[rg * 16 + g], c_hi = row_f[rg * 16 + g + 8];
-        if (__any_sync(0xffffffffu, c_lo != 1.0f || c_hi != 1.0f)) {
+        // O = O * corr + P V over the warp's rows and slice. Once the rows' maxima settle
+        // every factor is exactly 1: the warp then skips the multiplies (same bits).
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
-            for (int nt = 0; nt < PM_MAX_NT; ++nt) {
-                o[nt][0] *= c_lo;
-                o[nt][1] *= c_lo;
-                o[nt][2] *= c_hi;
-                o[nt][3] *= c_hi;
+            for (int nt = 0; nt < NT; ++nt) {
+                o[nt][0] *= corr[0];
+                o[nt][1] *= corr[0];
+                o[nt][2] *= corr[1];
+                o[nt][3] *= corr[1];
             }
         }
+        const u16* vrow = vt + lm_row * ld + col0 + lm_col;
 #pragma unroll
-        for (int kk = 0; kk < PM_KT; kk += 16)
-            pv_step(o, ps + (rg * 16 + lm_row) * ldp + kk + lm_col,
-                    vt + (kk + lm_row) * ld + col0 + lm_col, n_tiles_d);
+        for (int k2 = 0; k2 < NS / 2; ++k2) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                u32 b0, b1, b2, b3;
+                ldmatrix_x4_trans(b0, b1, b2, b3, vrow + k2 * 16 * ld + nt * 8);
+                mma_bf16(o[nt], pa[k2][0], pa[k2][1], pa[k2][2], pa[k2][3], b0, b1);
+                mma_bf16(o[nt + 1], pa[k2][0], pa[k2][1], pa[k2][2], pa[k2][3], b2, b3);
+            }
+        }
     }
 
-    // Rows' (max, sum) through shared memory (S's space: every warp is past its last read).
-    float* m_s = ss;
-    float* l_s = ss + PF_ROWS;
-    if (lane == 0) {
+    // The quad's sums, then the rows out: the whole row's (max, sum) from slice 0's lane tq 0.
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            m_s[warp + PF_WARPS * i] = m_run[i];
-            l_s[warp + PF_WARPS * i] = l_run[i];
-        }
+    for (int h = 0; h < 2; ++h) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
     }
-    __syncthreads();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int r = rg * 16 + g + 8 * half;
+    for (int h = 0; h < 2; ++h) {
+        const int r = rg * 16 + g + 8 * h;
         if (r >= rows_used) continue;
         const u64 task = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
-        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task, d, n_splits, z, m_s[r],
-                                   l_s[r], quarter == 0 && tq == 0);
+        // The max in scaled units, as `paged_combine` reads it.
+        const float m = raw ? m_run[h] * scale : m_run[h];
+        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task, D, n_splits, z, m, l_run[h],
+                                   cs == 0 && tq == 0);
 #pragma unroll
-        for (int nt = 0; nt < PM_MAX_NT; ++nt) {
-            if (nt < n_tiles_d) {
-                const int c = col0 + nt * 8 + 2 * tq;
-                store_pair(dst, c, o[nt][2 * half], o[nt][2 * half + 1]);
-            }
-        }
+        for (int nt = 0; nt < NT; ++nt)
+            store_pair(dst, col0 + nt * 8 + 2 * tq, o[nt][2 * h], o[nt][2 * h + 1]);
     }
 #else
     __trap();
 #endif
 }
+
+// One entry point per head_dim: `prefill_attention_mma_d<D>`. Up to d 256 a block takes
+// 128 rows (each warp all of d) in 64-key tiles; at d 512 64 rows, each pair of warps
+// splitting d, in 32-key tiles (the shared memory of Q and two stages of K and V).
+#define PREFILL_ATTENTION_KERNEL(D)                                                             \
+    extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1) prefill_attention_mma_d##D( \
+        const float* q, const u16* k_slab, const u16* v_slab, const u32* sl, float* out,       \
+        u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads, float scale,     \
+        long long window, int has_softcap, float softcap, int n_splits, int n_stages,          \
+        int q_len, long long q_pos0, long long k_start, int tpb) {                             \
+        extern __shared__ __align__(16) unsigned char smem[];                                  \
+        prefill_attention_body<D>(smem, q, k_slab, v_slab, sl, out, out_b, ws_acc, ws_ml,      \
+                                  n_heads, n_kv_heads, scale, window, has_softcap, softcap,    \
+                                  n_splits, n_stages, q_len, q_pos0, k_start, tpb);            \
+    }
+
+PREFILL_ATTENTION_KERNEL(64)
+PREFILL_ATTENTION_KERNEL(128)
+PREFILL_ATTENTION_KERNEL(256)
+PREFILL_ATTENTION_KERNEL(512)

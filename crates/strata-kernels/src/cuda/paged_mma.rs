@@ -10,10 +10,6 @@ use super::module::Kernels;
 use crate::{AttentionParams, KvFormat};
 
 pub(super) const KERNEL: &str = "paged_attention_mma";
-/// The prefill kernel: 64 query rows (tokens x the group's heads) a block.
-pub(super) const PREFILL_KERNEL: &str = "prefill_attention_mma";
-pub(super) const PREFILL_ROWS: usize = 64;
-pub(super) const PREFILL_THREADS: u32 = 512;
 /// Keys per tile, query rows per block, padding per shared row: `PM_*` in the kernel.
 const KT: usize = 32;
 const ROWS: usize = 16;
@@ -25,6 +21,45 @@ pub(super) const THREADS: u32 = 256;
 const MAX_STAGES: usize = 3;
 const MIN_STAGES: usize = 2;
 
+/// The prefill kernels' block size (`PF_WARPS` warps) and the largest query group they take.
+pub(super) const PREFILL_THREADS: u32 = 256;
+const PREFILL_WARPS: usize = 8;
+const PREFILL_MAX_GROUP: usize = 64;
+
+/// How the prefill kernel for a head_dim cuts its work (`prefill_attention_body<D>`): each
+/// warp owns 16 query rows and `d / slices` columns, so a block takes
+/// 16 x warps / slices rows, and keys come in tiles of `kt`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PrefillShape {
+    pub kernel: &'static str,
+    pub rows: usize,
+    kt: usize,
+    slices: usize,
+}
+
+/// The head_dims with a prefill kernel (one entry point each: the column loops unroll
+/// without a branch); other head_dims take the GEMM path.
+const PREFILL_KERNELS: [(usize, &str); 4] = [
+    (64, "prefill_attention_mma_d64"),
+    (128, "prefill_attention_mma_d128"),
+    (256, "prefill_attention_mma_d256"),
+    (512, "prefill_attention_mma_d512"),
+];
+
+/// Up to d 256 a warp holds all of d (128 rows a block, 64-key tiles); at d 512 the pair
+/// of warps on the same rows halves d (64 rows, 32-key tiles), so the output stays at 128
+/// registers a lane. None: no kernel for this head_dim.
+pub(super) fn prefill_shape(d: usize) -> Option<PrefillShape> {
+    let &(_, kernel) = PREFILL_KERNELS.iter().find(|&&(kd, _)| kd == d)?;
+    let (kt, slices) = if d <= 256 { (64, 1) } else { (32, 2) };
+    Some(PrefillShape {
+        kernel,
+        rows: 16 * PREFILL_WARPS / slices,
+        kt,
+        slices,
+    })
+}
+
 /// Dynamic shared memory of one block for `head_dim` d and `stages` K/V tile buffers (the
 /// kernel's layout: Q and the K and V tiles in bf16, S in f32, P in bf16, one factor per
 /// row).
@@ -33,15 +68,16 @@ pub(super) fn smem_bytes(d: usize, stages: usize) -> usize {
     (ROWS * ld + 2 * stages * KT * ld) * 2 + 2 * ROWS * KT * 4 + ROWS * (KT + PAD) * 2 + ROWS * 4
 }
 
-/// The prefill kernel's dynamic shared memory: the same layout with PREFILL_ROWS rows of
-/// Q, S, P and factors, and two i32 key bounds a row.
-pub(super) fn prefill_smem_bytes(d: usize, stages: usize) -> usize {
-    let (ld, rows) = (d + PAD, PREFILL_ROWS);
-    (rows * ld + 2 * stages * KT * ld) * 2
-        + rows * KT * 4
-        + rows * (KT + PAD) * 2
-        + rows * 4
-        + 2 * rows * 4
+/// The prefill kernel's dynamic shared memory: Q's rows and `stages` K and V tiles in bf16,
+/// and with two slices each warp's partial S (16 x kt f32). None: no kernel for `d`.
+pub(super) fn prefill_smem_bytes(d: usize, stages: usize) -> Option<usize> {
+    let (ld, s) = (d + PAD, prefill_shape(d)?);
+    let exchange = if s.slices > 1 {
+        PREFILL_WARPS * 16 * s.kt * 4
+    } else {
+        0
+    };
+    Some((s.rows * ld + 2 * stages * s.kt * ld) * 2 + exchange)
 }
 
 /// What both tensor-core kernels need of a call: the bf16 mode on a bf16 slab, head_dim a
@@ -95,12 +131,19 @@ impl MmaSupport {
         if !grant(KERNEL, limit) {
             return Self::default();
         }
-        let prefill_limit = optin.min(prefill_smem_bytes(MAX_D, MAX_STAGES));
+        let prefill_limit = PREFILL_KERNELS
+            .iter()
+            .filter_map(|&(d, _)| prefill_smem_bytes(d, MAX_STAGES))
+            .max()
+            .map_or(0, |most| optin.min(most));
         let prefill_off = std::env::var("STRATA_PREFILL_MMA").is_ok_and(|v| v == "0");
+        let granted = PREFILL_KERNELS
+            .iter()
+            .all(|&(_, kernel)| grant(kernel, prefill_limit));
         Self {
             smem_limit: limit,
             smem_per_sm: per_sm.max(limit),
-            prefill_smem_limit: if !prefill_off && grant(PREFILL_KERNEL, prefill_limit) {
+            prefill_smem_limit: if !prefill_off && granted {
                 prefill_limit
             } else {
                 0
@@ -116,23 +159,24 @@ impl MmaSupport {
     }
 
     /// Whether a sequence's long query run takes the prefill kernel: the decode kernel's
-    /// conditions, with groups of up to PREFILL_ROWS query heads.
+    /// conditions, with groups of up to PREFILL_MAX_GROUP query heads.
     pub(super) fn prefill_applies(
         &self,
         bf16_mode: bool,
         format: KvFormat,
         p: &AttentionParams,
     ) -> bool {
-        takes_mma(bf16_mode, format, p, PREFILL_ROWS)
+        takes_mma(bf16_mode, format, p, PREFILL_MAX_GROUP)
             && p.n_heads.is_multiple_of(p.n_kv_heads)
-            && prefill_smem_bytes(p.head_dim, MIN_STAGES) <= self.prefill_smem_limit
+            && prefill_smem_bytes(p.head_dim, MIN_STAGES)
+                .is_some_and(|b| b <= self.prefill_smem_limit)
     }
 
     /// The prefill kernel's pipeline depth for head_dim `d`.
     pub(super) fn prefill_stages(&self, d: usize) -> usize {
         (MIN_STAGES..=MAX_STAGES)
             .rev()
-            .find(|&s| prefill_smem_bytes(d, s) <= self.prefill_smem_limit)
+            .find(|&s| prefill_smem_bytes(d, s).is_some_and(|b| b <= self.prefill_smem_limit))
             .unwrap_or(MIN_STAGES)
     }
 
@@ -202,15 +246,26 @@ mod tests {
             prefill_twin: true,
         };
         assert_eq!(ampere.stages(512), 2);
-        // The prefill kernel: d 512 in two stages on Hopper; on A100 only up to d 256.
-        assert_eq!(prefill_smem_bytes(512, 2), 213_760);
+        // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
+        // up to d 128 (d 256's 128 rows and 64-key tiles take 198 KB), the rest take the
+        // GEMM path.
+        assert_eq!(prefill_smem_bytes(512, 2), Some(216_064));
+        assert_eq!(prefill_smem_bytes(256, 2), Some(202_752));
+        assert_eq!(prefill_smem_bytes(128, 3), Some(139_264));
+        assert_eq!(prefill_smem_bytes(192, 2), None, "no kernel: the GEMM path");
         assert_eq!(hopper.prefill_stages(512), 2);
-        assert_eq!(hopper.prefill_stages(256), 3);
+        assert_eq!(hopper.prefill_stages(256), 2);
+        assert_eq!(hopper.prefill_stages(128), 3);
         let e2b_full = params(8, 1, 512);
         assert!(hopper.prefill_applies(true, KvFormat::Bf16, &e2b_full));
+        assert!(hopper.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 256)));
         assert!(!ampere.prefill_applies(true, KvFormat::Bf16, &e2b_full));
-        assert!(ampere.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 256)));
+        assert!(!ampere.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 256)));
+        assert!(ampere.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 128)));
         assert!(hopper.prefill_applies(true, KvFormat::Bf16, &params(32, 1, 128)));
+        assert!(hopper.prefill_applies(true, KvFormat::Bf16, &params(64, 1, 512)));
+        assert!(hopper.prefill_applies(true, KvFormat::Bf16, &params(4, 2, 64)));
+        assert!(!hopper.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 320)));
         assert!(!hopper.prefill_applies(true, KvFormat::Bf16, &params(128, 1, 128)));
         assert!(!hopper.prefill_applies(false, KvFormat::Bf16, &e2b_full));
     }

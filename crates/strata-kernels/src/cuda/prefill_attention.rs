@@ -1,23 +1,23 @@
-//! Long query runs (prefill chunks) on tensor cores: `prefill_attention_mma` in
-//! `kernels/paged_mma.cu`, for bf16 slabs in the bf16 mode. A block takes 64 query rows (a
-//! run of tokens times one KV head's query group), so each key crosses from L2 once per 64
-//! rows, and the causal and window masks are applied per row inside the kernel: no
-//! gathered K / V copies, no score matrix in memory, no masked tiles past the diagonal.
+//! Long query runs (prefill chunks) on tensor cores: `prefill_attention_mma_d<head_dim>` in
+//! `kernels/paged_mma.cu` (head_dim 64, 128, 256 or 512), for bf16 slabs in the bf16 mode. A block takes 128 or 64 query rows (a run of tokens times one KV
+//! head's query group), so each key crosses from L2 once per block, and the causal and
+//! window masks are applied per row inside the kernel: no gathered K / V copies, no score
+//! matrix in memory, no masked tiles past the diagonal.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::paged::{CudaKvSlab, MAX_SPLITS};
-use super::paged_mma::{self, PREFILL_KERNEL, PREFILL_ROWS, PREFILL_THREADS};
+use super::paged_mma::{self, PREFILL_THREADS};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
-use crate::{AttentionParams, PagedSeq, Result};
+use crate::{AttentionParams, KernelError, PagedSeq, Result};
 
 /// A split takes at least this many keys (four tiles).
 const MIN_SPLIT_KEYS: usize = 128;
 
-/// Tokens a block takes: as many as fill its 64 rows with whole query groups.
-pub(super) fn tokens_per_block(group: usize) -> usize {
-    (PREFILL_ROWS / group.max(1)).max(1)
+/// Tokens a block takes: as many as fill its `rows` with whole query groups.
+pub(super) fn tokens_per_block(rows: usize, group: usize) -> usize {
+    (rows / group.max(1)).max(1)
 }
 
 impl CudaBackend {
@@ -49,7 +49,11 @@ impl CudaBackend {
         ensure(seq.slot_offset + n_keys <= slots.len(), OP, || {
             format!("{seq:?} reads past the {} slots", slots.len())
         })?;
-        let tpb = tokens_per_block(group);
+        let shape = paged_mma::prefill_shape(d).ok_or_else(|| KernelError::Invalid {
+            op: OP,
+            detail: format!("no prefill kernel for head_dim {d}"),
+        })?;
+        let tpb = tokens_per_block(shape.rows, group);
         let blocks_x = seq.q_len.div_ceil(tpb);
         // Short prompts leave multiprocessors idle (one block each): split the keys.
         let most = n_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
@@ -70,6 +74,7 @@ impl CudaBackend {
             )
         };
         let stages = self.paged_mma.prefill_stages(d);
+        let smem = paged_mma::prefill_smem_bytes(d, stages).unwrap_or(0);
         // The twin's view of the sequence's rows (2 bytes a value).
         let twin_rows = if twin == 0 {
             0
@@ -83,14 +88,12 @@ impl CudaBackend {
             .window
             .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX));
         let cap = p.softcap.unwrap_or(1.0);
-        let ints = [nh, nkv, d].map(|v| v as i32);
+        let ints = [nh, nkv].map(|v| v as i32);
         let (has_cap, splits_i, stages_i) =
             (i32::from(p.softcap.is_some()), splits as i32, stages as i32);
         let (q_len, tpb_i) = (seq.q_len as i32, tpb as i32);
         let (q_pos0, k_start) = (seq.q_start as i64, seq.k_start as i64);
-        let mut l = self
-            .stream
-            .launch_builder(self.kernels.get(PREFILL_KERNEL)?);
+        let mut l = self.stream.launch_builder(self.kernels.get(shape.kernel)?);
         l.arg(&qv)
             .arg(&slab.k)
             .arg(&slab.v)
@@ -101,7 +104,6 @@ impl CudaBackend {
             .arg(&mut ws_ml)
             .arg(&ints[0])
             .arg(&ints[1])
-            .arg(&ints[2])
             .arg(&p.scale)
             .arg(&window)
             .arg(&has_cap)
@@ -115,13 +117,13 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (blocks_x as u32, nkv as u32, splits as u32),
             block_dim: (PREFILL_THREADS, 1, 1),
-            shared_mem_bytes: paged_mma::prefill_smem_bytes(d, stages) as u32,
+            shared_mem_bytes: smem as u32,
         };
         // SAFETY: q / out views hold the sequence's q_len x n_heads x d values; its n_keys
         // slots are rows of the slab (the pool's invariant, checked on the batch through its
         // slot limit); the workspace holds tasks x splits parts; the shared memory was
         // granted at start-up (`MmaSupport::probe`) and d is a multiple of 64 up to 512.
-        unsafe { l.launch(cfg) }.map_err(device_err(PREFILL_KERNEL))?;
+        unsafe { l.launch(cfg) }.map_err(device_err(shape.kernel))?;
         if splits > 1 {
             self.combine_splits(&ws_acc, &ws_ml, &mut ov, twin_rows, tasks, d, splits)?;
         }
@@ -135,10 +137,20 @@ mod tests {
 
     #[test]
     fn blocks_hold_whole_query_groups() {
-        assert_eq!(tokens_per_block(8), 8, "E2B: 8 tokens x 8 heads");
-        assert_eq!(tokens_per_block(4), 16, "E4B and Gemma-3 270M");
-        assert_eq!(tokens_per_block(1), 64);
-        assert_eq!(tokens_per_block(6), 10, "rows past 60 stay empty");
-        assert_eq!(tokens_per_block(64), 1);
+        let rows = |d| paged_mma::prefill_shape(d).map(|s| s.rows);
+        let (narrow, wide) = (rows(256).unwrap(), rows(512).unwrap());
+        assert_eq!(rows(128), Some(128));
+        assert_eq!(rows(320), None);
+        assert_eq!((narrow, wide), (128, 64));
+        assert_eq!(
+            tokens_per_block(narrow, 8),
+            16,
+            "E2B sliding: 16 tokens x 8 heads"
+        );
+        assert_eq!(tokens_per_block(wide, 8), 8, "E2B full: 8 tokens x 8 heads");
+        assert_eq!(tokens_per_block(wide, 4), 16, "E4B full");
+        assert_eq!(tokens_per_block(narrow, 1), 128);
+        assert_eq!(tokens_per_block(wide, 6), 10, "rows past 60 stay empty");
+        assert_eq!(tokens_per_block(wide, 64), 1);
     }
 }

@@ -141,7 +141,13 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "paged_mma",
         source: include_str!("../../../../kernels/paged_mma.cu"),
-        functions: &["paged_attention_mma", "prefill_attention_mma"],
+        functions: &[
+            "paged_attention_mma",
+            "prefill_attention_mma_d64",
+            "prefill_attention_mma_d128",
+            "prefill_attention_mma_d256",
+            "prefill_attention_mma_d512",
+        ],
     },
 ];
 
