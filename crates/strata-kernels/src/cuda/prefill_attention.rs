@@ -1,8 +1,9 @@
 //! Long query runs (prefill chunks) on tensor cores: `prefill_attention_mma_d<head_dim>` in
-//! `kernels/paged_mma.cu` (head_dim 64, 128, 256 or 512), for bf16 slabs in the bf16 mode. A block takes 128 or 64 query rows (a run of tokens times one KV
-//! head's query group), so each key crosses from L2 once per block, and the causal and
-//! window masks are applied per row inside the kernel: no gathered K / V copies, no score
-//! matrix in memory, no masked tiles past the diagonal.
+//! `kernels/paged_mma.cu` (head_dim 64, 128, 256 or 512), for bf16 slabs in the bf16 mode.
+//! A block takes 128 or 64 query rows (a run of tokens times one KV head's query group), so
+//! each key crosses from L2 once per block, and the causal and window masks are applied per
+//! row inside the kernel: no gathered K / V copies, no score matrix in memory, no masked
+//! tiles past the diagonal.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -12,7 +13,7 @@ use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::{AttentionParams, KernelError, PagedSeq, Result};
 
-/// A split takes at least this many keys (four tiles).
+/// A split takes at least this many keys (two 64-key or four 32-key tiles).
 const MIN_SPLIT_KEYS: usize = 128;
 
 /// Tokens a block takes: as many as fill its `rows` with whole query groups.
@@ -122,7 +123,7 @@ impl CudaBackend {
         // SAFETY: q / out views hold the sequence's q_len x n_heads x d values; its n_keys
         // slots are rows of the slab (the pool's invariant, checked on the batch through its
         // slot limit); the workspace holds tasks x splits parts; the shared memory was
-        // granted at start-up (`MmaSupport::probe`) and d is a multiple of 64 up to 512.
+        // granted at start-up (`MmaSupport::probe`) and the kernel is the one compiled for d.
         unsafe { l.launch(cfg) }.map_err(device_err(shape.kernel))?;
         if splits > 1 {
             self.combine_splits(&ws_acc, &ws_ml, &mut ov, twin_rows, tasks, d, splits)?;
