@@ -479,7 +479,8 @@ def test_metrics(server):
     text = r.text
     for name in ("strata_requests_finished_total", "strata_time_to_first_token_seconds_bucket",
                  "strata_kv_pages_total", "strata_inter_token_latency_seconds_bucket",
-                 "strata_generation_tokens_total"):
+                 "strata_generation_tokens_total", "strata_engine_step_seconds_bucket",
+                 "strata_engine_step_gap_seconds_bucket"):
         assert name in text, name
     # Every sample line parses as `name{labels} value`.
     for line in text.splitlines():
@@ -489,6 +490,12 @@ def test_metrics(server):
                    if l.startswith("strata_requests_finished_total"))
     assert finished >= 1
     assert 'le="+Inf"' in text
+    # Two generated tokens take at least two steps, one after the other: a gap between them.
+    count = {l.split(" ")[0]: float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+             if l.startswith("strata_engine_step")}
+    assert count["strata_engine_step_seconds_count"] >= 2, count
+    assert count["strata_engine_step_gap_seconds_count"] >= 1, count
+    assert count["strata_engine_step_seconds_sum"] > 0, count
 
 
 CACHE_KEYS = {"num_pages", "window_num_pages", "page_size", "free_pages", "window_free_pages", "unit_bytes",

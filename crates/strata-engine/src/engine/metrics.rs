@@ -55,6 +55,16 @@ const LATENCY_BOUNDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
+/// Engine steps: a decode step of a small model on a GPU takes a few milliseconds.
+const STEP_BOUNDS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0,
+];
+
+/// The engine thread's host work between steps: tens of microseconds when all is well.
+const GAP_BOUNDS: &[f64] = &[
+    0.00002, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+];
+
 /// Counters the engine thread and the server update.
 pub struct Metrics {
     pub requests_finished: [AtomicU64; 4],
@@ -64,6 +74,11 @@ pub struct Metrics {
     pub cached_tokens: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
+    /// One scheduler step: batch assembly, the forward pass, sampling.
+    pub step: Histogram,
+    /// The engine thread's time between two steps while requests run (handing tokens to
+    /// clients, taking commands, publishing status): time the device waits on the host.
+    pub step_gap: Histogram,
 }
 
 impl Default for Metrics {
@@ -76,6 +91,8 @@ impl Default for Metrics {
             cached_tokens: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BOUNDS),
             inter_token: Histogram::new(LATENCY_BOUNDS),
+            step: Histogram::new(STEP_BOUNDS),
+            step_gap: Histogram::new(GAP_BOUNDS),
         }
     }
 }

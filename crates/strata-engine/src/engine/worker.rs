@@ -88,8 +88,13 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
     }
 
     pub(crate) fn run(mut self, rx: mpsc::Receiver<Command>) {
+        // When the last step ended, while requests keep running (a wait for work is no gap).
+        let mut last_step: Option<Instant> = None;
         loop {
             let idle = !self.sched.has_work();
+            if idle {
+                last_step = None;
+            }
             let first = if idle {
                 match rx.recv() {
                     Ok(c) => Some(c),
@@ -105,7 +110,14 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             }
             self.try_rebuild();
             if self.sched.has_work() {
+                let start = Instant::now();
+                if let Some(end) = last_step {
+                    self.metrics.step_gap.observe((start - end).as_secs_f64());
+                }
                 let events = self.sched.step();
+                let end = Instant::now();
+                self.metrics.step.observe((end - start).as_secs_f64());
+                last_step = Some(end);
                 for e in events {
                     self.event(e.id, e.kind);
                 }

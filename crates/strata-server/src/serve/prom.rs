@@ -138,5 +138,15 @@ pub fn render(engine: &Engine) -> String {
         "Time between consecutive tokens of a request.",
         &mut out,
     );
+    m.step.render(
+        "strata_engine_step_seconds",
+        "One engine step: batch assembly, the forward pass, sampling.",
+        &mut out,
+    );
+    m.step_gap.render(
+        "strata_engine_step_gap_seconds",
+        "Engine-thread time between consecutive steps while requests run.",
+        &mut out,
+    );
     out
 }
