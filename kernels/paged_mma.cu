@@ -146,8 +146,10 @@ __device__ __forceinline__ void store_pair(const OutRow& o, int c, float a, floa
             (u32)f32_to_bf16_rne(x) | ((u32)f32_to_bf16_rne(y) << 16);
 }
 
-// Lane j's slot of the tile starting at key j0 (0 past `last`).
-__device__ __forceinline__ u32 tile_slot(const u32* sl, long long j0, long long last) {
+// Lane j's slot of the tile starting at key j0 (0 past `last`); key indices are 64-bit in
+// the decode kernel, 32-bit in the prefill kernel.
+template <typename I>
+__device__ __forceinline__ u32 tile_slot(const u32* sl, I j0, I last) {
     const int lane = threadIdx.x % 32;
     return j0 + lane <= last ? sl[j0 + lane] : 0u;
 }
@@ -454,12 +456,8 @@ __device__ __forceinline__ float sum_bf16x2(u32 p) {
 template <int KT>
 __device__ __forceinline__ void tile_slots(u32 (&slot)[KT / 32], const u32* sl, int j0,
                                            int last) {
-    const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int h = 0; h < KT / 32; ++h) {
-        const int j = j0 + 32 * h + lane;
-        slot[h] = j <= last ? sl[j] : 0u;
-    }
+    for (int h = 0; h < KT / 32; ++h) slot[h] = tile_slot(sl, j0 + 32 * h, last);
 }
 
 // Copies keys j0 .. j0 + KT - 1 (those up to `last`) of a KV head into a K and a V tile;
