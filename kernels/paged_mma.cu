@@ -29,53 +29,6 @@
 #define PM_MAX_D 512
 #define PM_MAX_NT (PM_MAX_D / 32)  // 8-column output tiles a warp owns (a quarter of d)
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes from global to shared memory; `bytes` 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes));
-}
-
-// The same to a shared-memory address already converted (`smem_addr`).
-__device__ __forceinline__ void cp_async16_to(u32 dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-
-// Waits until at most `pending` (0 or 1) of this thread's newest copy groups are in flight.
-__device__ __forceinline__ void cp_async_wait(int pending) {
-    if (pending == 0) asm volatile("cp.async.wait_group 0;\n");
-    else asm volatile("cp.async.wait_group 1;\n");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3,
-                                                  const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_addr(p)));
-}
-
-// c += a (16 x 16, row-major bf16) x b (16 x 8, column-major bf16), f32 accumulators.
-__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                         u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Copies keys j0 .. j0 + PM_KT - 1 (those up to `last`) of a KV head into a tile; rows past
 // `last` are zero-filled so they add nothing (their probabilities are zero too). Lane j of
 // every warp reads key j's slot once; the copies take it by shuffle. THREADS is the block
@@ -431,14 +384,6 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
 // reads at about 2.6 TB/s (`docs/perf-notes.md`).
 
 #define PF_WARPS 8
-
-// Two f32 rounded to bf16 (nearest even; finite inputs: the probabilities) in one register,
-// `lo` in the low half: an mma A-operand pair.
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 // 2^x, the hardware approximation (2^-inf = 0).
 __device__ __forceinline__ float ex2_approx(float x) {

@@ -27,10 +27,13 @@ def main():
     head_at = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
     head = rows[head_at]
     name_i, value_i = head.index("Kernel Name"), head.index("Metric Value")
+    metric_i = head.index("Metric Name")
+    # Other metrics may share the CSV (one row per kernel and metric); time the step by
+    # the duration rows.
     kernels = [
         (r[name_i].split("(")[0].split("<")[0][:40], float(r[value_i].replace(",", "")))
         for r in rows[head_at + 1:]
-        if len(r) > value_i
+        if len(r) > value_i and r[metric_i] == "gpu__time_duration.sum"
     ]
     if runs is None:
         ends = [i for i, (n, _) in enumerate(kernels) if n.startswith("argmax")]

@@ -94,6 +94,80 @@ fn fused_matmuls_every_row_count_and_bf16_mode() {
     check_fused_matmuls_within(&fast, bf16_mode_tol()).unwrap();
 }
 
+/// The few-row tensor-core GEMM (`kernels/skinny_gemm.cu`, bf16 mode, 3 to 32 rows, sm_90)
+/// on a decode step's shapes: every cluster size (k split 1 to 8), partial feature tiles,
+/// token counts on either side of a warp's 16 columns, a layer's q / k / v in one launch,
+/// the gated MLP and the per-layer-input slice; each against the f64 definition at the bf16
+/// mode's tolerance, with the kernel on and with cuBLAS in its place.
+#[test]
+fn skinny_gemm_on_decode_shapes() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    if b.arch() >= 90 {
+        assert!(
+            fast.skinny_gemm(),
+            "sm_{} should run the skinny GEMM",
+            b.arch()
+        );
+    }
+    let tol = bf16_mode_tol();
+    for be in [fast.clone(), fast.clone().with_skinny_gemm(false)] {
+        let shared = [
+            (3, 1536, vec![2048, 256, 256]),
+            (32, 1536, vec![2048, 256, 256]),
+            (17, 2048, vec![1536]),
+            (9, 6144, vec![300]),
+            (32, 64, vec![200, 7]),
+            (31, 128, vec![129, 1, 64]),
+            (20, 256, vec![1536]),
+        ];
+        for (i, (tokens, in_features, outs)) in shared.into_iter().enumerate() {
+            let c = SharedMatmulCase {
+                tokens,
+                in_features,
+                outs,
+                weight: DType::BF16,
+                seed: 1000 + i as u64,
+            };
+            check_shared_matmul_case(&be, &c, tol).unwrap();
+        }
+        for (i, (tokens, in_features, out_features)) in [
+            (32, 1536, 700),
+            (3, 512, 64),
+            (5, 2048, 1030),
+            (30, 64, 9000),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for act in [Activation::GeluTanh, Activation::Silu] {
+                let c = GatedMatmulCase {
+                    tokens,
+                    in_features,
+                    out_features,
+                    weight: DType::BF16,
+                    act,
+                    seed: 1100 + i as u64,
+                };
+                check_gated_matmul_case(&be, c, tol).unwrap();
+            }
+        }
+        for (i, (tokens, layers, layer)) in [(32, 35, 34), (7, 4, 0)].into_iter().enumerate() {
+            let c = GatedSliceCase {
+                tokens,
+                in_features: 1536,
+                out_features: 256,
+                layers,
+                layer,
+                weight: DType::BF16,
+                act: Activation::GeluTanh,
+                seed: 1200 + i as u64,
+            };
+            check_gated_slice_matmul_case(&be, c, tol).unwrap();
+        }
+    }
+}
+
 /// A bf16 quantized-form matrix is the bf16-rounded reference: within bf16 weight rounding.
 #[test]
 fn matmul_quant_bf16_matches_a_bf16_dense_weight() {

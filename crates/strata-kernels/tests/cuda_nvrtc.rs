@@ -112,8 +112,14 @@ fn every_kernel_file_compiles_for_sm80_and_sm90() {
                 "{}.cu sm_{arch}: not a CUBIN",
                 file.name
             );
-            // Every entry point the backend looks up must be in the symbol table.
-            for f in file.functions {
+            // Every entry point the backend looks up must be in the symbol table (a file
+            // for newer GPUs builds empty below its `min_arch`; the backend skips it).
+            let expected = if arch >= file.min_arch {
+                file.functions
+            } else {
+                &[]
+            };
+            for f in expected {
                 assert!(
                     cubin
                         .windows(f.len() + 1)

@@ -276,6 +276,109 @@ mod tests {
         }
     }
 
+    /// Three sequences of 5, 9 and 13 prompt tokens prefilled, then six decode steps of all
+    /// three at once: every step's logits, and the decode graphs the pool captured.
+    fn decode_three(
+        cuda: &Model<CudaBackend>,
+        ids: &[u32],
+        mode: DecodeGraphs,
+        dtype: KvCacheDtype,
+    ) -> (Vec<f32>, usize) {
+        let mut kv = device_pool(cuda, dtype);
+        kv.storage_mut().set_graph_mode(mode);
+        let reqs: Vec<_> = (0..3).map(|_| kv.alloc_request()).collect();
+        let lens = [5usize, 9, 13];
+        for (&r, &n) in reqs.iter().zip(&lens) {
+            kv.extend(r, n).unwrap();
+            let batch = ForwardBatch {
+                seqs: vec![SeqChunk {
+                    request: r,
+                    tokens: ids[..n].to_vec(),
+                    start: 0,
+                    logits: LogitsMode::None,
+                }],
+            };
+            cuda.forward(&mut kv, &batch).unwrap();
+        }
+        let mut out = Vec::new();
+        for step in 0..6 {
+            let seqs = reqs
+                .iter()
+                .zip(&lens)
+                .map(|(&r, &n)| {
+                    kv.extend(r, 1).unwrap();
+                    SeqChunk {
+                        request: r,
+                        tokens: vec![ids[n + step]],
+                        start: n + step,
+                        logits: LogitsMode::Last,
+                    }
+                })
+                .collect();
+            let o = cuda.forward(&mut kv, &ForwardBatch { seqs }).unwrap();
+            for l in o.logits {
+                out.extend(l);
+            }
+        }
+        (out, kv.storage().graph_count())
+    }
+
+    /// The bf16 mode's three-row decode steps (bf16 weights; on sm_90 the few-row
+    /// tensor-core GEMM takes the products whose k is a multiple of 64): a replayed graph
+    /// gives the bits of the same step run op by op, and the logits, with the kernel and
+    /// with cuBLAS's products in its place, stay within the bf16 bounds of the exact f32
+    /// path's (f32 weights and KV); the bounds are the bf16 KV cache's above, since both
+    /// round the same activations to bf16 once per product.
+    #[test]
+    fn bf16_mode_decode_rows_match_the_exact_path() {
+        let Some(gpu) = gpu() else { return };
+        let opts = crate::LoadOptions {
+            weight_dtype: Some(strata_kernels::DType::BF16),
+            host_embeddings: false,
+        };
+        for (name, bound) in [("gemma4-tiny", 0.3), ("llama-tiny", 0.03)] {
+            let dir = fixtures().join(name);
+            let (ids, _) = reference(&dir);
+            let exact = Model::load(gpu.clone(), &dir).unwrap();
+            let (want, _) = decode_three(&exact, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
+            let load = |b: CudaBackend| Model::load_with(b, &dir, opts).unwrap();
+            let fast = gpu.clone().with_bf16_gemm(true);
+            let skinny = load(fast.clone());
+            let cublas = load(fast.with_skinny_gemm(false));
+            let (replayed, graphs) =
+                decode_three(&skinny, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
+            let (unrecorded, _) =
+                decode_three(&skinny, &ids, DecodeGraphs::Unrecorded, KvCacheDtype::F32);
+            assert_eq!(graphs, 1, "{name}: one bucket captured");
+            let differing = replayed
+                .iter()
+                .zip(&unrecorded)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differing, 0,
+                "{name}: replay differs from the op-by-op step"
+            );
+            let (other, _) = decode_three(&cublas, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
+            let (d_skinny, d_cublas) =
+                (max_abs_diff(&replayed, &want), max_abs_diff(&other, &want));
+            eprintln!(
+                "{name}: bf16 mode vs the exact path: max |diff| {d_skinny:.3e} with the skinny \
+                 GEMM ({}), {d_cublas:.3e} with cuBLAS; skinny vs cuBLAS {:.3e}",
+                skinny.backend().skinny_gemm(),
+                max_abs_diff(&replayed, &other)
+            );
+            assert!(
+                d_skinny < bound,
+                "{name}: skinny GEMM {d_skinny} from exact (bound {bound})"
+            );
+            assert!(
+                d_cublas < bound,
+                "{name}: cuBLAS {d_cublas} from exact (bound {bound})"
+            );
+        }
+    }
+
     /// Decode steps of a batch of three sequences at different depths (bucket 4, one padded
     /// row). A replayed graph runs the same kernels on the same inputs as its padded step
     /// run op by op, so their logits must agree bit for bit. Against the plain op-by-op
@@ -290,45 +393,7 @@ mod tests {
             let dir = fixtures().join(name);
             let cuda = Model::load(gpu().unwrap(), &dir).unwrap();
             let (ids, _) = reference(&dir);
-            let run = |mode: DecodeGraphs, dtype: KvCacheDtype| {
-                let mut kv = device_pool(&cuda, dtype);
-                kv.storage_mut().set_graph_mode(mode);
-                let reqs: Vec<_> = (0..3).map(|_| kv.alloc_request()).collect();
-                let lens = [5usize, 9, 13];
-                for (&r, &n) in reqs.iter().zip(&lens) {
-                    kv.extend(r, n).unwrap();
-                    let batch = ForwardBatch {
-                        seqs: vec![SeqChunk {
-                            request: r,
-                            tokens: ids[..n].to_vec(),
-                            start: 0,
-                            logits: LogitsMode::None,
-                        }],
-                    };
-                    cuda.forward(&mut kv, &batch).unwrap();
-                }
-                let mut out = Vec::new();
-                for step in 0..6 {
-                    let seqs = reqs
-                        .iter()
-                        .zip(&lens)
-                        .map(|(&r, &n)| {
-                            kv.extend(r, 1).unwrap();
-                            SeqChunk {
-                                request: r,
-                                tokens: vec![ids[n + step]],
-                                start: n + step,
-                                logits: LogitsMode::Last,
-                            }
-                        })
-                        .collect();
-                    let o = cuda.forward(&mut kv, &ForwardBatch { seqs }).unwrap();
-                    for l in o.logits {
-                        out.extend(l);
-                    }
-                }
-                (out, kv.storage().graph_count())
-            };
+            let run = |mode, dtype| decode_three(&cuda, &ids, mode, dtype);
             let (unrecorded, none) = run(DecodeGraphs::Unrecorded, KvCacheDtype::Bf16);
             let (replayed, graphs) = run(DecodeGraphs::Replay, KvCacheDtype::Bf16);
             assert_eq!(none, 0, "{name}: the unrecorded mode captures nothing");

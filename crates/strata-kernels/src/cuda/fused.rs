@@ -362,7 +362,31 @@ impl CudaBackend {
                 )
             },
         )?;
-        slice_rows(OP, out.len(), out.len(), table.len(), s)?;
+        let rows = slice_rows(OP, out.len(), out.len(), table.len(), s)?;
+        // The kernels read the table as f32.
+        table.f32s(OP)?;
+        let slice = GemvSlice {
+            table: buffer_ptr(self, table),
+            offset: s.offset as u64,
+            stride: s.stride as u64,
+        };
+        if self.skinny_applies(gate.dtype(), t, k) {
+            let xb = self.bf16_operand(x, t * k)?;
+            // The per-layer-input projection reads `out` next.
+            let (y, mut yb) =
+                out.f32s_maybe_twin_mut(&self.stream, self.gemm_reads_bf16(rows), OP)?;
+            let y = {
+                use cudarc::driver::DevicePtrMut;
+                y.device_ptr_mut(&self.stream).0
+            };
+            let mat = super::skinny_gemm::SkinnyMat {
+                w: buffer_ptr(self, gate),
+                n,
+                y,
+                yb: super::buffer::twin_addr(&self.stream, &mut yb),
+            };
+            return self.skinny_launch(&xb, t, k, &[mat], GemvOut::Slice(act, slice));
+        }
         if !gemv_applies(gate.dtype(), t, k, self.gemv_max_rows) {
             let mut g = self.scratch_impl(out.len(), crate::Backend::activation_dtype(self))?;
             self.matmul_impl(x, gate, shape, &mut g)?;
@@ -373,11 +397,6 @@ impl CudaBackend {
             w: buffer_ptr(self, gate),
             n,
             y,
-        };
-        let slice = GemvSlice {
-            table: buffer_ptr(self, table),
-            offset: s.offset as u64,
-            stride: s.stride as u64,
         };
         self.gemv_launch(x.f32s(OP)?, t, k, &[mat], GemvOut::Slice(act, slice))
     }

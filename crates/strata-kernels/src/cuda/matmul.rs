@@ -1,9 +1,8 @@
-//! Dense matmul through cuBLAS SGEMM, and the CUDA form of a quantized weight.
-//!
-//! Activations are f32 and must stay f32-accurate, and cuBLAS has no f32 x bf16 product, so
-//! a BF16 / F16 weight is first widened (exactly) to an f32 scratch matrix. That costs a
-//! pass over the weight and a scratch allocation per call: correct first; a fused
-//! low-precision path (bf16 activations, cuBLASLt) can replace it later.
+//! Dense matmul and the CUDA form of a quantized weight. A bf16 weight takes the GEMV for
+//! one or two rows (`fused.rs`); in the bf16 mode, the few-row tensor-core GEMM for 3 to 32
+//! rows (`skinny_gemm.rs`) and a bf16 cuBLAS GEMM past that. Otherwise (the exact path)
+//! the activations stay f32 and, since cuBLAS has no f32 x bf16 product, a BF16 / F16
+//! weight is first widened exactly to an f32 scratch matrix for SGEMM.
 
 use std::sync::Arc;
 
@@ -12,6 +11,7 @@ use cudarc::cublas::{Gemm, GemmConfig};
 use cudarc::driver::CudaSlice;
 
 use super::buffer::{CudaBuffer, Storage};
+use super::skinny_gemm::{SkinnyMat, SKINNY_MAX_MATS};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::{
@@ -85,7 +85,7 @@ fn as_c_int(op: &'static str, v: usize) -> Result<i32> {
 }
 
 /// A bf16 GEMM operand: borrowed from the activation's twin or narrowed for this call.
-enum Bf16Operand<'a> {
+pub(super) enum Bf16Operand<'a> {
     Twin(&'a CudaSlice<u16>),
     Narrowed(CudaSlice<u16>),
 }
@@ -139,6 +139,16 @@ impl CudaBackend {
         }
         if super::fused::gemv_applies(w.dtype(), t, k, self.gemv_max_rows) {
             return self.gemv_bf16(xs, w, t, k, n, out);
+        }
+        if self.skinny_applies(w.dtype(), t, k) {
+            let xb = self.bf16_operand(x, t * k)?;
+            let mat = SkinnyMat {
+                w: super::fused::buffer_ptr(self, w),
+                n,
+                y: super::fused::f32_ptr_mut(self, out, OP)?,
+                yb: 0,
+            };
+            return self.skinny_launch(&xb, t, k, &[mat], super::fused::GemvOut::Plain);
         }
         if self.bf16_gemm && w.dtype() == DType::BF16 {
             let xb = self.bf16_operand(x, t * k)?;
@@ -203,7 +213,11 @@ impl CudaBackend {
 
     /// The first `len` values of the f32 activation `x` in bf16 (a GEMM's activation
     /// operand): the twin its producer wrote, else a narrowed copy.
-    fn bf16_operand<'a>(&self, x: &'a CudaBuffer, len: usize) -> Result<Bf16Operand<'a>> {
+    pub(super) fn bf16_operand<'a>(
+        &self,
+        x: &'a CudaBuffer,
+        len: usize,
+    ) -> Result<Bf16Operand<'a>> {
         if let Some(twin) = x.current_twin() {
             return Ok(Bf16Operand::Twin(twin));
         }
@@ -369,6 +383,19 @@ impl CudaBackend {
             }
             return self.gemv_launch(xs, t, k, &list, super::fused::GemvOut::Plain);
         }
+        if mats.len() <= SKINNY_MAX_MATS && self.skinny_applies(DType::BF16, t, k) {
+            let xb = self.bf16_operand(x, t * k)?;
+            let mut list = Vec::with_capacity(mats.len());
+            for m in mats.iter_mut() {
+                list.push(SkinnyMat {
+                    w: super::fused::buffer_ptr(self, m.w),
+                    n: m.shape.out_features,
+                    y: super::fused::f32_ptr_mut(self, m.out, OP)?,
+                    yb: 0,
+                });
+            }
+            return self.skinny_launch(&xb, t, k, &list, super::fused::GemvOut::Plain);
+        }
         if self.bf16_gemm {
             let xb = self.bf16_operand(x, t * k)?;
             return mats
@@ -412,6 +439,22 @@ impl CudaBackend {
         }
         // The MLP's down projection reads `out` next.
         let twin = self.gemm_reads_bf16(t);
+        if bf16 && self.skinny_applies(DType::BF16, t, k) {
+            let xb = self.bf16_operand(x, t * k)?;
+            let (y, mut yb) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
+            let y = {
+                use cudarc::driver::DevicePtrMut;
+                y.device_ptr_mut(&self.stream).0
+            };
+            let yb = super::buffer::twin_addr(&self.stream, &mut yb);
+            let mats = [gate, up].map(|w| SkinnyMat {
+                w: super::fused::buffer_ptr(self, w),
+                n,
+                y,
+                yb,
+            });
+            return self.skinny_launch(&xb, t, k, &mats, super::fused::GemvOut::Gated(act));
+        }
         if bf16 && self.bf16_gemm {
             // Both products in bf16: the activation pass reads half the bytes.
             let xb = self.bf16_operand(x, t * k)?;

@@ -21,6 +21,7 @@ mod ops;
 mod paged;
 mod paged_mma;
 mod prefill_attention;
+mod skinny_gemm;
 mod sources;
 
 pub use buffer::CudaBuffer;
@@ -71,6 +72,9 @@ pub struct CudaBackend {
     dense_min_q: usize,
     /// What the device grants the tensor-core paged attention (nothing: not used).
     paged_mma: paged_mma::MmaSupport,
+    /// Whether bf16 products over a decode step's rows (past the GEMV's, up to 128) run as
+    /// `kernels/skinny_gemm.cu` rather than cuBLAS (sm_90; `STRATA_SKINNY_GEMM=0`: off).
+    skinny_gemm: bool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -147,6 +151,7 @@ impl CudaBackend {
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         let kernels = Kernels::load(&ctx, arch)?;
         let paged_mma = paged_mma::MmaSupport::probe(&ctx, arch, &kernels);
+        let skinny_gemm = skinny_gemm::probe(arch, &kernels);
         Ok(Self {
             ctx,
             stream,
@@ -159,6 +164,7 @@ impl CudaBackend {
             gemv_max_rows: fused::gemv_max_rows_from_env(fused::GEMV_DEFAULT_MAX_ROWS),
             dense_min_q: dense_attention::dense_min_q_from_env(),
             paged_mma,
+            skinny_gemm,
         })
     }
 
@@ -181,6 +187,18 @@ impl CudaBackend {
 
     pub fn gemv_max_rows(&self) -> usize {
         self.gemv_max_rows
+    }
+
+    /// Turns the few-row tensor-core GEMM off (`false`) or back on where the device runs
+    /// it; returns the backend for chaining.
+    pub fn with_skinny_gemm(mut self, on: bool) -> Self {
+        self.skinny_gemm = on && skinny_gemm::probe(self.arch, &self.kernels);
+        self
+    }
+
+    /// Whether bf16 products over 3 to 128 rows run as the few-row tensor-core GEMM.
+    pub fn skinny_gemm(&self) -> bool {
+        self.skinny_gemm
     }
 
     /// Free and total device memory in bytes.

@@ -37,7 +37,7 @@ fn load_file(ctx: &Arc<CudaContext>, file: &KernelFile, arch: u32) -> Result<Arc
 impl Kernels {
     pub(super) fn load(ctx: &Arc<CudaContext>, arch: u32) -> Result<Self> {
         let mut functions = HashMap::new();
-        for file in KERNEL_FILES {
+        for file in KERNEL_FILES.iter().filter(|f| arch >= f.min_arch) {
             let module = load_file(ctx, file, arch)?;
             for &name in file.functions {
                 let f = module.load_function(name).map_err(|e| {
@@ -47,6 +47,11 @@ impl Kernels {
             }
         }
         Ok(Self { functions })
+    }
+
+    /// Whether the entry point was loaded (its file is built for this GPU).
+    pub(super) fn has(&self, name: &str) -> bool {
+        self.functions.contains_key(name)
     }
 
     pub(super) fn get(&self, name: &'static str) -> Result<&CudaFunction> {

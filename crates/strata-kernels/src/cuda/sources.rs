@@ -17,6 +17,9 @@ pub struct KernelFile {
     pub name: &'static str,
     source: &'static str,
     pub functions: &'static [&'static str],
+    /// The oldest compute capability (major x 10 + minor) whose build holds the entry
+    /// points; older GPUs compile the file to an empty module and the backend leaves it out.
+    pub min_arch: u32,
 }
 
 impl KernelFile {
@@ -66,12 +69,31 @@ pub(crate) const GEMV_KERNELS: [&str; 24] = [
     "gemv_slice_bf16_8",
 ];
 
+/// The few-row tensor-core GEMM's entry points: `skinny_gemm_<mode>_c<cluster>` for the
+/// plain, gated and table-slice modes and clusters of 1 to 8 (index = 4 x mode + log2
+/// cluster).
+pub(crate) const SKINNY_KERNELS: [&str; 12] = [
+    "skinny_gemm_plain_c1",
+    "skinny_gemm_plain_c2",
+    "skinny_gemm_plain_c4",
+    "skinny_gemm_plain_c8",
+    "skinny_gemm_gated_c1",
+    "skinny_gemm_gated_c2",
+    "skinny_gemm_gated_c4",
+    "skinny_gemm_gated_c8",
+    "skinny_gemm_slice_c1",
+    "skinny_gemm_slice_c2",
+    "skinny_gemm_slice_c4",
+    "skinny_gemm_slice_c8",
+];
+
 /// Every kernel family, in the order the backend loads them.
 pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile {
         name: "embedding",
         source: include_str!("../../../../kernels/embedding.cu"),
         functions: &["embedding"],
+        min_arch: 0,
     },
     KernelFile {
         name: "norm",
@@ -82,11 +104,13 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "rms_norm_then_add",
             "rms_norm_add_norm",
         ],
+        min_arch: 0,
     },
     KernelFile {
         name: "rope",
         source: include_str!("../../../../kernels/rope.cu"),
         functions: &["rope", "head_norm_rope"],
+        min_arch: 0,
     },
     KernelFile {
         name: "elementwise",
@@ -101,6 +125,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "mul",
             "scale",
         ],
+        min_arch: 0,
     },
     KernelFile {
         name: "copy",
@@ -111,21 +136,31 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "widen_to_f32",
             "narrow_to_bf16",
         ],
+        min_arch: 0,
     },
     KernelFile {
         name: "attention",
         source: include_str!("../../../../kernels/attention.cu"),
         functions: &["attention"],
+        min_arch: 0,
     },
     KernelFile {
         name: "sampling",
         source: include_str!("../../../../kernels/sampling.cu"),
         functions: &["argmax_rows"],
+        min_arch: 0,
     },
     KernelFile {
         name: "gemv",
         source: include_str!("../../../../kernels/gemv.cu"),
         functions: &GEMV_KERNELS,
+        min_arch: 0,
+    },
+    KernelFile {
+        name: "skinny_gemm",
+        source: include_str!("../../../../kernels/skinny_gemm.cu"),
+        functions: &SKINNY_KERNELS,
+        min_arch: 90,
     },
     KernelFile {
         name: "paged",
@@ -137,6 +172,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "kv_gather",
             "masked_softmax",
         ],
+        min_arch: 0,
     },
     KernelFile {
         name: "paged_mma",
@@ -148,6 +184,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "prefill_attention_mma_d256",
             "prefill_attention_mma_d512",
         ],
+        min_arch: 0,
     },
 ];
 
