@@ -23,10 +23,10 @@
 // bank conflicts.
 //
 // Why 32 rows at most: the mma work grows with the token tile, and mma.sync runs at about
-// half the rate of the wgmma cuBLAS uses on sm_90. Measured on an H200 (E2B decode step,
-// `docs/perf-notes.md`): with this kernel in cuBLAS's place the step is 6% faster at 4-8
-// rows, 3% at 16, even at 32, and slower past that (29% at 128 rows, where the products are
-// as much compute as bytes).
+// half the rate of the wgmma cuBLAS uses on sm_90. Measured on an H200 (decode steps,
+// `docs/perf-notes.md`): with this kernel in cuBLAS's place the step is 8-10% faster at 3-8
+// rows, 7% at 16, 1-4% at 32; a 128-token tile made it 29% slower at 128 rows, where
+// streaming the weights at the copy bandwidth needs more mma.sync throughput than there is.
 //
 // Split-K: the CLUSTER blocks of a tile (one thread-block cluster, blockIdx.y = rank) take
 // contiguous shares of k. Each leaves its partial tile in its own shared memory; after a
