@@ -116,6 +116,66 @@ __device__ __forceinline__ void load_tile(u16* kt, u16* vt, const u16* k_slab,
                             n_kv_heads, kvh, d, ld);
 }
 
+// A decode row's keys for split z of n_splits: [zlo, zhi] (empty when zhi < zlo), exactly as
+// `paged_attention` reads them; splits take whole tiles of KT keys (a short row leaves the
+// later splits empty instead of giving every split a sliver of a tile). `sl` gets the
+// row's first slot.
+struct KeyRange {
+    long long zlo, zhi;
+    const u32* sl;
+};
+
+template <int KT>
+__device__ __forceinline__ KeyRange decode_key_range(const u32* seqs, const u32* row_seq,
+                                                     const u32* slots, u64 t, int z,
+                                                     int n_splits, long long window,
+                                                     int dense_min_q) {
+    const u32* sq = seqs + 5 * (u64)row_seq[t];
+    const long long qp = (long long)sq[2] + ((long long)t - (long long)sq[0]);
+    const long long k_start = sq[3];
+    long long lo = 0, hi = qp - k_start;
+    if (window >= 0 && qp - window + 1 - k_start > lo) lo = qp - window + 1 - k_start;
+    if (dense_min_q > 0 && (int)sq[1] >= dense_min_q) hi = lo - 1;
+    long long chunk = (hi - lo + n_splits) / n_splits;
+    chunk = (chunk + KT - 1) / KT * KT;
+    const long long zlo = lo + (long long)z * chunk;
+    long long zhi = zlo + chunk - 1;
+    if (zhi > hi) zhi = hi;
+    return {zlo, zhi, slots + sq[4]};
+}
+
+// Row t's query vectors of KV head kvh's group into `qs` [PM_ROWS][ld] as bf16 (four values
+// a thread per round, every load of a thread issued before its first store); rows past the
+// group are zero. The block's THREADS threads all take part.
+template <int THREADS>
+__device__ __forceinline__ void load_group_q(u16* qs, const float* q, u64 t, int n_heads,
+                                             int kvh, int group, int d, int ld) {
+    const float4* qsrc = (const float4*)(q + (t * n_heads + (u64)kvh * group) * d);
+    const int q4 = group * d / 4;
+    for (int i0 = 0; i0 < q4; i0 += 4 * THREADS) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * THREADS + threadIdx.x;
+            if (i < q4) v[u] = qsrc[i];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * THREADS + threadIdx.x;
+            if (i < q4) {
+                const int r = 4 * i / d, c = 4 * i % d;
+                u16* dst = qs + r * ld + c;
+                dst[0] = f32_to_bf16_rne(v[u].x);
+                dst[1] = f32_to_bf16_rne(v[u].y);
+                dst[2] = f32_to_bf16_rne(v[u].z);
+                dst[3] = f32_to_bf16_rne(v[u].w);
+            }
+        }
+    }
+    for (int i = group * d + threadIdx.x; i < PM_ROWS * d; i += THREADS)
+        qs[(i / d) * ld + i % d] = 0;
+}
+
 // Shared memory: Q [16][ld], K and V [n_stages][PM_KT][ld] (bf16, ld = d + PM_PAD), S
 // [2][16][PM_KT] f32, P [16][PM_KT + PM_PAD] bf16, per-row factors [16] f32 (`smem_bytes` in
 // cuda/paged_mma.rs computes the same sum). n_stages (2 or 3) tiles are in flight or in use
@@ -145,20 +205,10 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     // The row's visible keys and this split's share, exactly as `paged_attention`.
-    const u32* sq = seqs + 5 * (u64)row_seq[t];
-    const long long qp = (long long)sq[2] + ((long long)t - (long long)sq[0]);
-    const long long k_start = sq[3];
-    const u32* sl = slots + sq[4];
-    long long lo = 0, hi = qp - k_start;
-    if (window >= 0 && qp - window + 1 - k_start > lo) lo = qp - window + 1 - k_start;
-    if (dense_min_q > 0 && (int)sq[1] >= dense_min_q) hi = lo - 1;
-    // Splits take whole tiles: a short row leaves the later splits empty instead of giving
-    // every split a sliver of a tile.
-    long long chunk = (hi - lo + n_splits) / n_splits;
-    chunk = (chunk + PM_KT - 1) / PM_KT * PM_KT;
-    const long long zlo = lo + (long long)z * chunk;
-    long long zhi = zlo + chunk - 1;
-    if (zhi > hi) zhi = hi;
+    const KeyRange kr =
+        decode_key_range<PM_KT>(seqs, row_seq, slots, t, z, n_splits, window, dense_min_q);
+    const long long zlo = kr.zlo, zhi = kr.zhi;
+    const u32* sl = kr.sl;
     const int n_tiles = zhi >= zlo ? (int)((zhi - zlo + PM_KT) / PM_KT) : 0;
 
     // The first n_stages - 1 tiles go in flight before anything else; every stage commits a
@@ -173,32 +223,7 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
     // Each lane's slot of the next tile to load, read one iteration ahead so the tile's
     // copies never wait on it.
     u32 next_slot = tile_slot(sl, zlo + (long long)(n_stages - 1) * PM_KT, zhi);
-    // The group's query rows as bf16 (four values a thread per round, every load of a
-    // thread issued before its first store); rows past the group are zero.
-    const float4* qsrc = (const float4*)(q + (t * n_heads + (u64)kvh * group) * d);
-    const int q4 = group * d / 4;
-    for (int i0 = 0; i0 < q4; i0 += 4 * PM_WARPS * 32) {
-        float4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = i0 + u * PM_WARPS * 32 + threadIdx.x;
-            if (i < q4) v[u] = qsrc[i];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = i0 + u * PM_WARPS * 32 + threadIdx.x;
-            if (i < q4) {
-                const int r = 4 * i / d, c = 4 * i % d;
-                u16* dst = qs + r * ld + c;
-                dst[0] = f32_to_bf16_rne(v[u].x);
-                dst[1] = f32_to_bf16_rne(v[u].y);
-                dst[2] = f32_to_bf16_rne(v[u].z);
-                dst[3] = f32_to_bf16_rne(v[u].w);
-            }
-        }
-    }
-    for (int i = group * d + threadIdx.x; i < PM_ROWS * d; i += blockDim.x)
-        qs[(i / d) * ld + i % d] = 0;
+    load_group_q<PM_WARPS * 32>(qs, q, t, n_heads, kvh, group, d, ld);
 
     // Fragment coordinates (PTX mma.m16n8k16): lane holds rows g and g + 8, columns
     // 2 tq and 2 tq + 1 of each 8-wide accumulator tile.
@@ -731,3 +756,248 @@ PREFILL_ATTENTION_KERNEL(64)
 PREFILL_ATTENTION_KERNEL(128)
 PREFILL_ATTENTION_KERNEL(256)
 PREFILL_ATTENTION_KERNEL(512)
+
+// Decode attention on tensor cores in the FlashAttention-2 layout (`decode_attention_mma_d<D>`):
+// the tensor-core paged attention's work (one block per query row, KV head and key split,
+// the group's query heads as the 16 rows of the mma) without its three block barriers a
+// tile. The block's eight warps form two groups of four that walk alternate tiles of DA_KT
+// keys, each group with its own K/V buffers; within a group warp w owns a quarter of
+// head_dim:
+//   1. S = Q K^T over its quarter (Q's A fragments stay in registers for the whole loop);
+//      the four partial S go through shared memory behind a barrier of the group alone and
+//      every warp adds them in the same order, so all four hold the same S;
+//   2. the online softmax in registers (a row's keys in the four lanes of a quad);
+//   3. the bf16 probabilities are the A fragment of O += P V over the warp's quarter of the
+//      output columns, as in the prefill kernel.
+// Each group copies its next tile while it computes this one. At the end the second group's
+// (max, sum, O) are merged into the first's; results and the split workspace are the
+// decode kernel's, so `paged_combine` merges splits of any of the kernels.
+
+#define DA_KT 16
+#define DA_GW 4
+#define DA_GROUPS (PM_WARPS / DA_GW)
+
+// Shared memory: Q [PM_ROWS][ld], then per group two stages of a K and a V tile
+// [DA_KT][ld] (bf16, ld = D + PM_PAD), then the partial S exchange [DA_GROUPS][DA_GW][8][32]
+// f32 (`decode_smem_bytes` in cuda/paged_mma.rs computes the same sum).
+template <int D>
+__device__ __forceinline__ void decode_attention_body(
+    unsigned char* smem, const float* q, const u16* k_slab, const u16* v_slab, const u32* seqs,
+    const u32* row_seq, const u32* slots, float* out, u16* out_b, float* ws_acc, float* ws_ml,
+    int n_heads, int n_kv_heads, float scale, long long window, int has_softcap,
+    float softcap, int n_splits, int dense_min_q) {
+    constexpr int ld = D + PM_PAD;
+    constexpr int DQ = D / DA_GW;  // columns a warp owns
+    constexpr int KS = DQ / 16;    // 16-deep k-steps of its share of S
+    constexpr int NT = DQ / 8;     // 8-column output tiles
+    constexpr int PIECES = D / 8;  // 16-byte pieces of a K or V row
+    constexpr int TILE = 2 * DA_KT * ld;  // a stage: K then V
+    u16* qs = (u16*)smem;
+    u16* kv = qs + PM_ROWS * ld;
+    float* sx = (float*)(kv + DA_GROUPS * 2 * TILE);
+
+    const u64 t = blockIdx.x;
+    const int kvh = blockIdx.y, z = blockIdx.z;
+    const int group = n_heads / n_kv_heads;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int grp = warp / DA_GW, wq = warp % DA_GW;
+    const int g = lane / 4, tq = lane % 4;
+    const int lm_row = (lane % 8) + 8 * ((lane / 8) % 2), lm_col = 8 * (lane / 16);
+
+    const KeyRange kr =
+        decode_key_range<DA_KT>(seqs, row_seq, slots, t, z, n_splits, window, dense_min_q);
+    const long long zlo = kr.zlo, zhi = kr.zhi;
+    const int n_tiles = zhi >= zlo ? (int)((zhi - zlo + DA_KT) / DA_KT) : 0;
+    // This group's tiles: grp, grp + DA_GROUPS, ...
+    const int mine = n_tiles > grp ? (n_tiles - grp + DA_GROUPS - 1) / DA_GROUPS : 0;
+    u16* gbuf = kv + grp * 2 * TILE;
+    const u32 row = (u32)n_kv_heads * D, head = (u32)kvh * D;
+
+    // Copies the group's local tile i into stage i % 2: warp wq takes keys wq, wq + 4, ...
+    // (slot by shuffle from lane key of `slot`), its lanes the row's 16-byte pieces; keys
+    // past zhi are zero-filled.
+    auto load = [&](int i, u32 slot) {
+        const long long j0 = zlo + (long long)(grp + DA_GROUPS * i) * DA_KT;
+        u16* kt = gbuf + (i % 2) * TILE;
+        u16* vt = kt + DA_KT * ld;
+#pragma unroll
+        for (int u = 0; u < DA_KT / DA_GW; ++u) {
+            const int key = wq + DA_GW * u;
+            const u32 s = __shfl_sync(0xffffffffu, slot, key);
+            const bool valid = j0 + key <= zhi;
+            const u64 off = valid ? (u64)s * row + head : 0;
+#pragma unroll
+            for (int pc = lane; pc < PIECES; pc += 32) {
+                cp_async16(kt + key * ld + pc * 8, k_slab + off + pc * 8, valid ? 16 : 0);
+                cp_async16(vt + key * ld + pc * 8, v_slab + off + pc * 8, valid ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    // Lane j (< DA_KT) holds the slot of key j of local tile i (0 past zhi).
+    auto tile_slot_of = [&](int i) -> u32 {
+        const long long j = zlo + (long long)(grp + DA_GROUPS * i) * DA_KT + lane % DA_KT;
+        return i < mine && j <= zhi ? kr.sl[j] : 0u;
+    };
+
+    u32 slot = tile_slot_of(0);
+    if (mine > 0) load(0, slot);
+    slot = tile_slot_of(1);
+    load_group_q<PM_WARPS * 32>(qs, q, t, n_heads, kvh, group, D, ld);
+    __syncthreads();
+    // Q's A fragments over this warp's quarter of head_dim, for the whole loop.
+    u32 qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+        ldmatrix_x4(qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3],
+                    qs + lm_row * ld + wq * DQ + 16 * ks + lm_col);
+
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+    float* my_sx = sx + (grp * DA_GW + wq) * 8 * 32;
+    const float* grp_sx = sx + grp * DA_GW * 8 * 32;
+
+    for (int i = 0; i < mine; ++i) {
+        const long long j0 = zlo + (long long)(grp + DA_GROUPS * i) * DA_KT;
+        cp_async_wait(0);
+        // Tile i landed for the whole group; every warp of it is done with tile i - 1 (its
+        // stage and the S exchange).
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(DA_GW * 32));
+        if (i + 1 < mine) load(i + 1, slot);
+        slot = tile_slot_of(i + 2);
+        const u16* kt = gbuf + (i % 2) * TILE;
+        const u16* vt = kt + DA_KT * ld;
+
+        // Partial S over this warp's quarter: keys 0-7 and 8-15.
+        float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4(b0, b1, b2, b3,
+                        kt + ((lane % 8) + 8 * (lane / 16)) * ld + wq * DQ + 16 * ks +
+                            8 * ((lane / 8) % 2));
+            mma_bf16(s[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+            mma_bf16(s[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b2, b3);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) my_sx[e * 32 + lane] = s[e / 4][e % 4];
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(DA_GW * 32));
+        // The whole S, added in warp order (the same bits in all four warps).
+        float x[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float v = grp_sx[e * 32 + lane];
+#pragma unroll
+            for (int w = 1; w < DA_GW; ++w) v += grp_sx[(w * 8 + e) * 32 + lane];
+            // Element e: key 8 (e / 4) + 2 tq + e % 2 of row g + 8 ((e / 2) % 2).
+            const int key = 8 * (e / 4) + 2 * tq + e % 2;
+            v *= scale;
+            if (has_softcap) v = softcap * tanhf(v / softcap);
+            x[e] = j0 + key <= zhi ? v : NEG_INF;
+        }
+        u32 pa[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            // Row g + 8 h: elements 2 h, 2 h + 1 (keys 0-7) and 4 + 2 h, 5 + 2 h (keys 8-15).
+            float mx = fmaxf(fmaxf(x[2 * h], x[2 * h + 1]), fmaxf(x[4 + 2 * h], x[5 + 2 * h]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[h], mx);  // finite: key j0 is always valid
+            const float corr = __expf(m_run[h] - m_new);
+            const u16 p0 = f32_to_bf16_rne(__expf(x[2 * h] - m_new));
+            const u16 p1 = f32_to_bf16_rne(__expf(x[2 * h + 1] - m_new));
+            const u16 p2 = f32_to_bf16_rne(__expf(x[4 + 2 * h] - m_new));
+            const u16 p3 = f32_to_bf16_rne(__expf(x[5 + 2 * h] - m_new));
+            float ps = (bf16_to_f32(p0) + bf16_to_f32(p1)) + (bf16_to_f32(p2) + bf16_to_f32(p3));
+            ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+            ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+            l_run[h] = l_run[h] * corr + ps;
+            m_run[h] = m_new;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                o[nt][2 * h] *= corr;
+                o[nt][2 * h + 1] *= corr;
+            }
+            // A fragment: a0 / a1 rows g / g + 8 keys 2 tq (+1), a2 / a3 keys 8 + 2 tq (+1).
+            pa[h] = (u32)p0 | ((u32)p1 << 16);
+            pa[2 + h] = (u32)p2 | ((u32)p3 << 16);
+        }
+        // O += P V over this warp's quarter of the columns.
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            u32 b0, b1, b2, b3;
+            ldmatrix_x4_trans(b0, b1, b2, b3, vt + lm_row * ld + wq * DQ + nt * 8 + lm_col);
+            mma_bf16(o[nt], pa[0], pa[1], pa[2], pa[3], b0, b1);
+            mma_bf16(o[nt + 1], pa[0], pa[1], pa[2], pa[3], b2, b3);
+        }
+    }
+    cp_async_wait(0);
+
+    // The second group's (max, sum, O) into the first's, through the idle K/V stages:
+    // O as [DA_GW][NT][4][32] f32 in fragment order, the row statistics [32][4].
+    __syncthreads();
+    float* mo = (float*)kv;
+    float* ml = mo + DA_GW * NT * 4 * 32;
+    if (grp == 1) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) mo[((wq * NT + nt) * 4 + e) * 32 + lane] = o[nt][e];
+        if (wq == 0) {
+            ml[lane * 4 + 0] = m_run[0];
+            ml[lane * 4 + 1] = m_run[1];
+            ml[lane * 4 + 2] = l_run[0];
+            ml[lane * 4 + 3] = l_run[1];
+        }
+    }
+    __syncthreads();
+    if (grp == 1) return;
+    float f_a[2], f_b[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float mb = ml[lane * 4 + h], lb = ml[lane * 4 + 2 + h];
+        const float m = fmaxf(m_run[h], mb);
+        // A group without keys holds (-inf, 0, 0): its factor is 0.
+        f_a[h] = m_run[h] == NEG_INF ? 0.0f : __expf(m_run[h] - m);
+        f_b[h] = mb == NEG_INF ? 0.0f : __expf(mb - m);
+        l_run[h] = l_run[h] * f_a[h] + lb * f_b[h];
+        m_run[h] = m;
+    }
+    const u64 task0 = t * n_heads + (u64)kvh * group;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
+        if (r >= group) continue;
+        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task0 + r, D, n_splits, z,
+                                   m_run[h], l_run[h], wq == 0 && tq == 0);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float* ob = mo + ((wq * NT + nt) * 4 + 2 * h) * 32 + lane;
+            store_pair(dst, wq * DQ + nt * 8 + 2 * tq, o[nt][2 * h] * f_a[h] + ob[0] * f_b[h],
+                       o[nt][2 * h + 1] * f_a[h] + ob[32] * f_b[h]);
+        }
+    }
+}
+
+// One entry point per head_dim, the decode kernel's parameters (`n_stages` unused: two
+// stages a group). Up to d 256 two blocks share a multiprocessor.
+#define DECODE_ATTENTION_KERNEL(D, BLOCKS)                                                      \
+    extern "C" __global__ void __launch_bounds__(PM_WARPS * 32, BLOCKS)                         \
+        decode_attention_mma_d##D(const float* q, const u16* k_slab, const u16* v_slab,         \
+                                  const u32* seqs, const u32* row_seq, const u32* slots,        \
+                                  float* out, u16* out_b, float* ws_acc, float* ws_ml,          \
+                                  int n_heads, int n_kv_heads, int d, float scale,              \
+                                  long long window, int has_softcap, float softcap,             \
+                                  int n_splits, int dense_min_q, int n_stages) {                \
+        extern __shared__ __align__(16) unsigned char smem[];                                  \
+        decode_attention_body<D>(smem, q, k_slab, v_slab, seqs, row_seq, slots, out, out_b,    \
+                                 ws_acc, ws_ml, n_heads, n_kv_heads, scale, window,            \
+                                 has_softcap, softcap, n_splits, dense_min_q);                  \
+    }
+
+DECODE_ATTENTION_KERNEL(64, 2)
+DECODE_ATTENTION_KERNEL(128, 2)
+DECODE_ATTENTION_KERNEL(256, 2)
+DECODE_ATTENTION_KERNEL(512, 1)

@@ -425,7 +425,8 @@ impl CudaBackend {
         let has_cap = i32::from(p.softcap.is_some());
         let splits_i = splits as i32;
         let dense_min_q_i = i32::try_from(dense_min_q).unwrap_or(i32::MAX);
-        let name = if mma { super::paged_mma::KERNEL } else { OP };
+        let (mma_kernel, mma_smem) = self.paged_mma.decode_kernel(d);
+        let name = if mma { mma_kernel } else { OP };
         let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(qs);
         if mma {
@@ -461,7 +462,7 @@ impl CudaBackend {
             LaunchConfig {
                 grid_dim: (rows as u32, p.n_kv_heads as u32, splits as u32),
                 block_dim: (super::paged_mma::THREADS, 1, 1),
-                shared_mem_bytes: super::paged_mma::smem_bytes(d, stages) as u32,
+                shared_mem_bytes: mma_smem as u32,
             }
         } else {
             LaunchConfig {

@@ -1,7 +1,9 @@
 //! Tensor-core paged attention (`kernels/paged_mma.cu`): in the bf16 speed mode, bf16 slabs
 //! are attended one KV head's whole query group per block, so each key is read once per
-//! group. Everything else (other formats, the exact path, head_dim not a multiple of 64,
-//! groups over 16 heads) keeps the CUDA-core kernel.
+//! group (`decode_attention_mma_d<D>` in the FlashAttention-2 layout at head_dim 64 to 512,
+//! `paged_attention_mma` at the other multiples of 64). Everything else (other formats, the
+//! exact path, head_dim not a multiple of 64, groups over 16 heads) keeps the CUDA-core
+//! kernel.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::CudaContext;
@@ -60,6 +62,33 @@ pub(super) fn prefill_shape(d: usize) -> Option<PrefillShape> {
     })
 }
 
+/// The decode kernels in the FlashAttention-2 layout (`decode_attention_mma_d<D>`): the same
+/// parameters, grid and results as `KERNEL`, one entry point per head_dim.
+const DECODE_KERNELS: [(usize, &str); 4] = [
+    (64, "decode_attention_mma_d64"),
+    (128, "decode_attention_mma_d128"),
+    (256, "decode_attention_mma_d256"),
+    (512, "decode_attention_mma_d512"),
+];
+/// Keys a tile, warp groups a block and the blocks a multiprocessor holds by registers
+/// (`DA_KT`, `DA_GROUPS` and the entry points' launch bounds).
+const DECODE_KT: usize = 16;
+const DECODE_GROUPS: usize = 2;
+fn decode_blocks_by_registers(d: usize) -> usize {
+    if d > 256 {
+        1
+    } else {
+        2
+    }
+}
+
+/// Dynamic shared memory of a decode kernel block (`decode_attention_body`): Q, two stages of
+/// K and V tiles for each warp group (bf16), the groups' partial S exchange (f32).
+pub(super) fn decode_smem_bytes(d: usize) -> usize {
+    let ld = d + PAD;
+    (ROWS * ld + DECODE_GROUPS * 2 * 2 * DECODE_KT * ld) * 2 + DECODE_GROUPS * 4 * 8 * 32 * 4
+}
+
 /// Dynamic shared memory of one block for `head_dim` d and `stages` K/V tile buffers (the
 /// kernel's layout: Q and the K and V tiles in bf16, S in f32, P in bf16, one factor per
 /// row).
@@ -105,6 +134,9 @@ pub(super) struct MmaSupport {
     /// Whether the prefill kernel writes its output's bf16 twin (`STRATA_PREFILL_TWIN=0`:
     /// no, and the o projection narrows its input).
     pub prefill_twin: bool,
+    /// Whether decode rows take the FlashAttention-2 layout kernels (`STRATA_DECODE_MMA=0`:
+    /// the original tensor-core kernel).
+    pub decode_fa: bool,
 }
 
 impl MmaSupport {
@@ -149,6 +181,19 @@ impl MmaSupport {
                 0
             },
             prefill_twin: std::env::var("STRATA_PREFILL_TWIN").map_or(true, |v| v != "0"),
+            decode_fa: !std::env::var("STRATA_DECODE_MMA").is_ok_and(|v| v == "0")
+                && DECODE_KERNELS.iter().all(|&(d, kernel)| {
+                    decode_smem_bytes(d) <= optin && grant(kernel, decode_smem_bytes(d))
+                }),
+        }
+    }
+
+    /// The decode kernel for head_dim `d` and its shared memory: the FlashAttention-2
+    /// layout's entry point where there is one, else `KERNEL` at its deepest pipeline.
+    pub(super) fn decode_kernel(&self, d: usize) -> (&'static str, usize) {
+        match DECODE_KERNELS.iter().find(|&&(kd, _)| kd == d) {
+            Some(&(_, kernel)) if self.decode_fa => (kernel, decode_smem_bytes(d)),
+            _ => (KERNEL, smem_bytes(d, self.stages(d))),
         }
     }
 
@@ -192,8 +237,14 @@ impl MmaSupport {
     /// Blocks of head_dim `d` the whole GPU runs at once.
     pub(super) fn resident_blocks(&self, d: usize, sm_count: usize) -> usize {
         // About 1 KB of each multiprocessor's shared memory is reserved per block.
-        let block = smem_bytes(d, self.stages(d)) + 1024;
-        sm_count * (self.smem_per_sm / block).max(1)
+        let (kernel, smem) = self.decode_kernel(d);
+        let by_smem = (self.smem_per_sm / (smem + 1024)).max(1);
+        let per_sm = if kernel == KERNEL {
+            by_smem
+        } else {
+            by_smem.min(decode_blocks_by_registers(d))
+        };
+        sm_count * per_sm
     }
 }
 
@@ -231,6 +282,7 @@ mod tests {
             smem_per_sm: 228 * 1024,
             prefill_smem_limit: 227 * 1024,
             prefill_twin: true,
+            decode_fa: false,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -239,11 +291,29 @@ mod tests {
             2,
             "two d-256 blocks a multiprocessor"
         );
+        // The FlashAttention-2 layout decode kernels: two d-256 blocks a multiprocessor
+        // (shared memory would hold more; registers do not), one at d 512.
+        let fa = MmaSupport {
+            decode_fa: true,
+            ..hopper
+        };
+        assert_eq!(decode_smem_bytes(256), 84_224);
+        assert_eq!(decode_smem_bytes(512), 157_952);
+        assert_eq!(fa.decode_kernel(256), ("decode_attention_mma_d256", 84_224));
+        assert_eq!(
+            fa.decode_kernel(320).0,
+            KERNEL,
+            "no entry point: the original kernel"
+        );
+        assert_eq!(fa.resident_blocks(256, 1), 2);
+        assert_eq!(fa.resident_blocks(512, 1), 1);
+        assert_eq!(fa.resident_blocks(64, 1), 2);
         let ampere = MmaSupport {
             smem_limit: 163 * 1024,
             smem_per_sm: 164 * 1024,
             prefill_smem_limit: 163 * 1024,
             prefill_twin: true,
+            decode_fa: false,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
@@ -276,6 +346,7 @@ mod tests {
             smem_per_sm: 228 * 1024,
             prefill_smem_limit: 0,
             prefill_twin: true,
+            decode_fa: false,
         }
     }
 
