@@ -470,7 +470,8 @@ fn slice_rows(
     Ok(rows)
 }
 
-fn too_big(op: &'static str, v: usize) -> KernelError {
+/// The error for a dimension a kernel takes as a 32-bit integer.
+pub(super) fn too_big(op: &'static str, v: usize) -> KernelError {
     KernelError::Invalid {
         op,
         detail: format!("dimension {v} exceeds 32 bits"),

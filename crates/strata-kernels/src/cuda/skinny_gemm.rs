@@ -6,12 +6,12 @@
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::fused::{GemvOut, GemvSlice};
+use super::fused::{too_big, GemvOut, GemvSlice};
 use super::module::Kernels;
 use super::sources::SKINNY_KERNELS;
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
-use crate::{DType, KernelError, Result};
+use crate::{DType, Result};
 
 /// Rows of x the token tile holds (`SG_BT`).
 pub(super) const SKINNY_MAX_ROWS: usize = 32;
@@ -182,13 +182,6 @@ impl CudaBackend {
         // align; the grid's y is the kernel's compiled cluster size.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
-    }
-}
-
-fn too_big(op: &'static str, v: usize) -> KernelError {
-    KernelError::Invalid {
-        op,
-        detail: format!("dimension {v} exceeds 32 bits"),
     }
 }
 
