@@ -138,6 +138,20 @@ pub(super) fn f32_ptr_mut(b: &CudaBackend, out: &mut CudaBuffer, op: &'static st
     Ok(out.f32s_mut(op)?.device_ptr_mut(&b.stream).0)
 }
 
+/// The device addresses of an f32 activation `op` writes and of its bf16 twin, which the
+/// kernel writes too when `twin` is set (0 otherwise).
+pub(super) fn f32_and_twin_ptrs_mut(
+    b: &CudaBackend,
+    out: &mut CudaBuffer,
+    twin: bool,
+    op: &'static str,
+) -> Result<(u64, u64)> {
+    use cudarc::driver::DevicePtrMut;
+    let (y, mut yb) = out.f32s_maybe_twin_mut(&b.stream, twin, op)?;
+    let y = y.device_ptr_mut(&b.stream).0;
+    Ok((y, super::buffer::twin_addr(&b.stream, &mut yb)))
+}
+
 impl CudaBackend {
     /// `out [t, n] = x [t, k] * W^T` for a bf16 `W [n, k]`, `t <= 8`, `k % 8 == 0`
     /// (shapes checked by `matmul_impl`).
@@ -373,17 +387,12 @@ impl CudaBackend {
         if self.skinny_applies(gate.dtype(), t, k) {
             let xb = self.bf16_operand(x, t * k)?;
             // The per-layer-input projection reads `out` next.
-            let (y, mut yb) =
-                out.f32s_maybe_twin_mut(&self.stream, self.gemm_reads_bf16(rows), OP)?;
-            let y = {
-                use cudarc::driver::DevicePtrMut;
-                y.device_ptr_mut(&self.stream).0
-            };
+            let (y, yb) = f32_and_twin_ptrs_mut(self, out, self.gemm_reads_bf16(rows), OP)?;
             let mat = super::skinny_gemm::SkinnyMat {
                 w: buffer_ptr(self, gate),
                 n,
                 y,
-                yb: super::buffer::twin_addr(&self.stream, &mut yb),
+                yb,
             };
             return self.skinny_launch(&xb, t, k, &[mat], GemvOut::Slice(act, slice));
         }
@@ -419,10 +428,7 @@ impl CudaBackend {
         let (o, ob) = out.f32s_maybe_twin_mut(&self.stream, self.gemm_reads_bf16(rows), OP)?;
         let (n64, cols, offset, stride) =
             (n as u64, s.cols as u64, s.offset as u64, s.stride as u64);
-        let code = match act {
-            Activation::GeluTanh => 0i32,
-            Activation::Silu => 1,
-        };
+        let code = super::ops::act_code(act);
         let mut l = self
             .stream
             .launch_builder(self.kernels.get("act_mul_slice")?);

@@ -441,12 +441,7 @@ impl CudaBackend {
         let twin = self.gemm_reads_bf16(t);
         if bf16 && self.skinny_applies(DType::BF16, t, k) {
             let xb = self.bf16_operand(x, t * k)?;
-            let (y, mut yb) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
-            let y = {
-                use cudarc::driver::DevicePtrMut;
-                y.device_ptr_mut(&self.stream).0
-            };
-            let yb = super::buffer::twin_addr(&self.stream, &mut yb);
+            let (y, yb) = super::fused::f32_and_twin_ptrs_mut(self, out, twin, OP)?;
             let mats = [gate, up].map(|w| SkinnyMat {
                 w: super::fused::buffer_ptr(self, w),
                 n,

@@ -49,11 +49,6 @@ impl Kernels {
         Ok(Self { functions })
     }
 
-    /// Whether the entry point was loaded (its file is built for this GPU).
-    pub(super) fn has(&self, name: &str) -> bool {
-        self.functions.contains_key(name)
-    }
-
     pub(super) fn get(&self, name: &'static str) -> Result<&CudaFunction> {
         self.functions
             .get(name)

@@ -67,14 +67,13 @@ pub(super) fn probe(arch: u32, kernels: &Kernels) -> bool {
         return false;
     }
     SKINNY_KERNELS.iter().all(|&name| {
-        kernels.has(name)
-            && kernels.get(name).is_ok_and(|f| {
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    SMEM_BYTES as i32,
-                )
-                .is_ok()
-            })
+        kernels.get(name).is_ok_and(|f| {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                SMEM_BYTES as i32,
+            )
+            .is_ok()
+        })
     })
 }
 
