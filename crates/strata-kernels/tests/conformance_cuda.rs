@@ -94,19 +94,22 @@ fn fused_matmuls_every_row_count_and_bf16_mode() {
     check_fused_matmuls_within(&fast, bf16_mode_tol()).unwrap();
 }
 
-/// The few-row tensor-core GEMM (`kernels/skinny_gemm.cu`, bf16 mode, 3 to 32 rows, sm_90)
-/// on a decode step's shapes: every cluster size (k split 1 to 8), partial feature tiles,
-/// token counts on either side of a warp's 16 columns, a layer's q / k / v in one launch,
-/// the gated MLP and the per-layer-input slice; each against the f64 definition at the bf16
-/// mode's tolerance, with the kernel on and with cuBLAS in its place.
+/// The tensor-core GEMM for a decode step's rows (`kernels/skinny_gemm.cu`, bf16 mode, sm_90:
+/// 3 to 32 rows with mma.sync, 33 to 128 with wgmma) on a decode step's shapes: every cluster
+/// size (k split 1 to 8), partial feature tiles, token counts on either side of each tile's
+/// edges, a layer's q / k / v in one launch, the gated MLP and the per-layer-input slice;
+/// each against the f64 definition at the bf16 mode's tolerance, with the kernel on and
+/// with cuBLAS in its place.
 #[test]
 fn skinny_gemm_on_decode_shapes() {
     let Some(b) = gpu() else { return };
     let fast = b.clone().with_bf16_gemm(true);
     if b.arch() >= 90 {
-        assert!(
-            fast.skinny_gemm(),
-            "sm_{} should run the skinny GEMM",
+        let want = if b.arch() == 90 { 128 } else { 32 };
+        assert_eq!(
+            fast.skinny_max_rows(),
+            want,
+            "sm_{} should run the skinny GEMM up to {want} rows",
             b.arch()
         );
     }
@@ -120,6 +123,12 @@ fn skinny_gemm_on_decode_shapes() {
             (32, 64, vec![200, 7]),
             (31, 128, vec![129, 1, 64]),
             (20, 256, vec![1536]),
+            (33, 1536, vec![2048, 256, 256]),
+            (64, 2048, vec![1536]),
+            (65, 6144, vec![1536]),
+            (100, 1536, vec![4096, 512, 512]),
+            (128, 256, vec![1536, 130]),
+            (127, 64, vec![9000]),
         ];
         for (i, (tokens, in_features, outs)) in shared.into_iter().enumerate() {
             let c = SharedMatmulCase {
@@ -136,6 +145,9 @@ fn skinny_gemm_on_decode_shapes() {
             (3, 512, 64),
             (5, 2048, 1030),
             (30, 64, 9000),
+            (48, 1536, 6144),
+            (128, 1536, 700),
+            (97, 2048, 1030),
         ]
         .into_iter()
         .enumerate()
@@ -152,7 +164,10 @@ fn skinny_gemm_on_decode_shapes() {
                 check_gated_matmul_case(&be, c, tol).unwrap();
             }
         }
-        for (i, (tokens, layers, layer)) in [(32, 35, 34), (7, 4, 0)].into_iter().enumerate() {
+        for (i, (tokens, layers, layer)) in [(32, 35, 34), (7, 4, 0), (128, 35, 34), (50, 4, 1)]
+            .into_iter()
+            .enumerate()
+        {
             let c = GatedSliceCase {
                 tokens,
                 in_features: 1536,

@@ -1,5 +1,6 @@
-//! Compiles every kernel file with NVRTC for sm_80 and sm_90, on any machine (no GPU
-//! needed), so a kernel that does not build fails CI rather than the first GPU run.
+//! Compiles every kernel file with NVRTC for sm_80, sm_90 (sm_90a for the files that use
+//! Hopper's wgmma) and sm_100, on any machine (no GPU needed), so a kernel that does not
+//! build fails CI rather than the first GPU run.
 //!
 //! libnvrtc is looked for on the loader path, then at `$STRATA_NVRTC_LIB` (the library file
 //! or its directory), then in Python's site-packages (`pip install nvidia-cuda-nvrtc==13.0.*`
@@ -89,7 +90,7 @@ fn ensure_nvrtc() -> bool {
 }
 
 #[test]
-fn every_kernel_file_compiles_for_sm80_and_sm90() {
+fn every_kernel_file_compiles_for_sm80_sm90_and_sm100() {
     if !ensure_nvrtc() {
         // CI names the library explicitly, so there a missing NVRTC is a failure, not a skip.
         assert!(
@@ -104,7 +105,7 @@ fn every_kernel_file_compiles_for_sm80_and_sm90() {
     }
     let (major, minor) = nvrtc_version().expect("nvrtc version");
     eprintln!("NVRTC {major}.{minor}");
-    for arch in [80, 90] {
+    for arch in [80, 90, 100] {
         for file in KERNEL_FILES {
             let cubin = compile_cubin(file, arch).unwrap_or_else(|e| panic!("{e}"));
             assert!(

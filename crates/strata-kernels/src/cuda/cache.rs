@@ -1,13 +1,14 @@
 //! On-disk cache of compiled kernels, so start-up pays NVRTC once per source change.
 //!
-//! File: `<dir>/<family>-<source hash>-sm_<arch>-nvrtc<major>.<minor>.cubin`, where `<dir>` is
+//! File: `<dir>/<family>-<source hash>-<target>-nvrtc<major>.<minor>.cubin` (target: `sm_90`,
+//! `sm_90a`, ...), where `<dir>` is
 //! `$STRATA_KERNEL_CACHE`, else `$XDG_CACHE_HOME/strata/kernels`, else
 //! `~/.cache/strata/kernels`. Every failure here (no home, read-only directory, corrupt file)
 //! only means compiling again; the cache never turns into an error.
 
 use std::path::PathBuf;
 
-use super::sources::KernelFile;
+use super::sources::{target, KernelFile};
 
 fn cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("STRATA_KERNEL_CACHE") {
@@ -31,8 +32,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 pub fn cache_path(file: &KernelFile, arch: u32, version: (i32, i32)) -> Option<PathBuf> {
     let hash = fnv1a(file.full_source().as_bytes());
     Some(cache_dir()?.join(format!(
-        "{}-{hash:016x}-sm_{arch}-nvrtc{}.{}.cubin",
-        file.name, version.0, version.1
+        "{}-{hash:016x}-{}-nvrtc{}.{}.cubin",
+        file.name,
+        target(file, arch),
+        version.0,
+        version.1
     )))
 }
 

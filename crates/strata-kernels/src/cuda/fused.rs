@@ -384,7 +384,7 @@ impl CudaBackend {
             offset: s.offset as u64,
             stride: s.stride as u64,
         };
-        if self.skinny_applies(gate.dtype(), t, k) {
+        if self.skinny_applies(gate.dtype(), t, k, false) {
             let xb = self.bf16_operand(x, t * k)?;
             // The per-layer-input projection reads `out` next.
             let (y, yb) = f32_and_twin_ptrs_mut(self, out, self.gemm_reads_bf16(rows), OP)?;

@@ -140,7 +140,7 @@ impl CudaBackend {
         if super::fused::gemv_applies(w.dtype(), t, k, self.gemv_max_rows) {
             return self.gemv_bf16(xs, w, t, k, n, out);
         }
-        if self.skinny_applies(w.dtype(), t, k) {
+        if self.skinny_applies(w.dtype(), t, k, false) {
             let xb = self.bf16_operand(x, t * k)?;
             let mat = SkinnyMat {
                 w: super::fused::buffer_ptr(self, w),
@@ -383,7 +383,7 @@ impl CudaBackend {
             }
             return self.gemv_launch(xs, t, k, &list, super::fused::GemvOut::Plain);
         }
-        if mats.len() <= SKINNY_MAX_MATS && self.skinny_applies(DType::BF16, t, k) {
+        if mats.len() <= SKINNY_MAX_MATS && self.skinny_applies(DType::BF16, t, k, mats.len() > 1) {
             let xb = self.bf16_operand(x, t * k)?;
             let mut list = Vec::with_capacity(mats.len());
             for m in mats.iter_mut() {
@@ -439,7 +439,7 @@ impl CudaBackend {
         }
         // The MLP's down projection reads `out` next.
         let twin = self.gemm_reads_bf16(t);
-        if bf16 && self.skinny_applies(DType::BF16, t, k) {
+        if bf16 && self.skinny_applies(DType::BF16, t, k, true) {
             let xb = self.bf16_operand(x, t * k)?;
             let (y, yb) = super::fused::f32_and_twin_ptrs_mut(self, out, twin, OP)?;
             let mats = [gate, up].map(|w| SkinnyMat {

@@ -73,8 +73,9 @@ pub struct CudaBackend {
     /// What the device grants the tensor-core paged attention (nothing: not used).
     paged_mma: paged_mma::MmaSupport,
     /// Whether bf16 products over a decode step's rows (past the GEMV's, up to 128) run as
-    /// `kernels/skinny_gemm.cu` rather than cuBLAS (sm_90; `STRATA_SKINNY_GEMM=0`: off).
-    skinny_gemm: bool,
+    /// The most rows (past the GEMV's) a bf16 product runs as `kernels/skinny_gemm.cu`
+    /// rather than cuBLAS: 128 on sm_90, 32 on later GPUs, 0 before (`skinny_gemm::probe`).
+    skinny_max_rows: usize,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -151,7 +152,7 @@ impl CudaBackend {
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
         let kernels = Kernels::load(&ctx, arch)?;
         let paged_mma = paged_mma::MmaSupport::probe(&ctx, arch, &kernels);
-        let skinny_gemm = skinny_gemm::probe(arch, &kernels);
+        let skinny_max_rows = skinny_gemm::probe(arch, &kernels);
         Ok(Self {
             ctx,
             stream,
@@ -164,7 +165,7 @@ impl CudaBackend {
             gemv_max_rows: fused::gemv_max_rows_from_env(fused::GEMV_DEFAULT_MAX_ROWS),
             dense_min_q: dense_attention::dense_min_q_from_env(),
             paged_mma,
-            skinny_gemm,
+            skinny_max_rows,
         })
     }
 
@@ -192,13 +193,23 @@ impl CudaBackend {
     /// Turns the few-row tensor-core GEMM off (`false`) or back on where the device runs
     /// it; returns the backend for chaining.
     pub fn with_skinny_gemm(mut self, on: bool) -> Self {
-        self.skinny_gemm = on && skinny_gemm::probe(self.arch, &self.kernels);
+        self.skinny_max_rows = if on {
+            skinny_gemm::probe(self.arch, &self.kernels)
+        } else {
+            0
+        };
         self
     }
 
-    /// Whether bf16 products over 3 to 128 rows run as the few-row tensor-core GEMM.
+    /// Whether bf16 products over a few rows run as the tensor-core GEMM of
+    /// `kernels/skinny_gemm.cu`.
     pub fn skinny_gemm(&self) -> bool {
-        self.skinny_gemm
+        self.skinny_max_rows > 0
+    }
+
+    /// The most rows a bf16 product runs as that GEMM (0: none; cuBLAS past it).
+    pub fn skinny_max_rows(&self) -> usize {
+        self.skinny_max_rows
     }
 
     /// Free and total device memory in bytes.

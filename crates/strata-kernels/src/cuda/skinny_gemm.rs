@@ -1,7 +1,8 @@
-//! Launcher for `kernels/skinny_gemm.cu`: bf16 products over 3 to 32 rows of x on tensor
+//! Launcher for `kernels/skinny_gemm.cu`: bf16 products over 3 to 128 rows of x on tensor
 //! cores (sm_90), one launch for a layer's q / k / v and the MLP's gate and up with their
-//! activation, split-K partial sums added inside the launch by thread-block clusters. Past
-//! 32 rows cuBLAS is faster (the kernel file says why).
+//! activation, split-K partial sums added inside the launch by thread-block clusters. Up to
+//! 32 rows the tile is 32 tokens of mma.sync; past that 64 or 128 tokens of wgmma, on
+//! sm_90 only (Hopper's arch-specific instruction). Past 128 rows cuBLAS takes the product.
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -13,25 +14,87 @@ use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::{DType, Result};
 
-/// Rows of x the token tile holds (`SG_BT`).
-pub(super) const SKINNY_MAX_ROWS: usize = 32;
 /// Weight rows a tile (`SG_BN`; a gated tile is half gate, half up).
 const TILE_ROWS: usize = 128;
 /// k a pipeline stage (`SG_BK`): k must be a multiple.
 const STAGE_K: usize = 64;
-const STAGES: usize = 4;
 const THREADS: u32 = 256;
-/// Dynamic shared memory: `SG_STAGES` stages of a weight tile and a token tile (bf16).
-const SMEM_BYTES: usize = STAGES * (TILE_ROWS + SKINNY_MAX_ROWS) * STAGE_K * 2;
-/// Cluster sizes there are entry points for (`SKINNY_GEMM_KERNELS` in the kernel file).
+/// Cluster sizes there are entry points for (`SG_KERNELS` in the kernel file).
 const CLUSTERS: [usize; 4] = [1, 2, 4, 8];
-/// Blocks resident on a multiprocessor (`__launch_bounds__(SG_THREADS, 2)`).
-const BLOCKS_PER_SM: usize = 2;
 
-// Two blocks fit a multiprocessor's 228 KB, and a split's partial tiles (four float4 a
-// thread) fit the stages' memory they reuse.
-const _: () = assert!(BLOCKS_PER_SM * SMEM_BYTES <= 228 * 1024);
-const _: () = assert!(4 * 16 * THREADS as usize <= SMEM_BYTES);
+/// A token tile of the kernel file: its tokens, pipeline stages, the blocks resident on a
+/// multiprocessor (`__launch_bounds__`) and whether it needs sm_90 exactly (wgmma).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Tile {
+    tokens: usize,
+    stages: usize,
+    blocks_per_sm: usize,
+    wgmma: bool,
+}
+
+/// `SG_BT` / `SG_STAGES` and `WG_STAGES` / `WG_BLOCKS` in the kernel file, in entry-point
+/// order.
+const TILES: [Tile; 3] = [
+    Tile {
+        tokens: 32,
+        stages: 4,
+        blocks_per_sm: 2,
+        wgmma: false,
+    },
+    Tile {
+        tokens: 64,
+        stages: 4,
+        blocks_per_sm: 2,
+        wgmma: true,
+    },
+    Tile {
+        tokens: 128,
+        stages: 3,
+        blocks_per_sm: 2,
+        wgmma: true,
+    },
+];
+
+/// The most rows any tile takes.
+pub(super) const SKINNY_MAX_ROWS: usize = 128;
+
+/// The most rows a launch of one weight takes the kernel for. Past 64 rows cuBLAS is
+/// faster on a single product (the 128-token tile's split-K blocks are short: an H200 step at
+/// 128 rows took a layer's o projection in 9.0 us against cuBLAS's 7.6, the per-layer-input
+/// projection in 6.7 against 4.2), while a fused launch still wins (q / k / v 11.3 against
+/// 19.0 us in three launches; gate and up with the activation 18.9 against 22.0).
+const SINGLE_MAX_ROWS: usize = 64;
+
+impl Tile {
+    /// Dynamic shared memory: the stages of a weight tile and a token tile (bf16); the
+    /// wgmma tiles ask 1 KB more, to start the stages on a 1024-byte boundary.
+    const fn smem_bytes(self) -> usize {
+        self.stages * (TILE_ROWS + self.tokens) * STAGE_K * 2 + if self.wgmma { 1024 } else { 0 }
+    }
+}
+
+// Each tile's resident blocks fit a multiprocessor's 228 KB (1 KB of it reserved a block),
+// and a split's partial tiles (tokens / 8 float4 a thread) fit the stages' memory they reuse.
+const _: () = {
+    let mut i = 0;
+    while i < TILES.len() {
+        let t = TILES[i];
+        assert!(t.blocks_per_sm * (t.smem_bytes() + 1024) <= 228 * 1024);
+        assert!(
+            t.tokens / 8 * 16 * THREADS as usize <= t.stages * (TILE_ROWS + t.tokens) * STAGE_K * 2
+        );
+        i += 1;
+    }
+};
+
+/// The tile for `t` rows.
+fn tile_for(t: usize) -> (usize, Tile) {
+    let i = TILES
+        .iter()
+        .position(|tile| t <= tile.tokens)
+        .unwrap_or(TILES.len() - 1);
+    (i, TILES[i])
+}
 
 /// Weights one launch takes (`SG_MAX_MATS`).
 pub(super) const SKINNY_MAX_MATS: usize = 3;
@@ -60,27 +123,45 @@ pub(super) struct SkinnyMat {
     pub(super) yb: u64,
 }
 
-/// Whether the device runs the kernel: sm_90 or later (clusters), its entry points loaded
-/// and granted their shared memory; `STRATA_SKINNY_GEMM=0` turns it off.
-pub(super) fn probe(arch: u32, kernels: &Kernels) -> bool {
+/// The most rows the device runs the kernel for (0: none): 32 on sm_90 and later (clusters),
+/// 128 on sm_90 itself (wgmma), each tile's entry points loaded and granted their shared
+/// memory. `STRATA_SKINNY_GEMM=0` turns the kernel off; `STRATA_SKINNY_GEMM_MAX_ROWS` lowers
+/// the limit (32: cuBLAS past the mma.sync tile).
+pub(super) fn probe(arch: u32, kernels: &Kernels) -> usize {
     if arch < 90 || std::env::var("STRATA_SKINNY_GEMM").is_ok_and(|v| v == "0") {
-        return false;
+        return 0;
     }
-    SKINNY_KERNELS.iter().all(|&name| {
-        kernels.get(name).is_ok_and(|f| {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                SMEM_BYTES as i32,
-            )
-            .is_ok()
-        })
-    })
+    let cap = std::env::var("STRATA_SKINNY_GEMM_MAX_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(SKINNY_MAX_ROWS);
+    let per_tile = SKINNY_KERNELS.len() / TILES.len();
+    let mut rows = 0;
+    for (i, tile) in TILES.into_iter().enumerate() {
+        let usable = (!tile.wgmma || arch == 90)
+            && tile.tokens <= cap.max(TILES[0].tokens)
+            && SKINNY_KERNELS[per_tile * i..per_tile * (i + 1)]
+                .iter()
+                .all(|&name| {
+                    kernels.get(name).is_ok_and(|f| {
+                        f.set_attribute(
+                            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            tile.smem_bytes() as i32,
+                        )
+                        .is_ok()
+                    })
+                });
+        if !usable {
+            break;
+        }
+        rows = tile.tokens;
+    }
+    rows.min(cap)
 }
 
 /// The cluster (k split) for `tiles` tiles over `stages` stages of k: the largest that keeps
 /// the grid within one wave of resident blocks and gives every block a stage.
-fn cluster_size(tiles: usize, stages: usize, sm_count: usize) -> usize {
-    let wave = BLOCKS_PER_SM * sm_count;
+fn cluster_size(tiles: usize, stages: usize, wave: usize) -> usize {
     CLUSTERS
         .into_iter()
         .filter(|&c| c == 1 || (c <= stages && tiles * c <= wave))
@@ -88,14 +169,28 @@ fn cluster_size(tiles: usize, stages: usize, sm_count: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// The entry point of token tile `tile`, mode `family` (plain, gated, slice) and a cluster.
+fn kernel_index(tile: usize, family: usize, cluster: usize) -> usize {
+    SKINNY_KERNELS.len() / TILES.len() * tile
+        + CLUSTERS.len() * family
+        + cluster.trailing_zeros() as usize
+}
+
 impl CudaBackend {
-    /// Whether a bf16 product over `t` rows of `k` takes the kernel.
-    pub(super) fn skinny_applies(&self, dtype: DType, t: usize, k: usize) -> bool {
-        self.skinny_gemm
-            && self.bf16_gemm
+    /// Whether a bf16 product over `t` rows of `k` takes the kernel; `fused`: the launch
+    /// covers several weights (q / k / v, or gate and up with their activation), which it
+    /// takes up to `skinny_max_rows`. A launch of one weight takes it up to
+    /// `SINGLE_MAX_ROWS` only.
+    pub(super) fn skinny_applies(&self, dtype: DType, t: usize, k: usize, fused: bool) -> bool {
+        let max_rows = if fused {
+            self.skinny_max_rows
+        } else {
+            self.skinny_max_rows.min(SINGLE_MAX_ROWS)
+        };
+        self.bf16_gemm
             && dtype == DType::BF16
             && t > self.gemv_max_rows
-            && t <= SKINNY_MAX_ROWS
+            && t <= max_rows
             && k >= STAGE_K
             && k.is_multiple_of(STAGE_K)
     }
@@ -122,7 +217,7 @@ impl CudaBackend {
             !mats.is_empty()
                 && mats.len() <= SKINNY_MAX_MATS
                 && wants.is_none_or(|w| mats.len() == w)
-                && t <= SKINNY_MAX_ROWS
+                && t <= self.skinny_max_rows
                 && k.is_multiple_of(STAGE_K),
             OP,
             || format!("{} weights, {t} rows of {k}", mats.len()),
@@ -146,8 +241,9 @@ impl CudaBackend {
         if tiles == 0 || t == 0 {
             return Ok(());
         }
-        let cluster = cluster_size(tiles, k / STAGE_K, self.sm_count);
-        let name = SKINNY_KERNELS[CLUSTERS.len() * family + cluster.trailing_zeros() as usize];
+        let (tile_index, tile) = tile_for(t);
+        let cluster = cluster_size(tiles, k / STAGE_K, tile.blocks_per_sm * self.sm_count);
+        let name = SKINNY_KERNELS[kernel_index(tile_index, family, cluster)];
         let f = self.kernels.get(name)?;
         let cfg = LaunchConfig {
             grid_dim: (
@@ -156,7 +252,7 @@ impl CudaBackend {
                 1,
             ),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: SMEM_BYTES as u32,
+            shared_mem_bytes: tile.smem_bytes() as u32,
         };
         let (t_i, k_i) = (t as i32, i32::try_from(k).map_err(|_| too_big(OP, k))?);
         let mut l = self.stream.launch_builder(f);
@@ -176,6 +272,7 @@ impl CudaBackend {
             }
         }
         // SAFETY: xb holds t*k, each W n_i*k and each output (and copy) t*n_i elements
+        // (t is within the tile's tokens and the device runs the tile: `probe`)
         // (checked by the callers; a slice's table reaches every row it is read at); k is
         // a multiple of 64 and every buffer starts an allocation, so the 16-byte copies
         // align; the grid's y is the kernel's compiled cluster size.
@@ -193,7 +290,7 @@ mod tests {
     #[test]
     fn cluster_fills_one_wave_without_empty_splits() {
         // (tiles, stages): q/k/v, o, gate/up, down, per-layer gate, per-layer projection,
-        // output projection.
+        // output projection; the 32-token tile has two blocks a multiprocessor.
         let cases = [
             ((20, 24), 8),
             ((12, 32), 8),
@@ -206,18 +303,30 @@ mod tests {
             ((1, 3), 2),
         ];
         for ((tiles, stages), want) in cases {
-            assert_eq!(cluster_size(tiles, stages, 132), want, "{tiles} x {stages}");
+            assert_eq!(cluster_size(tiles, stages, 264), want, "{tiles} x {stages}");
         }
     }
 
-    /// The launcher's index into `SKINNY_KERNELS` names the entry point of that mode and
-    /// cluster.
+    /// Rows pick the smallest token tile that holds them.
     #[test]
-    fn kernel_index_names_mode_and_cluster() {
-        for (family, mode) in ["plain", "gated", "slice"].into_iter().enumerate() {
-            for c in CLUSTERS {
-                let index = CLUSTERS.len() * family + c.trailing_zeros() as usize;
-                assert_eq!(SKINNY_KERNELS[index], format!("skinny_gemm_{mode}_c{c}"));
+    fn rows_take_the_smallest_tile_that_holds_them() {
+        for (t, tokens) in [(3, 32), (32, 32), (33, 64), (64, 64), (65, 128), (128, 128)] {
+            assert_eq!(tile_for(t).1.tokens, tokens, "{t} rows");
+        }
+    }
+
+    /// The launcher's index into `SKINNY_KERNELS` names the entry point of that tile, mode
+    /// and cluster.
+    #[test]
+    fn kernel_index_names_tile_mode_and_cluster() {
+        for (i, tile) in TILES.into_iter().enumerate() {
+            for (family, mode) in ["plain", "gated", "slice"].into_iter().enumerate() {
+                for c in CLUSTERS {
+                    assert_eq!(
+                        SKINNY_KERNELS[kernel_index(i, family, c)],
+                        format!("skinny_gemm_{mode}_t{}_c{c}", tile.tokens)
+                    );
+                }
             }
         }
     }

@@ -20,6 +20,9 @@ pub struct KernelFile {
     /// The oldest compute capability (major x 10 + minor) whose build holds the entry
     /// points; older GPUs compile the file to an empty module and the backend leaves it out.
     pub min_arch: u32,
+    /// Compiled for `sm_90a` on sm_90: the file uses Hopper's arch-specific instructions
+    /// (wgmma), which a plain `sm_90` build rejects; other GPUs get a build without them.
+    pub sm90a: bool,
 }
 
 impl KernelFile {
@@ -69,22 +72,46 @@ pub(crate) const GEMV_KERNELS: [&str; 24] = [
     "gemv_slice_bf16_8",
 ];
 
-/// The few-row tensor-core GEMM's entry points: `skinny_gemm_<mode>_c<cluster>` for the
-/// plain, gated and table-slice modes and clusters of 1 to 8 (index = 4 x mode + log2
-/// cluster).
-pub(crate) const SKINNY_KERNELS: [&str; 12] = [
-    "skinny_gemm_plain_c1",
-    "skinny_gemm_plain_c2",
-    "skinny_gemm_plain_c4",
-    "skinny_gemm_plain_c8",
-    "skinny_gemm_gated_c1",
-    "skinny_gemm_gated_c2",
-    "skinny_gemm_gated_c4",
-    "skinny_gemm_gated_c8",
-    "skinny_gemm_slice_c1",
-    "skinny_gemm_slice_c2",
-    "skinny_gemm_slice_c4",
-    "skinny_gemm_slice_c8",
+/// The tensor-core GEMM's entry points for 3 to 128 rows: `skinny_gemm_<mode>_t<tokens>_c<cluster>`
+/// for token tiles of 32 (mma.sync), 64 and 128 (wgmma, sm_90a), the plain, gated and
+/// table-slice modes and clusters of 1 to 8 (index = 12 x tile + 4 x mode + log2 cluster).
+pub(crate) const SKINNY_KERNELS: [&str; 36] = [
+    "skinny_gemm_plain_t32_c1",
+    "skinny_gemm_plain_t32_c2",
+    "skinny_gemm_plain_t32_c4",
+    "skinny_gemm_plain_t32_c8",
+    "skinny_gemm_gated_t32_c1",
+    "skinny_gemm_gated_t32_c2",
+    "skinny_gemm_gated_t32_c4",
+    "skinny_gemm_gated_t32_c8",
+    "skinny_gemm_slice_t32_c1",
+    "skinny_gemm_slice_t32_c2",
+    "skinny_gemm_slice_t32_c4",
+    "skinny_gemm_slice_t32_c8",
+    "skinny_gemm_plain_t64_c1",
+    "skinny_gemm_plain_t64_c2",
+    "skinny_gemm_plain_t64_c4",
+    "skinny_gemm_plain_t64_c8",
+    "skinny_gemm_gated_t64_c1",
+    "skinny_gemm_gated_t64_c2",
+    "skinny_gemm_gated_t64_c4",
+    "skinny_gemm_gated_t64_c8",
+    "skinny_gemm_slice_t64_c1",
+    "skinny_gemm_slice_t64_c2",
+    "skinny_gemm_slice_t64_c4",
+    "skinny_gemm_slice_t64_c8",
+    "skinny_gemm_plain_t128_c1",
+    "skinny_gemm_plain_t128_c2",
+    "skinny_gemm_plain_t128_c4",
+    "skinny_gemm_plain_t128_c8",
+    "skinny_gemm_gated_t128_c1",
+    "skinny_gemm_gated_t128_c2",
+    "skinny_gemm_gated_t128_c4",
+    "skinny_gemm_gated_t128_c8",
+    "skinny_gemm_slice_t128_c1",
+    "skinny_gemm_slice_t128_c2",
+    "skinny_gemm_slice_t128_c4",
+    "skinny_gemm_slice_t128_c8",
 ];
 
 /// Every kernel family, in the order the backend loads them.
@@ -94,6 +121,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         source: include_str!("../../../../kernels/embedding.cu"),
         functions: &["embedding"],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "norm",
@@ -105,12 +133,14 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "rms_norm_add_norm",
         ],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "rope",
         source: include_str!("../../../../kernels/rope.cu"),
         functions: &["rope", "head_norm_rope"],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "elementwise",
@@ -126,6 +156,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "scale",
         ],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "copy",
@@ -137,30 +168,35 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "narrow_to_bf16",
         ],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "attention",
         source: include_str!("../../../../kernels/attention.cu"),
         functions: &["attention"],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "sampling",
         source: include_str!("../../../../kernels/sampling.cu"),
         functions: &["argmax_rows"],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "gemv",
         source: include_str!("../../../../kernels/gemv.cu"),
         functions: &GEMV_KERNELS,
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "skinny_gemm",
         source: include_str!("../../../../kernels/skinny_gemm.cu"),
         functions: &SKINNY_KERNELS,
         min_arch: 90,
+        sm90a: true,
     },
     KernelFile {
         name: "paged",
@@ -173,6 +209,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "masked_softmax",
         ],
         min_arch: 0,
+        sm90a: false,
     },
     KernelFile {
         name: "paged_mma",
@@ -189,6 +226,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "decode_attention_mma_d512",
         ],
         min_arch: 0,
+        sm90a: false,
     },
 ];
 
@@ -220,17 +258,23 @@ pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
     Ok((major, minor))
 }
 
+/// The NVRTC target for `file` on compute capability `arch`.
+pub(crate) fn target(file: &KernelFile, arch: u32) -> String {
+    let suffix = if file.sm90a && arch == 90 { "a" } else { "" };
+    format!("sm_{arch}{suffix}")
+}
+
 /// Compiles `file` to a CUBIN for `sm_<arch>` (e.g. 90 for Hopper). Precise math only: no
 /// fast-math flags, so expf / tanhf / sincosf / division match the f32 references.
 pub fn compile_cubin(file: &KernelFile, arch: u32) -> Result<Vec<u8>, KernelError> {
     nvrtc_version()?;
-    let what = format!("{}.cu for sm_{arch}", file.name);
+    let what = format!("{}.cu for {}", file.name, target(file, arch));
     let src = CString::new(file.full_source())
         .map_err(|_| KernelError::Device(format!("{what}: source holds a NUL byte")))?;
     let name = CString::new(format!("{}.cu", file.name)).expect("file names hold no NUL");
     let prog = result::create_program(&src, Some(&name)).map_err(nvrtc_err(&what))?;
     let options = [
-        format!("--gpu-architecture=sm_{arch}"),
+        format!("--gpu-architecture={}", target(file, arch)),
         "--std=c++17".into(),
     ];
     // SAFETY: `prog` is a live program; it is destroyed exactly once below.
