@@ -1,5 +1,7 @@
 // Greedy sampling where the logits are: the largest value of each row, ties to the lowest
-// index, NaN counted as -inf (the host sampler's `argmax`).
+// index, NaN counted as -inf (the host sampler's `argmax`), optionally of the softcapped
+// values (`softcap` in elementwise.cu, the same expression), so a greedy step needs no
+// capped copy of its logits.
 
 #define ARGMAX_THREADS 512
 
@@ -19,13 +21,14 @@ __device__ __forceinline__ u64 argmax_key(float v, u32 i) {
 // spreads over many multiprocessors. The index is ~key's low half (every value -inf or NaN:
 // index 0, as the host does, since ties go to the lowest index).
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_rows(const float* logits, unsigned long long* keys, u64 vocab) {
+argmax_rows(const float* logits, unsigned long long* keys, u64 vocab, int has_cap, float cap) {
     __shared__ u64 warp_best[ARGMAX_THREADS / 32];
     const float* row = logits + (u64)blockIdx.x * vocab;
     u64 best = 0;
     const u64 stride = (u64)gridDim.y * blockDim.x;
     for (u64 i = (u64)blockIdx.y * blockDim.x + threadIdx.x; i < vocab; i += stride) {
-        const u64 k = argmax_key(row[i], (u32)i);
+        const float v = has_cap ? cap * tanhf(row[i] / cap) : row[i];
+        const u64 k = argmax_key(v, (u32)i);
         best = k > best ? k : best;
     }
     for (int o = 16; o > 0; o >>= 1) {

@@ -517,19 +517,30 @@ pub trait Backend: Send + Sync {
     // ---- sampling -----------------------------------------------------------------------
 
     /// The greedy token of each of the first `rows` rows of `logits [.., vocab]` (the
-    /// host sampler's `argmax`: ties to the lowest id, NaN as -inf). The default downloads
-    /// the logits; a device backend sends back only the ids.
-    fn argmax_rows(&self, logits: &Self::Buffer, vocab: usize, rows: usize) -> Result<Vec<u32>> {
+    /// host sampler's `argmax`: ties to the lowest id, NaN as -inf), taken after
+    /// `softcap(logits, cap)` when `softcap` is set: each value capped exactly as
+    /// [`Backend::softcap`] caps it, the buffer itself left raw (greedy steps need no capped
+    /// copy). The default downloads the logits; a device backend sends back only the ids.
+    fn argmax_rows(
+        &self,
+        logits: &Self::Buffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+    ) -> Result<Vec<u32>> {
         crate::error::ensure(
             vocab > 0 && logits.len() >= rows * vocab,
             "argmax_rows",
             || format!("{} logits for {rows} rows of {vocab}", logits.len()),
         )?;
-        let host = self.download(logits)?;
-        Ok(host[..rows * vocab]
-            .chunks_exact(vocab)
-            .map(sampling::argmax)
-            .collect())
+        let mut host = self.download(logits)?;
+        host.truncate(rows * vocab);
+        if let Some(cap) = softcap {
+            let mut capped = self.upload_f32_as(&host, DType::F32)?;
+            self.softcap(&mut capped, cap)?;
+            host = self.download(&capped)?;
+        }
+        Ok(host.chunks_exact(vocab).map(sampling::argmax).collect())
     }
 
     /// One token per row of `logits [rows, vocab]`, row `i` drawn with `params[i]` and

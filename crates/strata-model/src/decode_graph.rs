@@ -291,8 +291,8 @@ pub(crate) fn replay<B: Backend>(
     step_output(model, batch, &g.logits).map(Some)
 }
 
-/// The step's output from the padded `[bucket, vocab]` logits: the first `n` rows, or their
-/// argmax ids.
+/// The step's output from the padded `[bucket, vocab]` raw logits: the first `n` rows
+/// (softcapped by `download_logits`), or their argmax ids.
 fn step_output<B: Backend>(
     model: &Model<B>,
     batch: &ForwardBatch,
@@ -304,7 +304,7 @@ fn step_output<B: Backend>(
     let argmax = crate::forward::argmax_flags(batch);
     if argmax.iter().all(|&a| a) {
         // Greedy steps read back one id per sequence from the graph's logits.
-        let ids = b.argmax_rows(logits, vocab, n)?;
+        let ids = b.argmax_rows(logits, vocab, n, model.final_softcap())?;
         return Ok(ForwardOutput {
             vocab,
             logits: vec![vec![]; n],

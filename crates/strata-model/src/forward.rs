@@ -406,7 +406,9 @@ impl<B: Backend> Model<B> {
         Ok(out)
     }
 
-    /// Final norm, output projection and softcap for the rows each sequence asked for.
+    /// Final norm and output projection for the rows each sequence asked for: raw logits,
+    /// before the final softcap, which `download_logits` applies (inside the greedy argmax
+    /// for the sequences that want only their token).
     fn logits(
         &self,
         x: &B::Buffer,
@@ -455,14 +457,17 @@ impl<B: Backend> Model<B> {
             .as_ref()
             .unwrap_or(&self.tensors.embed)
             .forward(b, &y, logits)?;
-        if let Some(cap) = c.final_logit_softcapping {
-            b.softcap(logits, cap as f32)?;
-        }
         Ok((own, counts))
     }
 
-    /// The logits of [`Model::run`] on the host, split per sequence; for the sequences
-    /// marked in `argmax`, only their greedy token (the logits stay on the backend).
+    /// The final logit softcap (Gemma), applied where the logits of [`Model::run`] are read.
+    pub(crate) fn final_softcap(&self) -> Option<f32> {
+        self.config.final_logit_softcapping.map(|c| c as f32)
+    }
+
+    /// The logits of [`Model::run`] on the host, softcapped and split per sequence; for the
+    /// sequences marked in `argmax`, only their greedy token (the logits stay on the
+    /// backend).
     pub(crate) fn download_logits(
         &self,
         logits: Option<B::Buffer>,
@@ -475,12 +480,13 @@ impl<B: Backend> Model<B> {
             logits: vec![vec![]; counts.len()],
             tokens: vec![None; counts.len()],
         };
-        let Some(logits) = logits else {
+        let Some(mut logits) = logits else {
             return Ok(out);
         };
         let rows: usize = counts.iter().sum();
+        let cap = self.final_softcap();
         if argmax.iter().any(|&a| a) {
-            let ids = self.backend.argmax_rows(&logits, vocab, rows)?;
+            let ids = self.backend.argmax_rows(&logits, vocab, rows, cap)?;
             let mut at = 0;
             for (i, &k) in counts.iter().enumerate() {
                 if argmax[i] && k > 0 {
@@ -491,6 +497,9 @@ impl<B: Backend> Model<B> {
         }
         let wanted = counts.iter().zip(argmax).any(|(&k, &a)| k > 0 && !a);
         if wanted {
+            if let Some(cap) = cap {
+                self.backend.softcap(&mut logits, cap)?;
+            }
             let host = self.backend.download(&logits)?;
             let mut at = 0;
             for (i, &k) in counts.iter().enumerate() {

@@ -51,7 +51,8 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
 
 /// Greedy choice where the logits are: equal to the host `argmax` on rows with ties (the
 /// lowest id wins), NaN (never chosen), all -inf (id 0), at the real vocabulary size, and
-/// over only the first rows of a larger buffer.
+/// over only the first rows of a larger buffer; with a softcap, the argmax of the
+/// backend's own softcapped values, the logits left as they were.
 pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
     let mut data = TestData::new(801);
     for vocab in [7usize, 1000, 262_144] {
@@ -66,19 +67,35 @@ pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
         }
         logits[3 * vocab..4 * vocab].fill(f32::NEG_INFINITY);
         let lb = put(b, &logits, b.activation_dtype())?;
-        for n in [rows, 2] {
-            let got = b
-                .argmax_rows(&lb, vocab, n)
-                .map_err(|e| format!("argmax_rows: {e}"))?;
-            let want: Vec<u32> = logits[..n * vocab]
-                .chunks_exact(vocab)
-                .map(crate::sampling::argmax)
-                .collect();
-            if got != want {
-                return Err(format!(
-                    "argmax_rows vocab {vocab}: got {got:?}, want {want:?}"
-                ));
+        // Capped at 30 (Gemma's final softcap): the two 100s stay tied, and the order of
+        // the rest is the capped values' (checked against the backend's own softcap).
+        let mut capped = put(b, &logits, b.activation_dtype())?;
+        b.softcap(&mut capped, 30.0)
+            .map_err(|e| format!("softcap: {e}"))?;
+        let capped = b.download(&capped).map_err(|e| e.to_string())?;
+        for (cap, reference) in [(None, &logits), (Some(30.0), &capped)] {
+            for n in [rows, 2] {
+                let got = b
+                    .argmax_rows(&lb, vocab, n, cap)
+                    .map_err(|e| format!("argmax_rows: {e}"))?;
+                let want: Vec<u32> = reference[..n * vocab]
+                    .chunks_exact(vocab)
+                    .map(crate::sampling::argmax)
+                    .collect();
+                if got != want {
+                    return Err(format!(
+                        "argmax_rows vocab {vocab} cap {cap:?}: got {got:?}, want {want:?}"
+                    ));
+                }
             }
+        }
+        let after = b.download(&lb).map_err(|e| e.to_string())?;
+        if after
+            .iter()
+            .zip(&logits)
+            .any(|(a, l)| a.to_bits() != l.to_bits())
+        {
+            return Err(format!("argmax_rows vocab {vocab}: changed its logits"));
         }
     }
     Ok(())

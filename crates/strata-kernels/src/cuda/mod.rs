@@ -700,7 +700,13 @@ impl Backend for CudaBackend {
         graph.0.launch().map_err(device_err("launching a graph"))
     }
 
-    fn argmax_rows(&self, logits: &CudaBuffer, vocab: usize, rows: usize) -> Result<Vec<u32>> {
-        self.argmax_rows_impl(logits, vocab, rows)
+    fn argmax_rows(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+    ) -> Result<Vec<u32>> {
+        self.argmax_rows_impl(logits, vocab, rows, softcap)
     }
 }

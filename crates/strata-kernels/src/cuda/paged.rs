@@ -569,11 +569,18 @@ impl CudaBackend {
         logits: &CudaBuffer,
         vocab: usize,
         rows: usize,
+        softcap: Option<f32>,
     ) -> Result<Vec<u32>> {
         const OP: &str = "argmax_rows";
         ensure(vocab > 0 && logits.len() >= rows * vocab, OP, || {
             format!("{} logits for {rows} rows of {vocab}", logits.len())
         })?;
+        let cap = softcap.unwrap_or(0.0);
+        ensure(
+            softcap.is_none() || cap > 0.0 && cap.is_finite(),
+            OP,
+            || format!("softcap {cap} must be positive and finite"),
+        )?;
         if rows == 0 {
             return Ok(vec![]);
         }
@@ -587,7 +594,8 @@ impl CudaBackend {
         // Enough blocks a row that one row (batch 1) still spreads over the GPU.
         let parts = vocab.div_ceil(ARGMAX_PER_BLOCK).clamp(1, 64) as u32;
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
-        l.arg(xs).arg(&mut keys).arg(&v);
+        let has_cap = i32::from(softcap.is_some());
+        l.arg(xs).arg(&mut keys).arg(&v).arg(&has_cap).arg(&cap);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, parts, 1),
             block_dim: (ARGMAX_THREADS, 1, 1),
