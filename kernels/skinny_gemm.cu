@@ -242,6 +242,47 @@ __device__ __forceinline__ void sg_cluster_store(const float4* part, Where where
     cluster_sync();
 }
 
+// This thread's cp.async writes (completed) made visible to wgmma's reads, which go
+// through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// The k loop of every tile: this block's share of k (rank blockIdx.y of CLUSTER) through a
+// STAGES-deep cp.async pipeline of a weight tile `sa` and a token tile `sb` per stage;
+// `compute(b)` multiplies buffer b once its copies are visible to every thread (fenced for
+// the async proxy first when ASYNC, for wgmma) and must be done reading it when it returns.
+template <int BT, int STAGES, int CLUSTER, bool ASYNC, class Rows, class Compute>
+__device__ __forceinline__ void sg_k_loop(u16* sa, u16* sb, const Rows& rows, int k,
+                                          Compute compute) {
+    const int stages = k / SG_BK, rank = blockIdx.y;
+    const int s0 = rank * stages / CLUSTER, s1 = (rank + 1) * stages / CLUSTER;
+    const int count = s1 - s0;
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < count)
+            sg_load_stage<BT>(sa + i * SG_BN * SG_BK, sb + i * BT * SG_BK, rows.a, rows.x,
+                              (s0 + i) * SG_BK);
+        cp_async_commit();
+    }
+    for (int i = 0; i < count; ++i) {
+        sg_wait<STAGES - 2>();
+        if constexpr (ASYNC) fence_proxy_async();
+        __syncthreads();
+        // The buffer refilled here was computed in the previous round, which every warp
+        // has finished (the barrier above).
+        const int next = i + STAGES - 1;
+        if (next < count) {
+            const int b = next % STAGES;
+            sg_load_stage<BT>(sa + b * SG_BN * SG_BK, sb + b * BT * SG_BK, rows.a, rows.x,
+                              (s0 + next) * SG_BK);
+        }
+        cp_async_commit();
+        compute(i % STAGES);
+    }
+    sg_wait<0>();
+}
+
 // acc += the stage's A rows (this warp's two fragments) x its tokens (SG_NT fragments).
 __device__ __forceinline__ void sg_compute_stage(float (&acc)[2][SG_NT][4], const u16* sa,
                                                  const u16* sb, int wf, int wt) {
@@ -292,33 +333,9 @@ __device__ __forceinline__ void skinny_gemm_body(const u16* __restrict__ x, int 
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[f][nt][e] = 0.0f;
 
-    const int stages = k / SG_BK, rank = blockIdx.y;
-    const int s0 = rank * stages / CLUSTER, s1 = (rank + 1) * stages / CLUSTER;
-    const int count = s1 - s0;
-#pragma unroll
-    for (int i = 0; i < SG_STAGES - 1; ++i) {
-        if (i < count)
-            sg_load_stage<SG_BT>(sa + i * SG_BN * SG_BK, sb + i * SG_BT * SG_BK, rows.a, rows.x,
-                                 (s0 + i) * SG_BK);
-        cp_async_commit();
-    }
-    for (int i = 0; i < count; ++i) {
-        sg_wait<SG_STAGES - 2>();
-        __syncthreads();
-        // The buffer refilled here was computed in the previous round, which every warp
-        // has finished (the barrier above).
-        const int next = i + SG_STAGES - 1;
-        if (next < count) {
-            const int b = next % SG_STAGES;
-            sg_load_stage<SG_BT>(sa + b * SG_BN * SG_BK, sb + b * SG_BT * SG_BK, rows.a, rows.x,
-                                 (s0 + next) * SG_BK);
-        }
-        cp_async_commit();
-        const int b = i % SG_STAGES;
-        if (active)
-            sg_compute_stage(acc, sa + b * SG_BN * SG_BK, sb + b * SG_BT * SG_BK, wf, wt);
-    }
-    sg_wait<0>();
+    sg_k_loop<SG_BT, SG_STAGES, CLUSTER, false>(sa, sb, rows, k, [&](int b) {
+        if (active) sg_compute_stage(acc, sa + b * SG_BN * SG_BK, sb + b * SG_BT * SG_BK, wf, wt);
+    });
 
     // Fragment (f, nt) of a thread: A rows 32 wf + 16 f, tokens 8 SG_NT wt + 8 nt.
     auto where = [](int src, int fr, int& r0, int& tok0) {
@@ -359,12 +376,6 @@ __device__ __forceinline__ void skinny_gemm_body(const u16* __restrict__ x, int 
 __device__ __forceinline__ u64 wg_desc(u32 addr) {
     return (u64)((addr & 0x3ffff) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
            ((u64)1 << 62);
-}
-
-// This thread's cp.async writes (completed) made visible to wgmma's reads, which go
-// through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -445,41 +456,18 @@ __device__ __forceinline__ void wide_gemm_body(const u16* __restrict__ x, int t,
 #pragma unroll
     for (int i = 0; i < BT / 2; ++i) acc[i] = 0.0f;
 
-    const int stages = k / SG_BK, rank = blockIdx.y;
-    const int s0 = rank * stages / CLUSTER, s1 = (rank + 1) * stages / CLUSTER;
-    const int count = s1 - s0;
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < count)
-            sg_load_stage<BT>(sa + i * SG_BN * SG_BK, sb + i * BT * SG_BK, rows.a, rows.x,
-                              (s0 + i) * SG_BK);
-        cp_async_commit();
-    }
     const int wg = threadIdx.x / 128;
     const u32 a_base = smem_addr(sa) + wg * 64 * SG_BK * 2, b_base = smem_addr(sb);
-    for (int i = 0; i < count; ++i) {
-        sg_wait<STAGES - 2>();
-        fence_proxy_async();
-        __syncthreads();
-        // The buffer refilled here was read by the previous round's wgmma, which every
-        // warpgroup has waited for (before the barrier above).
-        const int next = i + STAGES - 1;
-        if (next < count) {
-            const int b = next % STAGES;
-            sg_load_stage<BT>(sa + b * SG_BN * SG_BK, sb + b * BT * SG_BK, rows.a, rows.x,
-                              (s0 + next) * SG_BK);
-        }
-        cp_async_commit();
-        const int b = i % STAGES;
+    sg_k_loop<BT, STAGES, CLUSTER, true>(sa, sb, rows, k, [&](int b) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < SG_BK / 16; ++kk)
             wgmma_tile<BT>(acc, wg_desc(a_base + b * SG_BN * SG_BK * 2 + kk * 32),
                            wg_desc(b_base + b * BT * SG_BK * 2 + kk * 32));
         wgmma_commit();
+        // Done reading the buffer before the next round refills it.
         wgmma_wait_all();
-    }
-    sg_wait<0>();
+    });
 #pragma unroll
     for (int i = 0; i < BT / 2; ++i) wgmma_settle(acc[i]);
 
