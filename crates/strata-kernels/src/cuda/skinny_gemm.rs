@@ -136,10 +136,8 @@ pub(super) fn probe(arch: u32, kernels: &Kernels) -> usize {
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(SKINNY_MAX_ROWS);
     let per_tile = SKINNY_KERNELS.len() / TILES.len();
-    let mut rows = 0;
-    for (i, tile) in TILES.into_iter().enumerate() {
-        let usable = (!tile.wgmma || arch == 90)
-            && tile.tokens <= cap.max(TILES[0].tokens)
+    max_rows(cap, |i, tile| {
+        (!tile.wgmma || arch == 90)
             && SKINNY_KERNELS[per_tile * i..per_tile * (i + 1)]
                 .iter()
                 .all(|&name| {
@@ -150,8 +148,16 @@ pub(super) fn probe(arch: u32, kernels: &Kernels) -> usize {
                         )
                         .is_ok()
                     })
-                });
-        if !usable {
+                })
+    })
+}
+
+/// The most rows under `cap` that usable tiles cover: tiles in order while each is usable
+/// and the ones before it stop short of `cap`.
+fn max_rows(cap: usize, usable: impl Fn(usize, Tile) -> bool) -> usize {
+    let mut rows = 0;
+    for (i, tile) in TILES.into_iter().enumerate() {
+        if rows >= cap || !usable(i, tile) {
             break;
         }
         rows = tile.tokens;
@@ -305,6 +311,34 @@ mod tests {
         for ((tiles, stages), want) in cases {
             assert_eq!(cluster_size(tiles, stages, 264), want, "{tiles} x {stages}");
         }
+    }
+
+    /// The row limit follows the usable tiles and the cap, which need not be a tile edge.
+    #[test]
+    fn row_limit_follows_usable_tiles_and_cap() {
+        let all = |_: usize, _: Tile| true;
+        let no_wgmma = |_: usize, t: Tile| !t.wgmma;
+        for (cap, want) in [
+            (128, 128),
+            (1000, 128),
+            (96, 96),
+            (48, 48),
+            (32, 32),
+            (5, 5),
+            (0, 0),
+        ] {
+            assert_eq!(max_rows(cap, all), want, "cap {cap}");
+        }
+        assert_eq!(
+            max_rows(128, no_wgmma),
+            32,
+            "later GPUs: the mma.sync tile only"
+        );
+        assert_eq!(
+            max_rows(128, |i, _| i != 1),
+            32,
+            "a gap stops the tiles after it"
+        );
     }
 
     /// Rows pick the smallest token tile that holds them.
