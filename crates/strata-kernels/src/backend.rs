@@ -533,14 +533,33 @@ pub trait Backend: Send + Sync {
             "argmax_rows",
             || format!("{} logits for {rows} rows of {vocab}", logits.len()),
         )?;
-        let mut host = self.download(logits)?;
-        host.truncate(rows * vocab);
-        if let Some(cap) = softcap {
-            let mut capped = self.upload_f32_as(&host, DType::F32)?;
-            self.softcap(&mut capped, cap)?;
-            host = self.download(&capped)?;
+        let n = rows * vocab;
+        if n == 0 {
+            return Ok(vec![]);
         }
-        Ok(host.chunks_exact(vocab).map(sampling::argmax).collect())
+        // With a cap: the rows copied and capped on the backend, one download either way.
+        let capped = match softcap {
+            Some(cap) => {
+                let mut c = self.zeros(n, DType::F32)?;
+                let whole = StridedCopy {
+                    rows: 1,
+                    cols: n,
+                    src_offset: 0,
+                    src_stride: 0,
+                    dst_offset: 0,
+                    dst_stride: 0,
+                };
+                self.copy_strided(logits, &mut c, whole)?;
+                self.softcap(&mut c, cap)?;
+                Some(c)
+            }
+            None => None,
+        };
+        let host = self.download(capped.as_ref().unwrap_or(logits))?;
+        Ok(host[..n]
+            .chunks_exact(vocab)
+            .map(sampling::argmax)
+            .collect())
     }
 
     /// One token per row of `logits [rows, vocab]`, row `i` drawn with `params[i]` and

@@ -278,9 +278,9 @@ impl CudaBackend {
             }
         }
         // SAFETY: xb holds t*k, each W n_i*k and each output (and copy) t*n_i elements
-        // (t is within the tile's tokens and the device runs the tile: `probe`)
-        // (checked by the callers; a slice's table reaches every row it is read at); k is
-        // a multiple of 64 and every buffer starts an allocation, so the 16-byte copies
+        // (checked by the callers; a slice's table reaches every row it is read at); t is
+        // within the chosen tile's tokens, a tile the device runs (`probe`); k is a
+        // multiple of 64 and every buffer starts an allocation, so the 16-byte copies
         // align; the grid's y is the kernel's compiled cluster size.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())

@@ -26,6 +26,21 @@ pub struct KernelFile {
 }
 
 impl KernelFile {
+    /// A file every GPU builds in full, for its own architecture.
+    const fn any_gpu(
+        name: &'static str,
+        source: &'static str,
+        functions: &'static [&'static str],
+    ) -> Self {
+        Self {
+            name,
+            source,
+            functions,
+            min_arch: 0,
+            sm90a: false,
+        }
+    }
+
     /// The text NVRTC compiles: the common helpers, then the file (with a `#line` so errors
     /// point into the file itself). With `STRATA_KERNEL_DIR` set, `common.cuh` and
     /// `<name>.cu` are read from that directory where present (kernel work: edit a file and
@@ -116,36 +131,30 @@ pub(crate) const SKINNY_KERNELS: [&str; 36] = [
 
 /// Every kernel family, in the order the backend loads them.
 pub const KERNEL_FILES: &[KernelFile] = &[
-    KernelFile {
-        name: "embedding",
-        source: include_str!("../../../../kernels/embedding.cu"),
-        functions: &["embedding"],
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "norm",
-        source: include_str!("../../../../kernels/norm.cu"),
-        functions: &[
+    KernelFile::any_gpu(
+        "embedding",
+        include_str!("../../../../kernels/embedding.cu"),
+        &["embedding"],
+    ),
+    KernelFile::any_gpu(
+        "norm",
+        include_str!("../../../../kernels/norm.cu"),
+        &[
             "rms_norm_plain",
             "rms_norm_add_then_norm",
             "rms_norm_then_add",
             "rms_norm_add_norm",
         ],
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "rope",
-        source: include_str!("../../../../kernels/rope.cu"),
-        functions: &["rope", "head_norm_rope"],
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "elementwise",
-        source: include_str!("../../../../kernels/elementwise.cu"),
-        functions: &[
+    ),
+    KernelFile::any_gpu(
+        "rope",
+        include_str!("../../../../kernels/rope.cu"),
+        &["rope", "head_norm_rope"],
+    ),
+    KernelFile::any_gpu(
+        "elementwise",
+        include_str!("../../../../kernels/elementwise.cu"),
+        &[
             "act_mul",
             "act_mul_bf16_in",
             "act_mul_slice",
@@ -155,66 +164,56 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "mul",
             "scale",
         ],
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "copy",
-        source: include_str!("../../../../kernels/copy.cu"),
-        functions: &[
+    ),
+    KernelFile::any_gpu(
+        "copy",
+        include_str!("../../../../kernels/copy.cu"),
+        &[
             "copy_strided_b32",
             "copy_strided_b16",
             "widen_to_f32",
             "narrow_to_bf16",
         ],
-        min_arch: 0,
-        sm90a: false,
-    },
+    ),
+    KernelFile::any_gpu(
+        "attention",
+        include_str!("../../../../kernels/attention.cu"),
+        &["attention"],
+    ),
+    KernelFile::any_gpu(
+        "sampling",
+        include_str!("../../../../kernels/sampling.cu"),
+        &["argmax_rows"],
+    ),
+    KernelFile::any_gpu(
+        "gemv",
+        include_str!("../../../../kernels/gemv.cu"),
+        &GEMV_KERNELS,
+    ),
     KernelFile {
-        name: "attention",
-        source: include_str!("../../../../kernels/attention.cu"),
-        functions: &["attention"],
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "sampling",
-        source: include_str!("../../../../kernels/sampling.cu"),
-        functions: &["argmax_rows"],
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "gemv",
-        source: include_str!("../../../../kernels/gemv.cu"),
-        functions: &GEMV_KERNELS,
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "skinny_gemm",
-        source: include_str!("../../../../kernels/skinny_gemm.cu"),
-        functions: &SKINNY_KERNELS,
         min_arch: 90,
         sm90a: true,
+        ..KernelFile::any_gpu(
+            "skinny_gemm",
+            include_str!("../../../../kernels/skinny_gemm.cu"),
+            &SKINNY_KERNELS,
+        )
     },
-    KernelFile {
-        name: "paged",
-        source: include_str!("../../../../kernels/paged.cu"),
-        functions: &[
+    KernelFile::any_gpu(
+        "paged",
+        include_str!("../../../../kernels/paged.cu"),
+        &[
             "kv_store",
             "paged_attention",
             "paged_combine",
             "kv_gather",
             "masked_softmax",
         ],
-        min_arch: 0,
-        sm90a: false,
-    },
-    KernelFile {
-        name: "paged_mma",
-        source: include_str!("../../../../kernels/paged_mma.cu"),
-        functions: &[
+    ),
+    KernelFile::any_gpu(
+        "paged_mma",
+        include_str!("../../../../kernels/paged_mma.cu"),
+        &[
             "paged_attention_mma",
             "prefill_attention_mma_d64",
             "prefill_attention_mma_d128",
@@ -225,9 +224,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "decode_attention_mma_d256",
             "decode_attention_mma_d512",
         ],
-        min_arch: 0,
-        sm90a: false,
-    },
+    ),
 ];
 
 /// Whether libnvrtc can be loaded (checked before any call: a missing library would
