@@ -2,7 +2,8 @@
 //!
 //! A decode step (every sequence feeds one token and wants its last logits) runs the same
 //! ops in the same order every time; only the token ids, positions and slot tables change.
-//! So the first step of a batch-size bucket (1, 2, 4, ... 256 sequences) is captured once:
+//! So the first step of a batch-size bucket (1, 2, 4, ... 32 sequences, then multiples of
+//! 16 up to 256: [`bucket_for`]) is captured once:
 //! inputs live in buffers the graph owns (fixed addresses), the step's ops are recorded,
 //! and the logits land in the graph's own output buffer. Later steps of that bucket only
 //! rewrite the inputs in place and replay: one launch instead of hundreds.
@@ -23,8 +24,37 @@ use crate::paged_kv::{host_tables, DecodeGraphs, GroupTables, HostTables, PagedS
 
 /// Largest batch replayed as a graph; larger decode batches run op by op.
 const MAX_GRAPH_BATCH: usize = 256;
+/// Buckets are powers of two up to this many sequences, multiples of [`BUCKET_STEP`] past it.
+const POW2_BUCKETS_UP_TO: usize = 32;
+/// The spacing of the larger buckets.
+const BUCKET_STEP: usize = 16;
 /// Smallest slot capacity of a graph's full-attention table.
 const MIN_SLOT_CAPACITY: usize = 1 << 16;
+
+/// The graph bucket of a decode step of `n` sequences. Every padded row costs its share of
+/// the step (its products, norms and logits), so past 32 sequences buckets step by 16: 100
+/// sequences replay the 112-row graph, not the 128-row one. Each bucket used is captured
+/// once, with its own `[bucket, vocab]` logits buffer.
+pub fn bucket_for(n: usize) -> usize {
+    if n <= POW2_BUCKETS_UP_TO {
+        n.next_power_of_two()
+    } else {
+        n.div_ceil(BUCKET_STEP) * BUCKET_STEP
+    }
+}
+
+/// Every bucket a decode step of up to `max` sequences can take (all of them, when `max`
+/// is past the largest graph), smallest first.
+pub fn decode_buckets(max: usize) -> Vec<usize> {
+    let mut buckets = Vec::new();
+    let mut n = 1;
+    while n <= max.min(MAX_GRAPH_BATCH) {
+        let b = bucket_for(n);
+        buckets.push(b);
+        n = b + 1;
+    }
+    buckets
+}
 
 /// One captured bucket.
 pub(crate) struct DecodeGraph<B: Backend> {
@@ -249,7 +279,7 @@ pub(crate) fn replay<B: Backend>(
     }
     let b = model.backend();
     let n = batch.seqs.len();
-    let bucket = n.next_power_of_two();
+    let bucket = bucket_for(n);
     let p = padded(pool, batch, prep, bucket)?;
     let (need_full, need_window) = (needs(&p.full), needs(&p.window));
     let grow = |need: usize, had: Option<usize>| {
@@ -314,4 +344,42 @@ fn step_output<B: Backend>(
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
     copy_prefix(b, logits, &mut rows, n * vocab)?;
     model.download_logits(Some(rows), &vec![1; n], &argmax)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_powers_of_two_then_steps_of_sixteen() {
+        let want = [
+            (1, 1),
+            (2, 2),
+            (3, 4),
+            (5, 8),
+            (17, 32),
+            (32, 32),
+            (33, 48),
+            (48, 48),
+        ];
+        for (n, bucket) in want {
+            assert_eq!(bucket_for(n), bucket, "{n} sequences");
+        }
+        assert_eq!(bucket_for(100), 112);
+        assert_eq!(decode_buckets(1), [1]);
+        assert_eq!(decode_buckets(5), [1, 2, 4, 8]);
+        assert_eq!(
+            decode_buckets(100),
+            [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112]
+        );
+        assert_eq!(decode_buckets(10_000).last(), Some(&MAX_GRAPH_BATCH));
+        assert_eq!(bucket_for(MAX_GRAPH_BATCH), MAX_GRAPH_BATCH);
+        for n in 1..=MAX_GRAPH_BATCH {
+            let b = bucket_for(n);
+            assert!(
+                b >= n && b <= MAX_GRAPH_BATCH && b - n < n.max(BUCKET_STEP),
+                "{n} -> {b}"
+            );
+        }
+    }
 }

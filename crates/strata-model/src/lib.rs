@@ -13,6 +13,7 @@ mod paged_kv;
 mod tensors;
 
 pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+pub use decode_graph::{bucket_for, decode_buckets};
 pub use error::{ModelError, Result};
 pub use kv_cache::{DecodeGraphs, KvCache, PagedStorage};
 pub use linear::{upload_linear, upload_linear_as, HostTable, Linear, QuantUpload, QuantWeight};
