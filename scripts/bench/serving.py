@@ -57,9 +57,12 @@ def main():
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--vocab", type=int, default=262144)
     ap.add_argument("--out", default=None)
+    # Prompts come from this seed: a second run on the same server with the same seed would
+    # find every prompt in its prefix cache.
+    ap.add_argument("--seed", type=int, default=5)
     a = ap.parse_args()
     n = a.requests or max(a.concurrency * 2, 4)
-    rng = random.Random(5)
+    rng = random.Random(a.seed)
     prompts = [[rng.randrange(3, a.vocab) for _ in range(a.input)] for _ in range(n)]
     results, lock, next_i = [], threading.Lock(), [0]
 

@@ -576,3 +576,19 @@ def test_cache_status_fresh_after_rebuild_and_flush(server):
     finally:
         assert post(server, "/v1/cache/rebuild", {"num_pages": s0["num_pages"]}).status_code == 200
     assert not stale, f"{len(stale)} of 20 status reads were stale: {stale[:4]}"
+
+
+def test_warmup_runs_every_decode_batch_and_leaves_no_trace(server, log_dir):
+    from conftest import start_server
+
+    warm = start_server(log_dir, "--warmup", "on", "--max-running-requests", "3",
+                        "--max-batch-tokens", "64", "--prefill-chunk", "32", name="warmup")
+    try:
+        log = warm.log_path.read_text(errors="replace")
+        assert "warm-up: decode steps of [1, 2, 3] requests and a prefill of 2 x 32 tokens" in log, log
+        s = get(warm, "/v1/cache/status").json()
+        assert s["cached_tokens"] == 0 and s["free_pages"] == s["num_pages"], s
+        # The warmed server answers as the unwarmed one does.
+        assert greedy(warm, PROMPT, 8)["choices"][0]["text"] == greedy(server, PROMPT, 8)["choices"][0]["text"]
+    finally:
+        warm.stop()

@@ -8,7 +8,7 @@ mod load;
 pub use bench::{DecodeBench, PrefillBench};
 pub use engine::{
     Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
-    RequestTimings, TextStream, Update, Usage, FINISH_REASONS,
+    RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadSettings, LoadedModel, Prompter, Runtime, WeightDtype};

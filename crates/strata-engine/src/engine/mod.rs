@@ -3,6 +3,7 @@
 
 mod metrics;
 mod text;
+mod warmup;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 
 pub use metrics::{Histogram, Metrics, FINISH_REASONS};
 pub use text::TextStream;
+pub use warmup::{WarmUp, WarmUpShape};
 
 use crate::{EngineError, LoadedModel, Prompter, Result, Runtime};
 use strata_kv::HostStorage;

@@ -16,7 +16,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use clap::Args;
-use strata_engine::{Engine, EngineOptions, LoadedModel};
+use strata_engine::{Engine, EngineOptions, LoadedModel, Runtime, WarmUpShape};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::SchedulerConfig;
 
@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// Add per-request `timings` to every response.
     #[arg(long)]
     pub enable_timings_report: bool,
+    /// Run every decode batch size and a full prefill step once before listening (CUDA
+    /// graphs captured, GEMM kernels loaded): auto (on a GPU), on or off.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    pub warmup: String,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "STRATA_API_KEY")]
     pub api_key: Option<String>,
@@ -162,6 +166,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             ..SchedulerConfig::default()
         },
     };
+    let warm = match a.warmup.as_str() {
+        "on" => true,
+        "off" => false,
+        _ => matches!(loaded.runtime, Runtime::Cuda(_)),
+    };
     let engine = Engine::start(loaded, name.clone(), opts)?;
     if let Some(plan) = engine.status().plan {
         log(format!(
@@ -189,6 +198,18 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        if warm {
+            let shape = WarmUpShape {
+                max_running: a.max_running_requests,
+                max_batch_tokens: a.max_batch_tokens,
+                prefill_chunk: a.prefill_chunk,
+            };
+            let w = engine.warm_up(shape).await.context("warming up")?;
+            log(format!(
+                "warm-up: decode steps of {:?} requests and a prefill of {} x {} tokens in {:.1} s",
+                w.decode_batches, w.prefill.0, w.prefill.1, w.seconds
+            ));
+        }
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let bound = listener.local_addr()?;
         log(format!("listening on http://{bound}"));

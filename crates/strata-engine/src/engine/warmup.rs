@@ -1,0 +1,113 @@
+//! Warming a server up before it takes traffic.
+//!
+//! The first decode step of each batch-size bucket records its CUDA graph (an op-by-op
+//! pass, the capture, the instantiation), and the first prefill step loads its GEMM
+//! kernels and grows the allocator's pools. Unwarmed, the first requests of a fresh server
+//! pay for all of it (`docs/perf-notes.md` has the figures). So the server runs those
+//! steps once at startup, through the ordinary request path.
+
+use std::time::Instant;
+
+use strata_kernels::sampling::SamplingParams;
+
+use super::{Engine, GenerationRequest, Update};
+use crate::{EngineError, Result};
+
+/// What [`Engine::warm_up`] ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmUp {
+    /// Concurrent requests of each decode round (one round per graph bucket).
+    pub decode_batches: Vec<usize>,
+    /// Prompts of the prefill round and their length.
+    pub prefill: (usize, usize),
+    pub seconds: f64,
+}
+
+/// The shapes to warm.
+#[derive(Clone, Copy, Debug)]
+pub struct WarmUpShape {
+    /// The most requests decoding at once (`--max-running-requests`).
+    pub max_running: usize,
+    /// Tokens in one step (`--max-batch-tokens`).
+    pub max_batch_tokens: usize,
+    /// Prompt tokens of one request per step (`--prefill-chunk`).
+    pub prefill_chunk: usize,
+}
+
+impl Engine {
+    /// A decode step at every graph bucket up to `shape.max_running` sequences (one-token
+    /// prompts, two tokens out, all submitted together: one prefill step, then one decode
+    /// step of the whole round), then one full prefill step (as many prompts of
+    /// `prefill_chunk` tokens as a step takes). The warm-up's prompts are dropped from the
+    /// prefix cache afterwards. Any request that fails fails the warm-up.
+    pub async fn warm_up(&self, shape: WarmUpShape) -> Result<WarmUp> {
+        let t0 = Instant::now();
+        let max_running = shape.max_running.max(1);
+        let batches: Vec<usize> = strata_model::decode_buckets(max_running)
+            .into_iter()
+            .map(|b| b.min(max_running))
+            .collect();
+        let mut first_id = 0;
+        for &n in &batches {
+            self.warm_round(n, 1, first_id).await?;
+            first_id += n;
+        }
+        // The context must hold the prompt and the two tokens out.
+        let len = shape
+            .prefill_chunk
+            .clamp(1, self.context_len.saturating_sub(2).max(1));
+        let prompts = (shape.max_batch_tokens / len).clamp(1, max_running);
+        self.warm_round(prompts, len, first_id).await?;
+        self.flush().await?;
+        Ok(WarmUp {
+            decode_batches: batches,
+            prefill: (prompts, len),
+            seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// `n` greedy requests of `len` prompt tokens and two tokens out, submitted together;
+    /// request `r` starts with token `first_id + r` (wrapped into the vocabulary), so no two
+    /// share a cached prefix.
+    async fn warm_round(&self, n: usize, len: usize, first_id: usize) -> Result<()> {
+        let vocab = self.vocab_size.max(2);
+        let mut pending = Vec::with_capacity(n);
+        for r in 0..n {
+            let start = first_id + r;
+            let prompt = (0..len)
+                .map(|i| (1 + (start + i * 7919) % (vocab - 1)) as u32)
+                .collect();
+            let req = GenerationRequest {
+                prompt,
+                max_tokens: 2,
+                sampling: SamplingParams::greedy(),
+                stop: vec![],
+                ignore_eos: true,
+                logprobs: None,
+            };
+            pending.push(self.submit(req)?);
+        }
+        for (mut guard, mut rx) in pending {
+            loop {
+                match rx.recv().await {
+                    Some(Update::Token { .. }) => {}
+                    Some(Update::Finished { reason, error, .. }) => {
+                        guard.finished();
+                        if let Some(e) = error {
+                            return Err(EngineError::Invalid(format!(
+                                "warm-up request ({reason}): {e}"
+                            )));
+                        }
+                        break;
+                    }
+                    None => {
+                        return Err(EngineError::Invalid(
+                            "the engine stopped during the warm-up".into(),
+                        ))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
