@@ -578,7 +578,7 @@ def test_cache_status_fresh_after_rebuild_and_flush(server):
     assert not stale, f"{len(stale)} of 20 status reads were stale: {stale[:4]}"
 
 
-def test_warmup_runs_every_decode_batch_and_leaves_no_trace(server, log_dir):
+def test_warmup_runs_every_decode_batch_and_empties_the_cache(server, log_dir):
     from conftest import start_server
 
     warm = start_server(log_dir, "--warmup", "on", "--max-running-requests", "3",

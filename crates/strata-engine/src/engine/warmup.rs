@@ -1,10 +1,11 @@
 //! Warming a server up before it takes traffic.
 //!
 //! The first decode step of each batch-size bucket records its CUDA graph (an op-by-op
-//! pass, the capture, the instantiation), and the first prefill step loads its GEMM
-//! kernels and grows the allocator's pools. Unwarmed, the first requests of a fresh server
-//! pay for all of it (`docs/perf-notes.md` has the figures). So the server runs those
-//! steps once at startup, through the ordinary request path.
+//! pass, the capture, the instantiation), and the first prefill steps meet their GEMM
+//! shapes (whose kernels cuBLAS loads on first use) and the allocator its sizes for the
+//! first time. Unwarmed, the first requests of a fresh server pay for all of it
+//! (`docs/perf-notes.md` has the figures). So the server runs those steps once at startup,
+//! through the ordinary request path.
 
 use std::time::Instant;
 
