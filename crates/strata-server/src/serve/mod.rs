@@ -204,11 +204,15 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 max_batch_tokens: a.max_batch_tokens,
                 prefill_chunk: a.prefill_chunk,
             };
-            let w = engine.warm_up(shape).await.context("warming up")?;
-            log(format!(
-                "warm-up: decode steps of {:?} requests and a prefill of {} x {} tokens in {:.1} s",
-                w.decode_batches, w.prefill.0, w.prefill.1, w.seconds
-            ));
+            // A failed warm-up leaves a server that still answers (with the same error, if
+            // the engine cannot run the shapes); it only costs the first requests time.
+            match engine.warm_up(shape).await {
+                Ok(w) => log(format!(
+                    "warm-up: decode steps of {:?} requests and a prefill of {} x {} tokens in {:.1} s",
+                    w.decode_batches, w.prefill.0, w.prefill.1, w.seconds
+                )),
+                Err(e) => log(format!("warm-up failed, serving without it: {e}")),
+            }
         }
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let bound = listener.local_addr()?;
