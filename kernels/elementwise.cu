@@ -16,7 +16,8 @@ extern "C" __global__ void act_mul(const float* gate, const float* up, float* ou
 // (half the bytes of f32 out of the GEMM and into this pass; the activations a bf16 model
 // computes round there too). Eight values a thread in 16-byte loads and stores (the pass
 // is bound by memory; every buffer starts an allocation, so the vectors align), the last
-// n % 8 one at a time.
+// n % 8 one at a time. `out` null: the bf16 copy alone (the down projection's GEMM reads
+// nothing else; 6 bytes a value instead of 10).
 __device__ __forceinline__ float act_mul_pair_lo(int act, u32 g, u32 u) {
     return apply_act(act, __uint_as_float(g << 16)) * __uint_as_float(u << 16);
 }
@@ -38,9 +39,11 @@ extern "C" __global__ void act_mul_bf16_in(const u16* gate, const u16* up, float
             y[2 * j] = act_mul_pair_lo(act, gw[j], uw[j]);
             y[2 * j + 1] = act_mul_pair_hi(act, gw[j], uw[j]);
         }
-        float4* o = reinterpret_cast<float4*>(out) + 2 * v;
-        o[0] = make_float4(y[0], y[1], y[2], y[3]);
-        o[1] = make_float4(y[4], y[5], y[6], y[7]);
+        if (out) {
+            float4* o = reinterpret_cast<float4*>(out) + 2 * v;
+            o[0] = make_float4(y[0], y[1], y[2], y[3]);
+            o[1] = make_float4(y[4], y[5], y[6], y[7]);
+        }
         if (out_b) {
             u32 b[4];
 #pragma unroll
@@ -52,7 +55,7 @@ extern "C" __global__ void act_mul_bf16_in(const u16* gate, const u16* up, float
     FOR_EACH_INDEX(t, n - groups * 8) {
         const u64 i = groups * 8 + t;
         const float y = apply_act(act, bf16_to_f32(gate[i])) * bf16_to_f32(up[i]);
-        out[i] = y;
+        if (out) out[i] = y;
         if (out_b) out_b[i] = f32_to_bf16_rne(y);
     }
 }

@@ -27,6 +27,10 @@ pub struct CudaBuffer {
     /// Whether `twin` holds the current values: set when a kernel is queued to write both,
     /// cleared by every other write.
     twin_current: bool,
+    /// Whether `storage` holds the current values: cleared when a kernel writes the twin
+    /// alone (an activation only a bf16 GEMM reads, [`CudaBuffer::twin_only_mut`]), set by
+    /// every write of the values. Readers of the values get an error while it is clear.
+    values_current: bool,
 }
 
 impl DeviceBuffer for CudaBuffer {
@@ -73,17 +77,27 @@ impl CudaBuffer {
             dtype,
             twin: None,
             twin_current: false,
+            values_current: true,
         }
     }
 
     /// Mutable storage for a write that does not keep the twin (it goes stale).
     pub(super) fn storage_mut(&mut self) -> &mut Storage {
         self.twin_current = false;
+        self.values_current = true;
         &mut self.storage
+    }
+
+    /// An error naming `op` when the buffer's values live only in its bf16 twin.
+    pub(super) fn check_values(&self, op: &'static str) -> Result<()> {
+        crate::error::ensure(self.values_current, op, || {
+            "the activation is held in bf16 only (written for the bf16 GEMM that reads it)".into()
+        })
     }
 
     /// The f32 slice of an activation buffer, or a dtype error naming `op`.
     pub(super) fn f32s(&self, op: &'static str) -> Result<&CudaSlice<f32>> {
+        self.check_values(op)?;
         match &self.storage {
             Storage::F32(s) => Ok(s),
             Storage::Bits16(_) => Err(KernelError::DType {
@@ -96,6 +110,7 @@ impl CudaBuffer {
     /// The f32 slice for a write that does not keep the twin (it goes stale).
     pub(super) fn f32s_mut(&mut self, op: &'static str) -> Result<&mut CudaSlice<f32>> {
         self.twin_current = false;
+        self.values_current = true;
         match &mut self.storage {
             Storage::F32(s) => Ok(s),
             Storage::Bits16(_) => Err(KernelError::DType {
@@ -112,12 +127,43 @@ impl CudaBuffer {
         stream: &Arc<CudaStream>,
         op: &'static str,
     ) -> Result<(&mut CudaSlice<f32>, &mut CudaSlice<u16>)> {
-        let Storage::F32(values) = &mut self.storage else {
+        self.alloc_twin(stream, op)?;
+        self.twin_current = true;
+        self.values_current = true;
+        let (Storage::F32(values), Some(twin)) = (&mut self.storage, self.twin.as_mut()) else {
+            return Err(KernelError::Device(format!(
+                "{op}: no bf16 copy after allocating it"
+            )));
+        };
+        Ok((values, twin))
+    }
+
+    /// The bf16 twin (allocated on first use) for a kernel that writes it alone: from here
+    /// on, in stream order, the twin holds the buffer's values and the f32 storage nothing
+    /// readable (for an activation that only a bf16 GEMM reads, which then skips the f32
+    /// write of its producer).
+    pub(super) fn twin_only_mut(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        op: &'static str,
+    ) -> Result<&mut CudaSlice<u16>> {
+        self.alloc_twin(stream, op)?;
+        self.twin_current = true;
+        self.values_current = false;
+        self.twin
+            .as_mut()
+            .ok_or_else(|| KernelError::Device(format!("{op}: no bf16 copy after allocating it")))
+    }
+
+    /// Allocates the twin of an f32 buffer if it has none; a dtype error naming `op` for
+    /// a 16-bit buffer.
+    fn alloc_twin(&mut self, stream: &Arc<CudaStream>, op: &'static str) -> Result<()> {
+        if !matches!(self.storage, Storage::F32(_)) {
             return Err(KernelError::DType {
                 op,
                 dtype: self.dtype,
             });
-        };
+        }
         if self.twin.is_none() {
             // SAFETY: the twin is read only while current, that is after a kernel that
             // writes every element of it.
@@ -126,9 +172,12 @@ impl CudaBuffer {
             })?;
             self.twin = Some(twin);
         }
-        self.twin_current = true;
-        let twin = self.twin.as_mut().expect("allocated above");
-        Ok((values, twin))
+        Ok(())
+    }
+
+    /// Whether the f32 storage holds the values (else only the twin does).
+    pub(super) fn values_current(&self) -> bool {
+        self.values_current
     }
 
     /// [`Self::f32s_and_twin_mut`] when `twin` is set, else [`Self::f32s_mut`].

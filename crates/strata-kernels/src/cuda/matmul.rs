@@ -133,12 +133,12 @@ impl CudaBackend {
         const OP: &str = "matmul";
         let (k, n) = (shape.in_features, shape.out_features);
         let t = matmul_rows(OP, x, w, shape, out)?;
-        let xs = x.f32s(OP)?;
         if t == 0 || n == 0 {
             return Ok(());
         }
+        // The bf16 paths may read x's bf16 twin alone (an activation held only in bf16).
         if super::fused::gemv_applies(w.dtype(), t, k, self.gemv_max_rows) {
-            return self.gemv_bf16(xs, w, t, k, n, out);
+            return self.gemv_bf16(x.f32s(OP)?, w, t, k, n, out);
         }
         if self.skinny_applies(w.dtype(), t, k, false) {
             let xb = self.bf16_operand(x, t * k)?;
@@ -154,6 +154,7 @@ impl CudaBackend {
             let xb = self.bf16_operand(x, t * k)?;
             return self.gemm_bf16(&xb, w, t, k, n, out);
         }
+        let xs = x.f32s(OP)?;
         let os = out.f32s_mut(OP)?;
         let widened: CudaSlice<f32>;
         let ws: &CudaSlice<f32> = match &w.storage {

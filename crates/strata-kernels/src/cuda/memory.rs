@@ -78,6 +78,18 @@ impl CudaBackend {
         }
         let err = device_err("copying from the GPU");
         let out = match (&buf.storage, buf.dtype()) {
+            // An activation held in bf16 only: its values are the twin's.
+            (Storage::F32(_), _) if !buf.values_current() => {
+                let twin = buf.current_twin().ok_or_else(|| {
+                    crate::KernelError::Device(
+                        "download: an activation with no current values".into(),
+                    )
+                })?;
+                let bits = self.stream.clone_dtoh(&twin.slice(..len)).map_err(err)?;
+                bits.iter()
+                    .map(|&b| half::bf16::from_bits(b).to_f32())
+                    .collect()
+            }
             (Storage::F32(s), _) => self.stream.clone_dtoh(&s.slice(..len)).map_err(err)?,
             (Storage::Bits16(s), dtype) => {
                 let bits = self.stream.clone_dtoh(&s.slice(..len)).map_err(err)?;
@@ -105,6 +117,7 @@ impl CudaBackend {
         c: StridedCopy,
     ) -> Result<()> {
         const OP: &str = "copy_strided";
+        src.check_values(OP)?;
         ensure(src.dtype() == dst.dtype(), OP, || {
             format!("src is {:?}, dst is {:?}", src.dtype(), dst.dtype())
         })?;

@@ -25,6 +25,9 @@ pub(super) fn act_code(act: Activation) -> i32 {
     }
 }
 
+/// The null f32 output of a kernel that writes only the bf16 twin.
+static NO_VALUES: u64 = 0;
+
 fn same_len(op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<()> {
     ensure(a.len() == b.len(), op, || {
         format!("lengths {} and {} differ", a.len(), b.len())
@@ -456,8 +459,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// `out = act(gate) * up` over bf16 `gate` and `up` (a bf16 GEMM's outputs), with the
-    /// bf16 twin of `out` when `twin` is set.
+    /// `out = act(gate) * up` over bf16 `gate` and `up` (a bf16 GEMM's outputs); with
+    /// `twin`, into `out`'s bf16 twin alone (`CudaBuffer::twin_only_mut`: the MLP's down
+    /// projection reads it next, as a bf16 GEMM).
     pub(super) fn act_mul_bf16_in(
         &self,
         act: Activation,
@@ -471,7 +475,6 @@ impl CudaBackend {
         ensure(gate.len() >= n && up.len() >= n, OP, || {
             format!("gate {}, up {}, out {n}", gate.len(), up.len())
         })?;
-        let (o, ob) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
         if n == 0 {
             return Ok(());
         }
@@ -479,8 +482,15 @@ impl CudaBackend {
         let mut l = self
             .stream
             .launch_builder(self.kernels.get("act_mul_bf16_in")?);
-        l.arg(gate).arg(up).arg(o);
-        arg_twin(&mut l, ob);
+        l.arg(gate).arg(up);
+        if twin {
+            // The bf16 GEMM of the MLP's down projection is the one reader: the f32 values
+            // (two thirds of the bytes written) are skipped.
+            l.arg(&NO_VALUES).arg(out.twin_only_mut(&self.stream, OP)?);
+        } else {
+            l.arg(out.f32s_mut(OP)?);
+            arg_twin(&mut l, None);
+        }
         l.arg(&n64).arg(&code);
         // SAFETY: gate and up hold at least n elements (checked above), out n; all start
         // allocations (16-byte aligned), as the kernel's vector accesses need.
