@@ -2,8 +2,8 @@
 //!
 //! A decode step (every sequence feeds one token and wants its last logits) runs the same
 //! ops in the same order every time; only the token ids, positions and slot tables change.
-//! So the first step of a batch-size bucket (1, 2, 4, ... 32 sequences, then multiples of
-//! 16 up to 256: [`bucket_for`]) is captured once:
+//! So the first step of a batch-size bucket (1, 2, 4, ... 32 sequences, multiples of 16 up
+//! to 128, then 256: [`bucket_for`]) is captured once:
 //! inputs live in buffers the graph owns (fixed addresses), the step's ops are recorded,
 //! and the logits land in the graph's own output buffer. Later steps of that bucket only
 //! rewrite the inputs in place and replay: one launch instead of hundreds.
@@ -24,19 +24,24 @@ use crate::paged_kv::{host_tables, DecodeGraphs, GroupTables, HostTables, PagedS
 
 /// Largest batch replayed as a graph; larger decode batches run op by op.
 const MAX_GRAPH_BATCH: usize = 256;
-/// Buckets are powers of two up to this many sequences, multiples of [`BUCKET_STEP`] past it.
+/// Buckets are powers of two up to this many sequences, multiples of [`BUCKET_STEP`] past it
+/// up to [`STEPPED_BUCKETS_UP_TO`], powers of two again past that.
 const POW2_BUCKETS_UP_TO: usize = 32;
-/// The spacing of the larger buckets.
+/// The spacing of the middle buckets.
 const BUCKET_STEP: usize = 16;
+/// The largest stepped bucket. Each captured bucket keeps its own `[bucket, vocab]` f32
+/// logits (1 MB a row at Gemma's 262,144 ids: 591 MB for every bucket to 128, against 255
+/// MB in powers of two), so the steps stop where that memory would grow fastest.
+const STEPPED_BUCKETS_UP_TO: usize = 128;
 /// Smallest slot capacity of a graph's full-attention table.
 const MIN_SLOT_CAPACITY: usize = 1 << 16;
 
 /// The graph bucket of a decode step of `n` sequences. Every padded row costs its share of
-/// the step (its products, norms and logits), so past 32 sequences buckets step by 16: 100
-/// sequences replay the 112-row graph, not the 128-row one. Each bucket used is captured
-/// once, with its own `[bucket, vocab]` logits buffer.
+/// the step (its products, norms and logits), so from 32 to 128 sequences buckets step by
+/// 16: 100 sequences replay the 112-row graph, not the 128-row one. Each bucket used is
+/// captured once, with its own `[bucket, vocab]` logits buffer.
 pub fn bucket_for(n: usize) -> usize {
-    if n <= POW2_BUCKETS_UP_TO {
+    if n <= POW2_BUCKETS_UP_TO || n > STEPPED_BUCKETS_UP_TO {
         n.next_power_of_two()
     } else {
         n.div_ceil(BUCKET_STEP) * BUCKET_STEP
@@ -351,7 +356,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_are_powers_of_two_then_steps_of_sixteen() {
+    fn buckets_are_powers_of_two_with_steps_of_sixteen_from_32_to_128() {
         let want = [
             (1, 1),
             (2, 2),
@@ -372,14 +377,18 @@ mod tests {
             decode_buckets(100),
             [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112]
         );
-        assert_eq!(decode_buckets(10_000).last(), Some(&MAX_GRAPH_BATCH));
-        assert_eq!(bucket_for(MAX_GRAPH_BATCH), MAX_GRAPH_BATCH);
+        assert_eq!(bucket_for(128), 128);
+        assert_eq!(bucket_for(129), 256);
+        assert_eq!(
+            decode_buckets(10_000),
+            [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 256]
+        );
         for n in 1..=MAX_GRAPH_BATCH {
             let b = bucket_for(n);
-            assert!(
-                b >= n && b <= MAX_GRAPH_BATCH && b - n < n.max(BUCKET_STEP),
-                "{n} -> {b}"
-            );
+            assert!(b >= n && b <= MAX_GRAPH_BATCH && b - n < n, "{n} -> {b}");
+            if (33..=128).contains(&n) {
+                assert!(b - n < BUCKET_STEP, "{n} -> {b}");
+            }
         }
     }
 }
