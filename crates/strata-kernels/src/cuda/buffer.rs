@@ -42,14 +42,15 @@ impl DeviceBuffer for CudaBuffer {
     }
 }
 
-/// The null device address a kernel's optional bf16-twin argument takes when there is none.
-static NO_TWIN: u64 = 0;
+/// The null device address a kernel's optional pointer argument takes when there is none
+/// (a bf16 twin, or the f32 values of a kernel writing only the twin).
+pub(super) static NULL_PTR: u64 = 0;
 
 /// Pushes a kernel's optional bf16-twin pointer argument: the twin, or null.
 pub(super) fn arg_twin<'a>(l: &mut LaunchArgs<'a>, twin: Option<&'a mut CudaSlice<u16>>) {
     match twin {
         Some(b) => l.arg(b),
-        None => l.arg(&NO_TWIN),
+        None => l.arg(&NULL_PTR),
     };
 }
 

@@ -77,33 +77,38 @@ impl CudaBackend {
             return Ok(Vec::new());
         }
         let err = device_err("copying from the GPU");
-        let out = match (&buf.storage, buf.dtype()) {
+        let widen = |bits: Vec<u16>, dtype: DType| -> Vec<f32> {
+            match dtype {
+                DType::F16 => bits
+                    .iter()
+                    .map(|&b| half::f16::from_bits(b).to_f32())
+                    .collect(),
+                _ => bits
+                    .iter()
+                    .map(|&b| half::bf16::from_bits(b).to_f32())
+                    .collect(),
+            }
+        };
+        let out = match &buf.storage {
+            Storage::F32(s) if buf.values_current() => {
+                self.stream.clone_dtoh(&s.slice(..len)).map_err(&err)?
+            }
             // An activation held in bf16 only: its values are the twin's.
-            (Storage::F32(_), _) if !buf.values_current() => {
+            Storage::F32(_) => {
                 let twin = buf.current_twin().ok_or_else(|| {
                     crate::KernelError::Device(
                         "download: an activation with no current values".into(),
                     )
                 })?;
-                let bits = self.stream.clone_dtoh(&twin.slice(..len)).map_err(err)?;
-                bits.iter()
-                    .map(|&b| half::bf16::from_bits(b).to_f32())
-                    .collect()
+                widen(
+                    self.stream.clone_dtoh(&twin.slice(..len)).map_err(&err)?,
+                    DType::BF16,
+                )
             }
-            (Storage::F32(s), _) => self.stream.clone_dtoh(&s.slice(..len)).map_err(err)?,
-            (Storage::Bits16(s), dtype) => {
-                let bits = self.stream.clone_dtoh(&s.slice(..len)).map_err(err)?;
-                match dtype {
-                    DType::F16 => bits
-                        .iter()
-                        .map(|&b| half::f16::from_bits(b).to_f32())
-                        .collect(),
-                    _ => bits
-                        .iter()
-                        .map(|&b| half::bf16::from_bits(b).to_f32())
-                        .collect(),
-                }
-            }
+            Storage::Bits16(s) => widen(
+                self.stream.clone_dtoh(&s.slice(..len)).map_err(&err)?,
+                buf.dtype(),
+            ),
         };
         // Surfaces any error of the queued kernels, not only of the copy.
         self.synchronize()?;

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchArgs, LaunchConfig, PushKernelArg};
 
-use super::buffer::{arg_twin, dtype_code, CudaBuffer, Storage};
+use super::buffer::{arg_twin, dtype_code, CudaBuffer, Storage, NULL_PTR};
 use super::{device_err, grid_for, CudaBackend};
 use crate::error::ensure;
 use crate::RopeStyle;
@@ -24,9 +24,6 @@ pub(super) fn act_code(act: Activation) -> i32 {
         Activation::Silu => 1,
     }
 }
-
-/// The null f32 output of a kernel that writes only the bf16 twin.
-static NO_VALUES: u64 = 0;
 
 fn same_len(op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<()> {
     ensure(a.len() == b.len(), op, || {
@@ -486,7 +483,7 @@ impl CudaBackend {
         if twin {
             // The bf16 GEMM of the MLP's down projection is the one reader: the f32 values
             // (two thirds of the bytes written) are skipped.
-            l.arg(&NO_VALUES).arg(out.twin_only_mut(&self.stream, OP)?);
+            l.arg(&NULL_PTR).arg(out.twin_only_mut(&self.stream, OP)?);
         } else {
             l.arg(out.f32s_mut(OP)?);
             arg_twin(&mut l, None);
