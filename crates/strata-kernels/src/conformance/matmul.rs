@@ -522,6 +522,12 @@ pub fn check_embedding<B: Backend>(b: &B) -> CheckResult {
         (50, 64, 9, DType::F32, 8.0f32.sqrt()),
         (7, 33, 20, DType::F16, 1.0),
         (1, 8, 3, DType::F32, 16.0),
+        // Rows of several blocks (2,048 values each): a per-layer-input table's 8,960, a
+        // partial last slice, and the f32 and unaligned paths past one slice.
+        (40, 8960, 3, DType::BF16, 16.0),
+        (20, 4104, 2, DType::F16, 0.5),
+        (10, 2056, 2, DType::F32, 2.0),
+        (6, 2051, 4, DType::BF16, 1.0),
     ];
     for (seed, &(vocab, hidden, tokens, table, scale)) in cases.iter().enumerate() {
         let c = EmbeddingCase {

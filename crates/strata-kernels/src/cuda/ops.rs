@@ -25,6 +25,9 @@ pub(super) fn act_code(act: Activation) -> i32 {
     }
 }
 
+/// Values of a row one embedding block writes (`EMB_SLICE` in `kernels/embedding.cu`).
+const EMB_SLICE: usize = 2048;
+
 fn same_len(op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<()> {
     ensure(a.len() == b.len(), op, || {
         format!("lengths {} and {} differ", a.len(), b.len())
@@ -143,8 +146,9 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(f);
         arg_any(&mut l, table);
         l.arg(&dtype).arg(ids).arg(o).arg(&hidden_i).arg(&scale);
+        // One block per token and slice of `EMB_SLICE` values (`kernels/embedding.cu`).
         let cfg = LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
+            grid_dim: (n as u32, hidden.div_ceil(EMB_SLICE) as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
