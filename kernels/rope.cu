@@ -37,6 +37,66 @@ struct HeadSegs {
     int rope[3];     // 0: the norm only
 };
 
+// One (token, head) row with head_dim = 32 E held in registers: lane l holds elements
+// l + 32 j. A rotated pair (i, i + head_dim / 2) then sits in one lane (j and j + E / 2),
+// and an interleaved pair (2i, 2i + 1) in lanes l and l ^ 1 at the same j. Every load is
+// issued first and the row is written once: the same arithmetic as the generic loop
+// below, without its store -> reload round trips.
+template <int E>
+__device__ __forceinline__ void head_norm_rope_regs(float* xr, const void* w, int w_dtype,
+                                                    float offset, float eps, bool rotate,
+                                                    const u32* pos_at, const float* inv_freq,
+                                                    int interleaved) {
+    constexpr int D = 32 * E;
+    const int lane = threadIdx.x & 31;
+    float v[E], g[E], f[E];
+    const float pos = rotate ? (float)*pos_at : 0.0f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+        const int i = lane + 32 * j;
+        v[j] = xr[i];
+        g[j] = w_dtype >= 0 ? load_as_f32(w, w_dtype, i) : 0.0f;
+        // The pair's frequency: element i's pair index.
+        const int p = interleaved ? i / 2 : (j < E / 2 ? i : i - D / 2);
+        f[j] = rotate ? inv_freq[p] : 0.0f;
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < E; ++j) ss += (double)v[j] * (double)v[j];
+    ss = warp_sum_f64(ss);
+    const float inv = (float)(1.0 / sqrt(ss / D + (double)eps));
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+        v[j] = v[j] * inv;
+        if (w_dtype >= 0) v[j] = v[j] * (g[j] + offset);
+    }
+    if (rotate) {
+        if (interleaved) {
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                const float other = __shfl_xor_sync(0xffffffffu, v[j], 1);
+                if (f[j] == 0.0f) continue;
+                float s, c;
+                sincosf(pos * f[j], &s, &c);
+                // Even lanes hold a (the pair's first element), odd lanes b.
+                v[j] = (lane & 1) == 0 ? v[j] * c - other * s : v[j] * c + other * s;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < E / 2; ++j) {
+                if (f[j] == 0.0f) continue;
+                float s, c;
+                sincosf(pos * f[j], &s, &c);
+                const float a = v[j], b = v[j + E / 2];
+                v[j] = a * c - b * s;
+                v[j + E / 2] = b * c + a * s;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < E; ++j) xr[lane + 32 * j] = v[j];
+}
+
 extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
                                           const float* inv_freq, float offset, float eps,
                                           int tokens, int head_dim, int interleaved) {
@@ -48,6 +108,23 @@ extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
     const void* w = pick3(segs.w, seg);
     const int w_dtype = pick3(segs.w_dtype, seg);
     float* xr = pick3(segs.x, seg) + (u64)row * head_dim;
+    const bool rotate = pick3(segs.rope, seg) != 0;
+    const u32* pos_at = positions + row / n_heads;
+    switch (head_dim) {
+        case 64:
+            return head_norm_rope_regs<2>(xr, w, w_dtype, offset, eps, rotate, pos_at, inv_freq,
+                                          interleaved);
+        case 128:
+            return head_norm_rope_regs<4>(xr, w, w_dtype, offset, eps, rotate, pos_at, inv_freq,
+                                          interleaved);
+        case 256:
+            return head_norm_rope_regs<8>(xr, w, w_dtype, offset, eps, rotate, pos_at, inv_freq,
+                                          interleaved);
+        case 512:
+            return head_norm_rope_regs<16>(xr, w, w_dtype, offset, eps, rotate, pos_at,
+                                           inv_freq, interleaved);
+    }
+    // Other head_dims: strided passes over the row in memory.
     double ss = 0.0;
     for (int i = lane; i < head_dim; i += 32) {
         const float v = xr[i];
@@ -60,7 +137,7 @@ extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
         if (w_dtype >= 0) y = y * (load_as_f32(w, w_dtype, i) + offset);
         xr[i] = y;
     }
-    if (!pick3(segs.rope, seg)) return;
+    if (!rotate) return;
     __syncwarp();  // the rotation pairs elements written by other lanes
     const int half = head_dim / 2;
     const float pos = (float)positions[row / n_heads];

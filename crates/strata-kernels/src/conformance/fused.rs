@@ -144,6 +144,12 @@ pub fn check_head_norm_rope<B: Backend>(b: &B) -> CheckResult {
         (3, 1, 512, RopeStyle::Neox, Some(DType::F32), 192),
         (2, 4, 64, RopeStyle::Interleaved, None, 0),
         (5, 2, 128, RopeStyle::Neox, Some(DType::BF16), 16),
+        // Interleaved pairs across lanes at the register path's widths, and a head_dim
+        // off that path (the strided loops).
+        (3, 2, 256, RopeStyle::Interleaved, Some(DType::BF16), 8),
+        (2, 1, 512, RopeStyle::Interleaved, Some(DType::F16), 0),
+        (4, 3, 96, RopeStyle::Neox, Some(DType::BF16), 6),
+        (2, 2, 80, RopeStyle::Interleaved, None, 0),
     ];
     for (seed, &(tokens, heads, d, style, w_dtype, zero_tail)) in cases.iter().enumerate() {
         let mut data = TestData::new(60 + seed as u64);
