@@ -248,12 +248,12 @@ impl MmaSupport {
     }
 }
 
-/// Key splits for `blocks` (query row, KV head) blocks: the split count that brings the
-/// grid closest to one full wave of `resident` blocks (a partial second wave costs a
-/// whole block's time), at most `max`.
+/// Key splits for `blocks` (query row, KV head) blocks: the most splits whose grid still
+/// fits one wave of `resident` blocks, at most `max`. A grid just past one wave runs its
+/// last blocks after the rest: 96 decode rows of E2B's d-256 layers made 288 blocks for
+/// 264 places at three splits; at two the step is 4.37-4.39 ms against 4.61 on an H200.
 pub(super) fn wave_splits(blocks: usize, resident: usize, max: usize) -> usize {
-    let blocks = blocks.max(1);
-    ((resident + blocks / 2) / blocks).clamp(1, max)
+    (resident / blocks.max(1)).clamp(1, max)
 }
 
 #[cfg(test)]
@@ -375,7 +375,8 @@ mod tests {
         assert_eq!(wave_splits(128, 132, 64), 1);
         assert_eq!(wave_splits(128, 264, 64), 2);
         assert_eq!(wave_splits(64, 132, 64), 2);
-        assert_eq!(wave_splits(8, 132, 64), 17);
+        assert_eq!(wave_splits(8, 132, 64), 16);
+        assert_eq!(wave_splits(100, 264, 64), 2, "never past one wave");
         assert_eq!(wave_splits(1, 132, 64), 64);
         assert_eq!(wave_splits(500, 132, 64), 1);
         assert_eq!(wave_splits(0, 132, 64), 64);
