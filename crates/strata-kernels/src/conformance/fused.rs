@@ -39,6 +39,9 @@ pub fn check_fused_norms<B: Backend>(b: &B) -> CheckResult {
         (1usize, 1536usize, DType::BF16, 0.0f32),
         (3, 2560, DType::F32, 1.0),
         (5, 100, DType::F16, 0.0),
+        // bf16 weights over several rows: the entry point of its own (`NORM_ENTRY_BF16`).
+        (7, 2560, DType::BF16, 1.0),
+        (2, 1000, DType::BF16, 0.0),
     ]
     .iter()
     .enumerate()

@@ -325,7 +325,15 @@ impl CudaBackend {
             d as i32,
         );
         let interleaved = i32::from(rope.style == RopeStyle::Interleaved);
-        let f = self.kernels.get("head_norm_rope")?;
+        // The register path's entry point for this head_dim, else the strided loops.
+        let name = match d {
+            64 => "head_norm_rope_d64",
+            128 => "head_norm_rope_d128",
+            256 => "head_norm_rope_d256",
+            512 => "head_norm_rope_d512",
+            _ => "head_norm_rope",
+        };
+        let f = self.kernels.get(name)?;
         let mut l = self.stream.launch_builder(f);
         l.arg(&p)
             .arg(pos)
@@ -344,7 +352,7 @@ impl CudaBackend {
         // SAFETY: each tensor holds n_tokens x its heads x head_dim, positions n_tokens,
         // inv_freq head_dim / 2 and each weight head_dim elements (checked above and by
         // the caller).
-        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         Ok(())
     }
 

@@ -54,6 +54,16 @@ impl NormMode {
             NormMode::NormAddNorm => "rms_norm_add_norm",
         }
     }
+
+    /// The mode's entry point for bf16 weights on the vector path (`NORM_ENTRY_BF16`).
+    fn kernel_bf16(self) -> &'static str {
+        match self {
+            NormMode::Plain => "rms_norm_plain_bf16",
+            NormMode::AddThenNorm => "rms_norm_add_then_norm_bf16",
+            NormMode::NormThenAdd => "rms_norm_then_add_bf16",
+            NormMode::NormAddNorm => "rms_norm_add_norm_bf16",
+        }
+    }
 }
 
 /// The optional parts of a norm launch: the second norm's weight (`NormAddNorm`) and the
@@ -193,7 +203,21 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.kernels.get(mode.kernel())?;
+        // bf16 weights on the vector path (every buffer here is a whole allocation, so
+        // 16-byte aligned) take that case's own entry point.
+        let bf16 = |w: Option<&CudaBuffer>| w.is_some_and(|w| w.dtype == DType::BF16);
+        let second_ok = match mode {
+            NormMode::NormAddNorm => bf16(extra.weight2),
+            _ => extra.weight2.is_none(),
+        };
+        let vector =
+            p.dim.is_multiple_of(4) && p.dim / 4 <= NORM_VEC * norm_threads(p.dim) as usize;
+        let name = if bf16(weight) && second_ok && vector {
+            mode.kernel_bf16()
+        } else {
+            mode.kernel()
+        };
+        let f = self.kernels.get(name)?;
         let xs = x.f32s(op)?;
         // The kernel's result (the residual for NormThenAdd, else `out`) also goes out in
         // bf16 when a bf16 GEMM reads it next.
