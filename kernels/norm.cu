@@ -291,7 +291,7 @@ __device__ __forceinline__ void rms_norm_strided(const float* x, float* residual
 
 // `w_dtype` < 0 means no weight (the scale-free norm). `w2` is the second norm's weight
 // (NORM_ADD_NORM only); `post_scale` multiplies the residual after the add of NORM_THEN_ADD
-// and NORM_ADD_NORM (1.0 leaves it exact). Every entry takes the same twelve arguments;
+// and NORM_ADD_NORM (1.0 leaves it exact). Every entry takes the same thirteen arguments;
 // `mode` must match the entry (it is otherwise unused).
 template <int MODE>
 __device__ __forceinline__ void rms_norm_mode(const float* x, float* residual, const void* w,
@@ -318,11 +318,14 @@ __device__ __forceinline__ void rms_norm_mode(const float* x, float* residual, c
     }
 }
 
+// The parameters of every entry point (the launcher passes the same thirteen to each).
+#define NORM_PARAMS                                                                     \
+    (const float* x, float* residual, const void* w, int w_dtype, const void* w2,      \
+     int w2_dtype, float offset, float* out, u16* out_b, int dim, float eps, int mode, \
+     float post_scale)
+
 #define NORM_ENTRY(NAME, MODE)                                                              \
-    extern "C" __global__ void __launch_bounds__(1024)                                      \
-        NAME(const float* x, float* residual, const void* w, int w_dtype, const void* w2,   \
-             int w2_dtype, float offset, float* out, u16* out_b, int dim, float eps,        \
-             int mode, float post_scale) {                                                  \
+    extern "C" __global__ void __launch_bounds__(1024) NAME NORM_PARAMS {                   \
         (void)mode;                                                                         \
         rms_norm_mode<MODE>(x, residual, w, w_dtype, w2, w2_dtype, offset, out, out_b, dim, \
                             eps, post_scale);                                               \
@@ -340,10 +343,7 @@ NORM_ENTRY(rms_norm_add_norm, NORM_ADD_NORM)
 // general entries carry every weight dtype (sixteen copies for NORM_ADD_NORM), and at 112
 // rows on an H200 their launches took 3.1-5.9 us for 1.1-1.5 us of multiprocessor work.
 #define NORM_ENTRY_BF16(NAME, MODE)                                                         \
-    extern "C" __global__ void __launch_bounds__(1024)                                      \
-        NAME(const float* x, float* residual, const void* w, int w_dtype, const void* w2,   \
-             int w2_dtype, float offset, float* out, u16* out_b, int dim, float eps,        \
-             int mode, float post_scale) {                                                  \
+    extern "C" __global__ void __launch_bounds__(1024) NAME NORM_PARAMS {                   \
         (void)w_dtype;                                                                      \
         (void)w2_dtype;                                                                     \
         (void)mode;                                                                         \
