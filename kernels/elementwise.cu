@@ -62,15 +62,31 @@ extern "C" __global__ void act_mul_bf16_in(const u16* gate, const u16* up, float
 
 // out[t, i] = act(gate[t, i]) * table[t * stride + offset + i] for i < cols: the gated
 // product with a column slice of a wider table (Gemma-4's per-layer inputs) in one pass.
-extern "C" __global__ void act_mul_slice(const float* gate, const float* table, float* out,
-                                         u16* out_b, u64 n, u64 cols, u64 offset, u64 stride,
-                                         int act) {
-    FOR_EACH_INDEX(i, n) {
-        const u64 t = i / cols, c = i % cols;
-        const float y = apply_act(act, gate[i]) * table[t * stride + offset + c];
-        out[i] = y;
-        if (out_b) out_b[i] = f32_to_bf16_rne(y);
-    }
+// One entry point per activation (each holds only its own function); grid (rows, column
+// chunks of 256), so no 64-bit division splits a flat index into row and column.
+template <int ACT>
+__device__ __forceinline__ void act_mul_slice_rows(const float* gate, const float* table,
+                                                   float* out, u16* out_b, u64 cols,
+                                                   u64 offset, u64 stride) {
+    const u64 c = (u64)blockIdx.y * blockDim.x + threadIdx.x, t = blockIdx.x;
+    if (c >= cols) return;
+    const u64 i = t * cols + c;
+    const float g = gate[i];
+    const float a = ACT == ACT_GELU_TANH ? gelu_tanh(g) : silu(g);
+    const float y = a * table[t * stride + offset + c];
+    out[i] = y;
+    if (out_b) out_b[i] = f32_to_bf16_rne(y);
+}
+
+extern "C" __global__ void act_mul_slice_gelu_tanh(const float* gate, const float* table,
+                                                   float* out, u16* out_b, u64 cols,
+                                                   u64 offset, u64 stride) {
+    act_mul_slice_rows<ACT_GELU_TANH>(gate, table, out, out_b, cols, offset, stride);
+}
+
+extern "C" __global__ void act_mul_slice_silu(const float* gate, const float* table, float* out,
+                                              u16* out_b, u64 cols, u64 offset, u64 stride) {
+    act_mul_slice_rows<ACT_SILU>(gate, table, out, out_b, cols, offset, stride);
 }
 
 extern "C" __global__ void activation(const float* x, float* out, u64 n, int act) {

@@ -122,6 +122,27 @@ kv_store(const float* k, const float* v, const u32* slots, unsigned char* k_slab
     store_row(v + src, v_slab, v_scales, format, row, d, red);
 }
 
+// kv_store for a bf16 slab (the default KV format) with even d: its own entry point, so a
+// decode step's store runs only its own code (the general one inlines every format's
+// encoder behind a switch per element: ~800 instructions for a few pairs a thread). Same
+// grid; a thread writes value pairs (i, i + 1) as one 4-byte word, each rounded as kv_put
+// rounds it.
+extern "C" __global__ void __launch_bounds__(STORE_THREADS)
+kv_store_bf16(const float* k, const float* v, const u32* slots, u32* k_slab, u32* v_slab,
+              int n_kv_heads, int d) {
+    const u64 t = blockIdx.x;
+    const int h = blockIdx.y, half_d = d >> 1;
+    const u64 src = (t * n_kv_heads + h) * half_d;
+    const u64 row = ((u64)slots[t] * n_kv_heads + h) * half_d;
+    const float2* k2 = reinterpret_cast<const float2*>(k) + src;
+    const float2* v2 = reinterpret_cast<const float2*>(v) + src;
+    for (int i = threadIdx.x; i < half_d; i += STORE_THREADS) {
+        const float2 a = k2[i], b = v2[i];
+        k_slab[row + i] = (u32)f32_to_bf16_rne(a.x) | ((u32)f32_to_bf16_rne(a.y) << 16);
+        v_slab[row + i] = (u32)f32_to_bf16_rne(b.x) | ((u32)f32_to_bf16_rne(b.y) << 16);
+    }
+}
+
 // ---- paged attention ---------------------------------------------------------------------
 //
 // Sequences are described by 5 u32 each: q_offset, q_len, q_start, k_start, slot_offset.

@@ -103,9 +103,6 @@ impl AttentionParams {
     }
 }
 
-/// A 2-D strided copy: `rows` rows of `cols` elements from `src[src_offset + r * src_stride ..]`
-/// to `dst[dst_offset + r * dst_stride ..]`. Splits fused projections (q|k|v, gate|up) and
-/// gathers per-layer slices without views into buffers.
 /// A column slice of a row-major table: row `t` holds `cols` values from
 /// `t * stride + offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +112,9 @@ pub struct TableSlice {
     pub stride: usize,
 }
 
+/// A 2-D strided copy: `rows` rows of `cols` elements from `src[src_offset + r * src_stride ..]`
+/// to `dst[dst_offset + r * dst_stride ..]`. Splits fused projections (q|k|v, gate|up) and
+/// gathers per-layer slices without views into buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StridedCopy {
     pub rows: usize,

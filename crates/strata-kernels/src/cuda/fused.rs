@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buffer::{dtype_code, CudaBuffer, Storage};
 use super::sources::GEMV_KERNELS;
-use super::{device_err, grid_for, CudaBackend};
+use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::{
     Activation, DType, DeviceBuffer, KernelError, MatmulShape, Result, RmsNormParams, RopeParams,
@@ -434,17 +434,24 @@ impl CudaBackend {
         }
         let (g, tb) = (gate.f32s(OP)?, table.f32s(OP)?);
         let (o, ob) = out.f32s_maybe_twin_mut(&self.stream, self.gemm_reads_bf16(rows), OP)?;
-        let (n64, cols, offset, stride) =
-            (n as u64, s.cols as u64, s.offset as u64, s.stride as u64);
-        let code = super::ops::act_code(act);
-        let mut l = self
-            .stream
-            .launch_builder(self.kernels.get("act_mul_slice")?);
+        let (cols, offset, stride) = (s.cols as u64, s.offset as u64, s.stride as u64);
+        // One entry point per activation; a block per row and 256 columns.
+        let name = match act {
+            Activation::GeluTanh => "act_mul_slice_gelu_tanh",
+            Activation::Silu => "act_mul_slice_silu",
+        };
+        let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(g).arg(tb).arg(o);
         super::buffer::arg_twin(&mut l, ob);
-        l.arg(&n64).arg(&cols).arg(&offset).arg(&stride).arg(&code);
-        // SAFETY: lengths and the slice's reach into the table checked above.
-        unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
+        l.arg(&cols).arg(&offset).arg(&stride);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, s.cols.div_ceil(256) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: gate and out hold rows x cols values and the slice reaches only table rows
+        // that exist (checked above); the grid covers exactly those rows and columns.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }
 }

@@ -72,7 +72,6 @@ pub struct CudaBackend {
     dense_min_q: usize,
     /// What the device grants the tensor-core paged attention (nothing: not used).
     paged_mma: paged_mma::MmaSupport,
-    /// Whether bf16 products over a decode step's rows (past the GEMV's, up to 128) run as
     /// The most rows (past the GEMV's) a bf16 product runs as `kernels/skinny_gemm.cu`
     /// rather than cuBLAS: 128 on sm_90, 32 on later GPUs, 0 before (`skinny_gemm::probe`).
     skinny_max_rows: usize,

@@ -189,17 +189,24 @@ impl CudaBackend {
         // cost a copy back per store. The CPU op checks them.
         let (ks, vs) = (k.f32s(OP)?, v.f32s(OP)?);
         let (heads_i, d_i, fmt) = (heads as i32, d as i32, format_code(s.format));
-        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        // bf16 rows of even length take their own entry point (value pairs as words).
+        let pairs = s.format == KvFormat::Bf16 && d.is_multiple_of(2);
+        let name = if pairs { "kv_store_bf16" } else { OP };
+        let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(ks)
             .arg(vs)
             .arg(&slots.data)
             .arg(&mut slab.k)
-            .arg(&mut slab.v)
-            .arg(&mut slab.k_scales)
-            .arg(&mut slab.v_scales)
-            .arg(&heads_i)
-            .arg(&d_i)
-            .arg(&fmt);
+            .arg(&mut slab.v);
+        if !pairs {
+            l.arg(&mut slab.k_scales)
+                .arg(&mut slab.v_scales)
+                .arg(&heads_i)
+                .arg(&d_i)
+                .arg(&fmt);
+        } else {
+            l.arg(&heads_i).arg(&d_i);
+        }
         let cfg = LaunchConfig {
             grid_dim: (t as u32, heads as u32, 1),
             block_dim: (128, 1, 1),

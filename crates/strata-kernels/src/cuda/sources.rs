@@ -168,7 +168,8 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         &[
             "act_mul",
             "act_mul_bf16_in",
-            "act_mul_slice",
+            "act_mul_slice_gelu_tanh",
+            "act_mul_slice_silu",
             "activation",
             "softcap",
             "add",
@@ -215,6 +216,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         include_str!("../../../../kernels/paged.cu"),
         &[
             "kv_store",
+            "kv_store_bf16",
             "paged_attention",
             "paged_combine",
             "kv_gather",
