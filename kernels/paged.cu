@@ -281,6 +281,7 @@ paged_attention(const float* q, const unsigned char* k_slab, const unsigned char
 // result in bf16 too (the o projection's GEMM operand).
 #define PA_MAX_SPLITS 64  // MAX_SPLITS in cuda/paged.rs
 #define COMBINE_COLS 128
+#define COMBINE_BATCH 16
 
 extern "C" __global__ void __launch_bounds__(COMBINE_COLS)
 paged_combine(const float* ws_acc, const float* ws_ml, float* out, u16* out_b, int d,
@@ -290,17 +291,29 @@ paged_combine(const float* ws_acc, const float* ws_ml, float* out, u16* out_b, i
     const u64 task = blockIdx.x;
     const u64 first = task * n_splits;
     if (threadIdx.x < 32) {
+        // A lane's (max, sum) pairs are loaded once, all before the first use.
         const int lane = threadIdx.x;
+        float2 ml[PA_MAX_SPLITS / 32];
+#pragma unroll
+        for (int j = 0; j < PA_MAX_SPLITS / 32; ++j) {
+            const int z = lane + 32 * j;
+            ml[j] = z < n_splits ? reinterpret_cast<const float2*>(ws_ml)[first + z]
+                                 : make_float2(NEG_INF, 0.0f);
+        }
         float gmax = NEG_INF;
-        for (int z = lane; z < n_splits; z += 32)
-            if (ws_ml[2 * (first + z) + 1] > 0.0f) gmax = fmaxf(gmax, ws_ml[2 * (first + z)]);
+#pragma unroll
+        for (int j = 0; j < PA_MAX_SPLITS / 32; ++j)
+            if (ml[j].y > 0.0f) gmax = fmaxf(gmax, ml[j].x);
         for (int o = 16; o > 0; o >>= 1) gmax = fmaxf(gmax, __shfl_xor_sync(0xffffffffu, gmax, o));
         float total = 0.0f;
-        for (int z = lane; z < n_splits; z += 32) {
-            const float l = ws_ml[2 * (first + z) + 1];
-            const float w = l > 0.0f ? expf(ws_ml[2 * (first + z)] - gmax) : 0.0f;
-            weight[z] = w;
-            total += l * w;
+#pragma unroll
+        for (int j = 0; j < PA_MAX_SPLITS / 32; ++j) {
+            const int z = lane + 32 * j;
+            if (z < n_splits) {
+                const float w = ml[j].y > 0.0f ? expf(ml[j].x - gmax) : 0.0f;
+                weight[z] = w;
+                total += ml[j].y * w;
+            }
         }
         total = warp_sum_f32(total);
         if (lane == 0) total_sum = total;
@@ -310,9 +323,24 @@ paged_combine(const float* ws_acc, const float* ws_ml, float* out, u16* out_b, i
     const int i = blockIdx.y * COMBINE_COLS + threadIdx.x;
     if (i >= d) return;
     float o = 0.0f;
-    // Empty splits (weight 0: rows shorter than the grid's split count) are not read.
-    for (int z = 0; z < n_splits; ++z)
-        if (weight[z] != 0.0f) o += ws_acc[(first + z) * d + i] * weight[z];
+    // Empty splits (weight 0: rows shorter than the grid's split count) add nothing. The
+    // splits go in groups of COMBINE_BATCH whose loads are all issued before the first
+    // add (the adds stay in split order): one L2 round trip a group, not one per few
+    // splits (a batch-1 step's 64 splits were 16 dependent rounds). Every split block
+    // writes its whole part of the workspace, empty ones included, so every load reads
+    // written values.
+    const float* col = ws_acc + first * d + i;
+    int z = 0;
+    for (; z + COMBINE_BATCH <= n_splits; z += COMBINE_BATCH) {
+        float a[COMBINE_BATCH];
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; ++u) a[u] = col[(u64)(z + u) * d];
+#pragma unroll
+        for (int u = 0; u < COMBINE_BATCH; ++u)
+            if (weight[z + u] != 0.0f) o = fmaf(a[u], weight[z + u], o);
+    }
+    for (; z < n_splits; ++z)
+        if (weight[z] != 0.0f) o = fmaf(col[(u64)z * d], weight[z], o);
     const float y = total > 0.0f ? o / total : 0.0f;
     out[task * d + i] = y;
     if (out_b) out_b[task * d + i] = f32_to_bf16_rne(y);
