@@ -275,6 +275,16 @@ pub fn paged_attention_cases() -> Vec<PagedCase> {
             seed: 741,
             ..base.clone()
         },
+        // Two decode rows, one deep enough for 17 key splits on a 132-multiprocessor GPU on
+        // the exact path and 33 on the tensor-core one (the combine's loads go sixteen
+        // partial rows at a time, then a tail), the other short enough that most of its
+        // splits are empty.
+        PagedCase {
+            format: KvFormat::Bf16,
+            seqs: vec![(8400, 1), (40, 1)],
+            seed: 744,
+            ..base.clone()
+        },
         // E4B: 8 query heads over 2 KV heads, int8 and fp8.
         PagedCase {
             n_kv_heads: 2,
