@@ -71,9 +71,7 @@ __device__ __forceinline__ void act_mul_slice_rows(const float* gate, const floa
     const u64 c = (u64)blockIdx.y * blockDim.x + threadIdx.x, t = blockIdx.x;
     if (c >= cols) return;
     const u64 i = t * cols + c;
-    const float g = gate[i];
-    const float a = ACT == ACT_GELU_TANH ? gelu_tanh(g) : silu(g);
-    const float y = a * table[t * stride + offset + c];
+    const float y = apply_act(ACT, gate[i]) * table[t * stride + offset + c];
     out[i] = y;
     if (out_b) out_b[i] = f32_to_bf16_rne(y);
 }

@@ -198,14 +198,14 @@ impl CudaBackend {
             .arg(&slots.data)
             .arg(&mut slab.k)
             .arg(&mut slab.v);
-        if !pairs {
+        if pairs {
+            l.arg(&heads_i).arg(&d_i);
+        } else {
             l.arg(&mut slab.k_scales)
                 .arg(&mut slab.v_scales)
                 .arg(&heads_i)
                 .arg(&d_i)
                 .arg(&fmt);
-        } else {
-            l.arg(&heads_i).arg(&d_i);
         }
         let cfg = LaunchConfig {
             grid_dim: (t as u32, heads as u32, 1),
@@ -213,7 +213,8 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: k/v hold t rows of heads x d (checked); every slot indexes a row of the
-        // slab (the pool hands out only its own slots).
+        // slab (the pool hands out only its own slots); the bf16 entry's 4-byte words align,
+        // since d is even and every buffer starts an allocation.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }
