@@ -10,7 +10,10 @@ full attention past 1024 positions are exercised) teacher-forced with
   - transformers in float32 (eager attention) and bfloat16 (sdpa), and
   - `strata score` on the GPU: --dtype f32 with f32 KV, and --dtype bf16 with bf16, fp8
     and int8 KV (prefill in chunks of 512, the last tokens as single decode steps),
-    plus bf16 with --embed-weights host, which must give the same logits bit for bit.
+    plus bf16 with --embed-weights host, which must give the same logits bit for bit,
+    and f32 and bf16 with --last-rows (passes of 64, each asking for its last row only,
+    as generation does: the KV-shared layers then run that row alone) against the same
+    positions of transformers f32, within the same bounds.
 
 Bounds (asserted against transformers f32, and written to the JSON report):
   f32 weights and activations: max |logit difference| <= 2e-3 over every position;
@@ -45,6 +48,9 @@ from transformers import AutoConfig, Gemma4ForConditionalGeneration
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MARGIN = 0.5
+DECODE_TAIL = 16
+LAST_ROWS_CHUNK = 64
+
 BOUNDS = {
     "f32": {"max_abs": 2e-3},
     "bf16": {"min_cosine": 0.999, "top1_decisive": 0.98},
@@ -120,10 +126,11 @@ def hf_logits(ckpt, ids, dtype):
     return out
 
 
-def strata_logits(strata, ckpt, ids_path, out_path, vocab, n, dtype, kv, extra=()):
+def strata_logits(strata, ckpt, ids_path, out_path, vocab, n, dtype, kv, extra=(), chunk=512):
+    """`n` rows of logits from `strata score` (`n` = the passes with --last-rows)."""
     cmd = [strata, "score", "--model", ckpt, "--device", "cuda", "--dtype", dtype,
            "--kv-cache-dtype", kv, "--ids", ids_path, "--out", out_path,
-           "--prefill-chunk", "512", "--decode-tail", "16", *extra]
+           "--prefill-chunk", str(chunk), "--decode-tail", str(DECODE_TAIL), *extra]
     log(" ".join(cmd))
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -194,6 +201,19 @@ def run_model(model, args, report, failures):
             bf16_device = got
         r[f"bf16/{kv}"] = entry
         log(model, kv, json.dumps({k: v for k, v in entry.items() if k != "strata"}))
+
+    # Each pass's last row alone, as generation asks (the KV-shared layers then run that
+    # row only), in passes of 64 so that 20 prompt rows are checked besides the decodes.
+    head = n - DECODE_TAIL
+    ends = [min(s + LAST_ROWS_CHUNK, head) - 1 for s in range(0, head, LAST_ROWS_CHUNK)]
+    ends += list(range(head, n))
+    for dtype in ["f32", "bf16"]:
+        got, rep = strata_logits(args.strata, ckpt, ids_path, out, vocab, len(ends), dtype,
+                                 dtype, ["--last-rows"], chunk=LAST_ROWS_CHUNK)
+        entry = {"rows": ends, "vs_transformers_f32": compare(got, ref32[ends]), "strata": rep}
+        check(f"{model} {dtype} last rows", entry["vs_transformers_f32"], BOUNDS[dtype], failures)
+        r[f"{dtype} last rows"] = entry
+        log(model, dtype, "last rows", json.dumps(entry["vs_transformers_f32"]))
 
     if model == "e2b":
         got, rep = strata_logits(args.strata, ckpt, ids_path, out, vocab, n, "bf16", "bf16",

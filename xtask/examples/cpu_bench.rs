@@ -163,7 +163,7 @@ fn margins(model: &LoadedModel, prompt: &[u32], expect: &[u32]) -> anyhow::Resul
     anyhow::ensure!(!expect.is_empty(), "--margins needs --expect");
     let mut seq = prompt.to_vec();
     seq.extend_from_slice(&expect[..expect.len() - 1]);
-    let out = model.score(&seq, &[seq.len()], strata_kv::KvCacheDtype::Auto)?;
+    let out = model.score(&seq, &[seq.len()], strata_kv::KvCacheDtype::Auto, false)?;
     let vocab = model.config().vocab_size;
     for (j, &want) in expect.iter().enumerate() {
         let row = &out[(prompt.len() - 1 + j) * vocab..(prompt.len() + j) * vocab];

@@ -188,12 +188,14 @@ where
 impl LoadedModel {
     /// Teacher-forced logits of every position of `ids` (`ids.len() x vocab`), fed in
     /// passes of the given sizes (which must sum to `ids.len()`; a size of 1 is a decode
-    /// step), on a pool of `kv_cache_dtype`.
+    /// step), on a pool of `kv_cache_dtype`. With `last_rows`, each pass asks only for its
+    /// last position's logits, as generation does (`passes.len() x vocab`).
     pub fn score(
         &self,
         ids: &[u32],
         passes: &[usize],
         kv_cache_dtype: KvCacheDtype,
+        last_rows: bool,
     ) -> Result<Vec<f32>> {
         if passes.iter().sum::<usize>() != ids.len() || passes.contains(&0) {
             return Err(EngineError::Invalid(format!(
@@ -211,12 +213,12 @@ impl LoadedModel {
         match &self.runtime {
             Runtime::Cpu(m) => {
                 let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                score_on(m, kv, ids, passes)
+                score_on(m, kv, ids, passes, last_rows)
             }
             Runtime::Cuda(m) => {
                 let storage = PagedStorage::new(m.backend().clone());
                 let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                score_on(m, kv, ids, passes)
+                score_on(m, kv, ids, passes, last_rows)
             }
         }
     }
@@ -227,6 +229,7 @@ fn score_on<B: Backend, S: KvStorage>(
     mut kv: KvPool<S>,
     ids: &[u32],
     passes: &[usize],
+    last_rows: bool,
 ) -> Result<Vec<f32>>
 where
     KvPool<S>: KvCache<B>,
@@ -241,7 +244,11 @@ where
                 request: req,
                 tokens: ids[start..start + n].to_vec(),
                 start,
-                logits: LogitsMode::All,
+                logits: if last_rows {
+                    LogitsMode::Last
+                } else {
+                    LogitsMode::All
+                },
             }],
         };
         out.extend(model.forward(&mut kv, &batch)?.logits.remove(0));

@@ -100,9 +100,23 @@ mod tests {
 
     fn logits_in<B: QuantUpload, S: KvStorage>(
         model: &Model<B>,
+        kv: KvPool<S>,
+        ids: &[u32],
+        chunks: &[usize],
+    ) -> Vec<f32>
+    where
+        KvPool<S>: KvCache<B>,
+    {
+        logits_as(model, kv, ids, chunks, LogitsMode::All)
+    }
+
+    /// The logits `mode` asks for of each chunk (every row, or the last).
+    fn logits_as<B: QuantUpload, S: KvStorage>(
+        model: &Model<B>,
         mut kv: KvPool<S>,
         ids: &[u32],
         chunks: &[usize],
+        mode: LogitsMode,
     ) -> Vec<f32>
     where
         KvPool<S>: KvCache<B>,
@@ -116,7 +130,7 @@ mod tests {
                     request: req,
                     tokens: ids[start..start + n].to_vec(),
                     start,
-                    logits: LogitsMode::All,
+                    logits: mode,
                 }],
             };
             out.extend(model.forward(&mut kv, &batch).unwrap().logits.remove(0));
@@ -238,6 +252,31 @@ mod tests {
                     );
                 }
             }
+            // Each chunk's last row alone: Gemma-4's KV-shared layers then run that row
+            // only (see `Model::set_kv_shared_trim`).
+            let chunks = [5, 9, n - 17, 1, 1, 1];
+            let ends: Vec<usize> = chunks
+                .iter()
+                .scan(0, |end, &c| {
+                    *end += c;
+                    Some(*end - 1)
+                })
+                .collect();
+            let v = want.len() / n;
+            let at_ends: Vec<f32> = ends
+                .iter()
+                .flat_map(|&e| want[e * v..(e + 1) * v].iter().copied())
+                .collect();
+            let pool = device_pool(&cuda, KvCacheDtype::F32);
+            let last = logits_as(&cuda, pool, &ids, &chunks, LogitsMode::Last);
+            let vs_ref = max_abs_diff(&last, &at_ends);
+            eprintln!(
+                "{name} device pool, last rows {ends:?}: max |cuda - transformers| {vs_ref:.3e}"
+            );
+            assert!(
+                vs_ref < 1e-4,
+                "{name} last rows: {vs_ref} from transformers"
+            );
             // 8-bit and bf16 KV on the device pool against the CPU's host pool of the same
             // format: within the formats' stated bounds of transformers (see
             // tests/transformers_parity.rs), and close to the CPU.

@@ -7,7 +7,7 @@ use strata_kernels::{
     RopeStyle, TableSlice,
 };
 
-use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
+use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{copy_rows, KvCache};
 use crate::linear::Linear;
@@ -193,7 +193,7 @@ impl<B: Backend> Model<B> {
         self.tensors
             .embed
             .embed_idx(b, &prep.ids, &inputs.ids, self.embed_scale, &mut x)?;
-        let ple = match &self.tensors.ple {
+        let mut ple = match &self.tensors.ple {
             Some(_) => Some(self.per_layer_inputs(&prep.ids, inputs, &x)?),
             None => None,
         };
@@ -202,7 +202,22 @@ impl<B: Backend> Model<B> {
         if let Some(first) = layers.first() {
             b.rms_norm(&x, Some(&first.input_norm), self.norm(h), &mut normed)?;
         }
+        let trim = self.trim_plan(batch, prep);
+        let mut trimmed: Option<Trimmed<B>> = None;
         for (l, lw) in layers.iter().enumerate() {
+            if let Some((_, keep)) = trim.as_ref().filter(|(at, _)| *at == l) {
+                if keep.is_empty() {
+                    // No sequence wants logits: the layers left change nothing stored.
+                    break;
+                }
+                let tr = self.trim(batch, prep, keep, &mut x, &mut normed, &mut ple)?;
+                kv.begin_step(b, &tr.batch)?;
+                trimmed = Some(tr);
+            }
+            let (batch, inputs, t) = match &trimmed {
+                Some(tr) => (&tr.batch, &tr.inputs, tr.batch.seqs.len()),
+                None => (batch, inputs, t),
+            };
             let lc = &c.layers[l];
             // The layer's last residual step also norms the next layer's input.
             let next = layers.get(l + 1).map(|n| &n.input_norm);
@@ -252,7 +267,96 @@ impl<B: Backend> Model<B> {
                 self.norm_add(&mut x, &out, norm, scalar, next, &mut normed)?;
             }
         }
-        self.logits(&x, batch, rows, into)
+        let (wanted, counts) = match &trimmed {
+            // One row a sequence that wants logits, in batch order.
+            Some(tr) => (
+                (0..tr.batch.seqs.len()).collect(),
+                batch
+                    .seqs
+                    .iter()
+                    .map(|s| usize::from(s.logits != LogitsMode::None))
+                    .collect(),
+            ),
+            None => wanted_rows(batch, rows),
+        };
+        self.logits(&x, &wanted, counts, into)
+    }
+
+    /// Where this step may drop rows, and the rows it keeps: Gemma-4's KV-shared layers
+    /// (the top of the stack) store nothing, so past the first of them a row matters only
+    /// if its own logits are wanted. For a prefill that is one row a sequence instead of
+    /// the whole prompt (none for a chunk that is not the last). `None` when the model
+    /// has no such layers, trimming is off, a sequence wants every row's logits, or every
+    /// row is wanted anyway (decode steps).
+    fn trim_plan(&self, batch: &ForwardBatch, prep: &Prepared) -> Option<(usize, Vec<usize>)> {
+        let layers = &self.config.layers;
+        let first_shared = layers.iter().rposition(|l| l.owns_kv()).map(|i| i + 1)?;
+        if !self.trim_shared_rows
+            || first_shared >= layers.len()
+            || batch.seqs.iter().any(|s| s.logits == LogitsMode::All)
+        {
+            return None;
+        }
+        let keep: Vec<usize> = batch
+            .seqs
+            .iter()
+            .zip(&prep.rows)
+            .filter(|(s, _)| s.logits != LogitsMode::None)
+            .map(|(_, r)| r.offset + r.len - 1)
+            .collect();
+        (keep.len() < prep.ids.len()).then_some((first_shared, keep))
+    }
+
+    /// Narrows the step to the rows `keep` (each a sequence's last row, in batch order):
+    /// the residual stream, the next layer's normed input and the per-layer inputs are
+    /// gathered, and the batch and positions rebuilt for those rows alone.
+    fn trim(
+        &self,
+        batch: &ForwardBatch,
+        prep: &Prepared,
+        keep: &[usize],
+        x: &mut B::Buffer,
+        normed: &mut B::Buffer,
+        ple: &mut Option<B::Buffer>,
+    ) -> Result<Trimmed<B>> {
+        let b = &self.backend;
+        let h = self.config.hidden_size;
+        *x = self.gather_rows(x, keep, h)?;
+        *normed = self.gather_rows(normed, keep, h)?;
+        if let Some(p) = ple.as_mut() {
+            let cols = p.len() / prep.ids.len();
+            *p = self.gather_rows(p, keep, cols)?;
+        }
+        let seqs = batch
+            .seqs
+            .iter()
+            .filter(|s| s.logits != LogitsMode::None)
+            .map(|s| SeqChunk {
+                request: s.request,
+                tokens: s.tokens[s.tokens.len() - 1..].to_vec(),
+                start: s.start + s.tokens.len() - 1,
+                logits: s.logits,
+            })
+            .collect();
+        let ids: Vec<u32> = keep.iter().map(|&r| prep.ids[r]).collect();
+        let positions: Vec<u32> = keep.iter().map(|&r| prep.positions[r]).collect();
+        Ok(Trimmed {
+            batch: ForwardBatch { seqs },
+            inputs: StepInputs {
+                ids: b.upload_index(&ids)?,
+                positions: b.upload_index(&positions)?,
+            },
+        })
+    }
+
+    /// The rows `rows` of a token-major buffer of `cols` columns, in that order.
+    fn gather_rows(&self, src: &B::Buffer, rows: &[usize], cols: usize) -> Result<B::Buffer> {
+        let mut out = self.scratch(rows.len() * cols)?;
+        // One copy per run of consecutive rows (a batch's decode rows are one run).
+        for (from, to, len) in row_runs(rows) {
+            copy_rows(&self.backend, src, &mut out, len, cols, from, to)?;
+        }
+        Ok(out)
     }
 
     fn activation(&self) -> Activation {
@@ -409,36 +513,22 @@ impl<B: Backend> Model<B> {
     /// Final norm and output projection for the rows each sequence asked for: raw logits,
     /// before the final softcap, which `download_logits` applies (inside the greedy argmax
     /// for the sequences that want only their token).
+    /// `wanted` are rows of `x`, `counts` how many of them each sequence owns.
     fn logits(
         &self,
         x: &B::Buffer,
-        batch: &ForwardBatch,
-        rows: &[SeqRows],
+        wanted: &[usize],
+        counts: Vec<usize>,
         into: Option<&mut B::Buffer>,
     ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let b = &self.backend;
         let c = &self.config;
         let (h, vocab) = (c.hidden_size, c.vocab_size);
-        let mut wanted = Vec::new();
-        let mut counts = Vec::with_capacity(rows.len());
-        for (seq, r) in batch.seqs.iter().zip(rows) {
-            let picked: Vec<usize> = match seq.logits {
-                LogitsMode::None => vec![],
-                LogitsMode::Last | LogitsMode::Argmax => vec![r.offset + r.len - 1],
-                LogitsMode::All => (r.offset..r.offset + r.len).collect(),
-            };
-            counts.push(picked.len());
-            wanted.extend(picked);
-        }
         let n = wanted.len();
         if n == 0 {
             return Ok((None, counts));
         }
-        let mut sel = self.scratch(n * h)?;
-        // One copy per run of consecutive rows (a decode batch is a single run).
-        for (src, dst, len) in row_runs(&wanted) {
-            copy_rows(b, x, &mut sel, len, h, src, dst)?;
-        }
+        let sel = self.gather_rows(x, wanted, h)?;
         let mut y = self.scratch(n * h)?;
         b.rms_norm(&sel, Some(&self.tensors.final_norm), self.norm(h), &mut y)?;
         let mut own = None;
@@ -513,6 +603,29 @@ impl<B: Backend> Model<B> {
     }
 }
 
+/// The rows of the step's buffers whose logits each sequence asked for, and how many
+/// each sequence owns.
+fn wanted_rows(batch: &ForwardBatch, rows: &[SeqRows]) -> (Vec<usize>, Vec<usize>) {
+    let mut wanted = Vec::new();
+    let mut counts = Vec::with_capacity(rows.len());
+    for (seq, r) in batch.seqs.iter().zip(rows) {
+        let before = wanted.len();
+        match seq.logits {
+            LogitsMode::None => {}
+            LogitsMode::Last | LogitsMode::Argmax => wanted.push(r.offset + r.len - 1),
+            LogitsMode::All => wanted.extend(r.offset..r.offset + r.len),
+        }
+        counts.push(wanted.len() - before);
+    }
+    (wanted, counts)
+}
+
+/// A step narrowed to the rows whose logits are wanted (see [`Model::trim_plan`]).
+struct Trimmed<B: Backend> {
+    batch: ForwardBatch,
+    inputs: StepInputs<B>,
+}
+
 /// `rows` as maximal runs of consecutive values: (first row, index in `rows`, length).
 fn row_runs(rows: &[usize]) -> Vec<(usize, usize, usize)> {
     let mut runs: Vec<(usize, usize, usize)> = Vec::new();
@@ -537,5 +650,58 @@ mod row_run_tests {
             row_runs(&[4, 9, 10, 11, 2]),
             vec![(4, 0, 1), (9, 1, 3), (2, 4, 1)]
         );
+    }
+}
+
+#[cfg(test)]
+mod trim_tests {
+    use super::*;
+    use strata_kernels::cpu::CpuBackend;
+    use strata_kv::RequestId;
+
+    fn chunk(request: u64, start: usize, len: usize, logits: LogitsMode) -> SeqChunk {
+        SeqChunk {
+            request: RequestId(request),
+            tokens: vec![3; len],
+            start,
+            logits,
+        }
+    }
+
+    /// Past the tiny Gemma-4's last KV-owning layer (2 of 0..5) a step keeps one row per
+    /// sequence that wants logits; decode-only steps, every-row scoring and models
+    /// without shared layers keep them all.
+    #[test]
+    fn the_plan_keeps_each_wanted_sequences_last_row() {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/tiny/");
+        let mut model =
+            Model::load(CpuBackend::new(), format!("{fixtures}gemma4-tiny").as_ref()).unwrap();
+        let plan = |m: &Model<CpuBackend>, seqs: Vec<SeqChunk>| {
+            let batch = ForwardBatch { seqs };
+            m.trim_plan(&batch, &m.prepare(&batch).unwrap())
+        };
+        let mixed = || {
+            vec![
+                chunk(0, 10, 1, LogitsMode::Argmax),
+                chunk(1, 0, 12, LogitsMode::None),
+                chunk(2, 0, 9, LogitsMode::Last),
+            ]
+        };
+        assert_eq!(plan(&model, mixed()), Some((3, vec![0, 21])));
+        let no_logits = vec![chunk(1, 0, 12, LogitsMode::None)];
+        assert_eq!(plan(&model, no_logits), Some((3, vec![])));
+        let decode = vec![
+            chunk(0, 10, 1, LogitsMode::Argmax),
+            chunk(1, 4, 1, LogitsMode::Last),
+        ];
+        assert_eq!(plan(&model, decode), None);
+        let mut scoring = mixed();
+        scoring[2].logits = LogitsMode::All;
+        assert_eq!(plan(&model, scoring), None);
+        model.set_kv_shared_trim(false);
+        assert_eq!(plan(&model, mixed()), None);
+        let gemma3 =
+            Model::load(CpuBackend::new(), format!("{fixtures}gemma3-tiny").as_ref()).unwrap();
+        assert_eq!(plan(&gemma3, mixed()), None);
     }
 }

@@ -30,6 +30,9 @@ pub struct Model<B: Backend> {
     pub(crate) embed_scale: f32,
     /// Per-layer embedding multiplier (`sqrt(P)`).
     pub(crate) ple_scale: f32,
+    /// Whether the KV-shared layers run only the rows whose logits are wanted (on unless
+    /// `STRATA_KV_SHARED_TRIM=0`; see `Model::set_kv_shared_trim`).
+    pub(crate) trim_shared_rows: bool,
 }
 
 /// `sqrt(n)` as the reference applies it: transformers casts the scale to the weight dtype;
@@ -105,6 +108,7 @@ impl<B: QuantUpload> Model<B> {
             tensors,
             embed_scale,
             ple_scale,
+            trim_shared_rows: std::env::var("STRATA_KV_SHARED_TRIM").as_deref() != Ok("0"),
         })
     }
 }
@@ -122,6 +126,15 @@ impl<B: Backend> Model<B> {
     /// cannot be captured as graphs).
     pub fn has_host_tables(&self) -> bool {
         self.tensors.embed.is_host() || self.tensors.ple.as_ref().is_some_and(|p| p.table.is_host())
+    }
+
+    /// Whether a step runs its KV-shared layers (Gemma-4's top layers, which store no K/V)
+    /// for the rows whose logits are wanted only: a prompt's last row instead of all of
+    /// them, nothing for a prompt chunk that is not the last. The logits are the same
+    /// either way (nothing those layers compute for other rows is read again); on by
+    /// default, off to measure what it saves.
+    pub fn set_kv_shared_trim(&mut self, on: bool) {
+        self.trim_shared_rows = on;
     }
 
     /// See [`ModelTensors::matmul_elements`].

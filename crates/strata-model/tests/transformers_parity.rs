@@ -287,3 +287,103 @@ fn paged_storage_equals_host_storage() {
         }
     }
 }
+
+/// A mixed step as the scheduler makes them, then a second one, on `kv`: request a decodes
+/// position 10 (prefilled to 10 before), b prefills 12 tokens wanting no logits, c
+/// prefills 9 wanting its last; then b decodes position 12 and c prefills the rest. The
+/// wanted rows' logits: positions 10, 8, 12 and the last.
+fn mixed_steps<S: KvStorage>(
+    model: &Model<CpuBackend>,
+    kv: &mut KvPool<S>,
+    ids: &[u32],
+) -> Vec<Vec<f32>>
+where
+    KvPool<S>: KvCache<CpuBackend>,
+{
+    let n = ids.len();
+    let chunk = |request, start: usize, end: usize, logits| SeqChunk {
+        request,
+        tokens: ids[start..end].to_vec(),
+        start,
+        logits,
+    };
+    let (a, b, c) = (kv.alloc_request(), kv.alloc_request(), kv.alloc_request());
+    kv.extend(a, 11).unwrap();
+    let first = ForwardBatch {
+        seqs: vec![chunk(a, 0, 10, LogitsMode::None)],
+    };
+    assert!(model.forward(kv, &first).unwrap().logits[0].is_empty());
+    kv.extend(b, 13).unwrap();
+    kv.extend(c, n).unwrap();
+    let mixed = ForwardBatch {
+        seqs: vec![
+            chunk(a, 10, 11, LogitsMode::Last),
+            chunk(b, 0, 12, LogitsMode::None),
+            chunk(c, 0, 9, LogitsMode::Last),
+        ],
+    };
+    let mut out = model.forward(kv, &mixed).unwrap().logits;
+    assert!(out[1].is_empty(), "a chunk wanting no logits got some");
+    let next = ForwardBatch {
+        seqs: vec![
+            chunk(b, 12, 13, LogitsMode::Last),
+            chunk(c, 9, n, LogitsMode::Last),
+        ],
+    };
+    let more = model.forward(kv, &next).unwrap().logits;
+    for r in [a, b, c] {
+        kv.release(r).unwrap();
+    }
+    vec![
+        out.remove(0),
+        out.remove(1),
+        more[0].clone(),
+        more[1].clone(),
+    ]
+}
+
+/// Gemma-4's KV-shared layers run only the rows whose logits are wanted (a prompt's last,
+/// none for a chunk that wants none; `Model::set_kv_shared_trim`). Mixed steps of
+/// decode rows and prompt chunks, on the host and the paged pool, give the bits of
+/// every-row scoring (which runs every row through every layer) at the wanted
+/// positions, with trimming on and off, and agree with transformers. Request b's decode
+/// step reads the K/V its prompt stored in a step whose shared layers skipped it.
+#[test]
+fn kv_shared_layers_run_only_the_wanted_rows() {
+    for name in ["gemma4-tiny", "gemma4-tiny-mm"] {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let mut model = Model::load(CpuBackend::new(), &dir).unwrap();
+        let (n, v) = (r.ids.len(), r.vocab);
+        let every = run_chunked(&model, &mut pool(&model, KvCacheDtype::F32), &r.ids, &[n]);
+        let positions = [10, 8, 12, n - 1];
+        for trim in [true, false] {
+            model.set_kv_shared_trim(trim);
+            let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
+            let plan = PagePlan {
+                full: 64,
+                window: 64,
+                page_size: 4,
+            };
+            let storage = PagedStorage::new(CpuBackend::new());
+            let mut paged = KvPool::new(layout, plan, CacheType::Naive, storage).unwrap();
+            let on_host = mixed_steps(&model, &mut pool(&model, KvCacheDtype::F32), &r.ids);
+            let on_paged = mixed_steps(&model, &mut paged, &r.ids);
+            for (pool_name, got) in [("host", on_host), ("paged", on_paged)] {
+                for (row, &p) in got.iter().zip(&positions) {
+                    let want = &every[p * v..(p + 1) * v];
+                    assert!(
+                        row.iter()
+                            .zip(want)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{name} {pool_name} trim {trim}: position {p} differs from every-row \
+                         scoring by {}",
+                        max_abs_diff(row, want)
+                    );
+                    let d = max_abs_diff(row, &r.logits[p * v..(p + 1) * v]);
+                    assert!(d < 1e-4, "{name} position {p}: {d} from transformers");
+                }
+            }
+        }
+    }
+}

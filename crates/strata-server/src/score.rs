@@ -20,7 +20,8 @@ pub struct ScoreArgs {
     /// Token ids: a JSON array of integers.
     #[arg(long)]
     pub ids: PathBuf,
-    /// Where to write `len(ids) x vocab` little-endian f32 logits.
+    /// Where to write `len(ids) x vocab` little-endian f32 logits (`passes x vocab` with
+    /// `--last-rows`).
     #[arg(long)]
     pub out: PathBuf,
     /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
@@ -32,6 +33,10 @@ pub struct ScoreArgs {
     /// Score the last N tokens one decode step at a time.
     #[arg(long, default_value_t = 0)]
     pub decode_tail: usize,
+    /// Ask each pass for its last position's logits only, as generation does (Gemma-4's
+    /// KV-shared layers then run that row alone); the output holds one row per pass.
+    #[arg(long)]
+    pub last_rows: bool,
     /// Run the whole scoring this many times (the first warms up) and report the last.
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
@@ -67,7 +72,7 @@ pub fn run(a: &ScoreArgs) -> anyhow::Result<()> {
     let mut secs = 0.0;
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
-        logits = model.score(&ids, &passes, kv)?;
+        logits = model.score(&ids, &passes, kv, a.last_rows)?;
         secs = t.elapsed().as_secs_f64();
     }
     let mut f = std::io::BufWriter::new(
@@ -82,6 +87,7 @@ pub fn run(a: &ScoreArgs) -> anyhow::Result<()> {
         "tokens": ids.len(),
         "vocab": model.config().vocab_size,
         "passes": passes.len(),
+        "rows": logits.len() / model.config().vocab_size,
         "load_s": load_s,
         "score_s": secs,
     });

@@ -41,17 +41,22 @@ fn reference(dir: &Path) -> (Vec<u32>, Vec<f32>) {
 }
 
 /// Teacher-forced logits from `strata score` (prefill passes of 7, the last 4 tokens as
-/// decode steps) equal transformers' within the CPU bound.
+/// decode steps) equal transformers' within the CPU bound; with `--last-rows`, each pass's
+/// last row (for Gemma-4, the step its KV-shared layers run for that row alone).
 #[test]
 fn score_matches_transformers() {
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["gemma4-tiny-mm", "llama-tiny"] {
+    for (name, last_rows) in [
+        ("gemma4-tiny-mm", false),
+        ("llama-tiny", false),
+        ("gemma4-tiny-mm", true),
+    ] {
         let dir = tiny(name);
-        let (ids, want) = reference(&dir);
+        let (ids, all) = reference(&dir);
         let ids_path = tmp.path().join("ids.json");
         std::fs::write(&ids_path, serde_json::to_string(&ids).unwrap()).unwrap();
         let out_path = tmp.path().join("logits.f32");
-        let out = strata(&[
+        let mut args = vec![
             "score",
             "--model",
             dir.to_str().unwrap(),
@@ -65,7 +70,11 @@ fn score_matches_transformers() {
             "7",
             "--decode-tail",
             "4",
-        ]);
+        ];
+        if last_rows {
+            args.push("--last-rows");
+        }
+        let out = strata(&args);
         assert!(
             out.status.success(),
             "{}",
@@ -74,6 +83,19 @@ fn score_matches_transformers() {
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(report["tokens"], ids.len());
         assert_eq!(report["device"], "cpu");
+        // The passes end at these positions: 7, 7 and 6 prompt tokens, then 4 decodes.
+        let n = ids.len();
+        let vocab = all.len() / n;
+        let rows: Vec<usize> = if last_rows {
+            vec![6, 13, n - 5, n - 4, n - 3, n - 2, n - 1]
+        } else {
+            (0..n).collect()
+        };
+        assert_eq!(report["rows"], rows.len());
+        let want: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| all[r * vocab..(r + 1) * vocab].iter().copied())
+            .collect();
         let got: Vec<f32> = std::fs::read(&out_path)
             .unwrap()
             .chunks_exact(4)
@@ -87,7 +109,7 @@ fn score_matches_transformers() {
             .fold(0.0f32, f32::max);
         assert!(
             d < 1e-4,
-            "{name}: strata score differs from transformers by {d}"
+            "{name} (last rows {last_rows}): strata score differs from transformers by {d}"
         );
     }
 }
