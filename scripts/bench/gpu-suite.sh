@@ -42,10 +42,13 @@ for m in ${models//,/ }; do
     done
     kill $pid
     wait $pid 2>/dev/null
-    # The decode peer runs eager: torch.compile crashed (reduce-overhead) or did not finish
-    # compiling (default mode) on this model with transformers 5.17 / torch 2.11.
-    timeout 300 python3 scripts/bench/transformers_peer.py --model "$ckpt" --batches 1,8 \
-        --compile none --prefill 512,2048,4096,16384 --out "$out/$m-transformers.json" \
+    # The decode peer runs eager by default: compiling (PEER_COMPILE=auto, generate()'s own
+    # torch.compile with CUDA graphs) takes minutes per batch shape on this model with
+    # transformers 5.17 / torch 2.11 (E2B batch 1: 140 tok/s compiled, docs/benchmarks.md);
+    # give it PEER_TIMEOUT seconds where the machine allows.
+    timeout "${PEER_TIMEOUT:-300}" python3 scripts/bench/transformers_peer.py --model "$ckpt" \
+        --batches 1,8 --compile "${PEER_COMPILE:-none}" --prefill 512,2048,4096,16384 \
+        --out "$out/$m-transformers.json" \
         >"$out/$m-transformers.txt" 2>&1
 done
 python3 scripts/bench/summarize.py "$out"
