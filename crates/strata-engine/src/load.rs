@@ -97,6 +97,14 @@ impl Runtime {
         }
     }
 
+    /// See `Model::kv_shared_trimmed_layers`.
+    pub fn kv_shared_trimmed_layers(&self) -> usize {
+        match self {
+            Runtime::Cpu(m) => m.kv_shared_trimmed_layers(),
+            Runtime::Cuda(m) => m.kv_shared_trimmed_layers(),
+        }
+    }
+
     /// Free device memory in bytes (GPU only).
     pub fn free_device_memory(&self) -> Option<u64> {
         match self {

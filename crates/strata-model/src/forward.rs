@@ -688,6 +688,7 @@ mod trim_tests {
             ]
         };
         assert_eq!(plan(&model, mixed()), Some((3, vec![0, 21])));
+        assert_eq!(model.kv_shared_trimmed_layers(), 3);
         let no_logits = vec![chunk(1, 0, 12, LogitsMode::None)];
         assert_eq!(plan(&model, no_logits), Some((3, vec![])));
         let decode = vec![
@@ -700,8 +701,10 @@ mod trim_tests {
         assert_eq!(plan(&model, scoring), None);
         model.set_kv_shared_trim(false);
         assert_eq!(plan(&model, mixed()), None);
+        assert_eq!(model.kv_shared_trimmed_layers(), 0);
         let gemma3 =
             Model::load(CpuBackend::new(), format!("{fixtures}gemma3-tiny").as_ref()).unwrap();
         assert_eq!(plan(&gemma3, mixed()), None);
+        assert_eq!(gemma3.kv_shared_trimmed_layers(), 0);
     }
 }

@@ -137,6 +137,20 @@ impl<B: Backend> Model<B> {
         self.trim_shared_rows = on;
     }
 
+    /// The KV-shared layers a prompt's step runs for its last row only (none when the model
+    /// has none or trimming is off; see [`Model::set_kv_shared_trim`]).
+    pub fn kv_shared_trimmed_layers(&self) -> usize {
+        if !self.trim_shared_rows {
+            return 0;
+        }
+        let layers = &self.config.layers;
+        layers.len()
+            - layers
+                .iter()
+                .rposition(|l| l.owns_kv())
+                .map_or(layers.len(), |i| i + 1)
+    }
+
     /// See [`ModelTensors::matmul_elements`].
     pub fn matmul_elements(&self) -> usize {
         self.tensors.matmul_elements()

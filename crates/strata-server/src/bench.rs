@@ -106,6 +106,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         }
     }
 
+    // Gemma-4's KV-shared layers run a prompt's last row only (the logits are the same).
+    let trimmed = model.runtime.kv_shared_trimmed_layers();
     let report = json!({
         "model": a.model.display().to_string(),
         "device": device,
@@ -113,6 +115,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "weight_bytes_per_step": weight_bytes,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "decode_roofline_tok_s_batch1": roofline,
+        "prefill_last_row_only_layers": trimmed,
         "decode": decode.iter().map(|r| json!({"batch": r.batch, "depth": r.depth, "steps": r.steps,
             "ms_per_step": r.seconds_per_step * 1e3, "tokens_per_second": r.tokens_per_second})).collect::<Vec<_>>(),
         "prefill": prefill.iter().map(|r| json!({"tokens": r.tokens, "ms": r.seconds * 1e3,
@@ -142,6 +145,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             r.depth,
             r.tokens_per_second,
             r.seconds_per_step * 1e3
+        );
+    }
+    if !prefill.is_empty() {
+        let layers = model.runtime.config().num_layers();
+        println!(
+            "| prefill: layers run for the last row only | {trimmed} of {layers} (KV-shared) |"
         );
     }
     for r in &prefill {

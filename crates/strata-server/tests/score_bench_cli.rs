@@ -187,6 +187,12 @@ fn bench_prints_a_table_and_writes_json() {
     assert_eq!(report["decode"].as_array().unwrap().len(), 4);
     assert_eq!(report["prefill"].as_array().unwrap().len(), 1);
     assert!(report["decode"][0]["tokens_per_second"].as_f64().unwrap() > 0.0);
+    // The tiny Gemma-4's three KV-shared layers run a prompt's last row only.
+    assert!(
+        text.contains("| prefill: layers run for the last row only | 3 of 6 (KV-shared) |"),
+        "{text}"
+    );
+    assert_eq!(report["prefill_last_row_only_layers"], 3);
 }
 
 /// `--device cuda` either runs or says why CUDA did not start; an unknown device or dtype
