@@ -290,13 +290,13 @@ fn paged_storage_equals_host_storage() {
 
 /// A mixed step as the scheduler makes them, then a second one, on `kv`: request a decodes
 /// position 10 (prefilled to 10 before), b prefills 12 tokens wanting no logits, c
-/// prefills 9 wanting its last; then b decodes position 12 and c prefills the rest. The
-/// wanted rows' logits: positions 10, 8, 12 and the last.
+/// prefills 9 wanting its last; then b decodes position 12 and c prefills the rest wanting
+/// only its greedy token. The wanted rows' logits (positions 10, 8 and 12) and c's token.
 fn mixed_steps<S: KvStorage>(
     model: &Model<CpuBackend>,
     kv: &mut KvPool<S>,
     ids: &[u32],
-) -> Vec<Vec<f32>>
+) -> (Vec<Vec<f32>>, u32)
 where
     KvPool<S>: KvCache<CpuBackend>,
 {
@@ -327,27 +327,27 @@ where
     let next = ForwardBatch {
         seqs: vec![
             chunk(b, 12, 13, LogitsMode::Last),
-            chunk(c, 9, n, LogitsMode::Last),
+            chunk(c, 9, n, LogitsMode::Argmax),
         ],
     };
-    let more = model.forward(kv, &next).unwrap().logits;
+    let more = model.forward(kv, &next).unwrap();
     for r in [a, b, c] {
         kv.release(r).unwrap();
     }
-    vec![
-        out.remove(0),
-        out.remove(1),
-        more[0].clone(),
-        more[1].clone(),
-    ]
+    let rows = vec![out.remove(0), out.remove(1), more.logits[0].clone()];
+    (
+        rows,
+        more.token(1).expect("an Argmax sequence gets its token"),
+    )
 }
 
 /// Gemma-4's KV-shared layers run only the rows whose logits are wanted (a prompt's last,
 /// none for a chunk that wants none; `Model::set_kv_shared_trim`). Mixed steps of
 /// decode rows and prompt chunks, on the host and the paged pool, give the bits of
 /// every-row scoring (which runs every row through every layer) at the wanted
-/// positions, with trimming on and off, and agree with transformers. Request b's decode
-/// step reads the K/V its prompt stored in a step whose shared layers skipped it.
+/// positions, with trimming on and off, and agree with transformers; a sequence that wants
+/// only its greedy token gets the every-row run's. Request b's decode step reads the K/V
+/// its prompt stored in a step whose shared layers skipped it.
 #[test]
 fn kv_shared_layers_run_only_the_wanted_rows() {
     for name in ["gemma4-tiny", "gemma4-tiny-mm"] {
@@ -356,7 +356,10 @@ fn kv_shared_layers_run_only_the_wanted_rows() {
         let mut model = Model::load(CpuBackend::new(), &dir).unwrap();
         let (n, v) = (r.ids.len(), r.vocab);
         let every = run_chunked(&model, &mut pool(&model, KvCacheDtype::F32), &r.ids, &[n]);
-        let positions = [10, 8, 12, n - 1];
+        let positions = [10, 8, 12];
+        // The greedy token at the last position: the lowest id among the largest logits.
+        let last = &every[(n - 1) * v..n * v];
+        let greedy = (0..v).fold(0, |b, i| if last[i] > last[b] { i } else { b }) as u32;
         for trim in [true, false] {
             model.set_kv_shared_trim(trim);
             let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
@@ -369,7 +372,11 @@ fn kv_shared_layers_run_only_the_wanted_rows() {
             let mut paged = KvPool::new(layout, plan, CacheType::Naive, storage).unwrap();
             let on_host = mixed_steps(&model, &mut pool(&model, KvCacheDtype::F32), &r.ids);
             let on_paged = mixed_steps(&model, &mut paged, &r.ids);
-            for (pool_name, got) in [("host", on_host), ("paged", on_paged)] {
+            for (pool_name, (got, token)) in [("host", on_host), ("paged", on_paged)] {
+                assert_eq!(
+                    token, greedy,
+                    "{name} {pool_name} trim {trim}: greedy token"
+                );
                 for (row, &p) in got.iter().zip(&positions) {
                     let want = &every[p * v..(p + 1) * v];
                     assert!(
