@@ -214,14 +214,14 @@ impl<B: Backend> Model<B> {
                 kv.begin_step(b, &tr.batch)?;
                 trimmed = Some(tr);
             }
-            let (batch, inputs, t) = match &trimmed {
-                Some(tr) => (&tr.batch, &tr.inputs, tr.batch.seqs.len()),
-                None => (batch, inputs, t),
+            let (batch, positions, t) = match &trimmed {
+                Some(tr) => (&tr.batch, &tr.positions, tr.batch.seqs.len()),
+                None => (batch, &inputs.positions, t),
             };
             let lc = &c.layers[l];
             // The layer's last residual step also norms the next layer's input.
             let next = layers.get(l + 1).map(|n| &n.input_norm);
-            let attn = self.attention(l, lc, lw, &normed, t, inputs, batch, kv)?;
+            let attn = self.attention(l, lc, lw, &normed, t, positions, batch, kv)?;
             match &lw.post_attn_norm {
                 Some(post) => b.rms_norm_add_norm(
                     &mut x,
@@ -289,12 +289,8 @@ impl<B: Backend> Model<B> {
     /// has no such layers, trimming is off, a sequence wants every row's logits, or every
     /// row is wanted anyway (decode steps).
     fn trim_plan(&self, batch: &ForwardBatch, prep: &Prepared) -> Option<(usize, Vec<usize>)> {
-        let layers = &self.config.layers;
-        let first_shared = layers.iter().rposition(|l| l.owns_kv()).map(|i| i + 1)?;
-        if !self.trim_shared_rows
-            || first_shared >= layers.len()
-            || batch.seqs.iter().any(|s| s.logits == LogitsMode::All)
-        {
+        let first_shared = self.first_trimmed_layer()?;
+        if batch.seqs.iter().any(|s| s.logits == LogitsMode::All) {
             return None;
         }
         let keep: Vec<usize> = batch
@@ -309,7 +305,8 @@ impl<B: Backend> Model<B> {
 
     /// Narrows the step to the rows `keep` (each a sequence's last row, in batch order):
     /// the residual stream, the next layer's normed input and the per-layer inputs are
-    /// gathered, and the batch and positions rebuilt for those rows alone.
+    /// gathered, and the batch and positions rebuilt for those rows alone (the layers left
+    /// read no token ids).
     fn trim(
         &self,
         batch: &ForwardBatch,
@@ -338,14 +335,10 @@ impl<B: Backend> Model<B> {
                 logits: s.logits,
             })
             .collect();
-        let ids: Vec<u32> = keep.iter().map(|&r| prep.ids[r]).collect();
         let positions: Vec<u32> = keep.iter().map(|&r| prep.positions[r]).collect();
         Ok(Trimmed {
             batch: ForwardBatch { seqs },
-            inputs: StepInputs {
-                ids: b.upload_index(&ids)?,
-                positions: b.upload_index(&positions)?,
-            },
+            positions: b.upload_index(&positions)?,
         })
     }
 
@@ -413,7 +406,7 @@ impl<B: Backend> Model<B> {
         norm: Option<&B::Buffer>,
         lc: &LayerConfig,
         n_heads: usize,
-        inputs: &StepInputs<B>,
+        positions: &B::Index,
         inv_freq: &B::Buffer,
     ) -> Result<()> {
         let b = &self.backend;
@@ -423,11 +416,11 @@ impl<B: Backend> Model<B> {
                 x,
                 Some(w),
                 self.norm(lc.head_dim),
-                &inputs.positions,
+                positions,
                 inv_freq,
                 rope,
             )?,
-            None => b.rope_idx(x, &inputs.positions, inv_freq, rope)?,
+            None => b.rope_idx(x, positions, inv_freq, rope)?,
         }
         Ok(())
     }
@@ -441,7 +434,7 @@ impl<B: Backend> Model<B> {
         lw: &LayerTensors<B>,
         normed: &B::Buffer,
         t: usize,
-        inputs: &StepInputs<B>,
+        positions: &B::Index,
         batch: &ForwardBatch,
         kv: &mut K,
     ) -> Result<B::Buffer> {
@@ -466,11 +459,11 @@ impl<B: Backend> Model<B> {
                     kv_heads: nkv,
                     v_norm: c.v_norm,
                 };
-                let (pos, freqs) = (&inputs.positions, &lw.inv_freq);
+                let (pos, freqs) = (positions, &lw.inv_freq);
                 b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [qn, kn], pos, freqs, prep)?;
             } else {
-                self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
-                self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, inputs, &lw.inv_freq)?;
+                self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, positions, &lw.inv_freq)?;
+                self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, positions, &lw.inv_freq)?;
                 if c.v_norm {
                     let mut out = self.scratch(t * nkv * d)?;
                     b.rms_norm(&v, None, head_norm, &mut out)?;
@@ -480,7 +473,7 @@ impl<B: Backend> Model<B> {
             kv.store(b, l, batch, &k, &v)?;
         } else {
             lw.q.forward(b, normed, &mut q)?;
-            self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, inputs, &lw.inv_freq)?;
+            self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, positions, &lw.inv_freq)?;
         }
 
         let params = AttentionParams {
@@ -623,7 +616,7 @@ fn wanted_rows(batch: &ForwardBatch, rows: &[SeqRows]) -> (Vec<usize>, Vec<usize
 /// A step narrowed to the rows whose logits are wanted (see [`Model::trim_plan`]).
 struct Trimmed<B: Backend> {
     batch: ForwardBatch,
-    inputs: StepInputs<B>,
+    positions: B::Index,
 }
 
 /// `rows` as maximal runs of consecutive values: (first row, index in `rows`, length).

@@ -140,15 +140,16 @@ impl<B: Backend> Model<B> {
     /// The KV-shared layers a prompt's step runs for its last row only (none when the model
     /// has none or trimming is off; see [`Model::set_kv_shared_trim`]).
     pub fn kv_shared_trimmed_layers(&self) -> usize {
-        if !self.trim_shared_rows {
-            return 0;
-        }
+        self.first_trimmed_layer()
+            .map_or(0, |first| self.config.num_layers() - first)
+    }
+
+    /// The first layer past the last KV-owning one, where a step may drop rows: `None`
+    /// when trimming is off or every layer owns its K/V.
+    pub(crate) fn first_trimmed_layer(&self) -> Option<usize> {
         let layers = &self.config.layers;
-        layers.len()
-            - layers
-                .iter()
-                .rposition(|l| l.owns_kv())
-                .map_or(layers.len(), |i| i + 1)
+        let first = layers.iter().rposition(|l| l.owns_kv()).map(|i| i + 1)?;
+        (self.trim_shared_rows && first < layers.len()).then_some(first)
     }
 
     /// See [`ModelTensors::matmul_elements`].
