@@ -59,14 +59,24 @@ fn reference(dir: &Path) -> Reference {
     }
 }
 
-fn pool(model: &Model<CpuBackend>, dtype: KvCacheDtype) -> KvPool<HostStorage> {
+/// A pool of `storage` with room for the fixtures' sequences (pages of 4 tokens).
+fn pool_of<S: KvStorage>(model: &Model<CpuBackend>, dtype: KvCacheDtype, storage: S) -> KvPool<S> {
     let layout = KvLayout::for_config(model.config(), dtype).unwrap();
     let plan = PagePlan {
         full: 64,
         window: 64,
         page_size: 4,
     };
-    KvPool::new(layout, plan, CacheType::Naive, HostStorage::new()).unwrap()
+    KvPool::new(layout, plan, CacheType::Naive, storage).unwrap()
+}
+
+fn pool(model: &Model<CpuBackend>, dtype: KvCacheDtype) -> KvPool<HostStorage> {
+    pool_of(model, dtype, HostStorage::new())
+}
+
+/// The device-style pool (`PagedStorage`) on the CPU backend.
+fn paged_pool(model: &Model<CpuBackend>, dtype: KvCacheDtype) -> KvPool<PagedStorage<CpuBackend>> {
+    pool_of(model, dtype, PagedStorage::new(CpuBackend::new()))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -222,19 +232,7 @@ fn paged_storage_equals_host_storage() {
             KvCacheDtype::Fp8PerTokenHead,
             KvCacheDtype::Int8PerTokenHead,
         ] {
-            let layout = KvLayout::for_config(model.config(), dtype).unwrap();
-            let plan = PagePlan {
-                full: 64,
-                window: 64,
-                page_size: 4,
-            };
-            let mut paged = KvPool::new(
-                layout,
-                plan,
-                CacheType::Naive,
-                PagedStorage::new(CpuBackend::new()),
-            )
-            .unwrap();
+            let mut paged = paged_pool(&model, dtype);
             let chunks = [7, 3, n - 16, 1, 1, 1, 1, 1, 1];
             let got = run_chunked(&model, &mut paged, &r.ids, &chunks);
             let want = run_chunked(&model, &mut pool(&model, dtype), &r.ids, &chunks);
@@ -362,14 +360,7 @@ fn kv_shared_layers_run_only_the_wanted_rows() {
         let greedy = (0..v).fold(0, |b, i| if last[i] > last[b] { i } else { b }) as u32;
         for trim in [true, false] {
             model.set_kv_shared_trim(trim);
-            let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
-            let plan = PagePlan {
-                full: 64,
-                window: 64,
-                page_size: 4,
-            };
-            let storage = PagedStorage::new(CpuBackend::new());
-            let mut paged = KvPool::new(layout, plan, CacheType::Naive, storage).unwrap();
+            let mut paged = paged_pool(&model, KvCacheDtype::F32);
             let on_host = mixed_steps(&model, &mut pool(&model, KvCacheDtype::F32), &r.ids);
             let on_paged = mixed_steps(&model, &mut paged, &r.ids);
             for (pool_name, (got, token)) in [("host", on_host), ("paged", on_paged)] {
