@@ -14,6 +14,7 @@ use strata_kernels::cpu::CpuBackend;
 use strata_kernels::cuda::{CudaBackend, CudaQuantMatrix};
 use strata_kernels::{
     Activation, AttentionParams, Backend, DType, MatmulShape, RmsNormParams, RopeParams, RopeStyle,
+    TableSlice,
 };
 
 fn gpu() -> Option<&'static CudaBackend> {
@@ -99,7 +100,8 @@ fn fused_matmuls_every_row_count_and_bf16_mode() {
 /// size (k split 1 to 8), partial feature tiles, token counts on either side of each tile's
 /// edges, a layer's q / k / v in one launch, the gated MLP and the per-layer-input slice;
 /// each against the f64 definition at the bf16 mode's tolerance, with the kernel on and
-/// with cuBLAS in its place.
+/// with cuBLAS in its place. The small-weight GEMM, which takes the per-layer-input shapes
+/// first, is off here (it has a test of its own).
 #[test]
 fn skinny_gemm_on_decode_shapes() {
     let Some(b) = gpu() else { return };
@@ -114,6 +116,7 @@ fn skinny_gemm_on_decode_shapes() {
         );
     }
     let tol = bf16_mode_tol();
+    let fast = fast.with_small_gemm(false);
     for be in [fast.clone(), fast.clone().with_skinny_gemm(false)] {
         let shared = [
             (3, 1536, vec![2048, 256, 256]),
@@ -179,6 +182,112 @@ fn skinny_gemm_on_decode_shapes() {
                 seed: 1200 + i as u64,
             };
             check_gated_slice_matmul_case(&be, c, tol).unwrap();
+        }
+    }
+}
+
+/// The small-weight GEMM (`kernels/small_gemm.cu`, bf16 mode, 3 to 128 rows): Gemma-4's
+/// per-layer-input projection and gate (with its activation and table slice) at E2B's and
+/// E4B's shapes, on both sides of the 16-token tile's edges. Each is the CPU backend's f32
+/// product of the same bf16-rounded rows, from the same test body, at f32-accumulation
+/// tolerance; the gate against the f64 definition too, with the kernel and with cuBLAS.
+#[test]
+fn small_gemm_equals_cpu_on_per_layer_input_shapes() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    if b.arch() >= 80 {
+        assert_eq!(fast.small_gemm_rows(), Some((3, 128)), "sm_{}", b.arch());
+    }
+    let cpu = CpuBackend::new();
+    let mut data = TestData::new(13);
+    let tol = Tolerance {
+        abs: 1e-6,
+        rel: 1e-5,
+        accum: 1e-4,
+    };
+    // (rows, k, n, table layers and the layer sliced; 0 layers: a plain product)
+    let cases = [
+        (3, 256, 1536, 0, 0),
+        (17, 1536, 256, 35, 3),
+        (32, 256, 2560, 0, 0),
+        (33, 2560, 256, 42, 41),
+        (64, 1536, 256, 0, 0),
+        (65, 256, 1536, 0, 0),
+        (100, 256, 1536, 0, 0),
+        (128, 256, 2560, 0, 0),
+        (112, 1536, 256, 0, 0),
+        (127, 1536, 256, 35, 34),
+        (100, 2560, 256, 42, 0),
+        (81, 1536, 256, 35, 7),
+    ];
+    for (t, k, n, layers, layer) in cases {
+        let w = data.normals(n * k, 0.05, DType::BF16);
+        let x = data.normals(t * k, 1.0, DType::F32);
+        let xr: Vec<f32> = x.iter().map(|&v| DType::BF16.round(v)).collect();
+        let table = data.normals(t * n * layers.max(1), 1.0, DType::F32);
+        let slice = TableSlice {
+            cols: n,
+            offset: layer * n,
+            stride: layers * n,
+        };
+        let shape = MatmulShape {
+            in_features: k,
+            out_features: n,
+        };
+        let acts = if layers == 0 {
+            vec![None]
+        } else {
+            vec![Some(Activation::GeluTanh), Some(Activation::Silu)]
+        };
+        for act in acts {
+            let on = |be: &CudaBackend| -> Vec<f32> {
+                let wb = be.upload_f32_as(&w, DType::BF16).unwrap();
+                let xb = be.upload_f32_as(&x, DType::F32).unwrap();
+                let tb = be.upload_f32_as(&table, DType::F32).unwrap();
+                let mut out = be.zeros(t * n, DType::F32).unwrap();
+                match act {
+                    None => be.matmul(&xb, &wb, shape, &mut out).unwrap(),
+                    Some(a) => be
+                        .gated_slice_matmul(a, &xb, &wb, shape, &tb, slice, &mut out)
+                        .unwrap(),
+                }
+                be.download(&out).unwrap()
+            };
+            let got = on(&fast);
+            let wc = cpu.upload_f32_as(&w, DType::BF16).unwrap();
+            let xc = cpu.upload_f32_as(&xr, DType::F32).unwrap();
+            let tc = cpu.upload_f32_as(&table, DType::F32).unwrap();
+            let mut oc = cpu.zeros(t * n, DType::F32).unwrap();
+            match act {
+                None => cpu.matmul(&xc, &wc, shape, &mut oc).unwrap(),
+                Some(a) => cpu
+                    .gated_slice_matmul(a, &xc, &wc, shape, &tc, slice, &mut oc)
+                    .unwrap(),
+            }
+            let on_cpu = cpu.download(&oc).unwrap();
+            let (g, g_mag) = conformance::reference::matmul(&xr, &w, k, n);
+            let mag: Vec<f64> = match act {
+                None => g_mag,
+                // An error e in the product moves the activation by at most 1.13 e.
+                Some(_) => (0..g.len())
+                    .map(|i| {
+                        let tab = table[(i / n) * slice.stride + slice.offset + i % n] as f64;
+                        (1.13 * g_mag[i] + 0.05 * g[i].abs()) * tab.abs()
+                    })
+                    .collect(),
+            };
+            let want: Vec<f64> = on_cpu.iter().map(|&v| v as f64).collect();
+            let what = format!("small gemm {t}x{k}x{n} {act:?}");
+            conformance::compare(&what, &got, &want, &mag, tol).unwrap();
+            let worst = got
+                .iter()
+                .zip(&on_cpu)
+                .map(|(a, c)| (a - c).abs())
+                .fold(0.0f32, f32::max);
+            eprintln!("{what}: max |cuda - cpu(bf16 x)| {worst:.3e}");
+            // cuBLAS in its place gives the same values within the same bound.
+            let other = on(&fast.clone().with_small_gemm(false));
+            conformance::compare(&format!("{what} via cuBLAS"), &other, &want, &mag, tol).unwrap();
         }
     }
 }

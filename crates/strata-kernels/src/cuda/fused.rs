@@ -392,6 +392,13 @@ impl CudaBackend {
             offset: s.offset as u64,
             stride: s.stride as u64,
         };
+        if self.small_gemm_applies(gate.dtype(), t, k, n) {
+            let xb = self.bf16_operand(x, t * k)?;
+            // The per-layer-input projection reads `out` next.
+            let (y, yb) = f32_and_twin_ptrs_mut(self, out, self.gemm_reads_bf16(rows), OP)?;
+            let mode = super::small_gemm::SmallOut::Slice(act, slice);
+            return self.small_gemm_launch(&xb, buffer_ptr(self, gate), (t, k, n), y, yb, mode);
+        }
         if self.skinny_applies(gate.dtype(), t, k, false) {
             let xb = self.bf16_operand(x, t * k)?;
             // The per-layer-input projection reads `out` next.

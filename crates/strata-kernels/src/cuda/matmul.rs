@@ -140,6 +140,21 @@ impl CudaBackend {
         if super::fused::gemv_applies(w.dtype(), t, k, self.gemv_max_rows) {
             return self.gemv_bf16(x.f32s(OP)?, w, t, k, n, out);
         }
+        if self.small_gemm_applies(w.dtype(), t, k, n) {
+            let xb = self.bf16_operand(x, t * k)?;
+            let (w, y) = (
+                super::fused::buffer_ptr(self, w),
+                super::fused::f32_ptr_mut(self, out, OP)?,
+            );
+            return self.small_gemm_launch(
+                &xb,
+                w,
+                (t, k, n),
+                y,
+                0,
+                super::small_gemm::SmallOut::Plain,
+            );
+        }
         if self.skinny_applies(w.dtype(), t, k, false) {
             let xb = self.bf16_operand(x, t * k)?;
             let mat = SkinnyMat {

@@ -22,6 +22,7 @@ mod paged;
 mod paged_mma;
 mod prefill_attention;
 mod skinny_gemm;
+mod small_gemm;
 mod sources;
 
 pub use buffer::CudaBuffer;
@@ -75,6 +76,8 @@ pub struct CudaBackend {
     /// The most rows (past the GEMV's) a bf16 product runs as `kernels/skinny_gemm.cu`
     /// rather than cuBLAS: 128 on sm_90, 32 on later GPUs, 0 before (`skinny_gemm::probe`).
     skinny_max_rows: usize,
+    /// The rows a product of a small weight runs as `kernels/small_gemm.cu`.
+    small_rows: small_gemm::SmallRows,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -165,6 +168,7 @@ impl CudaBackend {
             dense_min_q: dense_attention::dense_min_q_from_env(),
             paged_mma,
             skinny_max_rows,
+            small_rows: small_gemm::SmallRows::from_env(arch),
         })
     }
 
@@ -204,6 +208,24 @@ impl CudaBackend {
     /// `kernels/skinny_gemm.cu`.
     pub fn skinny_gemm(&self) -> bool {
         self.skinny_max_rows > 0
+    }
+
+    /// Turns the small-weight GEMM (`kernels/small_gemm.cu`) off (`false`) or back on where
+    /// the device runs it; returns the backend for chaining.
+    pub fn with_small_gemm(mut self, on: bool) -> Self {
+        self.small_rows = if on {
+            small_gemm::SmallRows::from_env(self.arch)
+        } else {
+            small_gemm::SmallRows::OFF
+        };
+        self
+    }
+
+    /// The rows (inclusive) over which a bf16 product of a small weight (one side at most
+    /// 512) runs as the small-weight GEMM; `None` when it never does.
+    pub fn small_gemm_rows(&self) -> Option<(usize, usize)> {
+        let r = self.small_rows;
+        (r.min <= r.max).then_some((r.min, r.max))
     }
 
     /// The most rows a bf16 product runs as that GEMM (0: none; cuBLAS past it).

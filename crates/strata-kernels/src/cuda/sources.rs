@@ -211,6 +211,19 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             &SKINNY_KERNELS,
         )
     },
+    KernelFile {
+        min_arch: 80,
+        ..KernelFile::any_gpu(
+            "small_gemm",
+            include_str!("../../../../kernels/small_gemm.cu"),
+            &[
+                "small_gemm_plain_n16",
+                "small_gemm_slice_n16",
+                "small_gemm_plain_n64",
+                "small_gemm_slice_n64",
+            ],
+        )
+    },
     KernelFile::any_gpu(
         "paged",
         include_str!("../../../../kernels/paged.cu"),

@@ -1,0 +1,167 @@
+//! Launcher for `kernels/small_gemm.cu`: bf16 products of a small weight (one of its
+//! dimensions at most 512: Gemma-4's per-layer-input gate and projection) over 3 to 128
+//! rows, a block per 16 tokens and 16 or 64 features, the gate's activation and table
+//! product in the epilogue. One or two rows go to the GEMV, more than 128 to cuBLAS; larger
+//! weights to the skinny GEMM or cuBLAS (on the o projection this kernel was slower).
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::fused::{too_big, GemvSlice};
+use super::{device_err, CudaBackend};
+use crate::params::Activation;
+use crate::{DType, Result};
+
+/// Rows of the kernel's token tile.
+const TOKENS: usize = 16;
+/// The longest short side a weight may have (its other side is not bounded here).
+const SHORT_SIDE: usize = 512;
+/// The largest weight, in elements (4 MB of bf16).
+const MAX_ELEMENTS: usize = 1 << 21;
+/// k is split over four warps in steps of 32.
+const K_MULTIPLE: usize = 128;
+
+/// The row range the kernel takes (`STRATA_SMALL_GEMM=0`: none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SmallRows {
+    pub(super) min: usize,
+    pub(super) max: usize,
+}
+
+impl SmallRows {
+    pub(super) const OFF: Self = Self { min: 1, max: 0 };
+
+    pub(super) fn from_env(arch: u32) -> Self {
+        let off = std::env::var("STRATA_SMALL_GEMM").is_ok_and(|v| v == "0");
+        if arch < 80 || off {
+            return Self::OFF;
+        }
+        let min = std::env::var("STRATA_SMALL_GEMM_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3);
+        Self { min, max: 128 }
+    }
+}
+
+/// The feature tile for a `[n, k]` weight, if the kernel takes it: 64 features for short k
+/// (every warp's share of k in one or two steps), else 16.
+pub(super) fn feature_tile(n: usize, k: usize) -> Option<usize> {
+    let shape_ok = k.is_multiple_of(K_MULTIPLE)
+        && n * k <= MAX_ELEMENTS
+        && (n <= SHORT_SIDE || k <= SHORT_SIDE);
+    if !shape_ok {
+        return None;
+    }
+    if k <= SHORT_SIDE && n.is_multiple_of(64) {
+        Some(64)
+    } else if n.is_multiple_of(16) {
+        Some(16)
+    } else {
+        None
+    }
+}
+
+/// What the kernel writes: the products, or act(product) * a table slice.
+pub(super) enum SmallOut {
+    Plain,
+    Slice(Activation, GemvSlice),
+}
+
+impl CudaBackend {
+    /// Whether a bf16 product of `t` rows by a `[n, k]` weight runs as the small GEMM.
+    pub(super) fn small_gemm_applies(&self, dtype: DType, t: usize, k: usize, n: usize) -> bool {
+        self.bf16_gemm
+            && dtype == DType::BF16
+            && t >= self.small_rows.min
+            && t <= self.small_rows.max
+            && feature_tile(n, k).is_some()
+    }
+
+    /// `y [t, n]` (and its bf16 copy `yb` when not 0) from `xb [t, k]` and the weight at
+    /// `w`; callers check the shapes and `small_gemm_applies`.
+    pub(super) fn small_gemm_launch(
+        &self,
+        xb: &CudaSlice<u16>,
+        w: u64,
+        (t, k, n): (usize, usize, usize),
+        y: u64,
+        yb: u64,
+        mode: SmallOut,
+    ) -> Result<()> {
+        const OP: &str = "matmul (small gemm)";
+        let Some(bn) = feature_tile(n, k) else {
+            return Err(crate::KernelError::Invalid {
+                op: OP,
+                detail: format!("a {n} x {k} weight"),
+            });
+        };
+        let (name, act, slice) = match (&mode, bn) {
+            (SmallOut::Plain, 16) => ("small_gemm_plain_n16", 0, None),
+            (SmallOut::Plain, _) => ("small_gemm_plain_n64", 0, None),
+            (SmallOut::Slice(a, s), 16) => {
+                ("small_gemm_slice_n16", super::ops::act_code(*a), Some(*s))
+            }
+            (SmallOut::Slice(a, s), _) => {
+                ("small_gemm_slice_n64", super::ops::act_code(*a), Some(*s))
+            }
+        };
+        let slice = slice.unwrap_or(GemvSlice {
+            table: 0,
+            offset: 0,
+            stride: 0,
+        });
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (n / bn) as u32,
+                u32::try_from(t.div_ceil(TOKENS)).map_err(|_| too_big(OP, t))?,
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (t_i, k_i, n_i) = (
+            i32::try_from(t).map_err(|_| too_big(OP, t))?,
+            i32::try_from(k).map_err(|_| too_big(OP, k))?,
+            i32::try_from(n).map_err(|_| too_big(OP, n))?,
+        );
+        let mut l = self.stream.launch_builder(self.kernels.get(name)?);
+        l.arg(xb)
+            .arg(&w)
+            .arg(&y)
+            .arg(&yb)
+            .arg(&t_i)
+            .arg(&k_i)
+            .arg(&n_i)
+            .arg(&act)
+            .arg(&slice);
+        // SAFETY: xb holds t*k, the weight n*k and y (and yb) t*n elements (checked by the
+        // callers; a slice's table reaches every row it is read at); n is a multiple of the
+        // feature tile and k of 128, and every buffer starts an allocation, so the 16-byte
+        // loads align.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemma-4's per-layer-input products take the kernel (E2B and E4B); larger weights and
+    /// shapes the tiles do not divide do not.
+    #[test]
+    fn small_weights_pick_their_feature_tile() {
+        assert_eq!(feature_tile(256, 1536), Some(16), "E2B gate");
+        assert_eq!(feature_tile(1536, 256), Some(64), "E2B projection");
+        assert_eq!(feature_tile(256, 2560), Some(16), "E4B gate");
+        assert_eq!(feature_tile(2560, 256), Some(64), "E4B projection");
+        assert_eq!(
+            feature_tile(1536, 2048),
+            None,
+            "o projection: no short side"
+        );
+        assert_eq!(feature_tile(256, 1000), None, "k not a multiple of 128");
+        assert_eq!(feature_tile(200, 1536), None, "n not a multiple of 16");
+        assert_eq!(feature_tile(256, 16384), None, "more than 4 MB");
+    }
+}
