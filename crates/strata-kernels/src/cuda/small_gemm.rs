@@ -1,8 +1,9 @@
 //! Launcher for `kernels/small_gemm.cu`: bf16 products of a small weight (one of its
 //! dimensions at most 512: Gemma-4's per-layer-input gate and projection) over 3 to 128
-//! rows, a block per 16 tokens and 16 or 64 features, the gate's activation and table
-//! product in the epilogue. One or two rows go to the GEMV, more than 128 to cuBLAS; larger
-//! weights to the skinny GEMM or cuBLAS (on the o projection this kernel was slower).
+//! rows, a block per 16 tokens and 16 or 64 features (eight or four warps splitting k), the
+//! gate's activation and table product in the epilogue. One or two rows go to the GEMV,
+//! more than 128 to cuBLAS; larger weights to the skinny GEMM or cuBLAS (on the o
+//! projection this kernel was slower).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -17,8 +18,10 @@ const TOKENS: usize = 16;
 const SHORT_SIDE: usize = 512;
 /// The largest weight, in elements (4 MB of bf16).
 const MAX_ELEMENTS: usize = 1 << 21;
-/// k is split over four warps in steps of 32.
-const K_MULTIPLE: usize = 128;
+/// Warps a block of the 16-feature tile (long k) and of the 64-feature tile (short k); each
+/// takes an equal part of k in steps of 32, so k must be a multiple of 32 x warps.
+const WARPS_N16: usize = 8;
+const WARPS_N64: usize = 4;
 
 /// The row range the kernel takes (`STRATA_SMALL_GEMM=0`: none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,15 +49,12 @@ impl SmallRows {
 /// The feature tile for a `[n, k]` weight, if the kernel takes it: 64 features for short k
 /// (every warp's share of k in one or two steps), else 16.
 pub(super) fn feature_tile(n: usize, k: usize) -> Option<usize> {
-    let shape_ok = k.is_multiple_of(K_MULTIPLE)
-        && n * k <= MAX_ELEMENTS
-        && (n <= SHORT_SIDE || k <= SHORT_SIDE);
-    if !shape_ok {
+    if n * k > MAX_ELEMENTS || (n > SHORT_SIDE && k > SHORT_SIDE) {
         return None;
     }
-    if k <= SHORT_SIDE && n.is_multiple_of(64) {
+    if k <= SHORT_SIDE && n.is_multiple_of(64) && k.is_multiple_of(32 * WARPS_N64) {
         Some(64)
-    } else if n.is_multiple_of(16) {
+    } else if n.is_multiple_of(16) && k.is_multiple_of(32 * WARPS_N16) {
         Some(16)
     } else {
         None
@@ -116,7 +116,11 @@ impl CudaBackend {
                 u32::try_from(t.div_ceil(TOKENS)).map_err(|_| too_big(OP, t))?,
                 1,
             ),
-            block_dim: (128, 1, 1),
+            block_dim: (
+                32 * if bn == 16 { WARPS_N16 } else { WARPS_N64 } as u32,
+                1,
+                1,
+            ),
             shared_mem_bytes: 0,
         };
         let (t_i, k_i, n_i) = (
@@ -136,8 +140,8 @@ impl CudaBackend {
             .arg(&slice);
         // SAFETY: xb holds t*k, the weight n*k and y (and yb) t*n elements (checked by the
         // callers; a slice's table reaches every row it is read at); n is a multiple of the
-        // feature tile and k of 128, and every buffer starts an allocation, so the 16-byte
-        // loads align.
+        // feature tile and k of 32 x the tile's warps, and every buffer starts an
+        // allocation, so the 16-byte loads align.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -160,7 +164,13 @@ mod tests {
             None,
             "o projection: no short side"
         );
-        assert_eq!(feature_tile(256, 1000), None, "k not a multiple of 128");
+        assert_eq!(feature_tile(256, 1000), None, "k not a multiple of 256");
+        assert_eq!(feature_tile(256, 640), None, "long k not a multiple of 256");
+        assert_eq!(
+            feature_tile(1536, 384),
+            Some(64),
+            "short k a multiple of 128"
+        );
         assert_eq!(feature_tile(200, 1536), None, "n not a multiple of 16");
         assert_eq!(feature_tile(256, 16384), None, "more than 4 MB");
     }
