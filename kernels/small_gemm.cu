@@ -45,15 +45,6 @@ __device__ __forceinline__ uint4 sm_load(const u16* p) {
     return v;
 }
 
-__device__ __forceinline__ void sm_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                       u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
-        "%7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // NF fragments of 8 features a block (BN = 8 NF); W warps; U 32-k steps of loads issued
 // together.
 template <int MODE, int NF, int U, int W>
@@ -88,8 +79,8 @@ __device__ __forceinline__ void small_gemm(const u16* xb, const u16* w, float* y
             if (k0 + 32 * u < kq) {
 #pragma unroll
                 for (int f = 0; f < NF; ++f) {
-                    sm_mma(c[f], a[u].x, b[u].x, a[u].y, b[u].y, bw[u][f].x, bw[u][f].y);
-                    sm_mma(c[f], a[u].z, b[u].z, a[u].w, b[u].w, bw[u][f].z, bw[u][f].w);
+                    mma_bf16(c[f], a[u].x, b[u].x, a[u].y, b[u].y, bw[u][f].x, bw[u][f].y);
+                    mma_bf16(c[f], a[u].z, b[u].z, a[u].w, b[u].w, bw[u][f].z, bw[u][f].w);
                 }
             }
         }
