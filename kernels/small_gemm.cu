@@ -15,8 +15,8 @@
 // a few dependent L2 round trips, not bandwidth.
 //
 // Layout: W warps (eight for long k, four for short) split k into contiguous parts
-// (k % (32 W) == 0); each multiplies the block's 16 tokens (the mma's A operand) by its BN / 8 fragments of 8 features (B) with
-// mma.sync m16n8k16, loading its operands straight from global memory as 16-byte pieces:
+// (k % (32 W) == 0); each multiplies the block's 16 tokens (the mma's A operand) by its
+// BN / 8 fragments of 8 features (B) with mma.sync m16n8k16, loading its operands straight from global memory as 16-byte pieces:
 // lane 4 g + q reads k elements [8 q, 8 q + 8) of a 32-k step for token rows g and g + 8
 // and feature row g, and uses elements 0-3 as the first k16 step's (2q, 2q+1, 2q+8, 2q+9)
 // and 4-7 as the second's. That permutes k within each 32-element step identically for

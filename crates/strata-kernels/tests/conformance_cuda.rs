@@ -190,7 +190,8 @@ fn skinny_gemm_on_decode_shapes() {
 /// per-layer-input projection and gate (with its activation and table slice) at E2B's and
 /// E4B's shapes, on both sides of the 16-token tile's edges. Each is the CPU backend's f32
 /// product of the same bf16-rounded rows, from the same test body, at f32-accumulation
-/// tolerance; the gate against the f64 definition too, with the kernel and with cuBLAS.
+/// tolerance (magnitudes from the f64 definition), with the kernel and with cuBLAS in its
+/// place.
 #[test]
 fn small_gemm_equals_cpu_on_per_layer_input_shapes() {
     let Some(b) = gpu() else { return };
