@@ -336,23 +336,29 @@ NORM_ENTRY(rms_norm_add_then_norm, NORM_ADD_THEN_NORM)
 NORM_ENTRY(rms_norm_then_add, NORM_THEN_ADD)
 NORM_ENTRY(rms_norm_add_norm, NORM_ADD_NORM)
 
-// The model's case with an entry point of its own: bf16 weights (both, for
-// NORM_ADD_NORM; none second otherwise) on the vector path, for rows of whole allocations
-// (16-byte aligned) with dim % 4 == 0 and dim / 4 <= NORM_VEC * blockDim.x, which the
-// launcher checks. Each holds one instantiation of rms_norm_vec and no strided loops: the
-// general entries carry every weight dtype (sixteen copies for NORM_ADD_NORM), and at 112
-// rows on an H200 their launches took 3.1-5.9 us for 1.1-1.5 us of multiprocessor work.
-#define NORM_ENTRY_BF16(NAME, MODE)                                                         \
+// The model's cases with entry points of their own: f32 weights (how the model uploads its
+// norm vectors) or bf16 weights (both of the same dtype, for NORM_ADD_NORM; none second
+// otherwise) on the vector path, for rows of whole allocations (16-byte aligned) with
+// dim % 4 == 0 and dim / 4 <= NORM_VEC * blockDim.x, which the launcher checks. Each holds
+// one instantiation of rms_norm_vec and no strided loops: the general entries carry every
+// weight dtype (sixteen copies for NORM_ADD_NORM), and a short kernel's time goes with its
+// code (at 112 rows on an H200 their launches took 3.1-5.9 us for 1.1-1.5 us of
+// multiprocessor work, mostly waiting on instruction fetch).
+#define NORM_ENTRY_TYPED(NAME, MODE, WK)                                                    \
     extern "C" __global__ void __launch_bounds__(1024) NAME NORM_PARAMS {                   \
         (void)w_dtype;                                                                      \
         (void)w2_dtype;                                                                     \
         (void)mode;                                                                         \
         __shared__ __align__(16) double red[MODE == NORM_ADD_NORM ? 64 : 32];               \
-        rms_norm_vec<MODE, STRATA_BF16, MODE == NORM_ADD_NORM ? STRATA_BF16 : NORM_W_NONE>( \
+        rms_norm_vec<MODE, WK, MODE == NORM_ADD_NORM ? WK : NORM_W_NONE>(                   \
             x, residual, w, w2, offset, out, out_b, dim, eps, post_scale, red);             \
     }
 
-NORM_ENTRY_BF16(rms_norm_plain_bf16, NORM_PLAIN)
-NORM_ENTRY_BF16(rms_norm_add_then_norm_bf16, NORM_ADD_THEN_NORM)
-NORM_ENTRY_BF16(rms_norm_then_add_bf16, NORM_THEN_ADD)
-NORM_ENTRY_BF16(rms_norm_add_norm_bf16, NORM_ADD_NORM)
+NORM_ENTRY_TYPED(rms_norm_plain_bf16, NORM_PLAIN, STRATA_BF16)
+NORM_ENTRY_TYPED(rms_norm_add_then_norm_bf16, NORM_ADD_THEN_NORM, STRATA_BF16)
+NORM_ENTRY_TYPED(rms_norm_then_add_bf16, NORM_THEN_ADD, STRATA_BF16)
+NORM_ENTRY_TYPED(rms_norm_add_norm_bf16, NORM_ADD_NORM, STRATA_BF16)
+NORM_ENTRY_TYPED(rms_norm_plain_f32, NORM_PLAIN, STRATA_F32)
+NORM_ENTRY_TYPED(rms_norm_add_then_norm_f32, NORM_ADD_THEN_NORM, STRATA_F32)
+NORM_ENTRY_TYPED(rms_norm_then_add_f32, NORM_THEN_ADD, STRATA_F32)
+NORM_ENTRY_TYPED(rms_norm_add_norm_f32, NORM_ADD_NORM, STRATA_F32)

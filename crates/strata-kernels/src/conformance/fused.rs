@@ -37,9 +37,10 @@ fn norm_params(dim: usize, offset: f32) -> RmsNormParams {
 pub fn check_fused_norms<B: Backend>(b: &B) -> CheckResult {
     for (seed, &(rows, dim, w_dtype, offset)) in [
         (1usize, 1536usize, DType::BF16, 0.0f32),
+        // f32 (as the model uploads its norms) and bf16 weights on the vector path: their
+        // own entry points (`NORM_ENTRY_TYPED`); f16 weights the general ones.
         (3, 2560, DType::F32, 1.0),
         (5, 100, DType::F16, 0.0),
-        // bf16 weights over several rows: the entry point of its own (`NORM_ENTRY_BF16`).
         (7, 2560, DType::BF16, 1.0),
         (2, 1000, DType::BF16, 0.0),
     ]

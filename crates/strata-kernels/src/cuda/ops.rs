@@ -55,14 +55,20 @@ impl NormMode {
         }
     }
 
-    /// The mode's entry point for bf16 weights on the vector path (`NORM_ENTRY_BF16`).
-    fn kernel_bf16(self) -> &'static str {
-        match self {
-            NormMode::Plain => "rms_norm_plain_bf16",
-            NormMode::AddThenNorm => "rms_norm_add_then_norm_bf16",
-            NormMode::NormThenAdd => "rms_norm_then_add_bf16",
-            NormMode::NormAddNorm => "rms_norm_add_norm_bf16",
-        }
+    /// The mode's entry point for f32 or bf16 weights on the vector path
+    /// (`NORM_ENTRY_TYPED`); None for other dtypes.
+    fn kernel_typed(self, dtype: DType) -> Option<&'static str> {
+        Some(match (dtype, self) {
+            (DType::F32, NormMode::Plain) => "rms_norm_plain_f32",
+            (DType::F32, NormMode::AddThenNorm) => "rms_norm_add_then_norm_f32",
+            (DType::F32, NormMode::NormThenAdd) => "rms_norm_then_add_f32",
+            (DType::F32, NormMode::NormAddNorm) => "rms_norm_add_norm_f32",
+            (DType::BF16, NormMode::Plain) => "rms_norm_plain_bf16",
+            (DType::BF16, NormMode::AddThenNorm) => "rms_norm_add_then_norm_bf16",
+            (DType::BF16, NormMode::NormThenAdd) => "rms_norm_then_add_bf16",
+            (DType::BF16, NormMode::NormAddNorm) => "rms_norm_add_norm_bf16",
+            _ => return None,
+        })
     }
 }
 
@@ -203,20 +209,19 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        // bf16 weights on the vector path (every buffer here is a whole allocation, so
-        // 16-byte aligned) take that case's own entry point.
-        let bf16 = |w: Option<&CudaBuffer>| w.is_some_and(|w| w.dtype == DType::BF16);
-        let second_ok = match mode {
-            NormMode::NormAddNorm => bf16(extra.weight2),
-            _ => extra.weight2.is_none(),
+        // f32 or bf16 weights on the vector path (every buffer here is a whole allocation,
+        // so 16-byte aligned) take that case's own entry point.
+        let second_ok = match (mode, weight, extra.weight2) {
+            (NormMode::NormAddNorm, Some(w), Some(w2)) => w.dtype == w2.dtype,
+            (NormMode::NormAddNorm, _, _) => false,
+            (_, _, w2) => w2.is_none(),
         };
         let vector =
             p.dim.is_multiple_of(4) && p.dim / 4 <= NORM_VEC * norm_threads(p.dim) as usize;
-        let name = if bf16(weight) && second_ok && vector {
-            mode.kernel_bf16()
-        } else {
-            mode.kernel()
-        };
+        let name = weight
+            .filter(|_| second_ok && vector)
+            .and_then(|w| mode.kernel_typed(w.dtype))
+            .unwrap_or_else(|| mode.kernel());
         let f = self.kernels.get(name)?;
         let xs = x.f32s(op)?;
         // The kernel's result (the residual for NormThenAdd, else `out`) also goes out in

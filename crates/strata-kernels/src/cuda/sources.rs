@@ -148,6 +148,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "rms_norm_add_then_norm_bf16",
             "rms_norm_then_add_bf16",
             "rms_norm_add_norm_bf16",
+            "rms_norm_plain_f32",
+            "rms_norm_add_then_norm_f32",
+            "rms_norm_then_add_f32",
+            "rms_norm_add_norm_f32",
         ],
     ),
     KernelFile::any_gpu(
