@@ -156,6 +156,85 @@ HEAD_NORM_ROPE_REGS(128)
 HEAD_NORM_ROPE_REGS(256)
 HEAD_NORM_ROPE_REGS(512)
 
+// The model's case on an entry point of its own (`head_norm_rope_f32_d<D>`): f32 weights
+// or none, the half-split rotation (not interleaved). Each block takes one straight path
+// for its segment (weighted and rotated for q and k, plain for v), with no dtype switch
+// and no style test among the element loops: a short kernel's time goes with the
+// instruction stream it runs (the same lesson as the norms' typed entry points). The
+// arithmetic is head_norm_rope_regs's, in the same order, so the results are the same bits.
+template <int E, bool W, bool ROT>
+__device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, float offset,
+                                                   float eps, const u32* pos_at,
+                                                   const float* inv_freq) {
+    constexpr int D = 32 * E;
+    const int lane = threadIdx.x & 31;
+    float v[E], g[E], f[E / 2];
+    const float pos = ROT ? (float)*pos_at : 0.0f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+        v[j] = xr[lane + 32 * j];
+        if (W) g[j] = w[lane + 32 * j];
+    }
+    if (ROT) {
+#pragma unroll
+        for (int j = 0; j < E / 2; ++j) f[j] = inv_freq[lane + 32 * j];
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < E; ++j) ss += (double)v[j] * (double)v[j];
+    ss = warp_sum_f64(ss);
+    const float inv = (float)(1.0 / sqrt(ss / D + (double)eps));
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+        v[j] = v[j] * inv;
+        if (W) v[j] = v[j] * (g[j] + offset);
+    }
+    if (ROT) {
+#pragma unroll
+        for (int j = 0; j < E / 2; ++j) {
+            if (f[j] == 0.0f) continue;
+            float s, c;
+            sincosf(pos * f[j], &s, &c);
+            const float a = v[j], b = v[j + E / 2];
+            v[j] = a * c - b * s;
+            v[j + E / 2] = b * c + a * s;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < E; ++j) xr[lane + 32 * j] = v[j];
+}
+
+// The launcher takes these only when every segment's weight is f32 or absent and the
+// rotation is half-split; `interleaved` is then 0 and unused.
+#define HEAD_NORM_ROPE_F32(D)                                                                   \
+    extern "C" __global__ void head_norm_rope_f32_d##D(HeadSegs segs, const u32* positions,    \
+                                                       const float* inv_freq, float offset,   \
+                                                       float eps, int tokens, int head_dim,   \
+                                                       int interleaved) {                     \
+        (void)interleaved;                                                                     \
+        HeadRow r;                                                                             \
+        if (!head_row(segs, positions, tokens, D, r)) return;                                  \
+        const float* w = (const float*)r.w;                                                    \
+        if (r.w_dtype == STRATA_F32) {                                                         \
+            if (r.rotate)                                                                      \
+                head_norm_rope_f32<D / 32, true, true>(r.xr, w, offset, eps, r.pos_at,         \
+                                                       inv_freq);                              \
+            else                                                                               \
+                head_norm_rope_f32<D / 32, true, false>(r.xr, w, offset, eps, r.pos_at,        \
+                                                        inv_freq);                             \
+        } else if (r.rotate) {                                                                 \
+            head_norm_rope_f32<D / 32, false, true>(r.xr, w, offset, eps, r.pos_at, inv_freq); \
+        } else {                                                                               \
+            head_norm_rope_f32<D / 32, false, false>(r.xr, w, offset, eps, r.pos_at,           \
+                                                     inv_freq);                                \
+        }                                                                                      \
+    }
+
+HEAD_NORM_ROPE_F32(64)
+HEAD_NORM_ROPE_F32(128)
+HEAD_NORM_ROPE_F32(256)
+HEAD_NORM_ROPE_F32(512)
+
 // Other head_dims: strided passes over the row in memory.
 extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,
                                           const float* inv_freq, float offset, float eps,

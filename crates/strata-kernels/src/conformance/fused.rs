@@ -145,7 +145,10 @@ pub fn check_head_norm_rope<B: Backend>(b: &B) -> CheckResult {
             Some(DType::BF16),
             0usize,
         ),
+        // f32 weights or none with half-split pairs: the register path's entry points for
+        // that case (`head_norm_rope_f32_d<D>`), weighted and not.
         (3, 1, 512, RopeStyle::Neox, Some(DType::F32), 192),
+        (2, 3, 128, RopeStyle::Neox, None, 4),
         (2, 4, 64, RopeStyle::Interleaved, None, 0),
         (5, 2, 128, RopeStyle::Neox, Some(DType::BF16), 16),
         // Interleaved pairs across lanes at the register path's widths, and a head_dim

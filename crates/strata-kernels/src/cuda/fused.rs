@@ -296,6 +296,9 @@ impl CudaBackend {
         let mut p = HeadSegs::default();
         let mut max_rows = 0;
         let count = segs.len() as u32;
+        let f32_weights = segs
+            .iter()
+            .all(|seg| seg.weight.is_none_or(|w| w.dtype == DType::F32));
         for (i, seg) in segs.into_iter().enumerate() {
             ensure(seg.x.len() == n_tokens * seg.n_heads * d, OP, || {
                 format!(
@@ -325,12 +328,18 @@ impl CudaBackend {
             d as i32,
         );
         let interleaved = i32::from(rope.style == RopeStyle::Interleaved);
-        // The register path's entry point for this head_dim, else the strided loops.
-        let name = match d {
-            64 => "head_norm_rope_d64",
-            128 => "head_norm_rope_d128",
-            256 => "head_norm_rope_d256",
-            512 => "head_norm_rope_d512",
+        // The register path's entry point for this head_dim (the model's case, f32 weights
+        // and the half-split rotation, on one of its own), else the strided loops.
+        let typed = f32_weights && rope.style != RopeStyle::Interleaved;
+        let name = match (d, typed) {
+            (64, true) => "head_norm_rope_f32_d64",
+            (128, true) => "head_norm_rope_f32_d128",
+            (256, true) => "head_norm_rope_f32_d256",
+            (512, true) => "head_norm_rope_f32_d512",
+            (64, false) => "head_norm_rope_d64",
+            (128, false) => "head_norm_rope_d128",
+            (256, false) => "head_norm_rope_d256",
+            (512, false) => "head_norm_rope_d512",
             _ => "head_norm_rope",
         };
         let f = self.kernels.get(name)?;
