@@ -37,6 +37,32 @@ struct HeadSegs {
     int rope[3];     // 0: the norm only
 };
 
+// 1 / rms of a register-held row (lane l holds elements l + 32 j): the sum of squares in
+// f64 over the warp, then rms_norm's f32 scale.
+template <int E>
+__device__ __forceinline__ float head_rms_inv(const float (&v)[E], float eps) {
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < E; ++j) ss += (double)v[j] * (double)v[j];
+    ss = warp_sum_f64(ss);
+    return (float)(1.0 / sqrt(ss / (32 * E) + (double)eps));
+}
+
+// Rotates a register-held row's half-split pairs (elements j and j + E / 2 of a lane) by
+// pos * f[j]; a zero frequency leaves its pair untouched.
+template <int E>
+__device__ __forceinline__ void rotate_half_regs(float (&v)[E], const float* f, float pos) {
+#pragma unroll
+    for (int j = 0; j < E / 2; ++j) {
+        if (f[j] == 0.0f) continue;
+        float s, c;
+        sincosf(pos * f[j], &s, &c);
+        const float a = v[j], b = v[j + E / 2];
+        v[j] = a * c - b * s;
+        v[j + E / 2] = b * c + a * s;
+    }
+}
+
 // One (token, head) row with head_dim = 32 E held in registers: lane l holds elements
 // l + 32 j. A rotated pair (i, i + head_dim / 2) then sits in one lane (j and j + E / 2),
 // and an interleaved pair (2i, 2i + 1) in lanes l and l ^ 1 at the same j. Every load is
@@ -77,11 +103,7 @@ __device__ __forceinline__ void head_norm_rope_regs(float* xr, const void* w, in
 #pragma unroll
             for (int j = 0; j < E; ++j) g[j] = 0.0f;
     }
-    double ss = 0.0;
-#pragma unroll
-    for (int j = 0; j < E; ++j) ss += (double)v[j] * (double)v[j];
-    ss = warp_sum_f64(ss);
-    const float inv = (float)(1.0 / sqrt(ss / D + (double)eps));
+    const float inv = head_rms_inv<E>(v, eps);
 #pragma unroll
     for (int j = 0; j < E; ++j) {
         v[j] = v[j] * inv;
@@ -99,15 +121,7 @@ __device__ __forceinline__ void head_norm_rope_regs(float* xr, const void* w, in
                 v[j] = (lane & 1) == 0 ? v[j] * c - other * s : v[j] * c + other * s;
             }
         } else {
-#pragma unroll
-            for (int j = 0; j < E / 2; ++j) {
-                if (f[j] == 0.0f) continue;
-                float s, c;
-                sincosf(pos * f[j], &s, &c);
-                const float a = v[j], b = v[j + E / 2];
-                v[j] = a * c - b * s;
-                v[j + E / 2] = b * c + a * s;
-            }
+            rotate_half_regs<E>(v, f, pos);
         }
     }
 #pragma unroll
@@ -166,7 +180,6 @@ template <int E, bool W, bool ROT>
 __device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, float offset,
                                                    float eps, const u32* pos_at,
                                                    const float* inv_freq) {
-    constexpr int D = 32 * E;
     const int lane = threadIdx.x & 31;
     float v[E], g[E], f[E / 2];
     const float pos = ROT ? (float)*pos_at : 0.0f;
@@ -179,27 +192,13 @@ __device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, fl
 #pragma unroll
         for (int j = 0; j < E / 2; ++j) f[j] = inv_freq[lane + 32 * j];
     }
-    double ss = 0.0;
-#pragma unroll
-    for (int j = 0; j < E; ++j) ss += (double)v[j] * (double)v[j];
-    ss = warp_sum_f64(ss);
-    const float inv = (float)(1.0 / sqrt(ss / D + (double)eps));
+    const float inv = head_rms_inv<E>(v, eps);
 #pragma unroll
     for (int j = 0; j < E; ++j) {
         v[j] = v[j] * inv;
         if (W) v[j] = v[j] * (g[j] + offset);
     }
-    if (ROT) {
-#pragma unroll
-        for (int j = 0; j < E / 2; ++j) {
-            if (f[j] == 0.0f) continue;
-            float s, c;
-            sincosf(pos * f[j], &s, &c);
-            const float a = v[j], b = v[j + E / 2];
-            v[j] = a * c - b * s;
-            v[j + E / 2] = b * c + a * s;
-        }
-    }
+    if (ROT) rotate_half_regs<E>(v, f, pos);
 #pragma unroll
     for (int j = 0; j < E; ++j) xr[lane + 32 * j] = v[j];
 }
