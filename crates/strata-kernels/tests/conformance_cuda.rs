@@ -186,6 +186,36 @@ fn skinny_gemm_on_decode_shapes() {
     }
 }
 
+/// One per-layer-input product of the small-weight GEMM test: the plain projection, or the
+/// gate with its activation and table slice (`act`), on any backend.
+struct PleProduct<'a> {
+    w: &'a [f32],
+    table: &'a [f32],
+    shape: MatmulShape,
+    slice: TableSlice,
+    act: Option<Activation>,
+}
+
+impl PleProduct<'_> {
+    /// The product of rows `x` on `be` (the weight uploaded as bf16).
+    fn run<B: Backend>(&self, be: &B, x: &[f32]) -> Vec<f32> {
+        let wb = be.upload_f32_as(self.w, DType::BF16).unwrap();
+        let xb = be.upload_f32_as(x, DType::F32).unwrap();
+        let tb = be.upload_f32_as(self.table, DType::F32).unwrap();
+        let rows = x.len() / self.shape.in_features;
+        let mut out = be
+            .zeros(rows * self.shape.out_features, DType::F32)
+            .unwrap();
+        match self.act {
+            None => be.matmul(&xb, &wb, self.shape, &mut out).unwrap(),
+            Some(a) => be
+                .gated_slice_matmul(a, &xb, &wb, self.shape, &tb, self.slice, &mut out)
+                .unwrap(),
+        }
+        be.download(&out).unwrap()
+    }
+}
+
 /// The small-weight GEMM (`kernels/small_gemm.cu`, bf16 mode, 3 to 128 rows): Gemma-4's
 /// per-layer-input projection and gate (with its activation and table slice) at E2B's and
 /// E4B's shapes, on both sides of the 16-token tile's edges. Each is the CPU backend's f32
@@ -241,31 +271,15 @@ fn small_gemm_equals_cpu_on_per_layer_input_shapes() {
             vec![Some(Activation::GeluTanh), Some(Activation::Silu)]
         };
         for act in acts {
-            let on = |be: &CudaBackend| -> Vec<f32> {
-                let wb = be.upload_f32_as(&w, DType::BF16).unwrap();
-                let xb = be.upload_f32_as(&x, DType::F32).unwrap();
-                let tb = be.upload_f32_as(&table, DType::F32).unwrap();
-                let mut out = be.zeros(t * n, DType::F32).unwrap();
-                match act {
-                    None => be.matmul(&xb, &wb, shape, &mut out).unwrap(),
-                    Some(a) => be
-                        .gated_slice_matmul(a, &xb, &wb, shape, &tb, slice, &mut out)
-                        .unwrap(),
-                }
-                be.download(&out).unwrap()
+            let product = PleProduct {
+                w: &w,
+                table: &table,
+                shape,
+                slice,
+                act,
             };
-            let got = on(&fast);
-            let wc = cpu.upload_f32_as(&w, DType::BF16).unwrap();
-            let xc = cpu.upload_f32_as(&xr, DType::F32).unwrap();
-            let tc = cpu.upload_f32_as(&table, DType::F32).unwrap();
-            let mut oc = cpu.zeros(t * n, DType::F32).unwrap();
-            match act {
-                None => cpu.matmul(&xc, &wc, shape, &mut oc).unwrap(),
-                Some(a) => cpu
-                    .gated_slice_matmul(a, &xc, &wc, shape, &tc, slice, &mut oc)
-                    .unwrap(),
-            }
-            let on_cpu = cpu.download(&oc).unwrap();
+            let got = product.run(&fast, &x);
+            let on_cpu = product.run(&cpu, &xr);
             let (g, g_mag) = conformance::reference::matmul(&xr, &w, k, n);
             let mag: Vec<f64> = match act {
                 None => g_mag,
@@ -287,7 +301,7 @@ fn small_gemm_equals_cpu_on_per_layer_input_shapes() {
                 .fold(0.0f32, f32::max);
             eprintln!("{what}: max |cuda - cpu(bf16 x)| {worst:.3e}");
             // cuBLAS in its place gives the same values within the same bound.
-            let other = on(&fast.clone().with_small_gemm(false));
+            let other = product.run(&fast.clone().with_small_gemm(false), &x);
             conformance::compare(&format!("{what} via cuBLAS"), &other, &want, &mag, tol).unwrap();
         }
     }
