@@ -55,7 +55,9 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
 /// backend's own softcapped values, the logits left as they were.
 pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
     let mut data = TestData::new(801);
-    for vocab in [7usize, 1000, 262_144] {
+    // Sizes: under one 16-byte load a thread, not a multiple of four, a multiple with a
+    // tail past the unrolled loads, the real vocabulary.
+    for vocab in [7usize, 1000, 4099, 65_540, 262_144] {
         let rows = 5;
         let mut logits: Vec<f32> = (0..rows * vocab).map(|_| data.normal() * 3.0).collect();
         // Row 1: a tie between two ids for the maximum; row 2: NaNs; row 3: all -inf.
