@@ -27,8 +27,9 @@ __device__ __forceinline__ u64 key_max(u64 a, u64 b) { return a > b ? a : b; }
 
 // The best key of four consecutive logits from index `at`.
 __device__ __forceinline__ u64 logit4_key(float4 v, u32 at, int has_cap, float cap) {
-    return key_max(key_max(logit_key(v.x, at, has_cap, cap), logit_key(v.y, at + 1, has_cap, cap)),
-                   key_max(logit_key(v.z, at + 2, has_cap, cap), logit_key(v.w, at + 3, has_cap, cap)));
+    return key_max(
+        key_max(logit_key(v.x, at, has_cap, cap), logit_key(v.y, at + 1, has_cap, cap)),
+        key_max(logit_key(v.z, at + 2, has_cap, cap), logit_key(v.w, at + 3, has_cap, cap)));
 }
 
 // Grid (rows, parts): block (r, p) takes every gridDim.y-th stretch of row r and folds its
@@ -57,9 +58,11 @@ argmax_rows(const float* logits, unsigned long long* keys, u64 vocab, int has_ca
             for (int u = 0; u < ARGMAX_UNROLL; ++u)
                 best = key_max(best, logit4_key(v[u], (u32)(4 * (i + u * stride)), has_cap, cap));
         }
-        for (; i < n4; i += stride) best = key_max(best, logit4_key(__ldcs(row4 + i), (u32)(4 * i), has_cap, cap));
+        for (; i < n4; i += stride)
+            best = key_max(best, logit4_key(__ldcs(row4 + i), (u32)(4 * i), has_cap, cap));
     } else {
-        for (; i < vocab; i += stride) best = key_max(best, logit_key(row[i], (u32)i, has_cap, cap));
+        for (; i < vocab; i += stride)
+            best = key_max(best, logit_key(row[i], (u32)i, has_cap, cap));
     }
     for (int o = 16; o > 0; o >>= 1) best = key_max(best, __shfl_xor_sync(0xffffffffu, best, o));
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

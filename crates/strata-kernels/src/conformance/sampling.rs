@@ -55,8 +55,8 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
 /// backend's own softcapped values, the logits left as they were.
 pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
     let mut data = TestData::new(801);
-    // Sizes: under one 16-byte load a thread, not a multiple of four, a multiple with a
-    // tail past the unrolled loads, the real vocabulary.
+    // 7 and 4099: not a multiple of four (the GPU's one-value loads); 1000: 16-byte loads,
+    // the tail loop alone; 65,540: the unrolled loads and a tail; 262,144: the vocabulary.
     for vocab in [7usize, 1000, 4099, 65_540, 262_144] {
         let rows = 5;
         let mut logits: Vec<f32> = (0..rows * vocab).map(|_| data.normal() * 3.0).collect();
