@@ -17,6 +17,7 @@
 // E2B and E4B (gate and up stacked as one matrix).
 
 #include <cstdio>
+#include <initializer_list>
 #include <cuda_runtime.h>
 
 #define CHECK(x)                                                                         \
@@ -102,12 +103,10 @@ __global__ void __launch_bounds__(256) read_all(const uint4* w, long long n, flo
     if (acc == 12345u) sink[0] = (float)acc;
 }
 
-template <int STAGES, int ROW, bool TILED, bool X>
-float time_pattern(const Shape& s, const char* w, const char* x, float* sink, char* flush,
-                   size_t flush_bytes, int split = 1) {
-    constexpr int SMEM = STAGES * 128 * ROW * (X ? 2 : 1);
-    cudaFuncSetAttribute(stream_tiles<STAGES, ROW, TILED, X>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+// GB/s of `bytes` for the best of 10 timed runs of `launch` (after two untimed ones), each
+// after L2 is overwritten by a memset of `flush`.
+template <class Launch>
+float best_gbps(size_t bytes, char* flush, size_t flush_bytes, Launch launch) {
     cudaEvent_t a, b;
     cudaEventCreate(&a);
     cudaEventCreate(&b);
@@ -115,8 +114,7 @@ float time_pattern(const Shape& s, const char* w, const char* x, float* sink, ch
     for (int it = 0; it < 12; ++it) {
         cudaMemsetAsync(flush, it, flush_bytes);
         cudaEventRecord(a);
-        stream_tiles<STAGES, ROW, TILED, X>
-            <<<dim3((unsigned)(s.rows / 128), split), 256, SMEM>>>(w, x, s.k * 2, sink);
+        launch();
         cudaEventRecord(b);
         cudaEventSynchronize(b);
         float ms;
@@ -125,7 +123,19 @@ float time_pattern(const Shape& s, const char* w, const char* x, float* sink, ch
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    return (float)(s.rows * s.k * 2) / (best * 1e-3f) / 1e9f;
+    return (float)bytes / (best * 1e-3f) / 1e9f;
+}
+
+template <int STAGES, int ROW, bool TILED, bool X>
+float time_pattern(const Shape& s, const char* w, const char* x, float* sink, char* flush,
+                   size_t flush_bytes, int split = 1) {
+    constexpr int SMEM = STAGES * 128 * ROW * (X ? 2 : 1);
+    cudaFuncSetAttribute(stream_tiles<STAGES, ROW, TILED, X>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    return best_gbps((size_t)s.rows * s.k * 2, flush, flush_bytes, [&] {
+        stream_tiles<STAGES, ROW, TILED, X>
+            <<<dim3((unsigned)(s.rows / 128), split), 256, SMEM>>>(w, x, s.k * 2, sink);
+    });
 }
 
 int main() {
@@ -154,22 +164,11 @@ int main() {
                 prop.multiProcessorCount);
     for (const Shape& s : shapes) {
         const size_t bytes = (size_t)s.rows * s.k * 2;
-        cudaEvent_t a, b;
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-        float copy_ms = 1e30f;
-        for (int it = 0; it < 12; ++it) {
-            cudaMemsetAsync(flush, it, flush_bytes);
-            cudaEventRecord(a);
-            cudaMemcpyAsync(w2, w, bytes, cudaMemcpyDeviceToDevice);
-            cudaEventRecord(b);
-            cudaEventSynchronize(b);
-            float ms;
-            cudaEventElapsedTime(&ms, a, b);
-            if (it > 1 && ms < copy_ms) copy_ms = ms;
-        }
         std::printf("%s, %.1f MB, %lld blocks\n", s.name, bytes / 1e6, s.rows / 128);
-        std::printf("  copy (reads and writes it)       %7.0f\n", bytes / (copy_ms * 1e-3f) / 1e9f);
+        std::printf("  copy (reads and writes it)       %7.0f\n",
+                    best_gbps(bytes, flush, flush_bytes, [&] {
+                        cudaMemcpyAsync(w2, w, bytes, cudaMemcpyDeviceToDevice);
+                    }));
         std::printf("  rows, tokens too, 3 stages       %7.0f\n",
                     time_pattern<3, 128, false, true>(s, w, x, sink, flush, flush_bytes));
         std::printf("  tiled, tokens too, 3 stages      %7.0f\n",
@@ -186,23 +185,12 @@ int main() {
                     time_pattern<6, 128, false, false>(s, w, x, sink, flush, flush_bytes, 2));
         std::printf("  rows, weights only, 6, split 4   %7.0f\n",
                     time_pattern<6, 128, false, false>(s, w, x, sink, flush, flush_bytes, 4));
-        for (int blocks : {264, 528, 1056, 4224}) {
-            float best = 1e30f;
-            for (int it = 0; it < 12; ++it) {
-                cudaMemsetAsync(flush, it, flush_bytes);
-                cudaEventRecord(a);
-                read_all<<<blocks, 256>>>(reinterpret_cast<const uint4*>(w), bytes / 16, sink);
-                cudaEventRecord(b);
-                cudaEventSynchronize(b);
-                float ms;
-                cudaEventElapsedTime(&ms, a, b);
-                if (it > 1 && ms < best) best = ms;
-            }
+        for (int blocks : {264, 528, 1056, 4224})
             std::printf("  plain read, %4d blocks          %7.0f\n", blocks,
-                        bytes / (best * 1e-3f) / 1e9f);
-        }
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
+                        best_gbps(bytes, flush, flush_bytes, [&] {
+                            read_all<<<blocks, 256>>>(reinterpret_cast<const uint4*>(w),
+                                                      (long long)(bytes / 16), sink);
+                        }));
     }
     CHECK(cudaGetLastError());
     return 0;
