@@ -118,20 +118,27 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 __device__ __forceinline__ float ldcg(const float* p) { return __ldcg(p); }
 
+// A thread's six values of the row `a` (zeros where `a` is null) and of `b`, read through
+// L2; returns the sum of a's squares over the thread's values.
+__device__ float load_pair(const float* a, const float* b, float (&av)[6], float (&bv)[6]) {
+    float ss = 0.f;
+    for (int j = 0; j < 6; ++j) {
+        const int i = threadIdx.x + 256 * j;
+        av[j] = a ? ldcg(a + i) : 0.f;
+        bv[j] = ldcg(b + i);
+        ss += av[j] * av[j];
+    }
+    return ss;
+}
+
 // The three residual steps, written once for both forms. Each reads its inputs through L2
 // (other blocks wrote them), writes the new residual when `store`, and the next product's
 // input to `x` (global memory for the chain, shared memory for the persistent kernel).
 // h1 = h + norm(o) w1; x = norm(h1) w2
 __device__ void step_add_norm(const float* o, const float* h, float* h1, float* x,
                               const float* w1, const float* w2, bool store, float* red) {
-    float ov[6], hv[6], ss = 0.f;
-    for (int j = 0; j < 6; ++j) {
-        const int i = threadIdx.x + 256 * j;
-        ov[j] = ldcg(o + i);
-        hv[j] = ldcg(h + i);
-        ss += ov[j] * ov[j];
-    }
-    const float r = rsqrtf(block_sum(ss, red) / H + EPS);
+    float ov[6], hv[6];
+    const float r = rsqrtf(block_sum(load_pair(o, h, ov, hv), red) / H + EPS);
     float s2 = 0.f;
     for (int j = 0; j < 6; ++j) {
         const int i = threadIdx.x + 256 * j;
@@ -149,14 +156,8 @@ __device__ void step_add_norm(const float* o, const float* h, float* h1, float* 
 // h2 = h1 + norm(d) w3; x = h2
 __device__ void step_then_add(const float* d, const float* h1, float* h2, float* x,
                               const float* w3, bool store, float* red) {
-    float dv[6], hv[6], ss = 0.f;
-    for (int j = 0; j < 6; ++j) {
-        const int i = threadIdx.x + 256 * j;
-        dv[j] = ldcg(d + i);
-        hv[j] = ldcg(h1 + i);
-        ss += dv[j] * dv[j];
-    }
-    const float r = rsqrtf(block_sum(ss, red) / H + EPS);
+    float dv[6], hv[6];
+    const float r = rsqrtf(block_sum(load_pair(d, h1, dv, hv), red) / H + EPS);
     for (int j = 0; j < 6; ++j) {
         const int i = threadIdx.x + 256 * j;
         hv[j] += dv[j] * r * w3[i];
@@ -169,13 +170,8 @@ __device__ void step_then_add(const float* d, const float* h1, float* h2, float*
 __device__ void step_add_scale_norm(const float* q, const float* h2, float* h3, float* x,
                                     const float* w4, const float* w5, float scale,
                                     bool store, float* red) {
-    float qv[6], hv[6], ss = 0.f;
-    for (int j = 0; j < 6; ++j) {
-        const int i = threadIdx.x + 256 * j;
-        hv[j] = ldcg(h2 + i);
-        qv[j] = q ? ldcg(q + i) : 0.f;
-        ss += qv[j] * qv[j];
-    }
+    float qv[6], hv[6];
+    const float ss = load_pair(q, h2, qv, hv);
     if (q) {
         const float r = rsqrtf(block_sum(ss, red) / H + EPS);
         for (int j = 0; j < 6; ++j) {
