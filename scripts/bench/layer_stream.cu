@@ -349,6 +349,23 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
         : "memory");
 }
 
+// `rows` runs of `bytes` each, `src_stride` apart in global memory, to `dst` at `pitch`
+// bytes a run, all completing on `full` (armed here for their sum).
+__device__ __forceinline__ void bulk_load_rows(char* dst, int pitch, const char* src,
+                                               long long src_stride, int rows, uint32_t bytes,
+                                               uint64_t* full) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     smem_addr(full)),
+                 "r"(rows * bytes)
+                 : "memory");
+    for (int r = 0; r < rows; ++r)
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(smem_addr(dst + r * pitch)),
+            "l"(src + r * src_stride), "r"(bytes), "r"(smem_addr(full))
+            : "memory");
+}
+
 // Grid-wide barrier on a counter that only grows: every barrier of every launch takes
 // exactly gridDim.x arrivals, so old / grid names the barrier being waited for.
 __device__ void grid_sync(unsigned long long* count) {
@@ -453,17 +470,8 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
                             pr.w[m] + ((long long)(t * wk.R)) * pr.k + sg * wk.S);
                         char* dst = ring + (size_t)s * slot;
                         tag[s] = c;
-                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                                         smem_addr(full + s)),
-                                     "r"(rr * seg_bytes)
-                                     : "memory");
-                        for (int r = 0; r < rr; ++r)
-                            asm volatile(
-                                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-                                "[%0], [%1], %2, [%3];" ::"r"(smem_addr(dst + r * wk.pitch())),
-                                "l"(src + (long long)r * pr.k * 2), "r"(seg_bytes),
-                                "r"(smem_addr(full + s))
-                                : "memory");
+                        bulk_load_rows(dst, wk.pitch(), src, (long long)pr.k * 2, rr, seg_bytes,
+                                       full + s);
                     }
                 }
         }
@@ -521,19 +529,8 @@ __global__ void __launch_bounds__(THREADS, BLOCKS)
                                             smem_addr(full + s))
                                         : "memory");
                                 } else {
-                                    asm volatile(
-                                        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                                            smem_addr(full + s)),
-                                        "r"(rr * seg_bytes)
-                                        : "memory");
-                                    for (int r = 0; r < rr; ++r)
-                                        asm volatile(
-                                            "cp.async.bulk.shared::cluster.global.mbarrier::"
-                                            "complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                                                smem_addr(dst + r * wk.pitch())),
-                                            "l"(src + (long long)r * pr.k * 2), "r"(seg_bytes),
-                                            "r"(smem_addr(full + s))
-                                            : "memory");
+                                    bulk_load_rows(dst, wk.pitch(), src, (long long)pr.k * 2, rr,
+                                                   seg_bytes, full + s);
                                 }
                             }
                 }
