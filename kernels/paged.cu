@@ -346,6 +346,21 @@ paged_combine(const float* ws_acc, const float* ws_ml, float* out, u16* out_b, i
     if (out_b) out_b[task * d + i] = f32_to_bf16_rne(y);
 }
 
+// Grid: sequences. A decode graph's slot table written from its sequences' pages, so the
+// host sends a page id a page instead of a slot a key: `buf` holds each sequence's first
+// page index (n_seqs of them), then the pages; sequence s reads positions k_start .. q_start +
+// q_len, position p in page buf[n_seqs + first + p / page_size - k_start / page_size] at slot
+// page * page_size + p % page_size, stored at slots[slot_offset + p - k_start]
+// (`expand_page_slots` in paged.rs is the same on the host).
+extern "C" __global__ void __launch_bounds__(256)
+expand_page_slots(const u32* seqs, const u32* buf, u32* slots, u32 page_size, u32 n_seqs) {
+    const u32* sq = seqs + 5 * blockIdx.x;  // q_offset, q_len, q_start, k_start, slot_offset
+    const u32 k_start = sq[3], end = sq[2] + sq[1], off = sq[4];
+    const u32 first = n_seqs + buf[blockIdx.x], lo = k_start / page_size;
+    for (u32 p = k_start + threadIdx.x; p < end; p += blockDim.x)
+        slots[off + p - k_start] = buf[first + p / page_size - lo] * page_size + p % page_size;
+}
+
 // ---- dense attention for long query runs (prefill) ---------------------------------------
 //
 // A sequence with many query rows is attended with GEMMs (`cuda/dense_attention.rs`):

@@ -381,6 +381,22 @@ pub trait Backend: Send + Sync {
         slots: &[u32],
     ) -> Result<()>;
 
+    /// [`Backend::paged_batch_update`] with the slots given by pages
+    /// ([`crate::expand_page_slots`] says how): a few page ids a sequence instead of a slot
+    /// a key, so a device backend can write the slot table where it reads it rather than
+    /// receive it from the host. The default expands the slots on the host.
+    fn paged_batch_update_pages(
+        &self,
+        batch: &mut Self::PagedBatch,
+        seqs: &[PagedSeq],
+        pages: &[u32],
+        page_start: &[u32],
+        page_size: usize,
+    ) -> Result<()> {
+        let slots = crate::expand_page_slots(seqs, pages, page_start, page_size)?;
+        self.paged_batch_update(batch, seqs, &slots)
+    }
+
     /// [`Backend::embedding`] with the ids in backend memory (checked by the caller).
     fn embedding_idx(
         &self,

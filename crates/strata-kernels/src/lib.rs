@@ -25,7 +25,7 @@ pub mod sampling;
 pub use backend::{Backend, DeviceBuffer};
 pub use dtype::{DType, HostSlice};
 pub use error::{KernelError, Result};
-pub use paged::{has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
+pub use paged::{expand_page_slots, has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
 pub use params::{
     Activation, AttentionParams, MatmulOut, MatmulShape, QkvPrep, RmsNormParams, RopeParams,
     RopeStyle, StridedCopy, TableSlice,

@@ -96,3 +96,47 @@ pub(crate) fn check_paged(seqs: &[PagedSeq], slots: &[u32]) -> crate::Result<()>
     }
     Ok(())
 }
+
+/// The slot table that [`crate::Backend::paged_batch_update_pages`] describes by pages:
+/// sequence i's keys, positions `k_start .. q_start + q_len`, at `slots[slot_offset ..]`,
+/// position p in page `pages[page_start[i] + p / page_size - k_start / page_size]` at slot
+/// `page * page_size + p % page_size`. Refuses page indices past `pages` and slot offsets
+/// that do not follow one another.
+pub fn expand_page_slots(
+    seqs: &[PagedSeq],
+    pages: &[u32],
+    page_start: &[u32],
+    page_size: usize,
+) -> crate::Result<Vec<u32>> {
+    const OP: &str = "paged_batch_update_pages";
+    crate::error::ensure(page_size > 0 && page_start.len() == seqs.len(), OP, || {
+        format!(
+            "{} page starts for {} sequences, page size {page_size}",
+            page_start.len(),
+            seqs.len()
+        )
+    })?;
+    let mut slots = Vec::with_capacity(seqs.iter().map(PagedSeq::k_len).sum());
+    for (i, (s, &first)) in seqs.iter().zip(page_start).enumerate() {
+        let end = s.q_start + s.q_len;
+        let (lo, hi) = (s.k_start / page_size, end.div_ceil(page_size));
+        crate::error::ensure(
+            s.slot_offset == slots.len() && first as usize + (hi - lo) <= pages.len(),
+            OP,
+            || {
+                format!("sequence {i} ({s:?}) does not follow the previous one or reads past the {} pages", pages.len())
+            },
+        )?;
+        for p in s.k_start..end {
+            let page = pages[first as usize + p / page_size - lo] as u64;
+            let slot = page * page_size as u64 + (p % page_size) as u64;
+            slots.push(
+                u32::try_from(slot).map_err(|_| crate::KernelError::Invalid {
+                    op: OP,
+                    detail: format!("slot {slot} of sequence {i} exceeds 32 bits"),
+                })?,
+            );
+        }
+    }
+    Ok(slots)
+}

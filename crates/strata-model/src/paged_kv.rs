@@ -257,6 +257,73 @@ pub(crate) fn host_tables<B: Backend>(
     Ok(t)
 }
 
+/// A group's step as pages (what a replayed decode step uploads): the K/V store slots, the
+/// sequences, and each sequence's pages over its keys (`page_start[i]` indexes `pages`),
+/// which the backend expands into the slot table ([`Backend::paged_batch_update_pages`]).
+pub(crate) struct HostPages {
+    pub(crate) store: Vec<u32>,
+    pub(crate) seqs: Vec<PagedSeq>,
+    pub(crate) pages: Vec<u32>,
+    pub(crate) page_start: Vec<u32>,
+    /// Keys of all sequences (the slot table's length).
+    pub(crate) keys: usize,
+}
+
+/// [`host_tables`] as pages: the same slots, a page id a page of keys instead of a slot a
+/// key (at 112 decode rows and depth 768, about 9,000 values against 143,000).
+pub(crate) fn host_pages<B: Backend>(
+    pool: &KvPool<PagedStorage<B>>,
+    kind: PoolKind,
+    window: Option<usize>,
+    batch: &ForwardBatch,
+) -> Result<HostPages> {
+    let page_size = pool.plan().page_size;
+    let window_of = match kind {
+        PoolKind::Full => None,
+        PoolKind::Window => Some(pool.full_to_window_mapping()),
+    };
+    let rows: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
+    let mut t = HostPages {
+        store: Vec::with_capacity(rows),
+        seqs: Vec::with_capacity(batch.seqs.len()),
+        pages: Vec::new(),
+        page_start: Vec::with_capacity(batch.seqs.len()),
+        keys: 0,
+    };
+    let mut q_offset = 0;
+    for s in &batch.seqs {
+        let end = s.start + s.tokens.len();
+        pool.slot(s.request, end - 1)?;
+        let pages = pool.page_table(s.request)?;
+        push_slots(&mut t.store, pages, window_of, page_size, s.start..end)?;
+        let k_start = window.map_or(0, |w| s.start.saturating_sub(w - 1));
+        t.seqs.push(PagedSeq {
+            q_offset,
+            q_len: s.tokens.len(),
+            q_start: s.start,
+            k_start,
+            slot_offset: t.keys,
+        });
+        t.page_start.push(t.pages.len() as u32);
+        let first = k_start / page_size;
+        for (i, &full_page) in pages[first..end.div_ceil(page_size)].iter().enumerate() {
+            t.pages.push(match window_of {
+                None => full_page,
+                Some(map) => match map.get(full_page as usize) {
+                    Some(&w) if w != NO_PAGE => w,
+                    _ => {
+                        let position = ((first + i) * page_size).max(k_start);
+                        return Err(KvError::WindowSlotReleased { position }.into());
+                    }
+                },
+            });
+        }
+        t.keys += end - k_start;
+        q_offset += s.tokens.len();
+    }
+    Ok(t)
+}
+
 fn group_tables<B: Backend>(
     pool: &KvPool<PagedStorage<B>>,
     b: &B,
@@ -437,10 +504,24 @@ mod tests {
             assert_eq!(got.slots, slots, "{kind:?} key slots");
             assert_eq!(got.seqs.len(), 3);
             assert_eq!(got.seqs[1].slot_offset, got.seqs[0].k_len());
+            // The same step as pages expands to the same slots (what a replay uploads).
+            let pages = host_pages(&pool, kind, window, &batch).unwrap();
+            assert_eq!(pages.store, store, "{kind:?} store slots from pages");
+            assert_eq!(pages.seqs, got.seqs, "{kind:?} sequences from pages");
+            assert_eq!(pages.keys, slots.len());
+            let expanded =
+                strata_kernels::expand_page_slots(&pages.seqs, &pages.pages, &pages.page_start, 16)
+                    .unwrap();
+            assert_eq!(expanded, slots, "{kind:?} key slots from pages");
+            assert!(
+                pages.pages.len() * 8 < slots.len(),
+                "a page id a page, not a slot a key"
+            );
         }
         let past = ForwardBatch {
             seqs: vec![chunk(b, 40, 6)],
         };
         assert!(host_tables(&pool, PoolKind::Full, None, &past).is_err());
+        assert!(host_pages(&pool, PoolKind::Full, None, &past).is_err());
     }
 }

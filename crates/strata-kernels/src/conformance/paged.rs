@@ -285,6 +285,23 @@ pub fn paged_attention_cases() -> Vec<PagedCase> {
             seed: 744,
             ..base.clone()
         },
+        // Many decode rows at once (a large decode batch at scattered depths, a sliding
+        // layer and a two-KV-head full layer): few key splits a row, most rows' splits
+        // uneven.
+        PagedCase {
+            format: KvFormat::Bf16,
+            window: Some(512),
+            seqs: (0..80).map(|i| ((37 * i + 5) % 900, 1)).collect(),
+            seed: 751,
+            ..base.clone()
+        },
+        PagedCase {
+            format: KvFormat::Bf16,
+            n_kv_heads: 2,
+            seqs: (0..40).map(|i| ((53 * i + 11) % 700, 1)).collect(),
+            seed: 752,
+            ..base.clone()
+        },
         // E4B: 8 query heads over 2 KV heads, int8 and fp8.
         PagedCase {
             n_kv_heads: 2,
@@ -416,6 +433,123 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
     }
     if b.paged_batch(&[seq], &[0]).is_ok() {
         return Err("paged_batch accepted a sequence reading past its slot table".into());
+    }
+    check_update_by_pages(b)
+}
+
+/// A graph batch rewritten by pages ([`Backend::paged_batch_update_pages`]) attends exactly
+/// as one made from the slots they expand to ([`crate::expand_page_slots`]): decode rows
+/// over scattered pages with and without a window, a multi-row chunk, and a pad row on the
+/// page past the slab's last (the decode graph's spare slot). Malformed page lists are
+/// refused.
+fn check_update_by_pages<B: Backend>(b: &B) -> CheckResult {
+    const WHAT: &str = "paged_batch_update_pages";
+    let (ps, n_pages, d) = (16usize, 48usize, 64usize);
+    let act = b.activation_dtype();
+    let mut data = TestData::new(760);
+    let shape = KvSlabShape {
+        format: KvFormat::F32,
+        num_kv_heads: 1,
+        head_dim: d,
+        slots: n_pages * ps + 1,
+    };
+    let mut slab = ctx(WHAT, b.kv_slab(shape))?;
+    let all: Vec<u32> = (0..shape.slots as u32).collect();
+    let k = data.normals(shape.slots * d, 0.3, act);
+    let v = data.normals(shape.slots * d, 1.0, act);
+    let idx = ctx(WHAT, b.upload_index(&all))?;
+    ctx(
+        WHAT,
+        b.kv_store(&mut slab, &put(b, &k, act)?, &put(b, &v, act)?, &idx),
+    )?;
+    // (cached keys, query rows, window) a sequence; its pages drawn from a shuffled list.
+    let shapes = [
+        (100, 1, None),
+        (37, 1, Some(20)),
+        (0, 1, None),
+        (60, 5, Some(32)),
+        (15, 1, None),
+    ];
+    let order = shuffled(&mut data, n_pages);
+    let (mut seqs, mut pages, mut page_start) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rows, mut keys, mut next) = (0, 0, 0);
+    for &(cached, q_len, window) in &shapes {
+        let end: usize = cached + q_len;
+        let k_start = window.map_or(0, |w: usize| cached.saturating_sub(w - 1));
+        seqs.push(PagedSeq {
+            q_offset: rows,
+            q_len,
+            q_start: cached,
+            k_start,
+            slot_offset: keys,
+        });
+        page_start.push(pages.len() as u32);
+        for _ in k_start / ps..end.div_ceil(ps) {
+            pages.push(order[next]);
+            next += 1;
+        }
+        rows += q_len;
+        keys += end - k_start;
+    }
+    // A pad row: one key at position 0 of the page past the last (slot n_pages * ps).
+    seqs.push(PagedSeq {
+        q_offset: rows,
+        q_len: 1,
+        q_start: 0,
+        k_start: 0,
+        slot_offset: keys,
+    });
+    page_start.push(pages.len() as u32);
+    pages.push(n_pages as u32);
+    rows += 1;
+    let slots = ctx(
+        WHAT,
+        crate::expand_page_slots(&seqs, &pages, &page_start, ps),
+    )?;
+    let p = AttentionParams {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: d,
+        scale: 0.125,
+        window: None,
+        causal: true,
+        softcap: None,
+    };
+    let q = put(b, &data.normals(rows * 2 * d, 1.0, act), act)?;
+    let capacity = 4 * slots.len();
+    let by_slots = ctx(WHAT, b.paged_batch_with_capacity(&seqs, &slots, capacity))?;
+    let mut want = ctx(WHAT, b.zeros(rows * 2 * d, act))?;
+    ctx(WHAT, b.paged_attention(&q, &slab, &by_slots, p, &mut want))?;
+    // Made with other slots, then rewritten by pages.
+    let mut by_pages = ctx(
+        WHAT,
+        b.paged_batch_with_capacity(&seqs, &vec![0; slots.len()], capacity),
+    )?;
+    ctx(
+        WHAT,
+        b.paged_batch_update_pages(&mut by_pages, &seqs, &pages, &page_start, ps),
+    )?;
+    let mut got = ctx(WHAT, b.zeros(rows * 2 * d, act))?;
+    ctx(WHAT, b.paged_attention(&q, &slab, &by_pages, p, &mut got))?;
+    let (got, want) = (get(b, &got)?, get(b, &want)?);
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        return Err(format!(
+            "{WHAT}: value {i} is {} by pages, {} by slots",
+            got[i], want[i]
+        ));
+    }
+    let short = &pages[..pages.len() - 1];
+    if b.paged_batch_update_pages(&mut by_pages, &seqs, short, &page_start, ps)
+        .is_ok()
+    {
+        return Err(format!("{WHAT} accepted a sequence reading past its pages"));
+    }
+    if b.paged_batch_update_pages(&mut by_pages, &seqs, &pages, &page_start[1..], ps)
+        .is_ok()
+    {
+        return Err(format!(
+            "{WHAT} accepted a page start short of the sequences"
+        ));
     }
     Ok(())
 }

@@ -606,6 +606,17 @@ impl Backend for CudaBackend {
         self.paged_batch_update_impl(batch, seqs, slots)
     }
 
+    fn paged_batch_update_pages(
+        &self,
+        batch: &mut CudaPagedBatch,
+        seqs: &[crate::PagedSeq],
+        pages: &[u32],
+        page_start: &[u32],
+        page_size: usize,
+    ) -> Result<()> {
+        self.paged_batch_update_pages_impl(batch, seqs, pages, page_start, page_size)
+    }
+
     fn embedding_idx(
         &self,
         ids: &CudaIndex,

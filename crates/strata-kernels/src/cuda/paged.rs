@@ -65,6 +65,9 @@ pub struct CudaPagedBatch {
     /// Set for batches made to be rewritten in place (graphs): the slot capacity, and the
     /// split count is the one for long keys.
     capacity: Option<usize>,
+    /// Page starts and pages of the last update by pages (`expand_page_slots`), grown as
+    /// needed.
+    pages: Option<CudaSlice<u32>>,
 }
 
 impl CudaPagedBatch {
@@ -234,6 +237,7 @@ impl CudaBackend {
             host_seqs: seqs.to_vec(),
             slot_limit: slots.iter().copied().max().unwrap_or(0),
             capacity: None,
+            pages: None,
         })
     }
 
@@ -299,6 +303,116 @@ impl CudaBackend {
         }
         b.host_seqs = seqs.to_vec();
         b.slot_limit = slots.iter().copied().max().unwrap_or(0);
+        Ok(())
+    }
+
+    pub(super) fn paged_batch_update_pages_impl(
+        &self,
+        b: &mut CudaPagedBatch,
+        seqs: &[PagedSeq],
+        pages: &[u32],
+        page_start: &[u32],
+        page_size: usize,
+    ) -> Result<()> {
+        const OP: &str = "paged_batch_update_pages";
+        let capacity = b.capacity.ok_or_else(|| KernelError::Invalid {
+            op: OP,
+            detail: "the batch was not made with a capacity".into(),
+        })?;
+        ensure(
+            page_size > 0 && page_start.len() == seqs.len() && seqs.len() == b.host_seqs.len(),
+            OP,
+            || {
+                format!(
+                    "{} sequences and {} page starts (page size {page_size}) for a batch of {}",
+                    seqs.len(),
+                    page_start.len(),
+                    b.host_seqs.len()
+                )
+            },
+        )?;
+        // What `check_paged` and `expand_page_slots` check, and the largest slot read
+        // (the attention's bounds check), from the pages alone.
+        let (mut rows, mut keys, mut slot_limit) = (0usize, 0usize, 0u64);
+        for (i, (s, &first)) in seqs.iter().zip(page_start).enumerate() {
+            let end = s.q_start + s.q_len;
+            let (lo, hi) = (s.k_start / page_size, end.div_ceil(page_size));
+            let first = first as usize;
+            ensure(
+                s.q_offset == rows
+                    && s.q_len > 0
+                    && s.k_start <= s.q_start
+                    && s.slot_offset == keys
+                    && first + (hi - lo) <= pages.len(),
+                OP,
+                || {
+                    format!("sequence {i} ({s:?}) does not follow the previous one or reads past the {} pages", pages.len())
+                },
+            )?;
+            for (k, &page) in pages[first..first + (hi - lo)].iter().enumerate() {
+                let last = if lo + k + 1 == hi {
+                    (end - 1) % page_size
+                } else {
+                    page_size - 1
+                };
+                slot_limit = slot_limit.max(page as u64 * page_size as u64 + last as u64);
+            }
+            rows += s.q_len;
+            keys += s.k_len();
+        }
+        let slot_limit = u32::try_from(slot_limit).map_err(|_| KernelError::Invalid {
+            op: OP,
+            detail: format!("slot {slot_limit} exceeds 32 bits"),
+        })?;
+        ensure(rows == b.rows && keys <= capacity, OP, || {
+            format!(
+                "{rows} rows and {keys} keys for a batch of {} rows and {capacity} slots",
+                b.rows
+            )
+        })?;
+        let (packed, row_seq) = pack_seqs(seqs)?;
+        let err = device_err("rewriting a paged batch");
+        self.stream
+            .memcpy_htod(&packed, &mut b.seqs.slice_mut(..packed.len()))
+            .map_err(&err)?;
+        if !row_seq.is_empty() {
+            self.stream
+                .memcpy_htod(&row_seq, &mut b.row_seq.slice_mut(..row_seq.len()))
+                .map_err(&err)?;
+        }
+        let mut host = Vec::with_capacity(page_start.len() + pages.len());
+        host.extend_from_slice(page_start);
+        host.extend_from_slice(pages);
+        if b.pages.as_ref().is_none_or(|d| d.len() < host.len()) {
+            b.pages = Some(
+                self.stream
+                    .alloc_zeros::<u32>(host.len().next_power_of_two())
+                    .map_err(device_err("allocating a page list"))?,
+            );
+        }
+        let buf = b.pages.as_mut().expect("allocated above");
+        if !host.is_empty() {
+            self.stream
+                .memcpy_htod(&host, &mut buf.slice_mut(..host.len()))
+                .map_err(&err)?;
+        }
+        if !seqs.is_empty() {
+            let (ps, n) = (page_size as u32, seqs.len() as u32);
+            let mut l = self
+                .stream
+                .launch_builder(self.kernels.get("expand_page_slots")?);
+            l.arg(&b.seqs).arg(&*buf).arg(&mut b.slots).arg(&ps).arg(&n);
+            let cfg = LaunchConfig {
+                grid_dim: (n, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: every sequence's keys lie within `pages` and its slots within the
+            // capacity (checked above); the packed sequences were copied first.
+            unsafe { l.launch(cfg) }.map_err(device_err("expand_page_slots"))?;
+        }
+        b.host_seqs = seqs.to_vec();
+        b.slot_limit = slot_limit;
         Ok(())
     }
 

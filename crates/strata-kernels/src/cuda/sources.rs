@@ -240,6 +240,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "kv_store_bf16",
             "paged_attention",
             "paged_combine",
+            "expand_page_slots",
             "kv_gather",
             "masked_softmax",
         ],
