@@ -160,6 +160,19 @@ __device__ void step_add_scale_norm(const float* q, const float* h2, float* h3, 
     }
 }
 
+// Thread 0's half of a grid-wide barrier on a counter that only grows: every barrier of
+// every launch takes exactly gridDim.x arrivals, so old / grid names the barrier being
+// waited for. The caller brackets it with its block's own barrier.
+__device__ void grid_arrive_wait(unsigned long long* count) {
+    __threadfence();
+    const unsigned long long g = gridDim.x;
+    const unsigned long long target = (atomicAdd(count, 1ull) / g + 1) * g;
+    unsigned long long now;
+    do {
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(count));
+    } while (now < target);
+}
+
 // ---------------------------------------------------------------- the chain
 
 // SPLIT warps a row over k; EPI 0 plain, 1 gated (W and W2: gelu(W x) * (W2 x)),

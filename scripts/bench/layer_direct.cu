@@ -57,18 +57,10 @@ __device__ float dsum(float v, float* red) {
     return s;
 }
 
-// layer_stream.cu's barrier for the whole block: a counter that only grows.
+// The grid-wide barrier for the whole block.
 __device__ void dgrid_sync(unsigned long long* count) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long g = gridDim.x;
-        const unsigned long long target = (atomicAdd(count, 1ull) / g + 1) * g;
-        unsigned long long now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(count));
-        } while (now < target);
-    }
+    if (threadIdx.x == 0) grid_arrive_wait(count);
     __syncthreads();
 }
 

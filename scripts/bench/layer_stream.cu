@@ -104,19 +104,10 @@ __device__ __forceinline__ void bulk_load_rows(char* dst, int pitch, const char*
             : "memory");
 }
 
-// Grid-wide barrier on a counter that only grows: every barrier of every launch takes
-// exactly gridDim.x arrivals, so old / grid names the barrier being waited for.
+// Grid-wide barrier among the consumer threads (the producer warp never joins).
 __device__ void grid_sync(unsigned long long* count) {
     csync();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long g = gridDim.x;
-        const unsigned long long target = (atomicAdd(count, 1ull) / g + 1) * g;
-        unsigned long long now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(count));
-        } while (now < target);
-    }
+    if (threadIdx.x == 0) grid_arrive_wait(count);
     csync();
 }
 

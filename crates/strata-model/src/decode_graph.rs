@@ -15,16 +15,14 @@
 //! their logits are dropped. The full group's slot table has a capacity; a step that
 //! needs more recaptures the bucket with twice the room.
 
-use strata_kernels::{Backend, PagedSeq, StridedCopy};
+use strata_kernels::{expand_page_slots, Backend, PagedSeq, StridedCopy};
 use strata_kv::{KvPool, PoolKind, RequestId};
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 use crate::error::Result;
 use crate::forward::{Prepared, SeqRows, StepInputs};
 use crate::model::Model;
-use crate::paged_kv::{
-    host_pages, host_tables, DecodeGraphs, GroupTables, HostPages, HostTables, PagedStorage,
-};
+use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedStorage};
 
 /// Largest batch replayed as a graph; larger decode batches run op by op.
 const MAX_GRAPH_BATCH: usize = 256;
@@ -77,23 +75,17 @@ pub(crate) struct DecodeGraph<B: Backend> {
     window_capacity: usize,
 }
 
-/// The step's host inputs, padded to `bucket` rows.
+/// The step's host inputs, padded to `bucket` rows; each group's keys as pages (what a
+/// replay uploads; a capture expands them into slot tables).
 struct Padded {
-    ids: Vec<u32>,
-    positions: Vec<u32>,
-    full: Option<HostTables>,
-    window: Option<HostTables>,
-}
-
-/// The step's inputs as [`Padded`], each group's keys as pages (what a replay uploads).
-struct PaddedPages {
     ids: Vec<u32>,
     positions: Vec<u32>,
     full: Option<HostPages>,
     window: Option<HostPages>,
 }
 
-/// [`pad_tables`] for pages: the spare slot is the first of the page one past the plan's.
+/// Pads a group's pages with one-token rows on the spare slot, the first of the page one
+/// past the plan's.
 fn pad_pages(t: &mut HostPages, n: usize, bucket: usize, spare: u32, page_size: u32) {
     debug_assert_eq!(spare % page_size, 0, "the plan's slots are whole pages");
     for row in n..bucket {
@@ -108,20 +100,6 @@ fn pad_pages(t: &mut HostPages, n: usize, bucket: usize, spare: u32, page_size: 
         t.page_start.push(t.pages.len() as u32);
         t.pages.push(spare / page_size);
         t.keys += 1;
-    }
-}
-
-fn pad_tables(t: &mut HostTables, n: usize, bucket: usize, spare: u32) {
-    for row in n..bucket {
-        t.store.push(spare);
-        t.seqs.push(PagedSeq {
-            q_offset: row,
-            q_len: 1,
-            q_start: 0,
-            k_start: 0,
-            slot_offset: t.slots.len(),
-        });
-        t.slots.push(spare);
     }
 }
 
@@ -149,33 +127,6 @@ fn padded<B: Backend>(
     let n = batch.seqs.len();
     let plan = *pool.plan();
     let mut p = Padded {
-        ids: prep.ids.clone(),
-        positions: prep.positions.clone(),
-        full: None,
-        window: None,
-    };
-    p.ids.resize(bucket, 0);
-    p.positions.resize(bucket, 0);
-    for g in pool.layout().groups() {
-        let mut t = host_tables(pool, g.pool, g.window, batch)?;
-        pad_tables(&mut t, n, bucket, plan.slots(g.pool) as u32);
-        match g.pool {
-            PoolKind::Full => p.full = Some(t),
-            PoolKind::Window => p.window = Some(t),
-        }
-    }
-    Ok(p)
-}
-
-fn padded_pages<B: Backend>(
-    pool: &KvPool<PagedStorage<B>>,
-    batch: &ForwardBatch,
-    prep: &Prepared,
-    bucket: usize,
-) -> Result<PaddedPages> {
-    let n = batch.seqs.len();
-    let plan = *pool.plan();
-    let mut p = PaddedPages {
         ids: prep.ids.clone(),
         positions: prep.positions.clone(),
         full: None,
@@ -230,16 +181,20 @@ fn copy_prefix<B: Backend>(b: &B, src: &B::Buffer, dst: &mut B::Buffer, len: usi
     Ok(b.copy_strided(src, dst, c)?)
 }
 
+/// A group's tables in buffers of their own, the slots expanded from the pages on the host
+/// (a capture, once a bucket).
 fn tables_with_capacity<B: Backend>(
     b: &B,
-    t: &Option<HostTables>,
+    t: &Option<HostPages>,
+    page_size: usize,
     capacity: usize,
 ) -> Result<Option<GroupTables<B>>> {
     t.as_ref()
         .map(|t| {
+            let slots = expand_page_slots(&t.seqs, &t.pages, &t.page_start, page_size)?;
             Ok(GroupTables {
                 store: b.upload_index(&t.store)?,
-                batch: b.paged_batch_with_capacity(&t.seqs, &t.slots, capacity)?,
+                batch: b.paged_batch_with_capacity(&t.seqs, &slots, capacity)?,
             })
         })
         .transpose()
@@ -258,9 +213,10 @@ fn graph_inputs<B: Backend>(
         ids: b.upload_index(&p.ids)?,
         positions: b.upload_index(&p.positions)?,
     };
+    let page_size = pool.plan().page_size;
     let st = pool.storage_mut();
-    st.full = tables_with_capacity(b, &p.full, full_capacity)?;
-    st.window = tables_with_capacity(b, &p.window, window_capacity)?;
+    st.full = tables_with_capacity(b, &p.full, page_size, full_capacity)?;
+    st.window = tables_with_capacity(b, &p.window, page_size, window_capacity)?;
     Ok(inputs)
 }
 
@@ -317,12 +273,7 @@ fn capture<B: Backend>(
 /// the backend expands where the graph reads them: at 112 rows and depth 768 the slot
 /// tables were 143,000 values built and copied by the host every step (0.2 ms with the GPU
 /// idle), the pages are about 9,000.
-fn update<B: Backend>(
-    b: &B,
-    g: &mut DecodeGraph<B>,
-    p: &PaddedPages,
-    page_size: usize,
-) -> Result<()> {
+fn update<B: Backend>(b: &B, g: &mut DecodeGraph<B>, p: &Padded, page_size: usize) -> Result<()> {
     b.write_index(&mut g.inputs.ids, &p.ids)?;
     b.write_index(&mut g.inputs.positions, &p.positions)?;
     for (tables, host) in [(&mut g.full, &p.full), (&mut g.window, &p.window)] {
@@ -348,17 +299,16 @@ pub(crate) fn replay<B: Backend>(
     let b = model.backend();
     let n = batch.seqs.len();
     let bucket = bucket_for(n);
-    let pages = padded_pages(pool, batch, prep, bucket)?;
+    let p = padded(pool, batch, prep, bucket)?;
     let page_size = pool.plan().page_size;
     let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
-    let (need_full, need_window) = (keys(&pages.full), keys(&pages.window));
+    let (need_full, need_window) = (keys(&p.full), keys(&p.window));
     let grow = |need: usize, had: Option<usize>| {
         (2 * need)
             .max(MIN_SLOT_CAPACITY)
             .max(had.map_or(0, |h| 2 * h))
     };
     if pool.storage().graph_mode == DecodeGraphs::Unrecorded {
-        let p = padded(pool, batch, prep, bucket)?;
         let (full_cap, window_cap) = (grow(need_full, None), grow(need_window, None));
         let inputs = graph_inputs(pool, b, &p, full_cap, window_cap)?;
         let vocab = model.config().vocab_size;
@@ -379,7 +329,6 @@ pub(crate) fn replay<B: Backend>(
         let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
         let window_cap = grow(need_window, old.as_ref().map(|g| g.window_capacity));
         drop(old);
-        let p = padded(pool, batch, prep, bucket)?;
         let g = capture(pool, model, batch, &p, bucket, full_cap, window_cap)?;
         pool.storage_mut().graphs.insert(bucket, g);
     }
@@ -388,7 +337,7 @@ pub(crate) fn replay<B: Backend>(
         .graphs
         .get_mut(&bucket)
         .expect("captured above");
-    update(b, g, &pages, page_size)?;
+    update(b, g, &p, page_size)?;
     b.launch_graph(&g.graph)?;
     step_output(model, batch, &g.logits).map(Some)
 }

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use strata_kernels::{AttentionParams, Backend, KvSlabShape, PagedSeq};
+use strata_kernels::{expand_page_slots, AttentionParams, Backend, KvSlabShape, PagedSeq};
 use strata_kv::{KvError, KvLayout, KvPool, KvStorage, PagePlan, PoolKind, NO_PAGE};
 
 use crate::batch::{ForwardBatch, ForwardOutput};
@@ -180,9 +180,21 @@ pub(crate) struct HostTables {
     pub(crate) slots: Vec<u32>,
 }
 
+/// The group's page holding full-pool page `full_page` (the window pool's, through `map`);
+/// `position` names the first key asked for in it, for the error when the window has
+/// released it.
+fn group_page(window_of: Option<&[u32]>, full_page: u32, position: usize) -> Result<u32> {
+    match window_of {
+        None => Ok(full_page),
+        Some(map) => match map.get(full_page as usize) {
+            Some(&w) if w != NO_PAGE => Ok(w),
+            _ => Err(KvError::WindowSlotReleased { position }.into()),
+        },
+    }
+}
+
 /// Appends the slots of `positions` (all below the request's length) to `out`, a page at a
-/// time: one page-table read per page instead of a lookup per position, which at batch 128
-/// and depth 4096 is half a million slots a step.
+/// time: one page-table read per page instead of a lookup per position.
 fn push_slots(
     out: &mut Vec<u32>,
     pages: &[u32],
@@ -194,14 +206,7 @@ fn push_slots(
     while pos < positions.end {
         let (page, off) = (pos / page_size, pos % page_size);
         let n = (page_size - off).min(positions.end - pos);
-        let full_page = pages[page];
-        let page_id = match window_of {
-            None => full_page,
-            Some(map) => match map.get(full_page as usize) {
-                Some(&w) if w != NO_PAGE => w,
-                _ => return Err(KvError::WindowSlotReleased { position: pos }.into()),
-            },
-        };
+        let page_id = group_page(window_of, pages[page], pos)?;
         let base = page_id * page_size as u32 + off as u32;
         out.extend(base..base + n as u32);
         pos += n;
@@ -210,51 +215,21 @@ fn push_slots(
 }
 
 /// Flattens the pool's page tables for `batch` in one group (`kind`, sliding `window`):
-/// the same slots as [`KvPool::slot`] / [`KvPool::window_slot`] per position.
+/// the same slots as [`KvPool::slot`] / [`KvPool::window_slot`] per position, expanded from
+/// [`host_pages`].
 pub(crate) fn host_tables<B: Backend>(
     pool: &KvPool<PagedStorage<B>>,
     kind: PoolKind,
     window: Option<usize>,
     batch: &ForwardBatch,
 ) -> Result<HostTables> {
-    let page_size = pool.plan().page_size;
-    let window_of = match kind {
-        PoolKind::Full => None,
-        PoolKind::Window => Some(pool.full_to_window_mapping()),
-    };
-    let k_start_of =
-        |s: &crate::batch::SeqChunk| window.map_or(0, |w| s.start.saturating_sub(w - 1));
-    let rows: usize = batch.seqs.iter().map(|s| s.tokens.len()).sum();
-    let keys: usize = batch
-        .seqs
-        .iter()
-        .map(|s| s.start + s.tokens.len() - k_start_of(s))
-        .sum();
-    let mut t = HostTables {
-        store: Vec::with_capacity(rows),
-        seqs: Vec::with_capacity(batch.seqs.len()),
-        slots: Vec::with_capacity(keys),
-    };
-    let mut q_offset = 0;
-    for s in &batch.seqs {
-        let end = s.start + s.tokens.len();
-        // The last position's slot exists (the request is known and long enough), so every
-        // earlier one does.
-        pool.slot(s.request, end - 1)?;
-        let pages = pool.page_table(s.request)?;
-        push_slots(&mut t.store, pages, window_of, page_size, s.start..end)?;
-        let k_start = k_start_of(s);
-        t.seqs.push(PagedSeq {
-            q_offset,
-            q_len: s.tokens.len(),
-            q_start: s.start,
-            k_start,
-            slot_offset: t.slots.len(),
-        });
-        push_slots(&mut t.slots, pages, window_of, page_size, k_start..end)?;
-        q_offset += s.tokens.len();
-    }
-    Ok(t)
+    let p = host_pages(pool, kind, window, batch)?;
+    let slots = expand_page_slots(&p.seqs, &p.pages, &p.page_start, pool.plan().page_size)?;
+    Ok(HostTables {
+        store: p.store,
+        seqs: p.seqs,
+        slots,
+    })
 }
 
 /// A group's step as pages (what a replayed decode step uploads): the K/V store slots, the
@@ -269,8 +244,10 @@ pub(crate) struct HostPages {
     pub(crate) keys: usize,
 }
 
-/// [`host_tables`] as pages: the same slots, a page id a page of keys instead of a slot a
-/// key (at 112 decode rows and depth 768, about 9,000 values against 143,000).
+/// The pool's page tables for `batch` in one group (`kind`, sliding `window`) as pages: each
+/// sequence's page ids over its visible keys, which [`host_tables`] (or a device backend)
+/// expands into a slot a key (at 112 decode rows and depth 768, about 9,000 values against
+/// 143,000).
 pub(crate) fn host_pages<B: Backend>(
     pool: &KvPool<PagedStorage<B>>,
     kind: PoolKind,
@@ -293,6 +270,8 @@ pub(crate) fn host_pages<B: Backend>(
     let mut q_offset = 0;
     for s in &batch.seqs {
         let end = s.start + s.tokens.len();
+        // The last position's slot exists (the request is known and long enough), so every
+        // earlier one does.
         pool.slot(s.request, end - 1)?;
         let pages = pool.page_table(s.request)?;
         push_slots(&mut t.store, pages, window_of, page_size, s.start..end)?;
@@ -307,16 +286,8 @@ pub(crate) fn host_pages<B: Backend>(
         t.page_start.push(t.pages.len() as u32);
         let first = k_start / page_size;
         for (i, &full_page) in pages[first..end.div_ceil(page_size)].iter().enumerate() {
-            t.pages.push(match window_of {
-                None => full_page,
-                Some(map) => match map.get(full_page as usize) {
-                    Some(&w) if w != NO_PAGE => w,
-                    _ => {
-                        let position = ((first + i) * page_size).max(k_start);
-                        return Err(KvError::WindowSlotReleased { position }.into());
-                    }
-                },
-            });
+            let position = ((first + i) * page_size).max(k_start);
+            t.pages.push(group_page(window_of, full_page, position)?);
         }
         t.keys += end - k_start;
         q_offset += s.tokens.len();

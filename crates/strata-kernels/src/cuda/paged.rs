@@ -286,6 +286,21 @@ impl CudaBackend {
                 seqs.len(), slots.len(), b.host_seqs.len(), b.rows)
             },
         )?;
+        self.rewrite_seqs(b, seqs)?;
+        let err = device_err("rewriting a paged batch");
+        if !slots.is_empty() {
+            self.stream
+                .memcpy_htod(slots, &mut b.slots.slice_mut(..slots.len()))
+                .map_err(&err)?;
+        }
+        b.host_seqs = seqs.to_vec();
+        b.slot_limit = slots.iter().copied().max().unwrap_or(0);
+        Ok(())
+    }
+
+    /// Copies the packed sequences and each row's sequence of `seqs` over a batch's (the
+    /// same counts, checked by the caller).
+    fn rewrite_seqs(&self, b: &mut CudaPagedBatch, seqs: &[PagedSeq]) -> Result<()> {
         let (packed, row_seq) = pack_seqs(seqs)?;
         let err = device_err("rewriting a paged batch");
         self.stream
@@ -296,13 +311,6 @@ impl CudaBackend {
                 .memcpy_htod(&row_seq, &mut b.row_seq.slice_mut(..row_seq.len()))
                 .map_err(&err)?;
         }
-        if !slots.is_empty() {
-            self.stream
-                .memcpy_htod(slots, &mut b.slots.slice_mut(..slots.len()))
-                .map_err(&err)?;
-        }
-        b.host_seqs = seqs.to_vec();
-        b.slot_limit = slots.iter().copied().max().unwrap_or(0);
         Ok(())
     }
 
@@ -370,16 +378,8 @@ impl CudaBackend {
                 b.rows
             )
         })?;
-        let (packed, row_seq) = pack_seqs(seqs)?;
+        self.rewrite_seqs(b, seqs)?;
         let err = device_err("rewriting a paged batch");
-        self.stream
-            .memcpy_htod(&packed, &mut b.seqs.slice_mut(..packed.len()))
-            .map_err(&err)?;
-        if !row_seq.is_empty() {
-            self.stream
-                .memcpy_htod(&row_seq, &mut b.row_seq.slice_mut(..row_seq.len()))
-                .map_err(&err)?;
-        }
         let mut host = Vec::with_capacity(page_start.len() + pages.len());
         host.extend_from_slice(page_start);
         host.extend_from_slice(pages);
