@@ -100,15 +100,30 @@ pub(crate) fn check_paged(seqs: &[PagedSeq], slots: &[u32]) -> crate::Result<()>
 /// The slot table that [`crate::Backend::paged_batch_update_pages`] describes by pages:
 /// sequence i's keys, positions `k_start .. q_start + q_len`, at `slots[slot_offset ..]`,
 /// position p in page `pages[page_start[i] + p / page_size - k_start / page_size]` at slot
-/// `page * page_size + p % page_size`. Refuses page indices past `pages`, slot offsets
-/// that do not follow one another and slots past 32 bits. A page's run of slots is written
-/// at once (at batch 128 and depth 4096 a step has half a million).
+/// `page * page_size + p % page_size`. Refuses what [`page_slot_runs`] refuses. A page's
+/// run of slots is written at once (at batch 128 and depth 4096 a step has half a million).
 pub fn expand_page_slots(
     seqs: &[PagedSeq],
     pages: &[u32],
     page_start: &[u32],
     page_size: usize,
 ) -> crate::Result<Vec<u32>> {
+    let mut slots = Vec::with_capacity(seqs.iter().map(PagedSeq::k_len).sum());
+    page_slot_runs(seqs, pages, page_start, page_size, |run| slots.extend(run))?;
+    Ok(slots)
+}
+
+/// Walks a page description (see [`expand_page_slots`]), handing `run` each page's run of
+/// slots in table order; returns the keys of all sequences. Refuses a page start count
+/// other than the sequences', sequences that do not follow one another (rows, slot offsets,
+/// a first key past the first query), page indices past `pages` and slots past 32 bits.
+pub(crate) fn page_slot_runs(
+    seqs: &[PagedSeq],
+    pages: &[u32],
+    page_start: &[u32],
+    page_size: usize,
+    mut run: impl FnMut(std::ops::Range<u32>),
+) -> crate::Result<usize> {
     const OP: &str = "paged_batch_update_pages";
     crate::error::ensure(page_size > 0 && page_start.len() == seqs.len(), OP, || {
         format!(
@@ -117,13 +132,17 @@ pub fn expand_page_slots(
             seqs.len()
         )
     })?;
-    let mut slots = Vec::with_capacity(seqs.iter().map(PagedSeq::k_len).sum());
+    let (mut rows, mut keys) = (0, 0);
     for (i, (s, &first)) in seqs.iter().zip(page_start).enumerate() {
         let end = s.q_start + s.q_len;
         let (lo, hi) = (s.k_start / page_size, end.div_ceil(page_size));
         let first = first as usize;
         crate::error::ensure(
-            s.slot_offset == slots.len() && first + (hi - lo) <= pages.len(),
+            s.q_offset == rows
+                && s.q_len > 0
+                && s.k_start <= s.q_start
+                && s.slot_offset == keys
+                && first + (hi - lo) <= pages.len(),
             OP,
             || {
                 let n = pages.len();
@@ -142,8 +161,10 @@ pub fn expand_page_slots(
             crate::error::ensure(last <= u32::MAX as u64, OP, || {
                 format!("slot {last} of sequence {i} exceeds 32 bits")
             })?;
-            slots.extend(base as u32 + from as u32..base as u32 + to as u32);
+            run(base as u32 + from as u32..base as u32 + to as u32);
         }
+        rows += s.q_len;
+        keys += s.k_len();
     }
-    Ok(slots)
+    Ok(keys)
 }

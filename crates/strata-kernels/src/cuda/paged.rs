@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::buffer::{twin_addr, CudaBuffer};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
-use crate::paged::check_paged;
+use crate::paged::{check_paged, page_slot_runs};
 use crate::{
     AttentionParams, DeviceBuffer, KernelError, KvFormat, KvSlabContents, KvSlabShape, PagedSeq,
     Result,
@@ -327,57 +327,25 @@ impl CudaBackend {
             op: OP,
             detail: "the batch was not made with a capacity".into(),
         })?;
+        // The checks `check_paged` and `expand_page_slots` make, and the largest slot read
+        // (the attention's bounds check), from the pages alone.
+        let mut slot_limit = 0;
+        let keys = page_slot_runs(seqs, pages, page_start, page_size, |run| {
+            slot_limit = slot_limit.max(run.end - 1)
+        })?;
+        let rows: usize = seqs.iter().map(|s| s.q_len).sum();
         ensure(
-            page_size > 0 && page_start.len() == seqs.len() && seqs.len() == b.host_seqs.len(),
+            seqs.len() == b.host_seqs.len() && rows == b.rows && keys <= capacity,
             OP,
             || {
                 format!(
-                    "{} sequences and {} page starts (page size {page_size}) for a batch of {}",
+                    "{} sequences, {rows} rows and {keys} keys for a batch of {} sequences, {} rows and {capacity} slots",
                     seqs.len(),
-                    page_start.len(),
-                    b.host_seqs.len()
+                    b.host_seqs.len(),
+                    b.rows
                 )
             },
         )?;
-        // What `check_paged` and `expand_page_slots` check, and the largest slot read
-        // (the attention's bounds check), from the pages alone.
-        let (mut rows, mut keys, mut slot_limit) = (0usize, 0usize, 0u64);
-        for (i, (s, &first)) in seqs.iter().zip(page_start).enumerate() {
-            let end = s.q_start + s.q_len;
-            let (lo, hi) = (s.k_start / page_size, end.div_ceil(page_size));
-            let first = first as usize;
-            ensure(
-                s.q_offset == rows
-                    && s.q_len > 0
-                    && s.k_start <= s.q_start
-                    && s.slot_offset == keys
-                    && first + (hi - lo) <= pages.len(),
-                OP,
-                || {
-                    format!("sequence {i} ({s:?}) does not follow the previous one or reads past the {} pages", pages.len())
-                },
-            )?;
-            for (k, &page) in pages[first..first + (hi - lo)].iter().enumerate() {
-                let last = if lo + k + 1 == hi {
-                    (end - 1) % page_size
-                } else {
-                    page_size - 1
-                };
-                slot_limit = slot_limit.max(page as u64 * page_size as u64 + last as u64);
-            }
-            rows += s.q_len;
-            keys += s.k_len();
-        }
-        let slot_limit = u32::try_from(slot_limit).map_err(|_| KernelError::Invalid {
-            op: OP,
-            detail: format!("slot {slot_limit} exceeds 32 bits"),
-        })?;
-        ensure(rows == b.rows && keys <= capacity, OP, || {
-            format!(
-                "{rows} rows and {keys} keys for a batch of {} rows and {capacity} slots",
-                b.rows
-            )
-        })?;
         self.rewrite_seqs(b, seqs)?;
         let err = device_err("rewriting a paged batch");
         let mut host = Vec::with_capacity(page_start.len() + pages.len());
