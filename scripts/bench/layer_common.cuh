@@ -338,6 +338,43 @@ Timing time_graph(cudaGraphExec_t g, cudaStream_t s, int reps) {
     return {t[0], t[t.size() / 2]};
 }
 
+// Records what `body` queues on `s` as a graph, instantiated.
+template <class F>
+cudaGraphExec_t capture_graph(cudaStream_t s, F body) {
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    body();
+    CHECK(cudaStreamEndCapture(s, &g));
+    CHECK(cudaGraphInstantiate(&e, g, 0));
+    return e;
+}
+
+// Times graphs (best and median of 20 replays) and prints a row each: the weight rate and
+// how far the residual row `last` lies from the reference's (the row printed with `is_ref`).
+struct Reporter {
+    cudaStream_t s;
+    const float* last;
+    size_t total;
+    std::vector<float> ref = std::vector<float>(H), out = std::vector<float>(H);
+
+    void header() const {
+        std::printf("%-34s %9s %9s %8s %12s\n", "variant", "best ms", "median", "TB/s",
+                    "max |d|/max");
+    }
+    void operator()(const char* name, cudaGraphExec_t e, bool is_ref) {
+        const Timing t = time_graph(e, s, 20);
+        CHECK(cudaMemcpy(is_ref ? ref.data() : out.data(), last, H * 4, cudaMemcpyDeviceToHost));
+        float dmax = 0.f, rmax = 0.f;
+        for (int i = 0; i < H; ++i) {
+            dmax = std::max(dmax, std::fabs(out[i] - ref[i]));
+            rmax = std::max(rmax, std::fabs(ref[i]));
+        }
+        std::printf("%-34s %9.3f %9.3f %8.2f %12.2e\n", name, t.best, t.median,
+                    total / (t.best * 1e-3) / 1e12, is_ref ? 0.f : dmax / rmax);
+    }
+};
+
 // The 35 layers' random weights (uploaded to `c_layers` as well), the activation buffers
 // and the norm weights; `total` gets the weight bytes.
 struct Model {

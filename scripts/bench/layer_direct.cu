@@ -285,34 +285,15 @@ int main() {
         cfg.numAttrs = 1;
         CHECK(cudaLaunchKernelEx(&cfg, persistent_direct, b, count, opart, dpart, mode));
     };
-    auto capture = [&](auto body) {
-        cudaGraph_t g;
-        cudaGraphExec_t e;
-        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        body();
-        CHECK(cudaStreamEndCapture(s, &g));
-        CHECK(cudaGraphInstantiate(&e, g, 0));
-        return e;
-    };
+    auto capture = [&](auto body) { return capture_graph(s, body); };
     if (const char* pm = std::getenv("LD_PROFILE")) {  // for ncu: two launches, nothing else
         for (int i = 0; i < 2; ++i) launch(std::atoi(pm));
         CHECK(cudaStreamSynchronize(s));
         return 0;
     }
-    std::vector<float> ref(H), out(H);
     const float* last = b.hb + (3 * LAYERS - 1) * H;
-    std::printf("%-34s %9s %9s %8s %12s\n", "variant", "best ms", "median", "TB/s", "max |d|/max");
-    auto report = [&](const char* name, cudaGraphExec_t e, bool is_ref) {
-        const Timing t = time_graph(e, s, 20);
-        CHECK(cudaMemcpy(is_ref ? ref.data() : out.data(), last, H * 4, cudaMemcpyDeviceToHost));
-        float dmax = 0.f, rmax = 0.f;
-        for (int i = 0; i < H; ++i) {
-            dmax = std::max(dmax, std::fabs(out[i] - ref[i]));
-            rmax = std::max(rmax, std::fabs(ref[i]));
-        }
-        std::printf("%-34s %9.3f %9.3f %8.2f %12.2e\n", name, t.best, t.median,
-                    m.total / (t.best * 1e-3) / 1e12, is_ref ? 0.f : dmax / rmax);
-    };
+    Reporter report{s, last, m.total};
+    report.header();
     const struct {
         const char* name;
         int mode;

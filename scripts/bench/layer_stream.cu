@@ -385,15 +385,7 @@ int main() {
         CHECK(cudaLaunchKernelEx(&cfg, persistent_layers, b, count, l0, l1, slot, mode, ring,
                                      claims));
     };
-    auto capture = [&](auto body) {
-        cudaGraph_t g;
-        cudaGraphExec_t e;
-        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        body();
-        CHECK(cudaStreamEndCapture(s, &g));
-        CHECK(cudaGraphInstantiate(&e, g, 0));
-        return e;
-    };
+    auto capture = [&](auto body) { return capture_graph(s, body); };
     // LS_PROFILE=<mode bits>: two plain launches of the model kernel with those bits and
     // nothing else, for a profiler (ncu -k persistent_layers --launch-skip 1 ...)
     if (const char* pm = std::getenv("LS_PROFILE")) {
@@ -401,24 +393,13 @@ int main() {
         CHECK(cudaStreamSynchronize(s));
         return 0;
     }
-    std::vector<float> ref(H), out(H);
     // the last residual both forms write (the persistent kernel ends at the last projection)
     const float* last = b.hb + (3 * LAYERS - 1) * H;
     std::printf("E2B-shaped layers without attention, one token, %d SMs: %.3f GB of weights, "
                 "%d B shared memory a persistent block (%d KB of ring)\n",
                 sms, total / 1e9, HEAD + RING + MAXI * 4, RING / 1024);
-    std::printf("%-34s %9s %9s %8s %12s\n", "variant", "best ms", "median", "TB/s", "max |d|/max");
-    auto report = [&](const char* name, cudaGraphExec_t e, bool is_ref) {
-        const Timing t = time_graph(e, s, 20);
-        CHECK(cudaMemcpy(is_ref ? ref.data() : out.data(), last, H * 4, cudaMemcpyDeviceToHost));
-        float dmax = 0.f, rmax = 0.f;
-        for (int i = 0; i < H; ++i) {
-            dmax = std::max(dmax, std::fabs(out[i] - ref[i]));
-            rmax = std::max(rmax, std::fabs(ref[i]));
-        }
-        std::printf("%-34s %9.3f %9.3f %8.2f %12.2e\n", name, t.best, t.median,
-                    total / (t.best * 1e-3) / 1e12, is_ref ? 0.f : dmax / rmax);
-    };
+    Reporter report{s, last, total};
+    report.header();
     for (int round = 0; round < 2; ++round) {
         report("chain (10 launches a layer)", capture([&] { chain_step(s, L, b); }), true);
         for (int slot : {SLOT, 16384}) {
