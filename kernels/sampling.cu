@@ -74,3 +74,20 @@ argmax_rows(const float* logits, unsigned long long* keys, u64 vocab, int has_ca
         if (lane == 0) atomicMax(keys + blockIdx.x, (unsigned long long)best);
     }
 }
+
+// A step's token ids, with the ids marked FED_TOKEN | r (top bit set) replaced by the
+// greedy token of row r of an earlier step's argmax keys (`argmax_rows`'s output, still on
+// the device): the next decode step is queued before the host has read this one's tokens.
+// A mark past the keys' rows (which the host never writes) becomes id 0.
+#define FED_TOKEN 0x80000000u
+
+extern "C" __global__ void feed_tokens(unsigned int* ids, const unsigned long long* keys,
+                                       u32 n, u32 rows) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const u32 id = ids[i];
+        if (id & FED_TOKEN) {
+            const u32 r = id & ~FED_TOKEN;
+            ids[i] = r < rows ? 0xffffffffu - (u32)keys[r] : 0u;
+        }
+    }
+}

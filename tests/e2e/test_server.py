@@ -592,3 +592,42 @@ def test_warmup_runs_every_decode_batch_and_empties_the_cache(server, log_dir):
         assert greedy(warm, PROMPT, 8)["choices"][0]["text"] == greedy(server, PROMPT, 8)["choices"][0]["text"]
     finally:
         warm.stop()
+
+
+def test_overlapped_decode_answers_as_the_plain_server(server, log_dir):
+    """`--overlap on` queues each greedy decode step before reading the one ahead of it, its
+    ids fed from that step's output: the same text as the plain server (overlap is off on a
+    CPU by default), for greedy requests that run together, one ending on a stop string, a
+    sampled one and one with logprobs among them (which make their steps read at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import start_server
+
+    fast = start_server(log_dir, "--overlap", "on", "--warmup", "off", name="overlap")
+    try:
+        prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,"]
+        want = [greedy(server, p, 6)["choices"][0]["text"] for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: greedy(fast, p, 6)["choices"][0]["text"], prompts))
+        assert got == want
+        stop, pos = _pick_stop(want[1])
+        body = greedy(fast, prompts[1], 6, stop=[stop])
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["choices"][0]["text"] == want[1][:pos]
+        sampled = {"model": fast.model_name, "prompt": prompts[1], "max_tokens": 4, "temperature": 0.8,
+                   "seed": 11}
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(post, fast, "/v1/completions", sampled),
+                       pool.submit(greedy, fast, prompts[2], 6, logprobs=1),
+                       pool.submit(greedy, fast, prompts[3], 6)]
+            a, b, c = (f.result() for f in futures)
+        assert a.status_code == 200, a.text
+        assert a.json()["choices"][0]["text"] == post(server, "/v1/completions", sampled).json()["choices"][0]["text"]
+        assert b["choices"][0]["text"] == want[2]
+        assert c["choices"][0]["text"] == want[3]
+        text = requests.get(fast.base + "/metrics", timeout=10).text
+        overlapped = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+                      if l.startswith("strata_overlapped_steps_total")]
+        assert overlapped and overlapped[0] > 0, text
+    finally:
+        fast.stop()

@@ -9,7 +9,9 @@ use std::time::Instant;
 use strata_kernels::sampling::SamplerRng;
 use strata_kernels::Backend;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
-use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
+use strata_model::{
+    ForwardBatch, KvCache, Launched, LogitsMode, Model, PagedStorage, SeqChunk, FED_TOKEN,
+};
 
 use crate::{EngineError, LoadedModel, Result, Runtime};
 
@@ -50,25 +52,23 @@ fn plan(tokens: usize) -> PagePlan {
 }
 
 impl LoadedModel {
-    /// Decode steps of `batch` sequences each `depth` tokens deep (after `warmup` steps).
-    pub fn bench_decode(
-        &self,
-        batch: usize,
-        depth: usize,
-        steps: usize,
-        warmup: usize,
-        kv: KvCacheDtype,
-    ) -> Result<DecodeBench> {
+    /// Decode steps of `shape.batch` sequences each `shape.depth` tokens deep (after
+    /// `shape.warmup` steps).
+    pub fn bench_decode(&self, shape: DecodeShape, kv: KvCacheDtype) -> Result<DecodeBench> {
+        let DecodeShape {
+            batch,
+            depth,
+            steps,
+            warmup,
+            ..
+        } = shape;
         let layout = KvLayout::for_config(self.config(), kv)?;
         let p = plan(batch * (depth + steps + warmup + PAGE));
         let secs = match &self.runtime {
             Runtime::Cpu(m) => decode_on(
                 m,
                 KvPool::new(layout, p, CacheType::Naive, HostStorage::new())?,
-                batch,
-                depth,
-                steps,
-                warmup,
+                shape,
             )?,
             Runtime::Cuda(m) => decode_on(
                 m,
@@ -78,10 +78,7 @@ impl LoadedModel {
                     CacheType::Naive,
                     PagedStorage::new(m.backend().clone()),
                 )?,
-                batch,
-                depth,
-                steps,
-                warmup,
+                shape,
             )?,
         };
         Ok(DecodeBench {
@@ -132,17 +129,25 @@ impl LoadedModel {
     }
 }
 
+/// The decode loop's wall time over the timed steps (the pool's slot allocation and
+/// commits included, as in serving). With `overlap`, each step is queued before the one
+/// ahead of it is read, its ids fed from that step's greedy tokens on the backend (the
+/// scheduler's `overlap`); the timed steps start with nothing queued either way.
 fn decode_on<B: Backend, S: KvStorage>(
     model: &Model<B>,
     mut kv: KvPool<S>,
-    batch: usize,
-    depth: usize,
-    steps: usize,
-    warmup: usize,
+    shape: DecodeShape,
 ) -> Result<f64>
 where
     KvPool<S>: KvCache<B>,
 {
+    let DecodeShape {
+        batch,
+        depth,
+        steps,
+        warmup,
+        overlap,
+    } = shape;
     if batch == 0 || steps == 0 {
         return Err(EngineError::Invalid(
             "batch and steps must be positive".into(),
@@ -155,36 +160,69 @@ where
         kv.commit(r, depth)?;
     }
     let mut next = ids(batch, vocab, 2);
-    let mut secs = 0.0;
+    // Greedy next tokens, chosen where the logits are, as the server does for greedy
+    // requests.
+    let read = |step: Launched<B>, next: &mut [u32]| -> Result<()> {
+        let out = model.finish(step)?;
+        for (i, n) in next.iter_mut().enumerate() {
+            if let Some(t) = out.token(i) {
+                *n = t;
+            }
+        }
+        Ok(())
+    };
+    let mut queued: Option<Launched<B>> = None;
+    let mut start = Instant::now();
     for step in 0..warmup + steps {
+        if step == warmup {
+            if let Some(q) = queued.take() {
+                read(q, &mut next)?;
+            }
+            start = Instant::now();
+        }
         let pos = depth + step;
         let mut seqs = Vec::with_capacity(batch);
         for (i, &r) in reqs.iter().enumerate() {
             kv.extend(r, 1)?;
             seqs.push(SeqChunk {
                 request: r,
-                tokens: vec![next[i]],
+                tokens: vec![if queued.is_some() {
+                    FED_TOKEN | i as u32
+                } else {
+                    next[i]
+                }],
                 start: pos,
                 logits: LogitsMode::Argmax,
             });
         }
-        let t = Instant::now();
-        let out = model.forward(&mut kv, &ForwardBatch { seqs })?;
-        // Greedy next tokens, chosen where the logits are, as the server does for greedy
-        // requests.
-        for (i, n) in next.iter_mut().enumerate() {
-            if let Some(t) = out.token(i) {
-                *n = t;
-            }
+        let launched = model.launch(&mut kv, &ForwardBatch { seqs }, queued.as_ref())?;
+        if let Some(q) = queued.take() {
+            read(q, &mut next)?;
         }
-        if step >= warmup {
-            secs += t.elapsed().as_secs_f64();
+        if overlap {
+            queued = Some(launched);
+        } else {
+            read(launched, &mut next)?;
         }
         for &r in &reqs {
             kv.commit(r, pos + 1)?;
         }
     }
-    Ok(secs)
+    if let Some(q) = queued {
+        read(q, &mut next)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// What a decode benchmark runs: `batch` sequences `depth` tokens deep, `warmup` steps,
+/// then `steps` timed ones, overlapped or not.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeShape {
+    pub batch: usize,
+    pub depth: usize,
+    pub steps: usize,
+    pub warmup: usize,
+    pub overlap: bool,
 }
 
 fn prefill_on<B: Backend, S: KvStorage>(

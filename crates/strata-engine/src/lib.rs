@@ -5,7 +5,7 @@ mod engine;
 mod generate;
 mod load;
 
-pub use bench::{DecodeBench, PrefillBench};
+pub use bench::{DecodeBench, DecodeShape, PrefillBench};
 pub use engine::{
     Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
     RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,

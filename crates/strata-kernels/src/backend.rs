@@ -50,6 +50,9 @@ pub trait Backend: Send + Sync {
     /// A captured sequence of ops that can be replayed (CUDA graphs); `()` where the
     /// backend has none.
     type Graph: Send + Sync;
+    /// A step's greedy ids left where its logits were, their copy to the host under way
+    /// ([`Backend::argmax_start`]).
+    type Tokens: Send + Sync;
 
     fn name(&self) -> &'static str;
 
@@ -577,6 +580,26 @@ pub trait Backend: Send + Sync {
             .map(sampling::argmax)
             .collect())
     }
+
+    /// [`Backend::argmax_rows`] without waiting: the ids stay in backend memory (where
+    /// [`Backend::feed_tokens`] reads them) and their copy to the host starts;
+    /// [`Backend::argmax_finish`] waits for it. Ops queued in between run first on the
+    /// device, so the host can queue the next step before it reads this one's tokens.
+    fn argmax_start(
+        &self,
+        logits: &Self::Buffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+    ) -> Result<Self::Tokens>;
+
+    /// The ids of an [`Backend::argmax_start`], once their copy has landed.
+    fn argmax_finish(&self, tokens: Self::Tokens) -> Result<Vec<u32>>;
+
+    /// Replaces each id of `ids` marked with [`sampling::FED_TOKEN`] (`FED_TOKEN | r`) by
+    /// row `r` of `tokens`, on the backend, in order with the ops around it
+    /// ([`sampling::feed_tokens`] is the definition; a mark past the rows becomes 0).
+    fn feed_tokens(&self, ids: &mut Self::Index, tokens: &Self::Tokens) -> Result<()>;
 
     /// One token per row of `logits [rows, vocab]`, row `i` drawn with `params[i]` and
     /// `rngs[i]`. The default downloads the logits and runs the host sampler, which is the

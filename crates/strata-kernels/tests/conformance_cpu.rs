@@ -172,6 +172,11 @@ fn argmax() {
 }
 
 #[test]
+fn feed_tokens() {
+    check_feed_tokens(&cpu()).unwrap();
+}
+
+#[test]
 fn paged_kv() {
     check_paged(&cpu()).unwrap();
 }

@@ -74,6 +74,7 @@ gpu_check!(attention, check_attention);
 gpu_check!(sample, check_sample);
 gpu_check!(paged, check_paged);
 gpu_check!(argmax, check_argmax);
+gpu_check!(feed_tokens, check_feed_tokens);
 gpu_check!(fused, check_fused);
 
 /// Every GEMV row count (1 to 8; by default only 1 and 2 take that path).

@@ -42,7 +42,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        DecodeGraphs, ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, QuantUpload, SeqChunk,
+        DecodeGraphs, ForwardBatch, KvCache, Launched, LogitsMode, Model, PagedStorage,
+        QuantUpload, SeqChunk, FED_TOKEN,
     };
 
     /// `$STRATA_TINY_FIXTURES` (for a copied tree on a GPU host), else the source tree's.
@@ -457,6 +458,91 @@ mod tests {
             let (eager_bf16, _) = run(DecodeGraphs::Off, KvCacheDtype::Bf16);
             let d = max_abs_diff(&eager_bf16, &replayed);
             eprintln!("{name}: bf16 KV, graphs vs op by op: max |diff| {d:.3e} (not bounded)");
+        }
+    }
+
+    /// Greedy decoding of three sequences, each step's ids read back before the next is
+    /// launched (`overlap` false) or the next step queued first with its ids fed from the
+    /// previous step on the device: the token streams, and the graphs captured.
+    fn greedy_three(
+        cuda: &Model<CudaBackend>,
+        ids: &[u32],
+        mode: DecodeGraphs,
+        overlap: bool,
+    ) -> (Vec<Vec<u32>>, usize) {
+        let mut kv = device_pool(cuda, KvCacheDtype::Bf16);
+        kv.storage_mut().set_graph_mode(mode);
+        let reqs: Vec<_> = (0..3).map(|_| kv.alloc_request()).collect();
+        let lens = [5usize, 9, 13];
+        let mut next = vec![0u32; 3];
+        let mut queued: Option<Launched<CudaBackend>> = None;
+        let mut out = vec![Vec::new(); 3];
+        let mut read = |step: Launched<CudaBackend>, next: &mut Vec<u32>| {
+            let o = cuda.finish(step).unwrap();
+            for (i, t) in o.tokens.iter().enumerate() {
+                next[i] = t.expect("a greedy token");
+                out[i].push(next[i]);
+            }
+        };
+        for step in 0..7 {
+            let seqs = reqs
+                .iter()
+                .zip(&lens)
+                .enumerate()
+                .map(|(i, (&r, &n))| {
+                    let (tokens, start) = match step {
+                        0 => (ids[..n].to_vec(), 0),
+                        _ if queued.is_some() => (vec![FED_TOKEN | i as u32], n + step - 1),
+                        _ => (vec![next[i]], n + step - 1),
+                    };
+                    kv.extend(r, tokens.len()).unwrap();
+                    SeqChunk {
+                        request: r,
+                        tokens,
+                        start,
+                        logits: LogitsMode::Argmax,
+                    }
+                })
+                .collect();
+            let launched = cuda
+                .launch(&mut kv, &ForwardBatch { seqs }, queued.as_ref())
+                .unwrap();
+            if let Some(q) = queued.take() {
+                read(q, &mut next);
+            }
+            if overlap {
+                queued = Some(launched);
+            } else {
+                read(launched, &mut next);
+            }
+        }
+        if let Some(q) = queued {
+            read(q, &mut next);
+        }
+        (out, kv.storage().graph_count())
+    }
+
+    /// Decode steps queued before the one ahead of them is read, their ids fed from it on
+    /// the GPU, give the same tokens as steps read one by one: replayed graphs (the first
+    /// fed step captures its bucket), op-by-op steps, and the unrecorded graph mode.
+    #[test]
+    fn fed_decode_steps_match_steps_read_one_by_one() {
+        let Some(_) = gpu() else { return };
+        for name in ["gemma4-tiny", "llama-tiny"] {
+            let dir = fixtures().join(name);
+            let cuda = Model::load(gpu().unwrap(), &dir).unwrap();
+            let (ids, _) = reference(&dir);
+            for mode in [
+                DecodeGraphs::Replay,
+                DecodeGraphs::Off,
+                DecodeGraphs::Unrecorded,
+            ] {
+                let (plain, _) = greedy_three(&cuda, &ids, mode, false);
+                let (fed, graphs) = greedy_three(&cuda, &ids, mode, true);
+                eprintln!("{name} {mode:?}: {plain:?}");
+                assert_eq!(fed, plain, "{name} {mode:?}");
+                assert_eq!(graphs, usize::from(mode == DecodeGraphs::Replay), "{name}");
+            }
         }
     }
 }

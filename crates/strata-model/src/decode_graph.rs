@@ -18,9 +18,10 @@
 use strata_kernels::{expand_page_slots, Backend, PagedSeq, StridedCopy};
 use strata_kv::{KvPool, PoolKind, RequestId};
 
-use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
 use crate::error::Result;
 use crate::forward::{Prepared, SeqRows, StepInputs};
+use crate::launch::{all_greedy, Launched};
 use crate::model::Model;
 use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedStorage};
 
@@ -200,19 +201,23 @@ fn tables_with_capacity<B: Backend>(
         .transpose()
 }
 
-/// The padded step's inputs uploaded, and the pool's tables set to the graph's (with
-/// their capacities: graph batches take the split counts of long keys).
+/// The padded step's inputs uploaded (fed ids filled in from `fed`), and the pool's tables
+/// set to the graph's (with their capacities: graph batches take the split counts of long
+/// keys).
 fn graph_inputs<B: Backend>(
     pool: &mut KvPool<PagedStorage<B>>,
     b: &B,
-    p: &Padded,
+    (p, fed): (&Padded, Option<&B::Tokens>),
     full_capacity: usize,
     window_capacity: usize,
 ) -> Result<StepInputs<B>> {
-    let inputs = StepInputs {
+    let mut inputs = StepInputs {
         ids: b.upload_index(&p.ids)?,
         positions: b.upload_index(&p.positions)?,
     };
+    if let Some(tokens) = fed {
+        b.feed_tokens(&mut inputs.ids, tokens)?;
+    }
     let page_size = pool.plan().page_size;
     let st = pool.storage_mut();
     st.full = tables_with_capacity(b, &p.full, page_size, full_capacity)?;
@@ -242,14 +247,14 @@ fn capture<B: Backend>(
     pool: &mut KvPool<PagedStorage<B>>,
     model: &Model<B>,
     batch: &ForwardBatch,
-    p: &Padded,
+    (p, fed): (&Padded, Option<&B::Tokens>),
     bucket: usize,
     full_capacity: usize,
     window_capacity: usize,
 ) -> Result<DecodeGraph<B>> {
     let b = model.backend();
     let vocab = model.config().vocab_size;
-    let inputs = graph_inputs(pool, b, p, full_capacity, window_capacity)?;
+    let inputs = graph_inputs(pool, b, (p, fed), full_capacity, window_capacity)?;
     let mut logits = b.zeros(bucket * vocab, b.activation_dtype())?;
     run_padded(pool, model, batch, (p, bucket), &inputs, &mut logits)?;
     b.begin_capture()?;
@@ -273,8 +278,16 @@ fn capture<B: Backend>(
 /// the backend expands where the graph reads them: at 112 rows and depth 768 the slot
 /// tables were 143,000 values built and copied by the host every step (0.2 ms with the GPU
 /// idle), the pages are about 9,000.
-fn update<B: Backend>(b: &B, g: &mut DecodeGraph<B>, p: &Padded, page_size: usize) -> Result<()> {
+fn update<B: Backend>(
+    b: &B,
+    g: &mut DecodeGraph<B>,
+    (p, fed): (&Padded, Option<&B::Tokens>),
+    page_size: usize,
+) -> Result<()> {
     b.write_index(&mut g.inputs.ids, &p.ids)?;
+    if let Some(tokens) = fed {
+        b.feed_tokens(&mut g.inputs.ids, tokens)?;
+    }
     b.write_index(&mut g.inputs.positions, &p.positions)?;
     for (tables, host) in [(&mut g.full, &p.full), (&mut g.window, &p.window)] {
         if let (Some(t), Some(h)) = (tables.as_mut(), host.as_ref()) {
@@ -292,7 +305,8 @@ pub(crate) fn replay<B: Backend>(
     model: &Model<B>,
     batch: &ForwardBatch,
     prep: &Prepared,
-) -> Result<Option<ForwardOutput>> {
+    fed: Option<&B::Tokens>,
+) -> Result<Option<Launched<B>>> {
     if !eligible(pool, model, batch) {
         return Ok(None);
     }
@@ -310,7 +324,7 @@ pub(crate) fn replay<B: Backend>(
     };
     if pool.storage().graph_mode == DecodeGraphs::Unrecorded {
         let (full_cap, window_cap) = (grow(need_full, None), grow(need_window, None));
-        let inputs = graph_inputs(pool, b, &p, full_cap, window_cap)?;
+        let inputs = graph_inputs(pool, b, (&p, fed), full_cap, window_cap)?;
         let vocab = model.config().vocab_size;
         let mut logits = b.scratch(bucket * vocab, b.activation_dtype())?;
         let ran = run_padded(pool, model, batch, (&p, bucket), &inputs, &mut logits);
@@ -329,7 +343,7 @@ pub(crate) fn replay<B: Backend>(
         let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
         let window_cap = grow(need_window, old.as_ref().map(|g| g.window_capacity));
         drop(old);
-        let g = capture(pool, model, batch, &p, bucket, full_cap, window_cap)?;
+        let g = capture(pool, model, batch, (&p, fed), bucket, full_cap, window_cap)?;
         pool.storage_mut().graphs.insert(bucket, g);
     }
     let g = pool
@@ -337,34 +351,33 @@ pub(crate) fn replay<B: Backend>(
         .graphs
         .get_mut(&bucket)
         .expect("captured above");
-    update(b, g, &p, page_size)?;
+    update(b, g, (&p, fed), page_size)?;
     b.launch_graph(&g.graph)?;
     step_output(model, batch, &g.logits).map(Some)
 }
 
 /// The step's output from the padded `[bucket, vocab]` raw logits: the first `n` rows
-/// (softcapped by `download_logits`), or their argmax ids.
+/// (softcapped by `download_logits`), or their argmax ids, left on the backend.
 fn step_output<B: Backend>(
     model: &Model<B>,
     batch: &ForwardBatch,
     logits: &B::Buffer,
-) -> Result<ForwardOutput> {
+) -> Result<Launched<B>> {
     let b = model.backend();
     let n = batch.seqs.len();
     let vocab = model.config().vocab_size;
-    let argmax = crate::forward::argmax_flags(batch);
-    if argmax.iter().all(|&a| a) {
+    if all_greedy(batch) {
         // Greedy steps read back one id per sequence from the graph's logits.
-        let ids = b.argmax_rows(logits, vocab, n, model.final_softcap())?;
-        return Ok(ForwardOutput {
-            vocab,
-            logits: vec![vec![]; n],
-            tokens: ids.into_iter().map(Some).collect(),
-        });
+        return model.start_greedy(logits, n);
     }
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
     copy_prefix(b, logits, &mut rows, n * vocab)?;
-    model.download_logits(Some(rows), &vec![1; n], &argmax)
+    let argmax = crate::forward::argmax_flags(batch);
+    Ok(Launched::done(model.download_logits(
+        Some(rows),
+        &vec![1; n],
+        &argmax,
+    )?))
 }
 
 #[cfg(test)]

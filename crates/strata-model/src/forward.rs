@@ -2,6 +2,7 @@
 //! architecture's switches read from `ModelConfig`.
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
+use strata_kernels::sampling::FED_TOKEN;
 use strata_kernels::{
     Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, RmsNormParams, RopeParams,
     RopeStyle, TableSlice,
@@ -10,6 +11,7 @@ use strata_kernels::{
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{copy_rows, KvCache};
+use crate::launch::{all_greedy, Launched};
 use crate::linear::Linear;
 use crate::model::Model;
 use crate::tensors::LayerTensors;
@@ -113,26 +115,57 @@ impl<B: Backend> Model<B> {
         kv: &mut K,
         batch: &ForwardBatch,
     ) -> Result<ForwardOutput> {
-        let c = &self.config;
+        let step = self.launch(kv, batch, None)?;
+        self.finish(step)
+    }
+
+    /// [`Model::launch`] once its fed tokens are checked: `fed` holds the earlier step's
+    /// greedy ids when some of `batch`'s tokens are marked as theirs.
+    pub(crate) fn launch_checked<K: KvCache<B>>(
+        &self,
+        kv: &mut K,
+        batch: &ForwardBatch,
+        fed: Option<&B::Tokens>,
+    ) -> Result<Launched<B>> {
         let b = &self.backend;
         let prep = self.prepare(batch)?;
         if prep.ids.is_empty() {
-            return Ok(ForwardOutput {
-                vocab: c.vocab_size,
+            return Ok(Launched::done(ForwardOutput {
+                vocab: self.config.vocab_size,
                 logits: vec![],
                 tokens: vec![],
-            });
+            }));
         }
-        if let Some(out) = kv.replay_decode(self, batch, &prep)? {
-            return Ok(out);
+        if let Some(step) = kv.replay_decode(self, batch, &prep, fed)? {
+            return Ok(step);
         }
         kv.begin_step(b, batch)?;
-        let inputs = StepInputs {
+        let mut inputs = StepInputs {
             ids: b.upload_index(&prep.ids)?,
             positions: b.upload_index(&prep.positions)?,
         };
+        if let Some(tokens) = fed {
+            b.feed_tokens(&mut inputs.ids, tokens)?;
+        }
         let (logits, counts) = self.run(kv, batch, &prep, &inputs, None)?;
-        self.download_logits(logits, &counts, &argmax_flags(batch))
+        match logits {
+            Some(logits) if all_greedy(batch) => self.start_greedy(&logits, counts.len()),
+            logits => Ok(Launched::done(self.download_logits(
+                logits,
+                &counts,
+                &argmax_flags(batch),
+            )?)),
+        }
+    }
+
+    /// The greedy ids of the first `rows` rows of `logits` (one a sequence), left on the
+    /// backend with their copy to the host started.
+    pub(crate) fn start_greedy(&self, logits: &B::Buffer, rows: usize) -> Result<Launched<B>> {
+        let vocab = self.config.vocab_size;
+        let tokens = self
+            .backend
+            .argmax_start(logits, vocab, rows, self.final_softcap())?;
+        Ok(Launched::greedy(tokens, vocab, rows))
     }
 
     /// Checks `batch` and flattens its ids and positions.
@@ -145,7 +178,9 @@ impl<B: Backend> Model<B> {
             if s.tokens.is_empty() {
                 return Err(ModelError::Invalid("a sequence chunk has no tokens".into()));
             }
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            // Fed marks (checked by `launch`) stand for ids the backend fills in.
+            let outside = |&&t: &&u32| t & FED_TOKEN == 0 && t as usize >= c.vocab_size;
+            if let Some(&bad) = s.tokens.iter().find(outside) {
                 return Err(ModelError::Invalid(format!(
                     "token id {bad} is outside the vocabulary of {}",
                     c.vocab_size

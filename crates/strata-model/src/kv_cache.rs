@@ -10,9 +10,10 @@
 use strata_kernels::{AttentionParams, Backend, HostSlice, StridedCopy};
 use strata_kv::{HostStorage, KvPool};
 
-use crate::batch::{ForwardBatch, ForwardOutput};
+use crate::batch::ForwardBatch;
 use crate::error::Result;
 use crate::forward::Prepared;
+use crate::launch::Launched;
 use crate::model::Model;
 
 pub use crate::paged_kv::{DecodeGraphs, PagedStorage};
@@ -25,12 +26,14 @@ pub trait KvCache<B: Backend> {
     /// Runs the whole step by replaying a captured graph, if this cache keeps graphs and
     /// the batch is one it can replay; `None` sends the step down the op-by-op path.
     #[allow(private_interfaces)]
+    /// Ids marked as fed take `fed`'s greedy tokens ([`Model::launch`]).
     fn replay_decode(
         &mut self,
         _model: &Model<B>,
         _batch: &ForwardBatch,
         _prep: &Prepared,
-    ) -> Result<Option<ForwardOutput>> {
+        _fed: Option<&B::Tokens>,
+    ) -> Result<Option<Launched<B>>> {
         Ok(None)
     }
 

@@ -12,11 +12,12 @@ use std::collections::HashMap;
 use strata_kernels::{expand_page_slots, AttentionParams, Backend, KvSlabShape, PagedSeq};
 use strata_kv::{KvError, KvLayout, KvPool, KvStorage, PagePlan, PoolKind, NO_PAGE};
 
-use crate::batch::{ForwardBatch, ForwardOutput};
+use crate::batch::ForwardBatch;
 use crate::decode_graph::DecodeGraph;
 use crate::error::{ModelError, Result};
 use crate::forward::Prepared;
 use crate::kv_cache::KvCache;
+use crate::launch::Launched;
 use crate::model::Model;
 
 /// One attention group's tables for the current step.
@@ -316,8 +317,9 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         model: &Model<B>,
         batch: &ForwardBatch,
         prep: &Prepared,
-    ) -> Result<Option<ForwardOutput>> {
-        crate::decode_graph::replay(self, model, batch, prep)
+        fed: Option<&B::Tokens>,
+    ) -> Result<Option<Launched<B>>> {
+        crate::decode_graph::replay(self, model, batch, prep, fed)
     }
 
     fn begin_step(&mut self, b: &B, batch: &ForwardBatch) -> Result<()> {

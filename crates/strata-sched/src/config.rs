@@ -14,6 +14,10 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Mixed with each request's id to seed requests that bring no seed of their own.
     pub seed: u64,
+    /// Queue the next decode step before reading the current one, where the model can
+    /// feed one step's greedy tokens to the next ([`crate::StepModel::feeds`]): the device
+    /// then runs step after step while the host reads, reports and plans behind it.
+    pub overlap: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -23,6 +27,7 @@ impl Default for SchedulerConfig {
             max_batch_tokens: 2048,
             prefill_chunk: 512,
             seed: 0x5EED,
+            overlap: false,
         }
     }
 }

@@ -4,15 +4,22 @@ use std::sync::Arc;
 
 use strata_kernels::Backend;
 use strata_kv::{HostStorage, KvPool, KvStorage};
-use strata_model::{ForwardBatch, ForwardOutput, KvCache, Model};
+use strata_model::{ForwardBatch, ForwardOutput, KvCache, Launched, Model};
 
 use crate::SchedError;
 
-/// A model that computes one [`ForwardBatch`] over the K/V in a pool of storage `S`.
+/// A model that computes [`ForwardBatch`]es over the K/V in a pool of storage `S`.
 ///
-/// `forward` must store the K/V of every token of the batch at its request's slots and
-/// return, per sequence, the logits its `LogitsMode` asks for (`vocab_size` values a row).
+/// A step is queued by `launch` and read by `finish`. It must store the K/V of every token
+/// of the batch at its request's slots; `finish` returns, per sequence, the logits its
+/// `LogitsMode` asks for (`vocab_size` values a row). A model whose steps can leave their
+/// greedy tokens where they were computed ([`StepModel::feeds`]) lets the scheduler queue
+/// the next decode step before reading the current one: that step's token ids are
+/// `FED_TOKEN | i`, sequence `i`'s greedy token of the step passed as `fed`.
 pub trait StepModel<S: KvStorage = HostStorage> {
+    /// A step queued and not yet read.
+    type Launched;
+
     fn vocab_size(&self) -> usize;
 
     /// Positions the model can compute (`max_position_embeddings`); `None` for no limit.
@@ -20,52 +27,81 @@ pub trait StepModel<S: KvStorage = HostStorage> {
         None
     }
 
-    fn forward(
+    fn launch(
         &mut self,
         kv: &mut KvPool<S>,
         batch: &ForwardBatch,
-    ) -> Result<ForwardOutput, SchedError>;
-}
+        fed: Option<&Self::Launched>,
+    ) -> Result<Self::Launched, SchedError>;
 
-impl<B: Backend, S: KvStorage> StepModel<S> for Model<B>
-where
-    KvPool<S>: KvCache<B>,
-{
-    fn vocab_size(&self) -> usize {
-        self.config().vocab_size
+    /// Waits for a launched step and returns its output.
+    fn finish(&mut self, step: Self::Launched) -> Result<ForwardOutput, SchedError>;
+
+    /// Whether a later `launch` can take `step`'s greedy tokens as `fed`.
+    fn feeds(&self, _step: &Self::Launched) -> bool {
+        false
     }
 
-    fn context_len(&self) -> Option<usize> {
-        Some(self.config().max_position_embeddings)
-    }
-
-    fn forward(
-        &mut self,
-        kv: &mut KvPool<S>,
-        batch: &ForwardBatch,
-    ) -> Result<ForwardOutput, SchedError> {
-        Ok(Model::forward(self, kv, batch)?)
-    }
-}
-
-/// A model shared with other threads (the engine keeps its own handle for metadata).
-impl<B: Backend, S: KvStorage> StepModel<S> for Arc<Model<B>>
-where
-    KvPool<S>: KvCache<B>,
-{
-    fn vocab_size(&self) -> usize {
-        self.config().vocab_size
-    }
-
-    fn context_len(&self) -> Option<usize> {
-        Some(self.config().max_position_embeddings)
-    }
-
+    /// One step, queued and read.
     fn forward(
         &mut self,
         kv: &mut KvPool<S>,
         batch: &ForwardBatch,
     ) -> Result<ForwardOutput, SchedError> {
-        Ok(Model::forward(self, kv, batch)?)
+        let step = self.launch(kv, batch, None)?;
+        self.finish(step)
+    }
+}
+
+/// The model behind a [`StepModel`] implementation: owned, or shared with other threads
+/// (the engine keeps its own handle for metadata).
+pub trait ModelHandle {
+    type Backend: Backend;
+    fn model(&self) -> &Model<Self::Backend>;
+}
+
+impl<B: Backend> ModelHandle for Model<B> {
+    type Backend = B;
+    fn model(&self) -> &Model<B> {
+        self
+    }
+}
+
+impl<B: Backend> ModelHandle for Arc<Model<B>> {
+    type Backend = B;
+    fn model(&self) -> &Model<B> {
+        self
+    }
+}
+
+impl<B: Backend, S: KvStorage, H: ModelHandle<Backend = B>> StepModel<S> for H
+where
+    KvPool<S>: KvCache<B>,
+{
+    type Launched = Launched<B>;
+
+    fn vocab_size(&self) -> usize {
+        self.model().config().vocab_size
+    }
+
+    fn context_len(&self) -> Option<usize> {
+        Some(self.model().config().max_position_embeddings)
+    }
+
+    fn launch(
+        &mut self,
+        kv: &mut KvPool<S>,
+        batch: &ForwardBatch,
+        fed: Option<&Launched<B>>,
+    ) -> Result<Launched<B>, SchedError> {
+        Ok(self.model().launch(kv, batch, fed)?)
+    }
+
+    fn finish(&mut self, step: Launched<B>) -> Result<ForwardOutput, SchedError> {
+        Ok(self.model().finish(step)?)
+    }
+
+    fn feeds(&self, step: &Launched<B>) -> bool {
+        step.feeds() && !self.model().has_host_tables()
     }
 }

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use strata_kernels::sampling::SamplerRng;
 use strata_kv::{CacheType, HostStorage, KvPool, KvStatus, KvStorage};
 
+use crate::overlap::InFlight;
 use crate::seq::Seq;
 use crate::{
     Event, EventKind, FinishReason, Request, SchedError, SchedulerConfig, SeqId, StepModel,
@@ -17,7 +18,7 @@ use crate::{
 /// decode token per running request plus prefill chunks, within `max_batch_tokens`. Older
 /// requests come first; when pages run out the youngest running request is preempted
 /// (its pages released, its tokens recomputed later) rather than anything failing.
-pub struct Scheduler<M, S: KvStorage = HostStorage> {
+pub struct Scheduler<M: StepModel<S>, S: KvStorage = HostStorage> {
     pub(crate) model: M,
     pub(crate) pool: KvPool<S>,
     pub(crate) config: SchedulerConfig,
@@ -26,8 +27,12 @@ pub struct Scheduler<M, S: KvStorage = HostStorage> {
     pub(crate) running: Vec<Seq>,
     /// Events produced between steps (cancellations), handed out by the next step.
     pub(crate) pending: Vec<Event>,
+    /// A decode step queued on the model and not yet read (`SchedulerConfig::overlap`).
+    pub(crate) in_flight: Option<InFlight<M::Launched>>,
     next_id: u64,
     pub(crate) preemptions: u64,
+    /// Steps queued behind the one before them, their ids fed from its greedy tokens.
+    pub(crate) overlapped_steps: u64,
 }
 
 /// Figures for `/metrics` and `/v1/cache/status`.
@@ -37,6 +42,9 @@ pub struct SchedStatus {
     pub waiting: usize,
     /// Preemptions since the start.
     pub preemptions: u64,
+    /// Decode steps queued before the step ahead of them was read (`overlap`), since the
+    /// start.
+    pub overlapped_steps: u64,
     pub kv: KvStatus,
 }
 
@@ -57,8 +65,10 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             pending: Vec::new(),
+            in_flight: None,
             next_id: 0,
             preemptions: 0,
+            overlapped_steps: 0,
         })
     }
 
@@ -99,9 +109,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
     }
 
-    /// Whether a step has anything to do (requests, or events to hand out).
+    /// Whether a step has anything to do (requests, events to hand out, or a queued step
+    /// to read).
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty() || !self.pending.is_empty()
+        !self.waiting.is_empty()
+            || !self.running.is_empty()
+            || !self.pending.is_empty()
+            || self.in_flight.is_some()
     }
 
     pub fn status(&self) -> SchedStatus {
@@ -109,6 +123,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             running: self.running.len(),
             waiting: self.waiting.len(),
             preemptions: self.preemptions,
+            overlapped_steps: self.overlapped_steps,
             kv: self.pool.status(),
         }
     }

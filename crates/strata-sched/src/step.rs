@@ -4,6 +4,7 @@ use strata_kernels::sampling::{logprob_of, sample, top_logprobs};
 use strata_kv::KvStorage;
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
+use crate::overlap::InFlight;
 use crate::reserve::Reserved;
 use crate::{Event, EventKind, FinishReason, Scheduler, SeqId, StepModel};
 
@@ -11,26 +12,62 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// Runs one iteration: admits what fits, computes one forward pass over every running
     /// request (decode tokens first, then prefill chunks, oldest first, within
     /// `max_batch_tokens`), samples, and returns the events it produced in order.
+    ///
+    /// With `SchedulerConfig::overlap`, a greedy decode step is left queued on the model
+    /// and read by the next call, after that call has queued the step that follows it
+    /// (`launch_next`): the events of a step then come one call later.
     pub fn step(&mut self) -> Vec<Event> {
         let mut events = std::mem::take(&mut self.pending);
+        if let Some(prev) = self.in_flight.take() {
+            self.in_flight = self.launch_next(&prev);
+            self.read(prev, &mut events);
+            return events;
+        }
         self.plan(&mut events);
         let batch = self.batch();
         if batch.seqs.is_empty() {
             return events;
         }
-        match self.model.forward(&mut self.pool, &batch) {
-            Ok(out) if out.logits.len() == batch.seqs.len() => self.apply(&out, &mut events),
+        let seqs = self.take_chunks();
+        match self.model.launch(&mut self.pool, &batch, None) {
+            Ok(step) => {
+                let launched = InFlight { step, seqs };
+                if self.config.overlap && self.model.feeds(&launched.step) {
+                    self.in_flight = Some(launched);
+                } else {
+                    self.read(launched, &mut events);
+                }
+            }
+            Err(e) => self.fail_batch(&seqs, e.to_string(), &mut events),
+        }
+        events
+    }
+
+    /// Waits for a launched step and applies its output.
+    pub(crate) fn read(&mut self, step: InFlight<M::Launched>, events: &mut Vec<Event>) {
+        let seqs = step.seqs;
+        match self.model.finish(step.step) {
+            Ok(out) if out.logits.len() == seqs.len() => self.apply(&seqs, &out, events),
             Ok(out) => self.fail_batch(
+                &seqs,
                 format!(
                     "the model returned logits for {} of {} sequences",
                     out.logits.len(),
-                    batch.seqs.len()
+                    seqs.len()
                 ),
-                &mut events,
+                events,
             ),
-            Err(e) => self.fail_batch(e.to_string(), &mut events),
+            Err(e) => self.fail_batch(&seqs, e.to_string(), events),
         }
-        events
+    }
+
+    /// The planned step's requests and token counts, in batch order (their `chunk`s
+    /// taken).
+    fn take_chunks(&mut self) -> Vec<(SeqId, usize)> {
+        self.running
+            .iter_mut()
+            .filter_map(|s| Some((s.id, s.chunk.take()?)))
+            .collect()
     }
 
     /// Chooses this step's tokens and allocates their slots (`Seq::chunk`).
@@ -128,20 +165,20 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         ForwardBatch { seqs }
     }
 
-    /// Commits the computed tokens, samples where a request reached its end, and finishes
-    /// the requests that stop.
-    fn apply(&mut self, out: &ForwardOutput, events: &mut Vec<Event>) {
+    /// Commits the computed tokens of a step over `seqs` (requests and token counts in
+    /// batch order), samples where a request reached its end, and finishes the requests
+    /// that stop. Requests that ended while the step ran (cancelled, or stopped by the
+    /// step before, with this one queued behind it) are skipped.
+    fn apply(&mut self, seqs: &[(SeqId, usize)], out: &ForwardOutput, events: &mut Vec<Event>) {
         let context_len = self.model.context_len();
         let caching = self.caching();
         let page_size = self.pool.page_size();
         let mut done: Vec<(SeqId, FinishReason)> = Vec::new();
-        let mut row = 0;
-        for seq in &mut self.running {
-            let Some(n) = seq.chunk.take() else {
+        for (b, &(id, n)) in seqs.iter().enumerate() {
+            let Ok(i) = self.running.binary_search_by_key(&id, |s| s.id) else {
                 continue;
             };
-            let b = row;
-            row += 1;
+            let seq = &mut self.running[i];
             let kv = seq.kv.expect("scheduled requests hold a pool request");
             seq.computed += n;
             // Committing lets the pool release window pages that fell out of the sliding
@@ -223,16 +260,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
     }
 
-    /// The forward pass failed: every request in it ends with the error (their K/V may be
-    /// half written); the others carry on.
-    fn fail_batch(&mut self, error: String, events: &mut Vec<Event>) {
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].chunk.is_some() {
+    /// The forward pass over `seqs` failed: every request in it ends with the error (their
+    /// K/V may be half written); the others carry on.
+    fn fail_batch(&mut self, seqs: &[(SeqId, usize)], error: String, events: &mut Vec<Event>) {
+        for &(id, _) in seqs {
+            if let Ok(i) = self.running.binary_search_by_key(&id, |s| s.id) {
                 let seq = self.running.remove(i);
                 events.push(self.finish(seq, FinishReason::Error(error.clone())));
-            } else {
-                i += 1;
             }
         }
     }

@@ -99,6 +99,8 @@ struct Setup {
     max_running: usize,
     extra_batch_tokens: usize,
     prefill_chunk: usize,
+    /// Greedy decode steps queued one ahead of their reading.
+    overlap: bool,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -111,9 +113,20 @@ fn setup() -> impl Strategy<Value = Setup> {
         1usize..6,
         0usize..24,
         1usize..12,
+        any::<bool>(),
     )
         .prop_map(
-            |(page_size, cache, windowed, pool_factor, window_ratio, max_running, extra, chunk)| {
+            |(
+                page_size,
+                cache,
+                windowed,
+                pool_factor,
+                window_ratio,
+                max_running,
+                extra,
+                chunk,
+                overlap,
+            )| {
                 Setup {
                     page_size,
                     cache,
@@ -123,6 +136,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                     max_running,
                     extra_batch_tokens: extra,
                     prefill_chunk: chunk,
+                    overlap,
                 }
             },
         )
@@ -144,6 +158,7 @@ fn check(setup: Setup, specs: Vec<Spec>) -> Result<(), TestCaseError> {
         max_batch_tokens: setup.max_running + setup.extra_batch_tokens,
         prefill_chunk: setup.prefill_chunk,
         seed: 7,
+        overlap: setup.overlap,
     };
     let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config).unwrap();
 

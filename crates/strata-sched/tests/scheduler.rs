@@ -21,6 +21,7 @@ fn config(max_running: usize, batch: usize, chunk: usize) -> SchedulerConfig {
         max_batch_tokens: batch,
         prefill_chunk: chunk,
         seed: 7,
+        overlap: false,
     }
 }
 
@@ -353,18 +354,28 @@ struct Watched {
     inner: FakeModel,
     batches: Vec<Vec<(usize, usize)>>,
     fail_on: Option<usize>,
+    /// Launches that took their tokens from the step before (overlapped).
+    fed: usize,
 }
 
 impl StepModel for Watched {
+    type Launched = ForwardOutput;
+
     fn vocab_size(&self) -> usize {
         VOCAB
     }
 
-    fn forward(
+    fn finish(&mut self, step: ForwardOutput) -> Result<ForwardOutput, SchedError> {
+        Ok(step)
+    }
+
+    fn launch(
         &mut self,
         kv: &mut KvPool<HostStorage>,
         batch: &ForwardBatch,
+        fed: Option<&ForwardOutput>,
     ) -> Result<ForwardOutput, SchedError> {
+        self.fed += usize::from(fed.is_some());
         self.batches.push(
             batch
                 .seqs
@@ -375,7 +386,11 @@ impl StepModel for Watched {
         if self.fail_on == Some(self.batches.len()) {
             return Err(SchedError::Other("device lost".into()));
         }
-        self.inner.forward(kv, batch)
+        self.inner.launch(kv, batch, fed)
+    }
+
+    fn feeds(&self, step: &ForwardOutput) -> bool {
+        self.inner.feeds(step)
     }
 }
 
@@ -386,6 +401,7 @@ fn watched(fail_on: Option<usize>) -> (Watched, KvPool<HostStorage>) {
         inner: FakeModel::new(cfg),
         batches: Vec::new(),
         fail_on,
+        fed: 0,
     };
     (model, kv)
 }
@@ -452,4 +468,131 @@ fn settings_that_cannot_work_are_refused() {
         assert!(Scheduler::new(FakeModel::new(cfg.clone()), kv, c).is_err());
     }
     assert!(SchedulerConfig::default().validate().is_ok());
+}
+
+fn overlapped(max_running: usize, batch: usize, chunk: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        overlap: true,
+        ..config(max_running, batch, chunk)
+    }
+}
+
+/// A greedy prompt whose solo run stops on EOS before `max_tokens`.
+fn prompt_stopping_early(max_tokens: usize) -> Vec<u32> {
+    (0..200)
+        .map(|salt| prompt(6, 100 + salt))
+        .find(|p| {
+            let t = reference_tokens(p, max_tokens, &SamplingParams::greedy(), 7, true);
+            t.len() > 1 && t.len() < max_tokens && t.last() == Some(&EOS)
+        })
+        .expect("some prompt stops early")
+}
+
+/// Greedy, sampled, logprob, stop-string, early-EOS and length-stopped requests together:
+/// each request's output is its solo run's whether decode steps are overlapped or not.
+/// Overlapped, the steps that follow all-greedy ones take their tokens from them, and a
+/// request that stops on EOS has a queued row whose output is dropped.
+#[test]
+fn overlapped_decode_steps_give_the_solo_outputs() {
+    let early = prompt_stopping_early(20);
+    let requests = || {
+        let mut reqs = Vec::new();
+        let mut r = Request::new(early.clone(), 20);
+        r.stop_ids = vec![EOS];
+        reqs.push(r);
+        for (i, max) in [3usize, 9, 20].into_iter().enumerate() {
+            let mut r = Request::new(prompt(4 + i, i as u32), max);
+            r.ignore_eos = true;
+            reqs.push(r);
+        }
+        let mut r = Request::new(prompt(5, 7), 12);
+        r.sampling = sampled(3);
+        reqs.push(r);
+        let mut r = Request::new(prompt(7, 8), 6);
+        r.logprobs = Some(2);
+        reqs.push(r);
+        let mut r = Request::new(prompt(3, 9), 15);
+        r.ignore_eos = true;
+        r.stop_sequences = vec![vec![3]];
+        reqs.push(r);
+        reqs
+    };
+    for windowed in [false, true] {
+        let alone: Vec<Outcome> = requests()
+            .into_iter()
+            .map(|r| run_alone(windowed, 4, r))
+            .collect();
+        assert_eq!(alone[0].reason, Some(FinishReason::Stop));
+        for overlap in [false, true] {
+            let cfg = fake_config(windowed);
+            let kv = pool(&cfg, 128, 128, 4, CacheType::Radix);
+            let mut model = watched(None).0;
+            model.inner = FakeModel::new(cfg);
+            let c = if overlap {
+                overlapped(8, 64, 8)
+            } else {
+                config(8, 64, 8)
+            };
+            let mut sched = Scheduler::new(model, kv, c).unwrap();
+            let ids: Vec<SeqId> = requests().into_iter().map(|r| sched.submit(r)).collect();
+            let mut out = HashMap::new();
+            drain_generic(&mut sched, &mut out);
+            assert_eq!(sched.model().fed > 0, overlap, "windowed {windowed}");
+            for (id, want) in ids.iter().zip(&alone) {
+                let got = &out[id];
+                let what = format!("windowed {windowed} overlap {overlap}");
+                assert_eq!(got.tokens, want.tokens, "{what}");
+                assert_eq!(got.reason, want.reason, "{what}");
+                assert_eq!(got.logprobs, want.logprobs, "{what}");
+            }
+            assert_pool_clean(sched.pool_mut());
+        }
+    }
+}
+
+/// A request cancelled while a step that holds it is queued ends at once; its row's output
+/// is dropped, the other request runs on as if alone, and no page is left held.
+#[test]
+fn cancelling_during_an_overlapped_step() {
+    let (model, kv) = watched(None);
+    let mut sched = Scheduler::new(model, kv, overlapped(4, 16, 8)).unwrap();
+    let request = |i: u32| {
+        let mut r = Request::new(prompt(5, 20 + i), 12);
+        r.ignore_eos = true;
+        r
+    };
+    let ids: Vec<SeqId> = (0..2).map(|i| sched.submit(request(i))).collect();
+    let mut out = HashMap::new();
+    while sched.model().fed < 2 {
+        common::record(&mut out, sched.step());
+    }
+    assert!(sched.cancel(ids[0]));
+    drain_generic(&mut sched, &mut out);
+    assert_eq!(out[&ids[0]].reason, Some(FinishReason::Cancelled));
+    let alone: Vec<Outcome> = (0..2).map(|i| run_alone(true, 4, request(i))).collect();
+    assert!(alone[0].tokens.starts_with(&out[&ids[0]].tokens));
+    assert_eq!(out[&ids[1]].tokens, alone[1].tokens);
+    assert_pool_clean(sched.pool_mut());
+}
+
+/// A queued step that fails to launch gives its slots back and the step is planned again
+/// the ordinary way: nobody loses a token.
+#[test]
+fn a_failed_overlapped_launch_is_planned_again() {
+    let (model, kv) = watched(Some(4));
+    let mut sched = Scheduler::new(model, kv, overlapped(2, 8, 8)).unwrap();
+    let request = |i: u32| {
+        let mut r = Request::new(prompt(4, 30 + i), 6);
+        r.ignore_eos = true;
+        r
+    };
+    let ids: Vec<SeqId> = (0..2).map(|i| sched.submit(request(i))).collect();
+    let mut out = HashMap::new();
+    drain_generic(&mut sched, &mut out);
+    assert!(sched.model().fed > 0);
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(out[id].tokens, run_alone(true, 4, request(i as u32)).tokens);
+        assert_eq!(out[id].reason, Some(FinishReason::Length));
+    }
+    assert_pool_clean(sched.pool_mut());
 }

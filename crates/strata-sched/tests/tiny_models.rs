@@ -78,18 +78,33 @@ fn batched_equals_alone(name: &str) {
         .collect();
     // 14 pages of 4 tokens for five requests of up to 30 tokens: chunks of 3 prompt
     // tokens, prefixes shared through the cache, and preemption.
+    // With `overlap`, greedy decode steps are queued one ahead, their ids fed from the
+    // step before on the backend.
+    for overlap in [false, true] {
+        let config = SchedulerConfig {
+            max_running_requests: 5,
+            max_batch_tokens: 12,
+            prefill_chunk: 3,
+            seed: 1,
+            overlap,
+        };
+        let mut s = scheduler(load(name), 14, 4, config);
+        let batched = generate(&mut s, prompts().into_iter().map(request).collect());
+        assert_eq!(batched, alone, "{name} overlap {overlap}");
+        let status = s.status();
+        assert!(status.kv.cache_hits > 0, "{name}: no prefix was reused");
+        assert!(status.preemptions > 0, "{name}: the pool never ran out");
+        assert_eq!(status.overlapped_steps > 0, overlap, "{name}");
+    }
+    // Roomy: every decode step after the prompts is overlapped.
     let config = SchedulerConfig {
-        max_running_requests: 5,
-        max_batch_tokens: 12,
-        prefill_chunk: 3,
-        seed: 1,
+        overlap: true,
+        ..SchedulerConfig::default()
     };
-    let mut s = scheduler(load(name), 14, 4, config);
+    let mut s = scheduler(load(name), 64, 4, config);
     let batched = generate(&mut s, prompts().into_iter().map(request).collect());
-    assert_eq!(batched, alone, "{name}");
-    let status = s.status();
-    assert!(status.kv.cache_hits > 0, "{name}: no prefix was reused");
-    assert!(status.preemptions > 0, "{name}: the pool never ran out");
+    assert_eq!(batched, alone, "{name} overlap, roomy");
+    assert!(s.status().overlapped_steps >= 8, "{name}: {:?}", s.status());
 }
 
 #[test]

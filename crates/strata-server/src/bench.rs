@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use strata_engine::{LoadedModel, Runtime};
+use strata_engine::{DecodeShape, LoadedModel, Runtime};
 use strata_kv::{KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 
 #[derive(Args)]
@@ -35,6 +35,10 @@ pub struct BenchArgs {
     /// Skip decode points whose KV would exceed this many tokens (batch x depth).
     #[arg(long, default_value_t = 2_200_000)]
     pub max_kv_tokens: usize,
+    /// Queue each decode step before reading the one ahead of it, its ids fed from that
+    /// step's greedy tokens on the device (what `serve` does for greedy requests).
+    #[arg(long)]
+    pub overlap: bool,
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -69,7 +73,14 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             if batch * depth > a.max_kv_tokens {
                 continue;
             }
-            let r = model.bench_decode(batch, depth, a.steps, a.warmup, kv)?;
+            let shape = DecodeShape {
+                batch,
+                depth,
+                steps: a.steps,
+                warmup: a.warmup,
+                overlap: a.overlap,
+            };
+            let r = model.bench_decode(shape, kv)?;
             eprintln!(
                 "[bench] decode batch {batch} depth {depth}: {:.2} ms/step, {:.1} tok/s",
                 r.seconds_per_step * 1e3,
@@ -112,6 +123,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "model": a.model.display().to_string(),
         "device": device,
         "kv_cache_dtype": kv.name(),
+        "decode_overlap": a.overlap,
         "weight_bytes_per_step": weight_bytes,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "decode_roofline_tok_s_batch1": roofline,

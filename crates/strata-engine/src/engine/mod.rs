@@ -109,6 +109,8 @@ pub struct EngineStatus {
     pub running: usize,
     pub waiting: usize,
     pub preemptions: u64,
+    /// Decode steps queued before the step ahead of them was read (`--overlap`).
+    pub overlapped_steps: u64,
     pub kv: Option<KvStatus>,
     pub kv_cache_dtype: String,
     pub page_size: usize,

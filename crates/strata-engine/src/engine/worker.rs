@@ -27,7 +27,7 @@ struct Live {
     last_token: Option<Instant>,
 }
 
-pub(crate) struct Worker<M, S: KvStorage> {
+pub(crate) struct Worker<M: StepModel<S>, S: KvStorage> {
     sched: Scheduler<M, S>,
     tokenizer: Option<Arc<Tokenizer>>,
     stop_ids: Vec<u32>,
@@ -339,6 +339,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             running: s.running,
             waiting: s.waiting + self.held.len(),
             preemptions: s.preemptions,
+            overlapped_steps: s.overlapped_steps,
             kv: Some(s.kv),
             kv_cache_dtype: pool.layout().format().cache_dtype().name().to_string(),
             page_size: pool.page_size(),

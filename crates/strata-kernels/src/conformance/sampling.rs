@@ -1,6 +1,6 @@
 //! The backend's sampler against the host definition in [`crate::sampling`].
 
-use super::{put, CheckResult, TestData};
+use super::{ctx, put, CheckResult, TestData};
 use crate::sampling::{sample_rows, SamplerRng, SamplingParams};
 use crate::Backend;
 
@@ -98,6 +98,67 @@ pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
             .any(|(a, l)| a.to_bits() != l.to_bits())
         {
             return Err(format!("argmax_rows vocab {vocab}: changed its logits"));
+        }
+    }
+    Ok(())
+}
+
+/// Greedy tokens kept where the logits are: `argmax_start` then `argmax_finish` gives the
+/// host `argmax`, and `feed_tokens` puts a started step's ids into the marked entries of
+/// an index (read back through `embedding_idx`) while a later step is queued behind it,
+/// unmarked ids untouched and a mark past the rows taken as id 0.
+pub fn check_feed_tokens<B: Backend>(b: &B) -> CheckResult {
+    use crate::sampling::FED_TOKEN;
+    let mut data = TestData::new(802);
+    let (vocab, rows, hidden) = (1000, 6, 8);
+    let step = |data: &mut TestData| -> Vec<f32> {
+        (0..rows * vocab).map(|_| data.normal() * 3.0).collect()
+    };
+    let (first, second) = (step(&mut data), step(&mut data));
+    let want =
+        |l: &[f32]| -> Vec<u32> { l.chunks_exact(vocab).map(crate::sampling::argmax).collect() };
+    let (want_first, want_second) = (want(&first), want(&second));
+    let table: Vec<f32> = (0..vocab * hidden).map(|_| data.normal()).collect();
+    let tb = put(b, &table, b.activation_dtype())?;
+    let stored_table = b.download(&tb).map_err(|e| e.to_string())?;
+    let l1 = put(b, &first, b.activation_dtype())?;
+    let l2 = put(b, &second, b.activation_dtype())?;
+    let t1 = ctx("argmax_start", b.argmax_start(&l1, vocab, rows, None))?;
+    let marked = [
+        7,
+        FED_TOKEN | 2,
+        999,
+        FED_TOKEN,
+        FED_TOKEN | 5,
+        FED_TOKEN | 40,
+    ];
+    let mut ids = ctx("upload_index", b.upload_index(&[0; 6]))?;
+    ctx("write_index", b.write_index(&mut ids, &marked))?;
+    ctx("feed_tokens", b.feed_tokens(&mut ids, &t1))?;
+    // The next step is queued before the first one's ids are read.
+    let t2 = ctx("argmax_start", b.argmax_start(&l2, vocab, rows, None))?;
+    let mut out = put(b, &vec![0.0; marked.len() * hidden], b.activation_dtype())?;
+    ctx(
+        "embedding_idx",
+        b.embedding_idx(&ids, &tb, hidden, 1.0, &mut out),
+    )?;
+    let got_first = ctx("argmax_finish", b.argmax_finish(t1))?;
+    let got_second = ctx("argmax_finish", b.argmax_finish(t2))?;
+    if got_first != want_first || got_second != want_second {
+        return Err(format!(
+            "argmax_start/finish: got {got_first:?} and {got_second:?}, want {want_first:?} and {want_second:?}"
+        ));
+    }
+    let mut fed = marked.to_vec();
+    crate::sampling::feed_tokens(&mut fed, &want_first);
+    if fed != [7, want_first[2], 999, want_first[0], want_first[5], 0] {
+        return Err(format!("sampling::feed_tokens: {fed:?}"));
+    }
+    let got = b.download(&out).map_err(|e| e.to_string())?;
+    for (i, &id) in fed.iter().enumerate() {
+        let row = &stored_table[id as usize * hidden..(id as usize + 1) * hidden];
+        if got[i * hidden..(i + 1) * hidden] != *row {
+            return Err(format!("feed_tokens: entry {i} is not the row of id {id}"));
         }
     }
     Ok(())

@@ -98,6 +98,7 @@ impl Backend for CpuBackend {
     type Index = Vec<u32>;
     type PagedBatch = CpuPagedBatch;
     type Graph = ();
+    type Tokens = Vec<u32>;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -285,6 +286,25 @@ impl Backend for CpuBackend {
         out: &mut CpuBuffer,
     ) -> Result<()> {
         self.install(|| paged::attention(q, slab, batch, p, out))
+    }
+
+    fn argmax_start(
+        &self,
+        logits: &CpuBuffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+    ) -> Result<Vec<u32>> {
+        self.argmax_rows(logits, vocab, rows, softcap)
+    }
+
+    fn argmax_finish(&self, tokens: Vec<u32>) -> Result<Vec<u32>> {
+        Ok(tokens)
+    }
+
+    fn feed_tokens(&self, ids: &mut Vec<u32>, tokens: &Vec<u32>) -> Result<()> {
+        crate::sampling::feed_tokens(ids, tokens);
+        Ok(())
     }
 
     fn write_index(&self, index: &mut Vec<u32>, data: &[u32]) -> Result<()> {

@@ -14,6 +14,7 @@ mod buffer;
 mod cache;
 mod dense_attention;
 mod fused;
+mod greedy;
 mod matmul;
 mod memory;
 mod module;
@@ -26,6 +27,7 @@ mod small_gemm;
 mod sources;
 
 pub use buffer::CudaBuffer;
+pub use greedy::CudaTokens;
 pub use matmul::CudaQuantMatrix;
 pub use paged::{CudaIndex, CudaKvSlab, CudaPagedBatch};
 pub use sources::{compile_cubin, nvrtc_available, nvrtc_version, KernelFile, KERNEL_FILES};
@@ -78,6 +80,8 @@ pub struct CudaBackend {
     skinny_max_rows: usize,
     /// The rows a product of a small weight runs as `kernels/small_gemm.cu`.
     small_rows: small_gemm::SmallRows,
+    /// Argmax keys and their page-locked host copies, kept for the next step.
+    argmax_slots: Arc<greedy::ArgmaxSlots>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -169,6 +173,7 @@ impl CudaBackend {
             paged_mma,
             skinny_max_rows,
             small_rows: small_gemm::SmallRows::from_env(arch),
+            argmax_slots: Arc::default(),
         })
     }
 
@@ -322,6 +327,7 @@ impl Backend for CudaBackend {
     type Index = CudaIndex;
     type PagedBatch = CudaPagedBatch;
     type Graph = CudaGraphExec;
+    type Tokens = CudaTokens;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -739,6 +745,25 @@ impl Backend for CudaBackend {
         rows: usize,
         softcap: Option<f32>,
     ) -> Result<Vec<u32>> {
-        self.argmax_rows_impl(logits, vocab, rows, softcap)
+        let tokens = self.argmax_start_impl(logits, vocab, rows, softcap)?;
+        self.argmax_finish_impl(tokens)
+    }
+
+    fn argmax_start(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+    ) -> Result<CudaTokens> {
+        self.argmax_start_impl(logits, vocab, rows, softcap)
+    }
+
+    fn argmax_finish(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
+        self.argmax_finish_impl(tokens)
+    }
+
+    fn feed_tokens(&self, ids: &mut CudaIndex, tokens: &CudaTokens) -> Result<()> {
+        self.feed_tokens_impl(ids, tokens)
     }
 }

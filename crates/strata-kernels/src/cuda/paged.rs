@@ -51,6 +51,10 @@ impl CudaIndex {
     pub(super) fn data(&self) -> &CudaSlice<u32> {
         &self.data
     }
+
+    pub(super) fn data_mut(&mut self) -> &mut CudaSlice<u32> {
+        &mut self.data
+    }
 }
 
 /// A paged batch on the device.
@@ -112,10 +116,6 @@ const PA_THREADS: u32 = 128;
 const MIN_SPLIT_KEYS: usize = 256;
 /// Must match `PA_MAX_SPLITS` in `kernels/paged.cu` (the combine kernel's weight array).
 pub(super) const MAX_SPLITS: usize = 64;
-/// Threads of an argmax block (`ARGMAX_THREADS` in `kernels/sampling.cu`) and the logits
-/// each block takes (16 a thread).
-const ARGMAX_THREADS: u32 = 512;
-const ARGMAX_PER_BLOCK: usize = 16 * ARGMAX_THREADS as usize;
 /// Columns one combine block merges (`COMBINE_COLS`).
 const COMBINE_COLS: usize = 128;
 
@@ -650,55 +650,5 @@ impl CudaBackend {
         // and so does the twin where the caller passed one.
         unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
         Ok(())
-    }
-}
-
-impl CudaBackend {
-    pub(super) fn argmax_rows_impl(
-        &self,
-        logits: &CudaBuffer,
-        vocab: usize,
-        rows: usize,
-        softcap: Option<f32>,
-    ) -> Result<Vec<u32>> {
-        const OP: &str = "argmax_rows";
-        ensure(vocab > 0 && logits.len() >= rows * vocab, OP, || {
-            format!("{} logits for {rows} rows of {vocab}", logits.len())
-        })?;
-        let cap = softcap.unwrap_or(0.0);
-        ensure(
-            softcap.is_none() || cap > 0.0 && cap.is_finite(),
-            OP,
-            || format!("softcap {cap} must be positive and finite"),
-        )?;
-        if rows == 0 {
-            return Ok(vec![]);
-        }
-        let xs = logits.f32s(OP)?;
-        // One (value, index) key per row, folded in with atomicMax from every block.
-        let mut keys = self
-            .stream
-            .alloc_zeros::<u64>(rows)
-            .map_err(device_err("allocating argmax output"))?;
-        let v = vocab as u64;
-        // Enough blocks a row that one row (batch 1) still spreads over the GPU.
-        let parts = vocab.div_ceil(ARGMAX_PER_BLOCK).clamp(1, 64) as u32;
-        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
-        let has_cap = i32::from(softcap.is_some());
-        l.arg(xs).arg(&mut keys).arg(&v).arg(&has_cap).arg(&cap);
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, parts, 1),
-            block_dim: (ARGMAX_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: logits hold at least rows x vocab values (checked); keys holds rows.
-        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
-        let keys = self
-            .stream
-            .clone_dtoh(&keys)
-            .map_err(device_err("copying argmax ids"))?;
-        self.synchronize()?;
-        // The key's low half is the complemented index.
-        Ok(keys.iter().map(|&k| u32::MAX - k as u32).collect())
     }
 }

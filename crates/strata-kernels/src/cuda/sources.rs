@@ -203,7 +203,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile::any_gpu(
         "sampling",
         include_str!("../../../../kernels/sampling.cu"),
-        &["argmax_rows"],
+        &["argmax_rows", "feed_tokens"],
     ),
     KernelFile::any_gpu(
         "gemv",

@@ -114,6 +114,22 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// A token id that stands for a greedy token not yet read back: `FED_TOKEN | r` is row
+/// `r` of an earlier step's argmax ([`crate::Backend::feed_tokens`]). Vocabularies stay
+/// below 2^31 ids, so no real id has this bit.
+pub const FED_TOKEN: u32 = 1 << 31;
+
+/// The host definition of [`crate::Backend::feed_tokens`]: every id marked with
+/// [`FED_TOKEN`] becomes row `id & !FED_TOKEN` of `greedy` (id 0 past its rows).
+pub fn feed_tokens(ids: &mut [u32], greedy: &[u32]) {
+    for id in ids.iter_mut().filter(|id| **id & FED_TOKEN != 0) {
+        *id = greedy
+            .get((*id & !FED_TOKEN) as usize)
+            .copied()
+            .unwrap_or(0);
+    }
+}
+
 /// Draws one token id from `logits` (one row of `vocab` values).
 ///
 /// Non-greedy draws take exactly one `rng.next_f64()`; greedy takes none.

@@ -6,7 +6,7 @@ use serde_json::json;
 use strata_config::ModelConfig;
 use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan};
-use strata_model::{ForwardBatch, ForwardOutput, LogitsMode};
+use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, FED_TOKEN};
 use strata_sched::{
     Event, EventKind, FinishReason, Request, SchedError, Scheduler, SchedulerConfig, SeqId,
     StepModel,
@@ -153,16 +153,38 @@ impl FakeModel {
     }
 }
 
+/// Replaces the fed marks of `batch` by `fed`'s greedy tokens, as a device would.
+pub fn resolve_fed(
+    batch: &ForwardBatch,
+    fed: Option<&ForwardOutput>,
+) -> Result<ForwardBatch, SchedError> {
+    let mut batch = batch.clone();
+    for t in batch.seqs.iter_mut().flat_map(|s| s.tokens.iter_mut()) {
+        if *t & FED_TOKEN != 0 {
+            let row = (*t & !FED_TOKEN) as usize;
+            *t = fed
+                .and_then(|f| f.tokens.get(row).copied().flatten())
+                .ok_or_else(|| SchedError::Other(format!("fed token {row} is missing")))?;
+        }
+    }
+    Ok(batch)
+}
+
 impl StepModel for FakeModel {
+    /// The output itself: the fake computes on the host, at launch.
+    type Launched = ForwardOutput;
+
     fn vocab_size(&self) -> usize {
         VOCAB
     }
 
-    fn forward(
+    fn launch(
         &mut self,
         kv: &mut KvPool<HostStorage>,
         batch: &ForwardBatch,
+        fed: Option<&ForwardOutput>,
     ) -> Result<ForwardOutput, SchedError> {
+        let batch = &resolve_fed(batch, fed)?;
         self.forwards += 1;
         for s in &batch.seqs {
             for (i, &t) in s.tokens.iter().enumerate() {
@@ -206,6 +228,14 @@ impl StepModel for FakeModel {
             logits,
             tokens,
         })
+    }
+
+    fn finish(&mut self, step: ForwardOutput) -> Result<ForwardOutput, SchedError> {
+        Ok(step)
+    }
+
+    fn feeds(&self, step: &ForwardOutput) -> bool {
+        !step.tokens.is_empty() && step.tokens.iter().all(Option::is_some)
     }
 }
 
@@ -283,6 +313,7 @@ pub fn run_alone(windowed: bool, page_size: usize, req: Request) -> Outcome {
         max_batch_tokens: 4096,
         prefill_chunk: 4096,
         seed: 7,
+        overlap: false,
     };
     let mut sched = Scheduler::new(FakeModel::new(cfg), pool, config).unwrap();
     let id = sched.submit(req);

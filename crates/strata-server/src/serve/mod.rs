@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// graphs captured, GEMM kernels loaded): auto (on a GPU), on or off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     pub warmup: String,
+    /// Queue each greedy decode step before reading the one ahead of it, its token ids fed
+    /// from that step's output on the device, so the GPU does not wait for the host
+    /// between steps: auto (on a GPU), on or off.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    pub overlap: String,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "STRATA_API_KEY")]
     pub api_key: Option<String>,
@@ -153,6 +158,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             g.unit_bytes_unshared
         ));
     }
+    let on_gpu = matches!(loaded.runtime, Runtime::Cuda(_));
+    let switch = |v: &str| match v {
+        "on" => true,
+        "off" => false,
+        _ => on_gpu,
+    };
     let opts = EngineOptions {
         kv_cache_dtype,
         cache_type,
@@ -163,14 +174,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             max_running_requests: a.max_running_requests,
             max_batch_tokens: a.max_batch_tokens,
             prefill_chunk: a.prefill_chunk,
+            overlap: switch(&a.overlap),
             ..SchedulerConfig::default()
         },
     };
-    let warm = match a.warmup.as_str() {
-        "on" => true,
-        "off" => false,
-        _ => matches!(loaded.runtime, Runtime::Cuda(_)),
-    };
+    let warm = switch(&a.warmup);
     let engine = Engine::start(loaded, name.clone(), opts)?;
     if let Some(plan) = engine.status().plan {
         log(format!(

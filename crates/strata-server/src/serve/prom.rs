@@ -78,6 +78,13 @@ pub fn render(engine: &Engine) -> String {
         "Requests preempted when pages ran out.",
         &[(String::new(), s.preemptions as f64)],
     );
+    series(
+        &mut out,
+        "strata_overlapped_steps_total",
+        "counter",
+        "Decode steps queued before the step ahead of them was read (--overlap).",
+        &[(String::new(), s.overlapped_steps as f64)],
+    );
     if let Some(kv) = &s.kv {
         for (name, help, f) in [
             (

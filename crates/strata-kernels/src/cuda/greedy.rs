@@ -1,0 +1,173 @@
+//! Greedy tokens on the GPU (`kernels/sampling.cu`): the argmax of each row of logits, read
+//! back as one id a row, and fed to the next step's ids on the device.
+//!
+//! A decode step's argmax can be left on the GPU ([`CudaTokens`]) with its copy to
+//! page-locked host memory queued behind it: the host then queues the next step (whose ids
+//! take these tokens with `feed_tokens`) before it waits for the copy, and the GPU goes
+//! from one step to the next without waiting for the host.
+
+use std::sync::Mutex;
+
+use cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice, PushKernelArg};
+
+use super::paged::CudaIndex;
+use super::{device_err, CudaBackend, CudaBuffer};
+use crate::error::ensure;
+use crate::{DeviceBuffer, Result};
+
+/// Threads of an argmax block (`ARGMAX_THREADS` in `kernels/sampling.cu`) and the logits
+/// each block takes (16 a thread).
+const ARGMAX_THREADS: u32 = 512;
+const ARGMAX_PER_BLOCK: usize = 16 * ARGMAX_THREADS as usize;
+/// Rows an argmax slot holds at least (a graph bucket's worth); larger steps get larger
+/// slots.
+const MIN_SLOT_ROWS: usize = 256;
+/// Slots kept for reuse: a step in flight, the one being read, and one to spare.
+const KEPT_SLOTS: usize = 4;
+
+/// An argmax's keys on the device and the page-locked host memory they are copied to. Kept
+/// for reuse: allocating page-locked memory costs far more than a step's copy.
+pub(super) struct ArgmaxSlot {
+    keys: CudaSlice<u64>,
+    host: PinnedHostSlice<u64>,
+    /// Recorded after the copy to `host`. The backend's context leaves event tracking off,
+    /// so the pinned slice records none of its own: this is what a read waits for.
+    copied: CudaEvent,
+}
+
+/// Spare slots, shared by the backend's clones.
+#[derive(Default)]
+pub(super) struct ArgmaxSlots(Mutex<Vec<ArgmaxSlot>>);
+
+/// A step's greedy ids on the GPU (as `argmax_rows`'s keys), their copy to the host queued.
+pub struct CudaTokens {
+    slot: ArgmaxSlot,
+    rows: usize,
+}
+
+impl CudaBackend {
+    /// A slot of at least `rows` keys, zeroed on the stream (the kernel folds into them).
+    fn argmax_slot(&self, rows: usize) -> Result<ArgmaxSlot> {
+        let spare = {
+            let mut slots = self.argmax_slots.0.lock().expect("argmax slots lock");
+            let at = slots.iter().position(|s| s.keys.len() >= rows);
+            at.map(|i| slots.swap_remove(i))
+        };
+        let mut slot = match spare {
+            Some(s) => s,
+            None => {
+                let n = rows.max(MIN_SLOT_ROWS).next_power_of_two();
+                let keys = self
+                    .stream
+                    .alloc_zeros::<u64>(n)
+                    .map_err(device_err("allocating argmax keys"))?;
+                // SAFETY: the host side is only read after a copy into it has landed.
+                let host = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(n, 0) }
+                    .map_err(device_err("allocating page-locked argmax ids"))?;
+                let copied = self
+                    .ctx
+                    .new_event(None)
+                    .map_err(device_err("creating an argmax event"))?;
+                ArgmaxSlot { keys, host, copied }
+            }
+        };
+        self.stream
+            .memset_zeros(&mut slot.keys.slice_mut(..rows))
+            .map_err(device_err("zeroing argmax keys"))?;
+        Ok(slot)
+    }
+
+    pub(super) fn argmax_start_impl(
+        &self,
+        logits: &CudaBuffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+    ) -> Result<CudaTokens> {
+        const OP: &str = "argmax_rows";
+        ensure(vocab > 0 && logits.len() >= rows * vocab, OP, || {
+            format!("{} logits for {rows} rows of {vocab}", logits.len())
+        })?;
+        let cap = softcap.unwrap_or(0.0);
+        ensure(
+            softcap.is_none() || cap > 0.0 && cap.is_finite(),
+            OP,
+            || format!("softcap {cap} must be positive and finite"),
+        )?;
+        ensure(vocab <= crate::sampling::FED_TOKEN as usize, OP, || {
+            format!("a vocabulary of {vocab} ids does not fit the 31 bits of an id")
+        })?;
+        let mut slot = self.argmax_slot(rows)?;
+        if rows > 0 {
+            let xs = logits.f32s(OP)?;
+            let v = vocab as u64;
+            // Enough blocks a row that one row (batch 1) still spreads over the GPU.
+            let parts = vocab.div_ceil(ARGMAX_PER_BLOCK).clamp(1, 64) as u32;
+            let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+            let has_cap = i32::from(softcap.is_some());
+            l.arg(xs)
+                .arg(&mut slot.keys)
+                .arg(&v)
+                .arg(&has_cap)
+                .arg(&cap);
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, parts, 1),
+                block_dim: (ARGMAX_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: logits hold at least rows x vocab values (checked); keys hold rows.
+            unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+            // Queued behind the kernel; `copied` marks its completion.
+            self.stream
+                .memcpy_dtoh(&slot.keys.slice(..rows), &mut slot.host)
+                .map_err(device_err("copying argmax ids"))?;
+            slot.copied
+                .record(&self.stream)
+                .map_err(device_err("recording the argmax copy"))?;
+        }
+        Ok(CudaTokens { slot, rows })
+    }
+
+    pub(super) fn argmax_finish_impl(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
+        let CudaTokens { slot, rows } = tokens;
+        let ids = if rows == 0 {
+            vec![]
+        } else {
+            slot.copied
+                .synchronize()
+                .map_err(device_err("waiting for argmax ids"))?;
+            let keys = slot
+                .host
+                .as_slice()
+                .map_err(device_err("reading argmax ids"))?;
+            // The key's low half is the complemented index.
+            keys[..rows].iter().map(|&k| u32::MAX - k as u32).collect()
+        };
+        let mut slots = self.argmax_slots.0.lock().expect("argmax slots lock");
+        if slots.len() < KEPT_SLOTS {
+            slots.push(slot);
+        }
+        Ok(ids)
+    }
+
+    pub(super) fn feed_tokens_impl(&self, ids: &mut CudaIndex, tokens: &CudaTokens) -> Result<()> {
+        let n = ids.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let (n_u, rows) = (n as u32, tokens.rows as u32);
+        let mut l = self.stream.launch_builder(self.kernels.get("feed_tokens")?);
+        l.arg(ids.data_mut())
+            .arg(&tokens.slot.keys)
+            .arg(&n_u)
+            .arg(&rows);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).min(64) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: ids hold n values; a mark reads keys only below `rows`, which the keys hold.
+        unsafe { l.launch(cfg) }.map_err(device_err("feed_tokens"))?;
+        Ok(())
+    }
+}

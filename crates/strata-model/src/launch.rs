@@ -1,0 +1,128 @@
+//! A forward step split in two: [`Model::launch`] queues it, [`Model::finish`] reads its
+//! output. Between the two the host can queue the next decode step, whose token ids take
+//! this step's greedy tokens on the backend ([`FED_TOKEN`] marks), so a GPU runs step after
+//! step without waiting for the host to read each one's tokens and build the next.
+
+use strata_kernels::sampling::FED_TOKEN;
+use strata_kernels::Backend;
+
+use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+
+/// A step queued by [`Model::launch`], read by [`Model::finish`].
+pub struct Launched<B: Backend>(State<B>);
+
+enum State<B: Backend> {
+    /// The output, already on the host (steps that want logits).
+    Done(ForwardOutput),
+    /// Every sequence wanted only its greedy token: one id a sequence, in batch order,
+    /// still where the logits were, on its way to the host.
+    Greedy {
+        tokens: B::Tokens,
+        vocab: usize,
+        rows: usize,
+    },
+}
+
+impl<B: Backend> Launched<B> {
+    pub(crate) fn done(out: ForwardOutput) -> Self {
+        Self(State::Done(out))
+    }
+
+    pub(crate) fn greedy(tokens: B::Tokens, vocab: usize, rows: usize) -> Self {
+        Self(State::Greedy {
+            tokens,
+            vocab,
+            rows,
+        })
+    }
+
+    /// Whether a later step can take this one's tokens as `fed` (every sequence of it
+    /// wanted only its greedy token).
+    pub fn feeds(&self) -> bool {
+        matches!(self.0, State::Greedy { .. })
+    }
+
+    /// The greedy ids on the backend and their count, when this step left them there.
+    fn greedy_tokens(&self) -> Option<(&B::Tokens, usize)> {
+        match &self.0 {
+            State::Greedy { tokens, rows, .. } => Some((tokens, *rows)),
+            State::Done(_) => None,
+        }
+    }
+}
+
+/// Whether a step's output can stay on the backend as greedy ids: every sequence wants
+/// only its greedy token.
+pub(crate) fn all_greedy(batch: &ForwardBatch) -> bool {
+    !batch.seqs.is_empty() && batch.seqs.iter().all(|s| s.logits == LogitsMode::Argmax)
+}
+
+/// Checks the [`FED_TOKEN`] marks of `batch` against the step they read from: there must
+/// be one, it must have left its tokens on the backend, and each mark must name one of its
+/// sequences. Returns whether any token is marked.
+pub(crate) fn check_fed(batch: &ForwardBatch, fed_rows: Option<usize>) -> Result<bool> {
+    let mut any = false;
+    for &t in batch.seqs.iter().flat_map(|s| &s.tokens) {
+        if t & FED_TOKEN == 0 {
+            continue;
+        }
+        any = true;
+        let row = (t & !FED_TOKEN) as usize;
+        match fed_rows {
+            None => {
+                return Err(ModelError::Invalid(format!(
+                    "token {t:#x} reads a greedy token of an earlier step, but no step that kept its greedy tokens was given"
+                )))
+            }
+            Some(n) if row >= n => {
+                return Err(ModelError::Invalid(format!(
+                    "token {t:#x} reads sequence {row} of a step of {n}"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(any)
+}
+
+impl<B: Backend> Model<B> {
+    /// Queues `batch` and returns without reading its output (which [`Model::finish`]
+    /// does). A token id `FED_TOKEN | i` stands for the greedy token of sequence `i` of
+    /// `fed`, a step launched before this one and not yet finished, whose sequences all
+    /// wanted only their greedy token ([`Launched::feeds`]); the backend substitutes it
+    /// before the step runs. Models with a lookup table in host memory cannot take fed
+    /// tokens (the table is read with the host's ids).
+    pub fn launch<K: KvCache<B>>(
+        &self,
+        kv: &mut K,
+        batch: &ForwardBatch,
+        fed: Option<&Launched<B>>,
+    ) -> Result<Launched<B>> {
+        let source = fed.and_then(Launched::greedy_tokens);
+        let marked = check_fed(batch, source.map(|(_, rows)| rows))?;
+        if marked && self.has_host_tables() {
+            return Err(ModelError::Invalid(
+                "a model with host-resident lookup tables needs every token id on the host".into(),
+            ));
+        }
+        self.launch_checked(kv, batch, source.filter(|_| marked).map(|(t, _)| t))
+    }
+
+    /// Reads a launched step's output (waiting for it).
+    pub fn finish(&self, step: Launched<B>) -> Result<ForwardOutput> {
+        match step.0 {
+            State::Done(out) => Ok(out),
+            State::Greedy { tokens, vocab, .. } => {
+                let ids = self.backend.argmax_finish(tokens)?;
+                Ok(ForwardOutput {
+                    vocab,
+                    logits: vec![vec![]; ids.len()],
+                    tokens: ids.into_iter().map(Some).collect(),
+                })
+            }
+        }
+    }
+}
