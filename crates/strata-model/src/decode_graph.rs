@@ -3,7 +3,7 @@
 //! A decode step (every sequence feeds one token and wants its last logits) runs the same
 //! ops in the same order every time; only the token ids, positions and slot tables change.
 //! So the first step of a batch-size bucket (1, 2, 4, ... 32 sequences, multiples of 16 up
-//! to 128, then 256: [`bucket_for`]) is captured once:
+//! to 64, of 8 up to 128, then 256: [`bucket_for`]) is captured once:
 //! inputs live in buffers the graph owns (fixed addresses), the step's ops are recorded,
 //! and the logits land in the graph's own output buffer. Later steps of that bucket only
 //! rewrite the inputs in place and replay: one launch instead of hundreds. The slot tables
@@ -28,26 +28,34 @@ use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedSto
 /// Largest batch replayed as a graph; larger decode batches run op by op.
 const MAX_GRAPH_BATCH: usize = 256;
 /// Buckets are powers of two up to this many sequences, multiples of [`BUCKET_STEP`] past it
-/// up to [`STEPPED_BUCKETS_UP_TO`], powers of two again past that.
+/// up to [`FINE_BUCKETS_FROM`], multiples of [`FINE_BUCKET_STEP`] up to
+/// [`STEPPED_BUCKETS_UP_TO`], powers of two again past that.
 const POW2_BUCKETS_UP_TO: usize = 32;
 /// The spacing of the middle buckets.
 const BUCKET_STEP: usize = 16;
+/// Where the buckets start stepping by [`FINE_BUCKET_STEP`]: a padded row costs about 8 us
+/// of a step at these sizes (its norms, RoPE, attention and logits), and the batches of a
+/// busy server live here.
+const FINE_BUCKETS_FROM: usize = 64;
+const FINE_BUCKET_STEP: usize = 8;
 /// The largest stepped bucket. Each captured bucket keeps its own `[bucket, vocab]` f32
-/// logits (1 MB a row at Gemma's 262,144 ids: 591 MB for every bucket to 128, against 255
+/// logits (1 MB a row at Gemma's 262,144 ids: 1.0 GB for every bucket to 128, against 255
 /// MB in powers of two), so the steps stop where that memory would grow fastest.
 const STEPPED_BUCKETS_UP_TO: usize = 128;
 /// Smallest slot capacity of a graph's full-attention table.
 const MIN_SLOT_CAPACITY: usize = 1 << 16;
 
 /// The graph bucket of a decode step of `n` sequences. Every padded row costs its share of
-/// the step (its products, norms and logits), so from 32 to 128 sequences buckets step by
-/// 16: 100 sequences replay the 112-row graph, not the 128-row one. Each bucket used is
-/// captured once, with its own `[bucket, vocab]` logits buffer.
+/// the step (its products, norms and logits), so from 32 to 64 sequences buckets step by
+/// 16 and from 64 to 128 by 8: 100 sequences replay the 104-row graph, not the 128-row one.
+/// Each bucket used is captured once, with its own `[bucket, vocab]` logits buffer.
 pub fn bucket_for(n: usize) -> usize {
     if n <= POW2_BUCKETS_UP_TO || n > STEPPED_BUCKETS_UP_TO {
         n.next_power_of_two()
-    } else {
+    } else if n <= FINE_BUCKETS_FROM {
         n.div_ceil(BUCKET_STEP) * BUCKET_STEP
+    } else {
+        n.div_ceil(FINE_BUCKET_STEP) * FINE_BUCKET_STEP
     }
 }
 
@@ -385,7 +393,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_are_powers_of_two_with_steps_of_sixteen_from_32_to_128() {
+    fn buckets_are_powers_of_two_with_steps_from_32_to_128() {
         let want = [
             (1, 1),
             (2, 2),
@@ -399,24 +407,31 @@ mod tests {
         for (n, bucket) in want {
             assert_eq!(bucket_for(n), bucket, "{n} sequences");
         }
-        assert_eq!(bucket_for(100), 112);
+        assert_eq!(bucket_for(64), 64);
+        assert_eq!(bucket_for(65), 72);
+        assert_eq!(bucket_for(100), 104);
+        assert_eq!(bucket_for(112), 112);
+        assert_eq!(bucket_for(121), 128);
         assert_eq!(decode_buckets(1), [1]);
         assert_eq!(decode_buckets(5), [1, 2, 4, 8]);
         assert_eq!(
             decode_buckets(100),
-            [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112]
+            [1, 2, 4, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104]
         );
         assert_eq!(bucket_for(128), 128);
         assert_eq!(bucket_for(129), 256);
         assert_eq!(
             decode_buckets(10_000),
-            [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 256]
+            [1, 2, 4, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120, 128, 256]
         );
         for n in 1..=MAX_GRAPH_BATCH {
             let b = bucket_for(n);
             assert!(b >= n && b <= MAX_GRAPH_BATCH && b - n < n, "{n} -> {b}");
-            if (33..=128).contains(&n) {
+            if (33..=64).contains(&n) {
                 assert!(b - n < BUCKET_STEP, "{n} -> {b}");
+            }
+            if (65..=128).contains(&n) {
+                assert!(b - n < FINE_BUCKET_STEP, "{n} -> {b}");
             }
         }
     }
