@@ -2,7 +2,8 @@
 """Serving benchmark against a running `strata serve` (in the spirit of bench_serving):
 random prompts of --input token ids, --output tokens each (ignore_eos), --requests requests
 at --concurrency clients, streamed. Reports TTFT, TPOT and ITL (mean, median, p99) and
-output / total token throughput as one JSON object.
+output / total token throughput as one JSON object. Greedy by default; `--temperature T`
+(with `--top-p P`) samples, each request with a seed of its own.
 
   python3 scripts/bench/serving.py --url http://127.0.0.1:8080 --model NAME \
       --input 512 --output 512 --concurrency 100 --requests 200
@@ -17,9 +18,9 @@ import time
 import requests
 
 
-def one(url, model, prompt, output, out):
-    body = {"model": model, "prompt": prompt, "max_tokens": output, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+def one(url, model, prompt, output, out, sampling):
+    body = {"model": model, "prompt": prompt, "max_tokens": output, "ignore_eos": True, "stream": True,
+            **sampling}
     t0 = time.perf_counter()
     times = []
     with requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=3600) as r:
@@ -60,6 +61,9 @@ def main():
     # Prompts come from this seed: a second run on the same server with the same seed would
     # find every prompt in its prefix cache.
     ap.add_argument("--seed", type=int, default=5)
+    # Greedy by default; a temperature above 0 samples on the server (each request seeded).
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     a = ap.parse_args()
     n = a.requests or max(a.concurrency * 2, 4)
     rng = random.Random(a.seed)
@@ -73,7 +77,10 @@ def main():
                 next_i[0] += 1
             if i >= n:
                 return
-            one(a.url, a.model, prompts[i], a.output, results)
+            sampling = {"temperature": a.temperature}
+            if a.temperature > 0:
+                sampling.update(top_p=a.top_p, seed=a.seed * 100_003 + i)
+            one(a.url, a.model, prompts[i], a.output, results, sampling)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
@@ -87,6 +94,7 @@ def main():
     itl = [b - a_ for r in results for a_, b in zip(r["tokens"], r["tokens"][1:])]
     out_tokens = sum(len(r["tokens"]) for r in results)
     report = {"concurrency": a.concurrency, "requests": n, "input": a.input, "output": a.output,
+              "temperature": a.temperature, "top_p": a.top_p,
               "duration_s": wall, "output_tokens": out_tokens,
               "output_throughput": out_tokens / wall,
               "total_throughput": (out_tokens + n * a.input) / wall,

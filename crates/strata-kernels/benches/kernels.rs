@@ -1,11 +1,12 @@
-//! GEMV on the real projection sizes and decode attention, on the CPU backend.
-//! Kept short: `cargo bench -p strata-kernels`.
+//! GEMV on the real projection sizes and decode attention, on the CPU backend, and the host
+//! sampler at Gemma's vocabulary. Kept short: `cargo bench -p strata-kernels`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::Duration;
 use strata_kernels::conformance::TestData;
 use strata_kernels::cpu::CpuBackend;
+use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
 use strata_kernels::{AttentionParams, Backend, DType, MatmulShape};
 
 fn gemv(c: &mut Criterion) {
@@ -82,5 +83,43 @@ fn attention_decode(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, gemv, attention_decode);
+/// One draw from a row of Gemma's 262,144 logits, per sampling setting: what the host pays
+/// per sampled request and step (the greedy argmax for comparison).
+fn sample_row(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sample_row");
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(10);
+    let vocab = 262_144;
+    let mut data = TestData::new(3);
+    // Flat: every id near the others, so a top-p nucleus holds much of the row. Peaked, as a
+    // trained model's rows mostly are: a few ids far above the rest.
+    let flat = data.normals(vocab, 3.0, DType::F32);
+    let mut peaked = data.normals(vocab, 2.0, DType::F32);
+    for (i, x) in peaked.iter_mut().step_by(vocab / 8).enumerate() {
+        *x = 14.0 + i as f32 * 0.5;
+    }
+    let warm = |temperature, top_k, top_p| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p: 0.0,
+        seed: Some(1),
+    };
+    for (name, params, logits) in [
+        ("greedy", SamplingParams::greedy(), &peaked),
+        ("temperature", warm(0.8, 0, 1.0), &peaked),
+        ("top_k_40", warm(0.8, 40, 1.0), &peaked),
+        ("top_p_0.95_peaked", warm(0.8, 0, 0.95), &peaked),
+        ("top_p_0.95_flat", warm(0.8, 0, 0.95), &flat),
+    ] {
+        let mut rng = SamplerRng::new(1);
+        g.bench_function(name, |bench| {
+            bench.iter(|| sample(black_box(logits), &params, &mut rng).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, gemv, attention_decode, sample_row);
 criterion_main!(benches);

@@ -6,9 +6,11 @@
 //! (which keeps `p >= min_p * p_max`; it commutes with the truncations above because they
 //! all keep the most likely token and renormalising keeps probability ratios).
 
+mod draw;
 mod logprobs;
 mod rng;
 
+pub use draw::sample;
 pub use logprobs::{log_softmax, logprob_of, top_logprobs};
 pub use rng::SamplerRng;
 
@@ -128,82 +130,6 @@ pub fn feed_tokens(ids: &mut [u32], greedy: &[u32]) {
             .copied()
             .unwrap_or(0);
     }
-}
-
-/// Draws one token id from `logits` (one row of `vocab` values).
-///
-/// Non-greedy draws take exactly one `rng.next_f64()`; greedy takes none.
-pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SamplerRng) -> Result<u32> {
-    params.validate()?;
-    if logits.is_empty() {
-        return Err(KernelError::Invalid {
-            op: "sample",
-            detail: "empty logits".into(),
-        });
-    }
-    if params.is_greedy() {
-        return Ok(argmax(logits));
-    }
-    let inv_t = 1.0 / params.temperature;
-    let mut cand: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| (i as u32, key(x) * inv_t))
-        .collect();
-    let filtering = params.top_k > 0 || params.top_p < 1.0 || params.min_p > 0.0;
-    if params.top_k > 0 && params.top_k < cand.len() {
-        cand.select_nth_unstable_by(params.top_k - 1, by_logit_desc);
-        cand.truncate(params.top_k);
-    }
-    if filtering {
-        // Sorted order is needed for the top-p prefix and fixes the walk order below.
-        cand.sort_unstable_by(by_logit_desc);
-    }
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY {
-        // Every logit is -inf or NaN: nothing to draw from; fall back to the lowest id.
-        return Ok(argmax(logits));
-    }
-    // Unnormalised probabilities in f64 (max subtracted, so the largest is exactly 1).
-    let mut weights: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
-    if params.top_p < 1.0 {
-        let total: f64 = weights.iter().sum();
-        let target = params.top_p as f64 * total;
-        let mut cum = 0.0;
-        let mut keep = 0;
-        for w in &weights {
-            if keep > 0 && cum >= target {
-                break;
-            }
-            cum += w;
-            keep += 1;
-        }
-        weights.truncate(keep);
-        cand.truncate(keep);
-    }
-    if params.min_p > 0.0 {
-        // The largest weight is 1 (it is exp(0)), so the threshold is min_p itself.
-        let threshold = params.min_p as f64;
-        let keep = weights
-            .iter()
-            .take_while(|&&w| w >= threshold)
-            .count()
-            .max(1);
-        weights.truncate(keep);
-        cand.truncate(keep);
-    }
-    let total: f64 = weights.iter().sum();
-    let u = rng.next_f64() * total;
-    let mut cum = 0.0;
-    for (c, w) in cand.iter().zip(&weights) {
-        cum += w;
-        if u < cum {
-            return Ok(c.0);
-        }
-    }
-    // Rounding can leave u a hair above the final sum: the last non-zero candidate.
-    let last = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
-    Ok(cand[last].0)
 }
 
 /// [`sample`] for each row of `logits [rows, vocab]`.

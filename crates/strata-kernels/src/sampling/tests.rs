@@ -135,3 +135,118 @@ fn logprobs_agree_with_direct_softmax() {
     assert!((top[0].1 - ls[4]).abs() < 1e-7);
     assert_eq!(top_logprobs(&logits, 10).len(), 5);
 }
+
+/// The draw written out step by step over the whole sorted row: what `sample` computes
+/// without sorting the vocabulary.
+fn plain_sample(logits: &[f32], params: &SamplingParams, rng: &mut SamplerRng) -> u32 {
+    if params.is_greedy() {
+        return argmax(logits);
+    }
+    let inv_t = 1.0 / params.temperature;
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| (i as u32, key(x) * inv_t))
+        .collect();
+    let filtering = params.top_k > 0 || params.top_p < 1.0 || params.min_p > 0.0;
+    let top_k = params.top_k > 0 && params.top_k < cand.len();
+    if filtering {
+        cand.sort_unstable_by(by_logit_desc);
+    }
+    if top_k {
+        cand.truncate(params.top_k);
+    }
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return argmax(logits);
+    }
+    let weight = |x: f32| ((x - max) as f64).exp();
+    let mut weights: Vec<f64> = cand.iter().map(|c| weight(c.1)).collect();
+    if params.top_p < 1.0 {
+        // Summed in candidate order: the sorted top_k, or every id in id order.
+        let total: f64 = if top_k {
+            weights.iter().sum()
+        } else {
+            logits.iter().map(|&x| weight(key(x) * inv_t)).sum()
+        };
+        let target = params.top_p as f64 * total;
+        let (mut cum, mut keep) = (0.0, 0);
+        for w in &weights {
+            if keep > 0 && cum >= target {
+                break;
+            }
+            cum += w;
+            keep += 1;
+        }
+        weights.truncate(keep);
+        cand.truncate(keep);
+    }
+    if params.min_p > 0.0 {
+        let keep = weights
+            .iter()
+            .take_while(|&&w| w >= params.min_p as f64)
+            .count()
+            .max(1);
+        weights.truncate(keep);
+        cand.truncate(keep);
+    }
+    let total: f64 = weights.iter().sum();
+    let u = rng.next_f64() * total;
+    let mut cum = 0.0;
+    for (c, w) in cand.iter().zip(&weights) {
+        cum += w;
+        if u < cum {
+            return c.0;
+        }
+    }
+    cand[weights.iter().rposition(|&w| w > 0.0).unwrap_or(0)].0
+}
+
+/// `sample` against the plain definition over rows of 1 to 70,000 ids (flat rows whose
+/// nucleus takes several selection rounds or the whole row, peaked ones, ties, NaN and -inf
+/// entries) and every filter combination: the same token from the same stream, every time.
+#[test]
+fn sample_equals_the_plain_definition() {
+    let mut data = crate::conformance::TestData::new(77);
+    let mut checked = 0;
+    for vocab in [1usize, 2, 7, 100, 3000, 70_000] {
+        for spread in [0.05f32, 1.0, 4.0, 40.0] {
+            let mut logits: Vec<f32> = (0..vocab).map(|_| data.normal() * spread).collect();
+            if vocab > 10 {
+                // Ties, NaN and -inf.
+                logits[vocab / 2] = logits[vocab / 3];
+                logits[vocab / 5] = f32::NAN;
+                logits[vocab / 7] = f32::NEG_INFINITY;
+                for x in logits.iter_mut().step_by(11) {
+                    *x = (*x * 2.0).round() / 2.0;
+                }
+            }
+            // The largest rows at two spreads and one temperature: the plain definition
+            // sorts the whole row every time.
+            let temperatures: &[f32] = match (vocab, spread) {
+                (70_000, s) if s == 0.05 || s == 4.0 => &[1.0],
+                (70_000, _) => &[],
+                _ => &[0.3, 1.0, 1.7],
+            };
+            for &temperature in temperatures {
+                for top_k in [0usize, 1, 5, 40, vocab, vocab + 3] {
+                    for top_p in [1.0f32, 0.999, 0.9, 0.3] {
+                        for min_p in [0.0f32, 0.05, 0.6] {
+                            let p = params(temperature, top_k, top_p, min_p);
+                            let seed = checked as u64;
+                            let (mut a, mut b) = (SamplerRng::new(seed), SamplerRng::new(seed));
+                            for _ in 0..2 {
+                                let got = sample(&logits, &p, &mut a).unwrap();
+                                let want = plain_sample(&logits, &p, &mut b);
+                                assert_eq!(got, want, "vocab {vocab} spread {spread} {p:?}");
+                            }
+                            assert_eq!(a, b);
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 4000, "{checked}");
+}
