@@ -9,10 +9,10 @@ use rayon::prelude::*;
 use crate::overlap::InFlight;
 use crate::reserve::Reserved;
 use crate::seq::Seq;
+use crate::{Event, EventKind, FinishReason, Scheduler, SeqId, StepModel};
 
 /// A host draw: the token, its logprob and top logprobs (when asked for), or why it failed.
 type Draw = Result<(u32, Option<f32>, Vec<(u32, f32)>), String>;
-use crate::{Event, EventKind, FinishReason, Scheduler, SeqId, StepModel};
 
 impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// Runs one iteration: admits what fits, computes one forward pass over every running

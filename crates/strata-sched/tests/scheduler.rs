@@ -470,6 +470,13 @@ fn settings_that_cannot_work_are_refused() {
     assert!(SchedulerConfig::default().validate().is_ok());
 }
 
+/// A request that runs to `max_tokens` whatever it generates.
+fn past_eos(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    let mut r = Request::new(prompt, max_tokens);
+    r.ignore_eos = true;
+    r
+}
+
 fn overlapped(max_running: usize, batch: usize, chunk: usize) -> SchedulerConfig {
     SchedulerConfig {
         overlap: true,
@@ -501,9 +508,7 @@ fn overlapped_decode_steps_give_the_solo_outputs() {
         r.stop_ids = vec![EOS];
         reqs.push(r);
         for (i, max) in [3usize, 9, 20].into_iter().enumerate() {
-            let mut r = Request::new(prompt(4 + i, i as u32), max);
-            r.ignore_eos = true;
-            reqs.push(r);
+            reqs.push(past_eos(prompt(4 + i, i as u32), max));
         }
         let mut r = Request::new(prompt(5, 7), 12);
         r.sampling = sampled(3);
@@ -556,11 +561,7 @@ fn overlapped_decode_steps_give_the_solo_outputs() {
 fn cancelling_during_an_overlapped_step() {
     let (model, kv) = watched(None);
     let mut sched = Scheduler::new(model, kv, overlapped(4, 16, 8)).unwrap();
-    let request = |i: u32| {
-        let mut r = Request::new(prompt(5, 20 + i), 12);
-        r.ignore_eos = true;
-        r
-    };
+    let request = |i: u32| past_eos(prompt(5, 20 + i), 12);
     let ids: Vec<SeqId> = (0..2).map(|i| sched.submit(request(i))).collect();
     let mut out = HashMap::new();
     while sched.model().fed < 2 {
@@ -581,11 +582,7 @@ fn cancelling_during_an_overlapped_step() {
 fn a_failed_overlapped_launch_is_planned_again() {
     let (model, kv) = watched(Some(4));
     let mut sched = Scheduler::new(model, kv, overlapped(2, 8, 8)).unwrap();
-    let request = |i: u32| {
-        let mut r = Request::new(prompt(4, 30 + i), 6);
-        r.ignore_eos = true;
-        r
-    };
+    let request = |i: u32| past_eos(prompt(4, 30 + i), 6);
     let ids: Vec<SeqId> = (0..2).map(|i| sched.submit(request(i))).collect();
     let mut out = HashMap::new();
     drain_generic(&mut sched, &mut out);
