@@ -39,12 +39,6 @@ impl<B: Backend> Launched<B> {
         })
     }
 
-    /// Whether a later step can take this one's tokens as `fed` (every sequence of it
-    /// wanted only its greedy token).
-    pub fn feeds(&self) -> bool {
-        matches!(self.0, State::Greedy { .. })
-    }
-
     /// The greedy ids on the backend and their count, when this step left them there.
     fn greedy_tokens(&self) -> Option<(&B::Tokens, usize)> {
         match &self.0 {
@@ -91,10 +85,8 @@ pub(crate) fn check_fed(batch: &ForwardBatch, fed_rows: Option<usize>) -> Result
 impl<B: Backend> Model<B> {
     /// Queues `batch` and returns without reading its output (which [`Model::finish`]
     /// does). A token id `FED_TOKEN | i` stands for the greedy token of sequence `i` of
-    /// `fed`, a step launched before this one and not yet finished, whose sequences all
-    /// wanted only their greedy token ([`Launched::feeds`]); the backend substitutes it
-    /// before the step runs. Models with a lookup table in host memory cannot take fed
-    /// tokens (the table is read with the host's ids).
+    /// `fed`, a step launched before this one and not yet finished that can feed it
+    /// ([`Model::feeds`]); the backend substitutes it before the step runs.
     pub fn launch<K: KvCache<B>>(
         &self,
         kv: &mut K,
@@ -109,6 +101,13 @@ impl<B: Backend> Model<B> {
             ));
         }
         self.launch_checked(kv, batch, source.filter(|_| marked).map(|(t, _)| t))
+    }
+
+    /// Whether a later [`Model::launch`] can take `step`'s greedy tokens as `fed`: every
+    /// sequence of it wanted only its greedy token, and this model reads its lookup tables
+    /// on the backend (a table in host memory is read with the host's ids).
+    pub fn feeds(&self, step: &Launched<B>) -> bool {
+        matches!(step.0, State::Greedy { .. }) && !self.has_host_tables()
     }
 
     /// Reads a launched step's output (waiting for it).

@@ -102,6 +102,6 @@ where
     }
 
     fn feeds(&self, step: &Launched<B>) -> bool {
-        step.feeds() && !self.model().has_host_tables()
+        self.model().feeds(step)
     }
 }

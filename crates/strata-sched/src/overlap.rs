@@ -32,11 +32,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         &mut self,
         prev: &InFlight<M::Launched>,
     ) -> Option<InFlight<M::Launched>> {
-        if !self.config.overlap
-            || !self.waiting.is_empty()
-            || !self.pending.is_empty()
-            || !self.model.feeds(&prev.step)
-        {
+        if !self.config.overlap || !self.waiting.is_empty() || !self.model.feeds(&prev.step) {
             return None;
         }
         let context_len = self.model.context_len();
@@ -88,16 +84,15 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             // As an ordinary step's would, this may evict unused cached prefixes; it
             // never preempts (that waits for an ordinary step).
             match self.pool.extend(kv, 1) {
-                Ok(r) if r.start == start => grown.push((kv, r.start)),
-                Ok(r) => {
-                    grown.push((kv, r.start));
-                    ok = false;
-                    break;
-                }
+                Ok(r) => grown.push((kv, r.start)),
                 Err(_) => {
                     ok = false;
                     break;
                 }
+            }
+            if grown.last().is_some_and(|&(_, at)| at != start) {
+                ok = false;
+                break;
             }
             seqs.push((id, 1));
             batch.seqs.push(SeqChunk {
