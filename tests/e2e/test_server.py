@@ -595,10 +595,12 @@ def test_warmup_runs_every_decode_batch_and_empties_the_cache(server, log_dir):
 
 
 def test_overlapped_decode_answers_as_the_plain_server(server, log_dir):
-    """`--overlap on` queues each greedy decode step before reading the one ahead of it, its
-    ids fed from that step's output: the same text as the plain server (overlap is off on a
-    CPU by default), for greedy requests that run together, one ending on a stop string, a
-    sampled one and one with logprobs among them (which make their steps read at once)."""
+    """`--overlap on` queues each decode step before reading the one ahead of it, its ids fed
+    from that step's output: the same text as the plain server (overlap is off on a CPU by
+    default), for greedy requests that run together, one ending on a stop string, sampled
+    ones drawn where the logits are (their steps overlapped too), and one with logprobs
+    among them (which makes its steps read at once). A sampled request that asks for
+    logprobs, drawn on the host from its logits, gives the text of the same request without."""
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import start_server
@@ -625,9 +627,21 @@ def test_overlapped_decode_answers_as_the_plain_server(server, log_dir):
         assert a.json()["choices"][0]["text"] == post(server, "/v1/completions", sampled).json()["choices"][0]["text"]
         assert b["choices"][0]["text"] == want[2]
         assert c["choices"][0]["text"] == want[3]
-        text = requests.get(fast.base + "/metrics", timeout=10).text
-        overlapped = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-                      if l.startswith("strata_overlapped_steps_total")]
-        assert overlapped and overlapped[0] > 0, text
+
+        def overlapped_steps():
+            text = requests.get(fast.base + "/metrics", timeout=10).text
+            return [float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+                    if l.startswith("strata_overlapped_steps_total")][0]
+
+        before = overlapped_steps()
+        assert before > 0
+        drawn = [{"model": fast.model_name, "prompt": p, "max_tokens": 6, "temperature": 0.9, "top_p": 0.95,
+                  "seed": 20 + i, "ignore_eos": True} for i, p in enumerate(prompts)]
+        with ThreadPoolExecutor(len(drawn)) as pool:
+            got = [r.json()["choices"][0]["text"] for r in pool.map(lambda b: post(fast, "/v1/completions", b), drawn)]
+        assert got == [post(server, "/v1/completions", b).json()["choices"][0]["text"] for b in drawn]
+        assert overlapped_steps() > before
+        with_logprobs = post(server, "/v1/completions", {**drawn[0], "logprobs": 1}).json()
+        assert with_logprobs["choices"][0]["text"] == got[0]
     finally:
         fast.stop()

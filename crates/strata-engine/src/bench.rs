@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use strata_kernels::sampling::SamplerRng;
+use strata_kernels::sampling::{draw_uniform, SamplerRng, SamplingParams};
 use strata_kernels::Backend;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{
@@ -147,6 +147,7 @@ where
         steps,
         warmup,
         overlap,
+        sampling,
     } = shape;
     if batch == 0 || steps == 0 {
         return Err(EngineError::Invalid(
@@ -160,8 +161,15 @@ where
         kv.commit(r, depth)?;
     }
     let mut next = ids(batch, vocab, 2);
-    // Greedy next tokens, chosen where the logits are, as the server does for greedy
-    // requests.
+    // Next tokens chosen where the logits are (greedy, or drawn with `sampling`), as the
+    // server does for requests without logprobs.
+    let mode = |step: usize, i: usize| match sampling {
+        Some(params) if !params.is_greedy() => LogitsMode::Draw {
+            params,
+            uniform: draw_uniform(i as u64, step as u64),
+        },
+        _ => LogitsMode::Argmax,
+    };
     let read = |step: Launched<B>, next: &mut [u32]| -> Result<()> {
         let out = model.finish(step)?;
         for (i, n) in next.iter_mut().enumerate() {
@@ -192,7 +200,7 @@ where
                     next[i]
                 }],
                 start: pos,
-                logits: LogitsMode::Argmax,
+                logits: mode(step, i),
             });
         }
         let launched = model.launch(&mut kv, &ForwardBatch { seqs }, queued.as_ref())?;
@@ -215,7 +223,8 @@ where
 }
 
 /// What a decode benchmark runs: `batch` sequences `depth` tokens deep, `warmup` steps,
-/// then `steps` timed ones, overlapped or not.
+/// then `steps` timed ones, overlapped or not, every sequence greedy or drawn with
+/// `sampling`.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeShape {
     pub batch: usize,
@@ -223,6 +232,7 @@ pub struct DecodeShape {
     pub steps: usize,
     pub warmup: usize,
     pub overlap: bool,
+    pub sampling: Option<SamplingParams>,
 }
 
 fn prefill_on<B: Backend, S: KvStorage>(

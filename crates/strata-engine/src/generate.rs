@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
+use strata_kernels::sampling::{draw_uniform, sample, SamplingParams};
 use strata_kernels::Backend;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
@@ -114,15 +114,21 @@ where
 {
     {
         let req = kv.alloc_request();
-        let mut rng = SamplerRng::for_request(&p.sampling, 0x5EED);
+        let seed = p.sampling.seed_or(0x5EED);
 
         let t0 = Instant::now();
         let chunk = p.prefill_chunk.max(1);
-        // Greedy generation asks the model for the argmax alone (computed on the device).
-        let want = if p.sampling.is_greedy() {
-            LogitsMode::Argmax
-        } else {
-            LogitsMode::Last
+        // The model returns the token (the argmax, or the draw of token `index`), computed
+        // where the logits are.
+        let want = |index: usize| {
+            if p.sampling.is_greedy() {
+                LogitsMode::Argmax
+            } else {
+                LogitsMode::Draw {
+                    params: p.sampling,
+                    uniform: draw_uniform(seed, index as u64),
+                }
+            }
         };
         let mut step = Step::default();
         for (i, part) in prompt.chunks(chunk).enumerate() {
@@ -134,7 +140,11 @@ where
                     request: req,
                     tokens: part.to_vec(),
                     start,
-                    logits: if last { want } else { LogitsMode::None },
+                    logits: if last {
+                        want(prompt.len())
+                    } else {
+                        LogitsMode::None
+                    },
                 }],
             };
             step = Step::of(model.forward(&mut kv, &batch)?);
@@ -147,7 +157,10 @@ where
         while tokens.len() < p.max_tokens {
             let next = match step.token {
                 Some(t) => t,
-                None => sample(&step.logits, &p.sampling, &mut rng)?,
+                None => {
+                    let index = (prompt.len() + tokens.len()) as u64;
+                    sample(&step.logits, &p.sampling, draw_uniform(seed, index))?
+                }
             };
             tokens.push(next);
             if p.stop_at_eos && stop_ids.contains(&next) {
@@ -164,7 +177,7 @@ where
                     request: req,
                     tokens: vec![next],
                     start: pos,
-                    logits: want,
+                    logits: want(pos + 1),
                 }],
             };
             step = Step::of(model.forward(&mut kv, &batch)?);

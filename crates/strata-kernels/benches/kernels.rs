@@ -115,7 +115,7 @@ fn sample_row(c: &mut Criterion) {
     ] {
         let mut rng = SamplerRng::new(1);
         g.bench_function(name, |bench| {
-            bench.iter(|| sample(black_box(logits), &params, &mut rng).unwrap())
+            bench.iter(|| sample(black_box(logits), &params, rng.next_u64()).unwrap())
         });
     }
     g.finish();

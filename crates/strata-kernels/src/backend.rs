@@ -6,7 +6,7 @@ use crate::params::{
     StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
-use crate::sampling::{self, SamplerRng, SamplingParams};
+use crate::sampling::{self, RowDraw};
 use crate::{DType, HostSlice, Result};
 
 /// A buffer owned by a backend (host memory for the CPU backend, device memory for CUDA).
@@ -50,8 +50,8 @@ pub trait Backend: Send + Sync {
     /// A captured sequence of ops that can be replayed (CUDA graphs); `()` where the
     /// backend has none.
     type Graph: Send + Sync;
-    /// A step's greedy ids left where its logits were, their copy to the host under way
-    /// ([`Backend::argmax_start`]).
+    /// A step's tokens left where its logits were, their copy to the host under way
+    /// ([`Backend::pick_start`]).
     type Tokens: Send + Sync;
 
     fn name(&self) -> &'static str;
@@ -556,7 +556,59 @@ pub trait Backend: Send + Sync {
         if n == 0 {
             return Ok(vec![]);
         }
-        // With a cap: the rows copied and capped on the backend, one download either way.
+        let host = self.capped_rows(logits, n, softcap)?;
+        Ok(host.chunks_exact(vocab).map(sampling::argmax).collect())
+    }
+
+    /// The token of each of the first `rows` rows of `logits [.., vocab]` without waiting:
+    /// the argmax ([`Backend::argmax_rows`]), except the rows of `draws`, each drawn with
+    /// its settings and uniform ([`sampling::sample`] of the softcapped row is the
+    /// definition, to the bit). The ids stay in backend memory (where
+    /// [`Backend::feed_tokens`] reads them) and their copy to the host starts;
+    /// [`Backend::pick_finish`] waits for it. Ops queued in between run first on the
+    /// device, so the host can queue the next step before it reads this one's tokens.
+    fn pick_start(
+        &self,
+        logits: &Self::Buffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+        draws: &[RowDraw],
+    ) -> Result<Self::Tokens>;
+
+    /// The ids of a [`Backend::pick_start`], once their copy has landed.
+    fn pick_finish(&self, tokens: Self::Tokens) -> Result<Vec<u32>>;
+
+    /// [`Backend::pick_start`] on the host: the rows downloaded (capped on the backend
+    /// first, as [`Backend::argmax_rows`] does) and picked by [`sampling::pick_rows`].
+    fn pick_on_host(
+        &self,
+        logits: &Self::Buffer,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+        draws: &[RowDraw],
+    ) -> Result<Vec<u32>> {
+        crate::error::ensure(
+            vocab > 0 && logits.len() >= rows * vocab,
+            "pick_rows",
+            || format!("{} logits for {rows} rows of {vocab}", logits.len()),
+        )?;
+        if rows == 0 {
+            return Ok(vec![]);
+        }
+        let host = self.capped_rows(logits, rows * vocab, softcap)?;
+        sampling::pick_rows(&host, vocab, rows, draws)
+    }
+
+    /// The first `n` logits on the host, softcapped on the backend when `softcap` is set
+    /// (the buffer itself left raw).
+    fn capped_rows(
+        &self,
+        logits: &Self::Buffer,
+        n: usize,
+        softcap: Option<f32>,
+    ) -> Result<Vec<f32>> {
         let capped = match softcap {
             Some(cap) => {
                 let mut c = self.zeros(n, DType::F32)?;
@@ -574,44 +626,13 @@ pub trait Backend: Send + Sync {
             }
             None => None,
         };
-        let host = self.download(capped.as_ref().unwrap_or(logits))?;
-        Ok(host[..n]
-            .chunks_exact(vocab)
-            .map(sampling::argmax)
-            .collect())
+        let mut host = self.download(capped.as_ref().unwrap_or(logits))?;
+        host.truncate(n);
+        Ok(host)
     }
-
-    /// [`Backend::argmax_rows`] without waiting: the ids stay in backend memory (where
-    /// [`Backend::feed_tokens`] reads them) and their copy to the host starts;
-    /// [`Backend::argmax_finish`] waits for it. Ops queued in between run first on the
-    /// device, so the host can queue the next step before it reads this one's tokens.
-    fn argmax_start(
-        &self,
-        logits: &Self::Buffer,
-        vocab: usize,
-        rows: usize,
-        softcap: Option<f32>,
-    ) -> Result<Self::Tokens>;
-
-    /// The ids of an [`Backend::argmax_start`], once their copy has landed.
-    fn argmax_finish(&self, tokens: Self::Tokens) -> Result<Vec<u32>>;
 
     /// Replaces each id of `ids` marked with [`sampling::FED_TOKEN`] (`FED_TOKEN | r`) by
     /// row `r` of `tokens`, on the backend, in order with the ops around it
     /// ([`sampling::feed_tokens`] is the definition; a mark past the rows becomes 0).
     fn feed_tokens(&self, ids: &mut Self::Index, tokens: &Self::Tokens) -> Result<()>;
-
-    /// One token per row of `logits [rows, vocab]`, row `i` drawn with `params[i]` and
-    /// `rngs[i]`. The default downloads the logits and runs the host sampler, which is the
-    /// definition a device sampler must reproduce.
-    fn sample(
-        &self,
-        logits: &Self::Buffer,
-        vocab: usize,
-        params: &[SamplingParams],
-        rngs: &mut [SamplerRng],
-    ) -> Result<Vec<u32>> {
-        let host = self.download(logits)?;
-        sampling::sample_rows(&host, vocab, params, rngs)
-    }
 }

@@ -1,9 +1,10 @@
 //! One forward step's input and output.
 
+use strata_kernels::sampling::SamplingParams;
 use strata_kv::RequestId;
 
 /// Which logits a sequence wants from this step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LogitsMode {
     /// None (a prefill chunk that is not the last).
     None,
@@ -14,6 +15,20 @@ pub enum LogitsMode {
     /// Only the greedy choice for the last token (argmax, ties to the lowest id), computed
     /// where the logits are: a GPU then sends back one id instead of a vocabulary of floats.
     Argmax,
+    /// A token for the last token drawn with these settings and this uniform
+    /// (`strata_kernels::sampling::sample`), where the logits are, as for `Argmax`.
+    Draw {
+        params: SamplingParams,
+        uniform: u64,
+    },
+}
+
+impl LogitsMode {
+    /// Whether the step returns a token for this sequence (computed where the logits are)
+    /// rather than logits.
+    pub fn picks(&self) -> bool {
+        matches!(self, LogitsMode::Argmax | LogitsMode::Draw { .. })
+    }
 }
 
 /// A run of consecutive tokens of one sequence: a prefill chunk or a decode token.
@@ -35,8 +50,8 @@ pub struct ForwardBatch {
 }
 
 /// Logits per sequence of the batch, in batch order: `rows x vocab` values each (0, 1 or
-/// the chunk's length rows, per its `LogitsMode`; none for `Argmax`), and for `Argmax`
-/// sequences the chosen token.
+/// the chunk's length rows, per its `LogitsMode`; none for `Argmax` and `Draw`), and for
+/// `Argmax` and `Draw` sequences the chosen token.
 #[derive(Clone, Debug)]
 pub struct ForwardOutput {
     pub vocab: usize,
@@ -51,7 +66,7 @@ impl ForwardOutput {
         (l.len() >= self.vocab && self.vocab > 0).then(|| &l[l.len() - self.vocab..])
     }
 
-    /// The greedy token of sequence `i`, if it asked for `Argmax`.
+    /// The token of sequence `i`, if it asked for `Argmax` or `Draw`.
     pub fn token(&self, i: usize) -> Option<u32> {
         self.tokens.get(i).copied().flatten()
     }

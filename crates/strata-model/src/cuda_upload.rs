@@ -461,15 +461,33 @@ mod tests {
         }
     }
 
-    /// Greedy decoding of three sequences, each step's ids read back before the next is
-    /// launched (`overlap` false) or the next step queued first with its ids fed from the
-    /// previous step on the device: the token streams, and the graphs captured.
-    fn greedy_three(
+    /// How the second of `three_streams`' sequences takes its tokens (the others are
+    /// greedy).
+    #[derive(Clone, Copy, PartialEq)]
+    enum Second {
+        Greedy,
+        /// Drawn where the logits are (`LogitsMode::Draw`).
+        Drawn,
+        /// Drawn on the host from its downloaded logits, with the same uniforms.
+        DrawnOnHost,
+    }
+
+    /// Decoding of three sequences, each step's ids read back before the next is launched
+    /// (`overlap` false) or the next step queued first with its ids fed from the previous
+    /// step on the device: the token streams, and the graphs captured.
+    fn three_streams(
         cuda: &Model<CudaBackend>,
         ids: &[u32],
         mode: DecodeGraphs,
         overlap: bool,
+        second: Second,
     ) -> (Vec<Vec<u32>>, usize) {
+        let hot = strata_kernels::sampling::SamplingParams {
+            temperature: 1.5,
+            top_p: 0.97,
+            ..Default::default()
+        };
+        let uniform = |step: usize| strata_kernels::sampling::draw_uniform(7, step as u64);
         let mut kv = device_pool(cuda, KvCacheDtype::Bf16);
         kv.storage_mut().set_graph_mode(mode);
         let reqs: Vec<_> = (0..3).map(|_| kv.alloc_request()).collect();
@@ -480,7 +498,10 @@ mod tests {
         let mut read = |step: Launched<CudaBackend>, next: &mut Vec<u32>| {
             let o = cuda.finish(step).unwrap();
             for (i, t) in o.tokens.iter().enumerate() {
-                next[i] = t.expect("a greedy token");
+                next[i] = t.unwrap_or_else(|| {
+                    let u = uniform(out[i].len());
+                    strata_kernels::sampling::sample(o.last(i).unwrap(), &hot, u).unwrap()
+                });
                 out[i].push(next[i]);
             }
         };
@@ -496,11 +517,19 @@ mod tests {
                         _ => (vec![next[i]], n + step - 1),
                     };
                     kv.extend(r, tokens.len()).unwrap();
+                    let logits = match (i, second) {
+                        (1, Second::Drawn) => LogitsMode::Draw {
+                            params: hot,
+                            uniform: uniform(step),
+                        },
+                        (1, Second::DrawnOnHost) => LogitsMode::Last,
+                        _ => LogitsMode::Argmax,
+                    };
                     SeqChunk {
                         request: r,
                         tokens,
                         start,
-                        logits: LogitsMode::Argmax,
+                        logits,
                     }
                 })
                 .collect();
@@ -537,11 +566,38 @@ mod tests {
                 DecodeGraphs::Off,
                 DecodeGraphs::Unrecorded,
             ] {
-                let (plain, _) = greedy_three(&cuda, &ids, mode, false);
-                let (fed, graphs) = greedy_three(&cuda, &ids, mode, true);
+                let (plain, _) = three_streams(&cuda, &ids, mode, false, Second::Greedy);
+                let (fed, graphs) = three_streams(&cuda, &ids, mode, true, Second::Greedy);
                 eprintln!("{name} {mode:?}: {plain:?}");
                 assert_eq!(fed, plain, "{name} {mode:?}");
                 assert_eq!(graphs, usize::from(mode == DecodeGraphs::Replay), "{name}");
+            }
+        }
+    }
+
+    /// A sequence drawn where the logits are, batched with greedy ones, gives the tokens of
+    /// the host's draw over its downloaded logits with the same uniforms: read one by one
+    /// and fed from step to step, on replayed graphs, op by op and unrecorded.
+    #[test]
+    fn drawn_decode_steps_match_the_host_draw() {
+        let Some(_) = gpu() else { return };
+        for name in ["gemma4-tiny", "llama-tiny"] {
+            let dir = fixtures().join(name);
+            let cuda = Model::load(gpu().unwrap(), &dir).unwrap();
+            let (ids, _) = reference(&dir);
+            for mode in [
+                DecodeGraphs::Replay,
+                DecodeGraphs::Off,
+                DecodeGraphs::Unrecorded,
+            ] {
+                let (host, _) = three_streams(&cuda, &ids, mode, false, Second::DrawnOnHost);
+                let (greedy, _) = three_streams(&cuda, &ids, mode, false, Second::Greedy);
+                for overlap in [false, true] {
+                    let (drawn, _) = three_streams(&cuda, &ids, mode, overlap, Second::Drawn);
+                    eprintln!("{name} {mode:?} overlap {overlap}: {drawn:?}");
+                    assert_eq!(drawn, host, "{name} {mode:?} overlap {overlap}");
+                }
+                assert_ne!(host[1], greedy[1], "{name}: the draw never left the argmax");
             }
         }
     }

@@ -21,7 +21,7 @@ use strata_kv::{KvPool, PoolKind, RequestId};
 use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
 use crate::error::Result;
 use crate::forward::{Prepared, SeqRows, StepInputs};
-use crate::launch::{all_greedy, Launched};
+use crate::launch::{all_picked, Launched};
 use crate::model::Model;
 use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedStorage};
 
@@ -123,7 +123,11 @@ fn eligible<B: Backend>(
         && !model.has_host_tables()
         && (1..=MAX_GRAPH_BATCH).contains(&n)
         && batch.seqs.iter().all(|s| {
-            s.tokens.len() == 1 && matches!(s.logits, LogitsMode::Last | LogitsMode::Argmax)
+            s.tokens.len() == 1
+                && matches!(
+                    s.logits,
+                    LogitsMode::Last | LogitsMode::Argmax | LogitsMode::Draw { .. }
+                )
         })
 }
 
@@ -365,7 +369,8 @@ pub(crate) fn replay<B: Backend>(
 }
 
 /// The step's output from the padded `[bucket, vocab]` raw logits: the first `n` rows
-/// (softcapped by `download_logits`), or their argmax ids, left on the backend.
+/// (softcapped by `download_logits`), or their tokens (greedy or drawn), left on the
+/// backend.
 fn step_output<B: Backend>(
     model: &Model<B>,
     batch: &ForwardBatch,
@@ -374,17 +379,17 @@ fn step_output<B: Backend>(
     let b = model.backend();
     let n = batch.seqs.len();
     let vocab = model.config().vocab_size;
-    if all_greedy(batch) {
-        // Greedy steps read back one id per sequence from the graph's logits.
-        return model.start_greedy(logits, n);
+    if all_picked(batch) {
+        // Steps of tokens (greedy or drawn) read back one id per sequence from the graph's
+        // logits.
+        return model.start_picks(logits, batch);
     }
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
     copy_prefix(b, logits, &mut rows, n * vocab)?;
-    let argmax = crate::forward::argmax_flags(batch);
     Ok(Launched::done(model.download_logits(
         Some(rows),
         &vec![1; n],
-        &argmax,
+        batch,
     )?))
 }
 

@@ -2,7 +2,7 @@
 //! architecture's switches read from `ModelConfig`.
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
-use strata_kernels::sampling::FED_TOKEN;
+use strata_kernels::sampling::{RowDraw, FED_TOKEN};
 use strata_kernels::{
     Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, RmsNormParams, RopeParams,
     RopeStyle, TableSlice,
@@ -11,7 +11,7 @@ use strata_kernels::{
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::{copy_rows, KvCache};
-use crate::launch::{all_greedy, Launched};
+use crate::launch::{all_picked, Launched};
 use crate::linear::Linear;
 use crate::model::Model;
 use crate::tensors::LayerTensors;
@@ -35,12 +35,21 @@ pub(crate) struct StepInputs<B: Backend> {
     pub(crate) positions: B::Index,
 }
 
-/// Which sequences of `batch` want only their greedy token.
-pub(crate) fn argmax_flags(batch: &ForwardBatch) -> Vec<bool> {
+/// The draws of a step whose sequences each have one row of logits, in batch order: the
+/// `Draw` sequences' rows (the `Argmax` ones take the argmax).
+pub(crate) fn row_draws(batch: &ForwardBatch) -> Vec<RowDraw> {
     batch
         .seqs
         .iter()
-        .map(|s| s.logits == LogitsMode::Argmax)
+        .enumerate()
+        .filter_map(|(row, s)| match s.logits {
+            LogitsMode::Draw { params, uniform } => Some(RowDraw {
+                row,
+                params,
+                uniform,
+            }),
+            _ => None,
+        })
         .collect()
 }
 
@@ -149,23 +158,28 @@ impl<B: Backend> Model<B> {
         }
         let (logits, counts) = self.run(kv, batch, &prep, &inputs, None)?;
         match logits {
-            Some(logits) if all_greedy(batch) => self.start_greedy(&logits, counts.len()),
-            logits => Ok(Launched::done(self.download_logits(
-                logits,
-                &counts,
-                &argmax_flags(batch),
-            )?)),
+            Some(logits) if all_picked(batch) => self.start_picks(&logits, batch),
+            logits => Ok(Launched::done(
+                self.download_logits(logits, &counts, batch)?,
+            )),
         }
     }
 
-    /// The greedy ids of the first `rows` rows of `logits` (one a sequence), left on the
-    /// backend with their copy to the host started.
-    pub(crate) fn start_greedy(&self, logits: &B::Buffer, rows: usize) -> Result<Launched<B>> {
+    /// The tokens of a step whose sequences all want one (greedy or drawn), from the first
+    /// rows of `logits` (one a sequence), left on the backend with their copy to the host
+    /// started.
+    pub(crate) fn start_picks(
+        &self,
+        logits: &B::Buffer,
+        batch: &ForwardBatch,
+    ) -> Result<Launched<B>> {
         let vocab = self.config.vocab_size;
+        let rows = batch.seqs.len();
+        let draws = row_draws(batch);
         let tokens = self
             .backend
-            .argmax_start(logits, vocab, rows, self.final_softcap())?;
-        Ok(Launched::greedy(tokens, vocab, rows))
+            .pick_start(logits, vocab, rows, self.final_softcap(), &draws)?;
+        Ok(Launched::picked(tokens, vocab, rows))
     }
 
     /// Checks `batch` and flattens its ids and positions.
@@ -583,14 +597,14 @@ impl<B: Backend> Model<B> {
         self.config.final_logit_softcapping.map(|c| c as f32)
     }
 
-    /// The logits of [`Model::run`] on the host, softcapped and split per sequence; for the
-    /// sequences marked in `argmax`, only their greedy token (the logits stay on the
-    /// backend).
+    /// The logits of [`Model::run`] on the host, softcapped and split per sequence of
+    /// `batch` (`counts` rows each); for the sequences that want a token (`Argmax`, `Draw`),
+    /// only their token (the logits stay on the backend).
     pub(crate) fn download_logits(
         &self,
         logits: Option<B::Buffer>,
         counts: &[usize],
-        argmax: &[bool],
+        batch: &ForwardBatch,
     ) -> Result<ForwardOutput> {
         let vocab = self.config.vocab_size;
         let mut out = ForwardOutput {
@@ -603,17 +617,33 @@ impl<B: Backend> Model<B> {
         };
         let rows: usize = counts.iter().sum();
         let cap = self.final_softcap();
-        if argmax.iter().any(|&a| a) {
-            let ids = self.backend.argmax_rows(&logits, vocab, rows, cap)?;
+        let picks: Vec<bool> = batch.seqs.iter().map(|s| s.logits.picks()).collect();
+        if picks.iter().any(|&p| p) {
+            // Each picking sequence's last row; the rows of the others take their argmax,
+            // unread.
+            let mut draws = Vec::new();
+            let mut at = 0;
+            for (s, &k) in batch.seqs.iter().zip(counts) {
+                if let (LogitsMode::Draw { params, uniform }, true) = (s.logits, k > 0) {
+                    draws.push(RowDraw {
+                        row: at + k - 1,
+                        params,
+                        uniform,
+                    });
+                }
+                at += k;
+            }
+            let started = self.backend.pick_start(&logits, vocab, rows, cap, &draws)?;
+            let ids = self.backend.pick_finish(started)?;
             let mut at = 0;
             for (i, &k) in counts.iter().enumerate() {
-                if argmax[i] && k > 0 {
+                if picks[i] && k > 0 {
                     out.tokens[i] = Some(ids[at + k - 1]);
                 }
                 at += k;
             }
         }
-        let wanted = counts.iter().zip(argmax).any(|(&k, &a)| k > 0 && !a);
+        let wanted = counts.iter().zip(&picks).any(|(&k, &p)| k > 0 && !p);
         if wanted {
             if let Some(cap) = cap {
                 self.backend.softcap(&mut logits, cap)?;
@@ -621,7 +651,7 @@ impl<B: Backend> Model<B> {
             let host = self.backend.download(&logits)?;
             let mut at = 0;
             for (i, &k) in counts.iter().enumerate() {
-                if !argmax[i] {
+                if !picks[i] {
                     out.logits[i] = host[at * vocab..(at + k) * vocab].to_vec();
                 }
                 at += k;
@@ -640,7 +670,9 @@ fn wanted_rows(batch: &ForwardBatch, rows: &[SeqRows]) -> (Vec<usize>, Vec<usize
         let before = wanted.len();
         match seq.logits {
             LogitsMode::None => {}
-            LogitsMode::Last | LogitsMode::Argmax => wanted.push(r.offset + r.len - 1),
+            LogitsMode::Last | LogitsMode::Argmax | LogitsMode::Draw { .. } => {
+                wanted.push(r.offset + r.len - 1)
+            }
             LogitsMode::All => wanted.extend(r.offset..r.offset + r.len),
         }
         counts.push(wanted.len() - before);

@@ -1,12 +1,12 @@
 //! A forward step split in two: [`Model::launch`] queues it, [`Model::finish`] reads its
 //! output. Between the two the host can queue the next decode step, whose token ids take
-//! this step's greedy tokens on the backend ([`FED_TOKEN`] marks), so a GPU runs step after
+//! this step's tokens (greedy or drawn) on the backend ([`FED_TOKEN`] marks), so a GPU runs step after
 //! step without waiting for the host to read each one's tokens and build the next.
 
 use strata_kernels::sampling::FED_TOKEN;
 use strata_kernels::Backend;
 
-use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode};
+use crate::batch::{ForwardBatch, ForwardOutput};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
@@ -17,9 +17,9 @@ pub struct Launched<B: Backend>(State<B>);
 enum State<B: Backend> {
     /// The output, already on the host (steps that want logits).
     Done(ForwardOutput),
-    /// Every sequence wanted only its greedy token: one id a sequence, in batch order,
-    /// still where the logits were, on its way to the host.
-    Greedy {
+    /// Every sequence wanted only a token (greedy or drawn): one id a sequence, in batch
+    /// order, still where the logits were, on its way to the host.
+    Picked {
         tokens: B::Tokens,
         vocab: usize,
         rows: usize,
@@ -31,27 +31,27 @@ impl<B: Backend> Launched<B> {
         Self(State::Done(out))
     }
 
-    pub(crate) fn greedy(tokens: B::Tokens, vocab: usize, rows: usize) -> Self {
-        Self(State::Greedy {
+    pub(crate) fn picked(tokens: B::Tokens, vocab: usize, rows: usize) -> Self {
+        Self(State::Picked {
             tokens,
             vocab,
             rows,
         })
     }
 
-    /// The greedy ids on the backend and their count, when this step left them there.
-    fn greedy_tokens(&self) -> Option<(&B::Tokens, usize)> {
+    /// The ids on the backend and their count, when this step left them there.
+    fn picked_tokens(&self) -> Option<(&B::Tokens, usize)> {
         match &self.0 {
-            State::Greedy { tokens, rows, .. } => Some((tokens, *rows)),
+            State::Picked { tokens, rows, .. } => Some((tokens, *rows)),
             State::Done(_) => None,
         }
     }
 }
 
-/// Whether a step's output can stay on the backend as greedy ids: every sequence wants
-/// only its greedy token.
-pub(crate) fn all_greedy(batch: &ForwardBatch) -> bool {
-    !batch.seqs.is_empty() && batch.seqs.iter().all(|s| s.logits == LogitsMode::Argmax)
+/// Whether a step's output can stay on the backend as ids: every sequence wants only a
+/// token (greedy or drawn).
+pub(crate) fn all_picked(batch: &ForwardBatch) -> bool {
+    !batch.seqs.is_empty() && batch.seqs.iter().all(|s| s.logits.picks())
 }
 
 /// Checks the [`FED_TOKEN`] marks of `batch` against the step they read from: there must
@@ -68,7 +68,7 @@ pub(crate) fn check_fed(batch: &ForwardBatch, fed_rows: Option<usize>) -> Result
         match fed_rows {
             None => {
                 return Err(ModelError::Invalid(format!(
-                    "token {t:#x} reads a greedy token of an earlier step, but no step that kept its greedy tokens was given"
+                    "token {t:#x} reads a token of an earlier step, but no step that kept its tokens was given"
                 )))
             }
             Some(n) if row >= n => {
@@ -84,7 +84,7 @@ pub(crate) fn check_fed(batch: &ForwardBatch, fed_rows: Option<usize>) -> Result
 
 impl<B: Backend> Model<B> {
     /// Queues `batch` and returns without reading its output (which [`Model::finish`]
-    /// does). A token id `FED_TOKEN | i` stands for the greedy token of sequence `i` of
+    /// does). A token id `FED_TOKEN | i` stands for the token of sequence `i` of
     /// `fed`, a step launched before this one and not yet finished that can feed it
     /// ([`Model::feeds`]); the backend substitutes it before the step runs.
     pub fn launch<K: KvCache<B>>(
@@ -93,7 +93,7 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
         fed: Option<&Launched<B>>,
     ) -> Result<Launched<B>> {
-        let source = fed.and_then(Launched::greedy_tokens);
+        let source = fed.and_then(Launched::picked_tokens);
         let marked = check_fed(batch, source.map(|(_, rows)| rows))?;
         if marked && self.has_host_tables() {
             return Err(ModelError::Invalid(
@@ -103,19 +103,19 @@ impl<B: Backend> Model<B> {
         self.launch_checked(kv, batch, source.filter(|_| marked).map(|(t, _)| t))
     }
 
-    /// Whether a later [`Model::launch`] can take `step`'s greedy tokens as `fed`: every
-    /// sequence of it wanted only its greedy token, and this model reads its lookup tables
+    /// Whether a later [`Model::launch`] can take `step`'s tokens as `fed`: every sequence
+    /// of it wanted only a token (greedy or drawn), and this model reads its lookup tables
     /// on the backend (a table in host memory is read with the host's ids).
     pub fn feeds(&self, step: &Launched<B>) -> bool {
-        matches!(step.0, State::Greedy { .. }) && !self.has_host_tables()
+        matches!(step.0, State::Picked { .. }) && !self.has_host_tables()
     }
 
     /// Reads a launched step's output (waiting for it).
     pub fn finish(&self, step: Launched<B>) -> Result<ForwardOutput> {
         match step.0 {
             State::Done(out) => Ok(out),
-            State::Greedy { tokens, vocab, .. } => {
-                let ids = self.backend.argmax_finish(tokens)?;
+            State::Picked { tokens, vocab, .. } => {
+                let ids = self.backend.pick_finish(tokens)?;
                 Ok(ForwardOutput {
                     vocab,
                     logits: vec![vec![]; ids.len()],

@@ -28,7 +28,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
         // `sample` is the one definition of valid settings; a copy of the stream keeps the
         // request's own position untouched.
-        if let Err(e) = sample(&[0.0], &seq.req.sampling, &mut seq.rng.clone()) {
+        if let Err(e) = sample(&[0.0], &seq.req.sampling, 0) {
             return Some(e.to_string());
         }
         let longest = ctx

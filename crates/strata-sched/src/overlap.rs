@@ -11,7 +11,7 @@
 //! past the context.
 
 use strata_kv::KvStorage;
-use strata_model::{ForwardBatch, LogitsMode, SeqChunk, FED_TOKEN};
+use strata_model::{ForwardBatch, SeqChunk, FED_TOKEN};
 
 use crate::{Scheduler, SeqId, StepModel};
 
@@ -99,7 +99,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 request: kv,
                 tokens: vec![FED_TOKEN | row as u32],
                 start,
-                logits: LogitsMode::Argmax,
+                // This step computes the request's token number start + 1.
+                logits: self.running[i].token_mode(start + 1),
             });
         }
         if ok {

@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 
-use strata_kernels::sampling::SamplerRng;
 use strata_kv::{CacheType, HostStorage, KvPool, KvStatus, KvStorage};
 
 use crate::overlap::InFlight;
@@ -78,13 +77,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     pub fn submit(&mut self, req: Request) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        // Requests without a seed still get a stream of their own, fixed by their id.
+        // Requests without a seed still get one of their own, fixed by their id.
         let fallback = self
             .config
             .seed
             .wrapping_add(id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let rng = SamplerRng::for_request(&req.sampling, fallback);
-        self.waiting.push_back(Seq::new(id, req, rng));
+        let seed = req.sampling.seed_or(fallback);
+        self.waiting.push_back(Seq::new(id, req, seed));
         id
     }
 

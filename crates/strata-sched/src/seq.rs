@@ -1,7 +1,8 @@
 //! A request's state inside the scheduler, across admissions and preemptions.
 
-use strata_kernels::sampling::SamplerRng;
+use strata_kernels::sampling::draw_uniform;
 use strata_kv::RequestId;
+use strata_model::LogitsMode;
 
 use crate::{FinishReason, Request, SeqId};
 
@@ -13,9 +14,9 @@ pub(crate) struct Seq {
     /// recomputed, but only tokens sampled later are reported.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
-    /// Advanced only by sampling, never reseeded, so a preempted request resumes the same
-    /// stream and its output does not depend on what it was batched with.
-    pub rng: SamplerRng,
+    /// The seed of the request's draws: token `i` is drawn with `draw_uniform(seed, i)`, so
+    /// its output depends on neither what it was batched with nor preemptions.
+    pub seed: u64,
     /// The pool request while running.
     pub kv: Option<RequestId>,
     /// Tokens whose K/V is in the pool and committed.
@@ -35,14 +36,14 @@ pub(crate) struct Seq {
 }
 
 impl Seq {
-    pub fn new(id: SeqId, mut req: Request, rng: SamplerRng) -> Self {
+    pub fn new(id: SeqId, mut req: Request, seed: u64) -> Self {
         let tokens = std::mem::take(&mut req.prompt);
         Self {
             id,
             prompt_len: tokens.len(),
             tokens,
             req,
-            rng,
+            seed,
             kv: None,
             computed: 0,
             pinned: 0,
@@ -50,6 +51,23 @@ impl Seq {
             cached_tokens: None,
             chunk: None,
             restarted_alone: false,
+        }
+    }
+
+    /// What a step computing this request's last token up to position `index` asks of the
+    /// model: only the greedy token, a token drawn where the logits are (the draw of token
+    /// `index`), or the logits (for logprobs).
+    pub fn token_mode(&self, index: usize) -> LogitsMode {
+        let sampling = &self.req.sampling;
+        if self.req.logprobs.is_some() {
+            LogitsMode::Last
+        } else if sampling.is_greedy() {
+            LogitsMode::Argmax
+        } else {
+            LogitsMode::Draw {
+                params: *sampling,
+                uniform: draw_uniform(self.seed, index as u64),
+            }
         }
     }
 

@@ -1,6 +1,6 @@
 //! One scheduling iteration: plan the batch, run the model, sample, report.
 
-use strata_kernels::sampling::{logprob_of, sample, top_logprobs};
+use strata_kernels::sampling::{draw_uniform, logprob_of, sample, top_logprobs};
 use strata_kv::KvStorage;
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
@@ -155,13 +155,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     tokens: s.tokens[s.computed..end].to_vec(),
                     start: s.computed,
                     logits: if end == s.tokens.len() {
-                        // Greedy requests without logprobs need only the argmax, which
-                        // the model computes where the logits are.
-                        if s.req.sampling.is_greedy() && s.req.logprobs.is_none() {
-                            LogitsMode::Argmax
-                        } else {
-                            LogitsMode::Last
-                        }
+                        // Requests without logprobs need only their token, which the model
+                        // computes where the logits are.
+                        s.token_mode(end)
                     } else {
                         LogitsMode::None
                     },
@@ -285,7 +281,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
         let draw = |(seq, b): (&mut Seq, usize)| {
             let logits = out.last(b).expect("checked above");
-            let d = sample(logits, &seq.req.sampling, &mut seq.rng)
+            let uniform = draw_uniform(seq.seed, seq.tokens.len() as u64);
+            let d = sample(logits, &seq.req.sampling, uniform)
                 .map(|token| match seq.req.logprobs {
                     Some(k) => (
                         token,

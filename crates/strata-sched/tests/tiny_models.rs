@@ -1,11 +1,12 @@
-//! The real forward pass on the tiny transformers fixtures: greedy generation of several
-//! requests batched together (chunked prefill, shared prefixes, a pool small enough to
-//! preempt) equals each request generated alone.
+//! The real forward pass on the tiny transformers fixtures: generation of several requests
+//! batched together (chunked prefill, shared prefixes, a pool small enough to preempt),
+//! greedy or sampled, equals each request generated alone.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use strata_kernels::cpu::CpuBackend;
+use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
 use strata_model::Model;
 use strata_sched::{EventKind, FinishReason, Request, Scheduler, SchedulerConfig, SeqId};
@@ -45,10 +46,26 @@ fn prompts() -> Vec<Vec<u32>> {
     out
 }
 
-fn request(prompt: Vec<u32>) -> Request {
-    let mut r = Request::new(prompt, 10);
-    r.ignore_eos = true;
-    r
+/// Greedy requests, or sampled ones (each with a seed of its own) with `sampled`.
+fn requests(sampled: bool) -> Vec<Request> {
+    prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let mut r = Request::new(prompt, 10);
+            r.ignore_eos = true;
+            if sampled {
+                r.sampling = SamplingParams {
+                    temperature: 0.9,
+                    top_k: 50,
+                    top_p: 0.95,
+                    min_p: 0.01,
+                    seed: Some(100 + i as u64),
+                };
+            }
+            r
+        })
+        .collect()
 }
 
 fn generate(sched: &mut Scheduler<Model<CpuBackend>>, reqs: Vec<Request>) -> Vec<Vec<u32>> {
@@ -68,18 +85,18 @@ fn generate(sched: &mut Scheduler<Model<CpuBackend>>, reqs: Vec<Request>) -> Vec
     ids.iter().map(|id| tokens.remove(id).unwrap()).collect()
 }
 
-fn batched_equals_alone(name: &str) {
-    let alone: Vec<Vec<u32>> = prompts()
+fn batched_equals_alone(name: &str, sampled: bool) {
+    let alone: Vec<Vec<u32>> = requests(sampled)
         .into_iter()
-        .map(|p| {
+        .map(|r| {
             let mut s = scheduler(load(name), 64, 4, SchedulerConfig::default());
-            generate(&mut s, vec![request(p)]).remove(0)
+            generate(&mut s, vec![r]).remove(0)
         })
         .collect();
     // 14 pages of 4 tokens for five requests of up to 30 tokens: chunks of 3 prompt
     // tokens, prefixes shared through the cache, and preemption.
-    // With `overlap`, greedy decode steps are queued one ahead, their ids fed from the
-    // step before on the backend.
+    // With `overlap`, decode steps are queued one ahead, their ids fed from the step
+    // before on the backend (drawn there for sampled requests).
     for overlap in [false, true] {
         let config = SchedulerConfig {
             max_running_requests: 5,
@@ -89,7 +106,7 @@ fn batched_equals_alone(name: &str) {
             overlap,
         };
         let mut s = scheduler(load(name), 14, 4, config);
-        let batched = generate(&mut s, prompts().into_iter().map(request).collect());
+        let batched = generate(&mut s, requests(sampled));
         assert_eq!(batched, alone, "{name} overlap {overlap}");
         let status = s.status();
         assert!(status.kv.cache_hits > 0, "{name}: no prefix was reused");
@@ -102,19 +119,24 @@ fn batched_equals_alone(name: &str) {
         ..SchedulerConfig::default()
     };
     let mut s = scheduler(load(name), 64, 4, config);
-    let batched = generate(&mut s, prompts().into_iter().map(request).collect());
+    let batched = generate(&mut s, requests(sampled));
     assert_eq!(batched, alone, "{name} overlap, roomy");
     assert!(s.status().overlapped_steps >= 8, "{name}: {:?}", s.status());
 }
 
 #[test]
 fn llama_batched_greedy_equals_alone() {
-    batched_equals_alone("llama-tiny");
+    batched_equals_alone("llama-tiny", false);
 }
 
 #[test]
 fn gemma4_batched_greedy_equals_alone() {
-    batched_equals_alone("gemma4-tiny");
+    batched_equals_alone("gemma4-tiny", false);
+}
+
+#[test]
+fn gemma4_batched_sampled_equals_alone() {
+    batched_equals_alone("gemma4-tiny", true);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use strata_engine::{DecodeShape, LoadedModel, Runtime};
+use strata_kernels::sampling::SamplingParams;
 use strata_kv::{KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 
 #[derive(Args)]
@@ -36,9 +37,19 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2_200_000)]
     pub max_kv_tokens: usize,
     /// Queue each decode step before reading the one ahead of it, its ids fed from that
-    /// step's greedy tokens on the device (what `serve` does for greedy requests).
+    /// step's tokens on the device (what `serve` does for requests without logprobs).
     #[arg(long)]
     pub overlap: bool,
+    /// Decode steps draw every token with this temperature (0: greedy), where the logits
+    /// are, as `serve` does for sampled requests.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// With --temperature: keep the `top_k` most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// With --temperature: nucleus sampling (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -79,6 +90,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 steps: a.steps,
                 warmup: a.warmup,
                 overlap: a.overlap,
+                sampling: (a.temperature > 0.0).then_some(SamplingParams {
+                    temperature: a.temperature,
+                    top_k: a.top_k,
+                    top_p: a.top_p,
+                    ..SamplingParams::greedy()
+                }),
             };
             let r = model.bench_decode(shape, kv)?;
             eprintln!(
@@ -124,6 +141,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "device": device,
         "kv_cache_dtype": kv.name(),
         "decode_overlap": a.overlap,
+        "decode_sampling": {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p},
         "weight_bytes_per_step": weight_bytes,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "decode_roofline_tok_s_batch1": roofline,

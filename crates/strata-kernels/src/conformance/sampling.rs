@@ -1,13 +1,11 @@
 //! The backend's sampler against the host definition in [`crate::sampling`].
 
 use super::{ctx, put, CheckResult, TestData};
-use crate::sampling::{sample_rows, SamplerRng, SamplingParams};
+use crate::sampling::{draw_uniform, pick_rows, RowDraw, SamplingParams};
 use crate::Backend;
 
 pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
-    let vocab = 1000;
     let mut data = TestData::new(800);
-    let greedy = SamplingParams::greedy();
     let warm = |temperature, top_k, top_p, min_p| SamplingParams {
         temperature,
         top_k,
@@ -15,35 +13,79 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
         min_p,
         seed: None,
     };
-    let params = [
-        greedy,
-        warm(1.0, 0, 1.0, 0.0),
-        warm(0.7, 40, 1.0, 0.0),
-        warm(0.8, 0, 0.9, 0.0),
-        warm(1.2, 0, 1.0, 0.05),
-        warm(0.6, 50, 0.95, 0.02),
-    ];
-    let logits: Vec<f32> = (0..params.len() * vocab)
-        .map(|_| data.normal() * 3.0)
-        .collect();
-    let lb = put(b, &logits, b.activation_dtype())?;
-    // The reference sees the logits as the backend stores them.
-    let stored = b.download(&lb).map_err(|e| e.to_string())?;
-    for step in 0..20u64 {
-        let mut rngs: Vec<SamplerRng> = (0..params.len())
-            .map(|i| SamplerRng::new(step * 31 + i as u64))
-            .collect();
-        let mut ref_rngs = rngs.clone();
-        let got = b
-            .sample(&lb, vocab, &params, &mut rngs)
-            .map_err(|e| e.to_string())?;
-        let want =
-            sample_rows(&stored, vocab, &params, &mut ref_rngs).map_err(|e| e.to_string())?;
-        if got != want {
-            return Err(format!("sample step {step}: got {got:?}, want {want:?}"));
+    // Every kind of row (vocabularies as in `check_argmax`): flat, spread, peaked, ties on
+    // a grid, NaN and -inf among the values, all -inf, -0 next to +0.
+    for vocab in [7usize, 1000, 4099, 65_540, 262_144] {
+        let rows = 8;
+        let spreads = [0.05f32, 1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 8.0];
+        let mut logits: Vec<f32> = Vec::with_capacity(rows * vocab);
+        for (r, &spread) in spreads.iter().enumerate() {
+            let mut row: Vec<f32> = (0..vocab).map(|_| data.normal() * spread).collect();
+            match r {
+                3 => row.iter_mut().step_by(97).for_each(|x| *x += 15.0),
+                4 => row.iter_mut().for_each(|x| *x = (*x * 2.0).round() / 2.0),
+                5 => {
+                    row.iter_mut().step_by(3).for_each(|x| *x = f32::NAN);
+                    row.iter_mut()
+                        .skip(1)
+                        .step_by(5)
+                        .for_each(|x| *x = f32::NEG_INFINITY);
+                }
+                6 => row.fill(f32::NEG_INFINITY),
+                7 => {
+                    row[vocab / 2] = -0.0;
+                    row[vocab / 3] = 0.0;
+                }
+                _ => {}
+            }
+            logits.extend(row);
         }
-        if rngs != ref_rngs {
-            return Err(format!("sample step {step}: rng streams diverged"));
+        let lb = put(b, &logits, b.activation_dtype())?;
+        // The reference sees the logits as the backend stores and caps them.
+        let stored = b.download(&lb).map_err(|e| e.to_string())?;
+        let mut capped = put(b, &logits, b.activation_dtype())?;
+        b.softcap(&mut capped, 30.0)
+            .map_err(|e| format!("softcap: {e}"))?;
+        let capped = b.download(&capped).map_err(|e| e.to_string())?;
+        let settings = [
+            warm(1.0, 0, 1.0, 0.0),
+            warm(0.7, 40, 1.0, 0.0),
+            warm(0.8, 0, 0.9, 0.0),
+            warm(1.2, 0, 1.0, 0.05),
+            warm(0.6, 50, 0.95, 0.02),
+            warm(1.0, 0, 0.5, 0.0),
+            warm(2.0, 1000, 1.0, 0.0),
+            warm(1.0, vocab + 3, 1.0, 0.0),
+            warm(0.9, 0, 1.0, 0.9),
+            warm(1.5, 3, 0.99, 0.001),
+            SamplingParams::greedy(),
+        ];
+        let trials = if vocab > 100_000 { 6 } else { 12 };
+        for t in 0..trials {
+            let draws: Vec<RowDraw> = (0..rows)
+                .map(|r| RowDraw {
+                    row: r,
+                    params: settings[(r + 3 * t) % settings.len()],
+                    uniform: match t {
+                        0 => 0,
+                        1 => u64::MAX,
+                        _ => draw_uniform(vocab as u64, (t * rows + r) as u64),
+                    },
+                })
+                .collect();
+            // Drawn rows in a shuffled order, one row left to its argmax.
+            let mut asked: Vec<RowDraw> = draws.iter().rev().copied().collect();
+            asked.remove(t % rows);
+            for (cap, reference) in [(None, &stored), (Some(30.0), &capped)] {
+                let got = ctx("pick_start", b.pick_start(&lb, vocab, rows, cap, &asked))?;
+                let got = ctx("pick_finish", b.pick_finish(got))?;
+                let want = pick_rows(reference, vocab, rows, &asked).map_err(|e| e.to_string())?;
+                if got != want {
+                    return Err(format!(
+                        "pick_start vocab {vocab} trial {t} cap {cap:?}: got {got:?}, want {want:?} ({asked:?})"
+                    ));
+                }
+            }
         }
     }
     Ok(())
@@ -103,10 +145,11 @@ pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
     Ok(())
 }
 
-/// Greedy tokens kept where the logits are: `argmax_start` then `argmax_finish` gives the
-/// host `argmax`, and `feed_tokens` puts a started step's ids into the marked entries of
-/// an index (read back through `embedding_idx`) while a later step is queued behind it,
-/// unmarked ids untouched and a mark past the rows taken as id 0.
+/// Tokens kept where the logits are: `pick_start` then `pick_finish` gives the host's
+/// picks (rows 1 and 2 of the first step drawn), and `feed_tokens` puts a started step's
+/// ids into the marked entries of an index (read back through `embedding_idx`) while a
+/// later step is queued behind it, unmarked ids untouched and a mark past the rows taken
+/// as id 0.
 pub fn check_feed_tokens<B: Backend>(b: &B) -> CheckResult {
     use crate::sampling::FED_TOKEN;
     let mut data = TestData::new(802);
@@ -115,15 +158,23 @@ pub fn check_feed_tokens<B: Backend>(b: &B) -> CheckResult {
         (0..rows * vocab).map(|_| data.normal() * 3.0).collect()
     };
     let (first, second) = (step(&mut data), step(&mut data));
-    let want =
-        |l: &[f32]| -> Vec<u32> { l.chunks_exact(vocab).map(crate::sampling::argmax).collect() };
-    let (want_first, want_second) = (want(&first), want(&second));
+    let hot = SamplingParams {
+        temperature: 5.0,
+        ..SamplingParams::greedy()
+    };
+    let drawn = [1, 2].map(|row| RowDraw {
+        row,
+        params: hot,
+        uniform: draw_uniform(3, row as u64),
+    });
+    let want = |l: &[f32], d: &[RowDraw]| pick_rows(l, vocab, rows, d).map_err(|e| e.to_string());
+    let (want_first, want_second) = (want(&first, &drawn)?, want(&second, &[])?);
     let table: Vec<f32> = (0..vocab * hidden).map(|_| data.normal()).collect();
     let tb = put(b, &table, b.activation_dtype())?;
     let stored_table = b.download(&tb).map_err(|e| e.to_string())?;
     let l1 = put(b, &first, b.activation_dtype())?;
     let l2 = put(b, &second, b.activation_dtype())?;
-    let t1 = ctx("argmax_start", b.argmax_start(&l1, vocab, rows, None))?;
+    let t1 = ctx("pick_start", b.pick_start(&l1, vocab, rows, None, &drawn))?;
     let marked = [
         7,
         FED_TOKEN | 2,
@@ -136,17 +187,17 @@ pub fn check_feed_tokens<B: Backend>(b: &B) -> CheckResult {
     ctx("write_index", b.write_index(&mut ids, &marked))?;
     ctx("feed_tokens", b.feed_tokens(&mut ids, &t1))?;
     // The next step is queued before the first one's ids are read.
-    let t2 = ctx("argmax_start", b.argmax_start(&l2, vocab, rows, None))?;
+    let t2 = ctx("pick_start", b.pick_start(&l2, vocab, rows, None, &[]))?;
     let mut out = put(b, &vec![0.0; marked.len() * hidden], b.activation_dtype())?;
     ctx(
         "embedding_idx",
         b.embedding_idx(&ids, &tb, hidden, 1.0, &mut out),
     )?;
-    let got_first = ctx("argmax_finish", b.argmax_finish(t1))?;
-    let got_second = ctx("argmax_finish", b.argmax_finish(t2))?;
+    let got_first = ctx("pick_finish", b.pick_finish(t1))?;
+    let got_second = ctx("pick_finish", b.pick_finish(t2))?;
     if got_first != want_first || got_second != want_second {
         return Err(format!(
-            "argmax_start/finish: got {got_first:?} and {got_second:?}, want {want_first:?} and {want_second:?}"
+            "pick_start/finish: got {got_first:?} and {got_second:?}, want {want_first:?} and {want_second:?}"
         ));
     }
     let mut fed = marked.to_vec();

@@ -20,6 +20,7 @@ pub use elementwise::{gelu_tanh, silu};
 pub use paged::{CpuKvSlab, CpuPagedBatch};
 
 use crate::quant::RowDot;
+use crate::sampling::RowDraw;
 use crate::Result;
 use crate::{
     Activation, AttentionParams, Backend, DType, HostSlice, KernelError, MatmulShape,
@@ -288,17 +289,18 @@ impl Backend for CpuBackend {
         self.install(|| paged::attention(q, slab, batch, p, out))
     }
 
-    fn argmax_start(
+    fn pick_start(
         &self,
         logits: &CpuBuffer,
         vocab: usize,
         rows: usize,
         softcap: Option<f32>,
+        draws: &[RowDraw],
     ) -> Result<Vec<u32>> {
-        self.argmax_rows(logits, vocab, rows, softcap)
+        self.pick_on_host(logits, vocab, rows, softcap, draws)
     }
 
-    fn argmax_finish(&self, tokens: Vec<u32>) -> Result<Vec<u32>> {
+    fn pick_finish(&self, tokens: Vec<u32>) -> Result<Vec<u32>> {
         Ok(tokens)
     }
 

@@ -1,9 +1,10 @@
-//! Greedy tokens on the GPU (`kernels/sampling.cu`): the argmax of each row of logits, read
-//! back as one id a row, and fed to the next step's ids on the device.
+//! A step's tokens on the GPU: the argmax of each row of logits (`kernels/sampling.cu`),
+//! sampled rows drawn over it (`kernels/draw.cu`), read back as one id a row, and fed to the
+//! next step's ids on the device.
 //!
-//! A decode step's argmax can be left on the GPU ([`CudaTokens`]) with its copy to
-//! page-locked host memory queued behind it: the host then queues the next step (whose ids
-//! take these tokens with `feed_tokens`) before it waits for the copy, and the GPU goes
+//! A decode step's tokens can be left on the GPU ([`CudaTokens`]) with their copy to
+//! page-locked host memory queued behind them: the host then queues the next step (whose
+//! ids take these tokens with `feed_tokens`) before it waits for the copy, and the GPU goes
 //! from one step to the next without waiting for the host.
 
 use std::sync::Mutex;
@@ -13,6 +14,8 @@ use cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PinnedHostSlice, PushKe
 use super::paged::CudaIndex;
 use super::{device_err, CudaBackend, CudaBuffer};
 use crate::error::ensure;
+use crate::sampling::weight::{weight_shift, DrawSettings};
+use crate::sampling::RowDraw;
 use crate::{DeviceBuffer, Result};
 
 /// Threads of an argmax block (`ARGMAX_THREADS` in `kernels/sampling.cu`) and the logits
@@ -35,11 +38,39 @@ pub(super) struct ArgmaxSlot {
     copied: CudaEvent,
 }
 
+/// Threads of a draw's block (`DRAW_THREADS` in `kernels/draw.cu`): one block a drawn row.
+const DRAW_THREADS: u32 = 1024;
+/// Flags of a draw's arguments (`DRAW_FILTERED`, `DRAW_TOP_P`).
+const DRAW_FILTERED: u64 = 1;
+const DRAW_TOP_P: u64 = 2;
+
+/// A draw's arguments as `draw_rows` reads them (`DRAW_ARG_WORDS` words): the uniform's 53
+/// bits, top-p in 32-bit fixed point, row | top-k << 32, the bits of 1/temperature |
+/// the bits of ln(min_p) << 32, flags.
+fn draw_args(d: &RowDraw) -> [u64; 5] {
+    let set = DrawSettings::new(&d.params);
+    let min_rel = set.min_rel.unwrap_or(f32::NEG_INFINITY);
+    let mut flags = 0;
+    if set.filtered() {
+        flags |= DRAW_FILTERED;
+    }
+    if set.top_p32.is_some() {
+        flags |= DRAW_TOP_P;
+    }
+    [
+        crate::sampling::weight::uniform_bits(d.uniform),
+        set.top_p32.unwrap_or(0),
+        d.row as u64 | (set.top_k.min(u32::MAX as usize) as u64) << 32,
+        set.inv_t.to_bits() as u64 | (min_rel.to_bits() as u64) << 32,
+        flags,
+    ]
+}
+
 /// Spare slots, shared by the backend's clones.
 #[derive(Default)]
 pub(super) struct ArgmaxSlots(Mutex<Vec<ArgmaxSlot>>);
 
-/// A step's greedy ids on the GPU (as `argmax_rows`'s keys), their copy to the host queued.
+/// A step's ids on the GPU (as `argmax_rows`'s keys), their copy to the host queued.
 pub struct CudaTokens {
     slot: ArgmaxSlot,
     rows: usize,
@@ -77,12 +108,13 @@ impl CudaBackend {
         Ok(slot)
     }
 
-    pub(super) fn argmax_start_impl(
+    pub(super) fn pick_start_impl(
         &self,
         logits: &CudaBuffer,
         vocab: usize,
         rows: usize,
         softcap: Option<f32>,
+        draws: &[RowDraw],
     ) -> Result<CudaTokens> {
         const OP: &str = "argmax_rows";
         ensure(vocab > 0 && logits.len() >= rows * vocab, OP, || {
@@ -117,7 +149,8 @@ impl CudaBackend {
             };
             // SAFETY: logits hold at least rows x vocab values (checked); keys hold rows.
             unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
-            // Queued behind the kernel; `copied` marks its completion.
+            self.draw_rows(xs, &mut slot, vocab, rows, softcap, draws)?;
+            // Queued behind the kernels; `copied` marks its completion.
             self.stream
                 .memcpy_dtoh(&slot.keys.slice(..rows), &mut slot.host)
                 .map_err(device_err("copying argmax ids"))?;
@@ -128,7 +161,58 @@ impl CudaBackend {
         Ok(CudaTokens { slot, rows })
     }
 
-    pub(super) fn argmax_finish_impl(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
+    /// Draws the rows of `draws` over the argmax keys in `slot`.
+    fn draw_rows(
+        &self,
+        xs: &cudarc::driver::CudaSlice<f32>,
+        slot: &mut ArgmaxSlot,
+        vocab: usize,
+        rows: usize,
+        softcap: Option<f32>,
+        draws: &[RowDraw],
+    ) -> Result<()> {
+        const OP: &str = "draw_rows";
+        let draws: Vec<&RowDraw> = draws.iter().filter(|d| !d.params.is_greedy()).collect();
+        if draws.is_empty() {
+            return Ok(());
+        }
+        let mut args = Vec::with_capacity(draws.len() * 5);
+        for d in &draws {
+            d.params.validate()?;
+            ensure(d.row < rows, OP, || {
+                format!("a draw for row {} of {rows}", d.row)
+            })?;
+            args.extend(draw_args(d));
+        }
+        ensure(vocab <= u32::MAX as usize, OP, || {
+            format!("a vocabulary of {vocab}")
+        })?;
+        let args = self
+            .stream
+            .clone_htod(&args)
+            .map_err(device_err("uploading draw settings"))?;
+        let (v, shift) = (vocab as u32, weight_shift(vocab));
+        let has_cap = i32::from(softcap.is_some());
+        let cap = softcap.unwrap_or(0.0);
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        l.arg(xs)
+            .arg(&mut slot.keys)
+            .arg(&args)
+            .arg(&v)
+            .arg(&has_cap)
+            .arg(&cap)
+            .arg(&shift);
+        let cfg = LaunchConfig {
+            grid_dim: (draws.len() as u32, 1, 1),
+            block_dim: (DRAW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: each draw's row is below `rows` (checked), which the logits and keys hold.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
+    pub(super) fn pick_finish_impl(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
         let CudaTokens { slot, rows } = tokens;
         let ids = if rows == 0 {
             vec![]

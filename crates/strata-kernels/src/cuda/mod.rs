@@ -40,6 +40,7 @@ use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
 use crate::params::{
     Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy, TableSlice,
 };
+use crate::sampling::RowDraw;
 use crate::{Backend, DType, HostSlice, KernelError, Result};
 use module::Kernels;
 
@@ -745,22 +746,23 @@ impl Backend for CudaBackend {
         rows: usize,
         softcap: Option<f32>,
     ) -> Result<Vec<u32>> {
-        let tokens = self.argmax_start_impl(logits, vocab, rows, softcap)?;
-        self.argmax_finish_impl(tokens)
+        let tokens = self.pick_start_impl(logits, vocab, rows, softcap, &[])?;
+        self.pick_finish_impl(tokens)
     }
 
-    fn argmax_start(
+    fn pick_start(
         &self,
         logits: &CudaBuffer,
         vocab: usize,
         rows: usize,
         softcap: Option<f32>,
+        draws: &[RowDraw],
     ) -> Result<CudaTokens> {
-        self.argmax_start_impl(logits, vocab, rows, softcap)
+        self.pick_start_impl(logits, vocab, rows, softcap, draws)
     }
 
-    fn argmax_finish(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
-        self.argmax_finish_impl(tokens)
+    fn pick_finish(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
+        self.pick_finish_impl(tokens)
     }
 
     fn feed_tokens(&self, ids: &mut CudaIndex, tokens: &CudaTokens) -> Result<()> {

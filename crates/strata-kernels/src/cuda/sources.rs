@@ -206,6 +206,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         &["argmax_rows", "feed_tokens"],
     ),
     KernelFile::any_gpu(
+        "draw",
+        include_str!("../../../../kernels/draw.cu"),
+        &["draw_rows"],
+    ),
+    KernelFile::any_gpu(
         "gemv",
         include_str!("../../../../kernels/gemv.cu"),
         &GEMV_KERNELS,

@@ -1,38 +1,46 @@
-//! One draw from a row of logits: the definition every backend's sampler reproduces, written
-//! so that a row of a large vocabulary costs about one pass over it.
+//! One draw from a row of logits: the definition every backend's sampler reproduces to the
+//! bit (`weight.rs` has its arithmetic), written so that a row of a large vocabulary costs
+//! about one pass over it.
 //!
-//! The candidates are the scaled logits `key(x) / temperature` of every id, or the `top_k`
-//! best (logit descending, ties to the lower id; a `top_k` at or past the vocabulary keeps
-//! every id, sorted). Each weighs `exp(x - max)` in f64. With
-//! `top_p`, the nucleus is the shortest prefix of the candidates in that order whose running
-//! sum reaches `top_p` times the candidates' total, the total summed in candidate order (id
-//! order when there is no `top_k`); with `min_p`, candidates below `min_p` (the largest
-//! weighs 1) go. The draw walks the survivors (in id order when nothing filtered them, in
-//! the sorted order otherwise) until the running sum passes `u * total`, `u` the request's
-//! next `rng.next_f64()`.
+//! Each id's scaled value is `s = key(x) / temperature` ([`scaled`]); its weight is
+//! `W = floor(exp(s - max) * 2^shift)`, an integer ([`fixed_weight`]), so the best weighs
+//! `2^shift` and every total is exact. The rank order is `s` descending, ties to the lower
+//! id. With no filter, the draw walks the ids in id order until the running total passes
+//! `floor(T * u / 2^53)`, `T` the row's total and `u` the top 53 bits of the draw's
+//! uniform. With filters it walks the rank order, over its first `n` candidates, `n` the
+//! smallest of:
+//! - `top_k`;
+//! - with `top_p`, the shortest prefix whose total reaches `floor(T_k * top_p32 / 2^32)`,
+//!   `T_k` the total of the first `top_k` (of the row without top-k);
+//! - with `min_p`, the candidates whose `s - max` is at least `ln(min_p)` (that is, whose
+//!   probability is at least `min_p` times the best's).
 //!
 //! Nothing here sorts the whole vocabulary unless a nucleus needs it: the best candidates
 //! are selected in one pass, a few at first and more only while the nucleus is not reached.
+//! Candidates weighing 0 can neither be drawn nor change a total, so only the `live` ones
+//! (`s - max` at least [`WEIGHT_CUTOFF`], a prefix of the rank order) are ever selected.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use rayon::prelude::*;
 
-use super::{argmax, by_logit_desc, key, SamplerRng, SamplingParams};
+use super::weight::{
+    fixed_weight, mul_shr, rank, relative, scaled, uniform_bits, weight_shift, DrawSettings,
+    WEIGHT_CUTOFF,
+};
+use super::{argmax, SamplingParams};
 use crate::{KernelError, Result};
 
 /// Candidates selected in the first round of a nucleus search; each later round takes
 /// [`NUCLEUS_GROWTH`] times more, and past a quarter of the row the whole row is sorted.
 const NUCLEUS_FIRST: usize = 64;
 const NUCLEUS_GROWTH: usize = 8;
-/// Values a parallel task of the weight pass takes.
-const WEIGHT_CHUNK: usize = 16_384;
+/// Values a parallel task of a pass over the row takes.
+const CHUNK: usize = 16_384;
 
-/// Draws one token id from `logits` (one row of `vocab` values), as the module says.
-///
-/// Non-greedy draws take exactly one `rng.next_f64()`; greedy takes none.
-pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SamplerRng) -> Result<u32> {
+/// Draws one token id from `logits` (one row of `vocab` values) with the draw's 64-bit
+/// `uniform`, as the module says. Greedy settings return the argmax and ignore `uniform`.
+pub fn sample(logits: &[f32], params: &SamplingParams, uniform: u64) -> Result<u32> {
     params.validate()?;
     if logits.is_empty() {
         return Err(KernelError::Invalid {
@@ -43,212 +51,155 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SamplerRng) -> 
     if params.is_greedy() {
         return Ok(argmax(logits));
     }
-    let inv_t = 1.0 / params.temperature;
-    let n = logits.len();
-    // A top_k of the whole row or more still sorts the candidates (it filters nothing).
-    let top_k = (params.top_k > 0).then(|| params.top_k.min(n));
-    // The top_k best, sorted; `None`: every id, in id order.
-    let best = top_k.map(|k| select_best(logits, inv_t, k));
-    let max = match &best {
-        Some(b) => b.first().map_or(f32::NEG_INFINITY, |c| c.1),
-        None => logits
-            .iter()
-            .map(|&x| key(x) * inv_t)
-            .fold(f32::NEG_INFINITY, f32::max),
-    };
+    let set = DrawSettings::new(params);
+    let inv_t = set.inv_t;
+    let max = logits
+        .par_chunks(CHUNK)
+        .map(|c| {
+            c.iter()
+                .map(|&x| scaled(x, inv_t))
+                .fold(f32::NEG_INFINITY, f32::max)
+        })
+        .reduce(|| f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
-        // Every logit is -inf or NaN: nothing to draw from; fall back to the lowest id.
+        // Every logit is -inf or NaN: nothing to draw from; the lowest id, as greedy has it.
         return Ok(argmax(logits));
     }
-    let weight = |x: f32| ((x - max) as f64).exp();
-    let (cand, weights) = match best {
-        Some(b) => {
-            let w: Vec<f64> = b.iter().map(|c| weight(c.1)).collect();
-            let (c, w) = nucleus_of_sorted(b, w, params.top_p);
-            (Some(c), w)
-        }
-        None => {
-            let all = weights_in_id_order(logits, inv_t, &weight);
-            if params.top_p < 1.0 {
-                let (c, w) = nucleus_of_row(logits, inv_t, &all, params.top_p, &weight);
-                (Some(c), w)
-            } else if params.min_p > 0.0 {
-                let c = survivors(logits, inv_t, &all, params.min_p as f64);
-                let w = c.iter().map(|c| weight(c.1)).collect();
-                (Some(c), w)
-            } else {
-                (None, all)
-            }
-        }
+    let row = Row {
+        logits,
+        inv_t,
+        max,
+        shift: weight_shift(logits.len()),
     };
-    let (cand, weights) = match cand {
-        Some(mut c) => {
-            let mut w = weights;
-            if params.min_p > 0.0 {
-                // Sorted, so the weights fall along the list; the first weighs 1.
-                let keep = w
-                    .iter()
-                    .take_while(|&&x| x >= params.min_p as f64)
-                    .count()
-                    .max(1);
-                w.truncate(keep);
-                c.truncate(keep);
-            }
-            (Some(c), w)
-        }
-        None => (None, weights),
+    let u = uniform_bits(uniform);
+    let id = if set.filtered() {
+        row.draw_ranked(&set, u)
+    } else {
+        row.draw_in_id_order(u)
     };
-    let total: f64 = weights.iter().sum();
-    let u = rng.next_f64() * total;
-    let id = |i: usize| cand.as_ref().map_or(i as u32, |c| c[i].0);
-    let mut cum = 0.0;
-    for (i, w) in weights.iter().enumerate() {
-        cum += w;
-        if u < cum {
-            return Ok(id(i));
-        }
-    }
-    // Rounding can leave u a hair above the final sum: the last non-zero candidate.
-    let last = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
-    Ok(id(last))
+    Ok(id.unwrap_or_else(|| argmax(logits)))
 }
 
-/// Every id's weight, in id order (computed in parallel; each value is the same either way).
-fn weights_in_id_order(
-    logits: &[f32],
+/// A row with its best scaled value.
+struct Row<'a> {
+    logits: &'a [f32],
     inv_t: f32,
-    weight: &(dyn Fn(f32) -> f64 + Sync),
-) -> Vec<f64> {
-    let mut w = vec![0.0; logits.len()];
-    w.par_chunks_mut(WEIGHT_CHUNK)
-        .zip(logits.par_chunks(WEIGHT_CHUNK))
-        .for_each(|(w, x)| {
-            for (w, &x) in w.iter_mut().zip(x) {
-                *w = weight(key(x) * inv_t);
-            }
-        });
-    w
+    max: f32,
+    shift: u32,
 }
 
-/// The `k` best candidates of the row (scaled logit descending, ties to the lower id),
-/// sorted, from one pass that keeps the best so far in a heap.
-fn select_best(logits: &[f32], inv_t: f32, k: usize) -> Vec<(u32, f32)> {
-    if k * 4 >= logits.len() {
-        let mut all: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| (i as u32, key(x) * inv_t))
+impl Row<'_> {
+    fn rel(&self, x: f32) -> f32 {
+        relative(scaled(x, self.inv_t), self.max)
+    }
+
+    fn weight(&self, x: f32) -> u64 {
+        fixed_weight(self.rel(x), self.shift)
+    }
+
+    /// The first id, in id order, whose running total passes `floor(T * u / 2^53)`.
+    /// (`None` cannot happen: the target is below the total.)
+    fn draw_in_id_order(&self, u: u64) -> Option<u32> {
+        let sums: Vec<u64> = self
+            .logits
+            .par_chunks(CHUNK)
+            .map(|c| c.iter().map(|&x| self.weight(x)).sum())
             .collect();
-        all.sort_unstable_by(by_logit_desc);
-        all.truncate(k);
-        return all;
+        let target = mul_shr(sums.iter().sum(), u, 53);
+        let mut cum = 0u64;
+        for (c, &sum) in sums.iter().enumerate() {
+            if cum + sum > target {
+                for (j, &x) in self.logits[c * CHUNK..].iter().take(CHUNK).enumerate() {
+                    cum += self.weight(x);
+                    if cum > target {
+                        return Some((c * CHUNK + j) as u32);
+                    }
+                }
+            }
+            cum += sum;
+        }
+        None
     }
-    let mut heap: BinaryHeap<Worst> = BinaryHeap::with_capacity(k + 1);
-    for (i, &x) in logits.iter().enumerate() {
-        let c = (i as u32, key(x) * inv_t);
-        if heap.len() < k {
-            heap.push(Worst(c));
-        } else if by_logit_desc(&c, &heap.peek().expect("k > 0").0) == Ordering::Less {
-            heap.pop();
-            heap.push(Worst(c));
+
+    /// The draw over the rank order's first candidates, as the module says.
+    fn draw_ranked(&self, set: &DrawSettings, u: u64) -> Option<u32> {
+        let n = self.logits.len();
+        let min_rel = set.min_rel.unwrap_or(f32::NEG_INFINITY);
+        // (live, kept by min_p, total weight), in one parallel pass.
+        let (live, kept_min, total) = self
+            .logits
+            .par_chunks(CHUNK)
+            .map(|c| {
+                c.iter().fold((0usize, 0usize, 0u64), |(l, m, t), &x| {
+                    let d = self.rel(x);
+                    let w = fixed_weight(d, self.shift);
+                    (
+                        l + usize::from(d >= WEIGHT_CUTOFF),
+                        m + usize::from(d >= min_rel),
+                        t + w,
+                    )
+                })
+            })
+            .reduce(|| (0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+        let top_k = if set.top_k > 0 { set.top_k.min(n) } else { n };
+        // Past the live candidates every weight is 0: no count beyond them changes a total
+        // or the draw.
+        let (n_k, n_m) = (top_k.min(live), kept_min.min(live));
+        let mut m = match (set.top_k > 0, set.top_p32.is_some()) {
+            (true, _) => n_k,
+            (false, true) => NUCLEUS_FIRST.min(n_k),
+            (false, false) => n_m,
+        };
+        loop {
+            let best = self.select_best(m);
+            let mut cum = Vec::with_capacity(best.len());
+            let mut run = 0u64;
+            for &c in &best {
+                run += self.weight(self.logits[(c & 0xffff_ffff) as usize]);
+                cum.push(run);
+            }
+            let n_p = match set.top_p32 {
+                Some(p32) => {
+                    let t_k = if set.top_k > 0 { run } else { total };
+                    let target = mul_shr(t_k, p32, 32);
+                    match cum.iter().position(|&c| c >= target) {
+                        Some(i) => i + 1,
+                        None if m < n_k => {
+                            m = (m * NUCLEUS_GROWTH).min(n_k);
+                            continue;
+                        }
+                        None => n_k,
+                    }
+                }
+                None => n_k,
+            };
+            let keep = n_k.min(n_p).min(n_m).min(best.len());
+            let target = mul_shr(*cum.get(keep.checked_sub(1)?)?, u, 53);
+            let i = cum[..keep].iter().position(|&c| c > target)?;
+            return Some((best[i] & 0xffff_ffff) as u32);
         }
     }
-    let mut best: Vec<(u32, f32)> = heap.into_iter().map(|w| w.0).collect();
-    best.sort_unstable_by(by_logit_desc);
-    best
-}
 
-/// A candidate in a max-heap whose top is the worst kept (the last in candidate order).
-struct Worst((u32, f32));
-
-impl PartialEq for Worst {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Worst {}
-
-impl PartialOrd for Worst {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Worst {
-    fn cmp(&self, other: &Self) -> Ordering {
-        by_logit_desc(&self.0, &other.0)
-    }
-}
-
-/// The nucleus of sorted candidates `cand` with weights `w`: the shortest prefix whose
-/// running sum reaches `top_p` of their total (summed in that order). All of them when
-/// `top_p` is 1.
-fn nucleus_of_sorted(
-    mut cand: Vec<(u32, f32)>,
-    mut w: Vec<f64>,
-    top_p: f32,
-) -> (Vec<(u32, f32)>, Vec<f64>) {
-    if top_p < 1.0 {
-        let total: f64 = w.iter().sum();
-        let keep = prefix_reaching(&w, top_p as f64 * total).unwrap_or(w.len());
-        cand.truncate(keep);
-        w.truncate(keep);
-    }
-    (cand, w)
-}
-
-/// Candidates of a prefix of `w` (in order) whose running sum reaches `target`: the count,
-/// or `None` if the whole of `w` falls short.
-fn prefix_reaching(w: &[f64], target: f64) -> Option<usize> {
-    let mut cum = 0.0;
-    for (i, x) in w.iter().enumerate() {
-        if i > 0 && cum >= target {
-            return Some(i);
+    /// The `m` first candidates in rank order, as `(rank << 32) | id`, sorted.
+    fn select_best(&self, m: usize) -> Vec<u64> {
+        let candidate =
+            |(i, &x): (usize, &f32)| ((rank(scaled(x, self.inv_t)) as u64) << 32) | i as u64;
+        if m * 4 >= self.logits.len() {
+            let mut all: Vec<u64> = self.logits.iter().enumerate().map(candidate).collect();
+            all.sort_unstable();
+            all.truncate(m);
+            return all;
         }
-        cum += x;
-    }
-    (cum >= target).then_some(w.len())
-}
-
-/// The nucleus of the whole row: its total summed in id order, the prefix taken in sorted
-/// order from the best candidates, selected a few at first and more while the prefix falls
-/// short.
-fn nucleus_of_row(
-    logits: &[f32],
-    inv_t: f32,
-    all: &[f64],
-    top_p: f32,
-    weight: &dyn Fn(f32) -> f64,
-) -> (Vec<(u32, f32)>, Vec<f64>) {
-    let total: f64 = all.iter().sum();
-    let target = top_p as f64 * total;
-    let mut m = NUCLEUS_FIRST.min(logits.len());
-    loop {
-        let mut best = select_best(logits, inv_t, m);
-        let mut w: Vec<f64> = best.iter().map(|c| weight(c.1)).collect();
-        let reached = prefix_reaching(&w, target);
-        if let Some(keep) = reached.filter(|&k| k < m || m == logits.len()) {
-            best.truncate(keep);
-            w.truncate(keep);
-            return (best, w);
+        // A max-heap whose top is the worst kept.
+        let mut heap: BinaryHeap<u64> = BinaryHeap::with_capacity(m + 1);
+        for c in self.logits.iter().enumerate().map(candidate) {
+            if heap.len() < m {
+                heap.push(c);
+            } else if c < *heap.peek().expect("m > 0") {
+                heap.pop();
+                heap.push(c);
+            }
         }
-        if m == logits.len() {
-            // Rounding kept the whole row short of the target: all of it.
-            return (best, w);
-        }
-        m = (m * NUCLEUS_GROWTH).min(logits.len());
+        heap.into_sorted_vec()
     }
-}
-
-/// The candidates weighing at least `threshold`, sorted.
-fn survivors(logits: &[f32], inv_t: f32, all: &[f64], threshold: f64) -> Vec<(u32, f32)> {
-    let mut c: Vec<(u32, f32)> = all
-        .iter()
-        .enumerate()
-        .filter(|(_, &w)| w >= threshold)
-        .map(|(i, _)| (i as u32, key(logits[i]) * inv_t))
-        .collect();
-    c.sort_unstable_by(by_logit_desc);
-    c
 }

@@ -1,21 +1,26 @@
-//! Token sampling on host logits: greedy, temperature, top-k, top-p, min-p, seeded.
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, seeded.
 //!
-//! This is the definition of sampling for every backend ([`crate::Backend::sample`] defaults
-//! to it). Order of the filters follows transformers' logits warpers: temperature, then
+//! [`sample`] is the definition of a draw for every backend (`draw.rs`): a backend's
+//! [`crate::Backend::pick_start`] draws the same token from the same logits and uniform, to
+//! the bit. Order of the filters follows transformers' logits warpers: temperature, then
 //! top-k, then top-p (on the distribution renormalised over the top-k survivors), then min-p
 //! (which keeps `p >= min_p * p_max`; it commutes with the truncations above because they
 //! all keep the most likely token and renormalising keeps probability ratios).
+//!
+//! A draw's randomness is one 64-bit uniform; a request's draws take theirs from
+//! [`draw_uniform`] by the index of the token drawn, so a token depends on the request's
+//! seed and its position alone (not on batching, preemption or steps planned ahead).
 
 mod draw;
 mod logprobs;
 mod rng;
+pub mod weight;
 
 pub use draw::sample;
 pub use logprobs::{log_softmax, logprob_of, top_logprobs};
-pub use rng::SamplerRng;
+pub use rng::{draw_uniform, SamplerRng};
 
 use crate::{KernelError, Result};
-use std::cmp::Ordering;
 
 /// Per-request sampling settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,7 +58,7 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |detail: String| {
             Err(KernelError::Invalid {
                 op: "sample",
@@ -76,12 +81,21 @@ impl SamplingParams {
     }
 }
 
-impl SamplerRng {
-    /// The stream for one request: its own seed if it gave one, else `fallback_seed`
-    /// (e.g. drawn by the server per request).
-    pub fn for_request(params: &SamplingParams, fallback_seed: u64) -> Self {
-        Self::new(params.seed.unwrap_or(fallback_seed))
+impl SamplingParams {
+    /// The seed of a request's draws: its own if it gave one, else `fallback_seed` (e.g.
+    /// drawn by the server per request).
+    pub fn seed_or(&self, fallback_seed: u64) -> u64 {
+        self.seed.unwrap_or(fallback_seed)
     }
+}
+
+/// A row of a step's logits drawn from where the logits are ([`crate::Backend::pick_start`]):
+/// its index, settings and the draw's uniform.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowDraw {
+    pub row: usize,
+    pub params: SamplingParams,
+    pub uniform: u64,
 }
 
 /// NaN sorts as -inf so a broken logit can never be chosen over a real one.
@@ -92,14 +106,6 @@ fn key(x: f32) -> f32 {
     } else {
         x
     }
-}
-
-/// Descending by logit, ties by ascending id: the one candidate order.
-fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
-    key(b.1)
-        .partial_cmp(&key(a.1))
-        .unwrap_or(Ordering::Equal)
-        .then(a.0.cmp(&b.0))
 }
 
 /// Index of the largest logit; ties go to the lowest id, NaN never wins.
@@ -132,30 +138,27 @@ pub fn feed_tokens(ids: &mut [u32], greedy: &[u32]) {
     }
 }
 
-/// [`sample`] for each row of `logits [rows, vocab]`.
-pub fn sample_rows(
-    logits: &[f32],
-    vocab: usize,
-    params: &[SamplingParams],
-    rngs: &mut [SamplerRng],
-) -> Result<Vec<u32>> {
-    let rows = params.len();
-    if vocab == 0 || logits.len() != rows * vocab || rngs.len() != rows {
+/// The host definition of [`crate::Backend::pick_start`]: every row's argmax, except the
+/// rows of `draws`, each drawn with [`sample`].
+pub fn pick_rows(logits: &[f32], vocab: usize, rows: usize, draws: &[RowDraw]) -> Result<Vec<u32>> {
+    if vocab == 0 || logits.len() < rows * vocab {
         return Err(KernelError::Shape {
-            op: "sample",
-            detail: format!(
-                "logits {} for {rows} rows of {vocab}; {} rngs",
-                logits.len(),
-                rngs.len()
-            ),
+            op: "pick_rows",
+            detail: format!("logits {} for {rows} rows of {vocab}", logits.len()),
         });
     }
-    logits
-        .chunks_exact(vocab)
-        .zip(params)
-        .zip(rngs.iter_mut())
-        .map(|((row, p), rng)| sample(row, p, rng))
-        .collect()
+    let row = |r: usize| &logits[r * vocab..(r + 1) * vocab];
+    let mut ids: Vec<u32> = (0..rows).map(|r| argmax(row(r))).collect();
+    for d in draws {
+        if d.row >= rows {
+            return Err(KernelError::Shape {
+                op: "pick_rows",
+                detail: format!("a draw for row {} of {rows}", d.row),
+            });
+        }
+        ids[d.row] = sample(row(d.row), &d.params, d.uniform)?;
+    }
+    Ok(ids)
 }
 
 #[cfg(test)]

@@ -19,6 +19,14 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The uniform of the draw of token `index` of a request seeded with `seed`: output number
+/// `index` of the splitmix64 sequence from `seed`, computed directly (a counter, not a
+/// stream, so nothing is advanced or has to be rolled back).
+pub fn draw_uniform(seed: u64, index: u64) -> u64 {
+    let mut state = seed.wrapping_add(index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    splitmix64(&mut state)
+}
+
 impl SamplerRng {
     /// The state is four consecutive splitmix64 outputs from `seed` (never all zero).
     pub fn new(seed: u64) -> Self {
@@ -62,6 +70,14 @@ mod tests {
         let mut s = 1234567u64;
         assert_eq!(splitmix64(&mut s), 6457827717110365317);
         assert_eq!(splitmix64(&mut s), 3203168211198807973);
+    }
+
+    #[test]
+    fn draw_uniform_is_the_splitmix64_sequence() {
+        let mut s = 1234567u64;
+        let seq: Vec<u64> = (0..5).map(|_| splitmix64(&mut s)).collect();
+        let direct: Vec<u64> = (0..5).map(|i| draw_uniform(1234567, i)).collect();
+        assert_eq!(seq, direct);
     }
 
     #[test]

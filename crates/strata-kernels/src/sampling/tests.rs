@@ -12,27 +12,25 @@ fn params(temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> SamplingPar
 
 /// Empirical frequencies of `n` draws.
 fn histogram(logits: &[f32], p: &SamplingParams, n: usize, seed: u64) -> Vec<f64> {
-    let mut rng = SamplerRng::new(seed);
     let mut h = vec![0.0; logits.len()];
-    for _ in 0..n {
-        h[sample(logits, p, &mut rng).unwrap() as usize] += 1.0;
+    for i in 0..n {
+        h[sample(logits, p, draw_uniform(seed, i as u64)).unwrap() as usize] += 1.0;
     }
     h.iter().map(|c| c / n as f64).collect()
 }
 
 #[test]
 fn greedy_picks_max_and_lowest_id_on_ties_and_ignores_nan() {
-    let mut rng = SamplerRng::new(0);
     let g = SamplingParams::greedy();
-    assert_eq!(sample(&[0.1, 3.0, -1.0, 3.0], &g, &mut rng).unwrap(), 1);
-    assert_eq!(sample(&[f32::NAN, 0.5, 0.2], &g, &mut rng).unwrap(), 1);
-    // top_k = 1 is greedy whatever the temperature, and draws nothing.
-    let before = rng.clone();
-    assert_eq!(
-        sample(&[0.0, 2.0, 2.0], &params(1.5, 1, 1.0, 0.0), &mut rng).unwrap(),
-        1
-    );
-    assert_eq!(rng, before);
+    assert_eq!(sample(&[0.1, 3.0, -1.0, 3.0], &g, 0).unwrap(), 1);
+    assert_eq!(sample(&[f32::NAN, 0.5, 0.2], &g, 5).unwrap(), 1);
+    // top_k = 1 is greedy whatever the temperature.
+    for u in [0, u64::MAX / 2, u64::MAX] {
+        assert_eq!(
+            sample(&[0.0, 2.0, 2.0], &params(1.5, 1, 1.0, 0.0), u).unwrap(),
+            1
+        );
+    }
 }
 
 #[test]
@@ -40,9 +38,8 @@ fn same_seed_gives_same_tokens() {
     let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
     let p = params(0.9, 20, 0.95, 0.01);
     let run = |seed| {
-        let mut rng = SamplerRng::new(seed);
         (0..64)
-            .map(|_| sample(&logits, &p, &mut rng).unwrap())
+            .map(|i| sample(&logits, &p, draw_uniform(seed, i)).unwrap())
             .collect::<Vec<_>>()
     };
     assert_eq!(run(5), run(5));
@@ -103,21 +100,38 @@ fn min_p_drops_tokens_below_fraction_of_max() {
 
 #[test]
 fn invalid_params_and_shapes_are_errors() {
-    let mut rng = SamplerRng::new(0);
-    assert!(sample(&[1.0], &params(-1.0, 0, 1.0, 0.0), &mut rng).is_err());
-    assert!(sample(&[1.0], &params(1.0, 0, 0.0, 0.0), &mut rng).is_err());
-    assert!(sample(&[1.0], &params(1.0, 0, 1.0, 1.5), &mut rng).is_err());
-    assert!(sample(&[], &params(1.0, 0, 1.0, 0.0), &mut rng).is_err());
-    let mut rngs = vec![SamplerRng::new(0)];
-    assert!(sample_rows(&[1.0, 2.0, 3.0], 2, &[SamplingParams::greedy()], &mut rngs).is_err());
+    assert!(sample(&[1.0], &params(-1.0, 0, 1.0, 0.0), 0).is_err());
+    assert!(sample(&[1.0], &params(1.0, 0, 0.0, 0.0), 0).is_err());
+    assert!(sample(&[1.0], &params(1.0, 0, 1.0, 1.5), 0).is_err());
+    assert!(sample(&[], &params(1.0, 0, 1.0, 0.0), 0).is_err());
+    assert!(pick_rows(&[1.0, 2.0, 3.0], 2, 2, &[]).is_err());
+    let past = RowDraw {
+        row: 1,
+        params: params(1.0, 0, 1.0, 0.0),
+        uniform: 0,
+    };
+    assert!(pick_rows(&[1.0, 2.0, 3.0], 3, 1, &[past]).is_err());
 }
 
 #[test]
-fn sample_rows_uses_each_rows_params() {
-    let logits = [0.0f32, 1.0, 2.0, 9.0, 1.0, 0.0];
-    let mut rngs = vec![SamplerRng::new(1), SamplerRng::new(2)];
-    let p = [SamplingParams::greedy(), SamplingParams::greedy()];
-    assert_eq!(sample_rows(&logits, 3, &p, &mut rngs).unwrap(), vec![2, 0]);
+fn pick_rows_draws_only_the_rows_asked_for() {
+    let logits = [0.0f32, 1.0, 2.0, 9.0, 1.0, 0.0, 0.0, 0.0, 50.0];
+    let hot = params(1000.0, 0, 1.0, 0.0);
+    let drawn = |uniform| RowDraw {
+        row: 2,
+        params: hot,
+        uniform,
+    };
+    assert_eq!(pick_rows(&logits, 3, 3, &[]).unwrap(), vec![2, 0, 2]);
+    // At a temperature of 1000 the third row is nearly flat: the uniform decides.
+    assert_eq!(
+        pick_rows(&logits, 3, 3, &[drawn(0)]).unwrap(),
+        vec![2, 0, 0]
+    );
+    assert_eq!(
+        pick_rows(&logits, 3, 3, &[drawn(u64::MAX)]).unwrap(),
+        vec![2, 0, 2]
+    );
 }
 
 #[test]
@@ -136,75 +150,57 @@ fn logprobs_agree_with_direct_softmax() {
     assert_eq!(top_logprobs(&logits, 10).len(), 5);
 }
 
-/// The draw written out step by step over the whole sorted row: what `sample` computes
-/// without sorting the vocabulary.
-fn plain_sample(logits: &[f32], params: &SamplingParams, rng: &mut SamplerRng) -> u32 {
+/// The draw written out step by step over the whole sorted row (every weight computed, no
+/// cut at the live candidates): what `sample` computes without sorting the vocabulary.
+fn plain_sample(logits: &[f32], params: &SamplingParams, uniform: u64) -> u32 {
+    use super::weight::*;
     if params.is_greedy() {
         return argmax(logits);
     }
-    let inv_t = 1.0 / params.temperature;
-    let mut cand: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| (i as u32, key(x) * inv_t))
-        .collect();
-    let filtering = params.top_k > 0 || params.top_p < 1.0 || params.min_p > 0.0;
-    let top_k = params.top_k > 0 && params.top_k < cand.len();
-    if filtering {
-        cand.sort_unstable_by(by_logit_desc);
-    }
-    if top_k {
-        cand.truncate(params.top_k);
-    }
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let set = DrawSettings::new(params);
+    let s: Vec<f32> = logits.iter().map(|&x| scaled(x, set.inv_t)).collect();
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return argmax(logits);
     }
-    let weight = |x: f32| ((x - max) as f64).exp();
-    let mut weights: Vec<f64> = cand.iter().map(|c| weight(c.1)).collect();
-    if params.top_p < 1.0 {
-        // Summed in candidate order: the sorted top_k, or every id in id order.
-        let total: f64 = if top_k {
-            weights.iter().sum()
-        } else {
-            logits.iter().map(|&x| weight(key(x) * inv_t)).sum()
-        };
-        let target = params.top_p as f64 * total;
-        let (mut cum, mut keep) = (0.0, 0);
-        for w in &weights {
-            if keep > 0 && cum >= target {
-                break;
-            }
-            cum += w;
-            keep += 1;
+    let shift = weight_shift(logits.len());
+    let w = |i: usize| fixed_weight(relative(s[i], max), shift);
+    let u = uniform_bits(uniform);
+    let n = logits.len();
+    let order: Vec<usize> = if set.filtered() {
+        let mut o: Vec<usize> = (0..n).collect();
+        o.sort_by_key(|&i| (rank(s[i]), i));
+        o
+    } else {
+        (0..n).collect()
+    };
+    let cum: Vec<u64> = order
+        .iter()
+        .scan(0u64, |run, &i| {
+            *run += w(i);
+            Some(*run)
+        })
+        .collect();
+    let n_k = if set.top_k > 0 { set.top_k.min(n) } else { n };
+    let n_p = match set.top_p32 {
+        Some(p32) => {
+            let target = mul_shr(cum[n_k - 1], p32, 32);
+            cum.iter().position(|&c| c >= target).unwrap() + 1
         }
-        weights.truncate(keep);
-        cand.truncate(keep);
-    }
-    if params.min_p > 0.0 {
-        let keep = weights
-            .iter()
-            .take_while(|&&w| w >= params.min_p as f64)
-            .count()
-            .max(1);
-        weights.truncate(keep);
-        cand.truncate(keep);
-    }
-    let total: f64 = weights.iter().sum();
-    let u = rng.next_f64() * total;
-    let mut cum = 0.0;
-    for (c, w) in cand.iter().zip(&weights) {
-        cum += w;
-        if u < cum {
-            return c.0;
-        }
-    }
-    cand[weights.iter().rposition(|&w| w > 0.0).unwrap_or(0)].0
+        None => n,
+    };
+    let n_m = match set.min_rel {
+        Some(m) => s.iter().filter(|&&v| relative(v, max) >= m).count(),
+        None => n,
+    };
+    let keep = n_k.min(n_p).min(n_m);
+    let target = mul_shr(cum[keep - 1], u, 53);
+    order[cum.iter().position(|&c| c > target).unwrap()] as u32
 }
 
 /// `sample` against the plain definition over rows of 1 to 70,000 ids (flat rows whose
 /// nucleus takes several selection rounds or the whole row, peaked ones, ties, NaN and -inf
-/// entries) and every filter combination: the same token from the same stream, every time.
+/// entries) and every filter combination: the same token from the same uniform, every time.
 #[test]
 fn sample_equals_the_plain_definition() {
     let mut data = crate::conformance::TestData::new(77);
@@ -213,10 +209,12 @@ fn sample_equals_the_plain_definition() {
         for spread in [0.05f32, 1.0, 4.0, 40.0] {
             let mut logits: Vec<f32> = (0..vocab).map(|_| data.normal() * spread).collect();
             if vocab > 10 {
-                // Ties, NaN and -inf.
+                // Ties, NaN, -inf and -0.
                 logits[vocab / 2] = logits[vocab / 3];
                 logits[vocab / 5] = f32::NAN;
                 logits[vocab / 7] = f32::NEG_INFINITY;
+                logits[vocab / 9] = -0.0;
+                logits[vocab / 8] = 0.0;
                 for x in logits.iter_mut().step_by(11) {
                     *x = (*x * 2.0).round() / 2.0;
                 }
@@ -233,14 +231,12 @@ fn sample_equals_the_plain_definition() {
                     for top_p in [1.0f32, 0.999, 0.9, 0.3] {
                         for min_p in [0.0f32, 0.05, 0.6] {
                             let p = params(temperature, top_k, top_p, min_p);
-                            let seed = checked as u64;
-                            let (mut a, mut b) = (SamplerRng::new(seed), SamplerRng::new(seed));
-                            for _ in 0..2 {
-                                let got = sample(&logits, &p, &mut a).unwrap();
-                                let want = plain_sample(&logits, &p, &mut b);
+                            for i in 0..2 {
+                                let u = draw_uniform(checked, i);
+                                let got = sample(&logits, &p, u).unwrap();
+                                let want = plain_sample(&logits, &p, u);
                                 assert_eq!(got, want, "vocab {vocab} spread {spread} {p:?}");
                             }
-                            assert_eq!(a, b);
                             checked += 1;
                         }
                     }

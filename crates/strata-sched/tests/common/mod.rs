@@ -4,7 +4,7 @@
 
 use serde_json::json;
 use strata_config::ModelConfig;
-use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
+use strata_kernels::sampling::{draw_uniform, sample, SamplingParams};
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan};
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, FED_TOKEN};
 use strata_sched::{
@@ -206,7 +206,7 @@ impl StepModel for FakeModel {
             let end = s.start + s.tokens.len();
             let rows = match s.logits {
                 LogitsMode::None => s.start..s.start,
-                LogitsMode::Last | LogitsMode::Argmax => end - 1..end,
+                LogitsMode::Last | LogitsMode::Argmax | LogitsMode::Draw { .. } => end - 1..end,
                 LogitsMode::All => s.start..end,
             };
             let mut out = Vec::new();
@@ -217,6 +217,12 @@ impl StepModel for FakeModel {
             if s.logits == LogitsMode::Argmax {
                 // As a device would: the greedy choice only, no logits.
                 tokens.push(Some(strata_kernels::sampling::argmax(&out)));
+                out.clear();
+            } else if let LogitsMode::Draw { params, uniform } = s.logits {
+                // As a device would: the drawn token only.
+                let t =
+                    sample(&out, &params, uniform).map_err(|e| SchedError::Other(e.to_string()))?;
+                tokens.push(Some(t));
                 out.clear();
             } else {
                 tokens.push(None);
@@ -331,11 +337,12 @@ pub fn reference_tokens(
     seed: u64,
     stop_at_eos: bool,
 ) -> Vec<u32> {
-    let mut rng = SamplerRng::for_request(params, seed);
+    let seed = params.seed_or(seed);
     let mut tokens = prompt.to_vec();
     let mut out = Vec::new();
     while out.len() < max_tokens {
-        let t = sample(&logits_for(&tokens), params, &mut rng).unwrap();
+        let uniform = draw_uniform(seed, tokens.len() as u64);
+        let t = sample(&logits_for(&tokens), params, uniform).unwrap();
         tokens.push(t);
         out.push(t);
         if stop_at_eos && t == EOS {

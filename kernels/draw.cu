@@ -1,0 +1,452 @@
+// Sampled tokens where the logits are: the host's draw (`sampling/draw.rs`, arithmetic in
+// `sampling/weight.rs`) reproduced to the bit. Every weight is an integer (fixed point), so
+// sums do not depend on the order they are taken in; the exponential is the host's sequence
+// of IEEE operations, written with intrinsics that the compiler can neither fuse nor
+// reorder.
+//
+// One block a drawn row. A filtered draw (top-k, top-p, min-p) never sorts: each cut is a
+// position in the rank order (value descending, ties to the lower id), found by a search
+// that narrows a histogram of the live candidates (relative value at least -40) level by
+// level: first 2048 bins of the relative value, then 256-bin digits of the rank key within
+// the bin found, then, among equal values, the id. Each level is one pass over the row.
+
+#define DRAW_THREADS 1024
+#define DRAW_WARPS (DRAW_THREADS / 32)
+#define DRAW_BINS0 2048
+#define DRAW_BINS 256
+// Relative values below this weigh 0 (WEIGHT_CUTOFF); the first level's bins are this
+// range in steps of 1/51.2.
+#define DRAW_CUTOFF -40.0f
+#define DRAW_BIN_SCALE 51.2f
+// Words of one draw's arguments (`draw_args` in cuda/draw.rs).
+#define DRAW_ARG_WORDS 5
+#define DRAW_FILTERED 1u
+#define DRAW_TOP_P 2u
+
+// e^x for x in [-40, 0], exactly as `exp_neg` in weight.rs computes it.
+__device__ __forceinline__ double draw_exp_neg(double x) {
+    const double log2_e = __longlong_as_double(0x3ff71547652b82feLL);
+    const double ln2_hi = __longlong_as_double(0x3fe62e42fee00000LL);
+    const double ln2_lo = __longlong_as_double(0x3dea39ef35793c76LL);
+    const double k = round(__dmul_rn(x, log2_e));
+    double r = __fma_rn(-k, ln2_hi, x);
+    r = __fma_rn(-k, ln2_lo, r);
+    double p = __longlong_as_double(0x3de6124613a86d09LL);
+    p = __fma_rn(p, r, __longlong_as_double(0x3e21eed8eff8d898LL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3e5ae64567f544e4LL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3e927e4fb7789f5cLL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3ec71de3a556c734LL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3efa01a01a01a01aLL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3f2a01a01a01a01aLL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3f56c16c16c16c17LL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3f81111111111111LL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3fa5555555555555LL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3fc5555555555555LL));
+    p = __fma_rn(p, r, __longlong_as_double(0x3fe0000000000000LL));
+    p = __fma_rn(p, r, 1.0);
+    p = __fma_rn(p, r, 1.0);
+    return __dmul_rn(p, __longlong_as_double((long long)(1023 + (long long)k) << 52));
+}
+
+// `fixed_weight`: floor(e^d * 2^shift).
+__device__ __forceinline__ u64 draw_weight(float d, u32 shift) {
+    if (!(d >= DRAW_CUTOFF)) return 0;
+    const double scale = __longlong_as_double((long long)(1023 + shift) << 52);
+    return (u64)__dmul_rn(draw_exp_neg((double)d), scale);
+}
+
+// The logit as the draw sees it (`scaled`): capped as `softcap` caps it, NaN as -inf,
+// times 1/temperature, -0 as +0.
+__device__ __forceinline__ float draw_scaled(float x, int has_cap, float cap, float inv_t) {
+    if (has_cap) x = cap * tanhf(x / cap);
+    if (x != x) x = NEG_INF;
+    return __fadd_rn(__fmul_rn(x, inv_t), 0.0f);
+}
+
+__device__ __forceinline__ float draw_relative(float s, float max) {
+    return s == max ? 0.0f : __fsub_rn(s, max);
+}
+
+// `rank`: smaller first in the candidate order.
+__device__ __forceinline__ u32 draw_rank(float s) {
+    const u32 b = __float_as_uint(s);
+    return ~((b & 0x80000000u) ? ~b : (b | 0x80000000u));
+}
+
+// The first level's bin of a live relative value (monotone: a larger value, a lower bin).
+__device__ __forceinline__ u32 draw_bin0(float d) {
+    const int b = (int)__fmul_rn(-d, DRAW_BIN_SCALE);
+    return b < DRAW_BINS0 - 1 ? (u32)b : DRAW_BINS0 - 1;
+}
+
+// floor(a * b / 2^s), 0 < s < 64.
+__device__ __forceinline__ u64 draw_mul_shr(u64 a, u64 b, u32 s) {
+    const u64 lo = a * b, hi = __umul64hi(a, b);
+    return (hi << (64 - s)) | (lo >> s);
+}
+
+// Calls f(x, id) for every logit of the row: four 16-byte loads a thread in flight where the
+// row allows it (one value at a time, one block streams a row at a few GB/s).
+template <typename F>
+__device__ __forceinline__ void draw_each(const float* row, u32 vocab, F f) {
+    if ((vocab & 3u) == 0 && ((u64)row & 15u) == 0) {
+        const float4* r4 = reinterpret_cast<const float4*>(row);
+        const u32 n4 = vocab / 4;
+        u32 i = threadIdx.x;
+        for (; i + 3 * DRAW_THREADS < n4; i += 4 * DRAW_THREADS) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) v[u] = r4[i + u * DRAW_THREADS];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const u32 at = 4 * (i + u * DRAW_THREADS);
+                f(v[u].x, at);
+                f(v[u].y, at + 1);
+                f(v[u].z, at + 2);
+                f(v[u].w, at + 3);
+            }
+        }
+        for (; i < n4; i += DRAW_THREADS) {
+            const float4 v = r4[i];
+            f(v.x, 4 * i);
+            f(v.y, 4 * i + 1);
+            f(v.z, 4 * i + 2);
+            f(v.w, 4 * i + 3);
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < vocab; i += DRAW_THREADS) f(row[i], i);
+    }
+}
+
+// Block-wide reductions (every thread gets the result). `scratch` holds DRAW_WARPS words.
+__device__ __forceinline__ u64 draw_block_sum(u64 v, u64* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    u64 t = 0;
+    for (int w = 0; w < DRAW_WARPS; ++w) t += scratch[w];
+    return t;
+}
+
+__device__ __forceinline__ float draw_block_max(float v, u64* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = __float_as_uint(v);
+    __syncthreads();
+    float m = NEG_INF;
+    for (int w = 0; w < DRAW_WARPS; ++w) m = fmaxf(m, __uint_as_float((u32)scratch[w]));
+    return m;
+}
+
+// (min, max) of v over the block, as one pass of two reductions.
+__device__ __forceinline__ void draw_block_min_max(u32 lo, u32 hi, u64* scratch, u32* out_lo,
+                                                   u32* out_hi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = ((u64)hi << 32) | lo;
+    __syncthreads();
+    u32 l = 0xffffffffu, h = 0;
+    for (int w = 0; w < DRAW_WARPS; ++w) {
+        l = min(l, (u32)scratch[w]);
+        h = max(h, (u32)(scratch[w] >> 32));
+    }
+    *out_lo = l;
+    *out_hi = h;
+}
+
+// Exclusive prefix sum of v over the threads in order.
+__device__ __forceinline__ u64 draw_block_exclusive(u64 v, u64* scratch) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    u64 inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 n = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += n;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = inc;
+    __syncthreads();
+    u64 before = 0;
+    for (int w = 0; w < warp; ++w) before += scratch[w];
+    return before + inc - v;
+}
+
+// The first id, in id order, where the running sum of wf(x, id) passes `target` (below the
+// row's sum of wf). Each thread takes a contiguous stretch of ids; the stretches' sums are
+// scanned in order and the thread whose stretch holds the crossing walks it.
+template <typename WF>
+__device__ u32 draw_walk_ids(const float* row, u32 vocab, WF wf, u64 target, u64* scratch,
+                             u32* result) {
+    const u32 per = ((vocab + DRAW_THREADS - 1) / DRAW_THREADS + 3) & ~3u;
+    const u32 from = min(vocab, threadIdx.x * per), to = min(vocab, from + per);
+    u64 mine = 0;
+    for (u32 j = from; j < to; ++j) mine += wf(row[j], j);
+    const u64 before = draw_block_exclusive(mine, scratch);
+    if (threadIdx.x == 0) *result = 0xffffffffu;
+    __syncthreads();
+    if (mine > 0 && before <= target && target < before + mine) {
+        u64 cum = before;
+        for (u32 j = from; j < to; ++j) {
+            cum += wf(row[j], j);
+            if (cum > target) {
+                *result = j;
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    return *result;
+}
+
+// Shared state of a filtered draw.
+struct DrawShared {
+    u32 count0[DRAW_BINS0];
+    u64 mass0[DRAW_BINS0];
+    u32 count[DRAW_BINS];
+    u64 mass[DRAW_BINS];
+    u32 min_id[DRAW_BINS];
+    u64 scratch[DRAW_WARPS];
+    u32 found_bin, result;
+    u64 found_count, found_mass;
+};
+
+// Search modes: the position of the target-th candidate; the first position whose running
+// weight reaches the target; the first whose running weight passes it.
+#define DRAW_BY_COUNT 0
+#define DRAW_REACHES 1
+#define DRAW_PASSES 2
+
+// Over `bins` bins (counts, masses) after `above` (count, mass) of earlier candidates: the
+// first non-empty bin where the search's target is met, with the count and mass before it.
+// One warp: each lane scans a run of bins, then the lanes' totals are scanned in order.
+__device__ void draw_find_bin(const u32* count, const u64* mass, u32 bins, int mode, u64 target,
+                              u64 above_count, u64 above_mass, DrawShared* sh) {
+    if (threadIdx.x >= 32) return;
+    const u32 lane = threadIdx.x, per = bins / 32;
+    u64 c = 0, m = 0;
+    for (u32 b = lane * per; b < (lane + 1) * per; ++b) {
+        c += count[b];
+        m += mass[b];
+    }
+    u64 ci = c, mi = m;
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 nc = __shfl_up_sync(0xffffffffu, ci, o), nm = __shfl_up_sync(0xffffffffu, mi, o);
+        if (lane >= (u32)o) {
+            ci += nc;
+            mi += nm;
+        }
+    }
+    u64 bc = above_count + ci - c, bm = above_mass + mi - m;
+    const bool lane_met = mode == DRAW_BY_COUNT  ? bc + c >= target
+                          : mode == DRAW_REACHES ? c > 0 && bm + m >= target
+                                                 : bm + m > target;
+    const u32 first = __ffs(__ballot_sync(0xffffffffu, lane_met)) - 1;
+    if (lane == first) {
+        for (u32 b = lane * per; b < (lane + 1) * per; ++b) {
+            const bool met = mode == DRAW_BY_COUNT  ? bc + count[b] >= target
+                             : mode == DRAW_REACHES ? count[b] > 0 && bm + mass[b] >= target
+                                                    : bm + mass[b] > target;
+            if (met) {
+                sh->found_bin = b;
+                sh->found_count = bc;
+                sh->found_mass = bm;
+                break;
+            }
+            bc += count[b];
+            bm += mass[b];
+        }
+    }
+}
+
+// A position in the rank order found by draw_search: the candidate's id, how many come up to
+// and including it, and their weight.
+struct DrawPos {
+    u32 id;
+    u64 count, mass;
+};
+
+// The position the search `mode` / `target` ends at. The first level (sh->count0 / mass0) is
+// filled by the caller.
+__device__ DrawPos draw_search(const float* row, u32 vocab, int has_cap, float cap, float inv_t,
+                               float best, u32 shift, int mode, u64 target, DrawShared* sh) {
+    draw_find_bin(sh->count0, sh->mass0, DRAW_BINS0, mode, target, 0, 0, sh);
+    __syncthreads();
+    const u32 bin = sh->found_bin;
+    u64 above_count = sh->found_count, above_mass = sh->found_mass;
+    // The bin's candidates are a run of rank keys: its first and last.
+    u32 lo = 0xffffffffu, hi = 0;
+    draw_each(row, vocab, [&](float x, u32) {
+        const float s = draw_scaled(x, has_cap, cap, inv_t);
+        const float d = draw_relative(s, best);
+        if (d >= DRAW_CUTOFF && draw_bin0(d) == bin) {
+            const u32 r = draw_rank(s);
+            lo = min(lo, r);
+            hi = max(hi, r);
+        }
+    });
+    u32 rlo, rhi;
+    draw_block_min_max(lo, hi, sh->scratch, &rlo, &rhi);
+    // Digits of (rank - rlo), 8 bits a level from the top, until one rank is left.
+    u64 base = rlo;
+    int bits = rhi == rlo ? 0 : 32 - __clz(rhi - rlo);
+    u64 at_count = 0, at_mass = 0;
+    u32 at_min_id = 0;
+    bool first_pass = true;
+    while (bits > 0 || first_pass) {
+        const int step = bits >= 8 ? 8 : bits;
+        const int low = bits - step;
+        for (u32 b = threadIdx.x; b < DRAW_BINS; b += DRAW_THREADS) {
+            sh->count[b] = 0;
+            sh->mass[b] = 0;
+            sh->min_id[b] = 0xffffffffu;
+        }
+        __syncthreads();
+        const u64 span = 1ull << bits;
+        draw_each(row, vocab, [&](float x, u32 id) {
+            const float s = draw_scaled(x, has_cap, cap, inv_t);
+            const u64 r = draw_rank(s);
+            if (r >= base && r - base < span) {
+                const float d = draw_relative(s, best);
+                if (!(d >= DRAW_CUTOFF)) return;
+                const u32 digit = (u32)((r - base) >> low);
+                atomicAdd(&sh->count[digit], 1u);
+                const u64 w = draw_weight(d, shift);
+                if (w) atomicAdd(&sh->mass[digit], (unsigned long long)w);
+                atomicMin(&sh->min_id[digit], id);
+            }
+        });
+        __syncthreads();
+        draw_find_bin(sh->count, sh->mass, DRAW_BINS, mode, target, above_count, above_mass, sh);
+        __syncthreads();
+        const u32 digit = sh->found_bin;
+        above_count = sh->found_count;
+        above_mass = sh->found_mass;
+        at_count = sh->count[digit];
+        at_mass = sh->mass[digit];
+        at_min_id = sh->min_id[digit];
+        base += (u64)digit << low;
+        bits = low;
+        first_pass = false;
+        __syncthreads();
+    }
+    // `at_count` candidates share the rank `base` and its weight: the j-th of them by id.
+    const u64 w = at_mass / at_count;
+    u64 j;
+    if (mode == DRAW_BY_COUNT) {
+        j = target - above_count;
+    } else if (mode == DRAW_REACHES) {
+        j = target <= above_mass ? 1 : (target - above_mass + w - 1) / w;
+    } else {
+        j = (target - above_mass) / w + 1;
+    }
+    DrawPos pos;
+    pos.count = above_count + j;
+    pos.mass = above_mass + j * w;
+    if (j == 1) {
+        pos.id = at_min_id;
+    } else {
+        const u32 key = (u32)base;
+        pos.id = draw_walk_ids(
+            row, vocab,
+            [&](float x, u32) -> u64 {
+                return draw_rank(draw_scaled(x, has_cap, cap, inv_t)) == key ? 1 : 0;
+            },
+            j - 1, sh->scratch, &sh->result);
+    }
+    return pos;
+}
+
+// Draws row draws[b].row of `logits` into keys[row] (low half: ~id, as argmax_rows writes
+// it); the launcher has run argmax_rows over the rows first, whose key stays where every
+// value is -inf or NaN (nothing to draw from, the host falls back to the argmax too).
+// args: DRAW_ARG_WORDS u64 a draw: uniform (53 bits), top_p * 2^32, row | top_k << 32,
+// bits of 1/temperature | bits of ln(min_p) << 32, flags.
+extern "C" __global__ void __launch_bounds__(DRAW_THREADS)
+draw_rows(const float* logits, unsigned long long* keys, const unsigned long long* args,
+          u32 vocab, int has_cap, float cap, u32 shift) {
+    __shared__ DrawShared sh;
+    const unsigned long long* a = args + (u64)blockIdx.x * DRAW_ARG_WORDS;
+    const u64 u = a[0], top_p32 = a[1];
+    const u32 row_index = (u32)a[2], top_k = (u32)(a[2] >> 32);
+    const float inv_t = __uint_as_float((u32)a[3]), min_rel = __uint_as_float((u32)(a[3] >> 32));
+    const u32 flags = (u32)a[4];
+    const float* row = logits + (u64)row_index * vocab;
+
+    float m = NEG_INF;
+    draw_each(row, vocab, [&](float x, u32) { m = fmaxf(m, draw_scaled(x, has_cap, cap, inv_t)); });
+    const float best = draw_block_max(m, sh.scratch);
+    if (best == NEG_INF) return;
+
+    if (!(flags & DRAW_FILTERED)) {
+        u64 t = 0;
+        draw_each(row, vocab, [&](float x, u32) {
+            t += draw_weight(draw_relative(draw_scaled(x, has_cap, cap, inv_t), best), shift);
+        });
+        const u64 total = draw_block_sum(t, sh.scratch);
+        const u32 id = draw_walk_ids(
+            row, vocab,
+            [&](float x, u32) -> u64 {
+                return draw_weight(draw_relative(draw_scaled(x, has_cap, cap, inv_t), best), shift);
+            },
+            draw_mul_shr(total, u, 53), sh.scratch, &sh.result);
+        if (threadIdx.x == 0) keys[row_index] = (1ull << 32) | (u64)(0xffffffffu - id);
+        return;
+    }
+
+    // The first level, and the row's totals: live candidates, those min-p keeps, weights.
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
+        sh.count0[b] = 0;
+        sh.mass0[b] = 0;
+    }
+    __syncthreads();
+    u64 live = 0, kept = 0, kept_mass = 0, total = 0;
+    draw_each(row, vocab, [&](float x, u32) {
+        const float d = draw_relative(draw_scaled(x, has_cap, cap, inv_t), best);
+        const u64 w = draw_weight(d, shift);
+        if (d >= min_rel) {
+            kept += 1;
+            kept_mass += w;
+        }
+        total += w;
+        if (d >= DRAW_CUTOFF) {
+            live += 1;
+            const u32 b = draw_bin0(d);
+            atomicAdd(&sh.count0[b], 1u);
+            if (w) atomicAdd(&sh.mass0[b], (unsigned long long)w);
+        }
+    });
+    live = draw_block_sum(live, sh.scratch);
+    kept = draw_block_sum(kept, sh.scratch);
+    kept_mass = draw_block_sum(kept_mass, sh.scratch);
+    total = draw_block_sum(total, sh.scratch);
+
+    // The cut: the first `keep` candidates, weighing `keep_mass`.
+    u64 keep = live, keep_mass = total;
+    if (top_k > 0 && top_k < live) {
+        const DrawPos k = draw_search(row, vocab, has_cap, cap, inv_t, best, shift, DRAW_BY_COUNT,
+                                      top_k, &sh);
+        keep = k.count;
+        keep_mass = k.mass;
+    }
+    if (flags & DRAW_TOP_P) {
+        const DrawPos p = draw_search(row, vocab, has_cap, cap, inv_t, best, shift, DRAW_REACHES,
+                                      draw_mul_shr(keep_mass, top_p32, 32), &sh);
+        if (p.count < keep) {
+            keep = p.count;
+            keep_mass = p.mass;
+        }
+    }
+    if (kept < keep) {
+        keep = kept;
+        keep_mass = kept_mass;
+    }
+    const DrawPos d = draw_search(row, vocab, has_cap, cap, inv_t, best, shift, DRAW_PASSES,
+                                  draw_mul_shr(keep_mass, u, 53), &sh);
+    if (threadIdx.x == 0) keys[row_index] = (1ull << 32) | (u64)(0xffffffffu - d.id);
+}
