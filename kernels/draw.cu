@@ -20,6 +20,8 @@
 #define DRAW_BIN_SCALE 51.2f
 // Words of one draw's arguments (`draw_args` in cuda/draw.rs).
 #define DRAW_ARG_WORDS 5
+// Candidates of one first-level bin sorted in shared memory (more: one pass a level).
+#define DRAW_GATHER 2048
 #define DRAW_FILTERED 1u
 #define DRAW_TOP_P 2u
 
@@ -71,6 +73,12 @@ __device__ __forceinline__ float draw_relative(float s, float max) {
 __device__ __forceinline__ u32 draw_rank(float s) {
     const u32 b = __float_as_uint(s);
     return ~((b & 0x80000000u) ? ~b : (b | 0x80000000u));
+}
+
+// The value whose rank key is r (draw_rank inverted).
+__device__ __forceinline__ float draw_unrank(u32 r) {
+    const u32 o = ~r;
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
 // The first level's bin of a live relative value (monotone: a larger value, a lower bin).
@@ -211,8 +219,10 @@ struct DrawShared {
     u32 count[DRAW_BINS];
     u64 mass[DRAW_BINS];
     u32 min_id[DRAW_BINS];
+    // A first-level bin's candidates as (rank << 32) | id, when they fit.
+    u64 gathered[DRAW_GATHER];
     u64 scratch[DRAW_WARPS];
-    u32 found_bin, result;
+    u32 found_bin, result, gathered_n;
     u64 found_count, found_mass;
 };
 
@@ -271,6 +281,80 @@ struct DrawPos {
     u64 count, mass;
 };
 
+// draw_search's end when the first-level bin `bin` holds at most DRAW_GATHER candidates:
+// one pass gathers them, a bitonic sort puts them in rank order, and a scan of their
+// weights finds the position.
+__device__ DrawPos draw_search_gathered(const float* row, u32 vocab, int has_cap, float cap,
+                                        float inv_t, float best, u32 shift, int mode, u64 target,
+                                        u32 bin, u64 above_count, u64 above_mass, DrawShared* sh) {
+    const u32 n = sh->count0[bin];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sh->gathered_n = 0;
+        sh->result = 0xffffffffu;
+    }
+    __syncthreads();
+    draw_each(row, vocab, [&](float x, u32 id) {
+        const float s = draw_scaled(x, has_cap, cap, inv_t);
+        const float d = draw_relative(s, best);
+        if (d >= DRAW_CUTOFF && draw_bin0(d) == bin) {
+            const u32 at = atomicAdd(&sh->gathered_n, 1u);
+            sh->gathered[at] = ((u64)draw_rank(s) << 32) | id;
+        }
+    });
+    u32 p = 1;
+    while (p < n) p <<= 1;
+    for (u32 i = n + threadIdx.x; i < p; i += DRAW_THREADS) sh->gathered[i] = ~0ull;
+    __syncthreads();
+    for (u32 k = 2; k <= p; k <<= 1) {
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            for (u32 i = threadIdx.x; i < p; i += DRAW_THREADS) {
+                const u32 o = i ^ j;
+                if (o > i) {
+                    const u64 a = sh->gathered[i], b = sh->gathered[o];
+                    if ((a > b) == ((i & k) == 0)) {
+                        sh->gathered[i] = b;
+                        sh->gathered[o] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    // Thread t holds positions 2t and 2t + 1.
+    u64 w[2] = {0, 0};
+    for (int k = 0; k < 2; ++k) {
+        const u32 i = 2 * threadIdx.x + k;
+        if (i < n) {
+            const float s = draw_unrank((u32)(sh->gathered[i] >> 32));
+            w[k] = draw_weight(draw_relative(s, best), shift);
+        }
+    }
+    u64 cum = above_mass + draw_block_exclusive(w[0] + w[1], sh->scratch);
+    for (int k = 0; k < 2; ++k) {
+        const u32 i = 2 * threadIdx.x + k;
+        cum += w[k];
+        const bool met = mode == DRAW_BY_COUNT  ? above_count + i + 1 >= target
+                         : mode == DRAW_REACHES ? cum >= target
+                                                : cum > target;
+        if (i < n && met) {
+            atomicMin(&sh->result, i);
+            break;
+        }
+    }
+    __syncthreads();
+    const u32 at = sh->result;
+    DrawPos pos;
+    pos.id = (u32)sh->gathered[at];
+    pos.count = above_count + at + 1;
+    // The weight through `at`: its owner stopped its running sum there.
+    if (at / 2 == threadIdx.x) sh->found_mass = cum;
+    __syncthreads();
+    pos.mass = sh->found_mass;
+    __syncthreads();
+    return pos;
+}
+
 // The position the search `mode` / `target` ends at. The first level (sh->count0 / mass0) is
 // filled by the caller.
 __device__ DrawPos draw_search(const float* row, u32 vocab, int has_cap, float cap, float inv_t,
@@ -279,6 +363,10 @@ __device__ DrawPos draw_search(const float* row, u32 vocab, int has_cap, float c
     __syncthreads();
     const u32 bin = sh->found_bin;
     u64 above_count = sh->found_count, above_mass = sh->found_mass;
+    if (sh->count0[bin] <= DRAW_GATHER) {
+        return draw_search_gathered(row, vocab, has_cap, cap, inv_t, best, shift, mode, target,
+                                    bin, above_count, above_mass, sh);
+    }
     // The bin's candidates are a run of rank keys: its first and last.
     u32 lo = 0xffffffffu, hi = 0;
     draw_each(row, vocab, [&](float x, u32) {
@@ -362,6 +450,76 @@ __device__ DrawPos draw_search(const float* row, u32 vocab, int has_cap, float c
     return pos;
 }
 
+// An unfiltered draw: the first id, in id order, whose running weight passes
+// floor(total * u / 2^53). One pass sums the weights of runs of `run` ids (a warp's 128
+// consecutive ids at a time, so the runs need no atomics of their own); the run holding the
+// crossing is found from the runs' sums and walked by one warp.
+__device__ u32 draw_in_id_order(const float* row, u32 vocab, int has_cap, float cap, float inv_t,
+                                float best, u32 shift, u64 u, DrawShared* sh) {
+    const u32 run = 128u * ((vocab + 128u * DRAW_BINS0 - 1) / (128u * DRAW_BINS0));
+    const u32 lane = threadIdx.x % 32;
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
+        sh->count0[b] = 0;
+        sh->mass0[b] = 0;
+    }
+    if (threadIdx.x == 0) sh->result = 0;
+    __syncthreads();
+    auto weight = [&](float x) {
+        return draw_weight(draw_relative(draw_scaled(x, has_cap, cap, inv_t), best), shift);
+    };
+    if ((vocab & 3u) == 0 && ((u64)row & 15u) == 0) {
+        const float4* r4 = reinterpret_cast<const float4*>(row);
+        const u32 n4 = vocab / 4;
+        for (u32 at = threadIdx.x - lane; at < n4; at += 4 * DRAW_THREADS) {
+            float4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 i = at + k * DRAW_THREADS + lane;
+                v[k] = i < n4 ? r4[i] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                u64 w = weight(v[k].x) + weight(v[k].y) + weight(v[k].z) + weight(v[k].w);
+                for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+                const u32 first = 4 * (at + k * DRAW_THREADS);
+                if (lane == 0 && w) atomicAdd(&sh->mass0[first / run], (unsigned long long)w);
+            }
+        }
+    } else {
+        draw_each(row, vocab, [&](float x, u32 id) {
+            const u64 w = weight(x);
+            if (w) atomicAdd(&sh->mass0[id / run], (unsigned long long)w);
+        });
+    }
+    __syncthreads();
+    u64 t = 0;
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) t += sh->mass0[b];
+    const u64 target = draw_mul_shr(draw_block_sum(t, sh->scratch), u, 53);
+    draw_find_bin(sh->count0, sh->mass0, DRAW_BINS0, DRAW_PASSES, target, 0, 0, sh);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const u32 from = sh->found_bin * run, to = min(vocab, from + run);
+        u64 cum = sh->found_mass;
+        for (u32 at = from; at < to; at += 32) {
+            const u32 id = at + lane;
+            const u64 w = id < to ? weight(row[id]) : 0;
+            u64 inc = w;
+            for (int o = 1; o < 32; o <<= 1) {
+                const u64 n = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= (u32)o) inc += n;
+            }
+            const u32 hit = __ballot_sync(0xffffffffu, cum + inc > target);
+            if (hit) {
+                if (lane == (u32)(__ffs(hit) - 1)) sh->result = id;
+                break;
+            }
+            cum += __shfl_sync(0xffffffffu, inc, 31);
+        }
+    }
+    __syncthreads();
+    return sh->result;
+}
+
 // Draws row draws[b].row of `logits` into keys[row] (low half: ~id, as argmax_rows writes
 // it); the launcher has run argmax_rows over the rows first, whose key stays where every
 // value is -inf or NaN (nothing to draw from, the host falls back to the argmax too).
@@ -378,23 +536,13 @@ draw_rows(const float* logits, unsigned long long* keys, const unsigned long lon
     const u32 flags = (u32)a[4];
     const float* row = logits + (u64)row_index * vocab;
 
-    float m = NEG_INF;
-    draw_each(row, vocab, [&](float x, u32) { m = fmaxf(m, draw_scaled(x, has_cap, cap, inv_t)); });
-    const float best = draw_block_max(m, sh.scratch);
+    // The best value is the argmax's (its key holds the capped value's ordered bits), scaled:
+    // scaling is monotone, so it is the best scaled value.
+    const float best = draw_scaled(draw_unrank(~(u32)(keys[row_index] >> 32)), 0, 0.0f, inv_t);
     if (best == NEG_INF) return;
 
     if (!(flags & DRAW_FILTERED)) {
-        u64 t = 0;
-        draw_each(row, vocab, [&](float x, u32) {
-            t += draw_weight(draw_relative(draw_scaled(x, has_cap, cap, inv_t), best), shift);
-        });
-        const u64 total = draw_block_sum(t, sh.scratch);
-        const u32 id = draw_walk_ids(
-            row, vocab,
-            [&](float x, u32) -> u64 {
-                return draw_weight(draw_relative(draw_scaled(x, has_cap, cap, inv_t), best), shift);
-            },
-            draw_mul_shr(total, u, 53), sh.scratch, &sh.result);
+        const u32 id = draw_in_id_order(row, vocab, has_cap, cap, inv_t, best, shift, u, &sh);
         if (threadIdx.x == 0) keys[row_index] = (1ull << 32) | (u64)(0xffffffffu - id);
         return;
     }
