@@ -4,11 +4,13 @@
 // of IEEE operations, written with intrinsics that the compiler can neither fuse nor
 // reorder.
 //
-// One block a drawn row. A filtered draw (top-k, top-p, min-p) never sorts: each cut is a
-// position in the rank order (value descending, ties to the lower id), found by a search
-// that narrows a histogram of the live candidates (relative value at least -40) level by
-// level: first 2048 bins of the relative value, then 256-bin digits of the rank key within
-// the bin found, then, among equal values, the id. Each level is one pass over the row.
+// A first pass spreads each drawn row over several blocks (draw_first_pass); then one block a
+// drawn row finishes it (draw_rows). A filtered draw (top-k, top-p, min-p) never sorts: each
+// cut is a position in the rank order (value descending, ties to the lower id), found by a
+// search that narrows a histogram of the live candidates (relative value at least -40): the
+// first pass's 2048 bins of the relative value, then the bin found, its candidates gathered
+// into shared memory and sorted where they fit, else level by level over 256-bin digits of
+// the rank key (a pass over the row a level), then, among equal values, the id.
 
 #define DRAW_THREADS 1024
 #define DRAW_WARPS (DRAW_THREADS / 32)
@@ -22,6 +24,13 @@
 #define DRAW_ARG_WORDS 5
 // Candidates of one first-level bin sorted in shared memory (more: one pass a level).
 #define DRAW_GATHER 2048
+// The first pass (draw_first_pass) runs DRAW_PASS_THREADS a block, several blocks a row, and
+// leaves for draw_rows, a drawn row at a time: the first-level histogram (DRAW_HIST_WORDS
+// u64: weights of DRAW_BINS0 bins, their counts as u32, then live, kept, kept weight and
+// total) and each value's bin (u16, DRAW_NO_BIN when not live).
+#define DRAW_PASS_THREADS 256
+#define DRAW_HIST_WORDS (DRAW_BINS0 + DRAW_BINS0 / 2 + 4)
+#define DRAW_NO_BIN 0xffffu
 #define DRAW_FILTERED 1u
 #define DRAW_TOP_P 2u
 
@@ -136,17 +145,6 @@ __device__ __forceinline__ u64 draw_block_sum(u64 v, u64* scratch) {
     u64 t = 0;
     for (int w = 0; w < DRAW_WARPS; ++w) t += scratch[w];
     return t;
-}
-
-__device__ __forceinline__ float draw_block_max(float v, u64* scratch) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = __float_as_uint(v);
-    __syncthreads();
-    float m = NEG_INF;
-    for (int w = 0; w < DRAW_WARPS; ++w) m = fmaxf(m, __uint_as_float((u32)scratch[w]));
-    return m;
 }
 
 // (min, max) of v over the block, as one pass of two reductions.
@@ -284,9 +282,10 @@ struct DrawPos {
 // draw_search's end when the first-level bin `bin` holds at most DRAW_GATHER candidates:
 // one pass gathers them, a bitonic sort puts them in rank order, and a scan of their
 // weights finds the position.
-__device__ DrawPos draw_search_gathered(const float* row, u32 vocab, int has_cap, float cap,
-                                        float inv_t, float best, u32 shift, int mode, u64 target,
-                                        u32 bin, u64 above_count, u64 above_mass, DrawShared* sh) {
+__device__ DrawPos draw_search_gathered(const float* row, const u16* bins, u32 vocab, int has_cap,
+                                        float cap, float inv_t, float best, u32 shift, int mode,
+                                        u64 target, u32 bin, u64 above_count, u64 above_mass,
+                                        DrawShared* sh) {
     const u32 n = sh->count0[bin];
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -294,14 +293,29 @@ __device__ DrawPos draw_search_gathered(const float* row, u32 vocab, int has_cap
         sh->result = 0xffffffffu;
     }
     __syncthreads();
-    draw_each(row, vocab, [&](float x, u32 id) {
-        const float s = draw_scaled(x, has_cap, cap, inv_t);
-        const float d = draw_relative(s, best);
-        if (d >= DRAW_CUTOFF && draw_bin0(d) == bin) {
+    // The first pass noted each value's bin: only the bin's values are read again.
+    const auto gather = [&](u32 b, u32 id) {
+        if (b == bin) {
+            const float s = draw_scaled(row[id], has_cap, cap, inv_t);
             const u32 at = atomicAdd(&sh->gathered_n, 1u);
             sh->gathered[at] = ((u64)draw_rank(s) << 32) | id;
         }
-    });
+    };
+    if ((vocab & 7u) == 0 && ((u64)bins & 15u) == 0) {
+        const uint4* b8 = reinterpret_cast<const uint4*>(bins);
+        const u32 n8 = vocab / 8;
+        for (u32 i = threadIdx.x; i < n8; i += DRAW_THREADS) {
+            const uint4 v = b8[i];
+            const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                gather(w[k] & 0xffffu, 8 * i + 2 * k);
+                gather(w[k] >> 16, 8 * i + 2 * k + 1);
+            }
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < vocab; i += DRAW_THREADS) gather(bins[i], i);
+    }
     u32 p = 1;
     while (p < n) p <<= 1;
     for (u32 i = n + threadIdx.x; i < p; i += DRAW_THREADS) sh->gathered[i] = ~0ull;
@@ -357,15 +371,16 @@ __device__ DrawPos draw_search_gathered(const float* row, u32 vocab, int has_cap
 
 // The position the search `mode` / `target` ends at. The first level (sh->count0 / mass0) is
 // filled by the caller.
-__device__ DrawPos draw_search(const float* row, u32 vocab, int has_cap, float cap, float inv_t,
-                               float best, u32 shift, int mode, u64 target, DrawShared* sh) {
+__device__ DrawPos draw_search(const float* row, const u16* bins, u32 vocab, int has_cap, float cap,
+                               float inv_t, float best, u32 shift, int mode, u64 target,
+                               DrawShared* sh) {
     draw_find_bin(sh->count0, sh->mass0, DRAW_BINS0, mode, target, 0, 0, sh);
     __syncthreads();
     const u32 bin = sh->found_bin;
     u64 above_count = sh->found_count, above_mass = sh->found_mass;
     if (sh->count0[bin] <= DRAW_GATHER) {
-        return draw_search_gathered(row, vocab, has_cap, cap, inv_t, best, shift, mode, target,
-                                    bin, above_count, above_mass, sh);
+        return draw_search_gathered(row, bins, vocab, has_cap, cap, inv_t, best, shift, mode,
+                                    target, bin, above_count, above_mass, sh);
     }
     // The bin's candidates are a run of rank keys: its first and last.
     u32 lo = 0xffffffffu, hi = 0;
@@ -450,50 +465,142 @@ __device__ DrawPos draw_search(const float* row, u32 vocab, int has_cap, float c
     return pos;
 }
 
-// An unfiltered draw: the first id, in id order, whose running weight passes
-// floor(total * u / 2^53). One pass sums the weights of runs of `run` ids (a warp's 128
-// consecutive ids at a time, so the runs need no atomics of their own); the run holding the
-// crossing is found from the runs' sums and walked by one warp.
-__device__ u32 draw_in_id_order(const float* row, u32 vocab, int has_cap, float cap, float inv_t,
-                                float best, u32 shift, u64 u, DrawShared* sh) {
-    const u32 run = 128u * ((vocab + 128u * DRAW_BINS0 - 1) / (128u * DRAW_BINS0));
+// One drawn row's arguments (DRAW_ARG_WORDS u64 a draw: uniform (53 bits), top_p * 2^32,
+// row | top_k << 32, bits of 1/temperature | bits of ln(min_p) << 32, flags) and its best
+// scaled value, which the argmax's key holds (the capped value's ordered bits; scaling is
+// monotone, so its scaled value is the best scaled value).
+struct DrawArgs {
+    u64 u, top_p32;
+    u32 row, top_k, flags;
+    float inv_t, min_rel, best;
+};
+
+__device__ __forceinline__ DrawArgs draw_args(const unsigned long long* args, u32 b,
+                                              const unsigned long long* keys) {
+    const unsigned long long* a = args + (u64)b * DRAW_ARG_WORDS;
+    DrawArgs d;
+    d.u = a[0];
+    d.top_p32 = a[1];
+    d.row = (u32)a[2];
+    d.top_k = (u32)(a[2] >> 32);
+    d.inv_t = __uint_as_float((u32)a[3]);
+    d.min_rel = __uint_as_float((u32)(a[3] >> 32));
+    d.flags = (u32)a[4];
+    d.best = draw_scaled(draw_unrank(~(u32)(keys[d.row] >> 32)), 0, 0.0f, d.inv_t);
+    return d;
+}
+
+// The length of a run of ids whose weights an unfiltered draw sums together: a multiple of a
+// warp's 128 ids, at most DRAW_BINS0 runs a row.
+__device__ __forceinline__ u32 draw_run(u32 vocab) {
+    return 128u * ((vocab + 128u * DRAW_BINS0 - 1) / (128u * DRAW_BINS0));
+}
+
+// The first pass over the drawn rows, spread over gridDim.y blocks a row, each a stretch of
+// `slice` ids (a multiple of 128). An unfiltered draw: each run's weight (hist[0..]). A
+// filtered one: the first-level histogram, the row's totals and each value's bin. All sums
+// are of integers, so the blocks' order does not matter. `hist` is zeroed by the launcher.
+extern "C" __global__ void __launch_bounds__(DRAW_PASS_THREADS)
+draw_first_pass(const float* logits, const unsigned long long* keys,
+                const unsigned long long* args, unsigned long long* hist, u16* bins, u32 vocab,
+                int has_cap, float cap, u32 shift, u32 slice) {
+    __shared__ u32 count[DRAW_BINS0];
+    __shared__ u64 mass[DRAW_BINS0];
+    const DrawArgs a = draw_args(args, blockIdx.x, keys);
+    if (a.best == NEG_INF) return;
+    const float* row = logits + (u64)a.row * vocab;
+    unsigned long long* h = hist + (u64)blockIdx.x * DRAW_HIST_WORDS;
+    u16* bin_of = bins + (u64)blockIdx.x * vocab;
+    const u32 from = blockIdx.y * slice, to = min(vocab, from + slice);
     const u32 lane = threadIdx.x % 32;
-    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
-        sh->count0[b] = 0;
-        sh->mass0[b] = 0;
-    }
-    if (threadIdx.x == 0) sh->result = 0;
-    __syncthreads();
-    auto weight = [&](float x) {
-        return draw_weight(draw_relative(draw_scaled(x, has_cap, cap, inv_t), best), shift);
+    const bool aligned = (vocab & 3u) == 0 && ((u64)row & 15u) == 0;
+    const auto rel = [&](float x) {
+        return draw_relative(draw_scaled(x, has_cap, cap, a.inv_t), a.best);
     };
-    if ((vocab & 3u) == 0 && ((u64)row & 15u) == 0) {
-        const float4* r4 = reinterpret_cast<const float4*>(row);
-        const u32 n4 = vocab / 4;
-        for (u32 at = threadIdx.x - lane; at < n4; at += 4 * DRAW_THREADS) {
-            float4 v[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const u32 i = at + k * DRAW_THREADS + lane;
-                v[k] = i < n4 ? r4[i] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+    if (!(a.flags & DRAW_FILTERED)) {
+        const u32 run = draw_run(vocab);
+        // A warp's 32 lanes take 128 consecutive ids (four each), all in one run.
+        for (u32 at = from + 4 * (threadIdx.x - lane); at < to; at += 4 * DRAW_PASS_THREADS) {
+            u64 w = 0;
+            const u32 id = at + 4 * lane;
+            if (aligned && id + 3 < to) {
+                const float4 v = *reinterpret_cast<const float4*>(row + id);
+                w = draw_weight(rel(v.x), shift) + draw_weight(rel(v.y), shift) +
+                    draw_weight(rel(v.z), shift) + draw_weight(rel(v.w), shift);
+            } else {
+                for (u32 k = id; k < min(id + 4, to); ++k) w += draw_weight(rel(row[k]), shift);
             }
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                u64 w = weight(v[k].x) + weight(v[k].y) + weight(v[k].z) + weight(v[k].w);
-                for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-                const u32 first = 4 * (at + k * DRAW_THREADS);
-                if (lane == 0 && w) atomicAdd(&sh->mass0[first / run], (unsigned long long)w);
+            for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+            if (lane == 0 && w) atomicAdd(h + at / run, (unsigned long long)w);
+        }
+        return;
+    }
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_PASS_THREADS) {
+        count[b] = 0;
+        mass[b] = 0;
+    }
+    __syncthreads();
+    u64 live = 0, kept = 0, kept_mass = 0, total = 0;
+    const auto visit = [&](float x, u32 id) {
+        const float d = rel(x);
+        const u64 w = draw_weight(d, shift);
+        if (d >= a.min_rel) {
+            kept += 1;
+            kept_mass += w;
+        }
+        total += w;
+        u16 bin = DRAW_NO_BIN;
+        if (d >= DRAW_CUTOFF) {
+            live += 1;
+            bin = (u16)draw_bin0(d);
+            atomicAdd(&count[bin], 1u);
+            if (w) atomicAdd(&mass[bin], (unsigned long long)w);
+        }
+        bin_of[id] = bin;
+    };
+    if (aligned) {
+        for (u32 id = from + 4 * threadIdx.x; id < to; id += 4 * DRAW_PASS_THREADS) {
+            if (id + 3 < to) {
+                const float4 v = *reinterpret_cast<const float4*>(row + id);
+                visit(v.x, id);
+                visit(v.y, id + 1);
+                visit(v.z, id + 2);
+                visit(v.w, id + 3);
+            } else {
+                for (u32 k = id; k < to; ++k) visit(row[k], k);
             }
         }
     } else {
-        draw_each(row, vocab, [&](float x, u32 id) {
-            const u64 w = weight(x);
-            if (w) atomicAdd(&sh->mass0[id / run], (unsigned long long)w);
-        });
+        for (u32 id = from + threadIdx.x; id < to; id += DRAW_PASS_THREADS) visit(row[id], id);
     }
     __syncthreads();
+    u32* counts = reinterpret_cast<u32*>(h + DRAW_BINS0);
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_PASS_THREADS) {
+        if (count[b]) atomicAdd(counts + b, count[b]);
+        if (mass[b]) atomicAdd(h + b, (unsigned long long)mass[b]);
+    }
+    const u64 sums[4] = {live, kept, kept_mass, total};
+    for (int k = 0; k < 4; ++k) {
+        u64 v = sums[k];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && v) atomicAdd(h + DRAW_BINS0 + DRAW_BINS0 / 2 + k, (unsigned long long)v);
+    }
+}
+
+// An unfiltered draw: the first id, in id order, whose running weight passes
+// floor(total * u / 2^53). The first pass summed the weights of runs of ids (`run`); the run
+// holding the crossing is found from those sums and walked by one warp.
+__device__ u32 draw_in_id_order(const float* row, u32 vocab, int has_cap, float cap, float inv_t,
+                                float best, u32 shift, u64 u, DrawShared* sh) {
+    const u32 run = draw_run(vocab);
+    const u32 lane = threadIdx.x % 32;
+    __syncthreads();
+    if (threadIdx.x == 0) sh->result = 0;
     u64 t = 0;
-    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) t += sh->mass0[b];
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
+        sh->count0[b] = 0;
+        t += sh->mass0[b];
+    }
     const u64 target = draw_mul_shr(draw_block_sum(t, sh->scratch), u, 53);
     draw_find_bin(sh->count0, sh->mass0, DRAW_BINS0, DRAW_PASSES, target, 0, 0, sh);
     __syncthreads();
@@ -502,7 +609,11 @@ __device__ u32 draw_in_id_order(const float* row, u32 vocab, int has_cap, float 
         u64 cum = sh->found_mass;
         for (u32 at = from; at < to; at += 32) {
             const u32 id = at + lane;
-            const u64 w = id < to ? weight(row[id]) : 0;
+            const u64 w = id < to ? draw_weight(draw_relative(draw_scaled(row[id], has_cap, cap,
+                                                                          inv_t),
+                                                              best),
+                                                shift)
+                                  : 0;
             u64 inc = w;
             for (int o = 1; o < 32; o <<= 1) {
                 const u64 n = __shfl_up_sync(0xffffffffu, inc, o);
@@ -520,71 +631,45 @@ __device__ u32 draw_in_id_order(const float* row, u32 vocab, int has_cap, float 
     return sh->result;
 }
 
-// Draws row draws[b].row of `logits` into keys[row] (low half: ~id, as argmax_rows writes
-// it); the launcher has run argmax_rows over the rows first, whose key stays where every
-// value is -inf or NaN (nothing to draw from, the host falls back to the argmax too).
-// args: DRAW_ARG_WORDS u64 a draw: uniform (53 bits), top_p * 2^32, row | top_k << 32,
-// bits of 1/temperature | bits of ln(min_p) << 32, flags.
+// Draws row args[b].row of `logits` into keys[row] (low half: ~id, as argmax_rows writes it),
+// from draw_first_pass's histogram and bins; the launcher has run argmax_rows over the rows
+// first, whose key stays where every value is -inf or NaN (nothing to draw from, the host
+// falls back to the argmax too).
 extern "C" __global__ void __launch_bounds__(DRAW_THREADS)
 draw_rows(const float* logits, unsigned long long* keys, const unsigned long long* args,
-          u32 vocab, int has_cap, float cap, u32 shift) {
+          const unsigned long long* hist, const u16* bins, u32 vocab, int has_cap, float cap,
+          u32 shift) {
     __shared__ DrawShared sh;
-    const unsigned long long* a = args + (u64)blockIdx.x * DRAW_ARG_WORDS;
-    const u64 u = a[0], top_p32 = a[1];
-    const u32 row_index = (u32)a[2], top_k = (u32)(a[2] >> 32);
-    const float inv_t = __uint_as_float((u32)a[3]), min_rel = __uint_as_float((u32)(a[3] >> 32));
-    const u32 flags = (u32)a[4];
-    const float* row = logits + (u64)row_index * vocab;
-
-    // The best value is the argmax's (its key holds the capped value's ordered bits), scaled:
-    // scaling is monotone, so it is the best scaled value.
-    const float best = draw_scaled(draw_unrank(~(u32)(keys[row_index] >> 32)), 0, 0.0f, inv_t);
-    if (best == NEG_INF) return;
-
-    if (!(flags & DRAW_FILTERED)) {
-        const u32 id = draw_in_id_order(row, vocab, has_cap, cap, inv_t, best, shift, u, &sh);
-        if (threadIdx.x == 0) keys[row_index] = (1ull << 32) | (u64)(0xffffffffu - id);
+    const DrawArgs a = draw_args(args, blockIdx.x, keys);
+    if (a.best == NEG_INF) return;
+    const float* row = logits + (u64)a.row * vocab;
+    const unsigned long long* h = hist + (u64)blockIdx.x * DRAW_HIST_WORDS;
+    const u16* bin_of = bins + (u64)blockIdx.x * vocab;
+    const u32* counts = reinterpret_cast<const u32*>(h + DRAW_BINS0);
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
+        sh.mass0[b] = h[b];
+        sh.count0[b] = counts[b];
+    }
+    if (!(a.flags & DRAW_FILTERED)) {
+        const u32 id =
+            draw_in_id_order(row, vocab, has_cap, cap, a.inv_t, a.best, shift, a.u, &sh);
+        if (threadIdx.x == 0) keys[a.row] = (1ull << 32) | (u64)(0xffffffffu - id);
         return;
     }
-
-    // The first level, and the row's totals: live candidates, those min-p keeps, weights.
-    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
-        sh.count0[b] = 0;
-        sh.mass0[b] = 0;
-    }
     __syncthreads();
-    u64 live = 0, kept = 0, kept_mass = 0, total = 0;
-    draw_each(row, vocab, [&](float x, u32) {
-        const float d = draw_relative(draw_scaled(x, has_cap, cap, inv_t), best);
-        const u64 w = draw_weight(d, shift);
-        if (d >= min_rel) {
-            kept += 1;
-            kept_mass += w;
-        }
-        total += w;
-        if (d >= DRAW_CUTOFF) {
-            live += 1;
-            const u32 b = draw_bin0(d);
-            atomicAdd(&sh.count0[b], 1u);
-            if (w) atomicAdd(&sh.mass0[b], (unsigned long long)w);
-        }
-    });
-    live = draw_block_sum(live, sh.scratch);
-    kept = draw_block_sum(kept, sh.scratch);
-    kept_mass = draw_block_sum(kept_mass, sh.scratch);
-    total = draw_block_sum(total, sh.scratch);
-
+    const u64* totals = h + DRAW_BINS0 + DRAW_BINS0 / 2;
+    const u64 live = totals[0], kept = totals[1], kept_mass = totals[2], total = totals[3];
     // The cut: the first `keep` candidates, weighing `keep_mass`.
     u64 keep = live, keep_mass = total;
-    if (top_k > 0 && top_k < live) {
-        const DrawPos k = draw_search(row, vocab, has_cap, cap, inv_t, best, shift, DRAW_BY_COUNT,
-                                      top_k, &sh);
+    if (a.top_k > 0 && a.top_k < live) {
+        const DrawPos k = draw_search(row, bin_of, vocab, has_cap, cap, a.inv_t, a.best, shift,
+                                      DRAW_BY_COUNT, a.top_k, &sh);
         keep = k.count;
         keep_mass = k.mass;
     }
-    if (flags & DRAW_TOP_P) {
-        const DrawPos p = draw_search(row, vocab, has_cap, cap, inv_t, best, shift, DRAW_REACHES,
-                                      draw_mul_shr(keep_mass, top_p32, 32), &sh);
+    if (a.flags & DRAW_TOP_P) {
+        const DrawPos p = draw_search(row, bin_of, vocab, has_cap, cap, a.inv_t, a.best, shift,
+                                      DRAW_REACHES, draw_mul_shr(keep_mass, a.top_p32, 32), &sh);
         if (p.count < keep) {
             keep = p.count;
             keep_mass = p.mass;
@@ -594,7 +679,7 @@ draw_rows(const float* logits, unsigned long long* keys, const unsigned long lon
         keep = kept;
         keep_mass = kept_mass;
     }
-    const DrawPos d = draw_search(row, vocab, has_cap, cap, inv_t, best, shift, DRAW_PASSES,
-                                  draw_mul_shr(keep_mass, u, 53), &sh);
-    if (threadIdx.x == 0) keys[row_index] = (1ull << 32) | (u64)(0xffffffffu - d.id);
+    const DrawPos d = draw_search(row, bin_of, vocab, has_cap, cap, a.inv_t, a.best, shift,
+                                  DRAW_PASSES, draw_mul_shr(keep_mass, a.u, 53), &sh);
+    if (threadIdx.x == 0) keys[a.row] = (1ull << 32) | (u64)(0xffffffffu - d.id);
 }

@@ -40,6 +40,23 @@ pub(super) struct ArgmaxSlot {
 
 /// Threads of a draw's block (`DRAW_THREADS` in `kernels/draw.cu`): one block a drawn row.
 const DRAW_THREADS: u32 = 1024;
+/// Threads of a first-pass block (`DRAW_PASS_THREADS`), and the blocks the first pass aims
+/// for over all drawn rows (two a multiprocessor of an H200, whatever the rows).
+const DRAW_PASS_THREADS: u32 = 256;
+const DRAW_PASS_BLOCKS: usize = 264;
+/// u64 words of a drawn row's first-pass histogram (`DRAW_HIST_WORDS`).
+const DRAW_HIST_WORDS: usize = 2048 + 1024 + 4;
+
+/// The first pass's output for the drawn rows of a step (histograms, each value's bin),
+/// reused from step to step (the stream orders the steps' uses) and grown as needed.
+pub(super) struct DrawScratch {
+    hist: CudaSlice<u64>,
+    bins: CudaSlice<u16>,
+}
+
+/// The backend's draw scratch, shared by its clones.
+#[derive(Default)]
+pub(super) struct DrawScratches(Mutex<Option<DrawScratch>>);
 /// Flags of a draw's arguments (`DRAW_FILTERED`, `DRAW_TOP_P`).
 const DRAW_FILTERED: u64 = 1;
 const DRAW_TOP_P: u64 = 2;
@@ -191,23 +208,75 @@ impl CudaBackend {
             .stream
             .clone_htod(&args)
             .map_err(device_err("uploading draw settings"))?;
+        let n = draws.len();
+        let mut guard = self.draw_scratch.0.lock().expect("draw scratch lock");
+        let fits = guard
+            .as_ref()
+            .is_some_and(|s| s.hist.len() >= n * DRAW_HIST_WORDS && s.bins.len() >= n * vocab);
+        if !fits {
+            // Twice what this step needs, so a growing batch reallocates rarely.
+            let cap = 2 * n;
+            *guard = Some(DrawScratch {
+                hist: self
+                    .stream
+                    .alloc_zeros::<u64>(cap * DRAW_HIST_WORDS)
+                    .map_err(device_err("allocating draw histograms"))?,
+                bins: self
+                    .stream
+                    .alloc_zeros::<u16>(cap * vocab)
+                    .map_err(device_err("allocating draw bins"))?,
+            });
+        }
+        let scratch = guard.as_mut().expect("allocated above");
+        self.stream
+            .memset_zeros(&mut scratch.hist.slice_mut(..n * DRAW_HIST_WORDS))
+            .map_err(device_err("zeroing draw histograms"))?;
         let (v, shift) = (vocab as u32, weight_shift(vocab));
         let has_cap = i32::from(softcap.is_some());
         let cap = softcap.unwrap_or(0.0);
+        // The first pass: each row in stretches of whole 128-id runs, over about
+        // DRAW_PASS_BLOCKS blocks in all.
+        let parts = DRAW_PASS_BLOCKS.div_ceil(n).clamp(1, vocab.div_ceil(128));
+        let slice = 128 * vocab.div_ceil(128 * parts);
+        let parts = vocab.div_ceil(slice);
+        let slice_u = slice as u32;
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get("draw_first_pass")?);
+        l.arg(xs)
+            .arg(&slot.keys)
+            .arg(&args)
+            .arg(&mut scratch.hist)
+            .arg(&mut scratch.bins)
+            .arg(&v)
+            .arg(&has_cap)
+            .arg(&cap)
+            .arg(&shift)
+            .arg(&slice_u);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, parts as u32, 1),
+            block_dim: (DRAW_PASS_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: each draw's row is below `rows` (checked), which the logits and keys hold;
+        // the scratch holds n histograms and n rows of bins.
+        unsafe { l.launch(cfg) }.map_err(device_err("draw_first_pass"))?;
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
         l.arg(xs)
             .arg(&mut slot.keys)
             .arg(&args)
+            .arg(&scratch.hist)
+            .arg(&scratch.bins)
             .arg(&v)
             .arg(&has_cap)
             .arg(&cap)
             .arg(&shift);
         let cfg = LaunchConfig {
-            grid_dim: (draws.len() as u32, 1, 1),
+            grid_dim: (n as u32, 1, 1),
             block_dim: (DRAW_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: each draw's row is below `rows` (checked), which the logits and keys hold.
+        // SAFETY: as above.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }

@@ -83,6 +83,7 @@ pub struct CudaBackend {
     small_rows: small_gemm::SmallRows,
     /// Argmax keys and their page-locked host copies, kept for the next step.
     argmax_slots: Arc<greedy::ArgmaxSlots>,
+    draw_scratch: Arc<greedy::DrawScratches>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -175,6 +176,7 @@ impl CudaBackend {
             skinny_max_rows,
             small_rows: small_gemm::SmallRows::from_env(arch),
             argmax_slots: Arc::default(),
+            draw_scratch: Arc::default(),
         })
     }
 
