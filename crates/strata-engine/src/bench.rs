@@ -166,7 +166,7 @@ where
     let mode = |step: usize, i: usize| match sampling {
         Some(params) if !params.is_greedy() => LogitsMode::Draw {
             params,
-            uniform: draw_uniform(i as u64, step as u64),
+            uniform: draw_uniform(params.seed_or(0).wrapping_add(i as u64), step as u64),
         },
         _ => LogitsMode::Argmax,
     };

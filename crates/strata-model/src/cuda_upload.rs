@@ -556,6 +556,20 @@ mod tests {
     /// fed step captures its bucket), op-by-op steps, and the unrecorded graph mode.
     #[test]
     fn fed_decode_steps_match_steps_read_one_by_one() {
+        each_tiny_model_and_graph_mode(|name, cuda, ids, mode| {
+            let (plain, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
+            let (fed, graphs) = three_streams(cuda, ids, mode, true, Second::Greedy);
+            eprintln!("{name} {mode:?}: {plain:?}");
+            assert_eq!(fed, plain, "{name} {mode:?}");
+            assert_eq!(graphs, usize::from(mode == DecodeGraphs::Replay), "{name}");
+        });
+    }
+
+    /// Runs `f` for both tiny fixtures on the GPU (if there is one), in each decode graph
+    /// mode, with the fixture's reference prompt.
+    fn each_tiny_model_and_graph_mode(
+        mut f: impl FnMut(&str, &Model<CudaBackend>, &[u32], DecodeGraphs),
+    ) {
         let Some(_) = gpu() else { return };
         for name in ["gemma4-tiny", "llama-tiny"] {
             let dir = fixtures().join(name);
@@ -566,11 +580,7 @@ mod tests {
                 DecodeGraphs::Off,
                 DecodeGraphs::Unrecorded,
             ] {
-                let (plain, _) = three_streams(&cuda, &ids, mode, false, Second::Greedy);
-                let (fed, graphs) = three_streams(&cuda, &ids, mode, true, Second::Greedy);
-                eprintln!("{name} {mode:?}: {plain:?}");
-                assert_eq!(fed, plain, "{name} {mode:?}");
-                assert_eq!(graphs, usize::from(mode == DecodeGraphs::Replay), "{name}");
+                f(name, &cuda, &ids, mode);
             }
         }
     }
@@ -580,25 +590,15 @@ mod tests {
     /// and fed from step to step, on replayed graphs, op by op and unrecorded.
     #[test]
     fn drawn_decode_steps_match_the_host_draw() {
-        let Some(_) = gpu() else { return };
-        for name in ["gemma4-tiny", "llama-tiny"] {
-            let dir = fixtures().join(name);
-            let cuda = Model::load(gpu().unwrap(), &dir).unwrap();
-            let (ids, _) = reference(&dir);
-            for mode in [
-                DecodeGraphs::Replay,
-                DecodeGraphs::Off,
-                DecodeGraphs::Unrecorded,
-            ] {
-                let (host, _) = three_streams(&cuda, &ids, mode, false, Second::DrawnOnHost);
-                let (greedy, _) = three_streams(&cuda, &ids, mode, false, Second::Greedy);
-                for overlap in [false, true] {
-                    let (drawn, _) = three_streams(&cuda, &ids, mode, overlap, Second::Drawn);
-                    eprintln!("{name} {mode:?} overlap {overlap}: {drawn:?}");
-                    assert_eq!(drawn, host, "{name} {mode:?} overlap {overlap}");
-                }
-                assert_ne!(host[1], greedy[1], "{name}: the draw never left the argmax");
+        each_tiny_model_and_graph_mode(|name, cuda, ids, mode| {
+            let (host, _) = three_streams(cuda, ids, mode, false, Second::DrawnOnHost);
+            let (greedy, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
+            for overlap in [false, true] {
+                let (drawn, _) = three_streams(cuda, ids, mode, overlap, Second::Drawn);
+                eprintln!("{name} {mode:?} overlap {overlap}: {drawn:?}");
+                assert_eq!(drawn, host, "{name} {mode:?} overlap {overlap}");
             }
-        }
+            assert_ne!(host[1], greedy[1], "{name}: the draw never left the argmax");
+        });
     }
 }

@@ -8,7 +8,6 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use strata_engine::{DecodeShape, LoadedModel, Runtime};
-use strata_kernels::sampling::SamplingParams;
 use strata_kv::{KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 
 #[derive(Args)]
@@ -40,16 +39,10 @@ pub struct BenchArgs {
     /// step's tokens on the device (what `serve` does for requests without logprobs).
     #[arg(long)]
     pub overlap: bool,
-    /// Decode steps draw every token with this temperature (0: greedy), where the logits
-    /// are, as `serve` does for sampled requests.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// With --temperature: keep the `top_k` most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// With --temperature: nucleus sampling (1: off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
+    /// Decode steps draw every token with these settings (greedy by default), where the
+    /// logits are, as `serve` does for sampled requests.
+    #[command(flatten)]
+    pub sampling: crate::sampling_args::SamplingArgs,
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -90,12 +83,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 steps: a.steps,
                 warmup: a.warmup,
                 overlap: a.overlap,
-                sampling: (a.temperature > 0.0).then_some(SamplingParams {
-                    temperature: a.temperature,
-                    top_k: a.top_k,
-                    top_p: a.top_p,
-                    ..SamplingParams::greedy()
-                }),
+                sampling: Some(a.sampling.params()),
             };
             let r = model.bench_decode(shape, kv)?;
             eprintln!(
@@ -141,7 +129,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "device": device,
         "kv_cache_dtype": kv.name(),
         "decode_overlap": a.overlap,
-        "decode_sampling": {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p},
+        "decode_sampling": {"temperature": a.sampling.temperature, "top_k": a.sampling.top_k,
+            "top_p": a.sampling.top_p, "min_p": a.sampling.min_p},
         "weight_bytes_per_step": weight_bytes,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "decode_roofline_tok_s_batch1": roofline,

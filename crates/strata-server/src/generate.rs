@@ -7,7 +7,6 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use strata_engine::{GenerateParams, LoadedModel};
-use strata_kernels::sampling::SamplingParams;
 use strata_kv::KvCacheDtype;
 use strata_tokenizer::ChatMessage;
 
@@ -20,18 +19,8 @@ pub struct GenerateArgs {
     pub prompt: String,
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
-    /// 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// 0 disables.
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
-    #[arg(long)]
-    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub sampling: crate::sampling_args::SamplingArgs,
     /// Wrap the prompt as a user turn of the model's chat template.
     #[arg(long)]
     pub chat: bool,
@@ -54,13 +43,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         .parse()
         .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
     let settings = a.placement.settings()?;
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        seed: a.seed,
-    };
+    let sampling = a.sampling.params();
     let model = LoadedModel::load_with(&a.model, settings)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let prompt = if a.chat {

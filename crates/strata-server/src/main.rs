@@ -4,6 +4,7 @@ mod bench;
 mod generate;
 mod inspect;
 mod placement;
+mod sampling_args;
 mod score;
 mod serve;
 
