@@ -20,7 +20,7 @@
 // range in steps of 1/51.2.
 #define DRAW_CUTOFF -40.0f
 #define DRAW_BIN_SCALE 51.2f
-// Words of one draw's arguments (`draw_args` in cuda/draw.rs).
+// Words of one draw's arguments (`draw_args` in cuda/picks.rs).
 #define DRAW_ARG_WORDS 5
 // Candidates of one first-level bin sorted in shared memory (more: one pass a level).
 #define DRAW_GATHER 2048
@@ -102,8 +102,8 @@ __device__ __forceinline__ u64 draw_mul_shr(u64 a, u64 b, u32 s) {
     return (hi << (64 - s)) | (lo >> s);
 }
 
-// Calls f(x, id) for every logit of the row: four 16-byte loads a thread in flight where the
-// row allows it (one value at a time, one block streams a row at a few GB/s).
+// Calls f(x, id) for every logit of the row, from one block: four 16-byte loads a thread in
+// flight where the row allows it (one value at a time, a block streams a row at a few GB/s).
 template <typename F>
 __device__ __forceinline__ void draw_each(const float* row, u32 vocab, F f) {
     if ((vocab & 3u) == 0 && ((u64)row & 15u) == 0) {
@@ -210,7 +210,7 @@ __device__ u32 draw_walk_ids(const float* row, u32 vocab, WF wf, u64 target, u64
     return *result;
 }
 
-// Shared state of a filtered draw.
+// Shared state of draw_rows.
 struct DrawShared {
     u32 count0[DRAW_BINS0];
     u64 mass0[DRAW_BINS0];

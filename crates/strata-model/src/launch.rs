@@ -1,7 +1,8 @@
 //! A forward step split in two: [`Model::launch`] queues it, [`Model::finish`] reads its
 //! output. Between the two the host can queue the next decode step, whose token ids take
-//! this step's tokens (greedy or drawn) on the backend ([`FED_TOKEN`] marks), so a GPU runs step after
-//! step without waiting for the host to read each one's tokens and build the next.
+//! this step's tokens (greedy or drawn) on the backend ([`FED_TOKEN`] marks), so a GPU runs
+//! step after step without waiting for the host to read each one's tokens and build the
+//! next.
 
 use strata_kernels::sampling::FED_TOKEN;
 use strata_kernels::Backend;

@@ -26,8 +26,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 prompt.len()
             ));
         }
-        // `sample` is the one definition of valid settings; a copy of the stream keeps the
-        // request's own position untouched.
+        // `sample` is the one definition of valid settings.
         if let Err(e) = sample(&[0.0], &seq.req.sampling, 0) {
             return Some(e.to_string());
         }

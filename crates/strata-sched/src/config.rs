@@ -15,7 +15,7 @@ pub struct SchedulerConfig {
     /// Mixed with each request's id to seed requests that bring no seed of their own.
     pub seed: u64,
     /// Queue the next decode step before reading the current one, where the model can
-    /// feed one step's greedy tokens to the next ([`crate::StepModel::feeds`]): the device
+    /// feed one step's tokens (greedy or drawn) to the next ([`crate::StepModel::feeds`]): the device
     /// then runs step after step while the host reads, reports and plans behind it.
     pub overlap: bool,
 }

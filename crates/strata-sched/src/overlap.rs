@@ -1,6 +1,6 @@
 //! Overlapped decode steps: the next step is queued on the model before the current one is
-//! read, its token ids taken from the current step's greedy tokens where they were
-//! computed. The host's share of a step (reading tokens, stop checks, events, planning and
+//! read, its token ids taken from the current step's tokens (greedy or drawn) where they
+//! were computed. The host's share of a step (reading tokens, stop checks, events, planning and
 //! the next step's inputs) then runs while the device computes, not between its steps.
 //!
 //! The next step is planned before this one's tokens are known, so it assumes every
@@ -24,7 +24,7 @@ pub(crate) struct InFlight<L> {
 impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// Queues the decode step after `prev` (launched, not read): one token for each of its
     /// requests that is still running and not stopped by length, fed from `prev`'s
-    /// greedy tokens. `None` when this step should be planned the ordinary way instead:
+    /// tokens. `None` when this step should be planned the ordinary way instead:
     /// requests are waiting to be admitted, a running request is not in `prev` (it waits
     /// for a prefill chunk), `prev`'s tokens cannot feed a step, or the slots do not fit
     /// without preempting.
@@ -45,10 +45,10 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 .ok()?;
             let n = prev.seqs[row].1;
             if seq.computed + n != seq.tokens.len() {
-                // `prev` did not reach the request's last token: no greedy token to feed.
+                // `prev` did not reach the request's last token: no token to feed.
                 return None;
             }
-            // After `prev`, the request holds its tokens so far plus `prev`'s greedy one.
+            // After `prev`, the request holds its tokens so far plus `prev`'s one.
             let len = seq.tokens.len() + 1;
             let ends =
                 len - seq.prompt_len >= seq.req.max_tokens || context_len.is_some_and(|c| len >= c);

@@ -19,7 +19,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// request (decode tokens first, then prefill chunks, oldest first, within
     /// `max_batch_tokens`), samples, and returns the events it produced in order.
     ///
-    /// With `SchedulerConfig::overlap`, a greedy decode step is left queued on the model
+    /// With `SchedulerConfig::overlap`, a decode step of tokens only (greedy or drawn, no
+    /// logprobs) is left queued on the model
     /// and read by the next call, after that call has queued the step that follows it
     /// (`launch_next`): the events of a step then come one call later.
     pub fn step(&mut self) -> Vec<Event> {
@@ -259,7 +260,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
     }
 
-    /// The host's draws of a step (rows without a greedy token from the model, whose
+    /// The host's draws of a step (rows without a token from the model, whose
     /// request reached its last token), by batch row: the token, and its logprob and top
     /// logprobs where the request asked for them. Each request draws from its own stream,
     /// so the rows are drawn in parallel: at Gemma's 262,144 ids one draw costs
@@ -272,9 +273,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 continue;
             };
             let seq = &self.running[i];
-            let greedy = out.token(b).filter(|&t| (t as usize) < out.vocab);
+            let picked = out.token(b).filter(|&t| (t as usize) < out.vocab);
             let logits = out.last(b).filter(|l| l.len() == out.vocab);
-            if seq.computed + n >= seq.tokens.len() && greedy.is_none() && logits.is_some() {
+            if seq.computed + n >= seq.tokens.len() && picked.is_none() && logits.is_some() {
                 row_of[i] = Some(b);
                 rows += 1;
             }

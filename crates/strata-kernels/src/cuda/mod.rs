@@ -14,22 +14,22 @@ mod buffer;
 mod cache;
 mod dense_attention;
 mod fused;
-mod greedy;
 mod matmul;
 mod memory;
 mod module;
 mod ops;
 mod paged;
 mod paged_mma;
+mod picks;
 mod prefill_attention;
 mod skinny_gemm;
 mod small_gemm;
 mod sources;
 
 pub use buffer::CudaBuffer;
-pub use greedy::CudaTokens;
 pub use matmul::CudaQuantMatrix;
 pub use paged::{CudaIndex, CudaKvSlab, CudaPagedBatch};
+pub use picks::CudaTokens;
 pub use sources::{compile_cubin, nvrtc_available, nvrtc_version, KernelFile, KERNEL_FILES};
 
 use std::sync::{Arc, Mutex};
@@ -82,8 +82,8 @@ pub struct CudaBackend {
     /// The rows a product of a small weight runs as `kernels/small_gemm.cu`.
     small_rows: small_gemm::SmallRows,
     /// Argmax keys and their page-locked host copies, kept for the next step.
-    argmax_slots: Arc<greedy::ArgmaxSlots>,
-    draw_scratch: Arc<greedy::DrawScratches>,
+    argmax_slots: Arc<picks::ArgmaxSlots>,
+    draw_scratch: Arc<picks::DrawScratches>,
 }
 
 impl std::fmt::Debug for CudaBackend {

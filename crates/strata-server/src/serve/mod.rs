@@ -73,7 +73,7 @@ pub struct ServeArgs {
     /// graphs captured, GEMM kernels loaded): auto (on a GPU), on or off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     pub warmup: String,
-    /// Queue each greedy decode step before reading the one ahead of it, its token ids fed
+    /// Queue each decode step before reading the one ahead of it, its token ids fed
     /// from that step's output on the device, so the GPU does not wait for the host
     /// between steps: auto (on a GPU), on or off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
