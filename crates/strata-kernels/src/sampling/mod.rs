@@ -33,7 +33,7 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Drop tokens with `p < min_p * p_max`; 0.0 disables.
     pub min_p: f32,
-    /// Seed for this request's [`SamplerRng`] (`SamplerRng::for_request`).
+    /// Seed of this request's draws ([`draw_uniform`]); without one the scheduler picks one.
     pub seed: Option<u64>,
 }
 
