@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use strata_kernels::sampling::{draw_uniform, sample, SamplingParams};
+use strata_kernels::sampling::{draw_uniform, SamplingParams};
 use strata_kernels::Backend;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
@@ -85,22 +85,6 @@ impl LoadedModel {
     }
 }
 
-/// What one step gave the single sequence: its greedy token or its last logits.
-#[derive(Default)]
-struct Step {
-    token: Option<u32>,
-    logits: Vec<f32>,
-}
-
-impl Step {
-    fn of(mut out: strata_model::ForwardOutput) -> Self {
-        Step {
-            token: out.token(0),
-            logits: out.logits.pop().unwrap_or_default(),
-        }
-    }
-}
-
 /// Prefill in chunks, then one token per step, on one request of its own pool.
 fn run<B: Backend, S: KvStorage>(
     model: &Model<B>,
@@ -130,7 +114,8 @@ where
                 }
             }
         };
-        let mut step = Step::default();
+        // The token of the step that reached the end of the sequence (greedy or drawn).
+        let mut step = None;
         for (i, part) in prompt.chunks(chunk).enumerate() {
             let start = i * chunk;
             kv.extend(req, part.len())?;
@@ -147,7 +132,7 @@ where
                     },
                 }],
             };
-            step = Step::of(model.forward(&mut kv, &batch)?);
+            step = model.forward(&mut kv, &batch)?.token(0);
         }
         let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
 
@@ -155,12 +140,8 @@ where
         let mut tokens = Vec::with_capacity(p.max_tokens);
         let mut finish_reason = "length";
         while tokens.len() < p.max_tokens {
-            let next = match step.token {
-                Some(t) => t,
-                None => {
-                    let index = (prompt.len() + tokens.len()) as u64;
-                    sample(&step.logits, &p.sampling, draw_uniform(seed, index))?
-                }
+            let Some(next) = step else {
+                return Err(EngineError::Invalid("the model returned no token".into()));
             };
             tokens.push(next);
             if p.stop_at_eos && stop_ids.contains(&next) {
@@ -180,7 +161,7 @@ where
                     logits: want(pos + 1),
                 }],
             };
-            step = Step::of(model.forward(&mut kv, &batch)?);
+            step = model.forward(&mut kv, &batch)?.token(0);
         }
         let predicted_ms = t1.elapsed().as_secs_f64() * 1e3;
         kv.release(req)?;

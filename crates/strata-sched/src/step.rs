@@ -262,8 +262,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
 
     /// The host's draws of a step (rows without a token from the model, whose
     /// request reached its last token), by batch row: the token, and its logprob and top
-    /// logprobs where the request asked for them. Each request draws from its own stream,
-    /// so the rows are drawn in parallel: at Gemma's 262,144 ids one draw costs
+    /// logprobs where the request asked for them. Each draw takes its request's uniform for
+    /// that token, so the rows are drawn in parallel (`&mut` only because a request is
+    /// `Send` but not `Sync`): at Gemma's 262,144 ids one draw costs
     /// milliseconds (`cargo bench -p strata-kernels -- sample_row`).
     fn draw_samples(&mut self, seqs: &[(SeqId, usize)], out: &ForwardOutput) -> Vec<Option<Draw>> {
         let mut row_of = vec![None; self.running.len()];
