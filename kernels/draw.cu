@@ -27,12 +27,22 @@
 // The first pass (draw_first_pass) runs DRAW_PASS_THREADS a block, several blocks a row, and
 // leaves for draw_rows, a drawn row at a time: the first-level histogram (DRAW_HIST_WORDS
 // u64: weights of DRAW_BINS0 bins, their counts as u32, then live, kept, kept weight and
-// total) and each value's bin (u16, DRAW_NO_BIN when not live).
+// total, then the row's best value) and each value's bin (u16, DRAW_NO_BIN when not live).
 #define DRAW_PASS_THREADS 256
-#define DRAW_HIST_WORDS (DRAW_BINS0 + DRAW_BINS0 / 2 + 4)
+#define DRAW_TOTALS (DRAW_BINS0 + DRAW_BINS0 / 2)
+#define DRAW_BEST_WORD (DRAW_TOTALS + 4)
+#define DRAW_HIST_WORDS (DRAW_TOTALS + 5)
 #define DRAW_NO_BIN 0xffffu
 #define DRAW_FILTERED 1u
 #define DRAW_TOP_P 2u
+// An entry that reports the row's logprobs (logprob_rows) instead of drawing: the first
+// pass builds its histogram of the raw values (1/temperature = 1, no filter).
+#define DRAW_LOGPROBS 4u
+// Top logprobs an entry reports at most, and the u64 words of its report: the best value,
+// the total weight, (token id << 32) | the token's value, the count, then (id << 32) |
+// value of each top candidate in order (values as f32 bits).
+#define LOGPROB_TOP_MAX 20
+#define LOGPROB_WORDS (4 + LOGPROB_TOP_MAX)
 
 // e^x for x in [-40, 0], exactly as `exp_neg` in weight.rs computes it.
 __device__ __forceinline__ double draw_exp_neg(double x) {
@@ -507,9 +517,11 @@ draw_first_pass(const float* logits, const unsigned long long* keys,
     __shared__ u32 count[DRAW_BINS0];
     __shared__ u64 mass[DRAW_BINS0];
     const DrawArgs a = draw_args(args, blockIdx.x, keys);
+    unsigned long long* h = hist + (u64)blockIdx.x * DRAW_HIST_WORDS;
+    // Kept for logprob_rows, which runs after draw_rows has written drawn ids over the keys.
+    if (blockIdx.y == 0 && threadIdx.x == 0) h[DRAW_BEST_WORD] = __float_as_uint(a.best);
     if (a.best == NEG_INF) return;
     const float* row = logits + (u64)a.row * vocab;
-    unsigned long long* h = hist + (u64)blockIdx.x * DRAW_HIST_WORDS;
     u16* bin_of = bins + (u64)blockIdx.x * vocab;
     const u32 from = blockIdx.y * slice, to = min(vocab, from + slice);
     const u32 lane = threadIdx.x % 32;
@@ -583,7 +595,7 @@ draw_first_pass(const float* logits, const unsigned long long* keys,
     for (int k = 0; k < 4; ++k) {
         u64 v = sums[k];
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0 && v) atomicAdd(h + DRAW_BINS0 + DRAW_BINS0 / 2 + k, (unsigned long long)v);
+        if (lane == 0 && v) atomicAdd(h + DRAW_TOTALS + k, (unsigned long long)v);
     }
 }
 
@@ -657,7 +669,7 @@ draw_rows(const float* logits, unsigned long long* keys, const unsigned long lon
         return;
     }
     __syncthreads();
-    const u64* totals = h + DRAW_BINS0 + DRAW_BINS0 / 2;
+    const u64* totals = h + DRAW_TOTALS;
     const u64 live = totals[0], kept = totals[1], kept_mass = totals[2], total = totals[3];
     // The cut: the first `keep` candidates, weighing `keep_mass`.
     u64 keep = live, keep_mass = total;
@@ -682,4 +694,114 @@ draw_rows(const float* logits, unsigned long long* keys, const unsigned long lon
     const DrawPos d = draw_search(row, bin_of, vocab, has_cap, cap, a.inv_t, a.best, shift,
                                   DRAW_PASSES, draw_mul_shr(keep_mass, a.u, 53), &sh);
     if (threadIdx.x == 0) keys[a.row] = (1ull << 32) | (u64)(0xffffffffu - d.id);
+}
+
+// The candidate order as one key, smallest first: value descending, then id ascending.
+__device__ __forceinline__ u64 draw_order_key(float s, u32 id) {
+    return ((u64)draw_rank(s) << 32) | id;
+}
+
+// Minimum of v over the block (every thread gets it). `scratch` holds DRAW_WARPS words.
+__device__ __forceinline__ u64 draw_block_min(u64 v, u64* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v = min(v, (u64)__shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    u64 m = ~0ull;
+    for (int w = 0; w < DRAW_WARPS; ++w) m = min(m, scratch[w]);
+    return m;
+}
+
+// The logprobs of row args[first + b].row (`token_logprobs` in sampling/logprobs.rs is the
+// definition): writes LOGPROB_WORDS words to out[b], from which the host takes ln of the
+// total. Runs after draw_rows, so the row's key holds its token, drawn or greedy; the best
+// value comes from the first pass. The top candidates: the n-th found by the draws' search
+// (by count, over this entry's histogram of raw values), then one pass over the noted bins
+// gathers every candidate up to it. When fewer than n candidates are live (within 40 of the
+// best), the rest are taken one at a time, the next smallest order key among the others,
+// a pass over the row each (rare: a very peaked row, or a top list longer than the row's
+// finite values).
+extern "C" __global__ void __launch_bounds__(DRAW_THREADS)
+logprob_rows(const float* logits, const unsigned long long* keys,
+             const unsigned long long* args, const unsigned long long* hist, const u16* bins,
+             unsigned long long* out, u32 vocab, int has_cap, float cap, u32 shift, u32 first) {
+    __shared__ DrawShared sh;
+    __shared__ u64 top[LOGPROB_TOP_MAX];
+    __shared__ u32 top_n;
+    const u32 e = first + blockIdx.x;
+    const unsigned long long* a = args + (u64)e * DRAW_ARG_WORDS;
+    const u32 r = (u32)a[2];
+    const u32 n = min(min((u32)(a[2] >> 32), vocab), (u32)LOGPROB_TOP_MAX);
+    const unsigned long long* h = hist + (u64)e * DRAW_HIST_WORDS;
+    const float best = __uint_as_float((u32)h[DRAW_BEST_WORD]);
+    const u64 live = h[DRAW_TOTALS], total = h[DRAW_TOTALS + 3];
+    const float* row = logits + (u64)r * vocab;
+    const u16* bin_of = bins + (u64)e * vocab;
+    const u32* counts = reinterpret_cast<const u32*>(h + DRAW_BINS0);
+    const auto value = [&](u32 id) { return draw_scaled(row[id], has_cap, cap, 1.0f); };
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
+        sh.mass0[b] = h[b];
+        sh.count0[b] = counts[b];
+    }
+    if (threadIdx.x == 0) top_n = 0;
+    __syncthreads();
+    const auto keep = [&](u64 key) {
+        const u32 at = atomicAdd(&top_n, 1u);
+        if (at < LOGPROB_TOP_MAX) top[at] = key;
+    };
+    if (n > 0 && n <= live) {
+        const DrawPos p = draw_search(row, bin_of, vocab, has_cap, cap, 1.0f, best, shift,
+                                      DRAW_BY_COUNT, n, &sh);
+        const float s = value(p.id);
+        const u64 last = draw_order_key(s, p.id);
+        const u32 bin = draw_bin0(draw_relative(s, best));
+        for (u32 id = threadIdx.x; id < vocab; id += DRAW_THREADS) {
+            const u32 b = bin_of[id];
+            if (b < bin) {
+                keep(draw_order_key(value(id), id));
+            } else if (b == bin) {
+                const u64 k = draw_order_key(value(id), id);
+                if (k <= last) keep(k);
+            }
+        }
+    } else if (n > 0) {
+        // A row of -inf and NaN alone has no bins noted (the first pass left it at once):
+        // every id is one of the others.
+        const bool noted = best != NEG_INF;
+        for (u32 id = threadIdx.x; noted && id < vocab; id += DRAW_THREADS) {
+            if (bin_of[id] != DRAW_NO_BIN) keep(draw_order_key(value(id), id));
+        }
+        u64 prev = 0;
+        for (u32 k = (u32)live; k < n; ++k) {
+            u64 m = ~0ull;
+            for (u32 id = threadIdx.x; id < vocab; id += DRAW_THREADS) {
+                if (noted && bin_of[id] != DRAW_NO_BIN) continue;
+                const u64 key = draw_order_key(value(id), id);
+                if ((k == live || key > prev) && key < m) m = key;
+            }
+            prev = draw_block_min(m, sh.scratch);
+            if (threadIdx.x == 0) keep(prev);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const u32 found = min(top_n, (u32)LOGPROB_TOP_MAX);
+    for (u32 i = 1; i < found; ++i) {
+        const u64 k = top[i];
+        u32 j = i;
+        for (; j > 0 && top[j - 1] > k; --j) top[j] = top[j - 1];
+        top[j] = k;
+    }
+    unsigned long long* o = out + (u64)blockIdx.x * LOGPROB_WORDS;
+    const u32 token = 0xffffffffu - (u32)keys[r];
+    const float tv = token < vocab ? value(token) : NEG_INF;
+    o[0] = __float_as_uint(best);
+    o[1] = total;
+    o[2] = ((u64)token << 32) | __float_as_uint(tv);
+    o[3] = found;
+    for (u32 i = 0; i < found; ++i) {
+        const u32 id = (u32)top[i];
+        o[4 + i] = ((u64)id << 32) | __float_as_uint(draw_unrank((u32)(top[i] >> 32)));
+    }
 }

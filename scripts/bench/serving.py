@@ -3,7 +3,8 @@
 random prompts of --input token ids, --output tokens each (ignore_eos), --requests requests
 at --concurrency clients, streamed. Reports TTFT, TPOT and ITL (mean, median, p99) and
 output / total token throughput as one JSON object. Greedy by default; `--temperature T`
-(with `--top-p P`) samples, each request with a seed of its own.
+(with `--top-p P`) samples, each request with a seed of its own; `--logprobs N` asks for
+the chosen token's logprob and N top logprobs with every token.
 
   python3 scripts/bench/serving.py --url http://127.0.0.1:8080 --model NAME \
       --input 512 --output 512 --concurrency 100 --requests 200
@@ -64,6 +65,8 @@ def main():
     # Greedy by default; a temperature above 0 samples on the server (each request seeded).
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
+    # Ask for the chosen token's logprob and this many top logprobs with every token.
+    ap.add_argument("--logprobs", type=int, default=None)
     a = ap.parse_args()
     n = a.requests or max(a.concurrency * 2, 4)
     rng = random.Random(a.seed)
@@ -80,6 +83,8 @@ def main():
             sampling = {"temperature": a.temperature}
             if a.temperature > 0:
                 sampling.update(top_p=a.top_p, seed=a.seed * 100_003 + i)
+            if a.logprobs is not None:
+                sampling["logprobs"] = a.logprobs
             one(a.url, a.model, prompts[i], a.output, results, sampling)
 
     t0 = time.perf_counter()
@@ -94,7 +99,7 @@ def main():
     itl = [b - a_ for r in results for a_, b in zip(r["tokens"], r["tokens"][1:])]
     out_tokens = sum(len(r["tokens"]) for r in results)
     report = {"concurrency": a.concurrency, "requests": n, "input": a.input, "output": a.output,
-              "temperature": a.temperature, "top_p": a.top_p,
+              "temperature": a.temperature, "top_p": a.top_p, "logprobs": a.logprobs,
               "duration_s": wall, "output_tokens": out_tokens,
               "output_throughput": out_tokens / wall,
               "total_throughput": (out_tokens + n * a.input) / wall,

@@ -148,6 +148,7 @@ where
         warmup,
         overlap,
         sampling,
+        logprobs,
     } = shape;
     if batch == 0 || steps == 0 {
         return Err(EngineError::Invalid(
@@ -161,14 +162,19 @@ where
         kv.commit(r, depth)?;
     }
     let mut next = ids(batch, vocab, 2);
-    // Next tokens chosen where the logits are (greedy, or drawn with `sampling`), as the
-    // server does for requests without logprobs.
-    let mode = |step: usize, i: usize| match sampling {
-        Some(params) if !params.is_greedy() => LogitsMode::Draw {
-            params,
-            uniform: draw_uniform(params.seed_or(0).wrapping_add(i as u64), step as u64),
-        },
-        _ => LogitsMode::Argmax,
+    // Next tokens chosen where the logits are (greedy, or drawn with `sampling`, with
+    // their logprobs when asked for), as the server does.
+    let params = sampling.unwrap_or_default();
+    let mode = |step: usize, i: usize| {
+        if params.is_greedy() && logprobs.is_none() {
+            LogitsMode::Argmax
+        } else {
+            LogitsMode::Draw {
+                params,
+                uniform: draw_uniform(params.seed_or(0).wrapping_add(i as u64), step as u64),
+                logprobs,
+            }
+        }
     };
     let read = |step: Launched<B>, next: &mut [u32]| -> Result<()> {
         let out = model.finish(step)?;
@@ -224,7 +230,7 @@ where
 
 /// What a decode benchmark runs: `batch` sequences `depth` tokens deep, `warmup` steps,
 /// then `steps` timed ones, overlapped or not, every sequence greedy or drawn with
-/// `sampling`.
+/// `sampling`, each token with its logprob and `logprobs` top ones when set.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeShape {
     pub batch: usize,
@@ -233,6 +239,7 @@ pub struct DecodeShape {
     pub warmup: usize,
     pub overlap: bool,
     pub sampling: Option<SamplingParams>,
+    pub logprobs: Option<usize>,
 }
 
 fn prefill_on<B: Backend, S: KvStorage>(

@@ -111,6 +111,7 @@ where
                 LogitsMode::Draw {
                     params: p.sampling,
                     uniform: draw_uniform(seed, index as u64),
+                    logprobs: None,
                 }
             }
         };

@@ -563,7 +563,9 @@ pub trait Backend: Send + Sync {
     /// The token of each of the first `rows` rows of `logits [.., vocab]` without waiting:
     /// the argmax ([`Backend::argmax_rows`]), except the rows of `draws`, each drawn with
     /// its settings and uniform ([`sampling::sample`] of the softcapped row is the
-    /// definition, to the bit). The ids stay in backend memory (where
+    /// definition, to the bit), and with its logprobs where it asks for them (at most
+    /// [`sampling::MAX_TOP_LOGPROBS`] top ones; [`sampling::token_logprobs`] of the softcapped
+    /// row is the definition, to the bit). The ids stay in backend memory (where
     /// [`Backend::feed_tokens`] reads them) and their copy to the host starts;
     /// [`Backend::pick_finish`] waits for it. Ops queued in between run first on the
     /// device, so the host can queue the next step before it reads this one's tokens.
@@ -576,8 +578,8 @@ pub trait Backend: Send + Sync {
         draws: &[RowDraw],
     ) -> Result<Self::Tokens>;
 
-    /// The ids of a [`Backend::pick_start`], once their copy has landed.
-    fn pick_finish(&self, tokens: Self::Tokens) -> Result<Vec<u32>>;
+    /// The picks of a [`Backend::pick_start`], once their copy has landed.
+    fn pick_finish(&self, tokens: Self::Tokens) -> Result<Vec<sampling::Picked>>;
 
     /// [`Backend::pick_start`] on the host: the rows downloaded (capped on the backend
     /// first, as [`Backend::argmax_rows`] does) and picked by [`sampling::pick_rows`].
@@ -588,7 +590,7 @@ pub trait Backend: Send + Sync {
         rows: usize,
         softcap: Option<f32>,
         draws: &[RowDraw],
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Vec<sampling::Picked>> {
         crate::error::ensure(
             vocab > 0 && logits.len() >= rows * vocab,
             "pick_rows",

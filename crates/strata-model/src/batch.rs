@@ -1,6 +1,6 @@
 //! One forward step's input and output.
 
-use strata_kernels::sampling::SamplingParams;
+use strata_kernels::sampling::{SamplingParams, TokenLogprobs};
 use strata_kv::RequestId;
 
 /// Which logits a sequence wants from this step.
@@ -16,10 +16,13 @@ pub enum LogitsMode {
     /// where the logits are: a GPU then sends back one id instead of a vocabulary of floats.
     Argmax,
     /// A token for the last token drawn with these settings and this uniform
-    /// (`strata_kernels::sampling::sample`), where the logits are, as for `Argmax`.
+    /// (`strata_kernels::sampling::sample`; greedy settings take the argmax), where the
+    /// logits are, as for `Argmax`; with `logprobs`, also the token's logprob and that many
+    /// top logprobs of the raw distribution (`strata_kernels::sampling::token_logprobs`).
     Draw {
         params: SamplingParams,
         uniform: u64,
+        logprobs: Option<usize>,
     },
 }
 
@@ -57,6 +60,8 @@ pub struct ForwardOutput {
     pub vocab: usize,
     pub logits: Vec<Vec<f32>>,
     pub tokens: Vec<Option<u32>>,
+    /// The logprobs of the tokens of `Draw` sequences that asked for them.
+    pub logprobs: Vec<Option<TokenLogprobs>>,
 }
 
 impl ForwardOutput {
@@ -69,5 +74,20 @@ impl ForwardOutput {
     /// The token of sequence `i`, if it asked for `Argmax` or `Draw`.
     pub fn token(&self, i: usize) -> Option<u32> {
         self.tokens.get(i).copied().flatten()
+    }
+
+    /// The logprobs of sequence `i`'s token, if it asked for them.
+    pub fn token_logprobs(&self, i: usize) -> Option<&TokenLogprobs> {
+        self.logprobs.get(i)?.as_ref()
+    }
+
+    /// An output of `n` sequences with nothing in it yet.
+    pub fn empty(vocab: usize, n: usize) -> Self {
+        Self {
+            vocab,
+            logits: vec![vec![]; n],
+            tokens: vec![None; n],
+            logprobs: vec![None; n],
+        }
     }
 }

@@ -37,6 +37,7 @@ mod tests {
     use std::path::PathBuf;
 
     use strata_kernels::cpu::CpuBackend;
+    use strata_kernels::sampling::{token_logprobs, TokenLogprobs};
     use strata_kernels::Backend;
     use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 
@@ -466,22 +467,27 @@ mod tests {
     #[derive(Clone, Copy, PartialEq)]
     enum Second {
         Greedy,
-        /// Drawn where the logits are (`LogitsMode::Draw`).
+        /// Drawn where the logits are (`LogitsMode::Draw`), with its logprobs.
         Drawn,
-        /// Drawn on the host from its downloaded logits, with the same uniforms.
+        /// Drawn on the host from its downloaded logits, with the same uniforms, and its
+        /// logprobs taken there.
         DrawnOnHost,
     }
 
+    /// Top logprobs the second sequence asks for when drawn.
+    const TOP: usize = 5;
+
     /// Decoding of three sequences, each step's ids read back before the next is launched
     /// (`overlap` false) or the next step queued first with its ids fed from the previous
-    /// step on the device: the token streams, and the graphs captured.
+    /// step on the device: the token streams, the graphs captured, and the second
+    /// sequence's logprobs when it is drawn.
     fn three_streams(
         cuda: &Model<CudaBackend>,
         ids: &[u32],
         mode: DecodeGraphs,
         overlap: bool,
         second: Second,
-    ) -> (Vec<Vec<u32>>, usize) {
+    ) -> (Vec<Vec<u32>>, usize, Vec<TokenLogprobs>) {
         let hot = strata_kernels::sampling::SamplingParams {
             temperature: 1.5,
             top_p: 0.97,
@@ -495,6 +501,7 @@ mod tests {
         let mut next = vec![0u32; 3];
         let mut queued: Option<Launched<CudaBackend>> = None;
         let mut out = vec![Vec::new(); 3];
+        let mut scores = Vec::new();
         let mut read = |step: Launched<CudaBackend>, next: &mut Vec<u32>| {
             let o = cuda.finish(step).unwrap();
             for (i, t) in o.tokens.iter().enumerate() {
@@ -503,6 +510,13 @@ mod tests {
                     strata_kernels::sampling::sample(o.last(i).unwrap(), &hot, u).unwrap()
                 });
                 out[i].push(next[i]);
+            }
+            match second {
+                Second::Drawn => scores.push(o.token_logprobs(1).unwrap().clone()),
+                Second::DrawnOnHost => {
+                    scores.push(token_logprobs(o.last(1).unwrap(), next[1], TOP))
+                }
+                Second::Greedy => {}
             }
         };
         for step in 0..7 {
@@ -521,6 +535,7 @@ mod tests {
                         (1, Second::Drawn) => LogitsMode::Draw {
                             params: hot,
                             uniform: uniform(step),
+                            logprobs: Some(TOP),
                         },
                         (1, Second::DrawnOnHost) => LogitsMode::Last,
                         _ => LogitsMode::Argmax,
@@ -548,7 +563,7 @@ mod tests {
         if let Some(q) = queued {
             read(q, &mut next);
         }
-        (out, kv.storage().graph_count())
+        (out, kv.storage().graph_count(), scores)
     }
 
     /// Decode steps queued before the one ahead of them is read, their ids fed from it on
@@ -557,8 +572,8 @@ mod tests {
     #[test]
     fn fed_decode_steps_match_steps_read_one_by_one() {
         each_tiny_model_and_graph_mode(|name, cuda, ids, mode| {
-            let (plain, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
-            let (fed, graphs) = three_streams(cuda, ids, mode, true, Second::Greedy);
+            let (plain, _, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
+            let (fed, graphs, _) = three_streams(cuda, ids, mode, true, Second::Greedy);
             eprintln!("{name} {mode:?}: {plain:?}");
             assert_eq!(fed, plain, "{name} {mode:?}");
             assert_eq!(graphs, usize::from(mode == DecodeGraphs::Replay), "{name}");
@@ -585,18 +600,19 @@ mod tests {
         }
     }
 
-    /// A sequence drawn where the logits are, batched with greedy ones, gives the tokens of
-    /// the host's draw over its downloaded logits with the same uniforms: read one by one
-    /// and fed from step to step, on replayed graphs, op by op and unrecorded.
+    /// A sequence drawn where the logits are, batched with greedy ones, gives the tokens and
+    /// logprobs of the host's draw over its downloaded logits with the same uniforms: read
+    /// one by one and fed from step to step, on replayed graphs, op by op and unrecorded.
     #[test]
     fn drawn_decode_steps_match_the_host_draw() {
         each_tiny_model_and_graph_mode(|name, cuda, ids, mode| {
-            let (host, _) = three_streams(cuda, ids, mode, false, Second::DrawnOnHost);
-            let (greedy, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
+            let (host, _, host_scores) = three_streams(cuda, ids, mode, false, Second::DrawnOnHost);
+            let (greedy, _, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
             for overlap in [false, true] {
-                let (drawn, _) = three_streams(cuda, ids, mode, overlap, Second::Drawn);
+                let (drawn, _, scores) = three_streams(cuda, ids, mode, overlap, Second::Drawn);
                 eprintln!("{name} {mode:?} overlap {overlap}: {drawn:?}");
                 assert_eq!(drawn, host, "{name} {mode:?} overlap {overlap}");
+                assert_eq!(scores, host_scores, "{name} {mode:?} overlap {overlap}");
             }
             assert_ne!(host[1], greedy[1], "{name}: the draw never left the argmax");
         });

@@ -43,10 +43,15 @@ pub(crate) fn row_draws(batch: &ForwardBatch) -> Vec<RowDraw> {
         .iter()
         .enumerate()
         .filter_map(|(row, s)| match s.logits {
-            LogitsMode::Draw { params, uniform } => Some(RowDraw {
+            LogitsMode::Draw {
+                params,
+                uniform,
+                logprobs,
+            } => Some(RowDraw {
                 row,
                 params,
                 uniform,
+                logprobs,
             }),
             _ => None,
         })
@@ -139,11 +144,10 @@ impl<B: Backend> Model<B> {
         let b = &self.backend;
         let prep = self.prepare(batch)?;
         if prep.ids.is_empty() {
-            return Ok(Launched::done(ForwardOutput {
-                vocab: self.config.vocab_size,
-                logits: vec![],
-                tokens: vec![],
-            }));
+            return Ok(Launched::done(ForwardOutput::empty(
+                self.config.vocab_size,
+                0,
+            )));
         }
         if let Some(step) = kv.replay_decode(self, batch, &prep, fed)? {
             return Ok(step);
@@ -607,11 +611,7 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
     ) -> Result<ForwardOutput> {
         let vocab = self.config.vocab_size;
-        let mut out = ForwardOutput {
-            vocab,
-            logits: vec![vec![]; counts.len()],
-            tokens: vec![None; counts.len()],
-        };
+        let mut out = ForwardOutput::empty(vocab, counts.len());
         let Some(mut logits) = logits else {
             return Ok(out);
         };
@@ -624,21 +624,32 @@ impl<B: Backend> Model<B> {
             let mut draws = Vec::new();
             let mut at = 0;
             for (s, &k) in batch.seqs.iter().zip(counts) {
-                if let (LogitsMode::Draw { params, uniform }, true) = (s.logits, k > 0) {
+                if let (
+                    LogitsMode::Draw {
+                        params,
+                        uniform,
+                        logprobs,
+                    },
+                    true,
+                ) = (s.logits, k > 0)
+                {
                     draws.push(RowDraw {
                         row: at + k - 1,
                         params,
                         uniform,
+                        logprobs,
                     });
                 }
                 at += k;
             }
             let started = self.backend.pick_start(&logits, vocab, rows, cap, &draws)?;
-            let ids = self.backend.pick_finish(started)?;
+            let mut picked = self.backend.pick_finish(started)?;
             let mut at = 0;
             for (i, &k) in counts.iter().enumerate() {
                 if picks[i] && k > 0 {
-                    out.tokens[i] = Some(ids[at + k - 1]);
+                    let p = &mut picked[at + k - 1];
+                    out.tokens[i] = Some(p.id);
+                    out.logprobs[i] = p.logprobs.take();
                 }
                 at += k;
             }

@@ -116,12 +116,13 @@ impl<B: Backend> Model<B> {
         match step.0 {
             State::Done(out) => Ok(out),
             State::Picked { tokens, vocab, .. } => {
-                let ids = self.backend.pick_finish(tokens)?;
-                Ok(ForwardOutput {
-                    vocab,
-                    logits: vec![vec![]; ids.len()],
-                    tokens: ids.into_iter().map(Some).collect(),
-                })
+                let picks = self.backend.pick_finish(tokens)?;
+                let mut out = ForwardOutput::empty(vocab, picks.len());
+                for (i, p) in picks.into_iter().enumerate() {
+                    out.tokens[i] = Some(p.id);
+                    out.logprobs[i] = p.logprobs;
+                }
+                Ok(out)
             }
         }
     }

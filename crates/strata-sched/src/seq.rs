@@ -1,6 +1,6 @@
 //! A request's state inside the scheduler, across admissions and preemptions.
 
-use strata_kernels::sampling::draw_uniform;
+use strata_kernels::sampling::{draw_uniform, MAX_TOP_LOGPROBS};
 use strata_kv::RequestId;
 use strata_model::LogitsMode;
 
@@ -55,19 +55,19 @@ impl Seq {
     }
 
     /// What a step computing this request's last token up to position `index` asks of the
-    /// model: only the greedy token, a token drawn where the logits are (the draw of token
-    /// `index`), or the logits (for logprobs).
+    /// model: only the greedy token, or a token drawn where the logits are (the draw of token
+    /// `index`), with its logprobs when the request wants them; the logits themselves only
+    /// for more top logprobs than a backend reports (drawn and scored on the host).
     pub fn token_mode(&self, index: usize) -> LogitsMode {
         let sampling = &self.req.sampling;
-        if self.req.logprobs.is_some() {
-            LogitsMode::Last
-        } else if sampling.is_greedy() {
-            LogitsMode::Argmax
-        } else {
-            LogitsMode::Draw {
+        match self.req.logprobs {
+            Some(n) if n > MAX_TOP_LOGPROBS => LogitsMode::Last,
+            None if sampling.is_greedy() => LogitsMode::Argmax,
+            logprobs => LogitsMode::Draw {
                 params: *sampling,
                 uniform: draw_uniform(self.seed, index as u64),
-            }
+                logprobs,
+            },
         }
     }
 

@@ -1,6 +1,6 @@
 //! One scheduling iteration: plan the batch, run the model, sample, report.
 
-use strata_kernels::sampling::{draw_uniform, logprob_of, sample, top_logprobs};
+use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, TokenLogprobs};
 use strata_kv::KvStorage;
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
@@ -207,14 +207,14 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     }
                 }
             }
-            if let Some(token) = out.token(b).filter(|&t| (t as usize) < out.vocab) {
+            if let Some((token, scores)) = model_pick(out, b, seq) {
                 seq.tokens.push(token);
                 events.push(Event {
                     id: seq.id,
                     kind: EventKind::Token {
                         token,
-                        logprob: None,
-                        top_logprobs: Vec::new(),
+                        logprob: scores.map(|s| s.logprob),
+                        top_logprobs: scores.map(|s| s.top.clone()).unwrap_or_default(),
                     },
                 });
                 if let Some(reason) = seq.stop_reason(context_len) {
@@ -274,7 +274,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 continue;
             };
             let seq = &self.running[i];
-            let picked = out.token(b).filter(|&t| (t as usize) < out.vocab);
+            let picked = model_pick(out, b, seq);
             let logits = out.last(b).filter(|l| l.len() == out.vocab);
             if seq.computed + n >= seq.tokens.len() && picked.is_none() && logits.is_some() {
                 row_of[i] = Some(b);
@@ -286,11 +286,10 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             let uniform = draw_uniform(seq.seed, seq.tokens.len() as u64);
             let d = sample(logits, &seq.req.sampling, uniform)
                 .map(|token| match seq.req.logprobs {
-                    Some(k) => (
-                        token,
-                        Some(logprob_of(logits, token)),
-                        top_logprobs(logits, k),
-                    ),
+                    Some(k) => {
+                        let scores = token_logprobs(logits, token, k);
+                        (token, Some(scores.logprob), scores.top)
+                    }
                     None => (token, None, Vec::new()),
                 })
                 .map_err(|e| e.to_string());
@@ -324,4 +323,17 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             }
         }
     }
+}
+
+/// The token the model picked for batch row `b` and its logprobs, when it picked one with
+/// everything `seq`'s request asks for (else the request is drawn on the host from its
+/// logits).
+fn model_pick<'a>(
+    out: &'a ForwardOutput,
+    b: usize,
+    seq: &Seq,
+) -> Option<(u32, Option<&'a TokenLogprobs>)> {
+    let token = out.token(b).filter(|&t| (t as usize) < out.vocab)?;
+    let scores = out.token_logprobs(b);
+    (seq.req.logprobs.is_none() || scores.is_some()).then_some((token, scores))
 }

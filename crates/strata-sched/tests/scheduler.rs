@@ -8,7 +8,7 @@ use common::{
     drain, fake_config, logits_for, pool, reference_tokens, run_alone, FakeModel, Outcome, EOS,
     VOCAB,
 };
-use strata_kernels::sampling::{logprob_of, top_logprobs, SamplingParams};
+use strata_kernels::sampling::{logprob_of, top_logprobs, SamplingParams, MAX_TOP_LOGPROBS};
 use strata_kv::{CacheType, HostStorage, KvPool, PoolKind};
 use strata_model::{ForwardBatch, ForwardOutput};
 use strata_sched::{
@@ -252,35 +252,44 @@ fn eos_stop_sequences_and_max_tokens() {
     assert_eq!(got.reason, Some(FinishReason::Stop));
 }
 
+/// Logprobs of the raw distribution with every token of a sampled request, whether the
+/// model scores the token where its logits are (up to `MAX_TOP_LOGPROBS` top ones) or
+/// returns the logits and the host scores it (more than that): the same tokens either way.
 #[test]
 fn logprobs_describe_the_raw_distribution() {
-    let p = prompt(5, 6);
-    let cfg = fake_config(false);
-    let kv = pool(&cfg, 32, 0, 4, CacheType::Radix);
-    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(2, 16, 16)).unwrap();
-    let mut r = Request::new(p.clone(), 6);
-    r.sampling = sampled(3);
-    r.ignore_eos = true;
-    r.logprobs = Some(3);
-    let id = sched.submit(r);
-    let mut seq = p;
-    while sched.has_work() {
-        for e in sched.step() {
-            assert_eq!(e.id, id);
-            if let EventKind::Token {
-                token,
-                logprob,
-                top_logprobs: top,
-            } = e.kind
-            {
-                let logits = logits_for(&seq);
-                assert_eq!(logprob, Some(logprob_of(&logits, token)));
-                assert_eq!(top, top_logprobs(&logits, 3));
-                seq.push(token);
+    let mut streams = Vec::new();
+    for top in [3, MAX_TOP_LOGPROBS + 5] {
+        let p = prompt(5, 6);
+        let cfg = fake_config(false);
+        let kv = pool(&cfg, 32, 0, 4, CacheType::Radix);
+        let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(2, 16, 16)).unwrap();
+        let mut r = Request::new(p.clone(), 6);
+        r.sampling = sampled(3);
+        r.ignore_eos = true;
+        r.logprobs = Some(top);
+        let id = sched.submit(r);
+        let mut seq = p;
+        while sched.has_work() {
+            for e in sched.step() {
+                assert_eq!(e.id, id);
+                if let EventKind::Token {
+                    token,
+                    logprob,
+                    top_logprobs: got,
+                } = e.kind
+                {
+                    let logits = logits_for(&seq);
+                    assert_eq!(logprob, Some(logprob_of(&logits, token)));
+                    assert_eq!(got, top_logprobs(&logits, top));
+                    assert_eq!(got.len(), top.min(VOCAB));
+                    seq.push(token);
+                }
             }
         }
+        assert_eq!(seq.len(), 11);
+        streams.push(seq);
     }
-    assert_eq!(seq.len(), 11);
+    assert_eq!(streams[0], streams[1]);
 }
 
 #[test]

@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// logits are, as `serve` does for sampled requests.
     #[command(flatten)]
     pub sampling: crate::sampling_args::SamplingArgs,
+    /// Decode steps also report every token's logprob and this many top logprobs (at most
+    /// 20), where the logits are, as `serve` does for requests with `logprobs`.
+    #[arg(long)]
+    pub logprobs: Option<usize>,
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -84,6 +88,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 warmup: a.warmup,
                 overlap: a.overlap,
                 sampling: Some(a.sampling.params()),
+                logprobs: a.logprobs,
             };
             let r = model.bench_decode(shape, kv)?;
             eprintln!(
@@ -130,7 +135,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "kv_cache_dtype": kv.name(),
         "decode_overlap": a.overlap,
         "decode_sampling": {"temperature": a.sampling.temperature, "top_k": a.sampling.top_k,
-            "top_p": a.sampling.top_p, "min_p": a.sampling.min_p},
+            "top_p": a.sampling.top_p, "min_p": a.sampling.min_p, "logprobs": a.logprobs},
         "weight_bytes_per_step": weight_bytes,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "decode_roofline_tok_s_batch1": roofline,

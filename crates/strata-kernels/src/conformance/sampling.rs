@@ -1,7 +1,7 @@
 //! The backend's sampler against the host definition in [`crate::sampling`].
 
 use super::{ctx, put, CheckResult, TestData};
-use crate::sampling::{draw_uniform, pick_rows, RowDraw, SamplingParams};
+use crate::sampling::{draw_uniform, pick_rows, Picked, RowDraw, SamplingParams};
 use crate::Backend;
 
 pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
@@ -14,10 +14,11 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
         seed: None,
     };
     // Every kind of row (vocabularies as in `check_argmax`): flat, spread, peaked, ties on
-    // a grid, NaN and -inf among the values, all -inf, -0 next to +0.
+    // a grid, NaN and -inf among the values, all -inf, -0 next to +0, and five values
+    // within 40 of the best (fewer than the top logprobs asked for, uncapped).
     for vocab in [7usize, 1000, 4099, 65_540, 262_144] {
-        let rows = 8;
-        let spreads = [0.05f32, 1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 8.0];
+        let rows = 9;
+        let spreads = [0.05f32, 1.0, 3.0, 3.0, 2.0, 3.0, 0.0, 8.0, 1.0];
         let mut logits: Vec<f32> = Vec::with_capacity(rows * vocab);
         for (r, &spread) in spreads.iter().enumerate() {
             let mut row: Vec<f32> = (0..vocab).map(|_| data.normal() * spread).collect();
@@ -35,6 +36,12 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
                 7 => {
                     row[vocab / 2] = -0.0;
                     row[vocab / 3] = 0.0;
+                }
+                8 => {
+                    row.iter_mut().for_each(|x| *x -= 100.0);
+                    row.iter_mut()
+                        .step_by(vocab / 5 + 1)
+                        .for_each(|x| *x += 100.0);
                 }
                 _ => {}
             }
@@ -71,6 +78,8 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
                         1 => u64::MAX,
                         _ => draw_uniform(vocab as u64, (t * rows + r) as u64),
                     },
+                    // Logprobs with every kind of draw, greedy ones too.
+                    logprobs: [None, Some(0), Some(1), Some(5), Some(20)][(r + t) % 5],
                 })
                 .collect();
             // Drawn rows in a shuffled order, one row left to its argmax.
@@ -80,7 +89,7 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
                 let got = ctx("pick_start", b.pick_start(&lb, vocab, rows, cap, &asked))?;
                 let got = ctx("pick_finish", b.pick_finish(got))?;
                 let want = pick_rows(reference, vocab, rows, &asked).map_err(|e| e.to_string())?;
-                if got != want {
+                if !same_picks(&got, &want) {
                     return Err(format!(
                         "pick_start vocab {vocab} trial {t} cap {cap:?}: got {got:?}, want {want:?} ({asked:?})"
                     ));
@@ -89,6 +98,20 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
         }
     }
     Ok(())
+}
+
+/// Picks equal to the bit (a row of -inf values has NaN logprobs on both sides).
+fn same_picks(a: &[Picked], b: &[Picked]) -> bool {
+    let bits = |p: &Picked| {
+        p.logprobs.as_ref().map(|l| {
+            let top: Vec<(u32, u32)> = l.top.iter().map(|&(i, x)| (i, x.to_bits())).collect();
+            (l.logprob.to_bits(), top)
+        })
+    };
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.id == y.id && bits(x) == bits(y))
 }
 
 /// Greedy choice where the logits are: equal to the host `argmax` on rows with ties (the
@@ -166,6 +189,7 @@ pub fn check_feed_tokens<B: Backend>(b: &B) -> CheckResult {
         row,
         params: hot,
         uniform: draw_uniform(3, row as u64),
+        logprobs: (row == 2).then_some(4),
     });
     let want = |l: &[f32], d: &[RowDraw]| pick_rows(l, vocab, rows, d).map_err(|e| e.to_string());
     let (want_first, want_second) = (want(&first, &drawn)?, want(&second, &[])?);
@@ -195,11 +219,12 @@ pub fn check_feed_tokens<B: Backend>(b: &B) -> CheckResult {
     )?;
     let got_first = ctx("pick_finish", b.pick_finish(t1))?;
     let got_second = ctx("pick_finish", b.pick_finish(t2))?;
-    if got_first != want_first || got_second != want_second {
+    if !same_picks(&got_first, &want_first) || !same_picks(&got_second, &want_second) {
         return Err(format!(
             "pick_start/finish: got {got_first:?} and {got_second:?}, want {want_first:?} and {want_second:?}"
         ));
     }
+    let want_first = crate::sampling::pick_ids(&want_first);
     let mut fed = marked.to_vec();
     crate::sampling::feed_tokens(&mut fed, &want_first);
     if fed != [7, want_first[2], 999, want_first[0], want_first[5], 0] {

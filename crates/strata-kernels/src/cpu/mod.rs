@@ -20,7 +20,7 @@ pub use elementwise::{gelu_tanh, silu};
 pub use paged::{CpuKvSlab, CpuPagedBatch};
 
 use crate::quant::RowDot;
-use crate::sampling::RowDraw;
+use crate::sampling::{Picked, RowDraw};
 use crate::Result;
 use crate::{
     Activation, AttentionParams, Backend, DType, HostSlice, KernelError, MatmulShape,
@@ -99,7 +99,7 @@ impl Backend for CpuBackend {
     type Index = Vec<u32>;
     type PagedBatch = CpuPagedBatch;
     type Graph = ();
-    type Tokens = Vec<u32>;
+    type Tokens = Vec<Picked>;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -296,16 +296,16 @@ impl Backend for CpuBackend {
         rows: usize,
         softcap: Option<f32>,
         draws: &[RowDraw],
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Vec<Picked>> {
         self.pick_on_host(logits, vocab, rows, softcap, draws)
     }
 
-    fn pick_finish(&self, tokens: Vec<u32>) -> Result<Vec<u32>> {
+    fn pick_finish(&self, tokens: Vec<Picked>) -> Result<Vec<Picked>> {
         Ok(tokens)
     }
 
-    fn feed_tokens(&self, ids: &mut Vec<u32>, tokens: &Vec<u32>) -> Result<()> {
-        crate::sampling::feed_tokens(ids, tokens);
+    fn feed_tokens(&self, ids: &mut Vec<u32>, tokens: &Vec<Picked>) -> Result<()> {
+        crate::sampling::feed_tokens(ids, &crate::sampling::pick_ids(tokens));
         Ok(())
     }
 

@@ -749,7 +749,7 @@ impl Backend for CudaBackend {
         softcap: Option<f32>,
     ) -> Result<Vec<u32>> {
         let tokens = self.pick_start_impl(logits, vocab, rows, softcap, &[])?;
-        self.pick_finish_impl(tokens)
+        Ok(crate::sampling::pick_ids(&self.pick_finish_impl(tokens)?))
     }
 
     fn pick_start(
@@ -763,7 +763,7 @@ impl Backend for CudaBackend {
         self.pick_start_impl(logits, vocab, rows, softcap, draws)
     }
 
-    fn pick_finish(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
+    fn pick_finish(&self, tokens: CudaTokens) -> Result<Vec<crate::sampling::Picked>> {
         self.pick_finish_impl(tokens)
     }
 

@@ -1,6 +1,7 @@
 //! A step's tokens on the GPU: the argmax of each row of logits (`kernels/sampling.cu`),
-//! sampled rows drawn over it (`kernels/draw.cu`), read back as one id a row, and fed to the
-//! next step's ids on the device.
+//! sampled rows drawn over it (`kernels/draw.cu`), read back as one id a row (and, for rows
+//! that want logprobs, a few words from which the host makes them), and fed to the next
+//! step's ids on the device.
 //!
 //! A decode step's tokens can be left on the GPU ([`CudaTokens`]) with their copy to
 //! page-locked host memory queued behind them: the host then queues the next step (whose
@@ -15,7 +16,7 @@ use super::paged::CudaIndex;
 use super::{device_err, CudaBackend, CudaBuffer};
 use crate::error::ensure;
 use crate::sampling::weight::{weight_shift, DrawSettings};
-use crate::sampling::RowDraw;
+use crate::sampling::{Picked, RowDraw, RowMass, TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::{DeviceBuffer, Result};
 
 /// Threads of an argmax block (`ARGMAX_THREADS` in `kernels/sampling.cu`) and the logits
@@ -33,6 +34,9 @@ const KEPT_SLOTS: usize = 4;
 pub(super) struct ArgmaxSlot {
     keys: CudaSlice<u64>,
     host: PinnedHostSlice<u64>,
+    /// `logprob_rows`' reports and their page-locked copy, allocated when a step first
+    /// asks for logprobs.
+    scores: Option<(CudaSlice<u64>, PinnedHostSlice<u64>)>,
     /// Recorded after the copy to `host`. The backend's context leaves event tracking off,
     /// so the pinned slice records none of its own: this is what a read waits for.
     copied: CudaEvent,
@@ -45,7 +49,9 @@ const DRAW_THREADS: u32 = 1024;
 const DRAW_PASS_THREADS: u32 = 256;
 const DRAW_PASS_BLOCKS: usize = 264;
 /// u64 words of a drawn row's first-pass histogram (`DRAW_HIST_WORDS`).
-const DRAW_HIST_WORDS: usize = 2048 + 1024 + 4;
+const DRAW_HIST_WORDS: usize = 2048 + 1024 + 5;
+/// u64 words of one row's logprobs report (`LOGPROB_WORDS`).
+const LOGPROB_WORDS: usize = 4 + MAX_TOP_LOGPROBS;
 
 /// The first pass's output for the drawn rows of a step (histograms, each value's bin),
 /// reused from step to step (the stream orders the steps' uses) and grown as needed.
@@ -57,9 +63,10 @@ pub(super) struct DrawScratch {
 /// The backend's draw scratch, shared by its clones.
 #[derive(Default)]
 pub(super) struct DrawScratches(Mutex<Option<DrawScratch>>);
-/// Flags of a draw's arguments (`DRAW_FILTERED`, `DRAW_TOP_P`).
+/// Flags of a draw's arguments (`DRAW_FILTERED`, `DRAW_TOP_P`, `DRAW_LOGPROBS`).
 const DRAW_FILTERED: u64 = 1;
 const DRAW_TOP_P: u64 = 2;
+const DRAW_LOGPROBS: u64 = 4;
 
 /// A draw's arguments as `draw_rows` reads them (`DRAW_ARG_WORDS` words): the uniform's 53
 /// bits, top-p in 32-bit fixed point, row | top-k << 32, the bits of 1/temperature |
@@ -83,6 +90,18 @@ fn draw_args(d: &RowDraw) -> [u64; 5] {
     ]
 }
 
+/// The arguments of a row's logprobs entry: a histogram of its raw values (1/temperature
+/// 1, no filter) and `n` top candidates in the top-k word.
+fn logprob_args(row: usize, n: usize) -> [u64; 5] {
+    [
+        0,
+        0,
+        row as u64 | (n as u64) << 32,
+        1f32.to_bits() as u64 | (f32::NEG_INFINITY.to_bits() as u64) << 32,
+        DRAW_FILTERED | DRAW_LOGPROBS,
+    ]
+}
+
 /// Spare slots, shared by the backend's clones.
 #[derive(Default)]
 pub(super) struct ArgmaxSlots(Mutex<Vec<ArgmaxSlot>>);
@@ -91,6 +110,30 @@ pub(super) struct ArgmaxSlots(Mutex<Vec<ArgmaxSlot>>);
 pub struct CudaTokens {
     slot: ArgmaxSlot,
     rows: usize,
+    /// The rows whose logprobs were asked for and how many top ones, in report order.
+    scored: Vec<(usize, usize)>,
+    /// The fixed-point bits of the reports' totals.
+    shift: u32,
+}
+
+/// A row's logprobs from its `logprob_rows` report (`LOGPROB_WORDS` words), which must be
+/// about the row's token `id`.
+fn read_report(words: &[u64], n: usize, shift: u32, id: u32) -> Result<TokenLogprobs> {
+    let value = |w: u64| f32::from_bits(w as u32);
+    let mass = RowMass {
+        best: value(words[0]),
+        total: words[1],
+        shift,
+    };
+    ensure((words[2] >> 32) as u32 == id, "logprob_rows", || {
+        format!("a report about id {} for token {id}", words[2] >> 32)
+    })?;
+    let found = (words[3] as usize).min(n).min(MAX_TOP_LOGPROBS);
+    let top: Vec<(u32, f32)> = words[4..4 + found]
+        .iter()
+        .map(|&w| ((w >> 32) as u32, value(w)))
+        .collect();
+    Ok(TokenLogprobs::from_values(&mass, value(words[2]), &top))
 }
 
 impl CudaBackend {
@@ -116,7 +159,12 @@ impl CudaBackend {
                     .ctx
                     .new_event(None)
                     .map_err(device_err("creating an argmax event"))?;
-                ArgmaxSlot { keys, host, copied }
+                ArgmaxSlot {
+                    keys,
+                    host,
+                    scores: None,
+                    copied,
+                }
             }
         };
         self.stream
@@ -147,6 +195,7 @@ impl CudaBackend {
             format!("a vocabulary of {vocab} ids does not fit the 31 bits of an id")
         })?;
         let mut slot = self.argmax_slot(rows)?;
+        let mut scored = Vec::new();
         if rows > 0 {
             let xs = logits.f32s(OP)?;
             let v = vocab as u64;
@@ -166,19 +215,52 @@ impl CudaBackend {
             };
             // SAFETY: logits hold at least rows x vocab values (checked); keys hold rows.
             unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
-            self.draw_rows(xs, &mut slot, vocab, rows, softcap, draws)?;
+            scored = self.draw_rows(xs, &mut slot, vocab, rows, softcap, draws)?;
             // Queued behind the kernels; `copied` marks its completion.
             self.stream
                 .memcpy_dtoh(&slot.keys.slice(..rows), &mut slot.host)
                 .map_err(device_err("copying argmax ids"))?;
+            if let Some((dev, host)) = slot.scores.as_mut().filter(|_| !scored.is_empty()) {
+                self.stream
+                    .memcpy_dtoh(&dev.slice(..scored.len() * LOGPROB_WORDS), host)
+                    .map_err(device_err("copying logprobs"))?;
+            }
             slot.copied
                 .record(&self.stream)
                 .map_err(device_err("recording the argmax copy"))?;
         }
-        Ok(CudaTokens { slot, rows })
+        Ok(CudaTokens {
+            slot,
+            rows,
+            scored,
+            shift: weight_shift(vocab),
+        })
     }
 
-    /// Draws the rows of `draws` over the argmax keys in `slot`.
+    /// A slot's logprobs reports (`ArgmaxSlot::scores`), grown to hold `n`.
+    fn score_buffers<'a>(
+        &self,
+        scores: &'a mut Option<(CudaSlice<u64>, PinnedHostSlice<u64>)>,
+        n: usize,
+    ) -> Result<&'a mut CudaSlice<u64>> {
+        let words = n * LOGPROB_WORDS;
+        if scores.as_ref().is_none_or(|(d, _)| d.len() < words) {
+            let len = n.max(MIN_SLOT_ROWS).next_power_of_two() * LOGPROB_WORDS;
+            let dev = self
+                .stream
+                .alloc_zeros::<u64>(len)
+                .map_err(device_err("allocating logprobs reports"))?;
+            // SAFETY: the host side is only read after a copy into it has landed.
+            let host = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(len, 0) }
+                .map_err(device_err("allocating page-locked logprobs reports"))?;
+            *scores = Some((dev, host));
+        }
+        Ok(&mut scores.as_mut().expect("allocated above").0)
+    }
+
+    /// Draws the rows of `draws` over the argmax keys in `slot`, then reports the logprobs
+    /// of the rows that ask for them; returns those rows and their top counts in report
+    /// order.
     fn draw_rows(
         &self,
         xs: &cudarc::driver::CudaSlice<f32>,
@@ -187,19 +269,31 @@ impl CudaBackend {
         rows: usize,
         softcap: Option<f32>,
         draws: &[RowDraw],
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, usize)>> {
         const OP: &str = "draw_rows";
-        let draws: Vec<&RowDraw> = draws.iter().filter(|d| !d.params.is_greedy()).collect();
-        if draws.is_empty() {
-            return Ok(());
+        let drawn: Vec<&RowDraw> = draws.iter().filter(|d| !d.params.is_greedy()).collect();
+        let scored: Vec<(usize, usize)> = draws
+            .iter()
+            .filter_map(|d| Some((d.row, d.logprobs?)))
+            .collect();
+        if drawn.is_empty() && scored.is_empty() {
+            return Ok(scored);
         }
-        let mut args = Vec::with_capacity(draws.len() * 5);
-        for d in &draws {
-            d.params.validate()?;
+        let mut args = Vec::with_capacity((drawn.len() + scored.len()) * 5);
+        for d in draws {
             ensure(d.row < rows, OP, || {
                 format!("a draw for row {} of {rows}", d.row)
             })?;
+        }
+        for d in &drawn {
+            d.params.validate()?;
             args.extend(draw_args(d));
+        }
+        for &(row, n) in &scored {
+            ensure(n <= MAX_TOP_LOGPROBS, OP, || {
+                format!("{n} top logprobs (at most {MAX_TOP_LOGPROBS})")
+            })?;
+            args.extend(logprob_args(row, n));
         }
         ensure(vocab <= u32::MAX as usize, OP, || {
             format!("a vocabulary of {vocab}")
@@ -208,7 +302,7 @@ impl CudaBackend {
             .stream
             .clone_htod(&args)
             .map_err(device_err("uploading draw settings"))?;
-        let n = draws.len();
+        let n = drawn.len() + scored.len();
         let mut guard = self.draw_scratch.0.lock().expect("draw scratch lock");
         let fits = guard
             .as_ref()
@@ -258,33 +352,61 @@ impl CudaBackend {
             block_dim: (DRAW_PASS_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: each draw's row is below `rows` (checked), which the logits and keys hold;
+        // SAFETY: each entry's row is below `rows` (checked), which the logits and keys hold;
         // the scratch holds n histograms and n rows of bins.
         unsafe { l.launch(cfg) }.map_err(device_err("draw_first_pass"))?;
-        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
-        l.arg(xs)
-            .arg(&mut slot.keys)
-            .arg(&args)
-            .arg(&scratch.hist)
-            .arg(&scratch.bins)
-            .arg(&v)
-            .arg(&has_cap)
-            .arg(&cap)
-            .arg(&shift);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
+        let blocks = |count: usize| LaunchConfig {
+            grid_dim: (count as u32, 1, 1),
             block_dim: (DRAW_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: as above.
-        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
-        Ok(())
+        if !drawn.is_empty() {
+            let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+            l.arg(xs)
+                .arg(&mut slot.keys)
+                .arg(&args)
+                .arg(&scratch.hist)
+                .arg(&scratch.bins)
+                .arg(&v)
+                .arg(&has_cap)
+                .arg(&cap)
+                .arg(&shift);
+            // SAFETY: as above; the draws are the first entries.
+            unsafe { l.launch(blocks(drawn.len())) }.map_err(device_err(OP))?;
+        }
+        if !scored.is_empty() {
+            let first = drawn.len() as u32;
+            let out = self.score_buffers(&mut slot.scores, scored.len())?;
+            let mut l = self
+                .stream
+                .launch_builder(self.kernels.get("logprob_rows")?);
+            l.arg(xs)
+                .arg(&slot.keys)
+                .arg(&args)
+                .arg(&scratch.hist)
+                .arg(&scratch.bins)
+                .arg(out)
+                .arg(&v)
+                .arg(&has_cap)
+                .arg(&cap)
+                .arg(&shift)
+                .arg(&first);
+            // SAFETY: as above; the logprobs entries follow the draws, and `out` holds a
+            // report for each.
+            unsafe { l.launch(blocks(scored.len())) }.map_err(device_err("logprob_rows"))?;
+        }
+        Ok(scored)
     }
 
-    pub(super) fn pick_finish_impl(&self, tokens: CudaTokens) -> Result<Vec<u32>> {
-        let CudaTokens { slot, rows } = tokens;
-        let ids = if rows == 0 {
-            vec![]
+    pub(super) fn pick_finish_impl(&self, tokens: CudaTokens) -> Result<Vec<Picked>> {
+        let CudaTokens {
+            slot,
+            rows,
+            scored,
+            shift,
+        } = tokens;
+        let picks = if rows == 0 {
+            Ok(vec![])
         } else {
             slot.copied
                 .synchronize()
@@ -294,13 +416,34 @@ impl CudaBackend {
                 .as_slice()
                 .map_err(device_err("reading argmax ids"))?;
             // The key's low half is the complemented index.
-            keys[..rows].iter().map(|&k| u32::MAX - k as u32).collect()
+            let mut picks: Vec<Picked> = keys[..rows]
+                .iter()
+                .map(|&k| Picked {
+                    id: u32::MAX - k as u32,
+                    logprobs: None,
+                })
+                .collect();
+            let reports = match (&slot.scores, scored.is_empty()) {
+                (_, true) => Ok(&[][..]),
+                (Some((_, host)), false) => host
+                    .as_slice()
+                    .map_err(device_err("reading logprobs reports")),
+                (None, false) => Err(crate::KernelError::Device(
+                    "logprobs asked for without reports".into(),
+                )),
+            };
+            reports.and_then(|reports| {
+                for (&(row, n), words) in scored.iter().zip(reports.chunks_exact(LOGPROB_WORDS)) {
+                    picks[row].logprobs = Some(read_report(words, n, shift, picks[row].id)?);
+                }
+                Ok(picks)
+            })
         };
         let mut slots = self.argmax_slots.0.lock().expect("argmax slots lock");
         if slots.len() < KEPT_SLOTS {
             slots.push(slot);
         }
-        Ok(ids)
+        picks
     }
 
     pub(super) fn feed_tokens_impl(&self, ids: &mut CudaIndex, tokens: &CudaTokens) -> Result<()> {

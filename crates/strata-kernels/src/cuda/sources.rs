@@ -208,7 +208,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile::any_gpu(
         "draw",
         include_str!("../../../../kernels/draw.cu"),
-        &["draw_first_pass", "draw_rows"],
+        &["draw_first_pass", "draw_rows", "logprob_rows"],
     ),
     KernelFile::any_gpu(
         "gemv",

@@ -17,7 +17,10 @@ mod rng;
 pub mod weight;
 
 pub use draw::sample;
-pub use logprobs::{log_softmax, logprob_of, top_logprobs};
+pub use logprobs::{
+    log_softmax, logprob_of, logprob_value, token_logprobs, top_logprobs, top_values, RowMass,
+    TokenLogprobs, MAX_TOP_LOGPROBS,
+};
 pub use rng::{draw_uniform, SamplerRng};
 
 use crate::{KernelError, Result};
@@ -96,6 +99,15 @@ pub struct RowDraw {
     pub row: usize,
     pub params: SamplingParams,
     pub uniform: u64,
+    /// Also the token's logprob and this many top logprobs ([`token_logprobs`]).
+    pub logprobs: Option<usize>,
+}
+
+/// A row's token, with its logprobs where its [`RowDraw`] asked for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Picked {
+    pub id: u32,
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// NaN sorts as -inf so a broken logit can never be chosen over a real one.
@@ -139,8 +151,14 @@ pub fn feed_tokens(ids: &mut [u32], greedy: &[u32]) {
 }
 
 /// The host definition of [`crate::Backend::pick_start`]: every row's argmax, except the
-/// rows of `draws`, each drawn with [`sample`].
-pub fn pick_rows(logits: &[f32], vocab: usize, rows: usize, draws: &[RowDraw]) -> Result<Vec<u32>> {
+/// rows of `draws`, each drawn with [`sample`] (greedy settings keep the argmax), and with
+/// [`token_logprobs`] where a draw asks for them.
+pub fn pick_rows(
+    logits: &[f32],
+    vocab: usize,
+    rows: usize,
+    draws: &[RowDraw],
+) -> Result<Vec<Picked>> {
     if vocab == 0 || logits.len() < rows * vocab {
         return Err(KernelError::Shape {
             op: "pick_rows",
@@ -148,7 +166,12 @@ pub fn pick_rows(logits: &[f32], vocab: usize, rows: usize, draws: &[RowDraw]) -
         });
     }
     let row = |r: usize| &logits[r * vocab..(r + 1) * vocab];
-    let mut ids: Vec<u32> = (0..rows).map(|r| argmax(row(r))).collect();
+    let mut picks: Vec<Picked> = (0..rows)
+        .map(|r| Picked {
+            id: argmax(row(r)),
+            logprobs: None,
+        })
+        .collect();
     for d in draws {
         if d.row >= rows {
             return Err(KernelError::Shape {
@@ -156,9 +179,16 @@ pub fn pick_rows(logits: &[f32], vocab: usize, rows: usize, draws: &[RowDraw]) -
                 detail: format!("a draw for row {} of {rows}", d.row),
             });
         }
-        ids[d.row] = sample(row(d.row), &d.params, d.uniform)?;
+        let pick = &mut picks[d.row];
+        pick.id = sample(row(d.row), &d.params, d.uniform)?;
+        pick.logprobs = d.logprobs.map(|n| token_logprobs(row(d.row), pick.id, n));
     }
-    Ok(ids)
+    Ok(picks)
+}
+
+/// The ids of [`pick_rows`]'s picks.
+pub fn pick_ids(picks: &[Picked]) -> Vec<u32> {
+    picks.iter().map(|p| p.id).collect()
 }
 
 #[cfg(test)]

@@ -109,6 +109,7 @@ fn invalid_params_and_shapes_are_errors() {
         row: 1,
         params: params(1.0, 0, 1.0, 0.0),
         uniform: 0,
+        logprobs: None,
     };
     assert!(pick_rows(&[1.0, 2.0, 3.0], 3, 1, &[past]).is_err());
 }
@@ -121,17 +122,87 @@ fn pick_rows_draws_only_the_rows_asked_for() {
         row: 2,
         params: hot,
         uniform,
+        logprobs: None,
     };
-    assert_eq!(pick_rows(&logits, 3, 3, &[]).unwrap(), vec![2, 0, 2]);
+    let ids = |draws: &[RowDraw]| pick_ids(&pick_rows(&logits, 3, 3, draws).unwrap());
+    assert_eq!(ids(&[]), vec![2, 0, 2]);
     // At a temperature of 1000 the third row is nearly flat: the uniform decides.
-    assert_eq!(
-        pick_rows(&logits, 3, 3, &[drawn(0)]).unwrap(),
-        vec![2, 0, 0]
-    );
-    assert_eq!(
-        pick_rows(&logits, 3, 3, &[drawn(u64::MAX)]).unwrap(),
-        vec![2, 0, 2]
-    );
+    assert_eq!(ids(&[drawn(0)]), vec![2, 0, 0]);
+    assert_eq!(ids(&[drawn(u64::MAX)]), vec![2, 0, 2]);
+    // Logprobs where asked for, of the raw row (not the temperature's), greedy rows too.
+    let scored = RowDraw {
+        row: 0,
+        params: SamplingParams::greedy(),
+        uniform: 0,
+        logprobs: Some(2),
+    };
+    let got = pick_rows(&logits, 3, 3, &[scored, drawn(0).with_logprobs(1)]).unwrap();
+    assert_eq!(got[0].logprobs, Some(token_logprobs(&logits[..3], 2, 2)));
+    assert_eq!(got[1].logprobs, None);
+    assert_eq!(got[2].logprobs, Some(token_logprobs(&logits[6..], 0, 1)));
+}
+
+impl RowDraw {
+    fn with_logprobs(self, n: usize) -> Self {
+        Self {
+            logprobs: Some(n),
+            ..self
+        }
+    }
+}
+
+#[test]
+fn logprobs_match_an_f64_softmax_in_rank_order() {
+    let mut rng = SamplerRng::new(17);
+    for (n, spread) in [(5usize, 1.0f64), (1000, 3.0), (70_000, 8.0), (300, 0.01)] {
+        let mut row: Vec<f32> = (0..n)
+            .map(|_| ((rng.next_f64() - 0.5) * spread * 4.0) as f32)
+            .collect();
+        row[n / 2] = f32::NAN;
+        row[n / 3] = f32::NEG_INFINITY;
+        if n > 10 {
+            row[7] = row[3];
+        }
+        let finite = row.iter().filter(|x| x.is_finite());
+        let max = finite.clone().fold(f64::MIN, |m, &x| m.max(x as f64));
+        let lse = max + finite.map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        for id in [0u32, 3, 7, (n - 1) as u32] {
+            let id = id.min(n as u32 - 1);
+            let want = row[id as usize] as f64 - lse;
+            let got = logprob_of(&row, id) as f64;
+            assert!(
+                (got - want).abs() < 1e-6 * (1.0 + want.abs()),
+                "{n} {id}: {got} {want}"
+            );
+        }
+        let want_lp = |i: u32| logprob_of(&row, i);
+        let top = top_logprobs(&row, 20);
+        assert_eq!(top.len(), 20.min(n));
+        // Value descending, ties by ascending id, NaN last with -inf.
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        let key = |i: u32| {
+            let x = row[i as usize];
+            if x.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                x
+            }
+        };
+        order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, order[..20.min(n)]);
+        for &(i, lp) in &top {
+            assert_eq!(lp.to_bits(), want_lp(i).to_bits());
+        }
+        let t = token_logprobs(&row, 3, 4);
+        assert_eq!(t.logprob.to_bits(), want_lp(3).to_bits());
+        assert_eq!(t.top, top_logprobs(&row, 4));
+    }
+    // More top logprobs than ids: every id, -inf and NaN last.
+    let top = top_logprobs(&[f32::NAN, 1.0, f32::NEG_INFINITY], 10);
+    assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 0, 2]);
+    assert_eq!(top[0].1, 0.0);
+    assert_eq!(top[1].1, f32::NEG_INFINITY);
 }
 
 #[test]

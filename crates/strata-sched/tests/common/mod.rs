@@ -4,7 +4,7 @@
 
 use serde_json::json;
 use strata_config::ModelConfig;
-use strata_kernels::sampling::{draw_uniform, sample, SamplingParams};
+use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, SamplingParams};
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan};
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, FED_TOKEN};
 use strata_sched::{
@@ -202,6 +202,7 @@ impl StepModel for FakeModel {
         }
         let mut logits = Vec::with_capacity(batch.seqs.len());
         let mut tokens = Vec::with_capacity(batch.seqs.len());
+        let mut scores = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
             let end = s.start + s.tokens.len();
             let rows = match s.logits {
@@ -214,25 +215,34 @@ impl StepModel for FakeModel {
                 let seq = self.read_sequence(kv, s.request, q)?;
                 out.extend(logits_for(&seq));
             }
+            let mut score = None;
             if s.logits == LogitsMode::Argmax {
                 // As a device would: the greedy choice only, no logits.
                 tokens.push(Some(strata_kernels::sampling::argmax(&out)));
                 out.clear();
-            } else if let LogitsMode::Draw { params, uniform } = s.logits {
-                // As a device would: the drawn token only.
+            } else if let LogitsMode::Draw {
+                params,
+                uniform,
+                logprobs,
+            } = s.logits
+            {
+                // As a device would: the drawn token (and its logprobs) only.
                 let t =
                     sample(&out, &params, uniform).map_err(|e| SchedError::Other(e.to_string()))?;
+                score = logprobs.map(|n| token_logprobs(&out, t, n));
                 tokens.push(Some(t));
                 out.clear();
             } else {
                 tokens.push(None);
             }
+            scores.push(score);
             logits.push(out);
         }
         Ok(ForwardOutput {
             vocab: VOCAB,
             logits,
             tokens,
+            logprobs: scores,
         })
     }
 
