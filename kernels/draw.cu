@@ -531,19 +531,30 @@ draw_first_pass(const float* logits, const unsigned long long* keys,
     };
     if (!(a.flags & DRAW_FILTERED)) {
         const u32 run = draw_run(vocab);
-        // A warp's 32 lanes take 128 consecutive ids (four each), all in one run.
-        for (u32 at = from + 4 * (threadIdx.x - lane); at < to; at += 4 * DRAW_PASS_THREADS) {
-            u64 w = 0;
-            const u32 id = at + 4 * lane;
-            if (aligned && id + 3 < to) {
-                const float4 v = *reinterpret_cast<const float4*>(row + id);
-                w = draw_weight(rel(v.x), shift) + draw_weight(rel(v.y), shift) +
-                    draw_weight(rel(v.z), shift) + draw_weight(rel(v.w), shift);
-            } else {
-                for (u32 k = id; k < min(id + 4, to); ++k) w += draw_weight(rel(row[k]), shift);
+        // A warp's 32 lanes take 128 consecutive ids (four each), all in one run; two such
+        // stretches a round, both loads issued before either is used.
+        const auto run_weight = [&](u32 id, bool whole, float4 v) {
+            if (whole) {
+                return draw_weight(rel(v.x), shift) + draw_weight(rel(v.y), shift) +
+                       draw_weight(rel(v.z), shift) + draw_weight(rel(v.w), shift);
             }
+            u64 w = 0;
+            for (u32 k = id; k < min(id + 4, to); ++k) w += draw_weight(rel(row[k]), shift);
+            return w;
+        };
+        const auto add_run = [&](u32 at, u64 w) {
             for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
             if (lane == 0 && w) atomicAdd(h + at / run, (unsigned long long)w);
+        };
+        for (u32 at = from + 4 * (threadIdx.x - lane); at < to; at += 8 * DRAW_PASS_THREADS) {
+            const u32 at2 = at + 4 * DRAW_PASS_THREADS;
+            const u32 id = at + 4 * lane, id2 = at2 + 4 * lane;
+            const bool whole = aligned && id + 3 < to, whole2 = aligned && id2 + 3 < to;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v2 = v;
+            if (whole) v = *reinterpret_cast<const float4*>(row + id);
+            if (whole2) v2 = *reinterpret_cast<const float4*>(row + id2);
+            add_run(at, run_weight(id, whole, v));
+            if (at2 < to) add_run(at2, run_weight(id2, whole2, v2));
         }
         return;
     }
@@ -566,14 +577,15 @@ draw_first_pass(const float* logits, const unsigned long long* keys,
             live += 1;
             bin = (u16)draw_bin0(d);
             atomicAdd(&count[bin], 1u);
-            if (w) atomicAdd(&mass[bin], (unsigned long long)w);
+            // A logprobs entry searches by count alone: its bins' weights go unread.
+            if (w && !(a.flags & DRAW_LOGPROBS)) atomicAdd(&mass[bin], (unsigned long long)w);
         }
         bin_of[id] = bin;
     };
     if (aligned) {
-        for (u32 id = from + 4 * threadIdx.x; id < to; id += 4 * DRAW_PASS_THREADS) {
-            if (id + 3 < to) {
-                const float4 v = *reinterpret_cast<const float4*>(row + id);
+        // Two 16-byte loads a thread in flight before their values are visited.
+        const auto visit4 = [&](u32 id, bool whole, float4 v) {
+            if (whole) {
                 visit(v.x, id);
                 visit(v.y, id + 1);
                 visit(v.z, id + 2);
@@ -581,6 +593,15 @@ draw_first_pass(const float* logits, const unsigned long long* keys,
             } else {
                 for (u32 k = id; k < to; ++k) visit(row[k], k);
             }
+        };
+        for (u32 id = from + 4 * threadIdx.x; id < to; id += 8 * DRAW_PASS_THREADS) {
+            const u32 id2 = id + 4 * DRAW_PASS_THREADS;
+            const bool whole = id + 3 < to, whole2 = id2 + 3 < to;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v2 = v;
+            if (whole) v = *reinterpret_cast<const float4*>(row + id);
+            if (whole2) v2 = *reinterpret_cast<const float4*>(row + id2);
+            visit4(id, whole, v);
+            if (id2 < to) visit4(id2, whole2, v2);
         }
     } else {
         for (u32 id = from + threadIdx.x; id < to; id += DRAW_PASS_THREADS) visit(row[id], id);
