@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::Duration;
 use strata_kernels::conformance::TestData;
 use strata_kernels::cpu::CpuBackend;
-use strata_kernels::sampling::{sample, SamplerRng, SamplingParams};
+use strata_kernels::sampling::{sample, token_logprobs, SamplerRng, SamplingParams};
 use strata_kernels::{AttentionParams, Backend, DType, MatmulShape};
 
 fn gemv(c: &mut Criterion) {
@@ -116,6 +116,13 @@ fn sample_row(c: &mut Criterion) {
         let mut rng = SamplerRng::new(1);
         g.bench_function(name, |bench| {
             bench.iter(|| sample(black_box(logits), &params, rng.next_u64()).unwrap())
+        });
+    }
+    // A token's logprob and its 5 / 20 top ones (what a request with `logprobs` adds to its
+    // draw on the host).
+    for n in [5, 20] {
+        g.bench_function(format!("logprobs_{n}"), |bench| {
+            bench.iter(|| token_logprobs(black_box(&peaked), 7, n))
         });
     }
     g.finish();
