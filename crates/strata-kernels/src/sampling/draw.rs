@@ -25,8 +25,8 @@ use std::collections::BinaryHeap;
 use rayon::prelude::*;
 
 use super::weight::{
-    fixed_weight, mul_shr, rank, relative, scaled, uniform_bits, weight_shift, DrawSettings,
-    WEIGHT_CUTOFF,
+    fixed_weight, mul_shr, rank, relative, scaled, uniform_bits, weight_shift, with_fma,
+    DrawSettings, WEIGHT_CUTOFF,
 };
 use super::{argmax, SamplingParams};
 use crate::{KernelError, Result};
@@ -103,7 +103,7 @@ impl Row<'_> {
         let sums: Vec<u64> = self
             .logits
             .par_chunks(CHUNK)
-            .map(|c| c.iter().map(|&x| self.weight(x)).sum())
+            .map(|c| with_fma(|| c.iter().map(|&x| self.weight(x)).sum()))
             .collect();
         let target = mul_shr(sums.iter().sum(), u, 53);
         let mut cum = 0u64;
@@ -130,14 +130,16 @@ impl Row<'_> {
             .logits
             .par_chunks(CHUNK)
             .map(|c| {
-                c.iter().fold((0usize, 0usize, 0u64), |(l, m, t), &x| {
-                    let d = self.rel(x);
-                    let w = fixed_weight(d, self.shift);
-                    (
-                        l + usize::from(d >= WEIGHT_CUTOFF),
-                        m + usize::from(d >= min_rel),
-                        t + w,
-                    )
+                with_fma(|| {
+                    c.iter().fold((0usize, 0usize, 0u64), |(l, m, t), &x| {
+                        let d = self.rel(x);
+                        let w = fixed_weight(d, self.shift);
+                        (
+                            l + usize::from(d >= WEIGHT_CUTOFF),
+                            m + usize::from(d >= min_rel),
+                            t + w,
+                        )
+                    })
                 })
             })
             .reduce(|| (0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));

@@ -10,7 +10,9 @@
 //! logprobs as [`token_logprobs`] gives. Values more than 40 below the best weigh 0: each
 //! would move the normaliser by less than e^-40 of the best's share.
 
-use super::weight::{fixed_weight, rank, relative, scaled, weight_shift};
+use rayon::prelude::*;
+
+use super::weight::{fixed_weight, rank, relative, scaled, weight_shift, with_fma};
 
 /// Top logprobs a backend reports at most for one token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -45,8 +47,15 @@ impl RowMass {
         let total = if best == f32::NEG_INFINITY {
             0
         } else {
-            row.iter()
-                .map(|&x| fixed_weight(relative(scaled(x, 1.0), best), shift))
+            // Integer sums: the chunks' order changes nothing.
+            row.par_chunks(16_384)
+                .map(|c| {
+                    with_fma(|| {
+                        c.iter()
+                            .map(|&x| fixed_weight(relative(scaled(x, 1.0), best), shift))
+                            .sum::<u64>()
+                    })
+                })
                 .sum()
         };
         Self { best, total, shift }

@@ -74,6 +74,26 @@ unsafe fn exp_neg_fma(x: f64) -> f64 {
     exp_neg_ops(x)
 }
 
+/// Runs `f` compiled with the FMA instruction where the CPU has it, so the weights
+/// computed inside ([`fixed_weight`]) take their multiply-adds inline and consecutive ones
+/// overlap: a loop over a row's weights belongs in here. The results are the same bits
+/// either way (a fused multiply-add rounds once, in hardware or in libm).
+#[inline]
+pub fn with_fma<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the instructions the function is compiled for.
+        return unsafe { run_with_fma(f) };
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn run_with_fma<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 #[inline(always)]
 fn exp_neg_ops(x: f64) -> f64 {
     const LOG2_E: f64 = f64::from_bits(0x3ff7_1547_652b_82fe);
