@@ -19,9 +19,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// request (decode tokens first, then prefill chunks, oldest first, within
     /// `max_batch_tokens`), samples, and returns the events it produced in order.
     ///
-    /// With `SchedulerConfig::overlap`, a decode step of tokens only (greedy or drawn, no
-    /// logprobs) is left queued on the model
-    /// and read by the next call, after that call has queued the step that follows it
+    /// With `SchedulerConfig::overlap`, a decode step of tokens only (greedy or drawn, with
+    /// their logprobs where asked for) is left queued on the model and read by the next call, after that call has queued the step that follows it
     /// (`launch_next`): the events of a step then come one call later.
     pub fn step(&mut self) -> Vec<Event> {
         let mut events = std::mem::take(&mut self.pending);
@@ -156,8 +155,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     tokens: s.tokens[s.computed..end].to_vec(),
                     start: s.computed,
                     logits: if end == s.tokens.len() {
-                        // Requests without logprobs need only their token, which the model
-                        // computes where the logits are.
+                        // A request needs only its token (and its logprobs), which the
+                        // model computes where the logits are.
                         s.token_mode(end)
                     } else {
                         LogitsMode::None

@@ -36,7 +36,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2_200_000)]
     pub max_kv_tokens: usize,
     /// Queue each decode step before reading the one ahead of it, its ids fed from that
-    /// step's tokens on the device (what `serve` does for requests without logprobs).
+    /// step's tokens on the device (what `serve` does).
     #[arg(long)]
     pub overlap: bool,
     /// Decode steps draw every token with these settings (greedy by default), where the
