@@ -110,17 +110,40 @@ pub fn top_values(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
     }
-    // The draw's candidate order: (rank of the value, id) ascending.
-    let mut keys: Vec<u64> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| (rank(scaled(x, 1.0)) as u64) << 32 | i as u64)
-        .collect();
-    if n < keys.len() {
-        keys.select_nth_unstable(n - 1);
-        keys.truncate(n);
-    }
-    keys.sort_unstable();
+    // The draw's candidate order: (rank of the value, id) ascending; every key is distinct.
+    let key = |i: usize| (rank(scaled(logits[i], 1.0)) as u64) << 32 | i as u64;
+    let keys: Vec<u64> = if n <= SMALL_TOP {
+        // Each chunk keeps its n smallest keys (most values fail one comparison), then the
+        // chunks' lists are merged.
+        logits
+            .par_chunks(TOP_CHUNK)
+            .enumerate()
+            .map(|(c, chunk)| {
+                let mut top: Vec<u64> = Vec::with_capacity(n + 1);
+                for j in 0..chunk.len() {
+                    let k = key(c * TOP_CHUNK + j);
+                    if top.len() < n || k < top[n - 1] {
+                        top.insert(top.partition_point(|&t| t < k), k);
+                        top.truncate(n);
+                    }
+                }
+                top
+            })
+            .reduce(Vec::new, |a, b| {
+                let mut m: Vec<u64> = a.into_iter().chain(b).collect();
+                m.sort_unstable();
+                m.truncate(n);
+                m
+            })
+    } else {
+        let mut all: Vec<u64> = (0..logits.len()).map(key).collect();
+        if n < all.len() {
+            all.select_nth_unstable(n - 1);
+            all.truncate(n);
+        }
+        all.sort_unstable();
+        all
+    };
     keys.into_iter()
         .map(|k| {
             let id = k as u32;
@@ -128,6 +151,12 @@ pub fn top_values(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
         })
         .collect()
 }
+
+/// Top lists up to this long are kept per chunk while the row is read; longer ones select
+/// over a copy of the whole row.
+const SMALL_TOP: usize = 64;
+/// Values a chunk of [`top_values`]' parallel pass holds.
+const TOP_CHUNK: usize = 16_384;
 
 /// The `n` most likely tokens with their log-probabilities, most likely first (ties by
 /// ascending id).

@@ -191,6 +191,9 @@ fn logprobs_match_an_f64_softmax_in_rank_order() {
         order.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
         let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
         assert_eq!(ids, order[..20.min(n)]);
+        // Longer lists take the whole-row selection.
+        let long: Vec<u32> = top_values(&row, 100).iter().map(|t| t.0).collect();
+        assert_eq!(long, order[..100.min(n)]);
         for &(i, lp) in &top {
             assert_eq!(lp.to_bits(), want_lp(i).to_bits());
         }
