@@ -485,8 +485,8 @@ struct DrawArgs {
     float inv_t, min_rel, best;
 };
 
-__device__ __forceinline__ DrawArgs draw_args(const unsigned long long* args, u32 b,
-                                              const unsigned long long* keys) {
+// Entry b's arguments without its best value.
+__device__ __forceinline__ DrawArgs draw_args_of(const unsigned long long* args, u32 b) {
     const unsigned long long* a = args + (u64)b * DRAW_ARG_WORDS;
     DrawArgs d;
     d.u = a[0];
@@ -496,8 +496,26 @@ __device__ __forceinline__ DrawArgs draw_args(const unsigned long long* args, u3
     d.inv_t = __uint_as_float((u32)a[3]);
     d.min_rel = __uint_as_float((u32)(a[3] >> 32));
     d.flags = (u32)a[4];
+    d.best = NEG_INF;
+    return d;
+}
+
+// Entry b's arguments, its best value from its row's argmax key.
+__device__ __forceinline__ DrawArgs draw_args(const unsigned long long* args, u32 b,
+                                              const unsigned long long* keys) {
+    DrawArgs d = draw_args_of(args, b);
     d.best = draw_scaled(draw_unrank(~(u32)(keys[d.row] >> 32)), 0, 0.0f, d.inv_t);
     return d;
+}
+
+// The first pass's histogram of entry `h` into shared memory (draw_search's first level).
+__device__ __forceinline__ void draw_load_first_level(const unsigned long long* h,
+                                                      DrawShared* sh) {
+    const u32* counts = reinterpret_cast<const u32*>(h + DRAW_BINS0);
+    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
+        sh->mass0[b] = h[b];
+        sh->count0[b] = counts[b];
+    }
 }
 
 // The length of a run of ids whose weights an unfiltered draw sums together: a multiple of a
@@ -678,11 +696,7 @@ draw_rows(const float* logits, unsigned long long* keys, const unsigned long lon
     const float* row = logits + (u64)a.row * vocab;
     const unsigned long long* h = hist + (u64)blockIdx.x * DRAW_HIST_WORDS;
     const u16* bin_of = bins + (u64)blockIdx.x * vocab;
-    const u32* counts = reinterpret_cast<const u32*>(h + DRAW_BINS0);
-    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
-        sh.mass0[b] = h[b];
-        sh.count0[b] = counts[b];
-    }
+    draw_load_first_level(h, &sh);
     if (!(a.flags & DRAW_FILTERED)) {
         const u32 id =
             draw_in_id_order(row, vocab, has_cap, cap, a.inv_t, a.best, shift, a.u, &sh);
@@ -751,20 +765,16 @@ logprob_rows(const float* logits, const unsigned long long* keys,
     __shared__ u64 top[LOGPROB_TOP_MAX];
     __shared__ u32 top_n;
     const u32 e = first + blockIdx.x;
-    const unsigned long long* a = args + (u64)e * DRAW_ARG_WORDS;
-    const u32 r = (u32)a[2];
-    const u32 n = min(min((u32)(a[2] >> 32), vocab), (u32)LOGPROB_TOP_MAX);
+    const DrawArgs a = draw_args_of(args, e);
+    const u32 r = a.row;
+    const u32 n = min(min(a.top_k, vocab), (u32)LOGPROB_TOP_MAX);
     const unsigned long long* h = hist + (u64)e * DRAW_HIST_WORDS;
     const float best = __uint_as_float((u32)h[DRAW_BEST_WORD]);
     const u64 live = h[DRAW_TOTALS], total = h[DRAW_TOTALS + 3];
     const float* row = logits + (u64)r * vocab;
     const u16* bin_of = bins + (u64)e * vocab;
-    const u32* counts = reinterpret_cast<const u32*>(h + DRAW_BINS0);
     const auto value = [&](u32 id) { return draw_scaled(row[id], has_cap, cap, 1.0f); };
-    for (u32 b = threadIdx.x; b < DRAW_BINS0; b += DRAW_THREADS) {
-        sh.mass0[b] = h[b];
-        sh.count0[b] = counts[b];
-    }
+    draw_load_first_level(h, &sh);
     if (threadIdx.x == 0) top_n = 0;
     __syncthreads();
     const auto keep = [&](u64 key) {

@@ -150,13 +150,7 @@ impl CudaBackend {
             Some(s) => s,
             None => {
                 let n = rows.max(MIN_SLOT_ROWS).next_power_of_two();
-                let keys = self
-                    .stream
-                    .alloc_zeros::<u64>(n)
-                    .map_err(device_err("allocating argmax keys"))?;
-                // SAFETY: the host side is only read after a copy into it has landed.
-                let host = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(n, 0) }
-                    .map_err(device_err("allocating page-locked argmax ids"))?;
+                let (keys, host) = self.copied_words(n, "argmax ids")?;
                 let copied = self
                     .ctx
                     .new_event(None)
@@ -239,6 +233,23 @@ impl CudaBackend {
         })
     }
 
+    /// `len` words on the device, zeroed, and page-locked host memory they are copied to
+    /// (`what` names them in errors).
+    fn copied_words(
+        &self,
+        len: usize,
+        what: &str,
+    ) -> Result<(CudaSlice<u64>, PinnedHostSlice<u64>)> {
+        let dev = self
+            .stream
+            .alloc_zeros::<u64>(len)
+            .map_err(device_err(&format!("allocating {what}")))?;
+        // SAFETY: the host side is only read after a copy into it has landed.
+        let host = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(len, 0) }
+            .map_err(device_err(&format!("allocating page-locked {what}")))?;
+        Ok((dev, host))
+    }
+
     /// A slot's logprobs reports (`ArgmaxSlot::scores`), grown to hold `n`.
     fn score_buffers<'a>(
         &self,
@@ -248,14 +259,7 @@ impl CudaBackend {
         let words = n * LOGPROB_WORDS;
         if scores.as_ref().is_none_or(|(d, _)| d.len() < words) {
             let len = n.max(MIN_SLOT_ROWS).next_power_of_two() * LOGPROB_WORDS;
-            let dev = self
-                .stream
-                .alloc_zeros::<u64>(len)
-                .map_err(device_err("allocating logprobs reports"))?;
-            // SAFETY: the host side is only read after a copy into it has landed.
-            let host = unsafe { self.ctx.alloc_pinned_with_flags::<u64>(len, 0) }
-                .map_err(device_err("allocating page-locked logprobs reports"))?;
-            *scores = Some((dev, host));
+            *scores = Some(self.copied_words(len, "logprobs reports")?);
         }
         Ok(&mut scores.as_mut().expect("allocated above").0)
     }
