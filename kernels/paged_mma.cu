@@ -475,7 +475,7 @@ __device__ __forceinline__ void prefill_attention_body(
     unsigned char* smem, const float* q, const u16* k_slab, const u16* v_slab, const u32* sl,
     float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
     float scale, long long window, int has_softcap, float softcap, int n_splits, int n_stages,
-    int q_len, long long q_pos0, long long k_start, int tpb) {
+    int q_len, long long q_pos0, long long k_start, int tpb, int bx, int nbx) {
 #if __CUDA_ARCH__ >= 800
     constexpr int CS = D > 256 ? 2 : 1;    // slices of d (warps on the same rows)
     constexpr int KT = CS == 2 ? 32 : 64;  // keys a tile
@@ -494,7 +494,9 @@ __device__ __forceinline__ void prefill_attention_body(
     const int group = n_heads / n_kv_heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rg = warp / CS, cs = warp % CS;  // row group; slice of d
-    const int t0 = (gridDim.x - 1 - blockIdx.x) * tpb;
+    // The sequence's token blocks run last first (`bx` of `nbx`): the causal triangle's
+    // long blocks start early.
+    const int t0 = (nbx - 1 - bx) * tpb;
     const int n_tok = min(tpb, q_len - t0);
     const int rows_used = n_tok * group;
 
@@ -737,6 +739,19 @@ __device__ __forceinline__ void prefill_attention_body(
 #endif
 }
 
+// Several sequences' query runs in one launch (`prefill_attention_mma_seqs_d<D>`): block x
+// belongs to run s of `runs` when first[s] <= x < first[s + 1], and run s is sequence
+// seq[s] of the batch's packed table `seqs` (row offset, query rows, first query position,
+// first key position, first slot: `pack_seqs` in cuda/paged.rs). `q`, `out` and `out_b` start
+// at the batch's row 0, the split workspace at row `row_base`. Passed by value, so a launch
+// needs no upload; must match `PrefillRuns` in cuda/prefill_attention.rs.
+#define PF_MAX_RUNS 32
+struct PrefillRuns {
+    int n;
+    int seq[PF_MAX_RUNS];
+    int first[PF_MAX_RUNS + 1];
+};
+
 // One entry point per head_dim: `prefill_attention_mma_d<D>`. Up to d 256 a block takes
 // 128 rows (each warp all of d) in 64-key tiles; at d 512 64 rows, each pair of warps
 // splitting d, in 32-key tiles (the shared memory of Q and two stages of K and V).
@@ -749,7 +764,28 @@ __device__ __forceinline__ void prefill_attention_body(
         extern __shared__ __align__(16) unsigned char smem[];                                  \
         prefill_attention_body<D>(smem, q, k_slab, v_slab, sl, out, out_b, ws_acc, ws_ml,      \
                                   n_heads, n_kv_heads, scale, window, has_softcap, softcap,    \
-                                  n_splits, n_stages, q_len, q_pos0, k_start, tpb);            \
+                                  n_splits, n_stages, q_len, q_pos0, k_start, tpb, blockIdx.x, \
+                                  gridDim.x);                                                  \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1)                             \
+        prefill_attention_mma_seqs_d##D(                                                       \
+            const float* q, const u16* k_slab, const u16* v_slab, const u32* slots,            \
+            const u32* seqs, float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, \
+            int n_kv_heads, float scale, long long window, int has_softcap, float softcap,     \
+            int n_splits, int n_stages, int tpb, long long row_base, PrefillRuns runs) {       \
+        extern __shared__ __align__(16) unsigned char smem[];                                  \
+        int s = 0;                                                                             \
+        while (s + 1 < runs.n && (int)blockIdx.x >= runs.first[s + 1]) ++s;                   \
+        const u32* sq = seqs + 5 * (u64)runs.seq[s];                                           \
+        const u64 vals = (u64)sq[0] * n_heads * D;                                             \
+        const u64 parts = ((u64)sq[0] - row_base) * n_heads * n_splits;                        \
+        prefill_attention_body<D>(smem, q + vals, k_slab, v_slab, slots + sq[4], out + vals,   \
+                                  out_b ? out_b + vals : nullptr, ws_acc + parts * D,          \
+                                  ws_ml + parts * 2, n_heads, n_kv_heads, scale, window,       \
+                                  has_softcap, softcap, n_splits, n_stages, (int)sq[1],        \
+                                  (long long)sq[2], (long long)sq[3], tpb,                     \
+                                  (int)blockIdx.x - runs.first[s],                             \
+                                  runs.first[s + 1] - runs.first[s]);                          \
     }
 
 PREFILL_ATTENTION_KERNEL(64)

@@ -645,3 +645,39 @@ def test_overlapped_decode_answers_as_the_plain_server(server, log_dir):
         assert with_logprobs["choices"][0]["text"] == got[0]
     finally:
         fast.stop()
+
+
+def test_step_trace_accounts_for_every_token(log_dir):
+    """`--step-trace FILE` writes a CSV line for every engine step: the prompt tokens its
+    chunks took and the one-token rows it ran add up to what the requests computed (each
+    request's first token comes from its prompt's step, the rest from one row each)."""
+    import csv
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import start_server
+
+    trace = log_dir / "steps.csv"
+    srv = start_server(log_dir, "--step-trace", str(trace), "--warmup", "off", "--cache-type", "naive",
+                       name="trace")
+    try:
+        prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time there was"]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            bodies = list(pool.map(lambda p: greedy(srv, p, 5, ignore_eos=True), prompts))
+        want_chunks = sum(b["usage"]["prompt_tokens"] for b in bodies)
+        want_rows = sum(b["usage"]["completion_tokens"] - 1 for b in bodies)
+        # The engine writes the trace out when it goes idle, just after the last answer.
+        deadline = time.monotonic() + 10
+        while True:
+            with open(trace, newline="") as f:
+                rows = list(csv.DictReader(f))
+            got = (sum(int(r["chunk_tokens"]) for r in rows), sum(int(r["single_rows"]) for r in rows))
+            if got == (want_chunks, want_rows) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert got == (want_chunks, want_rows), rows
+        assert list(rows[0]) == ["start_ms", "step_ms", "launch_ms", "single_rows", "chunk_tokens", "overlapped",
+                                 "running", "waiting"]
+        assert all(0 <= float(r["launch_ms"]) <= float(r["step_ms"]) for r in rows)
+    finally:
+        srv.stop()

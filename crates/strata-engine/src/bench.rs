@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use strata_kernels::sampling::{draw_uniform, SamplerRng, SamplingParams};
 use strata_kernels::Backend;
-use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_kv::{
+    CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan, RequestId,
+};
 use strata_model::{
     ForwardBatch, KvCache, Launched, LogitsMode, Model, PagedStorage, SeqChunk, FED_TOKEN,
 };
@@ -33,6 +35,9 @@ pub struct PrefillBench {
     pub tokens: usize,
     pub seconds: f64,
     pub tokens_per_second: f64,
+    /// How long the host took to queue the step (the best run's): near `seconds`, the step
+    /// waits on the host's launches rather than on the device.
+    pub enqueue_seconds: f64,
 }
 
 fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -60,10 +65,15 @@ impl LoadedModel {
             depth,
             steps,
             warmup,
+            mixed_prompts,
+            mixed_len,
             ..
         } = shape;
         let layout = KvLayout::for_config(self.config(), kv)?;
-        let p = plan(batch * (depth + steps + warmup + PAGE));
+        // Each step's prompts are released once it is read; with overlap two steps' are
+        // held at once.
+        let prompts = 2 * mixed_prompts * (mixed_len + PAGE);
+        let p = plan(batch * (depth + steps + warmup + PAGE) + prompts);
         let secs = match &self.runtime {
             Runtime::Cpu(m) => decode_on(
                 m,
@@ -100,9 +110,9 @@ impl LoadedModel {
         let layout = KvLayout::for_config(self.config(), kv)?;
         let p = plan(tokens);
         let prompt = ids(tokens, self.config().vocab_size, 1);
-        let mut best = f64::INFINITY;
+        let mut best = (f64::INFINITY, 0.0);
         for _ in 0..repeats.max(1) {
-            let secs = match &self.runtime {
+            let run = match &self.runtime {
                 Runtime::Cpu(m) => prefill_on(
                     m,
                     KvPool::new(layout.clone(), p, CacheType::Naive, HostStorage::new())?,
@@ -119,12 +129,15 @@ impl LoadedModel {
                     &prompt,
                 )?,
             };
-            best = best.min(secs);
+            if run.0 < best.0 {
+                best = run;
+            }
         }
         Ok(PrefillBench {
             tokens,
-            seconds: best,
-            tokens_per_second: tokens as f64 / best,
+            seconds: best.0,
+            tokens_per_second: tokens as f64 / best.0,
+            enqueue_seconds: best.1,
         })
     }
 }
@@ -149,6 +162,8 @@ where
         overlap,
         sampling,
         logprobs,
+        mixed_prompts,
+        mixed_len,
     } = shape;
     if batch == 0 || steps == 0 {
         return Err(EngineError::Invalid(
@@ -176,21 +191,27 @@ where
             }
         }
     };
-    let read = |step: Launched<B>, next: &mut [u32]| -> Result<()> {
+    // A launched step and the prompts it carried, released once it is read.
+    type Queued<B> = (Launched<B>, Vec<RequestId>);
+    let read = |(step, prompts): Queued<B>, next: &mut [u32], kv: &mut KvPool<S>| -> Result<()> {
         let out = model.finish(step)?;
         for (i, n) in next.iter_mut().enumerate() {
             if let Some(t) = out.token(i) {
                 *n = t;
             }
         }
+        for r in prompts {
+            kv.release(r)?;
+        }
         Ok(())
     };
-    let mut queued: Option<Launched<B>> = None;
+    let prompt = ids(mixed_len, vocab, 3);
+    let mut queued: Option<Queued<B>> = None;
     let mut start = Instant::now();
     for step in 0..warmup + steps {
         if step == warmup {
             if let Some(q) = queued.take() {
-                read(q, &mut next)?;
+                read(q, &mut next, &mut kv)?;
             }
             start = Instant::now();
         }
@@ -209,21 +230,39 @@ where
                 logits: mode(step, i),
             });
         }
-        let launched = model.launch(&mut kv, &ForwardBatch { seqs }, queued.as_ref())?;
+        // Whole prompts beside the decode rows, each wanting its first token, as a
+        // server's step that admits requests while others decode.
+        let mut prompts = Vec::with_capacity(mixed_prompts);
+        for p in 0..mixed_prompts {
+            let r = kv.alloc_request();
+            kv.extend(r, mixed_len)?;
+            prompts.push(r);
+            seqs.push(SeqChunk {
+                request: r,
+                tokens: prompt.clone(),
+                start: 0,
+                logits: mode(step, batch + p),
+            });
+        }
+        let launched = model.launch(
+            &mut kv,
+            &ForwardBatch { seqs },
+            queued.as_ref().map(|q| &q.0),
+        )?;
         if let Some(q) = queued.take() {
-            read(q, &mut next)?;
+            read(q, &mut next, &mut kv)?;
         }
         if overlap {
-            queued = Some(launched);
+            queued = Some((launched, prompts));
         } else {
-            read(launched, &mut next)?;
+            read((launched, prompts), &mut next, &mut kv)?;
         }
         for &r in &reqs {
             kv.commit(r, pos + 1)?;
         }
     }
     if let Some(q) = queued {
-        read(q, &mut next)?;
+        read(q, &mut next, &mut kv)?;
     }
     Ok(start.elapsed().as_secs_f64())
 }
@@ -240,13 +279,19 @@ pub struct DecodeShape {
     pub overlap: bool,
     pub sampling: Option<SamplingParams>,
     pub logprobs: Option<usize>,
+    /// Prompts of `mixed_len` tokens added to every step whole (0: decode rows only).
+    pub mixed_prompts: usize,
+    pub mixed_len: usize,
 }
 
+/// The step's wall time and the part of it the host spent queueing it. The prompt's token
+/// is taken where the logits are (as a server's greedy request), so the launch returns
+/// before the device finishes.
 fn prefill_on<B: Backend, S: KvStorage>(
     model: &Model<B>,
     mut kv: KvPool<S>,
     prompt: &[u32],
-) -> Result<f64>
+) -> Result<(f64, f64)>
 where
     KvPool<S>: KvCache<B>,
 {
@@ -257,10 +302,12 @@ where
             request: r,
             tokens: prompt.to_vec(),
             start: 0,
-            logits: LogitsMode::Last,
+            logits: LogitsMode::Argmax,
         }],
     };
     let t = Instant::now();
-    model.forward(&mut kv, &batch)?;
-    Ok(t.elapsed().as_secs_f64())
+    let step = model.launch(&mut kv, &batch, None)?;
+    let queued = t.elapsed().as_secs_f64();
+    model.finish(step)?;
+    Ok((t.elapsed().as_secs_f64(), queued))
 }

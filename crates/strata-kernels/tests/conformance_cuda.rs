@@ -585,6 +585,31 @@ fn check_bf16_mode_attention(
     check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
 }
 
+/// A server's step at Gemma-4's shapes (eight query heads on one KV head, head_dim 256
+/// with a 512-key window and 512 without): decode rows and whole prompts, the prompts'
+/// attention one launch (split or not by how many blocks they make); then more prompts
+/// than one launch takes.
+#[test]
+fn prompts_of_a_step_attend_together() {
+    let Some(b) = gpu() else { return };
+    let step = vec![
+        (700, 1),
+        (0, 300),
+        (0, 300),
+        (900, 1),
+        (0, 300),
+        (64, 100),
+        (5, 1),
+    ];
+    let many: Vec<_> = (0..35).map(|i| (i % 3 * 20, 64)).collect();
+    for (d64, window) in [(4, Some(512)), (8, None)] {
+        for (i, seqs) in [step.clone(), many.clone()].into_iter().enumerate() {
+            check_bf16_mode_attention(b, 1, 8, d64, window, None, seqs, 40 + i as u64)
+                .unwrap_or_else(|e| panic!("d {} case {i}: {e}", 64 * d64));
+        }
+    }
+}
+
 fn weight_dtype() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
 }
@@ -641,19 +666,24 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     /// Long query runs (prefill chunks, 64 rows or more) in the bf16 mode: the tensor-core
-    /// prefill kernel, with cached prefixes, windows shorter and longer than the run,
+    /// prefill kernel (one launch for all of a call's runs), with cached prefixes, windows shorter and longer than the run,
     /// softcaps, groups up to 16 and a short sequence beside them (which takes the decode
     /// kernel in the same call).
     #[test]
     fn prefill_attention_bf16_mode_random_shapes(
         kv_heads in 1usize..3, group in 1usize..17, d64 in 1usize..9,
         window in proptest::option::of(1usize..300), softcap in proptest::option::of(5.0f32..60.0),
-        seqs in proptest::collection::vec((0usize..700, 64usize..300), 1..3),
-        short in proptest::option::of((0usize..400, 1usize..9)), seed in any::<u64>(),
+        seqs in proptest::collection::vec((0usize..700, 64usize..300), 1..5),
+        short in proptest::option::of((0usize..400, 1usize..9)), short_at in 0usize..5,
+        seed in any::<u64>(),
     ) {
         if let Some(b) = gpu() {
+            // Two or more long runs share one launch; a short one among them splits their
+            // rows into stretches.
             let mut seqs = seqs;
-            seqs.extend(short);
+            if let Some(s) = short {
+                seqs.insert(short_at.min(seqs.len()), s);
+            }
             check_bf16_mode_attention(b, kv_heads, group, d64, window, softcap, seqs, seed)
                 .map_err(TestCaseError::fail)?;
         }

@@ -27,4 +27,4 @@ pub use error::SchedError;
 pub use event::{Event, EventKind, FinishReason};
 pub use model::{ModelHandle, StepModel};
 pub use request::{Request, SeqId, StopFn};
-pub use scheduler::{SchedStatus, Scheduler};
+pub use scheduler::{LaunchShape, SchedStatus, Scheduler};

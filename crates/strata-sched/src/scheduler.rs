@@ -32,6 +32,22 @@ pub struct Scheduler<M: StepModel<S>, S: KvStorage = HostStorage> {
     pub(crate) preemptions: u64,
     /// Steps queued behind the one before them, their ids fed from its greedy tokens.
     pub(crate) overlapped_steps: u64,
+    /// What the latest [`step`](Self::step) call queued, if anything.
+    pub(crate) last_launch: Option<LaunchShape>,
+}
+
+/// The shape of a queued step, for step traces.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaunchShape {
+    /// Requests computing one token (decode rows, and prompts down to their last token).
+    pub single_rows: usize,
+    /// Tokens of the chunks longer than one (prefill).
+    pub chunk_tokens: usize,
+    /// Queued behind the step before it, its ids fed from that step's tokens.
+    pub overlapped: bool,
+    /// Seconds the model's `launch` took on the host (queueing the step's work; the whole
+    /// step where the backend runs it synchronously, as the CPU does).
+    pub launch_seconds: f64,
 }
 
 /// Figures for `/metrics` and `/v1/cache/status`.
@@ -67,6 +83,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             in_flight: None,
             next_id: 0,
             preemptions: 0,
+            last_launch: None,
             overlapped_steps: 0,
         })
     }
@@ -125,6 +142,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             overlapped_steps: self.overlapped_steps,
             kv: self.pool.status(),
         }
+    }
+
+    /// What the latest [`step`](Self::step) call queued on the model (`None` if nothing).
+    pub fn last_launch(&self) -> Option<LaunchShape> {
+        self.last_launch
     }
 
     pub fn config(&self) -> &SchedulerConfig {

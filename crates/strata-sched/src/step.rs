@@ -4,12 +4,14 @@ use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, TokenLogpro
 use strata_kv::KvStorage;
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
+use std::time::Instant;
+
 use rayon::prelude::*;
 
 use crate::overlap::InFlight;
 use crate::reserve::Reserved;
 use crate::seq::Seq;
-use crate::{Event, EventKind, FinishReason, Scheduler, SeqId, StepModel};
+use crate::{Event, EventKind, FinishReason, LaunchShape, Scheduler, SeqId, StepModel};
 
 /// A host draw: the token, its logprob and top logprobs (when asked for), or why it failed.
 type Draw = Result<(u32, Option<f32>, Vec<(u32, f32)>), String>;
@@ -24,8 +26,18 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// (`launch_next`): the events of a step then come one call later.
     pub fn step(&mut self) -> Vec<Event> {
         let mut events = std::mem::take(&mut self.pending);
+        self.last_launch = None;
         if let Some(prev) = self.in_flight.take() {
+            let t = Instant::now();
             self.in_flight = self.launch_next(&prev);
+            if let Some(next) = &self.in_flight {
+                self.last_launch = Some(LaunchShape {
+                    single_rows: next.seqs.len(),
+                    chunk_tokens: 0,
+                    overlapped: true,
+                    launch_seconds: t.elapsed().as_secs_f64(),
+                });
+            }
             self.read(prev, &mut events);
             return events;
         }
@@ -35,7 +47,16 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             return events;
         }
         let seqs = self.take_chunks();
-        match self.model.launch(&mut self.pool, &batch, None) {
+        let (single, chunked): (Vec<_>, Vec<_>) = seqs.iter().partition(|&&(_, n)| n == 1);
+        let t = Instant::now();
+        let launched = self.model.launch(&mut self.pool, &batch, None);
+        self.last_launch = Some(LaunchShape {
+            single_rows: single.len(),
+            chunk_tokens: chunked.iter().map(|&&(_, n)| n).sum(),
+            overlapped: false,
+            launch_seconds: t.elapsed().as_secs_f64(),
+        });
+        match launched {
             Ok(step) => {
                 let launched = InFlight { step, seqs };
                 if self.config.overlap && self.model.feeds(&launched.step) {

@@ -47,6 +47,12 @@ pub struct BenchArgs {
     /// 20), where the logits are, as `serve` does for requests with `logprobs`.
     #[arg(long)]
     pub logprobs: Option<usize>,
+    /// Every decode step also takes this many whole prompts (a server's step that admits
+    /// requests while others decode), each of `--mixed-len` tokens wanting its first token.
+    #[arg(long, default_value_t = 0)]
+    pub mixed_prompts: usize,
+    #[arg(long, default_value_t = 512)]
+    pub mixed_len: usize,
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -75,6 +81,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     };
     let roofline = bandwidth.map(|bw| bw / weight_bytes);
 
+    // Decode points carrying whole prompts say so in their label.
+    let mixed = if a.mixed_prompts > 0 {
+        format!(" + {} prompts of {}", a.mixed_prompts, a.mixed_len)
+    } else {
+        String::new()
+    };
     let mut decode = Vec::new();
     for &depth in &a.depths {
         for &batch in &a.batches {
@@ -89,10 +101,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 overlap: a.overlap,
                 sampling: Some(a.sampling.params()),
                 logprobs: a.logprobs,
+                mixed_prompts: a.mixed_prompts,
+                mixed_len: a.mixed_len,
             };
             let r = model.bench_decode(shape, kv)?;
             eprintln!(
-                "[bench] decode batch {batch} depth {depth}: {:.2} ms/step, {:.1} tok/s",
+                "[bench] decode batch {batch} depth {depth}{mixed}: {:.2} ms/step, {:.1} tok/s",
                 r.seconds_per_step * 1e3,
                 r.tokens_per_second
             );
@@ -103,8 +117,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     for &n in a.prefill.iter().filter(|&&n| n > 0) {
         let r = model.bench_prefill(n, 2, kv)?;
         eprintln!(
-            "[bench] prefill {n}: {:.1} ms, {:.0} tok/s",
+            "[bench] prefill {n}: {:.1} ms ({:.1} ms queueing), {:.0} tok/s",
             r.seconds * 1e3,
+            r.enqueue_seconds * 1e3,
             r.tokens_per_second
         );
         prefill.push(r);
@@ -134,6 +149,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "device": device,
         "kv_cache_dtype": kv.name(),
         "decode_overlap": a.overlap,
+        "decode_mixed_prompts": a.mixed_prompts, "decode_mixed_len": a.mixed_len,
         "decode_sampling": {"temperature": a.sampling.temperature, "top_k": a.sampling.top_k,
             "top_p": a.sampling.top_p, "min_p": a.sampling.min_p, "logprobs": a.logprobs},
         "weight_bytes_per_step": weight_bytes,
@@ -143,7 +159,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "decode": decode.iter().map(|r| json!({"batch": r.batch, "depth": r.depth, "steps": r.steps,
             "ms_per_step": r.seconds_per_step * 1e3, "tokens_per_second": r.tokens_per_second})).collect::<Vec<_>>(),
         "prefill": prefill.iter().map(|r| json!({"tokens": r.tokens, "ms": r.seconds * 1e3,
-            "tokens_per_second": r.tokens_per_second})).collect::<Vec<_>>(),
+            "enqueue_ms": r.enqueue_seconds * 1e3, "tokens_per_second": r.tokens_per_second}))
+            .collect::<Vec<_>>(),
         "kv_pages": pages,
     });
     if let Some(p) = &a.json {
@@ -164,7 +181,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             .map(|rf| format!(" ({:.0}% of roofline)", 100.0 * r.tokens_per_second / rf))
             .unwrap_or_default();
         println!(
-            "| decode batch {} depth {} | {:.1} tok/s, {:.2} ms/step{frac} |",
+            "| decode batch {} depth {}{mixed} | {:.1} tok/s, {:.2} ms/step{frac} |",
             r.batch,
             r.depth,
             r.tokens_per_second,
@@ -179,9 +196,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     for r in &prefill {
         println!(
-            "| prefill {} tokens | {:.1} ms, {:.0} tok/s |",
+            "| prefill {} tokens | {:.1} ms ({:.1} ms queueing), {:.0} tok/s |",
             r.tokens,
             r.seconds * 1e3,
+            r.enqueue_seconds * 1e3,
             r.tokens_per_second
         );
     }

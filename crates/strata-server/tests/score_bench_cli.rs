@@ -195,6 +195,50 @@ fn bench_prints_a_table_and_writes_json() {
     assert_eq!(report["prefill_last_row_only_layers"], 3);
 }
 
+/// Decode steps that also take whole prompts (`--mixed-prompts`), overlapped, as a
+/// server's steps that admit requests while others decode: the prompts' slots are
+/// released after each step, so many steps fit a pool sized for one.
+#[test]
+fn bench_runs_decode_steps_with_prompts_beside_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("bench.json");
+    let out = strata(&[
+        "bench",
+        "--model",
+        tiny("gemma4-tiny").to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--batches",
+        "2",
+        "--depths",
+        "5",
+        "--prefill",
+        "0",
+        "--steps",
+        "6",
+        "--overlap",
+        "--mixed-prompts",
+        "3",
+        "--mixed-len",
+        "7",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("| decode batch 2 depth 5 + 3 prompts of 7 |"),
+        "{text}"
+    );
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["decode_mixed_prompts"], 3);
+    assert_eq!(report["decode"][0]["steps"], 6);
+}
+
 /// `--device cuda` either runs or says why CUDA did not start; an unknown device or dtype
 /// is refused by name.
 #[test]

@@ -3,6 +3,7 @@
 
 mod metrics;
 mod text;
+mod trace;
 mod warmup;
 mod worker;
 
@@ -34,6 +35,8 @@ pub struct EngineOptions {
     pub page_size: usize,
     pub window_ratio: f64,
     pub scheduler: SchedulerConfig,
+    /// Write a CSV line for every engine step here (`trace.rs`).
+    pub step_trace: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -45,6 +48,7 @@ impl Default for EngineOptions {
             page_size: 16,
             window_ratio: strata_kv::DEFAULT_WINDOW_RATIO,
             scheduler: SchedulerConfig::default(),
+            step_trace: None,
         }
     }
 }

@@ -12,6 +12,7 @@ use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
 use super::text::{stop_string_test, TextStream};
+use super::trace::{StepTrace, TracedStep};
 use super::{
     Command, EngineOptions, EngineStatus, GenerationRequest, Metrics, RequestTimings, Update, Usage,
 };
@@ -90,10 +91,18 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
     pub(crate) fn run(mut self, rx: mpsc::Receiver<Command>) {
         // When the last step ended, while requests keep running (a wait for work is no gap).
         let mut last_step: Option<Instant> = None;
+        let mut trace = self.opts.step_trace.as_deref().and_then(|p| {
+            StepTrace::create(p)
+                .map_err(|e| eprintln!("[strata] step trace {}: {e}", p.display()))
+                .ok()
+        });
         loop {
             let idle = !self.sched.has_work();
             if idle {
                 last_step = None;
+                if trace.as_mut().is_some_and(|t| !t.flush()) {
+                    trace = None;
+                }
             }
             let first = if idle {
                 match rx.recv() {
@@ -117,6 +126,19 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 let events = self.sched.step();
                 let end = Instant::now();
                 self.metrics.step.observe((end - start).as_secs_f64());
+                if let Some(t) = trace.as_mut() {
+                    let s = self.sched.status();
+                    let step = TracedStep {
+                        start,
+                        end,
+                        launch: self.sched.last_launch(),
+                        running: s.running,
+                        waiting: s.waiting,
+                    };
+                    if !t.record(&step) {
+                        trace = None;
+                    }
+                }
                 last_step = Some(end);
                 for e in events {
                     self.event(e.id, e.kind);

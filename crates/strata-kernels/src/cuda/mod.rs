@@ -74,6 +74,9 @@ pub struct CudaBackend {
     /// Query rows from which a sequence's attention runs as GEMMs (0: never), from
     /// `STRATA_DENSE_ATTENTION_MIN_Q`.
     dense_min_q: usize,
+    /// Whether the long query runs of a batch share one prefill attention launch
+    /// (`STRATA_PREFILL_TOGETHER=0`: a launch each).
+    prefill_together: bool,
     /// What the device grants the tensor-core paged attention (nothing: not used).
     paged_mma: paged_mma::MmaSupport,
     /// The most rows (past the GEMV's) a bf16 product runs as `kernels/skinny_gemm.cu`
@@ -172,6 +175,7 @@ impl CudaBackend {
             sm_count,
             gemv_max_rows: fused::gemv_max_rows_from_env(fused::GEMV_DEFAULT_MAX_ROWS),
             dense_min_q: dense_attention::dense_min_q_from_env(),
+            prefill_together: std::env::var("STRATA_PREFILL_TOGETHER").map_or(true, |v| v != "0"),
             paged_mma,
             skinny_max_rows,
             small_rows: small_gemm::SmallRows::from_env(arch),

@@ -569,8 +569,8 @@ impl CudaBackend {
         if splits > 1 {
             // (Without mma there is no twin: ob_addr is 0.)
             self.combine_splits(
-                &ws_acc,
-                &ws_ml,
+                &ws_acc.slice(..),
+                &ws_ml.slice(..),
                 &mut os.slice_mut(..),
                 ob_addr,
                 tasks,
@@ -601,7 +601,30 @@ impl CudaBackend {
         let mma = self
             .paged_mma
             .prefill_applies(self.bf16_gemm, slab.shape.format, &p);
-        for seq in batch.host_seqs.iter().filter(|s| s.q_len >= dense_min_q) {
+        let long: Vec<(usize, PagedSeq)> = batch
+            .host_seqs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.q_len >= dense_min_q && s.k_len() > 0)
+            .map(|(i, s)| (i, *s))
+            .collect();
+        if mma && long.len() > 1 && self.prefill_together {
+            // The step's prompts in one launch (up to MAX_RUNS at a time).
+            for runs in long.chunks(super::prefill_attention::MAX_RUNS) {
+                self.prefill_attention_seqs(
+                    qs,
+                    slab,
+                    &batch.seqs,
+                    &batch.slots,
+                    runs,
+                    p,
+                    os,
+                    twin,
+                )?;
+            }
+            return Ok(());
+        }
+        for (_, seq) in &long {
             if mma {
                 self.prefill_attention(qs, slab, &batch.slots, seq, p, os, twin)?;
             } else {
@@ -616,8 +639,8 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn combine_splits(
         &self,
-        ws_acc: &CudaSlice<f32>,
-        ws_ml: &CudaSlice<f32>,
+        ws_acc: &cudarc::driver::CudaView<'_, f32>,
+        ws_ml: &cudarc::driver::CudaView<'_, f32>,
         out: &mut cudarc::driver::CudaViewMut<'_, f32>,
         twin: u64,
         tasks: usize,

@@ -34,6 +34,8 @@ const PREFILL_MAX_GROUP: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct PrefillShape {
     pub kernel: &'static str,
+    /// The entry point that takes several sequences in one launch.
+    pub seqs_kernel: &'static str,
     pub rows: usize,
     kt: usize,
     slices: usize,
@@ -41,21 +43,38 @@ pub(super) struct PrefillShape {
 
 /// The head_dims with a prefill kernel (one entry point each: the column loops unroll
 /// without a branch); other head_dims take the GEMM path.
-const PREFILL_KERNELS: [(usize, &str); 4] = [
-    (64, "prefill_attention_mma_d64"),
-    (128, "prefill_attention_mma_d128"),
-    (256, "prefill_attention_mma_d256"),
-    (512, "prefill_attention_mma_d512"),
+const PREFILL_KERNELS: [(usize, &str, &str); 4] = [
+    (
+        64,
+        "prefill_attention_mma_d64",
+        "prefill_attention_mma_seqs_d64",
+    ),
+    (
+        128,
+        "prefill_attention_mma_d128",
+        "prefill_attention_mma_seqs_d128",
+    ),
+    (
+        256,
+        "prefill_attention_mma_d256",
+        "prefill_attention_mma_seqs_d256",
+    ),
+    (
+        512,
+        "prefill_attention_mma_d512",
+        "prefill_attention_mma_seqs_d512",
+    ),
 ];
 
 /// Up to d 256 a warp holds all of d (128 rows a block, 64-key tiles); at d 512 the pair
 /// of warps on the same rows halves d (64 rows, 32-key tiles), so the output stays at 128
 /// registers a lane. None: no kernel for this head_dim.
 pub(super) fn prefill_shape(d: usize) -> Option<PrefillShape> {
-    let &(_, kernel) = PREFILL_KERNELS.iter().find(|&&(kd, _)| kd == d)?;
+    let &(_, kernel, seqs_kernel) = PREFILL_KERNELS.iter().find(|&&(kd, _, _)| kd == d)?;
     let (kt, slices) = if d <= 256 { (64, 1) } else { (32, 2) };
     Some(PrefillShape {
         kernel,
+        seqs_kernel,
         rows: 16 * PREFILL_WARPS / slices,
         kt,
         slices,
@@ -165,13 +184,13 @@ impl MmaSupport {
         }
         let prefill_limit = PREFILL_KERNELS
             .iter()
-            .filter_map(|&(d, _)| prefill_smem_bytes(d, MAX_STAGES))
+            .filter_map(|&(d, _, _)| prefill_smem_bytes(d, MAX_STAGES))
             .max()
             .map_or(0, |most| optin.min(most));
         let prefill_off = std::env::var("STRATA_PREFILL_MMA").is_ok_and(|v| v == "0");
         let granted = PREFILL_KERNELS
             .iter()
-            .all(|&(_, kernel)| grant(kernel, prefill_limit));
+            .all(|&(_, one, seqs)| grant(one, prefill_limit) && grant(seqs, prefill_limit));
         Self {
             smem_limit: limit,
             smem_per_sm: per_sm.max(limit),

@@ -5,7 +5,7 @@
 //! row inside the kernel: no gathered K / V copies, no score matrix in memory, no masked
 //! tiles past the diagonal.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::paged::{CudaKvSlab, MAX_SPLITS};
 use super::paged_mma::{self, PREFILL_THREADS};
@@ -15,6 +15,22 @@ use crate::{AttentionParams, KernelError, PagedSeq, Result};
 
 /// A split takes at least this many keys (two 64-key or four 32-key tiles).
 const MIN_SPLIT_KEYS: usize = 128;
+
+/// Sequences one launch of `prefill_attention_mma_seqs_d<D>` takes (`PF_MAX_RUNS`).
+pub(super) const MAX_RUNS: usize = 32;
+
+/// The sequences of one launch and their first blocks, passed by value (`PrefillRuns` in
+/// `kernels/paged_mma.cu`: the same fields in the same order).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PrefillRuns {
+    n: i32,
+    seq: [i32; MAX_RUNS],
+    first: [i32; MAX_RUNS + 1],
+}
+
+// SAFETY: plain integers in C layout, as the kernel declares them.
+unsafe impl DeviceRepr for PrefillRuns {}
 
 /// Tokens a block takes: as many as fill its `rows` with whole query groups.
 pub(super) fn tokens_per_block(rows: usize, group: usize) -> usize {
@@ -126,7 +142,179 @@ impl CudaBackend {
         // granted at start-up (`MmaSupport::probe`) and the kernel is the one compiled for d.
         unsafe { l.launch(cfg) }.map_err(device_err(shape.kernel))?;
         if splits > 1 {
-            self.combine_splits(&ws_acc, &ws_ml, &mut ov, twin_rows, tasks, d, splits)?;
+            self.combine_splits(
+                &ws_acc.slice(..),
+                &ws_ml.slice(..),
+                &mut ov,
+                twin_rows,
+                tasks,
+                d,
+                splits,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// Attends several sequences' query rows in one launch: `runs` are (index in the batch's
+    /// packed table `seqs`, the sequence), at most `MAX_RUNS`, in row order. A launch per
+    /// sequence leaves most of the GPU idle for a short prompt and splits its keys with a
+    /// combine each; together the prompts of a step fill it (`docs/perf-notes.md`, "Prompts
+    /// of a step in one attention launch"). Same results as `prefill_attention` per sequence
+    /// at the same split count.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn prefill_attention_seqs(
+        &self,
+        q: &CudaSlice<f32>,
+        slab: &CudaKvSlab,
+        seqs: &CudaSlice<u32>,
+        slots: &CudaSlice<u32>,
+        runs: &[(usize, PagedSeq)],
+        p: AttentionParams,
+        out: &mut CudaSlice<f32>,
+        twin: u64,
+    ) -> Result<()> {
+        const OP: &str = "prefill_attention_seqs";
+        let (d, nh, nkv) = (p.head_dim, p.n_heads, p.n_kv_heads);
+        let group = nh / nkv;
+        ensure(!runs.is_empty() && runs.len() <= MAX_RUNS, OP, || {
+            format!("{} sequences (1 to {MAX_RUNS} a launch)", runs.len())
+        })?;
+        let shape = paged_mma::prefill_shape(d).ok_or_else(|| KernelError::Invalid {
+            op: OP,
+            detail: format!("no prefill kernel for head_dim {d}"),
+        })?;
+        let tpb = tokens_per_block(shape.rows, group);
+        let mut table = PrefillRuns {
+            n: runs.len() as i32,
+            seq: [0; MAX_RUNS],
+            first: [0; MAX_RUNS + 1],
+        };
+        let mut blocks = 0usize;
+        let mut most_keys = 0usize;
+        for (i, (index, seq)) in runs.iter().enumerate() {
+            ensure(seq.q_len > 0 && seq.k_len() > 0, OP, || {
+                format!("{seq:?} has no query rows or no keys")
+            })?;
+            ensure(
+                (seq.q_offset + seq.q_len) * nh * d <= q.len().min(out.len()),
+                OP,
+                || format!("{seq:?} reads past q ({}) or out ({})", q.len(), out.len()),
+            )?;
+            ensure(seq.slot_offset + seq.k_len() <= slots.len(), OP, || {
+                format!("{seq:?} reads past the {} slots", slots.len())
+            })?;
+            ensure(
+                i == 0 || runs[i - 1].1.q_offset + runs[i - 1].1.q_len <= seq.q_offset,
+                OP,
+                || "sequences out of row order".into(),
+            )?;
+            table.seq[i] = i32::try_from(*index).map_err(|_| KernelError::Invalid {
+                op: OP,
+                detail: format!("sequence index {index}"),
+            })?;
+            table.first[i] = blocks as i32;
+            blocks += seq.q_len.div_ceil(tpb);
+            most_keys = most_keys.max(seq.k_len());
+        }
+        table.first[runs.len()] = i32::try_from(blocks).map_err(|_| KernelError::Invalid {
+            op: OP,
+            detail: format!("{blocks} blocks"),
+        })?;
+        let most = most_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
+        let splits = paged_mma::wave_splits(blocks * nkv, self.sm_count, most);
+        // The split workspace covers the rows from the first sequence's to the last's end.
+        let row_base = runs[0].1.q_offset;
+        let last = &runs[runs.len() - 1].1;
+        let span = last.q_offset + last.q_len - row_base;
+        let (ws_len, ml_len) = if splits > 1 {
+            (span * nh * splits * d, span * nh * splits * 2)
+        } else {
+            (1, 1)
+        };
+        let err = device_err("allocating prefill attention workspace");
+        // SAFETY: every (task, split) part of the runs' rows is written by the kernel before
+        // the combine reads it; the rows between runs are neither written nor combined.
+        let (mut ws_acc, mut ws_ml) = unsafe {
+            (
+                self.stream.alloc::<f32>(ws_len).map_err(&err)?,
+                self.stream.alloc::<f32>(ml_len).map_err(&err)?,
+            )
+        };
+        let stages = self.paged_mma.prefill_stages(d);
+        let smem = paged_mma::prefill_smem_bytes(d, stages).unwrap_or(0);
+        let window: i64 = p
+            .window
+            .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX));
+        let cap = p.softcap.unwrap_or(1.0);
+        let ints = [nh, nkv].map(|v| v as i32);
+        let (has_cap, splits_i, stages_i, tpb_i) = (
+            i32::from(p.softcap.is_some()),
+            splits as i32,
+            stages as i32,
+            tpb as i32,
+        );
+        let base = row_base as i64;
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get(shape.seqs_kernel)?);
+        l.arg(q)
+            .arg(&slab.k)
+            .arg(&slab.v)
+            .arg(slots)
+            .arg(seqs)
+            .arg(&mut *out)
+            .arg(&twin)
+            .arg(&mut ws_acc)
+            .arg(&mut ws_ml)
+            .arg(&ints[0])
+            .arg(&ints[1])
+            .arg(&p.scale)
+            .arg(&window)
+            .arg(&has_cap)
+            .arg(&cap)
+            .arg(&splits_i)
+            .arg(&stages_i)
+            .arg(&tpb_i)
+            .arg(&base)
+            .arg(&table);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, nkv as u32, splits as u32),
+            block_dim: (PREFILL_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // SAFETY: each run's rows lie inside q and out and its keys' slots inside `slots`
+        // (checked above against the host copy of the packed table the kernel reads); the
+        // workspace holds every run row's parts; shared memory as in `prefill_attention`.
+        unsafe { l.launch(cfg) }.map_err(device_err(shape.seqs_kernel))?;
+        if splits > 1 {
+            // One combine per stretch of adjacent sequences' rows.
+            let mut i = 0;
+            while i < runs.len() {
+                let start = runs[i].1.q_offset;
+                let mut end = start + runs[i].1.q_len;
+                i += 1;
+                while i < runs.len() && runs[i].1.q_offset == end {
+                    end += runs[i].1.q_len;
+                    i += 1;
+                }
+                let parts = (start - row_base) * nh * splits;
+                let twin_rows = if twin == 0 {
+                    0
+                } else {
+                    twin + 2 * (start * nh * d) as u64
+                };
+                self.combine_splits(
+                    &ws_acc.slice(parts * d..),
+                    &ws_ml.slice(parts * 2..),
+                    &mut out.slice_mut(start * nh * d..end * nh * d),
+                    twin_rows,
+                    (end - start) * nh,
+                    d,
+                    splits,
+                )?;
+            }
         }
         Ok(())
     }

@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// between steps: auto (on a GPU), on or off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     pub overlap: String,
+    /// Write one CSV line for every engine step to this file (start and length in ms, the
+    /// host's time queueing it, the rows and prompt tokens it queued, whether it was
+    /// overlapped, requests running and waiting): where a served run's time goes.
+    #[arg(long)]
+    pub step_trace: Option<std::path::PathBuf>,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "STRATA_API_KEY")]
     pub api_key: Option<String>,
@@ -177,6 +182,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             overlap: switch(&a.overlap),
             ..SchedulerConfig::default()
         },
+        step_trace: a.step_trace.clone(),
     };
     let warm = switch(&a.warmup);
     let engine = Engine::start(loaded, name.clone(), opts)?;
