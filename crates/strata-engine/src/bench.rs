@@ -67,12 +67,14 @@ impl LoadedModel {
             warmup,
             mixed_prompts,
             mixed_len,
+            mixed_len_step,
             ..
         } = shape;
         let layout = KvLayout::for_config(self.config(), kv)?;
         // Each step's prompts are released once it is read; with overlap two steps' are
         // held at once.
-        let prompts = 2 * mixed_prompts * (mixed_len + PAGE);
+        let longest = mixed_len + (warmup + steps) * mixed_len_step;
+        let prompts = 2 * mixed_prompts * (longest + PAGE);
         let p = plan(batch * (depth + steps + warmup + PAGE) + prompts);
         let secs = match &self.runtime {
             Runtime::Cpu(m) => decode_on(
@@ -164,6 +166,7 @@ where
         logprobs,
         mixed_prompts,
         mixed_len,
+        mixed_len_step,
     } = shape;
     if batch == 0 || steps == 0 {
         return Err(EngineError::Invalid(
@@ -205,7 +208,8 @@ where
         }
         Ok(())
     };
-    let prompt = ids(mixed_len, vocab, 3);
+    let longest = mixed_len + (warmup + steps) * mixed_len_step;
+    let prompt = ids(longest, vocab, 3);
     let mut queued: Option<Queued<B>> = None;
     let mut start = Instant::now();
     for step in 0..warmup + steps {
@@ -232,14 +236,15 @@ where
         }
         // Whole prompts beside the decode rows, each wanting its first token, as a
         // server's step that admits requests while others decode.
+        let len = mixed_len + step * mixed_len_step;
         let mut prompts = Vec::with_capacity(mixed_prompts);
         for p in 0..mixed_prompts {
             let r = kv.alloc_request();
-            kv.extend(r, mixed_len)?;
+            kv.extend(r, len)?;
             prompts.push(r);
             seqs.push(SeqChunk {
                 request: r,
-                tokens: prompt.clone(),
+                tokens: prompt[..len].to_vec(),
                 start: 0,
                 logits: mode(step, batch + p),
             });
@@ -282,6 +287,10 @@ pub struct DecodeShape {
     /// Prompts of `mixed_len` tokens added to every step whole (0: decode rows only).
     pub mixed_prompts: usize,
     pub mixed_len: usize,
+    /// Step n's prompts are `mixed_len + n * mixed_len_step` tokens long: with a step
+    /// above 0 every step runs a row count not met before (cold shapes, as a server
+    /// meets them).
+    pub mixed_len_step: usize,
 }
 
 /// The step's wall time and the part of it the host spent queueing it. The prompt's token

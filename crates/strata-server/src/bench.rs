@@ -53,6 +53,10 @@ pub struct BenchArgs {
     pub mixed_prompts: usize,
     #[arg(long, default_value_t = 512)]
     pub mixed_len: usize,
+    /// Each step's prompts are this many tokens longer than the step before's, so every
+    /// step meets a row count for the first time (as a server's steps do).
+    #[arg(long, default_value_t = 0)]
+    pub mixed_len_step: usize,
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -82,7 +86,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let roofline = bandwidth.map(|bw| bw / weight_bytes);
 
     // Decode points carrying whole prompts say so in their label.
-    let mixed = if a.mixed_prompts > 0 {
+    let mixed = if a.mixed_prompts > 0 && a.mixed_len_step > 0 {
+        format!(
+            " + {} prompts of {} (+{} a step)",
+            a.mixed_prompts, a.mixed_len, a.mixed_len_step
+        )
+    } else if a.mixed_prompts > 0 {
         format!(" + {} prompts of {}", a.mixed_prompts, a.mixed_len)
     } else {
         String::new()
@@ -103,6 +112,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 logprobs: a.logprobs,
                 mixed_prompts: a.mixed_prompts,
                 mixed_len: a.mixed_len,
+                mixed_len_step: a.mixed_len_step,
             };
             let r = model.bench_decode(shape, kv)?;
             eprintln!(
@@ -150,6 +160,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "kv_cache_dtype": kv.name(),
         "decode_overlap": a.overlap,
         "decode_mixed_prompts": a.mixed_prompts, "decode_mixed_len": a.mixed_len,
+        "decode_mixed_len_step": a.mixed_len_step,
         "decode_sampling": {"temperature": a.sampling.temperature, "top_k": a.sampling.top_k,
             "top_p": a.sampling.top_p, "min_p": a.sampling.min_p, "logprobs": a.logprobs},
         "weight_bytes_per_step": weight_bytes,

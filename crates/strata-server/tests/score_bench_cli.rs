@@ -196,8 +196,10 @@ fn bench_prints_a_table_and_writes_json() {
 }
 
 /// Decode steps that also take whole prompts (`--mixed-prompts`), overlapped, as a
-/// server's steps that admit requests while others decode: the prompts' slots are
-/// released after each step, so many steps fit a pool sized for one.
+/// server's steps that admit requests while others decode, the prompts growing by
+/// `--mixed-len-step` a step (up to 7 + 7 x 5 = 42 tokens, past the tiny model's pages of
+/// the first step): the prompts' slots are released after each step, so many steps fit a
+/// pool sized for the longest two steps' prompts.
 #[test]
 fn bench_runs_decode_steps_with_prompts_beside_them() {
     let tmp = tempfile::tempdir().unwrap();
@@ -221,6 +223,8 @@ fn bench_runs_decode_steps_with_prompts_beside_them() {
         "3",
         "--mixed-len",
         "7",
+        "--mixed-len-step",
+        "5",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -231,11 +235,12 @@ fn bench_runs_decode_steps_with_prompts_beside_them() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("| decode batch 2 depth 5 + 3 prompts of 7 |"),
+        text.contains("| decode batch 2 depth 5 + 3 prompts of 7 (+5 a step) |"),
         "{text}"
     );
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["decode_mixed_prompts"], 3);
+    assert_eq!(report["decode_mixed_len_step"], 5);
     assert_eq!(report["decode"][0]["steps"], 6);
 }
 
