@@ -66,15 +66,12 @@ impl LoadedModel {
             steps,
             warmup,
             mixed_prompts,
-            mixed_len,
-            mixed_len_step,
             ..
         } = shape;
         let layout = KvLayout::for_config(self.config(), kv)?;
         // Each step's prompts are released once it is read; with overlap two steps' are
         // held at once.
-        let longest = mixed_len + (warmup + steps) * mixed_len_step;
-        let prompts = 2 * mixed_prompts * (longest + PAGE);
+        let prompts = 2 * mixed_prompts * (shape.longest_prompt() + PAGE);
         let p = plan(batch * (depth + steps + warmup + PAGE) + prompts);
         let secs = match &self.runtime {
             Runtime::Cpu(m) => decode_on(
@@ -208,8 +205,7 @@ where
         }
         Ok(())
     };
-    let longest = mixed_len + (warmup + steps) * mixed_len_step;
-    let prompt = ids(longest, vocab, 3);
+    let prompt = ids(shape.longest_prompt(), vocab, 3);
     let mut queued: Option<Queued<B>> = None;
     let mut start = Instant::now();
     for step in 0..warmup + steps {
@@ -291,6 +287,14 @@ pub struct DecodeShape {
     /// above 0 every step runs a row count not met before (cold shapes, as a server
     /// meets them).
     pub mixed_len_step: usize,
+}
+
+impl DecodeShape {
+    /// At least the longest prompt a step carries (`mixed_len` grown by `mixed_len_step`
+    /// a step, over the warm-up and timed steps).
+    fn longest_prompt(&self) -> usize {
+        self.mixed_len + (self.warmup + self.steps) * self.mixed_len_step
+    }
 }
 
 /// The step's wall time and the part of it the host spent queueing it. The prompt's token

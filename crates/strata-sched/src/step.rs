@@ -47,12 +47,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             return events;
         }
         let seqs = self.take_chunks();
-        let (single, chunked): (Vec<_>, Vec<_>) = seqs.iter().partition(|&&(_, n)| n == 1);
         let t = Instant::now();
         let launched = self.model.launch(&mut self.pool, &batch, None);
         self.last_launch = Some(LaunchShape {
-            single_rows: single.len(),
-            chunk_tokens: chunked.iter().map(|&&(_, n)| n).sum(),
+            single_rows: seqs.iter().filter(|&&(_, n)| n == 1).count(),
+            chunk_tokens: seqs.iter().map(|&(_, n)| n).filter(|&n| n > 1).sum(),
             overlapped: false,
             launch_seconds: t.elapsed().as_secs_f64(),
         });

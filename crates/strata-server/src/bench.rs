@@ -86,16 +86,13 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let roofline = bandwidth.map(|bw| bw / weight_bytes);
 
     // Decode points carrying whole prompts say so in their label.
-    let mixed = if a.mixed_prompts > 0 && a.mixed_len_step > 0 {
-        format!(
-            " + {} prompts of {} (+{} a step)",
-            a.mixed_prompts, a.mixed_len, a.mixed_len_step
-        )
-    } else if a.mixed_prompts > 0 {
-        format!(" + {} prompts of {}", a.mixed_prompts, a.mixed_len)
-    } else {
-        String::new()
-    };
+    let mut mixed = String::new();
+    if a.mixed_prompts > 0 {
+        mixed = format!(" + {} prompts of {}", a.mixed_prompts, a.mixed_len);
+        if a.mixed_len_step > 0 {
+            mixed += &format!(" (+{} a step)", a.mixed_len_step);
+        }
+    }
     let mut decode = Vec::new();
     for &depth in &a.depths {
         for &batch in &a.batches {
