@@ -187,6 +187,68 @@ fn skinny_gemm_on_decode_shapes() {
     }
 }
 
+/// The bf16 GEMMs cuBLAS runs take the cuBLASLt algorithm chosen for their bucket of row
+/// counts: every row count, on either side of a bucket's edge, equals the f64 definition at
+/// the bf16 mode's tolerance (plain products and the gated MLP, whose GEMMs write bf16).
+/// A shape met for the first time has its 32 buckets up to 4,096 rows planned at once (16
+/// of 8 rows up to 128, 16 of 256), so later row counts add none; past 4,096 a bucket is
+/// planned when met. A backend of its own, so no other test's GEMMs are counted; the
+/// skinny GEMM is off, so cuBLAS takes every row count past the GEMV's.
+#[test]
+fn gemms_share_an_algorithm_per_row_bucket() {
+    let Some(b) = open_gpu() else { return };
+    let fast = b
+        .with_bf16_gemm(true)
+        .with_small_gemm(false)
+        .with_skinny_gemm(false);
+    let Some(before) = fast.gemm_plan_count() else {
+        eprintln!("note: no cuBLASLt, the GEMMs stay on cublasGemmEx");
+        return;
+    };
+    assert_eq!(before, 0);
+    let tol = bf16_mode_tol();
+    // (rows, the algorithms chosen once they ran): buckets 8, 104, 256, 512 and 2048, then
+    // 8192.
+    for (i, (tokens, plans)) in [
+        (3, 32),
+        (100, 32),
+        (129, 32),
+        (200, 32),
+        (256, 32),
+        (257, 32),
+        (2048, 32),
+        (1800, 32),
+        (4097, 33),
+        (5000, 33),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = SharedMatmulCase {
+            tokens,
+            in_features: 512,
+            outs: vec![512],
+            weight: DType::BF16,
+            seed: 1300 + i as u64,
+        };
+        check_shared_matmul_case(&fast, &c, tol).unwrap();
+        assert_eq!(fast.gemm_plan_count(), Some(plans), "after {tokens} rows");
+    }
+    for (i, tokens) in [50, 130, 700, 2047].into_iter().enumerate() {
+        let c = GatedMatmulCase {
+            tokens,
+            in_features: 512,
+            out_features: 700,
+            weight: DType::BF16,
+            act: Activation::GeluTanh,
+            seed: 1400 + i as u64,
+        };
+        check_gated_matmul_case(&fast, c, tol).unwrap();
+    }
+    // The gated product's two GEMMs write bf16: one more shape, its 32 buckets.
+    assert_eq!(fast.gemm_plan_count(), Some(33 + 32));
+}
+
 /// One per-layer-input product of the small-weight GEMM test: the plain projection, or the
 /// gate with its activation and table slice (`act`), on any backend.
 struct PleProduct<'a> {

@@ -66,9 +66,10 @@ impl CudaBackend {
             .blas
             .lock()
             .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
+        super::host_gaps::mark("cublasGemmStridedBatchedEx");
         // SAFETY: the caller derives every pointer, leading dimension and stride from
         // buffers whose sizes it checked; f32 data, f32 scalars for a 32F compute type.
-        unsafe {
+        let ran = unsafe {
             cudarc::cublas::result::gemm_strided_batched_ex(
                 *blas.handle(),
                 g.transa,
@@ -94,8 +95,9 @@ impl CudaBackend {
                 compute,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-        }
-        .map_err(|e| KernelError::Device(format!("dense attention: cuBLAS: {e:?}")))
+        };
+        super::host_gaps::mark("cublasGemmStridedBatchedEx-returned");
+        ran.map_err(|e| KernelError::Device(format!("dense attention: cuBLAS: {e:?}")))
     }
 
     /// Attends `seq`'s query rows of `q` into `out` (both `[rows, n_heads, d]` f32) over

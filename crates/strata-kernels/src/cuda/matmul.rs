@@ -206,8 +206,10 @@ impl CudaBackend {
             .blas
             .lock()
             .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
+        super::host_gaps::mark("cublasSgemm");
         unsafe { blas.gemm(cfg, ws, &xs.slice(..t * k), os) }
             .map_err(|e| KernelError::Device(format!("{OP}: cuBLAS SGEMM: {e:?}")))?;
+        super::host_gaps::mark("cublasSgemm-returned");
         Ok(())
     }
 }
@@ -294,7 +296,8 @@ impl CudaBackend {
         unsafe { self.gemm_bf16_to(xb, w, t, k, n, op, GemmOut::Bf16) }
     }
 
-    /// The bf16 GEMM into the device address `op` of `kind`.
+    /// The bf16 GEMM into the device address `op` of `kind`: cuBLASLt with the plan of
+    /// t's bucket of row counts (`gemm_plans.rs`), or `cublasGemmEx` where there is none.
     ///
     /// # Safety
     /// `op` must address t*n writable elements of `kind` that outlive the GEMM's run.
@@ -324,6 +327,21 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(device_err("binding the GPU context"))?;
+        if let Some(plans) = &self.gemm_plans {
+            let mut plans = plans
+                .lock()
+                .map_err(|_| KernelError::Device("the GEMM plans' lock is poisoned".into()))?;
+            let (wp, _g1) = ws.device_ptr(&self.stream);
+            let (xp, _g2) = xb.device_ptr(&self.stream);
+            let bf16_out = matches!(kind, GemmOut::Bf16);
+            super::host_gaps::mark("cublasLt");
+            // SAFETY: the caller's contract on `op`; the weight and the operand hold n*k
+            // and t*k values.
+            if unsafe { plans.run(&self.stream, wp, xp, op, (t, k, n), bf16_out) }? {
+                super::host_gaps::mark("cublasLt-returned");
+                return Ok(());
+            }
+        }
         let blas = self
             .blas
             .lock()
@@ -333,6 +351,7 @@ impl CudaBackend {
         // SAFETY: as in SGEMM above: A = W (k x n col-major, transposed), B = x (k x t),
         // C = out (n x t, the caller's contract); all three hold the sizes given;
         // alpha/beta are f32 as the compute type asks.
+        super::host_gaps::mark("cublasGemmEx");
         unsafe {
             cudarc::cublas::result::gemm_ex(
                 *blas.handle(),
@@ -357,6 +376,7 @@ impl CudaBackend {
             )
         }
         .map_err(|e| KernelError::Device(format!("{OP}: cublasGemmEx (bf16): {e:?}")))?;
+        super::host_gaps::mark("cublasGemmEx-returned");
         Ok(())
     }
 

@@ -14,6 +14,8 @@ mod buffer;
 mod cache;
 mod dense_attention;
 mod fused;
+mod gemm_plans;
+mod host_gaps;
 mod matmul;
 mod memory;
 mod module;
@@ -60,6 +62,9 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     /// cuBLAS handles are not meant for concurrent calls from several threads.
     blas: Arc<Mutex<CudaBlas>>,
+    /// cuBLASLt algorithms per bucket of row counts for the eager GEMMs (`None`: no
+    /// cuBLASLt library, or `STRATA_GEMM_PLANS=0`).
+    gemm_plans: Option<Arc<Mutex<gemm_plans::GemmPlans>>>,
     kernels: Arc<Kernels>,
     arch: u32,
     device_name: String,
@@ -161,6 +166,10 @@ impl CudaBackend {
             .map_or(100, |n| n.max(1) as usize);
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
+        let gemm_plans = match std::env::var("STRATA_GEMM_PLANS").as_deref() {
+            Ok("0") => None,
+            _ => gemm_plans::GemmPlans::new(&stream)?.map(|p| Arc::new(Mutex::new(p))),
+        };
         let kernels = Kernels::load(&ctx, arch)?;
         let paged_mma = paged_mma::MmaSupport::probe(&ctx, arch, &kernels);
         let skinny_max_rows = skinny_gemm::probe(arch, &kernels);
@@ -168,6 +177,7 @@ impl CudaBackend {
             ctx,
             stream,
             blas: Arc::new(Mutex::new(blas)),
+            gemm_plans,
             kernels: Arc::new(kernels),
             arch,
             device_name,
@@ -182,6 +192,13 @@ impl CudaBackend {
             argmax_slots: Arc::default(),
             draw_scratch: Arc::default(),
         })
+    }
+
+    /// How many (GEMM shape, bucket of row counts) algorithms the eager GEMMs have chosen
+    /// so far; `None` without cuBLASLt. (The row counts of a bucket share one.)
+    pub fn gemm_plan_count(&self) -> Option<usize> {
+        let plans = self.gemm_plans.as_ref()?;
+        plans.lock().ok().map(|p| p.len())
     }
 
     /// Sets the bf16 GEMM path (see the field); returns the backend for chaining.

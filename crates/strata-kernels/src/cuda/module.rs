@@ -50,6 +50,7 @@ impl Kernels {
     }
 
     pub(super) fn get(&self, name: &'static str) -> Result<&CudaFunction> {
+        super::host_gaps::mark(name);
         self.functions
             .get(name)
             .ok_or_else(|| KernelError::Device(format!("kernel {name} was not loaded")))

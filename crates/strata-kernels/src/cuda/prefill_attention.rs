@@ -5,7 +5,7 @@
 //! row inside the kernel: no gathered K / V copies, no score matrix in memory, no masked
 //! tiles past the diagonal.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::paged::{CudaKvSlab, MAX_SPLITS};
 use super::paged_mma::{self, PREFILL_THREADS};
@@ -35,6 +35,86 @@ unsafe impl DeviceRepr for PrefillRuns {}
 /// Tokens a block takes: as many as fill its `rows` with whole query groups.
 pub(super) fn tokens_per_block(rows: usize, group: usize) -> usize {
     (rows / group.max(1)).max(1)
+}
+
+/// What both prefill launchers pass the same way, in the kernels' order: the split
+/// workspace and the scalars between the output and each launcher's own arguments.
+struct SplitArgs {
+    ws_acc: CudaSlice<f32>,
+    ws_ml: CudaSlice<f32>,
+    heads: [i32; 2],
+    scale: f32,
+    window: i64,
+    has_cap: i32,
+    cap: f32,
+    splits: i32,
+    stages: i32,
+    /// The grid's `blocks` x KV heads x splits, and the shared memory granted at start-up.
+    cfg: LaunchConfig,
+}
+
+impl SplitArgs {
+    fn push<'a>(&'a mut self, l: &mut LaunchArgs<'a>) {
+        l.arg(&mut self.ws_acc)
+            .arg(&mut self.ws_ml)
+            .arg(&self.heads[0])
+            .arg(&self.heads[1])
+            .arg(&self.scale)
+            .arg(&self.window)
+            .arg(&self.has_cap)
+            .arg(&self.cap)
+            .arg(&self.splits)
+            .arg(&self.stages);
+    }
+}
+
+impl CudaBackend {
+    /// The split workspace for `rows` query rows' (task, split) parts (nothing to hold
+    /// with one split) and the scalars of a launch of `blocks` blocks a KV head.
+    fn split_args(
+        &self,
+        p: &AttentionParams,
+        rows: usize,
+        splits: usize,
+        blocks: usize,
+    ) -> Result<SplitArgs> {
+        let d = p.head_dim;
+        let (ws_len, ml_len) = if splits > 1 {
+            let tasks = rows * p.n_heads;
+            (tasks * splits * d, tasks * splits * 2)
+        } else {
+            (1, 1)
+        };
+        let err = device_err("allocating prefill attention workspace");
+        // SAFETY: every (task, split) part the launch covers is written by its kernel
+        // before the combine reads it (rows without keys in a split write a zero sum).
+        let (ws_acc, ws_ml) = unsafe {
+            (
+                self.stream.alloc::<f32>(ws_len).map_err(&err)?,
+                self.stream.alloc::<f32>(ml_len).map_err(&err)?,
+            )
+        };
+        let stages = self.paged_mma.prefill_stages(d);
+        let smem = paged_mma::prefill_smem_bytes(d, stages).unwrap_or(0);
+        Ok(SplitArgs {
+            ws_acc,
+            ws_ml,
+            heads: [p.n_heads, p.n_kv_heads].map(|v| v as i32),
+            scale: p.scale,
+            window: p
+                .window
+                .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX)),
+            has_cap: i32::from(p.softcap.is_some()),
+            cap: p.softcap.unwrap_or(1.0),
+            splits: splits as i32,
+            stages: stages as i32,
+            cfg: LaunchConfig {
+                grid_dim: (blocks as u32, p.n_kv_heads as u32, splits as u32),
+                block_dim: (PREFILL_THREADS, 1, 1),
+                shared_mem_bytes: smem as u32,
+            },
+        })
+    }
 }
 
 impl CudaBackend {
@@ -76,22 +156,7 @@ impl CudaBackend {
         let most = n_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
         let splits = paged_mma::wave_splits(blocks_x * nkv, self.sm_count, most);
         let tasks = seq.q_len * nh;
-        let (ws_len, ml_len) = if splits > 1 {
-            (tasks * splits * d, tasks * splits * 2)
-        } else {
-            (1, 1)
-        };
-        let err = device_err("allocating prefill attention workspace");
-        // SAFETY: every (task, split) part is written by the kernel before the combine
-        // reads it (rows without keys in a split write a zero sum).
-        let (mut ws_acc, mut ws_ml) = unsafe {
-            (
-                self.stream.alloc::<f32>(ws_len).map_err(&err)?,
-                self.stream.alloc::<f32>(ml_len).map_err(&err)?,
-            )
-        };
-        let stages = self.paged_mma.prefill_stages(d);
-        let smem = paged_mma::prefill_smem_bytes(d, stages).unwrap_or(0);
+        let mut args = self.split_args(&p, seq.q_len, splits, blocks_x)?;
         // The twin's view of the sequence's rows (2 bytes a value).
         let twin_rows = if twin == 0 {
             0
@@ -101,41 +166,18 @@ impl CudaBackend {
         let qv = q.slice(rows.clone());
         let mut ov = out.slice_mut(rows);
         let sl = slots.slice(seq.slot_offset..seq.slot_offset + n_keys);
-        let window: i64 = p
-            .window
-            .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX));
-        let cap = p.softcap.unwrap_or(1.0);
-        let ints = [nh, nkv].map(|v| v as i32);
-        let (has_cap, splits_i, stages_i) =
-            (i32::from(p.softcap.is_some()), splits as i32, stages as i32);
         let (q_len, tpb_i) = (seq.q_len as i32, tpb as i32);
         let (q_pos0, k_start) = (seq.q_start as i64, seq.k_start as i64);
+        let cfg = args.cfg;
         let mut l = self.stream.launch_builder(self.kernels.get(shape.kernel)?);
         l.arg(&qv)
             .arg(&slab.k)
             .arg(&slab.v)
             .arg(&sl)
             .arg(&mut ov)
-            .arg(&twin_rows)
-            .arg(&mut ws_acc)
-            .arg(&mut ws_ml)
-            .arg(&ints[0])
-            .arg(&ints[1])
-            .arg(&p.scale)
-            .arg(&window)
-            .arg(&has_cap)
-            .arg(&cap)
-            .arg(&splits_i)
-            .arg(&stages_i)
-            .arg(&q_len)
-            .arg(&q_pos0)
-            .arg(&k_start)
-            .arg(&tpb_i);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks_x as u32, nkv as u32, splits as u32),
-            block_dim: (PREFILL_THREADS, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
+            .arg(&twin_rows);
+        args.push(&mut l);
+        l.arg(&q_len).arg(&q_pos0).arg(&k_start).arg(&tpb_i);
         // SAFETY: q / out views hold the sequence's q_len x n_heads x d values; its n_keys
         // slots are rows of the slab (the pool's invariant, checked on the batch through its
         // slot limit); the workspace holds tasks x splits parts; the shared memory was
@@ -143,8 +185,8 @@ impl CudaBackend {
         unsafe { l.launch(cfg) }.map_err(device_err(shape.kernel))?;
         if splits > 1 {
             self.combine_splits(
-                &ws_acc.slice(..),
-                &ws_ml.slice(..),
+                &args.ws_acc.slice(..),
+                &args.ws_ml.slice(..),
                 &mut ov,
                 twin_rows,
                 tasks,
@@ -224,38 +266,15 @@ impl CudaBackend {
         })?;
         let most = most_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
         let splits = paged_mma::wave_splits(blocks * nkv, self.sm_count, most);
-        // The split workspace covers the rows from the first sequence's to the last's end.
+        // The split workspace covers the rows from the first sequence's to the last's end;
+        // the rows between runs are neither written nor combined.
         let row_base = runs[0].1.q_offset;
         let last = &runs[runs.len() - 1].1;
         let span = last.q_offset + last.q_len - row_base;
-        let (ws_len, ml_len) = if splits > 1 {
-            (span * nh * splits * d, span * nh * splits * 2)
-        } else {
-            (1, 1)
-        };
-        let err = device_err("allocating prefill attention workspace");
-        // SAFETY: every (task, split) part of the runs' rows is written by the kernel before
-        // the combine reads it; the rows between runs are neither written nor combined.
-        let (mut ws_acc, mut ws_ml) = unsafe {
-            (
-                self.stream.alloc::<f32>(ws_len).map_err(&err)?,
-                self.stream.alloc::<f32>(ml_len).map_err(&err)?,
-            )
-        };
-        let stages = self.paged_mma.prefill_stages(d);
-        let smem = paged_mma::prefill_smem_bytes(d, stages).unwrap_or(0);
-        let window: i64 = p
-            .window
-            .map_or(-1, |w| i64::try_from(w).unwrap_or(i64::MAX));
-        let cap = p.softcap.unwrap_or(1.0);
-        let ints = [nh, nkv].map(|v| v as i32);
-        let (has_cap, splits_i, stages_i, tpb_i) = (
-            i32::from(p.softcap.is_some()),
-            splits as i32,
-            stages as i32,
-            tpb as i32,
-        );
+        let mut args = self.split_args(&p, span, splits, blocks)?;
+        let tpb_i = tpb as i32;
         let base = row_base as i64;
+        let cfg = args.cfg;
         let mut l = self
             .stream
             .launch_builder(self.kernels.get(shape.seqs_kernel)?);
@@ -265,25 +284,9 @@ impl CudaBackend {
             .arg(slots)
             .arg(seqs)
             .arg(&mut *out)
-            .arg(&twin)
-            .arg(&mut ws_acc)
-            .arg(&mut ws_ml)
-            .arg(&ints[0])
-            .arg(&ints[1])
-            .arg(&p.scale)
-            .arg(&window)
-            .arg(&has_cap)
-            .arg(&cap)
-            .arg(&splits_i)
-            .arg(&stages_i)
-            .arg(&tpb_i)
-            .arg(&base)
-            .arg(&table);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, nkv as u32, splits as u32),
-            block_dim: (PREFILL_THREADS, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
+            .arg(&twin);
+        args.push(&mut l);
+        l.arg(&tpb_i).arg(&base).arg(&table);
         // SAFETY: each run's rows lie inside q and out and its keys' slots inside `slots`
         // (checked above against the host copy of the packed table the kernel reads); the
         // workspace holds every run row's parts; shared memory as in `prefill_attention`.
@@ -306,8 +309,8 @@ impl CudaBackend {
                     twin + 2 * (start * nh * d) as u64
                 };
                 self.combine_splits(
-                    &ws_acc.slice(parts * d..),
-                    &ws_ml.slice(parts * 2..),
+                    &args.ws_acc.slice(parts * d..),
+                    &args.ws_ml.slice(parts * 2..),
                     &mut out.slice_mut(start * nh * d..end * nh * d),
                     twin_rows,
                     (end - start) * nh,

@@ -1,0 +1,351 @@
+//! bf16 GEMMs through cuBLASLt, with the algorithm chosen once per bucket of row counts.
+//!
+//! `cublasGemmEx` asks cuBLAS's heuristics for an algorithm on every new shape, and on an
+//! H200 that costs the host 2-4 ms a call. A decode graph meets that once, at capture; an
+//! eager step whose row count has not been seen before (a step that admits prompts, and
+//! the KV-shared layers of such a step, which run only the decode rows and the prompts'
+//! last rows) meets it in every GEMM of every layer, so the host falls behind the GPU and
+//! the step takes 15-28 ms instead of ~10. Here the heuristics run once for the bucket's
+//! row count (rounded up, see [`bucket`]) and every row count of the bucket runs that
+//! algorithm. cuBLAS also loads a kernel at its first launch, at about the same cost, so
+//! the first time a shape is met (in the server's warm-up) its buckets up to
+//! [`EAGER_PLAN_ROWS`] are all planned and each run once (`docs/perf-notes.md`, "GEMM
+//! algorithms chosen once per bucket of row counts").
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublaslt::sys;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use crate::{KernelError, Result};
+
+/// The most rows planned at once the first time a shape is met (a step's token budget is
+/// 2048 by default, so its buckets all fall below this).
+const EAGER_PLAN_ROWS: usize = 4096;
+
+/// The most output bytes a warm-up product may write (see [`GemmPlans::warm`]).
+const WARM_OUT_BYTES: usize = 256 << 20;
+
+/// What cuBLASLt may use for split-k and the like (cuBLAS's own default on Hopper).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The row count whose algorithm rows `t` run: the next multiple of 8 up to 128 (the row
+/// counts decode graphs are captured at, so a graph runs its own count's algorithm), of
+/// 256 up to 4096, the next power of two past it.
+fn bucket(t: usize) -> usize {
+    if t <= 128 {
+        t.next_multiple_of(8)
+    } else if t <= 4096 {
+        t.next_multiple_of(256)
+    } else {
+        t.next_power_of_two()
+    }
+}
+
+/// The buckets planned together the first time a shape is met.
+fn eager_buckets() -> impl Iterator<Item = usize> {
+    (8..=128)
+        .step_by(8)
+        .chain((256..=EAGER_PLAN_ROWS).step_by(256))
+}
+
+/// A GEMM shape and the row count of a bucket.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    n: usize,
+    k: usize,
+    rows: usize,
+    bf16_out: bool,
+}
+
+/// The cuBLASLt handle, one matmul descriptor (f32 compute and scale, the weight
+/// transposed), the workspace and the algorithm of each (shape, bucket) met so far.
+pub(super) struct GemmPlans {
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    workspace: CudaSlice<u8>,
+    /// `None`: the heuristics offered nothing, the caller runs `cublasGemmEx`.
+    algos: HashMap<PlanKey, Option<sys::cublasLtMatmulAlgo_t>>,
+    /// Shapes whose planned algorithms have each run once (see [`GemmPlans::warm`]).
+    warmed: HashSet<(usize, usize, bool)>,
+}
+
+// SAFETY: the raw handles are only used under the backend's mutex, on its one stream.
+unsafe impl Send for GemmPlans {}
+
+fn lt_err(what: &'static str) -> impl Fn(cudarc::cublaslt::result::CublasError) -> KernelError {
+    move |e| KernelError::Device(format!("cuBLASLt {what}: {e:?}"))
+}
+
+/// Three matrix layouts destroyed when dropped.
+struct Layouts([sys::cublasLtMatrixLayout_t; 3]);
+
+impl Layouts {
+    /// Column-major `C (n x t) = W^T (n x k) * X (k x t)`, as `cublasGemmEx` is called: A
+    /// is the row-major weight read as k x n, B the token rows as k x t.
+    fn new(n: usize, k: usize, t: usize, bf16_out: bool) -> Result<Self> {
+        use cudarc::cublaslt::result::create_matrix_layout;
+        let bf16 = sys::cudaDataType::CUDA_R_16BF;
+        let out = if bf16_out {
+            bf16
+        } else {
+            sys::cudaDataType::CUDA_R_32F
+        };
+        let (n64, k64, t64) = (n as u64, k as u64, t as u64);
+        let a = create_matrix_layout(bf16, k64, n64, k as i64).map_err(lt_err("layout"))?;
+        let b = create_matrix_layout(bf16, k64, t64, k as i64);
+        let b = Self::keep(b, &[a])?;
+        let c = create_matrix_layout(out, n64, t64, n as i64);
+        let c = Self::keep(c, &[a, b])?;
+        Ok(Self([a, b, c]))
+    }
+
+    /// `made`, or its error once the layouts made before it are destroyed.
+    fn keep(
+        made: std::result::Result<
+            sys::cublasLtMatrixLayout_t,
+            cudarc::cublaslt::result::CublasError,
+        >,
+        before: &[sys::cublasLtMatrixLayout_t],
+    ) -> Result<sys::cublasLtMatrixLayout_t> {
+        made.map_err(|e| {
+            for &l in before {
+                // SAFETY: each was created above and is destroyed once.
+                unsafe { sys::cublasLtMatrixLayoutDestroy(l) };
+            }
+            lt_err("layout")(e)
+        })
+    }
+}
+
+impl Drop for Layouts {
+    fn drop(&mut self) {
+        for &l in &self.0 {
+            // SAFETY: created in `new`, destroyed once here.
+            unsafe { sys::cublasLtMatrixLayoutDestroy(l) };
+        }
+    }
+}
+
+impl GemmPlans {
+    /// `None` when the cuBLASLt library is missing (every GEMM stays on `cublasGemmEx`).
+    pub(super) fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>> {
+        // SAFETY: dlopen probe by the library's usual names.
+        if !unsafe { sys::is_culib_present() } {
+            return Ok(None);
+        }
+        let handle = cudarc::cublaslt::result::create_handle().map_err(lt_err("handle"))?;
+        let desc = cudarc::cublaslt::result::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType::CUDA_R_32F,
+        )
+        .map_err(lt_err("matmul descriptor"))?;
+        let transa = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T;
+        // SAFETY: the attribute is an operation enum, passed by address with its size.
+        unsafe {
+            cudarc::cublaslt::result::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&transa as *const cudarc::cublas::sys::cublasOperation_t).cast(),
+                std::mem::size_of::<cudarc::cublas::sys::cublasOperation_t>(),
+            )
+        }
+        .map_err(lt_err("transposing A"))?;
+        // SAFETY: cuBLASLt only uses it as scratch during a matmul on this stream.
+        let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }
+            .map_err(|e| KernelError::Device(format!("allocating the GEMM workspace: {e:?}")))?;
+        Ok(Some(Self {
+            handle,
+            desc,
+            workspace,
+            algos: HashMap::new(),
+            warmed: HashSet::new(),
+        }))
+    }
+
+    /// How many (shape, bucket) algorithms have been chosen.
+    pub(super) fn len(&self) -> usize {
+        self.algos.len()
+    }
+
+    /// The algorithm for `key`. The first time a shape is met, every bucket up to
+    /// [`EAGER_PLAN_ROWS`] is planned at once (a few ms each), so that a later step at a
+    /// new row count finds its plan ready; buckets past it are planned when met.
+    fn algo(&mut self, key: PlanKey) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
+        if let Some(a) = self.algos.get(&key) {
+            return Ok(*a);
+        }
+        let shape = |k: &PlanKey| (k.n, k.k, k.bf16_out);
+        if !self.algos.keys().any(|k| shape(k) == shape(&key)) {
+            for rows in eager_buckets() {
+                let planned = PlanKey { rows, ..key };
+                let a = self.choose(planned)?;
+                self.algos.insert(planned, a);
+            }
+        }
+        if let Some(a) = self.algos.get(&key) {
+            return Ok(*a);
+        }
+        let a = self.choose(key)?;
+        self.algos.insert(key, a);
+        Ok(a)
+    }
+
+    /// cuBLASLt's first choice for `key` at its bucket's row count.
+    fn choose(&self, key: PlanKey) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
+        let layouts = Layouts::new(key.n, key.k, key.rows, key.bf16_out)?;
+        let [a, b, c] = layouts.0;
+        let pref = cudarc::cublaslt::result::create_matmul_pref().map_err(lt_err("preference"))?;
+        let bytes = WORKSPACE_BYTES as u64;
+        // SAFETY: the attribute is a u64 passed by address with its size; `pref` is
+        // destroyed once below.
+        let chosen = unsafe {
+            let set = cudarc::cublaslt::result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&bytes as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+            let found = set.and_then(|_| {
+                cudarc::cublaslt::result::get_matmul_algo_heuristic(
+                    self.handle,
+                    self.desc,
+                    a,
+                    b,
+                    c,
+                    c,
+                    pref,
+                )
+            });
+            let _ = cudarc::cublaslt::result::destroy_matmul_pref(pref);
+            found.ok().map(|h| h.algo)
+        };
+        Ok(chosen)
+    }
+
+    /// `out (t x n) = xb (t x k) * W^T` with the plan of t's bucket on `stream`. `Ok(false)`
+    /// when there is no plan for the shape or cuBLASLt refused this row count with it: the
+    /// caller runs `cublasGemmEx` instead.
+    ///
+    /// # Safety
+    /// `w`, `xb` and `out` must address n*k and t*k bf16 values and t*n values of the
+    /// output type that outlive the GEMM's run on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn run(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        w: u64,
+        xb: u64,
+        out: u64,
+        (t, k, n): (usize, usize, usize),
+        bf16_out: bool,
+    ) -> Result<bool> {
+        let key = PlanKey {
+            n,
+            k,
+            rows: bucket(t),
+            bf16_out,
+        };
+        let Some(algo) = self.algo(key)? else {
+            return Ok(false);
+        };
+        self.warm(stream, w, key)?;
+        self.matmul(stream, &algo, w, xb, out, (t, k, n), bf16_out)
+    }
+
+    /// One cuBLASLt matmul with `algo`; `Ok(false)` when cuBLASLt refused it.
+    ///
+    /// # Safety
+    /// As [`GemmPlans::run`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul(
+        &self,
+        stream: &Arc<CudaStream>,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        w: u64,
+        xb: u64,
+        out: u64,
+        (t, k, n): (usize, usize, usize),
+        bf16_out: bool,
+    ) -> Result<bool> {
+        let layouts = Layouts::new(n, k, t, bf16_out)?;
+        let [a, b, c] = layouts.0;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (ws, _g) = self.workspace.device_ptr(stream);
+        let ran = cudarc::cublaslt::result::matmul(
+            self.handle,
+            self.desc,
+            (&alpha as *const f32).cast(),
+            (&beta as *const f32).cast(),
+            w as *const c_void,
+            a,
+            xb as *const c_void,
+            b,
+            out as *const c_void,
+            c,
+            out as *mut c_void,
+            c,
+            algo,
+            ws as *mut c_void,
+            WORKSPACE_BYTES,
+            stream.cu_stream() as sys::cudaStream_t,
+        );
+        Ok(ran.is_ok())
+    }
+
+    /// Runs each planned bucket of `key`'s shape once, on scratch rows, the first time the
+    /// shape is met outside a graph capture. cuBLAS loads a kernel the first time it runs,
+    /// which costs the host about as much as the heuristics did (2-4 ms); done here, no
+    /// later step at a new row count pays it. Buckets whose output would pass
+    /// [`WARM_OUT_BYTES`] (the output projection's) are left to load when met.
+    ///
+    /// # Safety
+    /// `w` must address the shape's n*k bf16 weight.
+    unsafe fn warm(&mut self, stream: &Arc<CudaStream>, w: u64, key: PlanKey) -> Result<()> {
+        let shape = (key.n, key.k, key.bf16_out);
+        if self.warmed.contains(&shape) {
+            return Ok(());
+        }
+        let capturing = stream
+            .capture_status()
+            .map_err(|e| KernelError::Device(format!("reading the capture status: {e:?}")))?;
+        if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            // Anything run now would join the graph; the next eager call warms the shape.
+            return Ok(());
+        }
+        self.warmed.insert(shape);
+        let out_bytes = if key.bf16_out { 2 } else { 4 };
+        let rows: Vec<usize> = eager_buckets()
+            .filter(|&r| r * key.n * out_bytes <= WARM_OUT_BYTES)
+            .collect();
+        let Some(&most) = rows.last() else {
+            return Ok(());
+        };
+        let err = |e| KernelError::Device(format!("allocating GEMM warm-up rows: {e:?}"));
+        // The values do not matter: only the kernels' first launch does.
+        let x = stream.alloc::<u16>(most * key.k).map_err(err)?;
+        let y = stream.alloc::<u8>(most * key.n * out_bytes).map_err(err)?;
+        let (xp, _gx) = x.device_ptr(stream);
+        let (yp, _gy) = y.device_ptr(stream);
+        for r in rows {
+            let planned = PlanKey { rows: r, ..key };
+            if let Some(Some(algo)) = self.algos.get(&planned).copied() {
+                self.matmul(stream, &algo, w, xp, yp, (r, key.k, key.n), key.bf16_out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GemmPlans {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once here, when the last clone of the backend
+        // is gone. A descriptor is read when a matmul is queued, not when it runs.
+        unsafe {
+            let _ = cudarc::cublaslt::result::destroy_matmul_desc(self.desc);
+            let _ = cudarc::cublaslt::result::destroy_handle(self.handle);
+        }
+    }
+}
