@@ -62,7 +62,7 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     /// cuBLAS handles are not meant for concurrent calls from several threads.
     blas: Arc<Mutex<CudaBlas>>,
-    /// cuBLASLt algorithms per bucket of row counts for the eager GEMMs (`None`: no
+    /// cuBLASLt algorithms per bucket of row counts for the bf16 GEMMs (`None`: no
     /// cuBLASLt library, or `STRATA_GEMM_PLANS=0`).
     gemm_plans: Option<Arc<Mutex<gemm_plans::GemmPlans>>>,
     kernels: Arc<Kernels>,
@@ -194,7 +194,7 @@ impl CudaBackend {
         })
     }
 
-    /// How many (GEMM shape, bucket of row counts) algorithms the eager GEMMs have chosen
+    /// How many (GEMM shape, bucket of row counts) algorithms the bf16 GEMMs have chosen
     /// so far; `None` without cuBLASLt. (The row counts of a bucket share one.)
     pub fn gemm_plan_count(&self) -> Option<usize> {
         let plans = self.gemm_plans.as_ref()?;
