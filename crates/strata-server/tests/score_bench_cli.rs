@@ -150,18 +150,37 @@ fn score_refuses_bad_input_with_a_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
 }
 
+/// `strata bench` on the tiny Gemma-4 on the CPU with `args`, checked to succeed: its
+/// printed table and its JSON report.
+fn bench_tiny_on_cpu(args: &[&str]) -> (String, Value) {
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("bench.json");
+    let model = tiny("gemma4-tiny");
+    let mut all = vec![
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--json", json.to_str().unwrap()]);
+    let out = strata(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (text, report)
+}
+
 /// The engine benchmark runs on the CPU backend, prints its table last and writes JSON
 /// with every decode and prefill point asked for.
 #[test]
 fn bench_prints_a_table_and_writes_json() {
-    let tmp = tempfile::tempdir().unwrap();
-    let json = tmp.path().join("bench.json");
-    let out = strata(&[
-        "bench",
-        "--model",
-        tiny("gemma4-tiny").to_str().unwrap(),
-        "--device",
-        "cpu",
+    let (text, report) = bench_tiny_on_cpu(&[
         "--batches",
         "1,3",
         "--depths",
@@ -172,18 +191,9 @@ fn bench_prints_a_table_and_writes_json() {
         "2",
         "--warmup",
         "1",
-        "--json",
-        json.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("| decode batch 3 depth 20 |"), "{text}");
     assert!(text.contains("| prefill 8 tokens |"), "{text}");
-    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["decode"].as_array().unwrap().len(), 4);
     assert_eq!(report["prefill"].as_array().unwrap().len(), 1);
     assert!(report["decode"][0]["tokens_per_second"].as_f64().unwrap() > 0.0);
@@ -202,14 +212,7 @@ fn bench_prints_a_table_and_writes_json() {
 /// pool sized for the longest two steps' prompts.
 #[test]
 fn bench_runs_decode_steps_with_prompts_beside_them() {
-    let tmp = tempfile::tempdir().unwrap();
-    let json = tmp.path().join("bench.json");
-    let out = strata(&[
-        "bench",
-        "--model",
-        tiny("gemma4-tiny").to_str().unwrap(),
-        "--device",
-        "cpu",
+    let (text, report) = bench_tiny_on_cpu(&[
         "--batches",
         "2",
         "--depths",
@@ -225,20 +228,11 @@ fn bench_runs_decode_steps_with_prompts_beside_them() {
         "7",
         "--mixed-len-step",
         "5",
-        "--json",
-        json.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("| decode batch 2 depth 5 + 3 prompts of 7 (+5 a step) |"),
         "{text}"
     );
-    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["decode_mixed_prompts"], 3);
     assert_eq!(report["decode_mixed_len_step"], 5);
     assert_eq!(report["decode"][0]["steps"], 6);
