@@ -37,6 +37,20 @@ pub(super) fn tokens_per_block(rows: usize, group: usize) -> usize {
     (rows / group.max(1)).max(1)
 }
 
+/// The prefill kernel for `p`'s head_dim and the tokens each of its blocks takes.
+fn prefill_kernel(
+    op: &'static str,
+    p: &AttentionParams,
+) -> Result<(paged_mma::PrefillShape, usize)> {
+    let d = p.head_dim;
+    let shape = paged_mma::prefill_shape(d).ok_or_else(|| KernelError::Invalid {
+        op,
+        detail: format!("no prefill kernel for head_dim {d}"),
+    })?;
+    let tpb = tokens_per_block(shape.rows, p.n_heads / p.n_kv_heads);
+    Ok((shape, tpb))
+}
+
 /// What both prefill launchers pass the same way, in the kernels' order: the split
 /// workspace and the scalars between the output and each launcher's own arguments.
 struct SplitArgs {
@@ -134,7 +148,6 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "prefill_attention";
         let (d, nh, nkv) = (p.head_dim, p.n_heads, p.n_kv_heads);
-        let group = nh / nkv;
         let n_keys = seq.k_len();
         if seq.q_len == 0 || n_keys == 0 {
             return Ok(());
@@ -146,11 +159,7 @@ impl CudaBackend {
         ensure(seq.slot_offset + n_keys <= slots.len(), OP, || {
             format!("{seq:?} reads past the {} slots", slots.len())
         })?;
-        let shape = paged_mma::prefill_shape(d).ok_or_else(|| KernelError::Invalid {
-            op: OP,
-            detail: format!("no prefill kernel for head_dim {d}"),
-        })?;
-        let tpb = tokens_per_block(shape.rows, group);
+        let (shape, tpb) = prefill_kernel(OP, &p)?;
         let blocks_x = seq.q_len.div_ceil(tpb);
         // Short prompts leave multiprocessors idle (one block each): split the keys.
         let most = n_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
@@ -219,15 +228,10 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "prefill_attention_seqs";
         let (d, nh, nkv) = (p.head_dim, p.n_heads, p.n_kv_heads);
-        let group = nh / nkv;
         ensure(!runs.is_empty() && runs.len() <= MAX_RUNS, OP, || {
             format!("{} sequences (1 to {MAX_RUNS} a launch)", runs.len())
         })?;
-        let shape = paged_mma::prefill_shape(d).ok_or_else(|| KernelError::Invalid {
-            op: OP,
-            detail: format!("no prefill kernel for head_dim {d}"),
-        })?;
-        let tpb = tokens_per_block(shape.rows, group);
+        let (shape, tpb) = prefill_kernel(OP, &p)?;
         let mut table = PrefillRuns {
             n: runs.len() as i32,
             seq: [0; MAX_RUNS],
