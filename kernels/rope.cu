@@ -135,6 +135,8 @@ struct HeadRow {
     int w_dtype;
     bool rotate;
     const u32* pos_at;
+    int row;      // token * n_heads + head
+    int n_heads;  // the segment's
 };
 
 __device__ __forceinline__ bool head_row(const HeadSegs& segs, const u32* positions, int tokens,
@@ -148,6 +150,8 @@ __device__ __forceinline__ bool head_row(const HeadSegs& segs, const u32* positi
     r.w_dtype = pick3(segs.w_dtype, seg);
     r.rotate = pick3(segs.rope, seg) != 0;
     r.pos_at = positions + row / n_heads;
+    r.row = row;
+    r.n_heads = n_heads;
     return true;
 }
 
@@ -176,10 +180,12 @@ HEAD_NORM_ROPE_REGS(512)
 // and no style test among the element loops: a short kernel's time goes with the
 // instruction stream it runs (the same lesson as the norms' typed entry points). The
 // arithmetic is head_norm_rope_regs's, in the same order, so the results are the same bits.
+// `kv`, when not null, is the row's place in a bf16 K or V slab: the result also goes there,
+// rounded as `kv_store_bf16` rounds it.
 template <int E, bool W, bool ROT>
 __device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, float offset,
                                                    float eps, const u32* pos_at,
-                                                   const float* inv_freq) {
+                                                   const float* inv_freq, u16* kv) {
     const int lane = threadIdx.x & 31;
     float v[E], g[E], f[E / 2];
     const float pos = ROT ? (float)*pos_at : 0.0f;
@@ -201,10 +207,31 @@ __device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, fl
     if (ROT) rotate_half_regs<E>(v, f, pos);
 #pragma unroll
     for (int j = 0; j < E; ++j) xr[lane + 32 * j] = v[j];
+    if (kv) {
+#pragma unroll
+        for (int j = 0; j < E; ++j) kv[lane + 32 * j] = f32_to_bf16_rne(v[j]);
+    }
 }
 
 // The launcher takes these only when every segment's weight is f32 or absent and the
-// rotation is half-split; `interleaved` is then 0 and unused.
+// rotation is half-split; `interleaved` is then 0 and unused. `kv` is null, or the row's
+// place in a bf16 slab (see `head_norm_rope_store_f32_d<D>`).
+template <int D>
+__device__ __forceinline__ void head_norm_rope_f32_row(const HeadRow& r, const float* inv_freq,
+                                                       float offset, float eps, u16* kv) {
+    const float* w = (const float*)r.w;
+    if (r.w_dtype == STRATA_F32) {
+        if (r.rotate)
+            head_norm_rope_f32<D / 32, true, true>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+        else
+            head_norm_rope_f32<D / 32, true, false>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+    } else if (r.rotate) {
+        head_norm_rope_f32<D / 32, false, true>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+    } else {
+        head_norm_rope_f32<D / 32, false, false>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+    }
+}
+
 #define HEAD_NORM_ROPE_F32(D)                                                                   \
     extern "C" __global__ void head_norm_rope_f32_d##D(HeadSegs segs, const u32* positions,    \
                                                        const float* inv_freq, float offset,   \
@@ -213,26 +240,38 @@ __device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, fl
         (void)interleaved;                                                                     \
         HeadRow r;                                                                             \
         if (!head_row(segs, positions, tokens, D, r)) return;                                  \
-        const float* w = (const float*)r.w;                                                    \
-        if (r.w_dtype == STRATA_F32) {                                                         \
-            if (r.rotate)                                                                      \
-                head_norm_rope_f32<D / 32, true, true>(r.xr, w, offset, eps, r.pos_at,         \
-                                                       inv_freq);                              \
-            else                                                                               \
-                head_norm_rope_f32<D / 32, true, false>(r.xr, w, offset, eps, r.pos_at,        \
-                                                        inv_freq);                             \
-        } else if (r.rotate) {                                                                 \
-            head_norm_rope_f32<D / 32, false, true>(r.xr, w, offset, eps, r.pos_at, inv_freq); \
-        } else {                                                                               \
-            head_norm_rope_f32<D / 32, false, false>(r.xr, w, offset, eps, r.pos_at,           \
-                                                     inv_freq);                                \
-        }                                                                                      \
+        head_norm_rope_f32_row<D>(r, inv_freq, offset, eps, nullptr);                          \
     }
 
 HEAD_NORM_ROPE_F32(64)
 HEAD_NORM_ROPE_F32(128)
 HEAD_NORM_ROPE_F32(256)
 HEAD_NORM_ROPE_F32(512)
+
+// A KV-owning layer's q, k and v prepared and k and v stored into bf16 slabs in the same
+// launch (segments 0, 1, 2 = q, k, v), so a decode step has no `kv_store_bf16` launch after
+// it. Row (token t, head h) of k or v goes to slab row slots[t] * n_kv_heads + h, where
+// kv_store_bf16 would put it, with the same rounding; x keeps the f32 result as well.
+#define HEAD_NORM_ROPE_STORE_F32(D)                                                             \
+    extern "C" __global__ void head_norm_rope_store_f32_d##D(                                  \
+        HeadSegs segs, const u32* positions, const float* inv_freq, float offset, float eps,  \
+        int tokens, int head_dim, int interleaved, const u32* slots, u16* k_slab,              \
+        u16* v_slab) {                                                                         \
+        (void)interleaved;                                                                     \
+        HeadRow r;                                                                             \
+        if (!head_row(segs, positions, tokens, D, r)) return;                                  \
+        u16* kv = nullptr;                                                                     \
+        if (blockIdx.y > 0) {                                                                  \
+            const u64 dst = (u64)slots[r.row / r.n_heads] * r.n_heads + r.row % r.n_heads;     \
+            kv = (blockIdx.y == 1 ? k_slab : v_slab) + dst * D;                                \
+        }                                                                                      \
+        head_norm_rope_f32_row<D>(r, inv_freq, offset, eps, kv);                               \
+    }
+
+HEAD_NORM_ROPE_STORE_F32(64)
+HEAD_NORM_ROPE_STORE_F32(128)
+HEAD_NORM_ROPE_STORE_F32(256)
+HEAD_NORM_ROPE_STORE_F32(512)
 
 // Other head_dims: strided passes over the row in memory.
 extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,

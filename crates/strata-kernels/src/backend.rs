@@ -472,6 +472,23 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// [`Backend::qkv_norm_rope_idx`], then k and v into `slab` at `slots` (one a token) as
+    /// [`Backend::kv_store`] writes them: one call, so a backend can store from the launch
+    /// that prepares them (a KV-owning layer's step).
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_norm_rope_store_idx(
+        &self,
+        [q, k, v]: [&mut Self::Buffer; 3],
+        norms: [&Self::Buffer; 2],
+        positions: &Self::Index,
+        inv_freq: &Self::Buffer,
+        p: QkvPrep,
+        (slab, slots): (&mut Self::KvSlab, &Self::Index),
+    ) -> Result<()> {
+        self.qkv_norm_rope_idx([q, &mut *k, &mut *v], norms, positions, inv_freq, p)?;
+        self.kv_store(slab, k, v, slots)
+    }
+
     /// `out[t, i] = act(gate[t, i]) * table[t * s.stride + s.offset + i]` for `i < s.cols`:
     /// [`Backend::activation`], a strided copy of the table's column slice, and
     /// [`Backend::mul`], in one op.

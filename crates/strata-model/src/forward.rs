@@ -512,8 +512,9 @@ impl<B: Backend> Model<B> {
                     kv_heads: nkv,
                     v_norm: c.v_norm,
                 };
-                let (pos, freqs) = (positions, &lw.inv_freq);
-                b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [qn, kn], pos, freqs, prep)?;
+                let at = (positions, &lw.inv_freq);
+                let qkv = [&mut q, &mut k, &mut v];
+                kv.prepare_and_store(b, l, batch, qkv, [qn, kn], at, prep)?;
             } else {
                 self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, positions, &lw.inv_freq)?;
                 self.norm_rope(&mut k, lw.k_norm.as_ref(), lc, nkv, positions, &lw.inv_freq)?;
@@ -522,8 +523,8 @@ impl<B: Backend> Model<B> {
                     b.rms_norm(&v, None, head_norm, &mut out)?;
                     v = out;
                 }
+                kv.store(b, l, batch, &k, &v)?;
             }
-            kv.store(b, l, batch, &k, &v)?;
         } else {
             lw.q.forward(b, normed, &mut q)?;
             self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, positions, &lw.inv_freq)?;

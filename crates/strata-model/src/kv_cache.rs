@@ -7,7 +7,7 @@
 //! - `KvPool<PagedStorage<B>>`: slabs in the backend's memory; the backend's `kv_store` and
 //!   `paged_attention` address them through slot tables built once per step (the GPU path).
 
-use strata_kernels::{AttentionParams, Backend, HostSlice, StridedCopy};
+use strata_kernels::{AttentionParams, Backend, HostSlice, QkvPrep, StridedCopy};
 use strata_kv::{HostStorage, KvPool};
 
 use crate::batch::ForwardBatch;
@@ -47,6 +47,24 @@ pub trait KvCache<B: Backend> {
         k: &B::Buffer,
         v: &B::Buffer,
     ) -> Result<()>;
+
+    /// A KV-owning `layer`'s q, k and v prepared ([`Backend::qkv_norm_rope_idx`]), then its
+    /// k and v stored as [`KvCache::store`] does. A cache whose slabs the backend addresses
+    /// hands both to [`Backend::qkv_norm_rope_store_idx`] (one launch on the GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_and_store(
+        &mut self,
+        b: &B,
+        layer: usize,
+        batch: &ForwardBatch,
+        [q, k, v]: [&mut B::Buffer; 3],
+        norms: [&B::Buffer; 2],
+        (positions, inv_freq): (&B::Index, &B::Buffer),
+        prep: QkvPrep,
+    ) -> Result<()> {
+        b.qkv_norm_rope_idx([q, &mut *k, &mut *v], norms, positions, inv_freq, prep)?;
+        self.store(b, layer, batch, k, v)
+    }
 
     /// Attention of `layer`'s queries `q [T, n_heads * head_dim]` over the K/V it reads (its
     /// source's, for a KV-shared layer), into `out`.

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use strata_kernels::{expand_page_slots, AttentionParams, Backend, KvSlabShape, PagedSeq};
+use strata_kernels::{expand_page_slots, AttentionParams, Backend, KvSlabShape, PagedSeq, QkvPrep};
 use strata_kv::{KvError, KvLayout, KvPool, KvStorage, PagePlan, PoolKind, NO_PAGE};
 
 use crate::batch::ForwardBatch;
@@ -310,6 +310,34 @@ fn group_tables<B: Backend>(
     })
 }
 
+/// Where a layer's K/V goes this step.
+trait StoreTarget<B: Backend> {
+    /// The slab of KV-owning `layer` and this step's slot a token; `None` for a KV-shared
+    /// layer, which stores nothing.
+    #[allow(clippy::type_complexity)]
+    fn store_target(&mut self, layer: usize) -> Result<Option<(&mut B::KvSlab, &B::Index)>>;
+}
+
+impl<B: Backend> StoreTarget<B> for KvPool<PagedStorage<B>> {
+    fn store_target(&mut self, layer: usize) -> Result<Option<(&mut B::KvSlab, &B::Index)>> {
+        let map = *self.layout().layer(layer)?;
+        if map.shared {
+            return Ok(None);
+        }
+        let st = self.storage_mut();
+        let tables = match map.pool {
+            PoolKind::Full => st.full.as_ref(),
+            PoolKind::Window => st.window.as_ref(),
+        }
+        .ok_or_else(|| ModelError::Invalid("store before begin_step".into()))?;
+        let slab = st
+            .slabs
+            .get_mut(map.slab.0)
+            .ok_or_else(|| ModelError::Invalid(format!("no slab for layer {layer}")))?;
+        Ok(Some((slab, &tables.store)))
+    }
+}
+
 impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
     #[allow(private_interfaces)]
     fn replay_decode(
@@ -351,21 +379,28 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         k: &B::Buffer,
         v: &B::Buffer,
     ) -> Result<()> {
-        let map = *self.layout().layer(layer)?;
-        if map.shared {
-            return Ok(());
+        if let Some((slab, slots)) = self.store_target(layer)? {
+            b.kv_store(slab, k, v, slots)?;
         }
-        let st = self.storage_mut();
-        let tables = match map.pool {
-            PoolKind::Full => st.full.as_ref(),
-            PoolKind::Window => st.window.as_ref(),
+        Ok(())
+    }
+
+    fn prepare_and_store(
+        &mut self,
+        b: &B,
+        layer: usize,
+        _batch: &ForwardBatch,
+        [q, k, v]: [&mut B::Buffer; 3],
+        norms: [&B::Buffer; 2],
+        (positions, inv_freq): (&B::Index, &B::Buffer),
+        prep: QkvPrep,
+    ) -> Result<()> {
+        match self.store_target(layer)? {
+            Some(target) => {
+                b.qkv_norm_rope_store_idx([q, k, v], norms, positions, inv_freq, prep, target)?
+            }
+            None => b.qkv_norm_rope_idx([q, k, v], norms, positions, inv_freq, prep)?,
         }
-        .ok_or_else(|| ModelError::Invalid("store before begin_step".into()))?;
-        let slab = st
-            .slabs
-            .get_mut(map.slab.0)
-            .ok_or_else(|| ModelError::Invalid(format!("no slab for layer {layer}")))?;
-        b.kv_store(slab, k, v, &tables.store)?;
         Ok(())
     }
 

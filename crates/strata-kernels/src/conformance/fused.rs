@@ -5,7 +5,8 @@
 use super::{compare, ctx, get, put, CheckResult, TestData, Tolerance};
 use crate::cpu::CpuBackend;
 use crate::{
-    Activation, Backend, DType, QkvPrep, RmsNormParams, RopeParams, RopeStyle, TableSlice,
+    Activation, Backend, DType, KvFormat, KvSlabContents, KvSlabShape, QkvPrep, RmsNormParams,
+    RopeParams, RopeStyle, TableSlice,
 };
 
 /// Runs `op` on `b` and on the CPU backend with the same host inputs and compares the
@@ -322,6 +323,145 @@ pub fn check_qkv_norm_rope<B: Backend>(b: &B) -> CheckResult {
     Ok(())
 }
 
+/// q, k and v after `qkv_norm_rope_store_idx` or its two ops, and the slab they left.
+struct Prepared {
+    qkv: Vec<Vec<f32>>,
+    slab: KvSlabContents,
+}
+
+/// Prepares `i`'s q, k and v and stores k and v into a fresh `format` slab at `slots`:
+/// with the fused op, or with `qkv_norm_rope_idx` then `kv_store`.
+fn prepare_and_store<B: Backend>(
+    b: &B,
+    i: &QkvInputs,
+    format: KvFormat,
+    slots: &[u32],
+    fused: bool,
+) -> crate::Result<Prepared> {
+    let mut q = b.upload_f32_as(&i.q, DType::F32)?;
+    let mut k = b.upload_f32_as(&i.k, DType::F32)?;
+    let mut v = b.upload_f32_as(&i.v, DType::F32)?;
+    let qn = b.upload_f32_as(&i.norms[0], i.w_dtype)?;
+    let kn = b.upload_f32_as(&i.norms[1], i.w_dtype)?;
+    let pos = b.upload_index(&i.positions)?;
+    let freqs = b.upload_f32_as(&i.inv_freq, DType::F32)?;
+    let mut slab = b.kv_slab(KvSlabShape {
+        format,
+        num_kv_heads: i.p.kv_heads,
+        head_dim: i.p.rope.head_dim,
+        slots: 2 * slots.len() + 3,
+    })?;
+    let idx = b.upload_index(slots)?;
+    let qkv = [&mut q, &mut k, &mut v];
+    if fused {
+        let store = (&mut slab, &idx);
+        b.qkv_norm_rope_store_idx(qkv, [&qn, &kn], &pos, &freqs, i.p, store)?;
+    } else {
+        b.qkv_norm_rope_idx(qkv, [&qn, &kn], &pos, &freqs, i.p)?;
+        b.kv_store(&mut slab, &k, &v, &idx)?;
+    }
+    Ok(Prepared {
+        qkv: vec![b.download(&q)?, b.download(&k)?, b.download(&v)?],
+        slab: b.kv_slab_contents(&slab)?,
+    })
+}
+
+/// `qkv_norm_rope_store_idx` (a KV-owning layer's q / k / v preparation and K/V store in
+/// one call) against `qkv_norm_rope_idx` then `kv_store` on the same backend, bit for bit:
+/// q, k, v and the slab's bytes and scales. The two ops are each checked against the CPU
+/// above and in the paged family. Gemma-4's shapes on bf16 slabs (one launch on the GPU),
+/// quantized slabs, bf16 norm weights and a layer without v's norm (the store after it).
+pub fn check_qkv_norm_rope_store<B: Backend>(b: &B) -> CheckResult {
+    let cases = [
+        (
+            1usize,
+            8usize,
+            1usize,
+            256usize,
+            DType::F32,
+            0usize,
+            true,
+            KvFormat::Bf16,
+        ),
+        (7, 8, 1, 256, DType::F32, 0, true, KvFormat::Bf16),
+        (3, 8, 1, 512, DType::F32, 192, true, KvFormat::Bf16),
+        (5, 8, 2, 128, DType::F32, 16, true, KvFormat::Bf16),
+        (
+            4,
+            8,
+            1,
+            256,
+            DType::F32,
+            0,
+            true,
+            KvFormat::Fp8E4m3PerTokenHead,
+        ),
+        (
+            4,
+            8,
+            1,
+            512,
+            DType::F32,
+            0,
+            true,
+            KvFormat::Int8PerTokenHead,
+        ),
+        (2, 4, 2, 64, DType::BF16, 0, true, KvFormat::Bf16),
+        (2, 4, 2, 64, DType::F32, 0, false, KvFormat::Bf16),
+    ];
+    for (seed, &(tokens, heads, kv_heads, d, w_dtype, zero_tail, v_norm, format)) in
+        cases.iter().enumerate()
+    {
+        let mut data = TestData::new(400 + seed as u64);
+        let inputs = QkvInputs {
+            q: data.normals(tokens * heads * d, 2.0, DType::F32),
+            k: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
+            v: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
+            norms: [data.normals(d, 0.5, w_dtype), data.normals(d, 0.5, w_dtype)],
+            w_dtype,
+            positions: (0..tokens).map(|i| (i * 613 + 9) as u32).collect(),
+            inv_freq: inv_freq_with_zero_tail(d, zero_tail),
+            p: QkvPrep {
+                norm: norm_params(d, 1.0),
+                rope: RopeParams {
+                    n_heads: heads,
+                    head_dim: d,
+                    style: RopeStyle::Neox,
+                },
+                kv_heads,
+                v_norm,
+            },
+        };
+        // Every other slot of the slab's 2 tokens + 3, last first: token t at 2 (tokens - t) + 2.
+        let slots: Vec<u32> = (0..tokens).map(|t| (2 * (tokens - t) + 2) as u32).collect();
+        let what = format!(
+            "qkv_norm_rope_store {tokens}x({heads}+{kv_heads})x{d} {w_dtype:?} weights \
+             v_norm={v_norm} {format:?}"
+        );
+        let fused = ctx(&what, prepare_and_store(b, &inputs, format, &slots, true))?;
+        let apart = ctx(&what, prepare_and_store(b, &inputs, format, &slots, false))?;
+        for (name, (f, a)) in ["q", "k", "v"].iter().zip(fused.qkv.iter().zip(&apart.qkv)) {
+            if let Some(i) = f
+                .iter()
+                .zip(a)
+                .position(|(x, y)| x.to_bits() != y.to_bits())
+            {
+                return Err(format!(
+                    "{what}: {name}[{i}] is {} fused, {} by the two ops",
+                    f[i], a[i]
+                ));
+            }
+        }
+        if fused.slab != apart.slab {
+            return Err(format!("{what}: the slab differs from kv_store's"));
+        }
+        if fused.slab.k.iter().all(|&x| x == 0) {
+            return Err(format!("{what}: nothing was stored"));
+        }
+    }
+    Ok(())
+}
+
 /// `act_mul_slice`: Gemma-4 E2B's per-layer-input shapes (256 columns of 35 x 256), both
 /// activations, first and last slice.
 pub fn check_act_mul_slice<B: Backend>(b: &B) -> CheckResult {
@@ -382,5 +522,6 @@ pub fn check_fused<B: Backend>(b: &B) -> CheckResult {
     check_fused_norms(b)?;
     check_head_norm_rope(b)?;
     check_qkv_norm_rope(b)?;
+    check_qkv_norm_rope_store(b)?;
     check_act_mul_slice(b)
 }

@@ -29,6 +29,7 @@ pub use elementwise::{
 };
 pub use fused::{
     check_act_mul_slice, check_fused, check_fused_norms, check_head_norm_rope, check_qkv_norm_rope,
+    check_qkv_norm_rope_store,
 };
 pub use matmul::{
     check_embedding, check_embedding_case, check_embedding_quant, check_fused_matmuls,

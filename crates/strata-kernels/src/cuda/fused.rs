@@ -1,16 +1,16 @@
 //! Launchers for the fused decode kernels: the bf16 GEMV (`kernels/gemv.cu`), the per-head
-//! norm + RoPE and the gated slice product. Each replaces a chain of the small kernels in
+//! norm + RoPE (with the K/V store of a KV-owning layer) and the gated slice product. Each replaces a chain of the small kernels in
 //! `ops.rs` whose launches, not their bytes, dominated a decode step.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buffer::{dtype_code, CudaBuffer, Storage};
 use super::sources::GEMV_KERNELS;
-use super::{device_err, CudaBackend};
+use super::{device_err, CudaBackend, CudaIndex, CudaKvSlab};
 use crate::error::ensure;
 use crate::{
-    Activation, DType, DeviceBuffer, KernelError, MatmulShape, Result, RmsNormParams, RopeParams,
-    RopeStyle, TableSlice,
+    Activation, DType, DeviceBuffer, KernelError, KvFormat, MatmulShape, Result, RmsNormParams,
+    RopeParams, RopeStyle, TableSlice,
 };
 
 /// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count, plain,
@@ -98,6 +98,14 @@ pub(super) struct HeadSeg<'a> {
     pub(super) weight: Option<&'a CudaBuffer>,
     pub(super) n_heads: usize,
     pub(super) rope: bool,
+}
+
+/// Where a `head_norm_rope` launch also writes its k and v segments: a bf16 slab's two
+/// arrays, each token's row at its slot (what `kv_store_bf16` does after it otherwise).
+pub(super) struct SlabRows<'a> {
+    pub(super) slots: &'a CudaSlice<u32>,
+    pub(super) k: &'a mut CudaSlice<u8>,
+    pub(super) v: &'a mut CudaSlice<u8>,
 }
 
 /// `HeadSegs` in `kernels/rope.cu`, same layout; unused slots have no heads, so no block
@@ -246,6 +254,63 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// [`crate::Backend::qkv_norm_rope_idx`], and with `store` then
+    /// [`crate::Backend::kv_store`] of k and v: in the same launch where the slab is bf16
+    /// and the head_dim has a register path, else by `kv_store` after it.
+    pub(super) fn qkv_norm_rope_impl(
+        &self,
+        [q, k, v]: [&mut CudaBuffer; 3],
+        norms: [&CudaBuffer; 2],
+        positions: &CudaIndex,
+        inv_freq: &CudaBuffer,
+        p: crate::QkvPrep,
+        store: Option<(&mut CudaKvSlab, &CudaIndex)>,
+    ) -> Result<()> {
+        let n = positions.len();
+        let mut segs = vec![
+            HeadSeg {
+                x: &mut *q,
+                weight: Some(norms[0]),
+                n_heads: p.rope.n_heads,
+                rope: true,
+            },
+            HeadSeg {
+                x: &mut *k,
+                weight: Some(norms[1]),
+                n_heads: p.kv_heads,
+                rope: true,
+            },
+        ];
+        if p.v_norm {
+            segs.push(HeadSeg {
+                x: &mut *v,
+                weight: None,
+                n_heads: p.kv_heads,
+                rope: false,
+            });
+        }
+        let Some((slab, slots)) = store else {
+            self.head_norm_rope_segs(segs, p.norm, n, positions.data(), inv_freq, p.rope, None)?;
+            return Ok(());
+        };
+        let s = slab.shape;
+        let fits = s.format == KvFormat::Bf16
+            && s.num_kv_heads == p.kv_heads
+            && s.head_dim == p.rope.head_dim
+            && slots.len() == n;
+        let rows = fits.then(|| SlabRows {
+            slots: slots.data(),
+            k: &mut slab.k,
+            v: &mut slab.v,
+        });
+        let stored =
+            self.head_norm_rope_segs(segs, p.norm, n, positions.data(), inv_freq, p.rope, rows)?;
+        if !stored {
+            self.kv_store_impl(slab, k, v, slots)?;
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn head_norm_rope_dev(
         &self,
@@ -263,11 +328,16 @@ impl CudaBackend {
             n_heads: rope.n_heads,
             rope: true,
         };
-        self.head_norm_rope_segs(vec![seg], norm, n_tokens, pos, inv_freq, rope)
+        self.head_norm_rope_segs(vec![seg], norm, n_tokens, pos, inv_freq, rope, None)?;
+        Ok(())
     }
 
     /// `kernels/rope.cu`'s `head_norm_rope` over up to three tensors of `n_tokens` tokens
     /// (one launch); `rope` gives the head_dim and style, each segment its head count.
+    /// With `store`, three segments (q, k, v) and the register path's f32 case, the same
+    /// launch writes k and v into the slab (`head_norm_rope_store_f32_d<D>`) and this
+    /// returns true; false means nothing was stored (the caller stores).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn head_norm_rope_segs(
         &self,
         segs: Vec<HeadSeg<'_>>,
@@ -276,7 +346,8 @@ impl CudaBackend {
         pos: &CudaSlice<u32>,
         inv_freq: &CudaBuffer,
         rope: RopeParams,
-    ) -> Result<()> {
+        store: Option<SlabRows<'_>>,
+    ) -> Result<bool> {
         const OP: &str = "head_norm_rope";
         let d = rope.head_dim;
         ensure(
@@ -320,7 +391,7 @@ impl CudaBackend {
             max_rows = max_rows.max(n_tokens * seg.n_heads);
         }
         if max_rows == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let freqs = inv_freq.f32s(OP)?;
         let (tokens_i, d_i) = (
@@ -331,15 +402,20 @@ impl CudaBackend {
         // The register path's entry point for this head_dim (the model's case, f32 weights
         // and the half-split rotation, on one of its own), else the strided loops.
         let typed = f32_weights && rope.style != RopeStyle::Interleaved;
-        let name = match (d, typed) {
-            (64, true) => "head_norm_rope_f32_d64",
-            (128, true) => "head_norm_rope_f32_d128",
-            (256, true) => "head_norm_rope_f32_d256",
-            (512, true) => "head_norm_rope_f32_d512",
-            (64, false) => "head_norm_rope_d64",
-            (128, false) => "head_norm_rope_d128",
-            (256, false) => "head_norm_rope_d256",
-            (512, false) => "head_norm_rope_d512",
+        let store = store.filter(|_| typed && count == 3 && matches!(d, 64 | 128 | 256 | 512));
+        let name = match (d, typed, store.is_some()) {
+            (64, _, true) => "head_norm_rope_store_f32_d64",
+            (128, _, true) => "head_norm_rope_store_f32_d128",
+            (256, _, true) => "head_norm_rope_store_f32_d256",
+            (512, _, true) => "head_norm_rope_store_f32_d512",
+            (64, true, _) => "head_norm_rope_f32_d64",
+            (128, true, _) => "head_norm_rope_f32_d128",
+            (256, true, _) => "head_norm_rope_f32_d256",
+            (512, true, _) => "head_norm_rope_f32_d512",
+            (64, false, _) => "head_norm_rope_d64",
+            (128, false, _) => "head_norm_rope_d128",
+            (256, false, _) => "head_norm_rope_d256",
+            (512, false, _) => "head_norm_rope_d512",
             _ => "head_norm_rope",
         };
         let f = self.kernels.get(name)?;
@@ -352,6 +428,10 @@ impl CudaBackend {
             .arg(&tokens_i)
             .arg(&d_i)
             .arg(&interleaved);
+        let stored = store.is_some();
+        if let Some(st) = store {
+            l.arg(st.slots).arg(st.k).arg(st.v);
+        }
         const WARPS: u32 = 8;
         let cfg = LaunchConfig {
             grid_dim: ((max_rows as u32).div_ceil(WARPS), count, 1),
@@ -360,9 +440,10 @@ impl CudaBackend {
         };
         // SAFETY: each tensor holds n_tokens x its heads x head_dim, positions n_tokens,
         // inv_freq head_dim / 2 and each weight head_dim elements (checked above and by
-        // the caller).
+        // the caller); with a store, the caller's slab holds a bf16 row of head_dim for
+        // every (slot, KV head) and the slots one a token.
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
-        Ok(())
+        Ok(stored)
     }
 
     /// [`crate::Backend::gated_slice_matmul`]: one GEMV launch for few rows of bf16

@@ -10,7 +10,8 @@
 //! algorithm. cuBLAS also loads a kernel at its first launch, at about the same cost, so
 //! the first time a shape is met (in the server's warm-up) its buckets up to
 //! [`EAGER_PLAN_ROWS`] are all planned and each run once (`docs/perf-notes.md`, "GEMM
-//! algorithms chosen once per bucket of row counts").
+//! algorithms chosen once per bucket of row counts"). A shape's three matrix layouts are
+//! made once too; a call only sets their token count.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
@@ -60,8 +61,39 @@ struct PlanKey {
     bf16_out: bool,
 }
 
+/// A GEMM's shape without its row count: (n, k, bf16_out).
+type Shape = (usize, usize, bool);
+
+/// One product's device operands: `out (t x n) = xb (t x k) * W^T`, W row-major n x k.
+#[derive(Clone, Copy)]
+pub(super) struct GemmOperands {
+    /// The n*k bf16 weight.
+    pub w: u64,
+    /// The t*k bf16 token rows.
+    pub xb: u64,
+    /// The t*n outputs, bf16 or f32.
+    pub out: u64,
+    pub t: usize,
+    pub k: usize,
+    pub n: usize,
+    pub bf16_out: bool,
+}
+
+impl GemmOperands {
+    fn shape(&self) -> Shape {
+        (self.n, self.k, self.bf16_out)
+    }
+}
+
+/// A shape's layouts and the token count they are set to.
+struct ShapeLayouts {
+    layouts: Layouts,
+    t: usize,
+}
+
 /// The cuBLASLt handle, one matmul descriptor (f32 compute and scale, the weight
-/// transposed), the workspace and the algorithm of each (shape, bucket) met so far.
+/// transposed), the workspace, the algorithm of each (shape, bucket) met so far and each
+/// shape's matrix layouts.
 pub(super) struct GemmPlans {
     handle: sys::cublasLtHandle_t,
     desc: sys::cublasLtMatmulDesc_t,
@@ -69,7 +101,10 @@ pub(super) struct GemmPlans {
     /// `None`: the heuristics offered nothing, the caller runs `cublasGemmEx`.
     algos: HashMap<PlanKey, Option<sys::cublasLtMatmulAlgo_t>>,
     /// Shapes whose planned algorithms have each run once (see [`GemmPlans::warm`]).
-    warmed: HashSet<(usize, usize, bool)>,
+    warmed: HashSet<Shape>,
+    /// Made once a shape: creating and destroying three descriptors a call cost a prefill
+    /// step about 1 ms of host time (a 512-token step queues in ~4 ms).
+    layouts: HashMap<Shape, ShapeLayouts>,
 }
 
 // SAFETY: the raw handles are only used under the backend's mutex, on its one stream.
@@ -100,6 +135,26 @@ impl Layouts {
         let c = create_matrix_layout(out, n64, t64, n as i64);
         let c = Self::keep(c, &[a, b])?;
         Ok(Self([a, b, c]))
+    }
+
+    /// Sets the token count (the columns of B and C). cuBLASLt reads a layout when a
+    /// matmul is queued, so the next call may change it.
+    fn set_tokens(&mut self, t: usize) -> Result<()> {
+        let cols = t as u64;
+        for &l in &self.0[1..] {
+            // SAFETY: `l` is live (destroyed only on drop); the attribute is a u64 passed
+            // by address with its size.
+            unsafe {
+                cudarc::cublaslt::result::set_matrix_layout_attribute(
+                    l,
+                    sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_COLS,
+                    (&cols as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            }
+            .map_err(lt_err("setting the token count"))?;
+        }
+        Ok(())
     }
 
     /// `made`, or its error once the layouts made before it are destroyed.
@@ -162,6 +217,7 @@ impl GemmPlans {
             workspace,
             algos: HashMap::new(),
             warmed: HashSet::new(),
+            layouts: HashMap::new(),
         }))
     }
 
@@ -177,7 +233,7 @@ impl GemmPlans {
         if let Some(a) = self.algos.get(&key) {
             return Ok(*a);
         }
-        let shape = |k: &PlanKey| (k.n, k.k, k.bf16_out);
+        let shape = |k: &PlanKey| -> Shape { (k.n, k.k, k.bf16_out) };
         if !self.algos.keys().any(|k| shape(k) == shape(&key)) {
             for rows in eager_buckets() {
                 let planned = PlanKey { rows, ..key };
@@ -225,53 +281,54 @@ impl GemmPlans {
         Ok(chosen)
     }
 
-    /// `out (t x n) = xb (t x k) * W^T` with the plan of t's bucket on `stream`. `Ok(false)`
-    /// when there is no plan for the shape or cuBLASLt refused this row count with it: the
+    /// The product with the plan of its row count's bucket on `stream`. `Ok(false)` when
+    /// there is no plan for the shape or cuBLASLt refused this row count with it: the
     /// caller runs `cublasGemmEx` instead.
     ///
     /// # Safety
-    /// `w`, `xb` and `out` must address n*k and t*k bf16 values and t*n values of the
-    /// output type that outlive the GEMM's run on `stream`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn run(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        w: u64,
-        xb: u64,
-        out: u64,
-        (t, k, n): (usize, usize, usize),
-        bf16_out: bool,
-    ) -> Result<bool> {
+    /// `g`'s addresses must hold the values [`GemmOperands`] lists, alive until the GEMM
+    /// has run on `stream`.
+    pub(super) unsafe fn run(&mut self, stream: &Arc<CudaStream>, g: GemmOperands) -> Result<bool> {
         let key = PlanKey {
-            n,
-            k,
-            rows: bucket(t),
-            bf16_out,
+            n: g.n,
+            k: g.k,
+            rows: bucket(g.t),
+            bf16_out: g.bf16_out,
         };
         let Some(algo) = self.algo(key)? else {
             return Ok(false);
         };
-        self.warm(stream, w, key)?;
-        self.matmul(stream, &algo, w, xb, out, (t, k, n), bf16_out)
+        self.warm(stream, g.w, key)?;
+        self.matmul(stream, &algo, g)
     }
 
     /// One cuBLASLt matmul with `algo`; `Ok(false)` when cuBLASLt refused it.
     ///
     /// # Safety
     /// As [`GemmPlans::run`].
-    #[allow(clippy::too_many_arguments)]
     unsafe fn matmul(
-        &self,
+        &mut self,
         stream: &Arc<CudaStream>,
         algo: &sys::cublasLtMatmulAlgo_t,
-        w: u64,
-        xb: u64,
-        out: u64,
-        (t, k, n): (usize, usize, usize),
-        bf16_out: bool,
+        g: GemmOperands,
     ) -> Result<bool> {
-        let layouts = Layouts::new(n, k, t, bf16_out)?;
-        let [a, b, c] = layouts.0;
+        let shape = g.shape();
+        let made = match self.layouts.entry(shape) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(ShapeLayouts {
+                layouts: Layouts::new(g.n, g.k, g.t, g.bf16_out)?,
+                t: g.t,
+            }),
+        };
+        if made.t != g.t {
+            if let Err(e) = made.layouts.set_tokens(g.t) {
+                // Half set: make the shape's layouts afresh next time.
+                self.layouts.remove(&shape);
+                return Err(e);
+            }
+            made.t = g.t;
+        }
+        let [a, b, c] = made.layouts.0;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (ws, _g) = self.workspace.device_ptr(stream);
         let ran = cudarc::cublaslt::result::matmul(
@@ -279,13 +336,13 @@ impl GemmPlans {
             self.desc,
             (&alpha as *const f32).cast(),
             (&beta as *const f32).cast(),
-            w as *const c_void,
+            g.w as *const c_void,
             a,
-            xb as *const c_void,
+            g.xb as *const c_void,
             b,
-            out as *const c_void,
+            g.out as *const c_void,
             c,
-            out as *mut c_void,
+            g.out as *mut c_void,
             c,
             algo,
             ws as *mut c_void,
@@ -332,7 +389,16 @@ impl GemmPlans {
         for r in rows {
             let planned = PlanKey { rows: r, ..key };
             if let Some(Some(algo)) = self.algos.get(&planned).copied() {
-                self.matmul(stream, &algo, w, xp, yp, (r, key.k, key.n), key.bf16_out)?;
+                let g = GemmOperands {
+                    w,
+                    xb: xp,
+                    out: yp,
+                    t: r,
+                    k: key.k,
+                    n: key.n,
+                    bf16_out: key.bf16_out,
+                };
+                self.matmul(stream, &algo, g)?;
             }
         }
         Ok(())
@@ -342,7 +408,8 @@ impl GemmPlans {
 impl Drop for GemmPlans {
     fn drop(&mut self) {
         // SAFETY: created in `new`, destroyed once here, when the last clone of the backend
-        // is gone. A descriptor is read when a matmul is queued, not when it runs.
+        // is gone. A descriptor is read when a matmul is queued, not when it runs (the
+        // layouts go with `self.layouts`).
         unsafe {
             let _ = cudarc::cublaslt::result::destroy_matmul_desc(self.desc);
             let _ = cudarc::cublaslt::result::destroy_handle(self.handle);

@@ -333,11 +333,19 @@ impl CudaBackend {
                 .map_err(|_| KernelError::Device("the GEMM plans' lock is poisoned".into()))?;
             let (wp, _g1) = ws.device_ptr(&self.stream);
             let (xp, _g2) = xb.device_ptr(&self.stream);
-            let bf16_out = matches!(kind, GemmOut::Bf16);
+            let g = super::gemm_plans::GemmOperands {
+                w: wp,
+                xb: xp,
+                out: op,
+                t,
+                k,
+                n,
+                bf16_out: matches!(kind, GemmOut::Bf16),
+            };
             super::host_gaps::mark("cublasLt");
             // SAFETY: the caller's contract on `op`; the weight and the operand hold n*k
             // and t*k values.
-            if unsafe { plans.run(&self.stream, wp, xp, op, (t, k, n), bf16_out) }? {
+            if unsafe { plans.run(&self.stream, g) }? {
                 super::host_gaps::mark("cublasLt-returned");
                 return Ok(());
             }

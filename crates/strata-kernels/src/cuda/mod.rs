@@ -693,37 +693,25 @@ impl Backend for CudaBackend {
 
     fn qkv_norm_rope_idx(
         &self,
-        [q, k, v]: [&mut CudaBuffer; 3],
+        qkv: [&mut CudaBuffer; 3],
         norms: [&CudaBuffer; 2],
         positions: &CudaIndex,
         inv_freq: &CudaBuffer,
         p: crate::QkvPrep,
     ) -> Result<()> {
-        use fused::HeadSeg;
-        let mut segs = vec![
-            HeadSeg {
-                x: q,
-                weight: Some(norms[0]),
-                n_heads: p.rope.n_heads,
-                rope: true,
-            },
-            HeadSeg {
-                x: k,
-                weight: Some(norms[1]),
-                n_heads: p.kv_heads,
-                rope: true,
-            },
-        ];
-        if p.v_norm {
-            segs.push(HeadSeg {
-                x: v,
-                weight: None,
-                n_heads: p.kv_heads,
-                rope: false,
-            });
-        }
-        let n = positions.len();
-        self.head_norm_rope_segs(segs, p.norm, n, positions.data(), inv_freq, p.rope)
+        self.qkv_norm_rope_impl(qkv, norms, positions, inv_freq, p, None)
+    }
+
+    fn qkv_norm_rope_store_idx(
+        &self,
+        qkv: [&mut CudaBuffer; 3],
+        norms: [&CudaBuffer; 2],
+        positions: &CudaIndex,
+        inv_freq: &CudaBuffer,
+        p: crate::QkvPrep,
+        (slab, slots): (&mut CudaKvSlab, &CudaIndex),
+    ) -> Result<()> {
+        self.qkv_norm_rope_impl(qkv, norms, positions, inv_freq, p, Some((slab, slots)))
     }
 
     fn act_mul_slice(
