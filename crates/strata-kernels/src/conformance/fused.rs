@@ -253,15 +253,108 @@ struct QkvInputs {
     p: QkvPrep,
 }
 
+/// The shape of one q / k / v preparation check: `tokens` rows of `heads` query and
+/// `kv_heads` KV heads of `d`, the last `zero_tail` frequencies zero (partial RoPE).
+#[derive(Clone, Copy, Debug)]
+struct QkvShape {
+    tokens: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    style: RopeStyle,
+    w_dtype: DType,
+    zero_tail: usize,
+    v_norm: bool,
+}
+
+/// (tokens, heads, kv_heads, d, style, w_dtype, zero_tail, v_norm), as the case lists
+/// write them.
+type QkvTuple = (usize, usize, usize, usize, RopeStyle, DType, usize, bool);
+
+impl From<QkvTuple> for QkvShape {
+    fn from(t: QkvTuple) -> Self {
+        let (tokens, heads, kv_heads, d, style, w_dtype, zero_tail, v_norm) = t;
+        Self {
+            tokens,
+            heads,
+            kv_heads,
+            d,
+            style,
+            w_dtype,
+            zero_tail,
+            v_norm,
+        }
+    }
+}
+
+impl QkvShape {
+    /// How a failure names the case.
+    fn label(&self) -> String {
+        format!(
+            "{}x({}+{})x{} {:?} {:?} weights v_norm={}",
+            self.tokens, self.heads, self.kv_heads, self.d, self.style, self.w_dtype, self.v_norm
+        )
+    }
+}
+
+impl QkvInputs {
+    /// Random rows and norm weights for `s`; token i at position `pos.0 * i + pos.1`.
+    fn random(s: QkvShape, data: &mut TestData, pos: (usize, usize)) -> Self {
+        let (t, d) = (s.tokens, s.d);
+        Self {
+            q: data.normals(t * s.heads * d, 2.0, DType::F32),
+            k: data.normals(t * s.kv_heads * d, 2.0, DType::F32),
+            v: data.normals(t * s.kv_heads * d, 2.0, DType::F32),
+            norms: [
+                data.normals(d, 0.5, s.w_dtype),
+                data.normals(d, 0.5, s.w_dtype),
+            ],
+            w_dtype: s.w_dtype,
+            positions: (0..t).map(|i| (i * pos.0 + pos.1) as u32).collect(),
+            inv_freq: inv_freq_with_zero_tail(d, s.zero_tail),
+            p: QkvPrep {
+                norm: norm_params(d, 1.0),
+                rope: RopeParams {
+                    n_heads: s.heads,
+                    head_dim: d,
+                    style: s.style,
+                },
+                kv_heads: s.kv_heads,
+                v_norm: s.v_norm,
+            },
+        }
+    }
+}
+
+/// `QkvInputs` on a backend.
+struct QkvBuffers<B: Backend> {
+    qkv: [B::Buffer; 3],
+    norms: [B::Buffer; 2],
+    pos: B::Index,
+    freqs: B::Buffer,
+}
+
+impl QkvInputs {
+    fn upload<B: Backend>(&self, b: &B) -> crate::Result<QkvBuffers<B>> {
+        let f32s = |x: &[f32]| b.upload_f32_as(x, DType::F32);
+        let weights = |x: &[f32]| b.upload_f32_as(x, self.w_dtype);
+        Ok(QkvBuffers {
+            qkv: [f32s(&self.q)?, f32s(&self.k)?, f32s(&self.v)?],
+            norms: [weights(&self.norms[0])?, weights(&self.norms[1])?],
+            pos: b.upload_index(&self.positions)?,
+            freqs: f32s(&self.inv_freq)?,
+        })
+    }
+}
+
 /// Runs `qkv_norm_rope_idx` and returns q, k or v (`which` 0, 1, 2).
 fn qkv_norm_rope<B: Backend>(b: &B, i: &QkvInputs, which: usize) -> crate::Result<B::Buffer> {
-    let mut q = b.upload_f32_as(&i.q, DType::F32)?;
-    let mut k = b.upload_f32_as(&i.k, DType::F32)?;
-    let mut v = b.upload_f32_as(&i.v, DType::F32)?;
-    let qn = b.upload_f32_as(&i.norms[0], i.w_dtype)?;
-    let kn = b.upload_f32_as(&i.norms[1], i.w_dtype)?;
-    let pos = b.upload_index(&i.positions)?;
-    let freqs = b.upload_f32_as(&i.inv_freq, DType::F32)?;
+    let QkvBuffers {
+        qkv: [mut q, mut k, mut v],
+        norms: [qn, kn],
+        pos,
+        freqs,
+    } = i.upload(b)?;
     b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [&qn, &kn], &pos, &freqs, i.p)?;
     Ok([q, k, v].into_iter().nth(which).expect("which < 3"))
 }
@@ -285,33 +378,12 @@ pub fn check_qkv_norm_rope<B: Backend>(b: &B) -> CheckResult {
         (2, 4, 2, 64, RopeStyle::Interleaved, DType::BF16, 0, false),
         (5, 2, 2, 128, RopeStyle::Neox, DType::BF16, 16, true),
     ];
-    for (seed, &(tokens, heads, kv_heads, d, style, w_dtype, zero_tail, v_norm)) in
-        cases.iter().enumerate()
-    {
+    for (seed, &case) in cases.iter().enumerate() {
         let mut data = TestData::new(90 + seed as u64);
-        let inputs = QkvInputs {
-            q: data.normals(tokens * heads * d, 2.0, DType::F32),
-            k: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
-            v: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
-            norms: [data.normals(d, 0.5, w_dtype), data.normals(d, 0.5, w_dtype)],
-            w_dtype,
-            positions: (0..tokens).map(|i| (i * 977 + 5) as u32).collect(),
-            inv_freq: inv_freq_with_zero_tail(d, zero_tail),
-            p: QkvPrep {
-                norm: norm_params(d, 1.0),
-                rope: RopeParams {
-                    n_heads: heads,
-                    head_dim: d,
-                    style,
-                },
-                kv_heads,
-                v_norm,
-            },
-        };
+        let shape = QkvShape::from(case);
+        let inputs = QkvInputs::random(shape, &mut data, (977, 5));
         for (which, name) in ["q", "k", "v"].iter().enumerate() {
-            let what = format!(
-                "qkv_norm_rope {tokens}x({heads}+{kv_heads})x{d} {style:?} v_norm={v_norm}: {name}"
-            );
+            let what = format!("qkv_norm_rope {}: {name}", shape.label());
             same_as_cpu(
                 &what,
                 b,
@@ -338,13 +410,12 @@ fn prepare_and_store<B: Backend>(
     slots: &[u32],
     fused: bool,
 ) -> crate::Result<Prepared> {
-    let mut q = b.upload_f32_as(&i.q, DType::F32)?;
-    let mut k = b.upload_f32_as(&i.k, DType::F32)?;
-    let mut v = b.upload_f32_as(&i.v, DType::F32)?;
-    let qn = b.upload_f32_as(&i.norms[0], i.w_dtype)?;
-    let kn = b.upload_f32_as(&i.norms[1], i.w_dtype)?;
-    let pos = b.upload_index(&i.positions)?;
-    let freqs = b.upload_f32_as(&i.inv_freq, DType::F32)?;
+    let QkvBuffers {
+        qkv: [mut q, mut k, mut v],
+        norms: [qn, kn],
+        pos,
+        freqs,
+    } = i.upload(b)?;
     let mut slab = b.kv_slab(KvSlabShape {
         format,
         num_kv_heads: i.p.kv_heads,
@@ -372,72 +443,35 @@ fn prepare_and_store<B: Backend>(
 /// above and in the paged family. Gemma-4's shapes on bf16 slabs (one launch on the GPU),
 /// quantized slabs, bf16 norm weights and a layer without v's norm (the store after it).
 pub fn check_qkv_norm_rope_store<B: Backend>(b: &B) -> CheckResult {
+    use RopeStyle::Neox;
+    let f32w = DType::F32;
     let cases = [
         (
-            1usize,
-            8usize,
-            1usize,
-            256usize,
-            DType::F32,
-            0usize,
-            true,
+            (1usize, 8usize, 1usize, 256usize, Neox, f32w, 0usize, true),
             KvFormat::Bf16,
         ),
-        (7, 8, 1, 256, DType::F32, 0, true, KvFormat::Bf16),
-        (3, 8, 1, 512, DType::F32, 192, true, KvFormat::Bf16),
-        (5, 8, 2, 128, DType::F32, 16, true, KvFormat::Bf16),
+        ((7, 8, 1, 256, Neox, f32w, 0, true), KvFormat::Bf16),
+        ((3, 8, 1, 512, Neox, f32w, 192, true), KvFormat::Bf16),
+        ((5, 8, 2, 128, Neox, f32w, 16, true), KvFormat::Bf16),
         (
-            4,
-            8,
-            1,
-            256,
-            DType::F32,
-            0,
-            true,
+            (4, 8, 1, 256, Neox, f32w, 0, true),
             KvFormat::Fp8E4m3PerTokenHead,
         ),
         (
-            4,
-            8,
-            1,
-            512,
-            DType::F32,
-            0,
-            true,
+            (4, 8, 1, 512, Neox, f32w, 0, true),
             KvFormat::Int8PerTokenHead,
         ),
-        (2, 4, 2, 64, DType::BF16, 0, true, KvFormat::Bf16),
-        (2, 4, 2, 64, DType::F32, 0, false, KvFormat::Bf16),
+        ((2, 4, 2, 64, Neox, DType::BF16, 0, true), KvFormat::Bf16),
+        ((2, 4, 2, 64, Neox, f32w, 0, false), KvFormat::Bf16),
     ];
-    for (seed, &(tokens, heads, kv_heads, d, w_dtype, zero_tail, v_norm, format)) in
-        cases.iter().enumerate()
-    {
+    for (seed, &(case, format)) in cases.iter().enumerate() {
         let mut data = TestData::new(400 + seed as u64);
-        let inputs = QkvInputs {
-            q: data.normals(tokens * heads * d, 2.0, DType::F32),
-            k: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
-            v: data.normals(tokens * kv_heads * d, 2.0, DType::F32),
-            norms: [data.normals(d, 0.5, w_dtype), data.normals(d, 0.5, w_dtype)],
-            w_dtype,
-            positions: (0..tokens).map(|i| (i * 613 + 9) as u32).collect(),
-            inv_freq: inv_freq_with_zero_tail(d, zero_tail),
-            p: QkvPrep {
-                norm: norm_params(d, 1.0),
-                rope: RopeParams {
-                    n_heads: heads,
-                    head_dim: d,
-                    style: RopeStyle::Neox,
-                },
-                kv_heads,
-                v_norm,
-            },
-        };
+        let shape = QkvShape::from(case);
+        let inputs = QkvInputs::random(shape, &mut data, (613, 9));
+        let tokens = shape.tokens;
         // Every other slot of the slab's 2 tokens + 3, last first: token t at 2 (tokens - t) + 2.
         let slots: Vec<u32> = (0..tokens).map(|t| (2 * (tokens - t) + 2) as u32).collect();
-        let what = format!(
-            "qkv_norm_rope_store {tokens}x({heads}+{kv_heads})x{d} {w_dtype:?} weights \
-             v_norm={v_norm} {format:?}"
-        );
+        let what = format!("qkv_norm_rope_store {} {format:?}", shape.label());
         let fused = ctx(&what, prepare_and_store(b, &inputs, format, &slots, true))?;
         let apart = ctx(&what, prepare_and_store(b, &inputs, format, &slots, false))?;
         for (name, (f, a)) in ["q", "k", "v"].iter().zip(fused.qkv.iter().zip(&apart.qkv)) {
