@@ -310,7 +310,7 @@ fn group_tables<B: Backend>(
     })
 }
 
-/// Where a layer's K/V goes this step.
+/// Where a layer's K/V goes this step (a trait because the pool's type is `strata-kv`'s).
 trait StoreTarget<B: Backend> {
     /// The slab of KV-owning `layer` and this step's slot a token; `None` for a KV-shared
     /// layer, which stores nothing.

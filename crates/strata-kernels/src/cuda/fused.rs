@@ -1,6 +1,7 @@
 //! Launchers for the fused decode kernels: the bf16 GEMV (`kernels/gemv.cu`), the per-head
-//! norm + RoPE (with the K/V store of a KV-owning layer) and the gated slice product. Each replaces a chain of the small kernels in
-//! `ops.rs` whose launches, not their bytes, dominated a decode step.
+//! norm + RoPE (with the K/V store of a KV-owning layer) and the gated slice product. Each
+//! replaces a chain of the small kernels in `ops.rs` whose launches, not their bytes,
+//! dominated a decode step.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
