@@ -64,6 +64,12 @@ struct PlanKey {
 /// A GEMM's shape without its row count: (n, k, bf16_out).
 type Shape = (usize, usize, bool);
 
+impl PlanKey {
+    fn shape(&self) -> Shape {
+        (self.n, self.k, self.bf16_out)
+    }
+}
+
 /// One product's device operands: `out (t x n) = xb (t x k) * W^T`, W row-major n x k.
 #[derive(Clone, Copy)]
 pub(super) struct GemmOperands {
@@ -85,12 +91,6 @@ impl GemmOperands {
     }
 }
 
-/// A shape's layouts and the token count they are set to.
-struct ShapeLayouts {
-    layouts: Layouts,
-    t: usize,
-}
-
 /// The cuBLASLt handle, one matmul descriptor (f32 compute and scale, the weight
 /// transposed), the workspace, the algorithm of each (shape, bucket) met so far and each
 /// shape's matrix layouts.
@@ -102,9 +102,9 @@ pub(super) struct GemmPlans {
     algos: HashMap<PlanKey, Option<sys::cublasLtMatmulAlgo_t>>,
     /// Shapes whose planned algorithms have each run once (see [`GemmPlans::warm`]).
     warmed: HashSet<Shape>,
-    /// Made once a shape: creating and destroying three descriptors a call cost a prefill
-    /// step about 1 ms of host time (a 512-token step queues in ~4 ms).
-    layouts: HashMap<Shape, ShapeLayouts>,
+    /// Made once a shape; a call sets their token count (two attribute writes) instead of
+    /// making and destroying three descriptors.
+    layouts: HashMap<Shape, Layouts>,
 }
 
 // SAFETY: the raw handles are only used under the backend's mutex, on its one stream.
@@ -233,8 +233,7 @@ impl GemmPlans {
         if let Some(a) = self.algos.get(&key) {
             return Ok(*a);
         }
-        let shape = |k: &PlanKey| -> Shape { (k.n, k.k, k.bf16_out) };
-        if !self.algos.keys().any(|k| shape(k) == shape(&key)) {
+        if !self.algos.keys().any(|k| k.shape() == key.shape()) {
             for rows in eager_buckets() {
                 let planned = PlanKey { rows, ..key };
                 let a = self.choose(planned)?;
@@ -312,23 +311,14 @@ impl GemmPlans {
         algo: &sys::cublasLtMatmulAlgo_t,
         g: GemmOperands,
     ) -> Result<bool> {
-        let shape = g.shape();
-        let made = match self.layouts.entry(shape) {
+        let made = match self.layouts.entry(g.shape()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(ShapeLayouts {
-                layouts: Layouts::new(g.n, g.k, g.t, g.bf16_out)?,
-                t: g.t,
-            }),
-        };
-        if made.t != g.t {
-            if let Err(e) = made.layouts.set_tokens(g.t) {
-                // Half set: make the shape's layouts afresh next time.
-                self.layouts.remove(&shape);
-                return Err(e);
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Layouts::new(g.n, g.k, g.t, g.bf16_out)?)
             }
-            made.t = g.t;
-        }
-        let [a, b, c] = made.layouts.0;
+        };
+        made.set_tokens(g.t)?;
+        let [a, b, c] = made.0;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (ws, _g) = self.workspace.device_ptr(stream);
         let ran = cudarc::cublaslt::result::matmul(
@@ -361,7 +351,7 @@ impl GemmPlans {
     /// # Safety
     /// `w` must address the shape's n*k bf16 weight.
     unsafe fn warm(&mut self, stream: &Arc<CudaStream>, w: u64, key: PlanKey) -> Result<()> {
-        let shape = (key.n, key.k, key.bf16_out);
+        let shape = key.shape();
         if self.warmed.contains(&shape) {
             return Ok(());
         }
