@@ -8,26 +8,26 @@ use crate::{
     RopeConfig, RopeKind, SourceFormat,
 };
 
-type Obj = Map<String, Value>;
+pub(crate) type Obj = Map<String, Value>;
 
 /// Typed access to a JSON object whose errors name the field.
-struct Fields<'a> {
-    obj: &'a Obj,
+pub(crate) struct Fields<'a> {
+    pub(crate) obj: &'a Obj,
     /// Path prefix for error messages (`text_config.` inside multimodal configs).
-    prefix: &'a str,
+    pub(crate) prefix: &'a str,
 }
 
 impl<'a> Fields<'a> {
-    fn name(&self, key: &str) -> String {
+    pub(crate) fn name(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
     }
 
     /// The value, treating JSON null as absent.
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         self.obj.get(key).filter(|v| !v.is_null())
     }
 
-    fn usize_opt(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+    pub(crate) fn usize_opt(&self, key: &str) -> Result<Option<usize>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -43,16 +43,16 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn usize_or(&self, key: &str, default: usize) -> Result<usize, ConfigError> {
+    pub(crate) fn usize_or(&self, key: &str, default: usize) -> Result<usize, ConfigError> {
         Ok(self.usize_opt(key)?.unwrap_or(default))
     }
 
-    fn usize_req(&self, key: &str) -> Result<usize, ConfigError> {
+    pub(crate) fn usize_req(&self, key: &str) -> Result<usize, ConfigError> {
         self.usize_opt(key)?
             .ok_or_else(|| ConfigError::Missing(self.name(key)))
     }
 
-    fn positive(&self, key: &str, default: Option<usize>) -> Result<usize, ConfigError> {
+    pub(crate) fn positive(&self, key: &str, default: Option<usize>) -> Result<usize, ConfigError> {
         let v = match default {
             Some(d) => self.usize_or(key, d)?,
             None => self.usize_req(key)?,
@@ -63,7 +63,7 @@ impl<'a> Fields<'a> {
         Ok(v)
     }
 
-    fn f64_opt(&self, key: &str) -> Result<Option<f64>, ConfigError> {
+    pub(crate) fn f64_opt(&self, key: &str) -> Result<Option<f64>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v.as_f64().map(Some).ok_or_else(|| {
@@ -72,11 +72,11 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
+    pub(crate) fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
         Ok(self.f64_opt(key)?.unwrap_or(default))
     }
 
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+    pub(crate) fn bool_or(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
         match self.get(key) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
@@ -87,7 +87,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn str_opt(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
+    pub(crate) fn str_opt(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -98,7 +98,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn obj_opt(&self, key: &str) -> Result<Option<&'a Obj>, ConfigError> {
+    pub(crate) fn obj_opt(&self, key: &str) -> Result<Option<&'a Obj>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Object(o)) => Ok(Some(o)),
@@ -405,7 +405,7 @@ fn refuse_true(f: &Fields, key: &str, what: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn gemma4(f: &Fields) -> Result<ModelConfig, ConfigError> {
+pub(crate) fn gemma4(f: &Fields) -> Result<ModelConfig, ConfigError> {
     let c = common(f, Some(262144))?;
     refuse_true(f, "enable_moe_block", "mixture-of-experts blocks")?;
     refuse_true(f, "attention_k_eq_v", "attention with K = V on full layers")?;

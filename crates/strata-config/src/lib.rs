@@ -5,6 +5,7 @@
 //! layers, the layer whose KV they read. Shapes the engine cannot serve are refused with an
 //! error naming the field, so nothing downstream has to guess.
 
+mod assistant;
 mod error;
 mod gguf;
 mod hf;
@@ -14,6 +15,7 @@ mod rope;
 
 use serde::Serialize;
 
+pub use assistant::{load_assistant_config, AssistantConfig, CentroidHead};
 pub use error::ConfigError;
 pub use kv::{KvGroupSpec, KvShape};
 pub use load::{load_model_config, ModelSource};

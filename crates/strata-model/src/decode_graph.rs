@@ -248,7 +248,7 @@ fn run_padded<B: Backend>(
     logits: &mut B::Buffer,
 ) -> Result<()> {
     let pb = padded_batch(batch, bucket);
-    model.run(pool, &pb, &padded_prep(p), inputs, Some(logits))?;
+    model.run(pool, &pb, &padded_prep(p), inputs, Some(logits), None)?;
     Ok(())
 }
 

@@ -59,7 +59,7 @@ pub(crate) fn row_draws(batch: &ForwardBatch) -> Vec<RowDraw> {
 }
 
 impl<B: Backend> Model<B> {
-    fn norm(&self, dim: usize) -> RmsNormParams {
+    pub(crate) fn norm(&self, dim: usize) -> RmsNormParams {
         RmsNormParams {
             dim,
             eps: self.config.rms_norm_eps as f32,
@@ -68,7 +68,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// An activation buffer the next op writes in full (no zero fill on a device).
-    fn scratch(&self, len: usize) -> Result<B::Buffer> {
+    pub(crate) fn scratch(&self, len: usize) -> Result<B::Buffer> {
         Ok(self.backend.scratch(len, self.backend.activation_dtype())?)
     }
 
@@ -160,7 +160,7 @@ impl<B: Backend> Model<B> {
         if let Some(tokens) = fed {
             b.feed_tokens(&mut inputs.ids, tokens)?;
         }
-        let (logits, counts) = self.run(kv, batch, &prep, &inputs, None)?;
+        let (logits, counts) = self.run(kv, batch, &prep, &inputs, None, None)?;
         match logits {
             Some(logits) if all_picked(batch) => self.start_picks(&logits, batch),
             logits => Ok(Launched::done(
@@ -236,6 +236,7 @@ impl<B: Backend> Model<B> {
         prep: &Prepared,
         inputs: &StepInputs<B>,
         into: Option<&mut B::Buffer>,
+        hidden: Option<&mut Option<B::Buffer>>,
     ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let c = &self.config;
         let b = &self.backend;
@@ -257,7 +258,7 @@ impl<B: Backend> Model<B> {
         }
         let trim = self.trim_plan(batch, prep);
         let mut trimmed: Option<Trimmed<B>> = None;
-        for (l, lw) in layers.iter().enumerate() {
+        for l in 0..layers.len() {
             if let Some((_, keep)) = trim.as_ref().filter(|(at, _)| *at == l) {
                 if keep.is_empty() {
                     // No sequence wants logits: the layers left change nothing stored.
@@ -271,54 +272,8 @@ impl<B: Backend> Model<B> {
                 Some(tr) => (&tr.batch, &tr.positions, tr.batch.seqs.len()),
                 None => (batch, &inputs.positions, t),
             };
-            let lc = &c.layers[l];
-            // The layer's last residual step also norms the next layer's input.
-            let next = layers.get(l + 1).map(|n| &n.input_norm);
-            let attn = self.attention(l, lc, lw, &normed, t, positions, batch, kv)?;
-            match &lw.post_attn_norm {
-                Some(post) => b.rms_norm_add_norm(
-                    &mut x,
-                    &attn,
-                    Some(post),
-                    Some(&lw.pre_mlp_norm),
-                    self.norm(h),
-                    &mut normed,
-                )?,
-                None => b.add_rms_norm(
-                    &mut x,
-                    &attn,
-                    Some(&lw.pre_mlp_norm),
-                    self.norm(h),
-                    &mut normed,
-                )?,
-            }
-            let m = self.mlp(lw, &normed, t)?;
-            // The layer scalar multiplies the residual after the layer's last add; it is
-            // folded into that add's kernel where there is a norm to fold it into.
-            let scalar = c.layer_scalar.then_some(lw.layer_scalar);
-            let ple_step = ple.as_ref().zip(lw.ple.as_ref());
-            let (mlp_scalar, mlp_next) = if ple_step.is_some() {
-                (None, None)
-            } else {
-                (scalar, next)
-            };
-            match &lw.post_mlp_norm {
-                Some(post) => self.norm_add(&mut x, &m, post, mlp_scalar, mlp_next, &mut normed)?,
-                None => self.add_residual(&mut x, &m, mlp_scalar, mlp_next, &mut normed)?,
-            }
-            if let Some((ple, (gate, proj, norm))) = ple_step {
-                let p = gate.rows();
-                let mut ga = self.scratch(t * p)?;
-                let slice = TableSlice {
-                    cols: p,
-                    offset: l * p,
-                    stride: c.num_layers() * p,
-                };
-                gate.forward_gated_slice(b, self.activation(), &x, ple, slice, &mut ga)?;
-                let mut out = self.scratch(t * h)?;
-                proj.forward(b, &ga, &mut out)?;
-                self.norm_add(&mut x, &out, norm, scalar, next, &mut normed)?;
-            }
+            let ple_rows = ple.as_ref();
+            self.decoder_layer(l, &mut x, &mut normed, t, positions, batch, kv, ple_rows)?;
         }
         let (wanted, counts) = match &trimmed {
             // One row a sequence that wants logits, in batch order.
@@ -332,7 +287,71 @@ impl<B: Backend> Model<B> {
             ),
             None => wanted_rows(batch, rows),
         };
-        self.logits(&x, &wanted, counts, into)
+        self.logits(&x, &wanted, counts, into, hidden)
+    }
+
+    /// Layer `l` over the batch's `t` rows: attention, MLP and (Gemma-4) the per-layer-input
+    /// step. `x` is the residual stream; `normed` holds `x` under this layer's input norm on
+    /// entry and under the next layer's (when there is one) on return.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn decoder_layer<K: KvCache<B>>(
+        &self,
+        l: usize,
+        x: &mut B::Buffer,
+        normed: &mut B::Buffer,
+        t: usize,
+        positions: &B::Index,
+        batch: &ForwardBatch,
+        kv: &mut K,
+        ple: Option<&B::Buffer>,
+    ) -> Result<()> {
+        let c = &self.config;
+        let b = &self.backend;
+        let h = c.hidden_size;
+        let layers = &self.tensors.layers;
+        let (lc, lw) = (&c.layers[l], &layers[l]);
+        // The layer's last residual step also norms the next layer's input.
+        let next = layers.get(l + 1).map(|n| &n.input_norm);
+        let attn = self.attention(l, lc, lw, normed, t, positions, batch, kv)?;
+        match &lw.post_attn_norm {
+            Some(post) => b.rms_norm_add_norm(
+                x,
+                &attn,
+                Some(post),
+                Some(&lw.pre_mlp_norm),
+                self.norm(h),
+                normed,
+            )?,
+            None => b.add_rms_norm(x, &attn, Some(&lw.pre_mlp_norm), self.norm(h), normed)?,
+        }
+        let m = self.mlp(lw, normed, t)?;
+        // The layer scalar multiplies the residual after the layer's last add; it is
+        // folded into that add's kernel where there is a norm to fold it into.
+        let scalar = c.layer_scalar.then_some(lw.layer_scalar);
+        let ple_step = ple.zip(lw.ple.as_ref());
+        let (mlp_scalar, mlp_next) = if ple_step.is_some() {
+            (None, None)
+        } else {
+            (scalar, next)
+        };
+        match &lw.post_mlp_norm {
+            Some(post) => self.norm_add(x, &m, post, mlp_scalar, mlp_next, normed)?,
+            None => self.add_residual(x, &m, mlp_scalar, mlp_next, normed)?,
+        }
+        if let Some((ple, (gate, proj, norm))) = ple_step {
+            let p = gate.rows();
+            let mut ga = self.scratch(t * p)?;
+            let slice = TableSlice {
+                cols: p,
+                offset: l * p,
+                stride: c.num_layers() * p,
+            };
+            gate.forward_gated_slice(b, self.activation(), x, ple, slice, &mut ga)?;
+            let mut out = self.scratch(t * h)?;
+            proj.forward(b, &ga, &mut out)?;
+            self.norm_add(x, &out, norm, scalar, next, normed)?;
+        }
+        Ok(())
     }
 
     /// Where this step may drop rows, and the rows it keeps: Gemma-4's KV-shared layers
@@ -540,7 +559,8 @@ impl<B: Backend> Model<B> {
             softcap: c.attn_logit_softcapping.map(|x| x as f32),
         };
         let mut o = self.scratch(t * nh * d)?;
-        kv.attend(b, l, batch, &q, params, &mut o)?;
+        // A layer that reads another's K/V (KV-shared, or a drafter's) names that layer.
+        kv.attend(b, c.kv_layer_for(l), batch, &q, params, &mut o)?;
         let mut out = self.scratch(t * c.hidden_size)?;
         lw.o.forward(b, &o, &mut out)?;
         Ok(out)
@@ -560,13 +580,15 @@ impl<B: Backend> Model<B> {
     /// Final norm and output projection for the rows each sequence asked for: raw logits,
     /// before the final softcap, which `download_logits` applies (inside the greedy argmax
     /// for the sequences that want only their token).
-    /// `wanted` are rows of `x`, `counts` how many of them each sequence owns.
+    /// `wanted` are rows of `x`, `counts` how many of them each sequence owns. With `hidden`,
+    /// the selected rows under the final norm (what the output projection reads) go there.
     fn logits(
         &self,
         x: &B::Buffer,
         wanted: &[usize],
         counts: Vec<usize>,
         into: Option<&mut B::Buffer>,
+        hidden: Option<&mut Option<B::Buffer>>,
     ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let b = &self.backend;
         let c = &self.config;
@@ -594,6 +616,9 @@ impl<B: Backend> Model<B> {
             .as_ref()
             .unwrap_or(&self.tensors.embed)
             .forward(b, &y, logits)?;
+        if let Some(keep) = hidden {
+            *keep = Some(y);
+        }
         Ok((own, counts))
     }
 

@@ -1,11 +1,13 @@
 //! Forward passes of the models Strata serves, over any `strata-kernels` backend.
 
+mod assistant;
 mod batch;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
 mod decode_graph;
 mod error;
 mod forward;
+mod greedy_rows;
 mod kv_cache;
 mod launch;
 mod linear;
@@ -13,8 +15,10 @@ mod model;
 mod paged_kv;
 mod tensors;
 
+pub use assistant::{Assistant, DraftSeq, Drafted};
 pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use decode_graph::{bucket_for, decode_buckets};
+pub use greedy_rows::GreedyRows;
 pub use error::{ModelError, Result};
 pub use kv_cache::{DecodeGraphs, KvCache, PagedStorage};
 pub use launch::Launched;

@@ -1,0 +1,345 @@
+//! Gemma-4's assistant (MTP drafter): a small decoder that drafts the target's next tokens
+//! from the target's last hidden state and the target's own K/V.
+//!
+//! One draft step (`docs/speculative.md`): the target's scaled embedding of the token and
+//! the hidden state, concatenated and projected to the drafter's width; its layers (all
+//! reading the target's K/V through the same pool, never writing any); the final norm;
+//! the state projected back to the target's width (the next step's hidden state) and the
+//! output head, which scores only the tokens of the clusters nearest to the state
+//! (`masked_embedding`) when the drafter has one.
+
+use std::path::Path;
+
+use strata_config::{load_assistant_config, AssistantConfig, ModelConfig};
+use strata_kernels::{Backend, DeviceBuffer, MatmulShape, StridedCopy};
+use strata_kv::RequestId;
+use strata_weights::{GgmlType, ModelWeights, TensorView, WeightSource};
+
+use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::linear::{upload_linear_as, Linear, QuantUpload};
+use crate::model::{LoadOptions, Model};
+
+/// A sequence to draft for.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftSeq {
+    /// The KV-pool request holding the target's K/V of positions `0..position`.
+    pub request: RequestId,
+    /// The position of the token being drafted from (the target's newest token, whose K/V
+    /// is not stored yet); every step of a round uses the same one.
+    pub position: usize,
+}
+
+/// One draft step's result.
+pub struct Drafted<B: Backend> {
+    /// The greedy draft token of each sequence.
+    pub tokens: Vec<u32>,
+    /// Each sequence's logits over the vocabulary, when asked for: with a centroid head the
+    /// tokens outside the chosen clusters all hold the row's lowest scored value less one.
+    pub logits: Option<Vec<Vec<f32>>>,
+    /// The state for the next step, `[n, backbone hidden]`.
+    pub hidden: B::Buffer,
+}
+
+/// The centroid head's clusters.
+struct Clusters<B: Backend> {
+    /// `[count, hidden]`.
+    centroids: Linear<B>,
+    /// Token ids grouped by cluster: `count` runs of `vocab / count`.
+    ordering: Vec<u32>,
+    top_k: usize,
+}
+
+pub struct Assistant<B: Backend> {
+    config: AssistantConfig,
+    decoder: Model<B>,
+    /// `[hidden, 2 * backbone]`.
+    pre_projection: Linear<B>,
+    /// `[backbone, hidden]`.
+    post_projection: Linear<B>,
+    clusters: Option<Clusters<B>>,
+}
+
+impl<B: QuantUpload + Clone> Assistant<B> {
+    /// Loads the drafter at `path` (its directory or `config.json`) for `target`, refusing
+    /// one whose shapes do not fit the target (the field is named).
+    pub fn load(backend: B, path: &Path, target: &ModelConfig, opts: LoadOptions) -> Result<Self> {
+        let mut config = load_assistant_config(path)?;
+        config.bind(target)?;
+        let dir = if path.is_dir() {
+            path
+        } else {
+            path.parent().unwrap_or(Path::new("."))
+        };
+        let weights = ModelWeights::open(dir, Some("gemma4"), Some(0))?;
+        let decoder = Model::from_weights_with(backend, config.decoder.clone(), &weights, opts)?;
+        let b = &decoder.backend;
+        let (ha, hb) = (config.decoder.hidden_size, config.backbone_hidden_size);
+        // The drafter's own tensors sit outside the decoder, at the top of the file.
+        let top = |name: &str, shape: &[usize]| -> Result<TensorView<'_>> {
+            Ok(weights.weights().require(name, shape)?)
+        };
+        let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
+            upload_linear_as(b, &top(name, shape)?, opts.weight_dtype)
+        };
+        let pre_projection = lin("pre_projection.weight", &[ha, 2 * hb])?;
+        let post_projection = lin("post_projection.weight", &[hb, ha])?;
+        let clusters = match config.centroids {
+            None => None,
+            Some(c) => {
+                let vocab = config.decoder.vocab_size;
+                let name = "masked_embedding.token_ordering";
+                let ordering = token_ordering(&top(name, &[vocab])?, vocab)?;
+                Some(Clusters {
+                    centroids: lin("masked_embedding.centroids.weight", &[c.count, ha])?,
+                    ordering,
+                    top_k: c.top_k,
+                })
+            }
+        };
+        Ok(Self {
+            config,
+            decoder,
+            pre_projection,
+            post_projection,
+            clusters,
+        })
+    }
+}
+
+/// The ordering buffer as token ids, each checked to be inside the vocabulary.
+fn token_ordering(view: &TensorView<'_>, vocab: usize) -> Result<Vec<u32>> {
+    let width = match view.ty {
+        GgmlType::I64 => 8,
+        GgmlType::I32 => 4,
+        other => {
+            return Err(ModelError::Invalid(format!(
+                "{}: expected integer token ids, found {other:?}",
+                view.name
+            )))
+        }
+    };
+    view.bytes
+        .chunks_exact(width)
+        .map(|c| {
+            let id = if width == 8 {
+                i64::from_le_bytes(c.try_into().expect("8 bytes"))
+            } else {
+                i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64
+            };
+            u32::try_from(id)
+                .ok()
+                .filter(|&t| (t as usize) < vocab)
+                .ok_or_else(|| {
+                    ModelError::Invalid(format!(
+                        "{}: token id {id} is outside the vocabulary of {vocab}",
+                        view.name
+                    ))
+                })
+        })
+        .collect()
+}
+
+impl<B: Backend> Assistant<B> {
+    pub fn config(&self) -> &AssistantConfig {
+        &self.config
+    }
+
+    /// One draft step for each of `seqs`: from `tokens` (one a sequence) and `hidden`
+    /// (`[n, backbone]`: the target's final-normed state that produced the token, or the
+    /// previous step's [`Drafted::hidden`]), over the target's K/V in `kv`.
+    pub fn step<K: KvCache<B>>(
+        &self,
+        target: &Model<B>,
+        kv: &mut K,
+        seqs: &[DraftSeq],
+        tokens: &[u32],
+        hidden: &B::Buffer,
+        want_logits: bool,
+    ) -> Result<Drafted<B>> {
+        let d = &self.decoder;
+        let b = &d.backend;
+        let n = seqs.len();
+        let (ha, hb) = (self.config.decoder.hidden_size, self.config.backbone_hidden_size);
+        if tokens.len() != n || hidden.len() != n * hb {
+            return Err(ModelError::Invalid(format!(
+                "a draft step of {n} sequences got {} tokens and {} hidden values",
+                tokens.len(),
+                hidden.len()
+            )));
+        }
+        if let Some(s) = seqs.iter().find(|s| s.position == 0) {
+            return Err(ModelError::Invalid(format!(
+                "request {:?} has no target K/V to draft from",
+                s.request
+            )));
+        }
+        let ids = b.upload_index(tokens)?;
+        let mut cat = d.scratch(n * 2 * hb)?;
+        {
+            let mut e = d.scratch(n * hb)?;
+            let embed = &target.tensors.embed;
+            embed.embed_idx(b, tokens, &ids, target.embed_scale, &mut e)?;
+            for (src, offset) in [(&e, 0), (hidden, hb)] {
+                b.copy_strided(
+                    src,
+                    &mut cat,
+                    StridedCopy {
+                        rows: n,
+                        cols: hb,
+                        src_offset: 0,
+                        src_stride: hb,
+                        dst_offset: offset,
+                        dst_stride: 2 * hb,
+                    },
+                )?;
+            }
+        }
+        let mut x = d.scratch(n * ha)?;
+        self.pre_projection.forward(b, &cat, &mut x)?;
+
+        // The queries sit at `position` (RoPE), but see the keys a query one position
+        // earlier sees: every stored position, none of the drafted ones.
+        let batch = ForwardBatch {
+            seqs: seqs
+                .iter()
+                .zip(tokens)
+                .map(|(s, &t)| SeqChunk {
+                    request: s.request,
+                    tokens: vec![t],
+                    start: s.position - 1,
+                    logits: LogitsMode::None,
+                })
+                .collect(),
+        };
+        kv.begin_step(b, &batch)?;
+        let pos: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
+        let positions = b.upload_index(&pos)?;
+        let layers = &d.tensors.layers;
+        let mut normed = d.scratch(n * ha)?;
+        b.rms_norm(&x, Some(&layers[0].input_norm), d.norm(ha), &mut normed)?;
+        for l in 0..layers.len() {
+            d.decoder_layer(l, &mut x, &mut normed, n, &positions, &batch, kv, None)?;
+        }
+        let mut y = d.scratch(n * ha)?;
+        b.rms_norm(&x, Some(&d.tensors.final_norm), d.norm(ha), &mut y)?;
+        let mut next = d.scratch(n * hb)?;
+        self.post_projection.forward(b, &y, &mut next)?;
+        let (tokens, logits) = match &self.clusters {
+            Some(c) => self.clustered_head(c, &y, n, want_logits)?,
+            None => self.full_head(&y, n, want_logits)?,
+        };
+        Ok(Drafted {
+            tokens,
+            logits,
+            hidden: next,
+        })
+    }
+
+    /// The output table `[vocab, hidden]` (the tied embedding unless one is stored).
+    fn table(&self) -> &Linear<B> {
+        let t = &self.decoder.tensors;
+        t.lm_head.as_ref().unwrap_or(&t.embed)
+    }
+
+    /// Every token scored.
+    fn full_head(&self, y: &B::Buffer, n: usize, want: bool) -> Result<(Vec<u32>, Logits)> {
+        let d = &self.decoder;
+        let vocab = self.config.decoder.vocab_size;
+        let mut z = d.scratch(n * vocab)?;
+        self.table().forward(&d.backend, y, &mut z)?;
+        let tokens = d.backend.argmax_rows(&z, vocab, n, None)?;
+        let logits = match want {
+            true => Some(d.backend.download(&z)?.chunks(vocab).map(<[f32]>::to_vec).collect()),
+            false => None,
+        };
+        Ok((tokens, logits))
+    }
+
+    /// Only the tokens of the `top_k` clusters whose centroids score highest: their rows
+    /// of the output table gathered and multiplied by the state, the rest left out.
+    fn clustered_head(
+        &self,
+        c: &Clusters<B>,
+        y: &B::Buffer,
+        n: usize,
+        want: bool,
+    ) -> Result<(Vec<u32>, Logits)> {
+        let d = &self.decoder;
+        let b = &d.backend;
+        let (ha, vocab) = (self.config.decoder.hidden_size, self.config.decoder.vocab_size);
+        let count = c.centroids.rows();
+        let per = vocab / count;
+        let mut scores = d.scratch(n * count)?;
+        c.centroids.forward(b, y, &mut scores)?;
+        let scores = b.download(&scores)?;
+        let mut tokens = Vec::with_capacity(n);
+        let mut logits = want.then(Vec::new);
+        for (r, row) in scores.chunks(count).enumerate() {
+            let cand: Vec<u32> = top_clusters(row, c.top_k)
+                .iter()
+                .flat_map(|&k| c.ordering[k * per..(k + 1) * per].iter().copied())
+                .collect();
+            let m = cand.len();
+            let idx = b.upload_index(&cand)?;
+            let mut rows = d.scratch(m * ha)?;
+            self.table().embed_idx(b, &cand, &idx, 1.0, &mut rows)?;
+            let mut yr = d.scratch(ha)?;
+            b.copy_strided(
+                y,
+                &mut yr,
+                StridedCopy {
+                    rows: 1,
+                    cols: ha,
+                    src_offset: r * ha,
+                    src_stride: ha,
+                    dst_offset: 0,
+                    dst_stride: ha,
+                },
+            )?;
+            let mut z = d.scratch(m)?;
+            let shape = MatmulShape {
+                in_features: ha,
+                out_features: m,
+            };
+            b.matmul(&yr, &rows, shape, &mut z)?;
+            let z = b.download(&z)?;
+            // The greedy draft: the highest score, ties to the lowest token id.
+            let best = (0..m)
+                .max_by(|&i, &j| z[i].total_cmp(&z[j]).then(cand[j].cmp(&cand[i])))
+                .expect("a cluster holds tokens");
+            tokens.push(cand[best]);
+            if let Some(all) = logits.as_mut() {
+                let fill = z.iter().copied().fold(f32::INFINITY, f32::min) - 1.0;
+                let mut full = vec![fill; vocab];
+                for (&t, &v) in cand.iter().zip(&z) {
+                    full[t as usize] = v;
+                }
+                all.push(full);
+            }
+        }
+        Ok((tokens, logits))
+    }
+}
+
+type Logits = Option<Vec<Vec<f32>>>;
+
+/// The `k` highest-scoring clusters (ties to the lower index).
+fn top_clusters(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&i, &j| scores[j].total_cmp(&scores[i]).then(i.cmp(&j)));
+    order.truncate(k);
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_clusters;
+
+    #[test]
+    fn top_clusters_are_the_highest_scores_in_order() {
+        assert_eq!(top_clusters(&[0.1, 3.0, -1.0, 3.0, 2.0], 3), vec![1, 3, 4]);
+        assert_eq!(top_clusters(&[1.0, 2.0], 5), vec![1, 0]);
+    }
+}
