@@ -21,6 +21,11 @@ K/V of its last KV-owning layer of each type, positions 0..N-1).
 Usage:  python3 make_assistant_fixture.py --target tests/fixtures/tiny/gemma4-tiny
                                           --out tests/fixtures/tiny
 Needs:  torch, transformers==5.17.0, safetensors. CPU is enough.
+
+With --real-shape, writes instead a random assistant at the shape Google ships for E2B and
+E4B (width 256, MLP 2048, 4 layers S S S F, 4 heads, 2048 centroids of which 32 are scored)
+for the target at --target (a random real-shape checkpoint), in bfloat16, to <out> itself,
+with no reference outputs: for speed measurements, where weight values do not matter.
 """
 import argparse
 import json
@@ -42,29 +47,32 @@ WEIGHTS_SEED = 11
 S, F = "sliding_attention", "full_attention"
 
 
-def assistant_config(target_dir):
+def assistant_config(target_dir, real_shape=False):
     # The target's fields as stored (the loaded config resolves some of them per layer).
     with open(os.path.join(target_dir, "config.json")) as f:
         t = json.load(f)
-    head_dims = {int(k): v["head_dim"] for k, v in t.get("per_layer_config", {}).items()}
+    t = t.get("text_config", t)
+    head_dims = [v["head_dim"] for v in t.get("per_layer_config", {}).values()]
+    global_head_dim = max(head_dims) if head_dims else t.get("global_head_dim", 512)
+    layers = [S, S, S, F] if real_shape else [S, S, F]
     text = dict(
         vocab_size=t["vocab_size"],
         vocab_size_per_layer_input=0,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
+        hidden_size=256 if real_shape else 32,
+        intermediate_size=2048 if real_shape else 48,
+        num_hidden_layers=len(layers),
         num_attention_heads=4,
         num_key_value_heads=t["num_key_value_heads"],
         head_dim=t["head_dim"],
-        global_head_dim=max(head_dims.values()),
+        global_head_dim=global_head_dim,
         hidden_size_per_layer_input=0,
-        num_kv_shared_layers=3,
+        num_kv_shared_layers=len(layers),
         use_double_wide_mlp=False,
-        layer_types=[S, S, F],
-        sliding_window=4,
+        layer_types=layers,
+        sliding_window=t["sliding_window"] if real_shape else 4,
         final_logit_softcapping=None,
         rms_norm_eps=1e-6,
-        max_position_embeddings=256,
+        max_position_embeddings=t["max_position_embeddings"] if real_shape else 256,
         rope_parameters=t["rope_parameters"],
         tie_word_embeddings=True,
     )
@@ -72,8 +80,8 @@ def assistant_config(target_dir):
         text_config=text,
         backbone_hidden_size=t["hidden_size"],
         use_ordered_embeddings=True,
-        num_centroids=16,
-        centroid_intermediate_top_k=4,
+        num_centroids=2048 if real_shape else 16,
+        centroid_intermediate_top_k=32 if real_shape else 4,
     )
     cfg._attn_implementation = "eager"
     cfg.text_config._attn_implementation = "eager"
@@ -102,9 +110,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--real-shape", action="store_true")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
+    if args.real_shape:
+        asst = Gemma4AssistantForCausalLM(assistant_config(args.target, True)).eval()
+        randomise(asst, WEIGHTS_SEED)
+        asst.to(torch.bfloat16).save_pretrained(args.out)
+        print("files", sorted(os.listdir(args.out)), flush=True)
+        return
 
     target = Gemma4ForCausalLM.from_pretrained(args.target, attn_implementation="eager",
                                                dtype=torch.float32).eval()

@@ -86,7 +86,9 @@ impl AssistantConfig {
             s => {
                 return Err(ConfigError::unsupported(
                     f.name("num_kv_shared_layers"),
-                    format!("{s} of {n} layers shared: every layer of a draft model reads the target's K/V"),
+                    format!(
+                    "{s} of {n} layers shared: every layer of a draft model reads the target's K/V"
+                ),
                 ))
             }
         }

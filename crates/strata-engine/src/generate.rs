@@ -7,6 +7,8 @@ use strata_kernels::Backend;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
 
+use crate::load::DraftModel;
+use crate::speculative::{self, DraftStats, Drafter};
 use crate::{EngineError, LoadedModel, Result, Runtime};
 
 #[derive(Clone, Debug)]
@@ -18,6 +20,8 @@ pub struct GenerateParams {
     pub stop_at_eos: bool,
     /// Prompt tokens per forward pass during prefill.
     pub prefill_chunk: usize,
+    /// With a draft model loaded: tokens drafted a round (0 turns speculation off).
+    pub draft_tokens: usize,
 }
 
 impl Default for GenerateParams {
@@ -28,6 +32,7 @@ impl Default for GenerateParams {
             kv_cache_dtype: KvCacheDtype::Auto,
             stop_at_eos: true,
             prefill_chunk: 512,
+            draft_tokens: 3,
         }
     }
 }
@@ -46,6 +51,8 @@ pub struct GenerateResult {
     /// Why generation ended: "stop" (an EOS token) or "length".
     pub finish_reason: &'static str,
     pub timings: Timings,
+    /// How the drafts fared, when a draft model drafted.
+    pub draft: Option<DraftStats>,
 }
 
 const PAGE_SIZE: usize = 16;
@@ -71,18 +78,72 @@ impl LoadedModel {
             window: pages,
             page_size: PAGE_SIZE,
         };
-        match &self.runtime {
-            Runtime::Cpu(m) => {
+        let draft = self.draft.as_ref().filter(|_| p.draft_tokens > 0);
+        if draft.is_some() && !p.sampling.is_greedy() {
+            return Err(EngineError::Invalid(
+                "speculative decoding is greedy only: use temperature 0, or draft 0 tokens".into(),
+            ));
+        }
+        let stop = &self.stop_ids;
+        match (&self.runtime, draft) {
+            (Runtime::Cpu(m), None) => {
                 let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                run(m, kv, prompt, p, &self.stop_ids)
+                run(m, kv, prompt, p, stop)
             }
-            Runtime::Cuda(m) => {
+            (Runtime::Cuda(m), None) => {
                 let storage = PagedStorage::new(m.backend().clone());
                 let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                run(m, kv, prompt, p, &self.stop_ids)
+                run(m, kv, prompt, p, stop)
             }
+            (Runtime::Cpu(m), Some(DraftModel::Cpu(d))) => {
+                let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
+                run_speculative(m, d.as_ref(), kv, prompt, p, stop)
+            }
+            (Runtime::Cuda(m), Some(DraftModel::Cuda(d))) => {
+                let storage = PagedStorage::new(m.backend().clone());
+                let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
+                run_speculative(m, d.as_ref(), kv, prompt, p, stop)
+            }
+            _ => Err(EngineError::Invalid(
+                "the draft model sits on another device than the model".into(),
+            )),
         }
     }
+}
+
+/// [`speculative::generate`] on a request of its own pool, timed as [`run`] times.
+fn run_speculative<B: Backend, S: KvStorage, D: Drafter<B>>(
+    model: &Model<B>,
+    drafter: &D,
+    mut kv: KvPool<S>,
+    prompt: &[u32],
+    p: &GenerateParams,
+    stop_ids: &[u32],
+) -> Result<GenerateResult>
+where
+    KvPool<S>: KvCache<B>,
+{
+    let req = kv.alloc_request();
+    let t0 = Instant::now();
+    let out = speculative::generate(model, drafter, &mut kv, req, prompt, p, stop_ids)?;
+    let end = Instant::now();
+    kv.release(req)?;
+    let prompt_ms = (out.prompt_done - t0).as_secs_f64() * 1e3;
+    // Counted as `run` counts: every token over the time after the prompt's step.
+    let predicted_ms = (end - out.prompt_done).as_secs_f64() * 1e3;
+    let n = out.tokens.len();
+    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    Ok(GenerateResult {
+        finish_reason: if out.stopped { "stop" } else { "length" },
+        timings: Timings {
+            prompt_ms,
+            predicted_ms,
+            prompt_per_second: per_second(prompt.len(), prompt_ms),
+            predicted_per_second: per_second(n, predicted_ms),
+        },
+        tokens: out.tokens,
+        draft: Some(out.stats),
+    })
 }
 
 /// Prefill in chunks, then one token per step, on one request of its own pool.
@@ -176,6 +237,7 @@ where
                 predicted_per_second: per_second(tokens.len(), predicted_ms),
             },
             tokens,
+            draft: None,
         })
     }
 }

@@ -1,17 +1,21 @@
 //! Loads a model with its tokenizer and runs generation.
 
 mod bench;
+mod bench_draft;
 mod engine;
 mod generate;
 mod load;
+mod speculative;
 
 pub use bench::{DecodeBench, DecodeShape, PrefillBench};
+pub use bench_draft::DraftBench;
 pub use engine::{
     Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
     RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
-pub use load::{Device, LoadSettings, LoadedModel, Prompter, Runtime, WeightDtype};
+pub use load::{Device, DraftModel, LoadSettings, LoadedModel, Prompter, Runtime, WeightDtype};
+pub use speculative::DraftStats;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

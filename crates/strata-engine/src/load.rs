@@ -9,7 +9,7 @@ use strata_gguf::GgufFile;
 use strata_kernels::cpu::CpuBackend;
 use strata_kernels::cuda::CudaBackend;
 use strata_kernels::DType;
-use strata_model::{LoadOptions, Model};
+use strata_model::{Assistant, LoadOptions, Model};
 use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
 
 use crate::{EngineError, Result};
@@ -114,9 +114,19 @@ impl Runtime {
     }
 }
 
+/// A draft model on the device of the model it drafts for.
+#[derive(Clone)]
+pub enum DraftModel {
+    Cpu(Arc<Assistant<CpuBackend>>),
+    Cuda(Arc<Assistant<CudaBackend>>),
+}
+
 /// A model ready to run, with its tokenizer.
 pub struct LoadedModel {
     pub runtime: Runtime,
+    /// The drafter for speculative decoding, once [`LoadedModel::load_draft`] loaded one.
+    pub draft: Option<DraftModel>,
+    settings: LoadSettings,
     pub tokenizer: Option<Arc<Tokenizer>>,
     /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
     pub stop_ids: Vec<u32>,
@@ -170,6 +180,8 @@ impl LoadedModel {
         };
         Ok(Self {
             runtime,
+            draft: None,
+            settings,
             tokenizer: tokenizer.map(Arc::new),
             stop_ids,
             chat: chat.map(Arc::new),
@@ -178,6 +190,24 @@ impl LoadedModel {
 
     pub fn config(&self) -> &ModelConfig {
         self.runtime.config()
+    }
+
+    /// Loads a Gemma-4 assistant (its directory or `config.json`) beside the model, on the
+    /// same device and with the same weight dtype, for speculative decoding. A drafter that
+    /// does not fit the model is refused, naming the field.
+    pub fn load_draft(&mut self, path: &Path) -> Result<()> {
+        let opts = load_options(self.settings);
+        self.draft = Some(match &self.runtime {
+            Runtime::Cpu(m) => {
+                let d = Assistant::load(m.backend().clone(), path, m.config(), opts)?;
+                DraftModel::Cpu(Arc::new(d))
+            }
+            Runtime::Cuda(m) => {
+                let d = Assistant::load(m.backend().clone(), path, m.config(), opts)?;
+                DraftModel::Cuda(Arc::new(d))
+            }
+        });
+        Ok(())
     }
 
     /// The tokenizer and chat template, for threads that prepare prompts.
@@ -247,15 +277,7 @@ fn place(path: &Path, settings: LoadSettings) -> Result<Runtime> {
         })?),
         Device::Auto => CudaBackend::new(0).ok(),
     };
-    let weight_dtype = match settings.dtype {
-        WeightDtype::Auto => None,
-        WeightDtype::F32 => Some(DType::F32),
-        WeightDtype::Bf16 => Some(DType::BF16),
-    };
-    let opts = LoadOptions {
-        weight_dtype,
-        host_embeddings: settings.host_embeddings,
-    };
+    let opts = load_options(settings);
     Ok(match gpu {
         Some(b) => {
             let b = b.with_bf16_gemm(settings.dtype != WeightDtype::F32);
@@ -263,6 +285,19 @@ fn place(path: &Path, settings: LoadSettings) -> Result<Runtime> {
         }
         None => Runtime::Cpu(Arc::new(Model::load_with(CpuBackend::new(), path, opts)?)),
     })
+}
+
+/// How `settings` place weights on a backend.
+fn load_options(settings: LoadSettings) -> LoadOptions {
+    let weight_dtype = match settings.dtype {
+        WeightDtype::Auto => None,
+        WeightDtype::F32 => Some(DType::F32),
+        WeightDtype::Bf16 => Some(DType::BF16),
+    };
+    LoadOptions {
+        weight_dtype,
+        host_embeddings: settings.host_embeddings,
+    }
 }
 
 /// The model's own template, or Gemma's turn format for Gemma files that carry none.

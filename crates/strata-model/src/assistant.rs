@@ -161,7 +161,10 @@ impl<B: Backend> Assistant<B> {
         let d = &self.decoder;
         let b = &d.backend;
         let n = seqs.len();
-        let (ha, hb) = (self.config.decoder.hidden_size, self.config.backbone_hidden_size);
+        let (ha, hb) = (
+            self.config.decoder.hidden_size,
+            self.config.backbone_hidden_size,
+        );
         if tokens.len() != n || hidden.len() != n * hb {
             return Err(ModelError::Invalid(format!(
                 "a draft step of {n} sequences got {} tokens and {} hidden values",
@@ -251,7 +254,13 @@ impl<B: Backend> Assistant<B> {
         self.table().forward(&d.backend, y, &mut z)?;
         let tokens = d.backend.argmax_rows(&z, vocab, n, None)?;
         let logits = match want {
-            true => Some(d.backend.download(&z)?.chunks(vocab).map(<[f32]>::to_vec).collect()),
+            true => Some(
+                d.backend
+                    .download(&z)?
+                    .chunks(vocab)
+                    .map(<[f32]>::to_vec)
+                    .collect(),
+            ),
             false => None,
         };
         Ok((tokens, logits))
@@ -268,7 +277,10 @@ impl<B: Backend> Assistant<B> {
     ) -> Result<(Vec<u32>, Logits)> {
         let d = &self.decoder;
         let b = &d.backend;
-        let (ha, vocab) = (self.config.decoder.hidden_size, self.config.decoder.vocab_size);
+        let (ha, vocab) = (
+            self.config.decoder.hidden_size,
+            self.config.decoder.vocab_size,
+        );
         let count = c.centroids.rows();
         let per = vocab / count;
         let mut scores = d.scratch(n * count)?;

@@ -38,7 +38,7 @@ mod tests {
 
     use strata_kernels::cpu::CpuBackend;
     use strata_kernels::sampling::{token_logprobs, TokenLogprobs};
-    use strata_kernels::Backend;
+    use strata_kernels::{Backend, DeviceBuffer};
     use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 
     use super::*;
@@ -616,5 +616,128 @@ mod tests {
             }
             assert_ne!(host[1], greedy[1], "{name}: the draw never left the argmax");
         });
+    }
+
+    /// The tiny target's prompt, then three steps of its assistant: the target's greedy
+    /// token and every draft, with the drafts' logits.
+    fn three_drafts<B: QuantUpload + Clone, S: KvStorage>(
+        b: B,
+        kv: impl FnOnce(&Model<B>) -> KvPool<S>,
+        ids: &[u32],
+    ) -> (Vec<u32>, Vec<f32>)
+    where
+        KvPool<S>: KvCache<B>,
+    {
+        let dir = fixtures();
+        let target = Model::load(b.clone(), &dir.join("gemma4-tiny")).unwrap();
+        let asst = crate::Assistant::load(
+            b,
+            &dir.join("gemma4-tiny-assistant"),
+            target.config(),
+            crate::LoadOptions::default(),
+        )
+        .unwrap();
+        let mut kv = kv(&target);
+        let req = kv.alloc_request();
+        kv.extend(req, ids.len()).unwrap();
+        let batch = ForwardBatch {
+            seqs: vec![SeqChunk {
+                request: req,
+                tokens: ids.to_vec(),
+                start: 0,
+                logits: LogitsMode::Last,
+            }],
+        };
+        let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
+        let (mut token, mut hidden) = (out.tokens[0][0], out.hidden.unwrap());
+        let (mut tokens, mut logits) = (vec![token], vec![]);
+        let seq = crate::DraftSeq {
+            request: req,
+            position: ids.len(),
+        };
+        for _ in 0..3 {
+            let d = asst
+                .step(&target, &mut kv, &[seq], &[token], &hidden, true)
+                .unwrap();
+            token = d.tokens[0];
+            tokens.push(token);
+            logits.extend(d.logits.unwrap().remove(0));
+            hidden = d.hidden;
+        }
+        (tokens, logits)
+    }
+
+    /// Three draft steps of the tiny assistant on the GPU (device pool) against the CPU in
+    /// the same body and transformers' figures; then the target's verification of a run of
+    /// tokens against its own decode steps, token by token.
+    #[test]
+    fn assistant_drafts_and_verification_on_gpu_match_cpu() {
+        let Some(_) = gpu() else { return };
+        let path = fixtures().join("gemma4-tiny-assistant/reference.safetensors");
+        let bytes = std::fs::read(path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let ints = |n: &str| -> Vec<u32> {
+            let t = st.tensor(n).unwrap();
+            let c = t.data().chunks_exact(8);
+            c.map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+                .collect()
+        };
+        let floats = |n: &str| -> Vec<f32> {
+            let t = st.tensor(n).unwrap();
+            let c = t.data().chunks_exact(4);
+            c.map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        let ids = ints("input_ids");
+        let (gpu_tokens, gpu_logits) =
+            three_drafts(gpu().unwrap(), |m| device_pool(m, KvCacheDtype::F32), &ids);
+        let (cpu_tokens, cpu_logits) = three_drafts(CpuBackend::new(), |m| pool(m), &ids);
+        assert_eq!(gpu_tokens, cpu_tokens);
+        assert_eq!(gpu_tokens[1..], ints("draft_tokens")[..]);
+        let vs_cpu = max_abs_diff(&gpu_logits, &cpu_logits);
+        let vs_ref = max_abs_diff(&gpu_logits, &floats("draft_logits"));
+        eprintln!("assistant drafts: max |cuda - cpu| {vs_cpu:.3e}, max |cuda - transformers| {vs_ref:.3e}");
+        assert!(vs_cpu < 1e-4 && vs_ref < 1e-4, "{vs_cpu} {vs_ref}");
+
+        // Verification: the greedy tokens of a run of tokens in one step are those of the
+        // same tokens fed one step each (the graph-replayed decode path); the second run
+        // replays the first one's graph at later positions.
+        let cuda = Model::load(gpu().unwrap(), &fixtures().join("gemma4-tiny")).unwrap();
+        let decoded = greedy_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), &ids, 12);
+        let mut kv = device_pool(&cuda, KvCacheDtype::F32);
+        let req = kv.alloc_request();
+        let mut all = ids.clone();
+        all.extend_from_slice(&decoded);
+        kv.extend(req, ids.len() - 1).unwrap();
+        let prompt = ForwardBatch {
+            seqs: vec![SeqChunk {
+                request: req,
+                tokens: ids[..ids.len() - 1].to_vec(),
+                start: 0,
+                logits: LogitsMode::None,
+            }],
+        };
+        cuda.forward(&mut kv, &prompt).unwrap();
+        for run in 0..2 {
+            let start = ids.len() - 1 + 6 * run;
+            kv.extend(req, 6).unwrap();
+            let verify = ForwardBatch {
+                seqs: vec![SeqChunk {
+                    request: req,
+                    tokens: all[start..start + 6].to_vec(),
+                    start,
+                    logits: LogitsMode::All,
+                }],
+            };
+            let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
+            let want = &decoded[6 * run..6 * run + 6];
+            assert_eq!(checked.tokens[0], want, "verification run {run}");
+            assert_eq!(checked.hidden.unwrap().len(), 6 * cuda.config().hidden_size);
+        }
+        assert_eq!(
+            kv.storage().graph_count(),
+            1,
+            "one verification graph, replayed"
+        );
     }
 }

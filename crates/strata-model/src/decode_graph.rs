@@ -20,7 +20,8 @@ use strata_kv::{KvPool, PoolKind, RequestId};
 
 use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
 use crate::error::Result;
-use crate::forward::{Prepared, SeqRows, StepInputs};
+use crate::forward::{HiddenOut, Prepared, SeqRows, StepInputs};
+use crate::greedy_rows::GreedyRows;
 use crate::launch::{all_picked, Launched};
 use crate::model::Model;
 use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedStorage};
@@ -78,8 +79,10 @@ pub(crate) struct DecodeGraph<B: Backend> {
     inputs: StepInputs<B>,
     full: Option<GroupTables<B>>,
     window: Option<GroupTables<B>>,
-    /// `[bucket, vocab]` logits the graph writes.
+    /// `[rows, vocab]` logits the graph writes (a row a token).
     logits: B::Buffer,
+    /// A verification graph's `[rows, hidden]` final-normed rows.
+    hidden: Option<B::Buffer>,
     full_capacity: usize,
     window_capacity: usize,
 }
@@ -112,23 +115,39 @@ fn pad_pages(t: &mut HostPages, n: usize, bucket: usize, spare: u32, page_size: 
     }
 }
 
+/// Whether `batch` can replay a graph: a decode step (one token a sequence), or with
+/// `rows` a verification step (every sequence `q` tokens, every row's logits; only at a
+/// bucket's own size, since pads of several tokens are not built).
 fn eligible<B: Backend>(
     pool: &KvPool<PagedStorage<B>>,
     model: &Model<B>,
     batch: &ForwardBatch,
+    rows: bool,
 ) -> bool {
     let n = batch.seqs.len();
-    pool.storage().graph_mode != DecodeGraphs::Off
-        && model.backend().supports_graphs()
-        && !model.has_host_tables()
-        && (1..=MAX_GRAPH_BATCH).contains(&n)
-        && batch.seqs.iter().all(|s| {
+    let q = batch.seqs.first().map_or(0, |s| s.tokens.len());
+    let shape = match rows {
+        false => batch.seqs.iter().all(|s| {
             s.tokens.len() == 1
                 && matches!(
                     s.logits,
                     LogitsMode::Last | LogitsMode::Argmax | LogitsMode::Draw { .. }
                 )
-        })
+        }),
+        true => {
+            q > 1
+                && bucket_for(n) == n
+                && batch
+                    .seqs
+                    .iter()
+                    .all(|s| s.tokens.len() == q && s.logits == LogitsMode::All)
+        }
+    };
+    pool.storage().graph_mode != DecodeGraphs::Off
+        && model.backend().supports_graphs()
+        && !model.has_host_tables()
+        && (1..=MAX_GRAPH_BATCH).contains(&n)
+        && shape
 }
 
 fn padded<B: Backend>(
@@ -145,8 +164,9 @@ fn padded<B: Backend>(
         full: None,
         window: None,
     };
-    p.ids.resize(bucket, 0);
-    p.positions.resize(bucket, 0);
+    // Only one-token steps are padded (`eligible`).
+    p.ids.resize(bucket.max(prep.ids.len()), 0);
+    p.positions.resize(bucket.max(prep.ids.len()), 0);
     for g in pool.layout().groups() {
         let mut t = host_pages(pool, g.pool, g.window, batch)?;
         let spare = plan.slots(g.pool) as u32;
@@ -171,12 +191,15 @@ fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch {
     ForwardBatch { seqs }
 }
 
-fn padded_prep(p: &Padded) -> Prepared {
+fn padded_prep(p: &Padded, q: usize) -> Prepared {
     Prepared {
         ids: p.ids.clone(),
         positions: p.positions.clone(),
-        rows: (0..p.ids.len())
-            .map(|i| SeqRows { offset: i, len: 1 })
+        rows: (0..p.ids.len() / q)
+            .map(|i| SeqRows {
+                offset: i * q,
+                len: q,
+            })
             .collect(),
     }
 }
@@ -245,10 +268,12 @@ fn run_padded<B: Backend>(
     batch: &ForwardBatch,
     (p, bucket): (&Padded, usize),
     inputs: &StepInputs<B>,
-    logits: &mut B::Buffer,
+    (logits, hidden): (&mut B::Buffer, Option<&mut B::Buffer>),
 ) -> Result<()> {
     let pb = padded_batch(batch, bucket);
-    model.run(pool, &pb, &padded_prep(p), inputs, Some(logits), None)?;
+    let q = batch.seqs[0].tokens.len();
+    let hidden = hidden.map(HiddenOut::Into);
+    model.run(pool, &pb, &padded_prep(p, q), inputs, Some(logits), hidden)?;
     Ok(())
 }
 
@@ -265,12 +290,22 @@ fn capture<B: Backend>(
     window_capacity: usize,
 ) -> Result<DecodeGraph<B>> {
     let b = model.backend();
-    let vocab = model.config().vocab_size;
+    let (vocab, h) = (model.config().vocab_size, model.config().hidden_size);
     let inputs = graph_inputs(pool, b, (p, fed), full_capacity, window_capacity)?;
-    let mut logits = b.zeros(bucket * vocab, b.activation_dtype())?;
-    run_padded(pool, model, batch, (p, bucket), &inputs, &mut logits)?;
+    // A row a token: one a sequence for decode, all of them for a verification.
+    let rows = p.ids.len();
+    let mut logits = b.zeros(rows * vocab, b.activation_dtype())?;
+    let verifies = batch.seqs[0].tokens.len() > 1;
+    let mut hidden = match verifies {
+        true => Some(b.zeros(rows * h, b.activation_dtype())?),
+        false => None,
+    };
+    let mut outs = |l: &mut B::Buffer, h: &mut Option<B::Buffer>| {
+        run_padded(pool, model, batch, (p, bucket), &inputs, (l, h.as_mut()))
+    };
+    outs(&mut logits, &mut hidden)?;
     b.begin_capture()?;
-    let recorded = run_padded(pool, model, batch, (p, bucket), &inputs, &mut logits);
+    let recorded = outs(&mut logits, &mut hidden);
     // End the capture whatever happened, so the stream is usable again.
     let graph = b.end_capture();
     recorded?;
@@ -281,6 +316,7 @@ fn capture<B: Backend>(
         full: st.full.take(),
         window: st.window.take(),
         logits,
+        hidden,
         full_capacity,
         window_capacity,
     })
@@ -310,6 +346,53 @@ fn update<B: Backend>(
     Ok(())
 }
 
+/// A captured graph's key: its bucket and the tokens each sequence feeds (1 for decode).
+pub(crate) type GraphKey = (usize, usize);
+
+/// Slot capacity for `need` keys, at least twice what a graph had before.
+fn grow(need: usize, had: Option<usize>) -> usize {
+    (2 * need)
+        .max(MIN_SLOT_CAPACITY)
+        .max(had.map_or(0, |h| 2 * h))
+}
+
+/// Replays the graph of `batch`'s shape (capturing it first when there is none, or when
+/// its slot tables are too small), with `p` as its inputs.
+fn replay_graph<B: Backend>(
+    pool: &mut KvPool<PagedStorage<B>>,
+    model: &Model<B>,
+    batch: &ForwardBatch,
+    (p, fed): (&Padded, Option<&B::Tokens>),
+    bucket: usize,
+) -> Result<GraphKey> {
+    let b = model.backend();
+    let key = (bucket, batch.seqs[0].tokens.len());
+    let page_size = pool.plan().page_size;
+    let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
+    let (need_full, need_window) = (keys(&p.full), keys(&p.window));
+    let fits = pool
+        .storage()
+        .graphs
+        .get(&key)
+        .is_some_and(|g| need_full <= g.full_capacity && need_window <= g.window_capacity);
+    if !fits {
+        let old = pool.storage_mut().graphs.remove(&key);
+        let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
+        let window_cap = grow(need_window, old.as_ref().map(|g| g.window_capacity));
+        drop(old);
+        let g = capture(pool, model, batch, (p, fed), bucket, full_cap, window_cap)?;
+        pool.storage_mut().graphs.insert(key, g);
+    }
+    let g = pool
+        .storage_mut()
+        .graphs
+        .get_mut(&key)
+        .expect("captured above");
+    update(b, g, (p, fed), page_size)?;
+    b.launch_graph(&g.graph)?;
+    Ok(key)
+}
+
 /// Replays (capturing first when needed) the graph for `batch`'s bucket; `None` when the
 /// batch is not a graph-eligible decode step.
 pub(crate) fn replay<B: Backend>(
@@ -319,53 +402,66 @@ pub(crate) fn replay<B: Backend>(
     prep: &Prepared,
     fed: Option<&B::Tokens>,
 ) -> Result<Option<Launched<B>>> {
-    if !eligible(pool, model, batch) {
+    if !eligible(pool, model, batch, false) {
         return Ok(None);
     }
     let b = model.backend();
-    let n = batch.seqs.len();
-    let bucket = bucket_for(n);
+    let bucket = bucket_for(batch.seqs.len());
     let p = padded(pool, batch, prep, bucket)?;
-    let page_size = pool.plan().page_size;
-    let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
-    let (need_full, need_window) = (keys(&p.full), keys(&p.window));
-    let grow = |need: usize, had: Option<usize>| {
-        (2 * need)
-            .max(MIN_SLOT_CAPACITY)
-            .max(had.map_or(0, |h| 2 * h))
-    };
     if pool.storage().graph_mode == DecodeGraphs::Unrecorded {
-        let (full_cap, window_cap) = (grow(need_full, None), grow(need_window, None));
+        let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
+        let (full_cap, window_cap) = (grow(keys(&p.full), None), grow(keys(&p.window), None));
         let inputs = graph_inputs(pool, b, (&p, fed), full_cap, window_cap)?;
         let vocab = model.config().vocab_size;
         let mut logits = b.scratch(bucket * vocab, b.activation_dtype())?;
-        let ran = run_padded(pool, model, batch, (&p, bucket), &inputs, &mut logits);
+        let ran = run_padded(
+            pool,
+            model,
+            batch,
+            (&p, bucket),
+            &inputs,
+            (&mut logits, None),
+        );
         let st = pool.storage_mut();
         (st.full, st.window) = (None, None);
         ran?;
         return step_output(model, batch, &logits).map(Some);
     }
-    let fits = pool
-        .storage()
-        .graphs
-        .get(&bucket)
-        .is_some_and(|g| need_full <= g.full_capacity && need_window <= g.window_capacity);
-    if !fits {
-        let old = pool.storage_mut().graphs.remove(&bucket);
-        let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
-        let window_cap = grow(need_window, old.as_ref().map(|g| g.window_capacity));
-        drop(old);
-        let g = capture(pool, model, batch, (&p, fed), bucket, full_cap, window_cap)?;
-        pool.storage_mut().graphs.insert(bucket, g);
+    let key = replay_graph(pool, model, batch, (&p, fed), bucket)?;
+    step_output(model, batch, &pool.storage().graphs[&key].logits).map(Some)
+}
+
+/// A verification step (every sequence the same number of tokens, every row's logits)
+/// replayed as a graph: every row's greedy token, and a copy of the rows' final-normed
+/// states. `None` when the step cannot replay one (then it runs op by op).
+pub(crate) fn replay_rows<B: Backend>(
+    pool: &mut KvPool<PagedStorage<B>>,
+    model: &Model<B>,
+    batch: &ForwardBatch,
+    prep: &Prepared,
+) -> Result<Option<GreedyRows<B>>> {
+    if pool.storage().graph_mode != DecodeGraphs::Replay || !eligible(pool, model, batch, true) {
+        return Ok(None);
     }
-    let g = pool
-        .storage_mut()
-        .graphs
-        .get_mut(&bucket)
-        .expect("captured above");
-    update(b, g, (&p, fed), page_size)?;
-    b.launch_graph(&g.graph)?;
-    step_output(model, batch, &g.logits).map(Some)
+    let b = model.backend();
+    let (n, q) = (batch.seqs.len(), batch.seqs[0].tokens.len());
+    let (vocab, h) = (model.config().vocab_size, model.config().hidden_size);
+    let p = padded(pool, batch, prep, n)?;
+    let key = replay_graph(pool, model, batch, (&p, None), n)?;
+    let g = &pool.storage().graphs[&key];
+    let rows = n * q;
+    let ids = b.argmax_rows(&g.logits, vocab, rows, model.final_softcap())?;
+    let kept = g
+        .hidden
+        .as_ref()
+        .expect("a verification graph keeps its rows");
+    // The graph's buffer is rewritten by its next replay.
+    let mut hidden = b.scratch(rows * h, b.activation_dtype())?;
+    copy_prefix(b, kept, &mut hidden, rows * h)?;
+    Ok(Some(GreedyRows {
+        tokens: ids.chunks(q).map(<[u32]>::to_vec).collect(),
+        hidden: Some(hidden),
+    }))
 }
 
 /// The step's output from the padded `[bucket, vocab]` raw logits: the first `n` rows

@@ -29,6 +29,14 @@ pub(crate) struct Prepared {
     pub(crate) rows: Vec<SeqRows>,
 }
 
+/// Where a step's final-normed rows (what the output projection reads) go, when wanted.
+pub(crate) enum HiddenOut<'a, B: Backend> {
+    /// Handed over as they are.
+    Keep(&'a mut Option<B::Buffer>),
+    /// Copied into this buffer of exactly their size (a graph's own).
+    Into(&'a mut B::Buffer),
+}
+
 /// The step's token ids and positions in backend memory (fixed addresses for a graph).
 pub(crate) struct StepInputs<B: Backend> {
     pub(crate) ids: B::Index,
@@ -236,7 +244,7 @@ impl<B: Backend> Model<B> {
         prep: &Prepared,
         inputs: &StepInputs<B>,
         into: Option<&mut B::Buffer>,
-        hidden: Option<&mut Option<B::Buffer>>,
+        hidden: Option<HiddenOut<'_, B>>,
     ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let c = &self.config;
         let b = &self.backend;
@@ -588,7 +596,7 @@ impl<B: Backend> Model<B> {
         wanted: &[usize],
         counts: Vec<usize>,
         into: Option<&mut B::Buffer>,
-        hidden: Option<&mut Option<B::Buffer>>,
+        hidden: Option<HiddenOut<'_, B>>,
     ) -> Result<(Option<B::Buffer>, Vec<usize>)> {
         let b = &self.backend;
         let c = &self.config;
@@ -616,8 +624,16 @@ impl<B: Backend> Model<B> {
             .as_ref()
             .unwrap_or(&self.tensors.embed)
             .forward(b, &y, logits)?;
-        if let Some(keep) = hidden {
-            *keep = Some(y);
+        match hidden {
+            Some(HiddenOut::Keep(slot)) => *slot = Some(y),
+            Some(HiddenOut::Into(dst)) if dst.len() == n * h => copy_rows(b, &y, dst, n, h, 0, 0)?,
+            Some(HiddenOut::Into(dst)) => {
+                return Err(ModelError::Invalid(format!(
+                    "a hidden-state buffer of {} for {n} rows of {h}",
+                    dst.len()
+                )))
+            }
+            None => {}
         }
         Ok((own, counts))
     }

@@ -6,7 +6,7 @@ use strata_kernels::Backend;
 
 use crate::batch::{ForwardBatch, LogitsMode};
 use crate::error::{ModelError, Result};
-use crate::forward::StepInputs;
+use crate::forward::{HiddenOut, StepInputs};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 
@@ -42,13 +42,23 @@ impl<B: Backend> Model<B> {
         }
         let b = &self.backend;
         let prep = self.prepare(batch)?;
+        if let Some(rows) = kv.replay_rows(self, batch, &prep)? {
+            return Ok(rows);
+        }
         kv.begin_step(b, batch)?;
         let inputs = StepInputs {
             ids: b.upload_index(&prep.ids)?,
             positions: b.upload_index(&prep.positions)?,
         };
         let mut hidden = None;
-        let (logits, counts) = self.run(kv, batch, &prep, &inputs, None, Some(&mut hidden))?;
+        let (logits, counts) = self.run(
+            kv,
+            batch,
+            &prep,
+            &inputs,
+            None,
+            Some(HiddenOut::Keep(&mut hidden)),
+        )?;
         let rows: usize = counts.iter().sum();
         let ids = match &logits {
             Some(l) => b.argmax_rows(l, self.config.vocab_size, rows, self.final_softcap())?,

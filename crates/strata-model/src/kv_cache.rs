@@ -13,6 +13,7 @@ use strata_kv::{HostStorage, KvPool};
 use crate::batch::ForwardBatch;
 use crate::error::Result;
 use crate::forward::Prepared;
+use crate::greedy_rows::GreedyRows;
 use crate::launch::Launched;
 use crate::model::Model;
 
@@ -34,6 +35,19 @@ pub trait KvCache<B: Backend> {
         _prep: &Prepared,
         _fed: Option<&B::Tokens>,
     ) -> Result<Option<Launched<B>>> {
+        Ok(None)
+    }
+
+    /// Runs a verification step (every sequence the same number of tokens, every row's
+    /// greedy token wanted) by replaying a captured graph, if this cache keeps graphs;
+    /// `None` sends it down the op-by-op path.
+    #[allow(private_interfaces)]
+    fn replay_rows(
+        &mut self,
+        _model: &Model<B>,
+        _batch: &ForwardBatch,
+        _prep: &Prepared,
+    ) -> Result<Option<GreedyRows<B>>> {
         Ok(None)
     }
 

@@ -16,6 +16,7 @@ use crate::batch::ForwardBatch;
 use crate::decode_graph::DecodeGraph;
 use crate::error::{ModelError, Result};
 use crate::forward::Prepared;
+use crate::greedy_rows::GreedyRows;
 use crate::kv_cache::KvCache;
 use crate::launch::Launched;
 use crate::model::Model;
@@ -36,7 +37,7 @@ pub struct PagedStorage<B: Backend> {
     pub(crate) full: Option<GroupTables<B>>,
     pub(crate) window: Option<GroupTables<B>>,
     /// Captured decode steps by batch-size bucket (they address these slabs).
-    pub(crate) graphs: HashMap<usize, DecodeGraph<B>>,
+    pub(crate) graphs: HashMap<crate::decode_graph::GraphKey, DecodeGraph<B>>,
     pub(crate) graph_mode: DecodeGraphs,
 }
 
@@ -348,6 +349,16 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         fed: Option<&B::Tokens>,
     ) -> Result<Option<Launched<B>>> {
         crate::decode_graph::replay(self, model, batch, prep, fed)
+    }
+
+    #[allow(private_interfaces)]
+    fn replay_rows(
+        &mut self,
+        model: &Model<B>,
+        batch: &ForwardBatch,
+        prep: &Prepared,
+    ) -> Result<Option<GreedyRows<B>>> {
+        crate::decode_graph::replay_rows(self, model, batch, prep)
     }
 
     fn begin_step(&mut self, b: &B, batch: &ForwardBatch) -> Result<()> {

@@ -59,7 +59,10 @@ fn reference() -> Reference {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn pool_of<S: KvStorage>(model: &Model<CpuBackend>, storage: S) -> KvPool<S> {

@@ -60,6 +60,13 @@ pub struct BenchArgs {
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// A Gemma-4 assistant: also measure speculative rounds at one request (each of
+    /// `--depths`, each of `--draft-tokens`).
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Tokens drafted a round, for `--draft`.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
+    pub draft_tokens: Vec<usize>,
 }
 
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
@@ -67,8 +74,13 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         .kv_cache_dtype
         .parse()
         .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
-    let model = LoadedModel::load_with(&a.model, a.placement.settings()?)
+    let mut model = LoadedModel::load_with(&a.model, a.placement.settings()?)
         .with_context(|| format!("loading {}", a.model.display()))?;
+    if let Some(d) = &a.draft {
+        model
+            .load_draft(d)
+            .with_context(|| format!("loading the draft model {}", d.display()))?;
+    }
     let device = model.runtime.device_name();
     eprintln!("[bench] {} on {device}", a.model.display());
 
@@ -118,6 +130,21 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 r.tokens_per_second
             );
             decode.push(r);
+        }
+    }
+    let mut rounds = Vec::new();
+    if a.draft.is_some() {
+        for &depth in &a.depths {
+            for r in model.bench_speculative(depth, &a.draft_tokens, a.steps, kv)? {
+                eprintln!(
+                    "[bench] speculative depth {depth}, {} drafts: draft {:.2} ms, verify {:.2} ms, decode step {:.2} ms",
+                    r.draft_tokens,
+                    r.draft_seconds * 1e3,
+                    r.verify_seconds * 1e3,
+                    r.decode_seconds * 1e3
+                );
+                rounds.push(r);
+            }
         }
     }
     let mut prefill = Vec::new();
@@ -170,6 +197,11 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             "enqueue_ms": r.enqueue_seconds * 1e3, "tokens_per_second": r.tokens_per_second}))
             .collect::<Vec<_>>(),
         "kv_pages": pages,
+        "speculative": rounds.iter().map(|r| json!({"depth": r.depth, "draft_tokens": r.draft_tokens,
+            "draft_ms": r.draft_seconds * 1e3, "verify_ms": r.verify_seconds * 1e3,
+            "decode_step_ms": r.decode_seconds * 1e3, "break_even_kept_drafts": r.break_even(),
+            "tokens_per_second_by_kept_drafts": (0..=r.draft_tokens)
+                .map(|k| r.tokens_per_second(k)).collect::<Vec<_>>()})).collect::<Vec<_>>(),
     });
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
@@ -209,6 +241,22 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             r.seconds * 1e3,
             r.enqueue_seconds * 1e3,
             r.tokens_per_second
+        );
+    }
+    for r in &rounds {
+        let rates: Vec<String> = (0..=r.draft_tokens)
+            .map(|k| format!("{k}: {:.0}", r.tokens_per_second(k)))
+            .collect();
+        println!(
+            "| speculative, depth {}, {} drafts a round | draft {:.2} ms + verify {:.2} ms (decode step {:.2} ms); \
+             tok/s by drafts kept a round {}; break-even {:.2} kept |",
+            r.depth,
+            r.draft_tokens,
+            r.draft_seconds * 1e3,
+            r.verify_seconds * 1e3,
+            r.decode_seconds * 1e3,
+            rates.join(", "),
+            r.break_even()
         );
     }
     for p in &pages {

@@ -35,6 +35,12 @@ pub struct GenerateArgs {
     /// Print one JSON object: prompt_tokens, tokens, text, timings.
     #[arg(long)]
     pub json: bool,
+    /// A Gemma-4 assistant (its directory): speculative decoding, greedy requests only.
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Tokens the draft model proposes a round.
+    #[arg(long, default_value_t = 3)]
+    pub draft_tokens: usize,
 }
 
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
@@ -44,8 +50,13 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
     let settings = a.placement.settings()?;
     let sampling = a.sampling.params();
-    let model = LoadedModel::load_with(&a.model, settings)
+    let mut model = LoadedModel::load_with(&a.model, settings)
         .with_context(|| format!("loading {}", a.model.display()))?;
+    if let Some(d) = &a.draft {
+        model
+            .load_draft(d)
+            .with_context(|| format!("loading the draft model {}", d.display()))?;
+    }
     let prompt = if a.chat {
         model.encode_chat(&[ChatMessage {
             role: "user".into(),
@@ -59,6 +70,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         sampling,
         kv_cache_dtype,
         stop_at_eos: !a.ignore_eos,
+        draft_tokens: a.draft_tokens,
         ..Default::default()
     };
     let out = model.generate(&prompt, &params)?;
@@ -78,6 +90,8 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
                 "predicted_ms": t.predicted_ms,
                 "predicted_per_second": t.predicted_per_second,
             },
+            "draft": out.draft.map(|d| json!({"rounds": d.rounds, "drafted": d.drafted,
+                "accepted": d.accepted, "tokens_per_round": d.tokens_per_round()})),
         });
         println!("{report}");
     } else {
@@ -91,6 +105,15 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
             out.timings.predicted_per_second,
             out.finish_reason
         );
+        if let Some(d) = out.draft {
+            eprintln!(
+                "drafts: {} kept of {} in {} rounds ({:.2} tokens a round)",
+                d.accepted,
+                d.drafted,
+                d.rounds,
+                d.tokens_per_round()
+            );
+        }
     }
     Ok(())
 }

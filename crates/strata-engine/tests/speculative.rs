@@ -1,0 +1,113 @@
+//! Speculative decoding through the engine's public interface: a Gemma-4 target with its
+//! assistant gives exactly the target's greedy output.
+
+use std::path::{Path, PathBuf};
+
+use strata_engine::{Device, GenerateParams, LoadedModel};
+use strata_kernels::sampling::SamplingParams;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(name)
+}
+
+fn target_with_draft() -> LoadedModel {
+    let mut m = LoadedModel::load(&fixture("gemma4-tiny"), Device::Cpu).unwrap();
+    m.load_draft(&fixture("gemma4-tiny-assistant")).unwrap();
+    m
+}
+
+#[test]
+fn drafted_generation_is_the_greedy_generation() {
+    let m = target_with_draft();
+    for (prompt_len, max_tokens, draft_tokens) in [(9, 20, 3), (3, 17, 1), (30, 12, 5)] {
+        let prompt: Vec<u32> = (0..prompt_len).map(|i| (i * 101 + 7) % 512).collect();
+        let params = |draft_tokens| GenerateParams {
+            max_tokens,
+            stop_at_eos: false,
+            draft_tokens,
+            // Small chunks: the prompt's last chunk is what the drafter starts from.
+            prefill_chunk: 8,
+            ..Default::default()
+        };
+        let plain = m.generate(&prompt, &params(0)).unwrap();
+        assert!(plain.draft.is_none());
+        let drafted = m.generate(&prompt, &params(draft_tokens)).unwrap();
+        assert_eq!(
+            drafted.tokens, plain.tokens,
+            "prompt {prompt_len}, {draft_tokens} drafts"
+        );
+        assert_eq!(drafted.finish_reason, "length");
+        let s = drafted.draft.expect("drafts were made");
+        assert!(
+            s.rounds > 0 && s.drafted >= s.rounds && s.accepted <= s.drafted,
+            "{s:?}"
+        );
+        assert!(s.tokens_per_round() >= 1.0);
+    }
+}
+
+#[test]
+fn drafted_generation_stops_where_the_greedy_one_does() {
+    let m = target_with_draft();
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 13 + 2) % 512).collect();
+    let plain = m
+        .generate(
+            &prompt,
+            &GenerateParams {
+                max_tokens: 16,
+                stop_at_eos: false,
+                draft_tokens: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .tokens;
+    // Any generated token can be made a stop token: the 6th here.
+    let stop = plain[5];
+    let mut m = m;
+    m.stop_ids = vec![stop];
+    let first = plain.iter().position(|&t| t == stop).unwrap();
+    for draft_tokens in [0, 2, 4] {
+        let out = m
+            .generate(
+                &prompt,
+                &GenerateParams {
+                    max_tokens: 16,
+                    draft_tokens,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(out.tokens, plain[..=first], "{draft_tokens} drafts");
+        assert_eq!(out.finish_reason, "stop");
+    }
+}
+
+#[test]
+fn drafts_are_refused_for_sampled_requests_and_foreign_targets() {
+    let m = target_with_draft();
+    let sampled = GenerateParams {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            ..SamplingParams::greedy()
+        },
+        ..Default::default()
+    };
+    let err = m.generate(&[1, 2, 3], &sampled).unwrap_err().to_string();
+    assert!(err.contains("greedy"), "{err}");
+
+    let mut llama = LoadedModel::load(&fixture("llama-tiny"), Device::Cpu).unwrap();
+    let err = llama
+        .load_draft(&fixture("gemma4-tiny-assistant"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model_type"), "{err}");
+    let mut gemma = LoadedModel::load(&fixture("gemma4-tiny"), Device::Cpu).unwrap();
+    let err = gemma
+        .load_draft(&fixture("llama-tiny"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model_type"), "{err}");
+}
