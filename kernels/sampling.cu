@@ -91,3 +91,47 @@ extern "C" __global__ void feed_tokens(unsigned int* ids, const unsigned long lo
         }
     }
 }
+
+// The greedy pick of a clustered output head (Gemma-4's assistant), as the host's
+// `sampling::clustered_argmax` defines it: the `top_k` clusters whose scores are highest
+// (argmax_key order: NaN as -inf, ties to the lower cluster), then the best logit among
+// their tokens (`ordering` lists token ids cluster by cluster, vocab / clusters each; ties
+// to the lower id). One block a row; out[r] = the token.
+#define CLUSTER_THREADS 1024
+#define CLUSTER_MAX 4096
+#define CLUSTER_TOP_MAX 256
+extern "C" __global__ void __launch_bounds__(CLUSTER_THREADS)
+clustered_argmax(const float* logits, const float* scores, const u32* ordering, u32* out,
+                 u64 vocab, int clusters, int top_k) {
+    __shared__ u64 keys[CLUSTER_MAX];
+    __shared__ int chosen[CLUSTER_TOP_MAX];
+    __shared__ u64 warp_best[CLUSTER_THREADS / 32];
+    const int r = blockIdx.x;
+    const float* s = scores + (u64)r * clusters;
+    for (int c = threadIdx.x; c < clusters; c += blockDim.x) keys[c] = argmax_key(s[c], (u32)c);
+    __syncthreads();
+    // A cluster's rank is how many keys beat it (keys are distinct: the index is in them).
+    for (int c = threadIdx.x; c < clusters; c += blockDim.x) {
+        const u64 k = keys[c];
+        int rank = 0;
+        for (int j = 0; j < clusters; ++j) rank += keys[j] > k;
+        if (rank < top_k) chosen[rank] = c;
+    }
+    __syncthreads();
+    const u64 per = vocab / (u64)clusters;
+    const float* row = logits + (u64)r * vocab;
+    u64 best = 0;
+    for (u64 i = threadIdx.x; i < (u64)top_k * per; i += blockDim.x) {
+        const u32 t = ordering[(u64)chosen[i / per] * per + i % per];
+        best = key_max(best, argmax_key(row[t], t));
+    }
+    for (int o = 16; o > 0; o >>= 1) best = key_max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) warp_best[warp] = best;
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < (int)(blockDim.x / 32) ? warp_best[lane] : 0;
+        for (int o = 16; o > 0; o >>= 1) best = key_max(best, __shfl_xor_sync(0xffffffffu, best, o));
+        if (lane == 0) out[r] = 0xffffffffu - (u32)(best & 0xffffffffu);
+    }
+}

@@ -2,8 +2,8 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, MatmulOut, MatmulShape, QkvPrep, RmsNormParams, RopeParams,
-    StridedCopy, TableSlice,
+    Activation, AttentionParams, ClusterPick, MatmulOut, MatmulShape, QkvPrep, RmsNormParams,
+    RopeParams, StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, RowDraw};
@@ -654,4 +654,20 @@ pub trait Backend: Send + Sync {
     /// row `r` of `tokens`, on the backend, in order with the ops around it
     /// ([`sampling::feed_tokens`] is the definition; a mark past the rows becomes 0).
     fn feed_tokens(&self, ids: &mut Self::Index, tokens: &Self::Tokens) -> Result<()>;
+
+    /// For each row `r` of `c.rows`: [`sampling::clustered_argmax`] of row `r` of `logits`
+    /// (`[rows, vocab]`), row `r` of the cluster `scores` (`[rows, clusters]`) and `ordering`
+    /// (token ids cluster by cluster), into `out[r]`, in backend memory (a captured draft
+    /// step feeds it to the next one).
+    fn clustered_argmax(
+        &self,
+        logits: &Self::Buffer,
+        scores: &Self::Buffer,
+        ordering: &Self::Index,
+        c: ClusterPick,
+        out: &mut Self::Index,
+    ) -> Result<()>;
+
+    /// An index's values on the host.
+    fn download_index(&self, index: &Self::Index) -> Result<Vec<u32>>;
 }

@@ -27,7 +27,7 @@ pub use dtype::{DType, HostSlice};
 pub use error::{KernelError, Result};
 pub use paged::{expand_page_slots, has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
 pub use params::{
-    Activation, AttentionParams, MatmulOut, MatmulShape, QkvPrep, RmsNormParams, RopeParams,
-    RopeStyle, StridedCopy, TableSlice,
+    Activation, AttentionParams, ClusterPick, MatmulOut, MatmulShape, QkvPrep, RmsNormParams,
+    RopeParams, RopeStyle, StridedCopy, TableSlice,
 };
 pub use quant::{MatrixShape, RowDot};

@@ -103,6 +103,16 @@ impl AttentionParams {
     }
 }
 
+/// A clustered output head's greedy pick ([`crate::Backend::clustered_argmax`]): `rows`
+/// rows of `vocab` logits, `clusters` scores a row, the best `top_k` clusters searched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterPick {
+    pub rows: usize,
+    pub vocab: usize,
+    pub clusters: usize,
+    pub top_k: usize,
+}
+
 /// A column slice of a row-major table: row `t` holds `cols` values from
 /// `t * stride + offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -172,6 +172,11 @@ fn argmax() {
 }
 
 #[test]
+fn clustered_argmax() {
+    check_clustered_argmax(&cpu()).unwrap();
+}
+
+#[test]
 fn feed_tokens() {
     check_feed_tokens(&cpu()).unwrap();
 }

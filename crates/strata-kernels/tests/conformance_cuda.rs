@@ -74,6 +74,7 @@ gpu_check!(attention, check_attention);
 gpu_check!(sample, check_sample);
 gpu_check!(paged, check_paged);
 gpu_check!(argmax, check_argmax);
+gpu_check!(clustered_argmax, check_clustered_argmax);
 gpu_check!(feed_tokens, check_feed_tokens);
 gpu_check!(fused, check_fused);
 

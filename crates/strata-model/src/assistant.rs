@@ -11,7 +11,8 @@
 use std::path::Path;
 
 use strata_config::{load_assistant_config, AssistantConfig, ModelConfig};
-use strata_kernels::{Backend, DeviceBuffer, MatmulShape, StridedCopy};
+use strata_kernels::sampling::top_clusters;
+use strata_kernels::{Backend, ClusterPick, DeviceBuffer, StridedCopy};
 use strata_kv::RequestId;
 use strata_weights::{GgmlType, ModelWeights, TensorView, WeightSource};
 
@@ -46,8 +47,10 @@ pub struct Drafted<B: Backend> {
 struct Clusters<B: Backend> {
     /// `[count, hidden]`.
     centroids: Linear<B>,
-    /// Token ids grouped by cluster: `count` runs of `vocab / count`.
+    /// Token ids grouped by cluster: `count` runs of `vocab / count`, on the host and on
+    /// the backend.
     ordering: Vec<u32>,
+    ordering_dev: B::Index,
     top_k: usize,
 }
 
@@ -93,6 +96,7 @@ impl<B: QuantUpload + Clone> Assistant<B> {
                 let ordering = token_ordering(&top(name, &[vocab])?, vocab)?;
                 Some(Clusters {
                     centroids: lin("masked_embedding.centroids.weight", &[c.count, ha])?,
+                    ordering_dev: b.upload_index(&ordering)?,
                     ordering,
                     top_k: c.top_k,
                 })
@@ -266,8 +270,10 @@ impl<B: Backend> Assistant<B> {
         Ok((tokens, logits))
     }
 
-    /// Only the tokens of the `top_k` clusters whose centroids score highest: their rows
-    /// of the output table gathered and multiplied by the state, the rest left out.
+    /// Only the tokens of the `top_k` clusters whose centroids score highest compete: the
+    /// pick runs where the logits are ([`Backend::clustered_argmax`]). The whole table is
+    /// multiplied (one GEMV over the vocabulary); gathering the chosen clusters' rows first
+    /// would read 1/64 of it, but needs the choice on the host or a gather kernel.
     fn clustered_head(
         &self,
         c: &Clusters<B>,
@@ -277,81 +283,49 @@ impl<B: Backend> Assistant<B> {
     ) -> Result<(Vec<u32>, Logits)> {
         let d = &self.decoder;
         let b = &d.backend;
-        let (ha, vocab) = (
-            self.config.decoder.hidden_size,
-            self.config.decoder.vocab_size,
-        );
+        let vocab = self.config.decoder.vocab_size;
         let count = c.centroids.rows();
-        let per = vocab / count;
+        let mut z = d.scratch(n * vocab)?;
+        self.table().forward(b, y, &mut z)?;
         let mut scores = d.scratch(n * count)?;
         c.centroids.forward(b, y, &mut scores)?;
-        let scores = b.download(&scores)?;
-        let mut tokens = Vec::with_capacity(n);
-        let mut logits = want.then(Vec::new);
-        for (r, row) in scores.chunks(count).enumerate() {
-            let cand: Vec<u32> = top_clusters(row, c.top_k)
-                .iter()
-                .flat_map(|&k| c.ordering[k * per..(k + 1) * per].iter().copied())
-                .collect();
-            let m = cand.len();
-            let idx = b.upload_index(&cand)?;
-            let mut rows = d.scratch(m * ha)?;
-            self.table().embed_idx(b, &cand, &idx, 1.0, &mut rows)?;
-            let mut yr = d.scratch(ha)?;
-            b.copy_strided(
-                y,
-                &mut yr,
-                StridedCopy {
-                    rows: 1,
-                    cols: ha,
-                    src_offset: r * ha,
-                    src_stride: ha,
-                    dst_offset: 0,
-                    dst_stride: ha,
-                },
-            )?;
-            let mut z = d.scratch(m)?;
-            let shape = MatmulShape {
-                in_features: ha,
-                out_features: m,
-            };
-            b.matmul(&yr, &rows, shape, &mut z)?;
-            let z = b.download(&z)?;
-            // The greedy draft: the highest score, ties to the lowest token id.
-            let best = (0..m)
-                .max_by(|&i, &j| z[i].total_cmp(&z[j]).then(cand[j].cmp(&cand[i])))
-                .expect("a cluster holds tokens");
-            tokens.push(cand[best]);
-            if let Some(all) = logits.as_mut() {
-                let fill = z.iter().copied().fold(f32::INFINITY, f32::min) - 1.0;
-                let mut full = vec![fill; vocab];
-                for (&t, &v) in cand.iter().zip(&z) {
-                    full[t as usize] = v;
-                }
-                all.push(full);
-            }
+        let mut out = b.upload_index(&vec![0; n])?;
+        let pick = ClusterPick {
+            rows: n,
+            vocab,
+            clusters: count,
+            top_k: c.top_k,
+        };
+        b.clustered_argmax(&z, &scores, &c.ordering_dev, pick, &mut out)?;
+        let tokens = b.download_index(&out)?;
+        if !want {
+            return Ok((tokens, None));
         }
-        Ok((tokens, logits))
+        // The reference's logits: the searched tokens' own, the row's lowest of them less
+        // one everywhere else.
+        let (z, scores) = (b.download(&z)?, b.download(&scores)?);
+        let per = vocab / count;
+        let rows = (0..n)
+            .map(|r| {
+                let row = &z[r * vocab..(r + 1) * vocab];
+                let cand: Vec<u32> = top_clusters(&scores[r * count..(r + 1) * count], c.top_k)
+                    .iter()
+                    .flat_map(|&k| c.ordering[k * per..(k + 1) * per].iter().copied())
+                    .collect();
+                let fill = cand
+                    .iter()
+                    .map(|&t| row[t as usize])
+                    .fold(f32::INFINITY, f32::min)
+                    - 1.0;
+                let mut full = vec![fill; vocab];
+                for &t in &cand {
+                    full[t as usize] = row[t as usize];
+                }
+                full
+            })
+            .collect();
+        Ok((tokens, Some(rows)))
     }
 }
 
 type Logits = Option<Vec<Vec<f32>>>;
-
-/// The `k` highest-scoring clusters (ties to the lower index).
-fn top_clusters(scores: &[f32], k: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|&i, &j| scores[j].total_cmp(&scores[i]).then(i.cmp(&j)));
-    order.truncate(k);
-    order
-}
-
-#[cfg(test)]
-mod tests {
-    use super::top_clusters;
-
-    #[test]
-    fn top_clusters_are_the_highest_scores_in_order() {
-        assert_eq!(top_clusters(&[0.1, 3.0, -1.0, 3.0, 2.0], 3), vec![1, 3, 4]);
-        assert_eq!(top_clusters(&[1.0, 2.0], 5), vec![1, 0]);
-    }
-}

@@ -46,7 +46,7 @@ pub use paged::{
     ALL_FORMATS,
 };
 pub use rope::{check_rope, check_rope_case, RopeCase};
-pub use sampling::{check_argmax, check_feed_tokens, check_sample};
+pub use sampling::{check_argmax, check_clustered_argmax, check_feed_tokens, check_sample};
 
 use crate::sampling::SamplerRng;
 use crate::{Backend, DType};
@@ -194,6 +194,7 @@ pub fn check_all<B: Backend>(
     check_paged(b)?;
     check_sample(b)?;
     check_argmax(b)?;
+    check_clustered_argmax(b)?;
     check_feed_tokens(b)?;
     check_fused(b)?;
     Ok(())

@@ -168,6 +168,79 @@ pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
     Ok(())
 }
 
+/// The clustered head's pick against [`crate::sampling::clustered_argmax`], to the id: the
+/// assistant's shape (262,144 tokens in 2,048 clusters, 32 searched) and a small one; rows
+/// with tied scores, tied logits, NaNs, and every logit -inf.
+pub fn check_clustered_argmax<B: Backend>(b: &B) -> CheckResult {
+    let mut data = TestData::new(802);
+    for (vocab, clusters, top_k) in [
+        (512usize, 16usize, 4usize),
+        (262_144, 2048, 32),
+        (4096, 4096, 1),
+    ] {
+        let rows = 5;
+        let mut logits: Vec<f32> = (0..rows * vocab).map(|_| data.normal() * 3.0).collect();
+        let mut scores: Vec<f32> = (0..rows * clusters).map(|_| data.normal()).collect();
+        // A permutation of the vocabulary (every id once).
+        let mut ordering: Vec<u32> = (0..vocab as u32).collect();
+        for i in (1..vocab).rev() {
+            let j = (data.uniform(0.0, 1.0) * (i + 1) as f32) as usize;
+            ordering.swap(i, j.min(i));
+        }
+        // Row 1: the best scores tied, and -0 beside +0; two tokens tied for the best logit.
+        scores[clusters..clusters + 3].fill(5.0);
+        scores[clusters + 3] = -0.0;
+        scores[clusters + 4] = 0.0;
+        logits[vocab..2 * vocab]
+            .iter_mut()
+            .for_each(|x| *x = x.round());
+        // Row 2: NaN scores and logits; row 3: every logit -inf; row 4: every score -inf.
+        for i in (0..clusters).step_by(2) {
+            scores[2 * clusters + i] = f32::NAN;
+        }
+        for i in (0..vocab).step_by(3) {
+            logits[2 * vocab + i] = f32::NAN;
+        }
+        logits[3 * vocab..4 * vocab].fill(f32::NEG_INFINITY);
+        scores[4 * clusters..5 * clusters].fill(f32::NEG_INFINITY);
+        let lb = put(b, &logits, b.activation_dtype())?;
+        let sb = put(b, &scores, b.activation_dtype())?;
+        let stored = b.download(&lb).map_err(|e| e.to_string())?;
+        let stored_scores = b.download(&sb).map_err(|e| e.to_string())?;
+        let ob = b.upload_index(&ordering).map_err(|e| e.to_string())?;
+        let mut out = b
+            .upload_index(&vec![u32::MAX; rows])
+            .map_err(|e| e.to_string())?;
+        let c = crate::ClusterPick {
+            rows,
+            vocab,
+            clusters,
+            top_k,
+        };
+        ctx(
+            "clustered_argmax",
+            b.clustered_argmax(&lb, &sb, &ob, c, &mut out),
+        )?;
+        let got = ctx("download_index", b.download_index(&out))?;
+        let want: Vec<u32> = (0..rows)
+            .map(|r| {
+                crate::sampling::clustered_argmax(
+                    &stored[r * vocab..(r + 1) * vocab],
+                    &stored_scores[r * clusters..(r + 1) * clusters],
+                    &ordering,
+                    top_k,
+                )
+            })
+            .collect();
+        if got != want {
+            return Err(format!(
+                "clustered_argmax {vocab} tokens in {clusters} clusters, {top_k} searched: got {got:?}, want {want:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Tokens kept where the logits are: `pick_start` then `pick_finish` gives the host's
 /// picks (rows 1 and 2 of the first step drawn), and `feed_tokens` puts a started step's
 /// ids into the marked entries of an index (read back through `embedding_idx`) while a

@@ -19,11 +19,12 @@ pub use buffer::CpuBuffer;
 pub use elementwise::{gelu_tanh, silu};
 pub use paged::{CpuKvSlab, CpuPagedBatch};
 
+use crate::backend::DeviceBuffer;
 use crate::quant::RowDot;
 use crate::sampling::{Picked, RowDraw};
 use crate::Result;
 use crate::{
-    Activation, AttentionParams, Backend, DType, HostSlice, KernelError, MatmulShape,
+    Activation, AttentionParams, Backend, ClusterPick, DType, HostSlice, KernelError, MatmulShape,
     RmsNormParams, RopeParams, StridedCopy,
 };
 use std::sync::Arc;
@@ -307,6 +308,48 @@ impl Backend for CpuBackend {
     fn feed_tokens(&self, ids: &mut Vec<u32>, tokens: &Vec<Picked>) -> Result<()> {
         crate::sampling::feed_tokens(ids, &crate::sampling::pick_ids(tokens));
         Ok(())
+    }
+
+    fn clustered_argmax(
+        &self,
+        logits: &CpuBuffer,
+        scores: &CpuBuffer,
+        ordering: &Vec<u32>,
+        c: ClusterPick,
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        crate::error::ensure(
+            c.clusters > 0
+                && c.vocab == ordering.len()
+                && c.vocab.is_multiple_of(c.clusters)
+                && logits.len() >= c.rows * c.vocab
+                && scores.len() >= c.rows * c.clusters
+                && out.len() >= c.rows,
+            "clustered_argmax",
+            || {
+                format!(
+                    "{c:?} over {} logits, {} scores, an ordering of {} and {} outputs",
+                    logits.len(),
+                    scores.len(),
+                    ordering.len(),
+                    out.len()
+                )
+            },
+        )?;
+        let (l, s) = (self.download(logits)?, self.download(scores)?);
+        for r in 0..c.rows {
+            out[r] = crate::sampling::clustered_argmax(
+                &l[r * c.vocab..(r + 1) * c.vocab],
+                &s[r * c.clusters..(r + 1) * c.clusters],
+                ordering,
+                c.top_k,
+            );
+        }
+        Ok(())
+    }
+
+    fn download_index(&self, index: &Vec<u32>) -> Result<Vec<u32>> {
+        Ok(index.clone())
     }
 
     fn write_index(&self, index: &mut Vec<u32>, data: &[u32]) -> Result<()> {

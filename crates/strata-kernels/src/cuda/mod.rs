@@ -779,4 +779,25 @@ impl Backend for CudaBackend {
     fn feed_tokens(&self, ids: &mut CudaIndex, tokens: &CudaTokens) -> Result<()> {
         self.feed_tokens_impl(ids, tokens)
     }
+
+    fn clustered_argmax(
+        &self,
+        logits: &CudaBuffer,
+        scores: &CudaBuffer,
+        ordering: &CudaIndex,
+        c: crate::ClusterPick,
+        out: &mut CudaIndex,
+    ) -> Result<()> {
+        self.clustered_argmax_impl(logits, scores, ordering, c, out)
+    }
+
+    fn download_index(&self, index: &CudaIndex) -> Result<Vec<u32>> {
+        let len = index.len();
+        if len == 0 {
+            return Ok(vec![]);
+        }
+        self.stream
+            .clone_dtoh(&index.data().slice(..len))
+            .map_err(device_err("download_index"))
+    }
 }

@@ -472,4 +472,60 @@ impl CudaBackend {
         unsafe { l.launch(cfg) }.map_err(device_err("feed_tokens"))?;
         Ok(())
     }
+
+    pub(super) fn clustered_argmax_impl(
+        &self,
+        logits: &CudaBuffer,
+        scores: &CudaBuffer,
+        ordering: &CudaIndex,
+        c: crate::ClusterPick,
+        out: &mut CudaIndex,
+    ) -> Result<()> {
+        const OP: &str = "clustered_argmax";
+        // The kernel's shared arrays: every score's key, the chosen clusters.
+        const MAX_CLUSTERS: usize = 4096;
+        const MAX_TOP: usize = 256;
+        ensure(
+            (1..=MAX_CLUSTERS).contains(&c.clusters)
+                && c.top_k <= MAX_TOP.min(c.clusters)
+                && c.vocab == ordering.len()
+                && c.vocab.is_multiple_of(c.clusters)
+                && logits.len() >= c.rows * c.vocab
+                && scores.len() >= c.rows * c.clusters
+                && out.len() >= c.rows
+                && c.vocab <= u32::MAX as usize,
+            OP,
+            || {
+                format!(
+                    "{c:?} over {} logits, {} scores, an ordering of {}, {} outputs (at most \
+                     {MAX_CLUSTERS} clusters, {MAX_TOP} searched)",
+                    logits.len(),
+                    scores.len(),
+                    ordering.len(),
+                    out.len()
+                )
+            },
+        )?;
+        if c.rows == 0 {
+            return Ok(());
+        }
+        let (vocab, clusters, top_k) = (c.vocab as u64, c.clusters as i32, c.top_k as i32);
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        l.arg(logits.f32s(OP)?)
+            .arg(scores.f32s(OP)?)
+            .arg(ordering.data())
+            .arg(out.data_mut())
+            .arg(&vocab)
+            .arg(&clusters)
+            .arg(&top_k);
+        let cfg = LaunchConfig {
+            grid_dim: (c.rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the sizes were checked above; ordering's ids are below vocab (the caller
+        // checked them when it made the index).
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
 }

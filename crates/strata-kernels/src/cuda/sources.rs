@@ -207,7 +207,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile::any_gpu(
         "sampling",
         include_str!("../../../../kernels/sampling.cu"),
-        &["argmax_rows", "feed_tokens"],
+        &["argmax_rows", "feed_tokens", "clustered_argmax"],
     ),
     KernelFile::any_gpu(
         "draw",

@@ -120,6 +120,39 @@ fn key(x: f32) -> f32 {
     }
 }
 
+/// The `k` highest of `scores` (NaN as -inf; ties, -0 with +0 among them, to the lower
+/// index), best first.
+pub fn top_clusters(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    let v = |i: usize| key(scores[i]);
+    order.sort_by(|&i, &j| {
+        v(j).partial_cmp(&v(i))
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(i.cmp(&j))
+    });
+    order.truncate(k);
+    order
+}
+
+/// The greedy token of a clustered output head (Gemma-4's assistant): the largest logit
+/// among the tokens of the `top_k` clusters whose `scores` are highest ([`top_clusters`]);
+/// `ordering` lists the token ids cluster by cluster, `ordering.len() / scores.len()` each.
+/// Ties go to the lowest id, NaN never wins (as [`argmax`]).
+pub fn clustered_argmax(logits: &[f32], scores: &[f32], ordering: &[u32], top_k: usize) -> u32 {
+    let per = ordering.len() / scores.len().max(1);
+    let (mut best, mut best_v) = (u32::MAX, f32::NEG_INFINITY);
+    for c in top_clusters(scores, top_k) {
+        for &t in &ordering[c * per..(c + 1) * per] {
+            let x = key(logits[t as usize]);
+            if x > best_v || (x == best_v && t < best) {
+                best = t;
+                best_v = x;
+            }
+        }
+    }
+    best
+}
+
 /// Index of the largest logit; ties go to the lowest id, NaN never wins.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;

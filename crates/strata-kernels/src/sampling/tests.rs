@@ -320,3 +320,36 @@ fn sample_equals_the_plain_definition() {
     }
     assert!(checked > 4000, "{checked}");
 }
+
+#[test]
+fn clustered_argmax_searches_the_best_clusters_only() {
+    // Six tokens in three clusters of two: cluster 0 = {4, 1}, 1 = {0, 5}, 2 = {2, 3}.
+    let ordering = [4, 1, 0, 5, 2, 3];
+    let logits = [9.0, 1.0, 2.0, 7.0, 3.0, 8.0];
+    // Clusters 2 then 0 score best: token 3 (7.0) beats 2, 4 and 1; token 0 (9.0) is not
+    // searched.
+    assert_eq!(super::top_clusters(&[0.5, -1.0, 2.0], 2), vec![2, 0]);
+    assert_eq!(
+        super::clustered_argmax(&logits, &[0.5, -1.0, 2.0], &ordering, 2),
+        3
+    );
+    assert_eq!(
+        super::clustered_argmax(&logits, &[0.5, -1.0, 2.0], &ordering, 3),
+        0
+    );
+    // Tied scores go to the lower cluster, -0 ties with +0, NaN never wins.
+    assert_eq!(super::top_clusters(&[1.0, 1.0, f32::NAN], 1), vec![0]);
+    assert_eq!(super::top_clusters(&[-0.0, 0.0, f32::NAN], 2), vec![0, 1]);
+    // Tied logits go to the lower id, whatever the cluster order.
+    let tied = [1.0, 5.0, 5.0, 0.0, 5.0, 0.0];
+    assert_eq!(
+        super::clustered_argmax(&tied, &[3.0, 1.0, 2.0], &ordering, 3),
+        1
+    );
+    // Every logit -inf: the lowest id searched.
+    let none = [f32::NEG_INFINITY; 6];
+    assert_eq!(
+        super::clustered_argmax(&none, &[0.0, 1.0, 2.0], &ordering, 1),
+        2
+    );
+}
