@@ -58,17 +58,11 @@ impl<B: Backend> Drafter<B> for Assistant<B> {
         hidden: &B::Buffer,
         n: usize,
     ) -> Result<Vec<u32>> {
-        let mut out = Vec::with_capacity(n);
-        let mut token = token;
-        let mut state: Option<B::Buffer> = None;
-        for _ in 0..n {
-            let h = state.as_ref().unwrap_or(hidden);
-            let d = self.step(target, kv, &[seq], &[token], h, false)?;
-            token = d.tokens[0];
-            out.push(token);
-            state = Some(d.hidden);
+        if n == 0 {
+            return Ok(vec![]);
         }
-        Ok(out)
+        let round = Assistant::draft(self, target, kv, &[seq], &[token], hidden, n)?;
+        Ok(round.into_iter().map(|step| step[0]).collect())
     }
 }
 

@@ -150,6 +150,55 @@ impl<B: Backend> Assistant<B> {
         &self.config
     }
 
+    /// Whether a step picks its tokens where the logits are (a centroid head), so that a
+    /// round of steps can be captured as a graph.
+    pub(crate) fn picks_on_device(&self) -> bool {
+        self.clusters.is_some()
+    }
+
+    /// `steps` draft steps for each of `seqs` from `tokens` and `hidden` (as
+    /// [`Assistant::step`]), each step's tokens feeding the next: per step, each
+    /// sequence's draft. A pool that keeps graphs replays the round as one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft<K: KvCache<B>>(
+        &self,
+        target: &Model<B>,
+        kv: &mut K,
+        seqs: &[DraftSeq],
+        tokens: &[u32],
+        hidden: &B::Buffer,
+        steps: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        let hb = self.config.backbone_hidden_size;
+        if tokens.len() != seqs.len() || hidden.len() != seqs.len() * hb {
+            return Err(ModelError::Invalid(format!(
+                "a draft round of {} sequences got {} tokens and {} hidden values",
+                seqs.len(),
+                tokens.len(),
+                hidden.len()
+            )));
+        }
+        if seqs.iter().any(|s| s.position == 0) {
+            return Err(ModelError::Invalid(
+                "a sequence has no target K/V to draft from".into(),
+            ));
+        }
+        if let Some(round) = kv.draft_round(self, target, seqs, tokens, hidden, steps)? {
+            return Ok(round);
+        }
+        let mut out = Vec::with_capacity(steps);
+        let mut tokens = tokens.to_vec();
+        let mut state: Option<B::Buffer> = None;
+        for _ in 0..steps {
+            let h = state.as_ref().unwrap_or(hidden);
+            let d = self.step(target, kv, seqs, &tokens, h, false)?;
+            tokens.clone_from(&d.tokens);
+            out.push(d.tokens);
+            state = Some(d.hidden);
+        }
+        Ok(out)
+    }
+
     /// One draft step for each of `seqs`: from `tokens` (one a sequence) and `hidden`
     /// (`[n, backbone]`: the target's final-normed state that produced the token, or the
     /// previous step's [`Drafted::hidden`]), over the target's K/V in `kv`.
@@ -165,10 +214,7 @@ impl<B: Backend> Assistant<B> {
         let d = &self.decoder;
         let b = &d.backend;
         let n = seqs.len();
-        let (ha, hb) = (
-            self.config.decoder.hidden_size,
-            self.config.backbone_hidden_size,
-        );
+        let hb = self.config.backbone_hidden_size;
         if tokens.len() != n || hidden.len() != n * hb {
             return Err(ModelError::Invalid(format!(
                 "a draft step of {n} sequences got {} tokens and {} hidden values",
@@ -183,12 +229,55 @@ impl<B: Backend> Assistant<B> {
             )));
         }
         let ids = b.upload_index(tokens)?;
+        let pos: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
+        let positions = b.upload_index(&pos)?;
+        let batch = draft_batch(seqs, tokens);
+        kv.begin_step(b, &batch)?;
+        let mut out = b.upload_index(&vec![0; n])?;
+        let io = StepIo {
+            ids: &ids,
+            tokens,
+            positions: &positions,
+            hidden,
+        };
+        let (next, y) = self.step_ops(target, kv, &batch, io, &mut out)?;
+        let tokens = b.download_index(&out)?;
+        let logits = match want_logits {
+            true => Some(self.host_logits(&y, n)?),
+            false => None,
+        };
+        Ok(Drafted {
+            tokens,
+            logits,
+            hidden: next,
+        })
+    }
+
+    /// The ops of one draft step on the pool's current tables (the caller ran `begin_step`
+    /// for `batch`, a [`draft_batch`]): each row's token written to `out` where the logits
+    /// are, the next state and the final-normed rows returned. With a centroid head nothing
+    /// crosses to the host, so a round of steps can be captured as a graph.
+    pub(crate) fn step_ops<K: KvCache<B>>(
+        &self,
+        target: &Model<B>,
+        kv: &mut K,
+        batch: &ForwardBatch,
+        io: StepIo<'_, B>,
+        out: &mut B::Index,
+    ) -> Result<(B::Buffer, B::Buffer)> {
+        let d = &self.decoder;
+        let b = &d.backend;
+        let n = batch.seqs.len();
+        let (ha, hb) = (
+            self.config.decoder.hidden_size,
+            self.config.backbone_hidden_size,
+        );
         let mut cat = d.scratch(n * 2 * hb)?;
         {
             let mut e = d.scratch(n * hb)?;
             let embed = &target.tensors.embed;
-            embed.embed_idx(b, tokens, &ids, target.embed_scale, &mut e)?;
-            for (src, offset) in [(&e, 0), (hidden, hb)] {
+            embed.embed_idx(b, io.tokens, io.ids, target.embed_scale, &mut e)?;
+            for (src, offset) in [(&e, 0), (io.hidden, hb)] {
                 b.copy_strided(
                     src,
                     &mut cat,
@@ -205,43 +294,40 @@ impl<B: Backend> Assistant<B> {
         }
         let mut x = d.scratch(n * ha)?;
         self.pre_projection.forward(b, &cat, &mut x)?;
-
-        // The queries sit at `position` (RoPE), but see the keys a query one position
-        // earlier sees: every stored position, none of the drafted ones.
-        let batch = ForwardBatch {
-            seqs: seqs
-                .iter()
-                .zip(tokens)
-                .map(|(s, &t)| SeqChunk {
-                    request: s.request,
-                    tokens: vec![t],
-                    start: s.position - 1,
-                    logits: LogitsMode::None,
-                })
-                .collect(),
-        };
-        kv.begin_step(b, &batch)?;
-        let pos: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
-        let positions = b.upload_index(&pos)?;
         let layers = &d.tensors.layers;
         let mut normed = d.scratch(n * ha)?;
         b.rms_norm(&x, Some(&layers[0].input_norm), d.norm(ha), &mut normed)?;
         for l in 0..layers.len() {
-            d.decoder_layer(l, &mut x, &mut normed, n, &positions, &batch, kv, None)?;
+            d.decoder_layer(l, &mut x, &mut normed, n, io.positions, batch, kv, None)?;
         }
         let mut y = d.scratch(n * ha)?;
         b.rms_norm(&x, Some(&d.tensors.final_norm), d.norm(ha), &mut y)?;
         let mut next = d.scratch(n * hb)?;
         self.post_projection.forward(b, &y, &mut next)?;
-        let (tokens, logits) = match &self.clusters {
-            Some(c) => self.clustered_head(c, &y, n, want_logits)?,
-            None => self.full_head(&y, n, want_logits)?,
-        };
-        Ok(Drafted {
-            tokens,
-            logits,
-            hidden: next,
-        })
+        let vocab = self.config.decoder.vocab_size;
+        // Every token's logit: one GEMV over the table. Gathering the chosen clusters' rows
+        // first would read 1/64 of it, but needs a gather kernel.
+        let mut z = d.scratch(n * vocab)?;
+        self.table().forward(b, &y, &mut z)?;
+        match &self.clusters {
+            Some(c) => {
+                let count = c.centroids.rows();
+                let mut scores = d.scratch(n * count)?;
+                c.centroids.forward(b, &y, &mut scores)?;
+                let pick = ClusterPick {
+                    rows: n,
+                    vocab,
+                    clusters: count,
+                    top_k: c.top_k,
+                };
+                b.clustered_argmax(&z, &scores, &c.ordering_dev, pick, out)?;
+            }
+            None => {
+                let tokens = b.argmax_rows(&z, vocab, n, None)?;
+                b.write_index(out, &tokens)?;
+            }
+        }
+        Ok((next, y))
     }
 
     /// The output table `[vocab, hidden]` (the tied embedding unless one is stored).
@@ -250,82 +336,69 @@ impl<B: Backend> Assistant<B> {
         t.lm_head.as_ref().unwrap_or(&t.embed)
     }
 
-    /// Every token scored.
-    fn full_head(&self, y: &B::Buffer, n: usize, want: bool) -> Result<(Vec<u32>, Logits)> {
-        let d = &self.decoder;
-        let vocab = self.config.decoder.vocab_size;
-        let mut z = d.scratch(n * vocab)?;
-        self.table().forward(&d.backend, y, &mut z)?;
-        let tokens = d.backend.argmax_rows(&z, vocab, n, None)?;
-        let logits = match want {
-            true => Some(
-                d.backend
-                    .download(&z)?
-                    .chunks(vocab)
-                    .map(<[f32]>::to_vec)
-                    .collect(),
-            ),
-            false => None,
-        };
-        Ok((tokens, logits))
-    }
-
-    /// Only the tokens of the `top_k` clusters whose centroids score highest compete: the
-    /// pick runs where the logits are ([`Backend::clustered_argmax`]). The whole table is
-    /// multiplied (one GEMV over the vocabulary); gathering the chosen clusters' rows first
-    /// would read 1/64 of it, but needs the choice on the host or a gather kernel.
-    fn clustered_head(
-        &self,
-        c: &Clusters<B>,
-        y: &B::Buffer,
-        n: usize,
-        want: bool,
-    ) -> Result<(Vec<u32>, Logits)> {
+    /// The reference's logits for the final-normed rows `y`: with a centroid head, the
+    /// searched tokens' own and the row's lowest of them less one everywhere else.
+    fn host_logits(&self, y: &B::Buffer, n: usize) -> Result<Vec<Vec<f32>>> {
         let d = &self.decoder;
         let b = &d.backend;
         let vocab = self.config.decoder.vocab_size;
-        let count = c.centroids.rows();
         let mut z = d.scratch(n * vocab)?;
         self.table().forward(b, y, &mut z)?;
+        let z = b.download(&z)?;
+        let Some(c) = &self.clusters else {
+            return Ok(z.chunks(vocab).map(<[f32]>::to_vec).collect());
+        };
+        let count = c.centroids.rows();
         let mut scores = d.scratch(n * count)?;
         c.centroids.forward(b, y, &mut scores)?;
-        let mut out = b.upload_index(&vec![0; n])?;
-        let pick = ClusterPick {
-            rows: n,
-            vocab,
-            clusters: count,
-            top_k: c.top_k,
-        };
-        b.clustered_argmax(&z, &scores, &c.ordering_dev, pick, &mut out)?;
-        let tokens = b.download_index(&out)?;
-        if !want {
-            return Ok((tokens, None));
-        }
-        // The reference's logits: the searched tokens' own, the row's lowest of them less
-        // one everywhere else.
-        let (z, scores) = (b.download(&z)?, b.download(&scores)?);
+        let scores = b.download(&scores)?;
         let per = vocab / count;
-        let rows = (0..n)
+        Ok((0..n)
             .map(|r| {
                 let row = &z[r * vocab..(r + 1) * vocab];
                 let cand: Vec<u32> = top_clusters(&scores[r * count..(r + 1) * count], c.top_k)
                     .iter()
                     .flat_map(|&k| c.ordering[k * per..(k + 1) * per].iter().copied())
                     .collect();
-                let fill = cand
+                let lowest = cand
                     .iter()
                     .map(|&t| row[t as usize])
-                    .fold(f32::INFINITY, f32::min)
-                    - 1.0;
-                let mut full = vec![fill; vocab];
+                    .fold(f32::INFINITY, f32::min);
+                let mut full = vec![lowest - 1.0; vocab];
                 for &t in &cand {
                     full[t as usize] = row[t as usize];
                 }
                 full
             })
-            .collect();
-        Ok((tokens, Some(rows)))
+            .collect())
     }
 }
 
-type Logits = Option<Vec<Vec<f32>>>;
+/// A draft step's inputs in backend memory (a captured round's own buffers).
+pub(crate) struct StepIo<'a, B: Backend> {
+    pub ids: &'a B::Index,
+    /// The host copy of `ids`, read only by host-resident embedding tables.
+    pub tokens: &'a [u32],
+    /// Each sequence's drafting position (RoPE).
+    pub positions: &'a B::Index,
+    /// `[n, backbone]`.
+    pub hidden: &'a B::Buffer,
+}
+
+/// The batch a draft step's attention sees: one token a sequence at `position - 1`, so its
+/// keys are every stored position and none of the drafted ones (the query itself is roped
+/// at `position`).
+pub(crate) fn draft_batch(seqs: &[DraftSeq], tokens: &[u32]) -> ForwardBatch {
+    ForwardBatch {
+        seqs: seqs
+            .iter()
+            .zip(tokens)
+            .map(|(s, &t)| SeqChunk {
+                request: s.request,
+                tokens: vec![t],
+                start: s.position - 1,
+                logits: LogitsMode::None,
+            })
+            .collect(),
+    }
+}

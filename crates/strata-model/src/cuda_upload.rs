@@ -667,6 +667,49 @@ mod tests {
         (tokens, logits)
     }
 
+    /// Draft rounds of three steps at two prompt lengths on the GPU's device pool, as
+    /// captured graphs (the second round replays the first one's) or op by op.
+    fn draft_rounds(ids: &[u32], graphs: bool) -> Vec<Vec<Vec<u32>>> {
+        let dir = fixtures();
+        let b = gpu().unwrap();
+        let target = Model::load(b.clone(), &dir.join("gemma4-tiny")).unwrap();
+        let asst = crate::Assistant::load(
+            b,
+            &dir.join("gemma4-tiny-assistant"),
+            target.config(),
+            crate::LoadOptions::default(),
+        )
+        .unwrap();
+        let mut kv = device_pool(&target, KvCacheDtype::F32);
+        kv.storage_mut().set_graphs(graphs);
+        let mut rounds = vec![];
+        for len in [ids.len() - 3, ids.len()] {
+            let req = kv.alloc_request();
+            kv.extend(req, len).unwrap();
+            let batch = ForwardBatch {
+                seqs: vec![SeqChunk {
+                    request: req,
+                    tokens: ids[..len].to_vec(),
+                    start: 0,
+                    logits: LogitsMode::Last,
+                }],
+            };
+            let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
+            let seq = crate::DraftSeq {
+                request: req,
+                position: len,
+            };
+            let (token, hidden) = (out.tokens[0][0], out.hidden.unwrap());
+            let round = asst
+                .draft(&target, &mut kv, &[seq], &[token], &hidden, 3)
+                .unwrap();
+            rounds.push(round);
+            kv.release(req).unwrap();
+        }
+        assert_eq!(kv.storage().draft_graph_count(), usize::from(graphs));
+        rounds
+    }
+
     /// Three draft steps of the tiny assistant on the GPU (device pool) against the CPU in
     /// the same body and transformers' figures; then the target's verification of a run of
     /// tokens against its own decode steps, token by token.
@@ -694,6 +737,15 @@ mod tests {
         let (cpu_tokens, cpu_logits) = three_drafts(CpuBackend::new(), |m| pool(m), &ids);
         assert_eq!(gpu_tokens, cpu_tokens);
         assert_eq!(gpu_tokens[1..], ints("draft_tokens")[..]);
+        // A round captured as a graph drafts what the steps op by op draft.
+        let (captured, stepped) = (draft_rounds(&ids, true), draft_rounds(&ids, false));
+        assert_eq!(captured, stepped, "draft rounds as graphs against op by op");
+        let last: Vec<u32> = captured[1].iter().map(|s| s[0]).collect();
+        assert_eq!(
+            last,
+            gpu_tokens[1..],
+            "the captured round against single steps"
+        );
         let vs_cpu = max_abs_diff(&gpu_logits, &cpu_logits);
         let vs_ref = max_abs_diff(&gpu_logits, &floats("draft_logits"));
         eprintln!("assistant drafts: max |cuda - cpu| {vs_cpu:.3e}, max |cuda - transformers| {vs_ref:.3e}");

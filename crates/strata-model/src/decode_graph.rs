@@ -27,7 +27,7 @@ use crate::model::Model;
 use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedStorage};
 
 /// Largest batch replayed as a graph; larger decode batches run op by op.
-const MAX_GRAPH_BATCH: usize = 256;
+pub(crate) const MAX_GRAPH_BATCH: usize = 256;
 /// Buckets are powers of two up to this many sequences, multiples of [`BUCKET_STEP`] past it
 /// up to [`FINE_BUCKETS_FROM`], multiples of [`FINE_BUCKET_STEP`] up to
 /// [`STEPPED_BUCKETS_UP_TO`], powers of two again past that.
@@ -89,11 +89,11 @@ pub(crate) struct DecodeGraph<B: Backend> {
 
 /// The step's host inputs, padded to `bucket` rows; each group's keys as pages (what a
 /// replay uploads; a capture expands them into slot tables).
-struct Padded {
-    ids: Vec<u32>,
-    positions: Vec<u32>,
-    full: Option<HostPages>,
-    window: Option<HostPages>,
+pub(crate) struct Padded {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) positions: Vec<u32>,
+    pub(crate) full: Option<HostPages>,
+    pub(crate) window: Option<HostPages>,
 }
 
 /// Pads a group's pages with one-token rows on the spare slot, the first of the page one
@@ -150,7 +150,7 @@ fn eligible<B: Backend>(
         && shape
 }
 
-fn padded<B: Backend>(
+pub(crate) fn padded<B: Backend>(
     pool: &KvPool<PagedStorage<B>>,
     batch: &ForwardBatch,
     prep: &Prepared,
@@ -239,7 +239,7 @@ fn tables_with_capacity<B: Backend>(
 /// The padded step's inputs uploaded (fed ids filled in from `fed`), and the pool's tables
 /// set to the graph's (with their capacities: graph batches take the split counts of long
 /// keys).
-fn graph_inputs<B: Backend>(
+pub(crate) fn graph_inputs<B: Backend>(
     pool: &mut KvPool<PagedStorage<B>>,
     b: &B,
     (p, fed): (&Padded, Option<&B::Tokens>),
@@ -350,7 +350,7 @@ fn update<B: Backend>(
 pub(crate) type GraphKey = (usize, usize);
 
 /// Slot capacity for `need` keys, at least twice what a graph had before.
-fn grow(need: usize, had: Option<usize>) -> usize {
+pub(crate) fn grow(need: usize, had: Option<usize>) -> usize {
     (2 * need)
         .max(MIN_SLOT_CAPACITY)
         .max(had.map_or(0, |h| 2 * h))

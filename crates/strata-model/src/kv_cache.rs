@@ -10,6 +10,7 @@
 use strata_kernels::{AttentionParams, Backend, HostSlice, QkvPrep, StridedCopy};
 use strata_kv::{HostStorage, KvPool};
 
+use crate::assistant::{Assistant, DraftSeq};
 use crate::batch::ForwardBatch;
 use crate::error::Result;
 use crate::forward::Prepared;
@@ -48,6 +49,21 @@ pub trait KvCache<B: Backend> {
         _batch: &ForwardBatch,
         _prep: &Prepared,
     ) -> Result<Option<GreedyRows<B>>> {
+        Ok(None)
+    }
+
+    /// A round of `steps` draft steps replayed as a captured graph, if this cache keeps
+    /// graphs and the round can be one ([`Assistant::draft`]); `None` runs it op by op.
+    #[allow(clippy::too_many_arguments)]
+    fn draft_round(
+        &mut self,
+        _assistant: &Assistant<B>,
+        _target: &Model<B>,
+        _seqs: &[DraftSeq],
+        _tokens: &[u32],
+        _hidden: &B::Buffer,
+        _steps: usize,
+    ) -> Result<Option<Vec<Vec<u32>>>> {
         Ok(None)
     }
 

@@ -5,6 +5,7 @@ mod batch;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
 mod decode_graph;
+mod draft_graph;
 mod error;
 mod forward;
 mod greedy_rows;

@@ -38,6 +38,8 @@ pub struct PagedStorage<B: Backend> {
     pub(crate) window: Option<GroupTables<B>>,
     /// Captured decode steps by batch-size bucket (they address these slabs).
     pub(crate) graphs: HashMap<crate::decode_graph::GraphKey, DecodeGraph<B>>,
+    /// Draft rounds captured as graphs, by (sequences, steps).
+    pub(crate) draft_graphs: HashMap<(usize, usize), crate::draft_graph::DraftGraph<B>>,
     pub(crate) graph_mode: DecodeGraphs,
 }
 
@@ -77,6 +79,7 @@ impl<B: Backend> PagedStorage<B> {
             full: None,
             window: None,
             graphs: HashMap::new(),
+            draft_graphs: HashMap::new(),
             graph_mode: DecodeGraphs::from_env(),
         }
     }
@@ -95,12 +98,18 @@ impl<B: Backend> PagedStorage<B> {
         self.graph_mode = mode;
         if mode != DecodeGraphs::Replay {
             self.graphs.clear();
+            self.draft_graphs.clear();
         }
     }
 
     /// Decode graphs captured so far (one per batch-size bucket).
     pub fn graph_count(&self) -> usize {
         self.graphs.len()
+    }
+
+    /// Draft rounds captured as graphs.
+    pub fn draft_graph_count(&self) -> usize {
+        self.draft_graphs.len()
     }
 
     /// The slab of slab id `i`, for checks.
@@ -150,6 +159,7 @@ impl<B: Backend> KvStorage for PagedStorage<B> {
         self.full = None;
         self.window = None;
         self.graphs.clear();
+        self.draft_graphs.clear();
         match self.allocate(layout, plan) {
             Ok(()) => {
                 self.current = Some((layout.clone(), *plan));
@@ -349,6 +359,18 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         fed: Option<&B::Tokens>,
     ) -> Result<Option<Launched<B>>> {
         crate::decode_graph::replay(self, model, batch, prep, fed)
+    }
+
+    fn draft_round(
+        &mut self,
+        assistant: &crate::Assistant<B>,
+        target: &Model<B>,
+        seqs: &[crate::DraftSeq],
+        tokens: &[u32],
+        hidden: &B::Buffer,
+        steps: usize,
+    ) -> Result<Option<Vec<Vec<u32>>>> {
+        crate::draft_graph::draft_round(self, assistant, target, seqs, tokens, hidden, steps)
     }
 
     #[allow(private_interfaces)]
