@@ -734,7 +734,7 @@ mod tests {
         let ids = ints("input_ids");
         let (gpu_tokens, gpu_logits) =
             three_drafts(gpu().unwrap(), |m| device_pool(m, KvCacheDtype::F32), &ids);
-        let (cpu_tokens, cpu_logits) = three_drafts(CpuBackend::new(), |m| pool(m), &ids);
+        let (cpu_tokens, cpu_logits) = three_drafts(CpuBackend::new(), pool, &ids);
         assert_eq!(gpu_tokens, cpu_tokens);
         assert_eq!(gpu_tokens[1..], ints("draft_tokens")[..]);
         // A round captured as a graph drafts what the steps op by op draft.
