@@ -15,8 +15,16 @@ pub struct GenerateArgs {
     /// A model directory, `config.json`, or `.gguf` file.
     #[arg(long)]
     pub model: PathBuf,
-    #[arg(long)]
-    pub prompt: String,
+    /// The prompt text (needs the model's tokenizer).
+    #[arg(
+        long,
+        required_unless_present = "prompt_ids",
+        conflicts_with = "prompt_ids"
+    )]
+    pub prompt: Option<String>,
+    /// The prompt as token ids, comma-separated (for models without a tokenizer).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
     #[command(flatten)]
@@ -57,13 +65,14 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
             .load_draft(d)
             .with_context(|| format!("loading the draft model {}", d.display()))?;
     }
-    let prompt = if a.chat {
-        model.encode_chat(&[ChatMessage {
+    let prompt = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) if a.chat => model.encode_chat(&[ChatMessage {
             role: "user".into(),
-            content: a.prompt.clone(),
-        }])?
-    } else {
-        model.encode_prompt(&a.prompt)?
+            content: text.clone(),
+        }])?,
+        (None, Some(text)) => model.encode_prompt(text)?,
+        (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };
     let params = GenerateParams {
         max_tokens: a.max_tokens,
@@ -74,7 +83,11 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let out = model.generate(&prompt, &params)?;
-    let text = model.decode(&out.tokens)?;
+    // Without a tokenizer (ids in, ids out) there is no text.
+    let text = match model.tokenizer {
+        Some(_) => model.decode(&out.tokens)?,
+        None => String::new(),
+    };
     if a.json {
         let t = out.timings;
         let report = json!({

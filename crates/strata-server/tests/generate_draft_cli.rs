@@ -1,0 +1,87 @@
+//! `strata generate --draft` through the real binary: the tiny Gemma-4 target with its tiny
+//! assistant (CPU), prompts given as token ids.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn tiny(name: &str) -> String {
+    let p: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(name);
+    p.display().to_string()
+}
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn generate(extra: &[&str]) -> Value {
+    let model = tiny("gemma4-tiny");
+    let mut args = vec![
+        "generate",
+        "--model",
+        &model,
+        "--device",
+        "cpu",
+        "--prompt-ids",
+        "5,9,300,17,2,8,77",
+        "--max-tokens",
+        "20",
+        "--ignore-eos",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = strata(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn drafted_generation_prints_the_greedy_tokens_and_the_drafts_kept() {
+    let plain = generate(&[]);
+    assert!(plain["draft"].is_null());
+    let assistant = tiny("gemma4-tiny-assistant");
+    for k in ["1", "3"] {
+        let drafted = generate(&["--draft", &assistant, "--draft-tokens", k]);
+        assert_eq!(drafted["tokens"], plain["tokens"], "{k} drafts a round");
+        let d = &drafted["draft"];
+        let (rounds, drafted_n, kept) = (
+            d["rounds"].as_u64().unwrap(),
+            d["drafted"].as_u64().unwrap(),
+            d["accepted"].as_u64().unwrap(),
+        );
+        assert!(
+            rounds > 0 && drafted_n >= rounds && kept <= drafted_n,
+            "{d}"
+        );
+    }
+}
+
+#[test]
+fn a_draft_model_that_does_not_fit_is_refused_naming_the_field() {
+    let model = tiny("llama-tiny");
+    let assistant = tiny("gemma4-tiny-assistant");
+    let out = strata(&[
+        "generate",
+        "--model",
+        &model,
+        "--device",
+        "cpu",
+        "--prompt-ids",
+        "1,2,3",
+        "--draft",
+        &assistant,
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model_type") && err.contains("draft"), "{err}");
+}
