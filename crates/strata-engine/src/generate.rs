@@ -45,6 +45,19 @@ pub struct Timings {
     pub predicted_per_second: f64,
 }
 
+impl Timings {
+    /// `prompt` tokens in `prompt_ms`, then `predicted` tokens in `predicted_ms`.
+    fn new(prompt: usize, prompt_ms: f64, predicted: usize, predicted_ms: f64) -> Self {
+        let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        Self {
+            prompt_ms,
+            predicted_ms,
+            prompt_per_second: per_second(prompt, prompt_ms),
+            predicted_per_second: per_second(predicted, predicted_ms),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct GenerateResult {
     pub tokens: Vec<u32>,
@@ -132,15 +145,9 @@ where
     // Counted as `run` counts: every token over the time after the prompt's step.
     let predicted_ms = (end - out.prompt_done).as_secs_f64() * 1e3;
     let n = out.tokens.len();
-    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     Ok(GenerateResult {
         finish_reason: if out.stopped { "stop" } else { "length" },
-        timings: Timings {
-            prompt_ms,
-            predicted_ms,
-            prompt_per_second: per_second(prompt.len(), prompt_ms),
-            predicted_per_second: per_second(n, predicted_ms),
-        },
+        timings: Timings::new(prompt.len(), prompt_ms, n, predicted_ms),
         tokens: out.tokens,
         draft: Some(out.stats),
     })
@@ -227,15 +234,9 @@ where
         }
         let predicted_ms = t1.elapsed().as_secs_f64() * 1e3;
         kv.release(req)?;
-        let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         Ok(GenerateResult {
             finish_reason,
-            timings: Timings {
-                prompt_ms,
-                predicted_ms,
-                prompt_per_second: per_second(prompt.len(), prompt_ms),
-                predicted_per_second: per_second(tokens.len(), predicted_ms),
-            },
+            timings: Timings::new(prompt.len(), prompt_ms, tokens.len(), predicted_ms),
             tokens,
             draft: None,
         })

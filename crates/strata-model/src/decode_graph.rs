@@ -205,7 +205,12 @@ fn padded_prep(p: &Padded, q: usize) -> Prepared {
 }
 
 /// Copies the first `len` elements of `src` into `dst`.
-fn copy_prefix<B: Backend>(b: &B, src: &B::Buffer, dst: &mut B::Buffer, len: usize) -> Result<()> {
+pub(crate) fn copy_prefix<B: Backend>(
+    b: &B,
+    src: &B::Buffer,
+    dst: &mut B::Buffer,
+    len: usize,
+) -> Result<()> {
     let c = StridedCopy {
         rows: 1,
         cols: len,

@@ -9,11 +9,11 @@
 //! nothing in a round crosses to the host. Op by op, a round of three steps is about 170
 //! launches, each waiting on the host.
 
-use strata_kernels::{Backend, DeviceBuffer, StridedCopy};
+use strata_kernels::{Backend, DeviceBuffer};
 use strata_kv::KvPool;
 
 use crate::assistant::{draft_batch, Assistant, DraftSeq, StepIo};
-use crate::decode_graph::{bucket_for, graph_inputs, grow, padded, MAX_GRAPH_BATCH};
+use crate::decode_graph::{bucket_for, copy_prefix, graph_inputs, grow, padded, MAX_GRAPH_BATCH};
 use crate::error::Result;
 use crate::model::Model;
 use crate::paged_kv::{DecodeGraphs, GroupTables, HostPages, PagedStorage};
@@ -33,19 +33,6 @@ pub(crate) struct DraftGraph<B: Backend> {
     window: Option<GroupTables<B>>,
     full_capacity: usize,
     window_capacity: usize,
-}
-
-/// Copies `len` values of `src` into `dst`.
-fn copy_all<B: Backend>(b: &B, src: &B::Buffer, dst: &mut B::Buffer, len: usize) -> Result<()> {
-    let c = StridedCopy {
-        rows: 1,
-        cols: len,
-        src_offset: 0,
-        src_stride: 0,
-        dst_offset: 0,
-        dst_stride: 0,
-    };
-    Ok(b.copy_strided(src, dst, c)?)
 }
 
 /// `steps` draft steps for `seqs` replayed as one graph, capturing it first when needed:
@@ -95,7 +82,7 @@ pub(crate) fn draft_round<B: Backend>(
         let positions: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
         let positions = b.upload_index(&positions)?;
         let mut start = b.zeros(hidden.len(), b.activation_dtype())?;
-        copy_all(b, hidden, &mut start, hidden.len())?;
+        copy_prefix(b, hidden, &mut start, hidden.len())?;
         let mut outs = (0..steps)
             .map(|_| b.upload_index(&vec![0; n]))
             .collect::<std::result::Result<Vec<_>, _>>()?;
@@ -144,7 +131,7 @@ pub(crate) fn draft_round<B: Backend>(
     b.write_index(&mut g.ids, tokens)?;
     let positions: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
     b.write_index(&mut g.positions, &positions)?;
-    copy_all(b, hidden, &mut g.hidden, hidden.len())?;
+    copy_prefix(b, hidden, &mut g.hidden, hidden.len())?;
     for (tables, host) in [(&mut g.full, &p.full), (&mut g.window, &p.window)] {
         if let (Some(t), Some(h)) = (tables.as_mut(), host.as_ref()) {
             b.write_index(&mut t.store, &h.store)?;
