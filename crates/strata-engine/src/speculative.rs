@@ -133,6 +133,9 @@ where
 
     let mut tokens = Vec::with_capacity(p.max_tokens);
     let mut stats = DraftStats::default();
+    if p.max_tokens == 0 {
+        return Ok(done(tokens, false, stats));
+    }
     loop {
         // `next` is the target's; it ends the generation or starts a round.
         tokens.push(next);

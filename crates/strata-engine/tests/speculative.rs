@@ -49,6 +49,25 @@ fn drafted_generation_is_the_greedy_generation() {
 }
 
 #[test]
+fn no_tokens_asked_none_given() {
+    let m = target_with_draft();
+    for draft_tokens in [0, 3] {
+        let params = GenerateParams {
+            max_tokens: 0,
+            draft_tokens,
+            ..Default::default()
+        };
+        let out = m.generate(&[4, 5, 6], &params).unwrap();
+        assert!(
+            out.tokens.is_empty(),
+            "{draft_tokens} drafts: {:?}",
+            out.tokens
+        );
+        assert_eq!(out.finish_reason, "length");
+    }
+}
+
+#[test]
 fn drafted_generation_stops_where_the_greedy_one_does() {
     let m = target_with_draft();
     let prompt: Vec<u32> = (0..9).map(|i| (i * 13 + 2) % 512).collect();
