@@ -30,11 +30,14 @@ with no reference outputs: for speed measurements, where weight values do not ma
 import argparse
 import json
 import os
+import sys
 
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_tiny_fixtures import randomise as tiny_randomise  # noqa: E402
+from transformers import (  # noqa: E402
     Gemma4AssistantConfig,
     Gemma4AssistantForCausalLM,
     Gemma4ForCausalLM,
@@ -89,18 +92,10 @@ def assistant_config(target_dir, real_shape=False):
 
 
 def randomise(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    seen = set()
+    """The tiny fixtures' randomisation (norms 1 + 0.3 N(0,1), the rest 0.08 N(0,1), layer
+    scalars U(0.5, 1.5)), then the token ordering as a random permutation."""
+    g = tiny_randomise(model, 1.0, seed)
     with torch.no_grad():
-        for n, p in model.named_parameters(remove_duplicate=True):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            p.copy_(1.0 + 0.3 * noise if "norm" in n else 0.08 * noise)
-        for n, b in model.named_buffers():
-            if n.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=g, dtype=torch.float32))
         order = torch.randperm(model.masked_embedding.token_ordering.numel(), generator=g)
         model.masked_embedding.token_ordering.copy_(order)
 

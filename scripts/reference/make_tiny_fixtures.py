@@ -138,7 +138,7 @@ def set_eager(cfg):
 
 def randomise(model, norm_offset, seed):
     """Norm weights -> norm_offset + 0.3*N(0,1); other params -> N(0, 0.08);
-    Gemma-4 layer_scalar buffers -> U(0.5, 1.5)."""
+    Gemma-4 layer_scalar buffers -> U(0.5, 1.5). Returns the generator, for later draws."""
     g = torch.Generator().manual_seed(seed)
     seen = set()
     with torch.no_grad():
@@ -154,6 +154,7 @@ def randomise(model, norm_offset, seed):
         for n, b in model.named_buffers():
             if n.endswith("layer_scalar"):
                 b.copy_(0.5 + torch.rand(b.shape, generator=g, dtype=torch.float32))
+    return g
 
 
 @torch.no_grad()

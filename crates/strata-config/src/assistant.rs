@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::hf::{gemma4, Fields, Obj};
+use crate::hf::{gemma4, root_object, Fields, Obj};
 use crate::{Architecture, ConfigError, ModelConfig};
 
 /// The ordered-embedding output head: the vocabulary split into `count` clusters of equal
@@ -38,13 +38,7 @@ pub struct AssistantConfig {
 impl AssistantConfig {
     /// Parses an assistant's `config.json` document.
     pub fn from_hf_json(text: &str) -> Result<Self, ConfigError> {
-        let root: Value = serde_json::from_str(text)?;
-        let Value::Object(root) = root else {
-            return Err(ConfigError::invalid(
-                "(root)",
-                "config.json must be a JSON object",
-            ));
-        };
+        let root = root_object(text)?;
         let top = Fields {
             obj: &root,
             prefix: "",

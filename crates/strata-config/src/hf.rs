@@ -128,14 +128,19 @@ impl<'a> Fields<'a> {
 }
 
 /// Parses a `config.json` document.
-pub(crate) fn parse(text: &str) -> Result<ModelConfig, ConfigError> {
-    let root: Value = serde_json::from_str(text)?;
-    let Value::Object(root) = root else {
-        return Err(ConfigError::invalid(
+/// The document's top-level object.
+pub(crate) fn root_object(text: &str) -> Result<Obj, ConfigError> {
+    match serde_json::from_str(text)? {
+        Value::Object(root) => Ok(root),
+        _ => Err(ConfigError::invalid(
             "(root)",
             "config.json must be a JSON object",
-        ));
-    };
+        )),
+    }
+}
+
+pub(crate) fn parse(text: &str) -> Result<ModelConfig, ConfigError> {
+    let root = root_object(text)?;
     let top = Fields {
         obj: &root,
         prefix: "",

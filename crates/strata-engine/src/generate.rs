@@ -4,7 +4,9 @@ use std::time::Instant;
 
 use strata_kernels::sampling::{draw_uniform, SamplingParams};
 use strata_kernels::Backend;
-use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_kv::{
+    CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan, RequestId,
+};
 use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
 
 use crate::load::DraftModel;
@@ -153,6 +155,37 @@ where
     })
 }
 
+/// Runs `prompt` on `req` in `chunk`-token steps that ask no logits, all but the last,
+/// and returns that last step's batch (its slots reserved) asking `last` logits.
+pub(crate) fn prefill_to_last<B: Backend, S: KvStorage>(
+    model: &Model<B>,
+    kv: &mut KvPool<S>,
+    req: RequestId,
+    prompt: &[u32],
+    chunk: usize,
+    last: LogitsMode,
+) -> Result<ForwardBatch>
+where
+    KvPool<S>: KvCache<B>,
+{
+    let chunk = chunk.max(1);
+    let step = |start: usize, tokens: &[u32], logits| ForwardBatch {
+        seqs: vec![SeqChunk {
+            request: req,
+            tokens: tokens.to_vec(),
+            start,
+            logits,
+        }],
+    };
+    let from = prompt.len().saturating_sub(1) / chunk * chunk;
+    for (i, part) in prompt[..from].chunks(chunk).enumerate() {
+        kv.extend(req, part.len())?;
+        model.forward(kv, &step(i * chunk, part, LogitsMode::None))?;
+    }
+    kv.extend(req, prompt.len() - from)?;
+    Ok(step(from, &prompt[from..], last))
+}
+
 /// Prefill in chunks, then one token per step, on one request of its own pool.
 fn run<B: Backend, S: KvStorage>(
     model: &Model<B>,
@@ -184,25 +217,8 @@ where
             }
         };
         // The token of the step that reached the end of the sequence (greedy or drawn).
-        let mut step = None;
-        for (i, part) in prompt.chunks(chunk).enumerate() {
-            let start = i * chunk;
-            kv.extend(req, part.len())?;
-            let last = start + part.len() == prompt.len();
-            let batch = ForwardBatch {
-                seqs: vec![SeqChunk {
-                    request: req,
-                    tokens: part.to_vec(),
-                    start,
-                    logits: if last {
-                        want(prompt.len())
-                    } else {
-                        LogitsMode::None
-                    },
-                }],
-            };
-            step = model.forward(&mut kv, &batch)?.token(0);
-        }
+        let last = prefill_to_last(model, &mut kv, req, prompt, chunk, want(prompt.len()))?;
+        let mut step = model.forward(&mut kv, &last)?.token(0);
         let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
 
         let t1 = Instant::now();

@@ -9,7 +9,7 @@ use strata_kernels::{Backend, StridedCopy};
 use strata_kv::{KvPool, KvStorage, RequestId};
 use strata_model::{Assistant, DraftSeq, ForwardBatch, KvCache, LogitsMode, Model, SeqChunk};
 
-use crate::generate::GenerateParams;
+use crate::generate::{prefill_to_last, GenerateParams};
 use crate::{EngineError, Result};
 
 /// How the drafts fared over one generation.
@@ -94,31 +94,8 @@ where
 {
     let b = model.backend();
     let h = model.config().hidden_size;
-    let chunk = p.prefill_chunk.max(1);
-    let mut first = None;
-    for (i, part) in prompt.chunks(chunk).enumerate() {
-        let start = i * chunk;
-        kv.extend(req, part.len())?;
-        let last = start + part.len() == prompt.len();
-        let batch = ForwardBatch {
-            seqs: vec![SeqChunk {
-                request: req,
-                tokens: part.to_vec(),
-                start,
-                logits: if last {
-                    LogitsMode::Last
-                } else {
-                    LogitsMode::None
-                },
-            }],
-        };
-        if last {
-            first = Some(model.forward_greedy_rows(kv, &batch)?);
-        } else {
-            model.forward(kv, &batch)?;
-        }
-    }
-    let out = first.ok_or_else(|| EngineError::Invalid("the prompt has no tokens".into()))?;
+    let last = prefill_to_last(model, kv, req, prompt, p.prefill_chunk, LogitsMode::Last)?;
+    let out = model.forward_greedy_rows(kv, &last)?;
     let (mut next, mut hidden) = match (out.tokens.first().and_then(|t| t.first()), out.hidden) {
         (Some(&t), Some(hid)) => (t, hid),
         _ => return Err(EngineError::Invalid("the model returned no token".into())),

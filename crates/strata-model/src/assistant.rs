@@ -169,20 +169,7 @@ impl<B: Backend> Assistant<B> {
         hidden: &B::Buffer,
         steps: usize,
     ) -> Result<Vec<Vec<u32>>> {
-        let hb = self.config.backbone_hidden_size;
-        if tokens.len() != seqs.len() || hidden.len() != seqs.len() * hb {
-            return Err(ModelError::Invalid(format!(
-                "a draft round of {} sequences got {} tokens and {} hidden values",
-                seqs.len(),
-                tokens.len(),
-                hidden.len()
-            )));
-        }
-        if seqs.iter().any(|s| s.position == 0) {
-            return Err(ModelError::Invalid(
-                "a sequence has no target K/V to draft from".into(),
-            ));
-        }
+        self.check_inputs(seqs, tokens, hidden)?;
         if let Some(round) = kv.draft_round(self, target, seqs, tokens, hidden, steps)? {
             return Ok(round);
         }
@@ -197,6 +184,27 @@ impl<B: Backend> Assistant<B> {
             state = Some(d.hidden);
         }
         Ok(out)
+    }
+
+    /// One token and one `[backbone]` row of `hidden` a sequence, each with target K/V to
+    /// draft from.
+    fn check_inputs(&self, seqs: &[DraftSeq], tokens: &[u32], hidden: &B::Buffer) -> Result<()> {
+        let n = seqs.len();
+        let hb = self.config.backbone_hidden_size;
+        if tokens.len() != n || hidden.len() != n * hb {
+            return Err(ModelError::Invalid(format!(
+                "a draft step of {n} sequences got {} tokens and {} hidden values",
+                tokens.len(),
+                hidden.len()
+            )));
+        }
+        if let Some(s) = seqs.iter().find(|s| s.position == 0) {
+            return Err(ModelError::Invalid(format!(
+                "request {:?} has no target K/V to draft from",
+                s.request
+            )));
+        }
+        Ok(())
     }
 
     /// One draft step for each of `seqs`: from `tokens` (one a sequence) and `hidden`
@@ -214,20 +222,7 @@ impl<B: Backend> Assistant<B> {
         let d = &self.decoder;
         let b = &d.backend;
         let n = seqs.len();
-        let hb = self.config.backbone_hidden_size;
-        if tokens.len() != n || hidden.len() != n * hb {
-            return Err(ModelError::Invalid(format!(
-                "a draft step of {n} sequences got {} tokens and {} hidden values",
-                tokens.len(),
-                hidden.len()
-            )));
-        }
-        if let Some(s) = seqs.iter().find(|s| s.position == 0) {
-            return Err(ModelError::Invalid(format!(
-                "request {:?} has no target K/V to draft from",
-                s.request
-            )));
-        }
+        self.check_inputs(seqs, tokens, hidden)?;
         let ids = b.upload_index(tokens)?;
         let pos: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
         let positions = b.upload_index(&pos)?;

@@ -618,6 +618,20 @@ mod tests {
         });
     }
 
+    /// The tiny Gemma-4 target and its assistant on `b`.
+    fn tiny_pair<B: QuantUpload + Clone>(b: B) -> (Model<B>, crate::Assistant<B>) {
+        let dir = fixtures();
+        let target = Model::load(b.clone(), &dir.join("gemma4-tiny")).unwrap();
+        let asst = crate::Assistant::load(
+            b,
+            &dir.join("gemma4-tiny-assistant"),
+            target.config(),
+            crate::LoadOptions::default(),
+        )
+        .unwrap();
+        (target, asst)
+    }
+
     /// The tiny target's prompt, then three steps of its assistant: the target's greedy
     /// token and every draft, with the drafts' logits.
     fn three_drafts<B: QuantUpload + Clone, S: KvStorage>(
@@ -628,15 +642,7 @@ mod tests {
     where
         KvPool<S>: KvCache<B>,
     {
-        let dir = fixtures();
-        let target = Model::load(b.clone(), &dir.join("gemma4-tiny")).unwrap();
-        let asst = crate::Assistant::load(
-            b,
-            &dir.join("gemma4-tiny-assistant"),
-            target.config(),
-            crate::LoadOptions::default(),
-        )
-        .unwrap();
+        let (target, asst) = tiny_pair(b);
         let mut kv = kv(&target);
         let req = kv.alloc_request();
         kv.extend(req, ids.len()).unwrap();
@@ -670,16 +676,7 @@ mod tests {
     /// Draft rounds of three steps at two prompt lengths on the GPU's device pool, as
     /// captured graphs (the second round replays the first one's) or op by op.
     fn draft_rounds(ids: &[u32], graphs: bool) -> Vec<Vec<Vec<u32>>> {
-        let dir = fixtures();
-        let b = gpu().unwrap();
-        let target = Model::load(b.clone(), &dir.join("gemma4-tiny")).unwrap();
-        let asst = crate::Assistant::load(
-            b,
-            &dir.join("gemma4-tiny-assistant"),
-            target.config(),
-            crate::LoadOptions::default(),
-        )
-        .unwrap();
+        let (target, asst) = tiny_pair(gpu().unwrap());
         let mut kv = device_pool(&target, KvCacheDtype::F32);
         kv.storage_mut().set_graphs(graphs);
         let mut rounds = vec![];

@@ -57,6 +57,19 @@ fn reference() -> Reference {
     }
 }
 
+/// The tiny Gemma-4 target and its assistant.
+fn tiny_pair(b: &CpuBackend) -> (Model<CpuBackend>, Assistant<CpuBackend>) {
+    let target = Model::load(b.clone(), &fixture("gemma4-tiny")).unwrap();
+    let assistant = Assistant::load(
+        b.clone(),
+        &fixture("gemma4-tiny-assistant"),
+        target.config(),
+        LoadOptions::default(),
+    )
+    .unwrap();
+    (target, assistant)
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -83,14 +96,7 @@ where
 {
     let r = reference();
     let b = CpuBackend::new();
-    let target = Model::load(b.clone(), &fixture("gemma4-tiny")).unwrap();
-    let assistant = Assistant::load(
-        b.clone(),
-        &fixture("gemma4-tiny-assistant"),
-        target.config(),
-        LoadOptions::default(),
-    )
-    .unwrap();
+    let (target, assistant) = tiny_pair(&b);
     let mut kv = pool_of(&target, storage);
     let req = kv.alloc_request();
     kv.extend(req, r.ids.len()).unwrap();
@@ -149,14 +155,7 @@ fn drafts_match_transformers_on_the_paged_pool() {
 #[test]
 fn a_draft_step_needs_one_hidden_row_a_sequence() {
     let b = CpuBackend::new();
-    let target = Model::load(b.clone(), &fixture("gemma4-tiny")).unwrap();
-    let assistant = Assistant::load(
-        b.clone(),
-        &fixture("gemma4-tiny-assistant"),
-        target.config(),
-        LoadOptions::default(),
-    )
-    .unwrap();
+    let (target, assistant) = tiny_pair(&b);
     let mut kv = pool_of(&target, HostStorage::new());
     let req = kv.alloc_request();
     kv.extend(req, 3).unwrap();
