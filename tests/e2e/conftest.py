@@ -71,15 +71,17 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
-def start_server(log_dir: Path, *extra: str, api_key: str | None = None, name: str = "server") -> Server:
-    """Starts `strata serve` on 127.0.0.1 with port 0 and reads the bound port from its log."""
+def start_server(log_dir: Path, *extra: str, api_key: str | None = None, name: str = "server",
+                 model: Path | None = None) -> Server:
+    """Starts `strata serve` on 127.0.0.1 with port 0 and reads the bound port from its log
+    (the suite's model, or `model`)."""
     if not BIN.is_file():
         pytest.fail(
             f"strata binary {BIN} not found: cargo build --release -p strata-server (or set STRATA_BIN)",
             pytrace=False,
         )
     log_path = log_dir / f"{name}.log"
-    args = [str(BIN), "serve", "--model", str(MODEL), "--host", "127.0.0.1", "--port", "0",
+    args = [str(BIN), "serve", "--model", str(model or MODEL), "--host", "127.0.0.1", "--port", "0",
             "--kv-budget-bytes", str(KV_BUDGET_BYTES), *extra]
     if api_key is not None:
         args += ["--api-key", api_key]

@@ -17,6 +17,10 @@ const TEST_BINARIES: &[(&[&str], &str)] = &[
         "cuda_nvrtc",
     ),
     (&["-p", "strata-model", "--lib"], "strata_model_tests"),
+    (
+        &["-p", "strata-sched", "--test", "tiny_models"],
+        "strata_sched_tiny",
+    ),
 ];
 
 const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
@@ -39,7 +43,7 @@ check() {
     "$@" >"$log/$name.log" 2>&1
     local rc=$?
     local t1=$(date +%s%N)
-    grep -E "^test result|FAILED|panicked|CUDA backend on|largest|^  |max \||greedy|sm_|NVRTC" "$log/$name.log" | head -n 80
+    grep -E "^test result|FAILED|panicked|CUDA backend on|largest|^  |max \||greedy|sm_|NVRTC|GPU k|equal the" "$log/$name.log" | head -n 80
     echo "== $name: exit $rc, $(( (t1 - t0) / 1000000 )) ms"
     [ "$rc" -eq 0 ] || status=1
 }
@@ -48,6 +52,7 @@ check cold_start "$here/conformance_cuda" upload_download --nocapture
 check nvrtc "$here/cuda_nvrtc" --nocapture
 check conformance "$here/conformance_cuda" --nocapture --test-threads=4
 check model "$here/strata_model_tests" cuda_upload --nocapture
+check scheduler "$here/strata_sched_tiny" gpu --nocapture
 if [ -x "$here/strata" ]; then
     check strata "$here/strata" inspect --model examples/configs/gemma-4-e2b.json
 else

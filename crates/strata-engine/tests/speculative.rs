@@ -130,3 +130,70 @@ fn drafts_are_refused_for_sampled_requests_and_foreign_targets() {
         .to_string();
     assert!(err.contains("model_type"), "{err}");
 }
+
+/// Serves `prompts` (greedy, `max_tokens` each, all submitted together) through an engine
+/// thread and returns each one's tokens and the engine's draft figures.
+fn serve(
+    loaded: LoadedModel,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    draft_tokens: usize,
+) -> (Vec<Vec<u32>>, strata_sched::DraftStats) {
+    use strata_engine::{Engine, EngineOptions, GenerationRequest, Update};
+    let opts = EngineOptions {
+        kv_budget_bytes: 8 << 20,
+        draft_tokens,
+        ..Default::default()
+    };
+    let engine = Engine::start(loaded, "tiny".into(), opts).unwrap();
+    let pending: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let req = GenerationRequest {
+                prompt: p.clone(),
+                max_tokens,
+                sampling: SamplingParams::greedy(),
+                stop: vec![],
+                ignore_eos: true,
+                logprobs: None,
+            };
+            engine.submit(req).unwrap()
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (mut guard, mut rx) in pending {
+        let mut tokens = Vec::new();
+        loop {
+            match rx.blocking_recv().expect("the engine answers") {
+                Update::Token { id, .. } => tokens.push(id),
+                Update::Finished { reason, error, .. } => {
+                    assert_eq!((reason, error), ("length", None));
+                    guard.finished();
+                    break;
+                }
+            }
+        }
+        out.push(tokens);
+    }
+    (out, engine.status().drafts)
+}
+
+/// The engine thread with a drafter (`strata serve --draft`): requests served together
+/// in speculative rounds give the tokens the engine gives without drafts.
+#[test]
+fn served_requests_with_drafts_equal_plain_serving() {
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|r| {
+            (0..5 + 4 * r)
+                .map(|i| (i * 37 + r * 11 + 3) % 512)
+                .collect()
+        })
+        .collect();
+    let (plain, none) = serve(target_with_draft(), &prompts, 14, 0);
+    assert_eq!(none.rounds, 0);
+    for k in [1, 3] {
+        let (drafted, stats) = serve(target_with_draft(), &prompts, 14, k);
+        assert_eq!(drafted, plain, "{k} drafts a round");
+        assert!(stats.rounds > 0 && stats.drafted > 0, "{stats:?}");
+    }
+}

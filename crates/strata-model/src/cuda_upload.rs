@@ -752,7 +752,7 @@ mod tests {
         // same tokens fed one step each (the graph-replayed decode path); the second run
         // replays the first one's graph at later positions.
         let cuda = Model::load(gpu().unwrap(), &fixtures().join("gemma4-tiny")).unwrap();
-        let decoded = greedy_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), &ids, 12);
+        let decoded = greedy_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), &ids, 14);
         let mut kv = device_pool(&cuda, KvCacheDtype::F32);
         let req = kv.alloc_request();
         let mut all = ids.clone();
@@ -783,10 +783,31 @@ mod tests {
             assert_eq!(checked.tokens[0], want, "verification run {run}");
             assert_eq!(checked.hidden.unwrap().len(), 6 * cuda.config().hidden_size);
         }
+        // One token a sequence with its state kept (a round that drafts nothing): a graph
+        // of its own, beside the decode graph of the same shape.
+        for j in 0..2 {
+            let start = ids.len() - 1 + 12 + j;
+            kv.extend(req, 1).unwrap();
+            let verify = ForwardBatch {
+                seqs: vec![SeqChunk {
+                    request: req,
+                    tokens: vec![all[start]],
+                    start,
+                    logits: LogitsMode::All,
+                }],
+            };
+            let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
+            assert_eq!(
+                checked.tokens[0],
+                [decoded[12 + j]],
+                "one-token verification {j}"
+            );
+            assert_eq!(checked.hidden.unwrap().len(), cuda.config().hidden_size);
+        }
         assert_eq!(
             kv.storage().graph_count(),
-            1,
-            "one verification graph, replayed"
+            2,
+            "one verification graph for each run length, replayed"
         );
     }
 }

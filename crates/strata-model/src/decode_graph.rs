@@ -135,8 +135,7 @@ fn eligible<B: Backend>(
                 )
         }),
         true => {
-            q > 1
-                && bucket_for(n) == n
+            bucket_for(n) == n
                 && batch
                     .seqs
                     .iter()
@@ -300,8 +299,7 @@ fn capture<B: Backend>(
     // A row a token: one a sequence for decode, all of them for a verification.
     let rows = p.ids.len();
     let mut logits = b.zeros(rows * vocab, b.activation_dtype())?;
-    let verifies = batch.seqs[0].tokens.len() > 1;
-    let mut hidden = match verifies {
+    let mut hidden = match verifies(batch) {
         true => Some(b.zeros(rows * h, b.activation_dtype())?),
         false => None,
     };
@@ -351,8 +349,15 @@ fn update<B: Backend>(
     Ok(())
 }
 
-/// A captured graph's key: its bucket and the tokens each sequence feeds (1 for decode).
-pub(crate) type GraphKey = (usize, usize);
+/// A captured graph's key: its bucket, the tokens each sequence feeds (1 for decode), and
+/// whether it keeps every row's logits and final-normed state (a verification step).
+pub(crate) type GraphKey = (usize, usize, bool);
+
+/// Whether `batch` (graph-eligible) is a verification step: every row's logits, and the
+/// rows' final-normed states kept.
+fn verifies(batch: &ForwardBatch) -> bool {
+    batch.seqs[0].logits == LogitsMode::All
+}
 
 /// Slot capacity for `need` keys, at least twice what a graph had before.
 pub(crate) fn grow(need: usize, had: Option<usize>) -> usize {
@@ -371,7 +376,7 @@ fn replay_graph<B: Backend>(
     bucket: usize,
 ) -> Result<GraphKey> {
     let b = model.backend();
-    let key = (bucket, batch.seqs[0].tokens.len());
+    let key = (bucket, batch.seqs[0].tokens.len(), verifies(batch));
     let page_size = pool.plan().page_size;
     let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
     let (need_full, need_window) = (keys(&p.full), keys(&p.window));

@@ -18,6 +18,11 @@ pub struct SchedulerConfig {
     /// feed one step's tokens (greedy or drawn) to the next ([`crate::StepModel::feeds`]): the device
     /// then runs step after step while the host reads, reports and plans behind it.
     pub overlap: bool,
+    /// Speculative rounds run while at most this many requests are running, all of them
+    /// decoding greedily (a model with a drafter only, [`crate::StepModel::draft_tokens`]).
+    /// Past it a batch's decode step already reads its weights for many tokens, and
+    /// verifying drafts costs more than it yields.
+    pub draft_max_requests: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -28,6 +33,7 @@ impl Default for SchedulerConfig {
             prefill_chunk: 512,
             seed: 0x5EED,
             overlap: false,
+            draft_max_requests: 4,
         }
     }
 }

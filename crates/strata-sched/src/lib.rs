@@ -12,6 +12,7 @@
 
 mod admission;
 mod config;
+mod drafting;
 mod error;
 mod event;
 mod model;
@@ -20,11 +21,14 @@ mod request;
 mod reserve;
 mod scheduler;
 mod seq;
+mod speculate;
 mod step;
 
 pub use config::SchedulerConfig;
+pub use drafting::Drafting;
 pub use error::SchedError;
 pub use event::{Event, EventKind, FinishReason};
-pub use model::{ModelHandle, StepModel};
+pub use model::{CheckedRow, DraftRow, ModelHandle, StepModel};
 pub use request::{Request, SeqId, StopFn};
 pub use scheduler::{LaunchShape, SchedStatus, Scheduler};
+pub use speculate::DraftStats;

@@ -3,10 +3,41 @@
 use std::sync::Arc;
 
 use strata_kernels::Backend;
-use strata_kv::{HostStorage, KvPool, KvStorage};
+use strata_kv::{HostStorage, KvPool, KvStorage, RequestId};
 use strata_model::{ForwardBatch, ForwardOutput, KvCache, Launched, Model};
 
 use crate::SchedError;
+
+/// One sequence of a speculative round: its pending token at `start` (slots already
+/// allocated for `start..start + 1 + drafts`) and how many tokens to draft after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftRow {
+    pub request: RequestId,
+    pub start: usize,
+    pub token: u32,
+    pub drafts: usize,
+}
+
+/// What a speculative round computed for one [`DraftRow`]: the drafted tokens and the
+/// target's greedy token after each checked input (`[token, drafts..]`), so
+/// `greedy.len() == drafts.len() + 1`. The drafts agreeing with `greedy` from the start are
+/// kept, then the target's token after them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckedRow {
+    pub drafts: Vec<u32>,
+    pub greedy: Vec<u32>,
+}
+
+impl CheckedRow {
+    /// Leading drafts the target agreed with.
+    pub fn agreed(&self) -> usize {
+        self.drafts
+            .iter()
+            .zip(&self.greedy)
+            .take_while(|(d, g)| d == g)
+            .count()
+    }
+}
 
 /// A model that computes [`ForwardBatch`]es over the K/V in a pool of storage `S`.
 ///
@@ -40,6 +71,31 @@ pub trait StepModel<S: KvStorage = HostStorage> {
     /// Whether a later `launch` can take `step`'s greedy tokens as `fed`.
     fn feeds(&self, _step: &Self::Launched) -> bool {
         false
+    }
+
+    /// Tokens a speculative round may draft for a sequence; 0 for a model without a
+    /// drafter (the scheduler then never calls [`StepModel::speculate`]).
+    fn draft_tokens(&self) -> usize {
+        0
+    }
+
+    /// Whether the model can draft after the token at `position` of `request`: it kept
+    /// the state of the round that computed that token. (The first round after a prompt,
+    /// or after an ordinary step, drafts nothing and leaves that state.)
+    fn can_draft(&self, _request: RequestId, _position: usize) -> bool {
+        false
+    }
+
+    /// One speculative round over greedy decode rows: drafts `row.drafts` tokens after
+    /// each row's token, checks `[token, drafts..]` of every row in one target step (K/V
+    /// stored at `start..`), and returns, per row, the drafts and the target's greedy
+    /// tokens. The caller drops the K/V past what it keeps.
+    fn speculate(
+        &mut self,
+        _kv: &mut KvPool<S>,
+        _rows: &[DraftRow],
+    ) -> Result<Vec<CheckedRow>, SchedError> {
+        Err(SchedError::Other("this model has no drafter".into()))
     }
 
     /// One step, queued and read.

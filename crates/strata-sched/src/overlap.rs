@@ -32,7 +32,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         &mut self,
         prev: &InFlight<M::Launched>,
     ) -> Option<InFlight<M::Launched>> {
-        if !self.config.overlap || !self.waiting.is_empty() || !self.model.feeds(&prev.step) {
+        if !self.config.overlap
+            || !self.waiting.is_empty()
+            || !self.model.feeds(&prev.step)
+            || self.wants_round()
+        {
             return None;
         }
         let context_len = self.model.context_len();

@@ -7,7 +7,8 @@ use strata_kv::{CacheType, HostStorage, KvPool, KvStatus, KvStorage};
 use crate::overlap::InFlight;
 use crate::seq::Seq;
 use crate::{
-    Event, EventKind, FinishReason, Request, SchedError, SchedulerConfig, SeqId, StepModel,
+    DraftStats, Event, EventKind, FinishReason, Request, SchedError, SchedulerConfig, SeqId,
+    StepModel,
 };
 
 /// Continuous batching over one model and one KV pool.
@@ -34,6 +35,8 @@ pub struct Scheduler<M: StepModel<S>, S: KvStorage = HostStorage> {
     pub(crate) overlapped_steps: u64,
     /// What the latest [`step`](Self::step) call queued, if anything.
     pub(crate) last_launch: Option<LaunchShape>,
+    /// Speculative rounds and their drafts, since the start.
+    pub(crate) draft_stats: DraftStats,
 }
 
 /// The shape of a queued step, for step traces.
@@ -48,6 +51,8 @@ pub struct LaunchShape {
     /// Seconds the model's `launch` took on the host (queueing the step's work; the whole
     /// step where the backend runs it synchronously, as the CPU does).
     pub launch_seconds: f64,
+    /// Drafted tokens checked (a speculative round; 0 for other steps).
+    pub drafts: usize,
 }
 
 /// Figures for `/metrics` and `/v1/cache/status`.
@@ -60,6 +65,8 @@ pub struct SchedStatus {
     /// Decode steps queued before the step ahead of them was read (`overlap`), since the
     /// start.
     pub overlapped_steps: u64,
+    /// Speculative rounds and drafts since the start.
+    pub drafts: DraftStats,
     pub kv: KvStatus,
 }
 
@@ -85,6 +92,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             preemptions: 0,
             last_launch: None,
             overlapped_steps: 0,
+            draft_stats: DraftStats::default(),
         })
     }
 
@@ -140,6 +148,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             waiting: self.waiting.len(),
             preemptions: self.preemptions,
             overlapped_steps: self.overlapped_steps,
+            drafts: self.draft_stats,
             kv: self.pool.status(),
         }
     }

@@ -33,6 +33,64 @@ pub(crate) struct Seq {
     /// empty cache and from then on stays out of the cache (a cached prefix pins window
     /// pages that decoding would otherwise release); a second time means it cannot fit.
     pub restarted_alone: bool,
+    /// How its drafts fare, and whether it drafts now (speculative rounds).
+    pub pace: DraftPace,
+}
+
+/// Drafting that does not pay is paused: a request whose recent drafts the target mostly
+/// rejects costs a verification step a round for nothing, so it decodes plainly for a
+/// while (twice as long each time it fails again), then tries one drafted round.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct DraftPace {
+    /// Moving average of the share of drafts kept (half weight on the latest round).
+    rate: f32,
+    /// Completion length from which the request drafts again.
+    resume_at: usize,
+    /// Tokens of the next pause.
+    backoff: usize,
+}
+
+/// Below this share of drafts kept, a round costs more than the tokens it yields (a
+/// round of 3 drafts breaks even at 0.57 kept drafts on E2B, 0.40 on E4B, on an H200:
+/// `docs/speculative.md`).
+const MIN_KEPT_SHARE: f32 = 0.2;
+/// The first pause, in tokens; each failed retry doubles it up to `MAX_PAUSE`.
+const FIRST_PAUSE: usize = 16;
+const MAX_PAUSE: usize = 256;
+
+impl Default for DraftPace {
+    fn default() -> Self {
+        Self {
+            // Optimistic: a request drafts from its first round.
+            rate: 1.0,
+            resume_at: 0,
+            backoff: FIRST_PAUSE,
+        }
+    }
+}
+
+impl DraftPace {
+    /// Whether a request with `completion` tokens so far drafts in the next round.
+    pub fn drafts_at(&self, completion: usize) -> bool {
+        completion >= self.resume_at
+    }
+
+    /// Records a round that drafted `drafted` tokens (more than 0) and kept `kept`, the
+    /// request having `completion` tokens after it.
+    pub fn record(&mut self, kept: usize, drafted: usize, completion: usize) {
+        let share = kept as f32 / drafted as f32;
+        self.rate = 0.5 * self.rate + 0.5 * share;
+        if self.rate >= MIN_KEPT_SHARE {
+            if share >= MIN_KEPT_SHARE {
+                self.backoff = FIRST_PAUSE;
+            }
+            return;
+        }
+        self.resume_at = completion + self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_PAUSE);
+        // The retry starts just above the line: one more bad round pauses again.
+        self.rate = 1.5 * MIN_KEPT_SHARE;
+    }
 }
 
 impl Seq {
@@ -51,6 +109,7 @@ impl Seq {
             cached_tokens: None,
             chunk: None,
             restarted_alone: false,
+            pace: DraftPace::default(),
         }
     }
 

@@ -21,6 +21,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// request (decode tokens first, then prefill chunks, oldest first, within
     /// `max_batch_tokens`), samples, and returns the events it produced in order.
     ///
+    /// With a drafter, a step over few greedy decode rows is a speculative round instead
+    /// (`speculate.rs`).
+    ///
     /// With `SchedulerConfig::overlap`, a decode step of tokens only (greedy or drawn, with
     /// their logprobs where asked for) is left queued on the model and read by the next call, after that call has queued the step that follows it
     /// (`launch_next`): the events of a step then come one call later.
@@ -36,9 +39,14 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     chunk_tokens: 0,
                     overlapped: true,
                     launch_seconds: t.elapsed().as_secs_f64(),
+                    drafts: 0,
                 });
             }
             self.read(prev, &mut events);
+            return events;
+        }
+        if self.wants_round() {
+            self.round(&mut events);
             return events;
         }
         self.plan(&mut events);
@@ -54,6 +62,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             chunk_tokens: seqs.iter().map(|&(_, n)| n).filter(|&n| n > 1).sum(),
             overlapped: false,
             launch_seconds: t.elapsed().as_secs_f64(),
+            drafts: 0,
         });
         match launched {
             Ok(step) => {
@@ -194,7 +203,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     fn apply(&mut self, seqs: &[(SeqId, usize)], out: &ForwardOutput, events: &mut Vec<Event>) {
         let context_len = self.model.context_len();
         let caching = self.caching();
+        let drafting = self.model.draft_tokens() > 0;
         let page_size = self.pool.page_size();
+        let commit_len = |computed| crate::speculate::commit_len(computed, page_size, drafting);
         let mut done: Vec<(SeqId, FinishReason)> = Vec::new();
         let mut draws = self.draw_samples(seqs, out);
         for (b, &(id, n)) in seqs.iter().enumerate() {
@@ -208,7 +219,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             // window. Whole pages only: the cache keeps whole pages, and a prefix ending at
             // the last page boundary is reusable only while the window pages just before
             // that boundary exist, so they are kept (at most a page more than needed).
-            let final_len = seq.computed / page_size * page_size;
+            let final_len = commit_len(seq.computed);
             if let Err(e) = self.pool.commit(kv, final_len) {
                 done.push((seq.id, FinishReason::Error(e.to_string())));
                 continue;
@@ -334,7 +345,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
 
     /// The forward pass over `seqs` failed: every request in it ends with the error (their
     /// K/V may be half written); the others carry on.
-    fn fail_batch(&mut self, seqs: &[(SeqId, usize)], error: String, events: &mut Vec<Event>) {
+    pub(crate) fn fail_batch(
+        &mut self,
+        seqs: &[(SeqId, usize)],
+        error: String,
+        events: &mut Vec<Event>,
+    ) {
         for &(id, _) in seqs {
             if let Ok(i) = self.running.binary_search_by_key(&id, |s| s.id) {
                 let seq = self.running.remove(i);

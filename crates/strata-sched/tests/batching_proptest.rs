@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{drain, fake_config, pool, record, run_alone, FakeModel, EOS, VOCAB};
+use common::{drain, fake_config, pool, record, run_alone, FakeDrafter, FakeModel, EOS, VOCAB};
 use proptest::prelude::*;
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, PoolKind};
@@ -101,6 +101,11 @@ struct Setup {
     prefill_chunk: usize,
     /// Greedy decode steps queued one ahead of their reading.
     overlap: bool,
+    /// Speculative rounds: tokens drafted a round (0: none), the share of wrong drafts
+    /// (percent), and the most requests a round may hold.
+    drafts: usize,
+    miss_percent: u64,
+    draft_max_requests: usize,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -114,6 +119,11 @@ fn setup() -> impl Strategy<Value = Setup> {
         0usize..24,
         1usize..12,
         any::<bool>(),
+        (
+            prop_oneof![1 => Just(0usize), 2 => 1usize..5],
+            prop::sample::select(vec![0u64, 30, 100]),
+            1usize..6,
+        ),
     )
         .prop_map(
             |(
@@ -126,6 +136,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 extra,
                 chunk,
                 overlap,
+                (drafts, miss_percent, draft_max_requests),
             )| {
                 Setup {
                     page_size,
@@ -137,6 +148,9 @@ fn setup() -> impl Strategy<Value = Setup> {
                     extra_batch_tokens: extra,
                     prefill_chunk: chunk,
                     overlap,
+                    drafts,
+                    miss_percent,
+                    draft_max_requests,
                 }
             },
         )
@@ -159,8 +173,14 @@ fn check(setup: Setup, specs: Vec<Spec>) -> Result<(), TestCaseError> {
         prefill_chunk: setup.prefill_chunk,
         seed: 7,
         overlap: setup.overlap,
+        draft_max_requests: setup.draft_max_requests,
     };
-    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config).unwrap();
+    let model = if setup.drafts > 0 {
+        FakeModel::drafting(cfg, FakeDrafter::new(setup.drafts, setup.miss_percent))
+    } else {
+        FakeModel::new(cfg)
+    };
+    let mut sched = Scheduler::new(model, kv, config).unwrap();
 
     let mut ids: Vec<Option<SeqId>> = vec![None; specs.len()];
     let mut cancelled = vec![false; specs.len()];
@@ -236,5 +256,20 @@ proptest! {
         specs in prop::collection::vec(spec(), 1..8),
     ) {
         check(setup, specs)?;
+    }
+
+    /// Greedy requests only, with a drafter: most decode steps are speculative rounds.
+    #[test]
+    fn drafted_requests_match_their_solo_runs(
+        setup in setup(),
+        drafts in 1usize..5,
+        specs in prop::collection::vec(spec(), 1..6),
+    ) {
+        let setup = Setup { drafts, ..setup };
+        let greedy = specs
+            .into_iter()
+            .map(|s| Spec { seed: None, logprobs: None, max_tokens: s.max_tokens * 3, ..s })
+            .collect();
+        check(setup, greedy)?;
     }
 }

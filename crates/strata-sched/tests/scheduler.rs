@@ -21,7 +21,7 @@ fn config(max_running: usize, batch: usize, chunk: usize) -> SchedulerConfig {
         max_batch_tokens: batch,
         prefill_chunk: chunk,
         seed: 7,
-        overlap: false,
+        ..SchedulerConfig::default()
     }
 }
 

@@ -1,30 +1,53 @@
 //! The real forward pass on the tiny transformers fixtures: generation of several requests
 //! batched together (chunked prefill, shared prefixes, a pool small enough to preempt),
-//! greedy or sampled, equals each request generated alone.
+//! greedy or sampled, equals each request generated alone; so does greedy generation in
+//! speculative rounds with the tiny Gemma-4 assistant.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use strata_kernels::cpu::CpuBackend;
+use strata_kernels::cuda::CudaBackend;
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
-use strata_model::Model;
-use strata_sched::{EventKind, FinishReason, Request, Scheduler, SchedulerConfig, SeqId};
+use strata_model::{Assistant, LoadOptions, Model, PagedStorage};
+use strata_sched::{
+    Drafting, EventKind, FinishReason, ModelHandle, Request, Scheduler, SchedulerConfig, SeqId,
+    StepModel,
+};
 
-fn load(name: &str) -> Model<CpuBackend> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny")
-        .join(name);
-    Model::load(CpuBackend::new(), &dir).expect("fixture loads")
+fn fixture(name: &str) -> PathBuf {
+    std::env::var_os("STRATA_TINY_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny"))
+        .join(name)
 }
 
-fn scheduler(
-    model: Model<CpuBackend>,
+fn load(name: &str) -> Model<CpuBackend> {
+    Model::load(CpuBackend::new(), &fixture(name)).expect("fixture loads")
+}
+
+/// The tiny Gemma-4 target with its tiny assistant, drafting `k` tokens a round.
+fn drafting(k: usize) -> Drafting<Model<CpuBackend>> {
+    let model = load("gemma4-tiny");
+    let assistant = Assistant::load(
+        model.backend().clone(),
+        &fixture("gemma4-tiny-assistant"),
+        model.config(),
+        LoadOptions::default(),
+    )
+    .expect("assistant loads");
+    Drafting::new(model, Arc::new(assistant), k)
+}
+
+fn scheduler<M: StepModel + ModelOf>(
+    model: M,
     pages: usize,
     page_size: usize,
     config: SchedulerConfig,
-) -> Scheduler<Model<CpuBackend>> {
-    let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
+) -> Scheduler<M> {
+    let layout = KvLayout::for_config(model.config_of(), KvCacheDtype::F32).unwrap();
     let plan = PagePlan {
         full: pages,
         window: pages,
@@ -32,6 +55,23 @@ fn scheduler(
     };
     let pool = KvPool::new(layout, plan, CacheType::Radix, HostStorage::new()).unwrap();
     Scheduler::new(model, pool, config).unwrap()
+}
+
+/// The configuration a test pool is laid out for.
+trait ModelOf {
+    fn config_of(&self) -> &strata_config::ModelConfig;
+}
+
+impl ModelOf for Model<CpuBackend> {
+    fn config_of(&self) -> &strata_config::ModelConfig {
+        self.config()
+    }
+}
+
+impl ModelOf for Drafting<Model<CpuBackend>> {
+    fn config_of(&self) -> &strata_config::ModelConfig {
+        self.target().model().config()
+    }
 }
 
 fn prompts() -> Vec<Vec<u32>> {
@@ -68,7 +108,23 @@ fn requests(sampled: bool) -> Vec<Request> {
         .collect()
 }
 
-fn generate(sched: &mut Scheduler<Model<CpuBackend>>, reqs: Vec<Request>) -> Vec<Vec<u32>> {
+/// Greedy requests of 8 to 28 tokens out: as the short ones finish, few enough are left
+/// for speculative rounds of up to two requests.
+fn greedy_staggered() -> Vec<Request> {
+    requests(false)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            r.max_tokens = 8 + 5 * i;
+            r
+        })
+        .collect()
+}
+
+fn generate<M: StepModel<S>, S: strata_kv::KvStorage>(
+    sched: &mut Scheduler<M, S>,
+    reqs: Vec<Request>,
+) -> Vec<Vec<u32>> {
     let ids: Vec<SeqId> = reqs.into_iter().map(|r| sched.submit(r)).collect();
     let mut tokens: HashMap<SeqId, Vec<u32>> = HashMap::new();
     while sched.has_work() {
@@ -104,6 +160,7 @@ fn batched_equals_alone(name: &str, sampled: bool) {
             prefill_chunk: 3,
             seed: 1,
             overlap,
+            ..SchedulerConfig::default()
         };
         let mut s = scheduler(load(name), 14, 4, config);
         let batched = generate(&mut s, requests(sampled));
@@ -139,9 +196,137 @@ fn gemma4_batched_sampled_equals_alone() {
     batched_equals_alone("gemma4-tiny", true);
 }
 
+/// The CUDA backend, or `None` (the GPU test is skipped) unless `STRATA_REQUIRE_GPU` is set.
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(
+                std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
+                "STRATA_REQUIRE_GPU is set but the CUDA backend did not start: {e}"
+            );
+            eprintln!("note: no CUDA backend, GPU scheduler test skipped: {e}");
+            None
+        }
+    }
+}
+
+/// A scheduler over a device pool for `model` (laid out for `cfg`).
+fn device_scheduler<M: StepModel<PagedStorage<CudaBackend>>>(
+    model: M,
+    cfg: &strata_config::ModelConfig,
+    backend: &CudaBackend,
+    config: SchedulerConfig,
+) -> Scheduler<M, PagedStorage<CudaBackend>> {
+    let layout = KvLayout::for_config(cfg, KvCacheDtype::F32).unwrap();
+    let plan = PagePlan {
+        full: 64,
+        window: 64,
+        page_size: 4,
+    };
+    let storage = PagedStorage::new(backend.clone());
+    let pool = KvPool::new(layout, plan, CacheType::Radix, storage).unwrap();
+    Scheduler::new(model, pool, config).unwrap()
+}
+
+/// On the GPU (device pool, decode, draft-round and verification graphs): greedy requests
+/// in speculative rounds, one at a time and several a round, give the tokens the GPU gives
+/// without drafts.
+#[test]
+fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
+    let Some(gpu) = gpu() else { return };
+    let target = || Model::load(gpu.clone(), &fixture("gemma4-tiny")).expect("fixture loads");
+    let cfg = target().config().clone();
+    let config = SchedulerConfig {
+        max_running_requests: 5,
+        max_batch_tokens: 32,
+        prefill_chunk: 3,
+        seed: 1,
+        overlap: true,
+        draft_max_requests: 5,
+    };
+    let mut plain = device_scheduler(target(), &cfg, &gpu, config);
+    let want = generate(&mut plain, greedy_staggered());
+    let cpu = {
+        let mut s = scheduler(load("gemma4-tiny"), 64, 4, SchedulerConfig::default());
+        generate(&mut s, greedy_staggered())
+    };
+    eprintln!("plain GPU tokens equal the CPU's: {}", want == cpu);
+    for (k, max_requests) in [(3, 1), (2, 5), (4, 2)] {
+        let assistant = Assistant::load(
+            gpu.clone(),
+            &fixture("gemma4-tiny-assistant"),
+            &cfg,
+            LoadOptions::default(),
+        )
+        .expect("assistant loads");
+        let model = Drafting::new(target(), Arc::new(assistant), k);
+        let config = SchedulerConfig {
+            draft_max_requests: max_requests,
+            ..config
+        };
+        let mut s = device_scheduler(model, &cfg, &gpu, config);
+        let got = if max_requests == 1 {
+            greedy_staggered()
+                .into_iter()
+                .map(|r| generate(&mut s, vec![r]).remove(0))
+                .collect()
+        } else {
+            generate(&mut s, greedy_staggered())
+        };
+        assert_eq!(got, want, "k {k}, rounds of up to {max_requests}");
+        let d = s.status().drafts;
+        assert!(d.rounds > 0 && d.drafted > 0, "k {k}: {d:?}");
+        eprintln!(
+            "GPU k {k}, up to {max_requests} a round: {d:?}, {} decode graphs, {} draft graphs",
+            s.pool().storage().graph_count(),
+            s.pool().storage().draft_graph_count()
+        );
+    }
+}
+
+/// Greedy requests in speculative rounds (one at a time, then up to five a round, on a
+/// roomy pool and on one that preempts) give the tokens of each request alone without
+/// drafts; rounds ran and drafted.
+#[test]
+fn gemma4_speculative_rounds_equal_alone() {
+    let alone: Vec<Vec<u32>> = greedy_staggered()
+        .into_iter()
+        .map(|r| {
+            let mut s = scheduler(load("gemma4-tiny"), 64, 4, SchedulerConfig::default());
+            generate(&mut s, vec![r]).remove(0)
+        })
+        .collect();
+    for (k, max_requests, pages) in [(3, 1, 64), (2, 5, 64), (4, 2, 64), (4, 5, 14)] {
+        let config = SchedulerConfig {
+            max_running_requests: 5,
+            max_batch_tokens: 32,
+            prefill_chunk: 3,
+            seed: 1,
+            overlap: true,
+            draft_max_requests: max_requests,
+        };
+        let mut s = scheduler(drafting(k), pages, 4, config);
+        let batched = if max_requests == 1 {
+            // One at a time, so that each runs its rounds alone.
+            greedy_staggered()
+                .into_iter()
+                .map(|r| generate(&mut s, vec![r]).remove(0))
+                .collect()
+        } else {
+            generate(&mut s, greedy_staggered())
+        };
+        assert_eq!(batched, alone, "k {k}, rounds of up to {max_requests}");
+        let d = s.status().drafts;
+        assert!(d.rounds > 0 && d.drafted > 0, "k {k}: {d:?}");
+        eprintln!("k {k}, up to {max_requests} a round, {pages} pages: {d:?}");
+    }
+}
+
 #[test]
 fn the_scheduler_can_move_to_an_engine_thread() {
     fn is_send<T: Send>() {}
     is_send::<Scheduler<Model<CpuBackend>>>();
+    is_send::<Scheduler<Drafting<Arc<Model<CpuBackend>>>>>();
     is_send::<Request>();
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, KvCacheDtype, KvStatus, PagePlan};
-use strata_sched::SchedulerConfig;
+use strata_sched::{DraftStats, Drafting, SchedulerConfig};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -21,7 +21,7 @@ pub use metrics::{Histogram, Metrics, FINISH_REASONS};
 pub use text::TextStream;
 pub use warmup::{WarmUp, WarmUpShape};
 
-use crate::{EngineError, LoadedModel, Prompter, Result, Runtime};
+use crate::{DraftModel, EngineError, LoadedModel, Prompter, Result, Runtime};
 use strata_kv::HostStorage;
 use strata_model::PagedStorage;
 
@@ -37,6 +37,9 @@ pub struct EngineOptions {
     pub scheduler: SchedulerConfig,
     /// Write a CSV line for every engine step here (`trace.rs`).
     pub step_trace: Option<std::path::PathBuf>,
+    /// Tokens the drafter proposes a speculative round, when the model has one
+    /// ([`LoadedModel::load_draft`]); 0 serves without drafts.
+    pub draft_tokens: usize,
 }
 
 impl Default for EngineOptions {
@@ -49,6 +52,7 @@ impl Default for EngineOptions {
             window_ratio: strata_kv::DEFAULT_WINDOW_RATIO,
             scheduler: SchedulerConfig::default(),
             step_trace: None,
+            draft_tokens: 3,
         }
     }
 }
@@ -115,6 +119,8 @@ pub struct EngineStatus {
     pub preemptions: u64,
     /// Decode steps queued before the step ahead of them was read (`--overlap`).
     pub overlapped_steps: u64,
+    /// Speculative rounds and their drafts (`--draft`).
+    pub drafts: DraftStats,
     pub kv: Option<KvStatus>,
     pub kv_cache_dtype: String,
     pub page_size: usize,
@@ -184,28 +190,35 @@ impl Engine {
         let context_len = loaded.config().max_position_embeddings;
         let vocab_size = loaded.config().vocab_size;
         let thread = std::thread::Builder::new().name("strata-engine".into());
-        let spawned = match &loaded.runtime {
-            Runtime::Cpu(m) => {
-                let w = worker::Worker::new(
-                    &loaded,
-                    m.clone(),
-                    HostStorage::new(),
-                    opts,
-                    status.clone(),
-                    metrics.clone(),
-                )?;
+        // Each arm's worker has a model type of its own, so each spawns its thread.
+        let draft = loaded.draft.clone().filter(|_| opts.draft_tokens > 0);
+        let k = opts.draft_tokens;
+        let (s, m) = (status.clone(), metrics.clone());
+        let spawned = match (&loaded.runtime, draft) {
+            (Runtime::Cpu(t), None) => {
+                let w = worker::Worker::new(&loaded, t.clone(), HostStorage::new(), opts, s, m)?;
                 thread.spawn(move || w.run(rx))
             }
-            Runtime::Cuda(m) => {
-                let w = worker::Worker::new(
-                    &loaded,
-                    m.clone(),
-                    PagedStorage::new(m.backend().clone()),
-                    opts,
-                    status.clone(),
-                    metrics.clone(),
-                )?;
+            (Runtime::Cpu(t), Some(DraftModel::Cpu(d))) => {
+                let model = Drafting::new(t.clone(), d, k);
+                let w = worker::Worker::new(&loaded, model, HostStorage::new(), opts, s, m)?;
                 thread.spawn(move || w.run(rx))
+            }
+            (Runtime::Cuda(t), None) => {
+                let storage = PagedStorage::new(t.backend().clone());
+                let w = worker::Worker::new(&loaded, t.clone(), storage, opts, s, m)?;
+                thread.spawn(move || w.run(rx))
+            }
+            (Runtime::Cuda(t), Some(DraftModel::Cuda(d))) => {
+                let storage = PagedStorage::new(t.backend().clone());
+                let model = Drafting::new(t.clone(), d, k);
+                let w = worker::Worker::new(&loaded, model, storage, opts, s, m)?;
+                thread.spawn(move || w.run(rx))
+            }
+            _ => {
+                return Err(EngineError::Invalid(
+                    "the draft model is on another device than the model".into(),
+                ))
             }
         };
         spawned

@@ -11,7 +11,7 @@ use strata_sched::LaunchShape;
 
 /// The trace file's first line.
 const STEP_TRACE_HEADER: &str =
-    "start_ms,step_ms,launch_ms,single_rows,chunk_tokens,overlapped,running,waiting";
+    "start_ms,step_ms,launch_ms,single_rows,chunk_tokens,overlapped,running,waiting,drafts";
 
 pub(crate) struct StepTrace {
     out: BufWriter<File>,
@@ -40,17 +40,19 @@ impl StepTrace {
 
     /// Appends a line. A failed write ends the trace (the engine goes on): returns false.
     pub(crate) fn record(&mut self, s: &TracedStep) -> bool {
-        let (rows, tokens, overlapped, launch) = s.launch.map_or((0, 0, false, 0.0), |l| {
-            (
-                l.single_rows,
-                l.chunk_tokens,
-                l.overlapped,
-                l.launch_seconds,
-            )
-        });
+        let (rows, tokens, overlapped, launch, drafts) =
+            s.launch.map_or((0, 0, false, 0.0, 0), |l| {
+                (
+                    l.single_rows,
+                    l.chunk_tokens,
+                    l.overlapped,
+                    l.launch_seconds,
+                    l.drafts,
+                )
+            });
         writeln!(
             self.out,
-            "{:.3},{:.3},{:.3},{rows},{tokens},{},{},{}",
+            "{:.3},{:.3},{:.3},{rows},{tokens},{},{},{},{drafts}",
             (s.start - self.origin).as_secs_f64() * 1e3,
             (s.end - s.start).as_secs_f64() * 1e3,
             launch * 1e3,

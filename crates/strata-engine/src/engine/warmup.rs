@@ -33,6 +33,11 @@ pub struct WarmUpShape {
     pub max_batch_tokens: usize,
     /// Prompt tokens of one request per step (`--prefill-chunk`).
     pub prefill_chunk: usize,
+    /// Tokens a speculative round drafts (0: no drafter) and the most requests a round
+    /// holds: decode rounds up to that many requests run long enough to draft, so the
+    /// draft and verification graphs are captured too.
+    pub draft_tokens: usize,
+    pub draft_max_requests: usize,
 }
 
 impl Engine {
@@ -50,7 +55,14 @@ impl Engine {
             .collect();
         let mut first_id = 0;
         for &n in &batches {
-            self.warm_round(n, 1, first_id).await?;
+            // With a drafter: the prompt's token, a round that keeps the drafter's state,
+            // then drafted rounds.
+            let out = if shape.draft_tokens > 0 && n <= shape.draft_max_requests {
+                3 + shape.draft_tokens
+            } else {
+                2
+            };
+            self.warm_round(n, 1, out, first_id).await?;
             first_id += n;
         }
         // The context must hold the prompt and the two tokens out.
@@ -58,7 +70,7 @@ impl Engine {
             .prefill_chunk
             .clamp(1, self.context_len.saturating_sub(2).max(1));
         let prompts = (shape.max_batch_tokens / len).clamp(1, max_running);
-        self.warm_round(prompts, len, first_id).await?;
+        self.warm_round(prompts, len, 2, first_id).await?;
         self.flush().await?;
         Ok(WarmUp {
             decode_batches: batches,
@@ -67,10 +79,10 @@ impl Engine {
         })
     }
 
-    /// `n` greedy requests of `len` prompt tokens and two tokens out, submitted together;
+    /// `n` greedy requests of `len` prompt tokens and `out` tokens out, submitted together;
     /// request `r` starts with token `first_id + r` (wrapped into the vocabulary), so no two
     /// share a cached prefix.
-    async fn warm_round(&self, n: usize, len: usize, first_id: usize) -> Result<()> {
+    async fn warm_round(&self, n: usize, len: usize, out: usize, first_id: usize) -> Result<()> {
         let vocab = self.vocab_size.max(2);
         let mut pending = Vec::with_capacity(n);
         for r in 0..n {
@@ -80,7 +92,7 @@ impl Engine {
                 .collect();
             let req = GenerationRequest {
                 prompt,
-                max_tokens: 2,
+                max_tokens: out,
                 sampling: SamplingParams::greedy(),
                 stop: vec![],
                 ignore_eos: true,

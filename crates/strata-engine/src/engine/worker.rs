@@ -362,6 +362,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             waiting: s.waiting + self.held.len(),
             preemptions: s.preemptions,
             overlapped_steps: s.overlapped_steps,
+            drafts: s.drafts,
             kv: Some(s.kv),
             kv_cache_dtype: pool.layout().format().cache_dtype().name().to_string(),
             page_size: pool.page_size(),

@@ -3,13 +3,17 @@
 #![allow(dead_code)]
 
 use serde_json::json;
+use std::collections::HashMap;
 use strata_config::ModelConfig;
 use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, SamplingParams};
-use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan};
+
+use strata_kv::{
+    CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan, RequestId,
+};
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, FED_TOKEN};
 use strata_sched::{
-    Event, EventKind, FinishReason, Request, SchedError, Scheduler, SchedulerConfig, SeqId,
-    StepModel,
+    CheckedRow, DraftRow, Event, EventKind, FinishReason, Request, SchedError, Scheduler,
+    SchedulerConfig, SeqId, StepModel,
 };
 
 pub const VOCAB: usize = 16;
@@ -101,6 +105,44 @@ pub struct FakeModel {
     pub cfg: ModelConfig,
     pub forwards: usize,
     pub tokens_computed: usize,
+    /// Speculative rounds, when set.
+    pub drafter: Option<FakeDrafter>,
+    /// Per request, the position its next round may draft from (the latest round's only).
+    kept: HashMap<RequestId, usize>,
+}
+
+/// Drafts the fake's true greedy continuation, each token wrong (the next id instead)
+/// with a chance of `miss_percent` in 100, drawn from a hash of the sequence so far.
+#[derive(Clone, Copy, Debug)]
+pub struct FakeDrafter {
+    pub tokens: usize,
+    pub miss_percent: u64,
+    pub rounds: usize,
+    pub drafted: usize,
+}
+
+impl FakeDrafter {
+    pub fn new(tokens: usize, miss_percent: u64) -> Self {
+        Self {
+            tokens,
+            miss_percent,
+            rounds: 0,
+            drafted: 0,
+        }
+    }
+
+    fn propose(&self, seq: &[u32]) -> u32 {
+        let right = strata_kernels::sampling::argmax(&logits_for(seq));
+        let mut h: u64 = 0x51ED;
+        for &t in seq {
+            h = (h ^ t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        if (h >> 33) % 100 < self.miss_percent {
+            (right + 1) % VOCAB as u32
+        } else {
+            right
+        }
+    }
 }
 
 impl FakeModel {
@@ -109,7 +151,39 @@ impl FakeModel {
             cfg,
             forwards: 0,
             tokens_computed: 0,
+            drafter: None,
+            kept: HashMap::new(),
         }
+    }
+
+    pub fn drafting(cfg: ModelConfig, drafter: FakeDrafter) -> Self {
+        Self {
+            drafter: Some(drafter),
+            ..Self::new(cfg)
+        }
+    }
+
+    /// Writes the K/V of `tokens` at `start..` of `req`.
+    fn store(
+        &mut self,
+        kv: &mut KvPool<HostStorage>,
+        req: RequestId,
+        start: usize,
+        tokens: &[u32],
+    ) -> Result<(), SchedError> {
+        for (i, &t) in tokens.iter().enumerate() {
+            let pos = start + i;
+            for l in 0..self.cfg.layers.len() {
+                let row = kv_row(t, pos, l);
+                let slot = kv
+                    .slot(req, pos)
+                    .map_err(|e| SchedError::Other(e.to_string()))?;
+                kv.write_kv(l, slot, &row, &row)
+                    .map_err(|e| SchedError::Other(e.to_string()))?;
+            }
+        }
+        self.tokens_computed += tokens.len();
+        Ok(())
     }
 
     fn read_sequence(
@@ -187,18 +261,7 @@ impl StepModel for FakeModel {
         let batch = &resolve_fed(batch, fed)?;
         self.forwards += 1;
         for s in &batch.seqs {
-            for (i, &t) in s.tokens.iter().enumerate() {
-                let pos = s.start + i;
-                for l in 0..self.cfg.layers.len() {
-                    let row = kv_row(t, pos, l);
-                    let slot = kv
-                        .slot(s.request, pos)
-                        .map_err(|e| SchedError::Other(e.to_string()))?;
-                    kv.write_kv(l, slot, &row, &row)
-                        .map_err(|e| SchedError::Other(e.to_string()))?;
-                }
-            }
-            self.tokens_computed += s.tokens.len();
+            self.store(kv, s.request, s.start, &s.tokens)?;
         }
         let mut logits = Vec::with_capacity(batch.seqs.len());
         let mut tokens = Vec::with_capacity(batch.seqs.len());
@@ -253,6 +316,64 @@ impl StepModel for FakeModel {
     fn feeds(&self, step: &ForwardOutput) -> bool {
         !step.tokens.is_empty() && step.tokens.iter().all(Option::is_some)
     }
+
+    fn draft_tokens(&self) -> usize {
+        self.drafter.map_or(0, |d| d.tokens)
+    }
+
+    fn can_draft(&self, request: RequestId, position: usize) -> bool {
+        self.kept.get(&request) == Some(&position)
+    }
+
+    /// Drafts from the tokens read back through the keys a query one position before the
+    /// row's sees (what the scheduler committed must still be there), then checks every
+    /// row as `LogitsMode::All` would.
+    fn speculate(
+        &mut self,
+        kv: &mut KvPool<HostStorage>,
+        rows: &[DraftRow],
+    ) -> Result<Vec<CheckedRow>, SchedError> {
+        let mut drafter = self
+            .drafter
+            .ok_or_else(|| SchedError::Other("fake model: no drafter".into()))?;
+        drafter.rounds += 1;
+        self.forwards += 1;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            if r.drafts > 0 && !self.can_draft(r.request, r.start) {
+                return Err(SchedError::Other(format!(
+                    "fake model: drafts asked for {:?} at {} without its state",
+                    r.request, r.start
+                )));
+            }
+            let mut seq = self.read_sequence(kv, r.request, r.start - 1)?;
+            seq.push(r.token);
+            let mut drafts = Vec::with_capacity(r.drafts);
+            for _ in 0..r.drafts {
+                let t = drafter.propose(&seq);
+                seq.push(t);
+                drafts.push(t);
+            }
+            drafter.drafted += r.drafts;
+            let inputs: Vec<u32> = std::iter::once(r.token)
+                .chain(drafts.iter().copied())
+                .collect();
+            self.store(kv, r.request, r.start, &inputs)?;
+            let greedy = (r.start..r.start + inputs.len())
+                .map(|q| {
+                    let seq = self.read_sequence(kv, r.request, q)?;
+                    Ok(strata_kernels::sampling::argmax(&logits_for(&seq)))
+                })
+                .collect::<Result<Vec<u32>, SchedError>>()?;
+            out.push(CheckedRow { drafts, greedy });
+        }
+        self.kept.clear();
+        for (r, c) in rows.iter().zip(&out) {
+            self.kept.insert(r.request, r.start + c.agreed() + 1);
+        }
+        self.drafter = Some(drafter);
+        Ok(out)
+    }
 }
 
 /// What one request produced.
@@ -280,7 +401,7 @@ impl Outcome {
 }
 
 /// Folds `events` into per-request outcomes, checking that nothing follows `Finished`.
-pub fn record(outcomes: &mut std::collections::HashMap<SeqId, Outcome>, events: Vec<Event>) {
+pub fn record(outcomes: &mut HashMap<SeqId, Outcome>, events: Vec<Event>) {
     for e in events {
         let o = outcomes.entry(e.id).or_insert_with(Outcome::new);
         assert!(o.reason.is_none(), "event after Finished for {:?}", e.id);
@@ -305,10 +426,7 @@ pub fn record(outcomes: &mut std::collections::HashMap<SeqId, Outcome>, events: 
 }
 
 /// Steps until nothing is left, auditing the pool after every step.
-pub fn drain<M: StepModel>(
-    sched: &mut Scheduler<M>,
-    outcomes: &mut std::collections::HashMap<SeqId, Outcome>,
-) {
+pub fn drain<M: StepModel>(sched: &mut Scheduler<M>, outcomes: &mut HashMap<SeqId, Outcome>) {
     let mut steps = 0;
     while sched.has_work() {
         record(outcomes, sched.step());
@@ -329,7 +447,7 @@ pub fn run_alone(windowed: bool, page_size: usize, req: Request) -> Outcome {
         max_batch_tokens: 4096,
         prefill_chunk: 4096,
         seed: 7,
-        overlap: false,
+        ..SchedulerConfig::default()
     };
     let mut sched = Scheduler::new(FakeModel::new(cfg), pool, config).unwrap();
     let id = sched.submit(req);

@@ -80,9 +80,24 @@ pub struct ServeArgs {
     pub overlap: String,
     /// Write one CSV line for every engine step to this file (start and length in ms, the
     /// host's time queueing it, the rows and prompt tokens it queued, whether it was
-    /// overlapped, requests running and waiting): where a served run's time goes.
+    /// overlapped, requests running and waiting, tokens drafted): where a served run's
+    /// time goes.
     #[arg(long)]
     pub step_trace: Option<std::path::PathBuf>,
+    /// A draft model for speculative decoding (Gemma-4's assistant directory): while at
+    /// most --draft-max-requests requests run, all greedy, each step drafts
+    /// --draft-tokens tokens a request and checks them in one step of the model. Output
+    /// is what the model alone gives; a request whose drafts are mostly rejected pauses
+    /// drafting.
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Tokens drafted a round (with --draft).
+    #[arg(long, default_value_t = 3)]
+    pub draft_tokens: usize,
+    /// Speculative rounds run while at most this many requests are running (with
+    /// --draft); past it steps decode plainly.
+    #[arg(long, default_value_t = 4)]
+    pub draft_max_requests: usize,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "STRATA_API_KEY")]
     pub api_key: Option<String>,
@@ -117,6 +132,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             anyhow::bail!("--mem-fraction must be between 0 and 1");
         }
     }
+    if a.draft.is_some() && a.draft_tokens == 0 {
+        anyhow::bail!("--draft-tokens must be at least 1 with --draft");
+    }
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         a.model
             .file_stem()
@@ -132,7 +150,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         a.placement.dtype,
         a.placement.embed_weights
     ));
-    let loaded = LoadedModel::load_with(&a.model, settings)
+    let mut loaded = LoadedModel::load_with(&a.model, settings)
         .with_context(|| format!("loading {}", a.model.display()))?;
     log(format!(
         "loaded {} ({} layers, vocab {}) on {} in {:.1} s",
@@ -142,6 +160,17 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         loaded.runtime.device_name(),
         t0.elapsed().as_secs_f64()
     ));
+    if let Some(draft) = &a.draft {
+        loaded
+            .load_draft(draft)
+            .with_context(|| format!("loading the draft model {}", draft.display()))?;
+        log(format!(
+            "draft model {}: {} tokens a round while at most {} requests run",
+            draft.display(),
+            a.draft_tokens,
+            a.draft_max_requests
+        ));
+    }
     let budget = match (a.kv_budget_bytes, loaded.runtime.free_device_memory()) {
         (Some(b), _) => b,
         // Leave the rest of the GPU to activations, cuBLAS workspaces and the allocator.
@@ -180,9 +209,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             max_batch_tokens: a.max_batch_tokens,
             prefill_chunk: a.prefill_chunk,
             overlap: switch(&a.overlap),
+            draft_max_requests: a.draft_max_requests,
             ..SchedulerConfig::default()
         },
         step_trace: a.step_trace.clone(),
+        draft_tokens: a.draft_tokens,
     };
     let warm = switch(&a.warmup);
     let engine = Engine::start(loaded, name.clone(), opts)?;
@@ -217,6 +248,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 max_running: a.max_running_requests,
                 max_batch_tokens: a.max_batch_tokens,
                 prefill_chunk: a.prefill_chunk,
+                draft_tokens: if a.draft.is_some() { a.draft_tokens } else { 0 },
+                draft_max_requests: a.draft_max_requests,
             };
             // A failed warm-up leaves a server that still answers (with the same error, if
             // the engine cannot run the shapes); it only costs the first requests time.

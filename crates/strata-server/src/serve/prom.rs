@@ -85,6 +85,31 @@ pub fn render(engine: &Engine) -> String {
         "Decode steps queued before the step ahead of them was read (--overlap).",
         &[(String::new(), s.overlapped_steps as f64)],
     );
+    for (name, help, value) in [
+        (
+            "strata_spec_rounds_total",
+            "Speculative rounds: target steps that checked drafts (--draft).",
+            s.drafts.rounds,
+        ),
+        (
+            "strata_spec_draft_tokens_total",
+            "Tokens drafted by the draft model.",
+            s.drafts.drafted,
+        ),
+        (
+            "strata_spec_accepted_tokens_total",
+            "Drafted tokens the model agreed with (kept).",
+            s.drafts.accepted,
+        ),
+    ] {
+        series(
+            &mut out,
+            name,
+            "counter",
+            help,
+            &[(String::new(), value as f64)],
+        );
+    }
     if let Some(kv) = &s.kv {
         for (name, help, f) in [
             (

@@ -1,0 +1,216 @@
+//! Speculative rounds: while few requests run and all of them decode greedily, a step
+//! drafts a few tokens for each with the model's drafter and checks them all in one target
+//! step. Each request keeps the drafts that equal the target's own greedy choices and the
+//! target's token after them, so its output is exactly what plain greedy decoding gives;
+//! the drafter only decides how many tokens a step yields.
+
+use std::time::Instant;
+
+use strata_kv::KvStorage;
+use strata_model::LogitsMode;
+
+use crate::reserve::Reserved;
+use crate::{
+    CheckedRow, DraftRow, Event, EventKind, FinishReason, LaunchShape, Scheduler, SeqId, StepModel,
+};
+
+/// How the drafts fared since the start (`/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DraftStats {
+    /// Speculative rounds run (target steps that checked drafts, or kept the drafter's
+    /// state for the next round).
+    pub rounds: u64,
+    /// Tokens drafted.
+    pub drafted: u64,
+    /// Drafted tokens the target agreed with.
+    pub accepted: u64,
+}
+
+impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
+    /// Whether the next step should be a speculative round: the model drafts, nothing
+    /// waits, at most `draft_max_requests` run, every one of them is decoding greedily
+    /// with no logprobs, and at least one is not pausing its drafts.
+    pub(crate) fn wants_round(&self) -> bool {
+        self.model.draft_tokens() > 0
+            && self.waiting.is_empty()
+            && !self.running.is_empty()
+            && self.running.len() <= self.config.draft_max_requests
+            && self
+                .running
+                .iter()
+                .all(|s| s.pending() == 1 && s.token_mode(s.tokens.len()) == LogitsMode::Argmax)
+            && self
+                .running
+                .iter()
+                .any(|s| s.pace.drafts_at(s.completion().len()))
+    }
+
+    /// Runs one speculative round over every running request (`wants_round` holds).
+    pub(crate) fn round(&mut self, events: &mut Vec<Event>) {
+        let planned = self.plan_drafts();
+        let mut i = 0;
+        while i < self.running.len() {
+            let want = 1 + planned.get(&self.running[i].id).copied().unwrap_or(0);
+            match self.reserve(i, want, events) {
+                Reserved::Removed => continue,
+                Reserved::Tokens(_) | Reserved::Skipped => i += 1,
+            }
+        }
+        let mut seqs = Vec::new();
+        let mut rows = Vec::new();
+        for s in &mut self.running {
+            let Some(n) = s.chunk.take() else { continue };
+            seqs.push((s.id, n));
+            rows.push(DraftRow {
+                request: s.kv.expect("running requests hold a pool request"),
+                start: s.computed,
+                token: s.tokens[s.computed],
+                drafts: n - 1,
+            });
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let t = Instant::now();
+        let checked = self.model.speculate(&mut self.pool, &rows);
+        self.last_launch = Some(LaunchShape {
+            single_rows: rows.len(),
+            chunk_tokens: 0,
+            overlapped: false,
+            launch_seconds: t.elapsed().as_secs_f64(),
+            drafts: rows.iter().map(|r| r.drafts).sum(),
+        });
+        match checked {
+            Ok(out) if out.len() == rows.len() => self.apply_round(&seqs, &rows, &out, events),
+            Ok(out) => self.fail_batch(
+                &seqs,
+                format!(
+                    "a speculative round returned {} of {} rows",
+                    out.len(),
+                    rows.len()
+                ),
+                events,
+            ),
+            Err(e) => self.fail_batch(&seqs, e.to_string(), events),
+        }
+    }
+
+    /// Drafts per request for this round: the model's number where the request drafts now
+    /// and the model kept its state, capped by what the request may still generate, the
+    /// context and the step's token budget; 0 (a plain row, which leaves the state for the
+    /// next round) otherwise.
+    fn plan_drafts(&self) -> std::collections::HashMap<SeqId, usize> {
+        let k = self.model.draft_tokens();
+        let context_len = self.model.context_len();
+        let per_row = (self.config.max_batch_tokens / self.running.len().max(1)).max(1) - 1;
+        self.running
+            .iter()
+            .map(|s| {
+                let start = s.computed;
+                let kv = s.kv.expect("running requests hold a pool request");
+                let drafts =
+                    if s.pace.drafts_at(s.completion().len()) && self.model.can_draft(kv, start) {
+                        // A round yields up to drafts + 1 tokens; its K/V reaches start + drafts.
+                        let left = s.req.max_tokens.saturating_sub(s.completion().len());
+                        let room = context_len.map_or(usize::MAX, |c| c.saturating_sub(start + 1));
+                        k.min(left.saturating_sub(1)).min(room).min(per_row)
+                    } else {
+                        0
+                    };
+                (s.id, drafts)
+            })
+            .collect()
+    }
+
+    /// Keeps each request's agreed drafts and the target's token after them, stopping at
+    /// the first token that ends the request; drops the K/V of the rest.
+    fn apply_round(
+        &mut self,
+        seqs: &[(SeqId, usize)],
+        rows: &[DraftRow],
+        out: &[CheckedRow],
+        events: &mut Vec<Event>,
+    ) {
+        let context_len = self.model.context_len();
+        let mut done: Vec<(SeqId, FinishReason)> = Vec::new();
+        self.draft_stats.rounds += 1;
+        for ((&(id, _), row), checked) in seqs.iter().zip(rows).zip(out) {
+            let Ok(i) = self.running.binary_search_by_key(&id, |s| s.id) else {
+                continue;
+            };
+            if checked.drafts.len() != row.drafts || checked.greedy.len() != row.drafts + 1 {
+                let e = format!(
+                    "a speculative round returned {} drafts and {} checked tokens for {} drafts",
+                    checked.drafts.len(),
+                    checked.greedy.len(),
+                    row.drafts
+                );
+                done.push((id, FinishReason::Error(e)));
+                continue;
+            }
+            let agreed = checked.agreed();
+            self.draft_stats.drafted += row.drafts as u64;
+            self.draft_stats.accepted += agreed as u64;
+            let seq = &mut self.running[i];
+            let mut kept = 0;
+            let mut reason = None;
+            for &token in checked.drafts[..agreed]
+                .iter()
+                .chain([&checked.greedy[agreed]])
+            {
+                seq.tokens.push(token);
+                kept += 1;
+                events.push(Event {
+                    id,
+                    kind: EventKind::Token {
+                        token,
+                        logprob: None,
+                        top_logprobs: Vec::new(),
+                    },
+                });
+                reason = seq.stop_reason(context_len);
+                if reason.is_some() {
+                    break;
+                }
+            }
+            // Positions `start..start + kept` hold the K/V of kept inputs; the rest go.
+            seq.computed = row.start + kept;
+            if row.drafts > 0 {
+                let completion = seq.completion().len();
+                seq.pace.record(agreed, row.drafts, completion);
+            }
+            let len = seq.computed;
+            let commit = commit_len(len, self.pool.page_size(), true);
+            let kv = row.request;
+            if let Err(e) = self
+                .pool
+                .truncate(kv, len)
+                .and_then(|()| self.pool.commit(kv, commit))
+            {
+                done.push((id, FinishReason::Error(e.to_string())));
+                continue;
+            }
+            if let Some(reason) = reason {
+                done.push((id, reason));
+            }
+        }
+        for (id, reason) in done {
+            if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                let seq = self.running.remove(i);
+                events.push(self.finish(seq, reason));
+            }
+        }
+    }
+}
+
+/// The length to commit for a request with `computed` tokens of K/V: whole pages only
+/// (see `apply`), and with a drafter one token short, since a draft from the next token's
+/// position reads the keys a query one position earlier sees.
+pub(crate) fn commit_len(computed: usize, page_size: usize, drafting: bool) -> usize {
+    let len = if drafting {
+        computed.saturating_sub(1)
+    } else {
+        computed
+    };
+    len / page_size * page_size
+}
