@@ -722,3 +722,35 @@ def test_serving_with_a_draft_model(log_dir):
                           "--draft", str(tiny / "gemma4-tiny")], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0
     assert "draft model" in bad.stderr and "gemma4-tiny" in bad.stderr, bad.stderr
+
+
+def test_prompt_lookup_keeps_the_greedy_text(server, log_dir):
+    """`--prompt-lookup 3`: on a prompt whose answer repeats part of it, drafts from the
+    request's own tokens are kept (the counters show it) and the text is the plain server's,
+    greedy, streamed or not; a sampled request beside it is answered as usual."""
+    from conftest import start_server
+
+    prompt = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+              "def mul(a, b):\n    return a * b\n\n\n# The same three functions again, unchanged:\n\n"
+              "def add(a, b):\n")
+    want = greedy(server, prompt, 48)["choices"][0]["text"]
+    srv = start_server(log_dir, "--prompt-lookup", "3", "--draft-tokens", "4", name="lookup")
+    try:
+        got = greedy(srv, prompt, 48)["choices"][0]["text"]
+        assert got == want
+        events, done = read_sse(post(srv, "/v1/completions", {"model": srv.model_name, "prompt": prompt,
+                                                               "max_tokens": 48, "temperature": 0,
+                                                               "stream": True}))
+        assert done and "".join(e["choices"][0]["text"] for e in events if e.get("choices")) == want
+        counters = {line.split()[0]: float(line.split()[1]) for line in get(srv, "/metrics").text.splitlines()
+                    if line.startswith("strata_spec_")}
+        assert counters["strata_spec_accepted_tokens_total"] > 0, counters
+        assert counters["strata_spec_accepted_tokens_total"] <= counters["strata_spec_draft_tokens_total"]
+        sampled = post(srv, "/v1/completions", {"model": srv.model_name, "prompt": prompt, "max_tokens": 8,
+                                                 "temperature": 0.8, "seed": 1, "ignore_eos": True})
+        assert sampled.status_code == 200 and sampled.json()["usage"]["completion_tokens"] == 8
+    finally:
+        srv.stop()
+    both = subprocess.run([str(BIN), "serve", "--model", str(MODEL), "--port", "0", "--prompt-lookup", "3",
+                           "--draft", str(MODEL)], capture_output=True, text=True, timeout=60)
+    assert both.returncode != 0 and "cannot be combined" in both.stderr, both.stderr

@@ -23,6 +23,10 @@ pub struct SchedulerConfig {
     /// Past it a batch's decode step already reads its weights for many tokens, and
     /// verifying drafts costs more than it yields.
     pub draft_max_requests: usize,
+    /// Draft by prompt lookup (a model that checks drafts, [`crate::StepModel::verifies`];
+    /// not with a model that drafts itself): rounds as above, run when some request's
+    /// latest tokens occurred earlier in it.
+    pub prompt_lookup: Option<crate::PromptLookup>,
 }
 
 impl Default for SchedulerConfig {
@@ -34,6 +38,7 @@ impl Default for SchedulerConfig {
             seed: 0x5EED,
             overlap: false,
             draft_max_requests: 4,
+            prompt_lookup: None,
         }
     }
 }
@@ -53,6 +58,9 @@ impl SchedulerConfig {
                  requests could not decode in a step",
                 self.max_batch_tokens, self.max_running_requests
             ));
+        }
+        if let Some(l) = &self.prompt_lookup {
+            l.validate().map_err(SchedError::Config)?;
         }
         Ok(())
     }

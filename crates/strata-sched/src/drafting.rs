@@ -13,7 +13,7 @@ use strata_model::{
     SeqChunk,
 };
 
-use crate::{CheckedRow, DraftRow, ModelHandle, SchedError, StepModel};
+use crate::{CheckRow, CheckedRow, DraftRow, ModelHandle, SchedError, StepModel};
 
 /// The target's state a request drafts from next: row `row` of `rows`, computed by the
 /// round that left the request's newest token at position `next`.
@@ -146,6 +146,18 @@ where
 
     fn draft_tokens(&self) -> usize {
         self.draft_tokens
+    }
+
+    fn verifies(&self) -> bool {
+        true
+    }
+
+    fn verify(
+        &mut self,
+        kv: &mut KvPool<S>,
+        rows: &[CheckRow],
+    ) -> Result<Vec<Vec<u32>>, SchedError> {
+        crate::model::verify_rows(self.target.model(), kv, rows)
     }
 
     fn can_draft(&self, request: RequestId, position: usize) -> bool {

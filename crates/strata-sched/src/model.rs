@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use strata_kernels::Backend;
 use strata_kv::{HostStorage, KvPool, KvStorage, RequestId};
-use strata_model::{ForwardBatch, ForwardOutput, KvCache, Launched, Model};
+use strata_model::{ForwardBatch, ForwardOutput, KvCache, Launched, LogitsMode, Model, SeqChunk};
 
 use crate::SchedError;
 
@@ -26,6 +26,15 @@ pub struct DraftRow {
 pub struct CheckedRow {
     pub drafts: Vec<u32>,
     pub greedy: Vec<u32>,
+}
+
+/// A run of tokens to check: `tokens[0]` is the sequence's pending token at `start`, the rest
+/// drafts made by the caller (slots already allocated for all of them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckRow {
+    pub request: RequestId,
+    pub start: usize,
+    pub tokens: Vec<u32>,
 }
 
 impl CheckedRow {
@@ -98,6 +107,21 @@ pub trait StepModel<S: KvStorage = HostStorage> {
         Err(SchedError::Other("this model has no drafter".into()))
     }
 
+    /// Whether the model can check drafts made by the caller ([`StepModel::verify`]).
+    fn verifies(&self) -> bool {
+        false
+    }
+
+    /// Computes every row of `rows` in one step (K/V stored at `start..`) and returns, per
+    /// row, the greedy token after each of its tokens.
+    fn verify(
+        &mut self,
+        _kv: &mut KvPool<S>,
+        _rows: &[CheckRow],
+    ) -> Result<Vec<Vec<u32>>, SchedError> {
+        Err(SchedError::Other("this model does not check drafts".into()))
+    }
+
     /// One step, queued and read.
     fn forward(
         &mut self,
@@ -160,4 +184,37 @@ where
     fn feeds(&self, step: &Launched<B>) -> bool {
         self.model().feeds(step)
     }
+
+    fn verifies(&self) -> bool {
+        true
+    }
+
+    fn verify(
+        &mut self,
+        kv: &mut KvPool<S>,
+        rows: &[CheckRow],
+    ) -> Result<Vec<Vec<u32>>, SchedError> {
+        verify_rows(self.model(), kv, rows)
+    }
+}
+
+/// `rows` through `model` in one step, every row's greedy token wanted.
+pub(crate) fn verify_rows<B: Backend, K: KvCache<B>>(
+    model: &Model<B>,
+    kv: &mut K,
+    rows: &[CheckRow],
+) -> Result<Vec<Vec<u32>>, SchedError> {
+    let batch = ForwardBatch {
+        seqs: rows
+            .iter()
+            .map(|r| SeqChunk {
+                request: r.request,
+                tokens: r.tokens.clone(),
+                start: r.start,
+                logits: LogitsMode::All,
+            })
+            .collect(),
+    };
+    let checked = model.forward_greedy_rows(kv, &batch)?;
+    Ok(checked.tokens)
 }

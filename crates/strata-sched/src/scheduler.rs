@@ -74,6 +74,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// Takes the model and an empty pool.
     pub fn new(model: M, pool: KvPool<S>, config: SchedulerConfig) -> Result<Self, SchedError> {
         config.validate()?;
+        if config.prompt_lookup.is_some() && (!model.verifies() || model.draft_tokens() > 0) {
+            return Err(SchedError::Config(
+                "prompt lookup needs a model that checks drafts and has no drafter of its own"
+                    .into(),
+            ));
+        }
         if pool.running_requests() != 0 {
             return Err(SchedError::Config(format!(
                 "the KV pool already holds {} request(s)",

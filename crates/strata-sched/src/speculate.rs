@@ -1,18 +1,29 @@
 //! Speculative rounds: while few requests run and all of them decode greedily, a step
-//! drafts a few tokens for each with the model's drafter and checks them all in one target
-//! step. Each request keeps the drafts that equal the target's own greedy choices and the
+//! drafts a few tokens for each (with the model's drafter, or by prompt lookup in the
+//! request's own tokens, `lookup.rs`) and checks them all in one target step. Each request keeps the drafts that equal the target's own greedy choices and the
 //! target's token after them, so its output is exactly what plain greedy decoding gives;
 //! the drafter only decides how many tokens a step yields.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use strata_kv::KvStorage;
 use strata_model::LogitsMode;
 
 use crate::reserve::Reserved;
+use crate::seq::Seq;
 use crate::{
-    CheckedRow, DraftRow, Event, EventKind, FinishReason, LaunchShape, Scheduler, SeqId, StepModel,
+    CheckRow, CheckedRow, DraftRow, Event, EventKind, FinishReason, LaunchShape, Scheduler, SeqId,
+    StepModel,
 };
+
+/// One request's drafts in a planned round: how many, the tokens themselves when the
+/// scheduler makes them (prompt lookup), and whether the round counts towards its pace.
+struct Planned {
+    drafts: usize,
+    tokens: Vec<u32>,
+    paced: bool,
+}
 
 /// How the drafts fared since the start (`/metrics`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,11 +38,14 @@ pub struct DraftStats {
 }
 
 impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
-    /// Whether the next step should be a speculative round: the model drafts, nothing
-    /// waits, at most `draft_max_requests` run, every one of them is decoding greedily
-    /// with no logprobs, and at least one is not pausing its drafts.
+    /// Whether the next step should be a speculative round: drafts come from the model or
+    /// from prompt lookup, nothing waits, at most `draft_max_requests` run, every one of
+    /// them is decoding greedily with no logprobs, and at least one is not pausing its
+    /// drafts (and, for prompt lookup, has a match to propose).
     pub(crate) fn wants_round(&self) -> bool {
-        self.model.draft_tokens() > 0
+        let model_drafts = self.model.draft_tokens() > 0;
+        let lookup = self.config.prompt_lookup;
+        (model_drafts || lookup.is_some())
             && self.waiting.is_empty()
             && !self.running.is_empty()
             && self.running.len() <= self.config.draft_max_requests
@@ -39,10 +53,10 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 .running
                 .iter()
                 .all(|s| s.pending() == 1 && s.token_mode(s.tokens.len()) == LogitsMode::Argmax)
-            && self
-                .running
-                .iter()
-                .any(|s| s.pace.drafts_at(s.completion().len()))
+            && self.running.iter().any(|s| {
+                s.pace.drafts_at(s.completion().len())
+                    && (model_drafts || lookup.is_some_and(|l| !l.propose(&s.tokens, 1).is_empty()))
+            })
     }
 
     /// Runs one speculative round over every running request (`wants_round` holds).
@@ -50,7 +64,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let planned = self.plan_drafts();
         let mut i = 0;
         while i < self.running.len() {
-            let want = 1 + planned.get(&self.running[i].id).copied().unwrap_or(0);
+            let want = 1 + planned.get(&self.running[i].id).map_or(0, |p| p.drafts);
             match self.reserve(i, want, events) {
                 Reserved::Removed => continue,
                 Reserved::Tokens(_) | Reserved::Skipped => i += 1,
@@ -58,9 +72,21 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
         let mut seqs = Vec::new();
         let mut rows = Vec::new();
+        let mut paced = Vec::new();
+        let mut proposed = Vec::new();
         for s in &mut self.running {
             let Some(n) = s.chunk.take() else { continue };
+            let plan = &planned[&s.id];
             seqs.push((s.id, n));
+            paced.push(plan.paced);
+            // A chunk the pool shrank holds fewer drafts than planned.
+            proposed.push(
+                plan.tokens
+                    .iter()
+                    .copied()
+                    .take(n - 1)
+                    .collect::<Vec<u32>>(),
+            );
             rows.push(DraftRow {
                 request: s.kv.expect("running requests hold a pool request"),
                 start: s.computed,
@@ -72,7 +98,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             return;
         }
         let t = Instant::now();
-        let checked = self.model.speculate(&mut self.pool, &rows);
+        let checked = if self.model.draft_tokens() > 0 {
+            self.model.speculate(&mut self.pool, &rows)
+        } else {
+            self.check_proposals(&rows, proposed)
+        };
         self.last_launch = Some(LaunchShape {
             single_rows: rows.len(),
             chunk_tokens: 0,
@@ -81,7 +111,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             drafts: rows.iter().map(|r| r.drafts).sum(),
         });
         match checked {
-            Ok(out) if out.len() == rows.len() => self.apply_round(&seqs, &rows, &out, events),
+            Ok(out) if out.len() == rows.len() => {
+                self.apply_round(&seqs, &rows, &out, &paced, events)
+            }
             Ok(out) => self.fail_batch(
                 &seqs,
                 format!(
@@ -95,29 +127,94 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
     }
 
-    /// Drafts per request for this round: the model's number where the request drafts now
-    /// and the model kept its state, capped by what the request may still generate, the
-    /// context and the step's token budget; 0 (a plain row, which leaves the state for the
-    /// next round) otherwise.
-    fn plan_drafts(&self) -> std::collections::HashMap<SeqId, usize> {
-        let k = self.model.draft_tokens();
+    /// Checks the scheduler's own drafts (prompt lookup) of `rows` in one model step.
+    fn check_proposals(
+        &mut self,
+        rows: &[DraftRow],
+        proposed: Vec<Vec<u32>>,
+    ) -> Result<Vec<CheckedRow>, crate::SchedError> {
+        let check: Vec<CheckRow> = rows
+            .iter()
+            .zip(&proposed)
+            .map(|(r, p)| CheckRow {
+                request: r.request,
+                start: r.start,
+                tokens: std::iter::once(r.token).chain(p.iter().copied()).collect(),
+            })
+            .collect();
+        let greedy = self.model.verify(&mut self.pool, &check)?;
+        Ok(proposed
+            .into_iter()
+            .zip(greedy)
+            .map(|(drafts, greedy)| CheckedRow { drafts, greedy })
+            .collect())
+    }
+
+    /// Drafts per request for this round, capped by what the request may still generate,
+    /// the context and the step's token budget. With a drafting model: its number where the
+    /// request drafts now and the model kept its state, else 0 (a plain row, which leaves
+    /// the state for the next round). With prompt lookup: the lookup's proposal where the
+    /// request drafts now, then every row filled to the longest proposal with copies of its
+    /// pending token, so that the rows are alike (one captured verification graph serves
+    /// them); only rows with a proposal of their own count towards their pace.
+    fn plan_drafts(&self) -> HashMap<SeqId, Planned> {
+        let model_k = self.model.draft_tokens();
+        let k = self
+            .config
+            .prompt_lookup
+            .map_or(model_k, |l| l.draft_tokens);
         let context_len = self.model.context_len();
         let per_row = (self.config.max_batch_tokens / self.running.len().max(1)).max(1) - 1;
-        self.running
-            .iter()
-            .map(|s| {
-                let start = s.computed;
-                let kv = s.kv.expect("running requests hold a pool request");
-                let drafts =
-                    if s.pace.drafts_at(s.completion().len()) && self.model.can_draft(kv, start) {
-                        // A round yields up to drafts + 1 tokens; its K/V reaches start + drafts.
-                        let left = s.req.max_tokens.saturating_sub(s.completion().len());
-                        let room = context_len.map_or(usize::MAX, |c| c.saturating_sub(start + 1));
-                        k.min(left.saturating_sub(1)).min(room).min(per_row)
+        let limit = |s: &Seq| {
+            // A round yields up to drafts + 1 tokens; its K/V reaches start + drafts.
+            let left = s.req.max_tokens.saturating_sub(s.completion().len());
+            let room = context_len.map_or(usize::MAX, |c| c.saturating_sub(s.computed + 1));
+            k.min(left.saturating_sub(1)).min(room).min(per_row)
+        };
+        let drafts_now = |s: &Seq| s.pace.drafts_at(s.completion().len());
+        let Some(lookup) = self.config.prompt_lookup.filter(|_| model_k == 0) else {
+            return self
+                .running
+                .iter()
+                .map(|s| {
+                    let kv = s.kv.expect("running requests hold a pool request");
+                    let drafts = if drafts_now(s) && self.model.can_draft(kv, s.computed) {
+                        limit(s)
                     } else {
                         0
                     };
-                (s.id, drafts)
+                    let plan = Planned {
+                        drafts,
+                        tokens: Vec::new(),
+                        paced: drafts > 0,
+                    };
+                    (s.id, plan)
+                })
+                .collect();
+        };
+        let proposals: Vec<Vec<u32>> = self
+            .running
+            .iter()
+            .map(|s| match drafts_now(s) {
+                true => lookup.propose(&s.tokens, limit(s)),
+                false => Vec::new(),
+            })
+            .collect();
+        let longest = proposals.iter().map(Vec::len).max().unwrap_or(0);
+        self.running
+            .iter()
+            .zip(proposals)
+            .map(|(s, mut tokens)| {
+                let paced = !tokens.is_empty();
+                let drafts = longest.min(limit(s));
+                let pending = s.tokens[s.computed];
+                tokens.resize(drafts, pending);
+                let plan = Planned {
+                    drafts,
+                    tokens,
+                    paced,
+                };
+                (s.id, plan)
             })
             .collect()
     }
@@ -129,12 +226,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         seqs: &[(SeqId, usize)],
         rows: &[DraftRow],
         out: &[CheckedRow],
+        paced: &[bool],
         events: &mut Vec<Event>,
     ) {
         let context_len = self.model.context_len();
         let mut done: Vec<(SeqId, FinishReason)> = Vec::new();
         self.draft_stats.rounds += 1;
-        for ((&(id, _), row), checked) in seqs.iter().zip(rows).zip(out) {
+        for (((&(id, _), row), checked), &paced) in seqs.iter().zip(rows).zip(out).zip(paced) {
             let Ok(i) = self.running.binary_search_by_key(&id, |s| s.id) else {
                 continue;
             };
@@ -175,7 +273,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             }
             // Positions `start..start + kept` hold the K/V of kept inputs; the rest go.
             seq.computed = row.start + kept;
-            if row.drafts > 0 {
+            if paced && row.drafts > 0 {
                 let completion = seq.completion().len();
                 seq.pace.record(agreed, row.drafts, completion);
             }

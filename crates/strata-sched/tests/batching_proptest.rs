@@ -9,7 +9,7 @@ use common::{drain, fake_config, pool, record, run_alone, FakeDrafter, FakeModel
 use proptest::prelude::*;
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, PoolKind};
-use strata_sched::{FinishReason, Request, Scheduler, SchedulerConfig, SeqId};
+use strata_sched::{FinishReason, PromptLookup, Request, Scheduler, SchedulerConfig, SeqId};
 
 #[derive(Clone, Debug)]
 struct Spec {
@@ -106,6 +106,8 @@ struct Setup {
     drafts: usize,
     miss_percent: u64,
     draft_max_requests: usize,
+    /// Drafts by prompt lookup (n-grams up to this long) when the model does not draft.
+    lookup: Option<usize>,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -123,6 +125,7 @@ fn setup() -> impl Strategy<Value = Setup> {
             prop_oneof![1 => Just(0usize), 2 => 1usize..5],
             prop::sample::select(vec![0u64, 30, 100]),
             1usize..6,
+            prop::option::of(1usize..4),
         ),
     )
         .prop_map(
@@ -136,7 +139,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 extra,
                 chunk,
                 overlap,
-                (drafts, miss_percent, draft_max_requests),
+                (drafts, miss_percent, draft_max_requests, lookup),
             )| {
                 Setup {
                     page_size,
@@ -151,6 +154,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                     drafts,
                     miss_percent,
                     draft_max_requests,
+                    lookup,
                 }
             },
         )
@@ -174,6 +178,10 @@ fn check(setup: Setup, specs: Vec<Spec>) -> Result<(), TestCaseError> {
         seed: 7,
         overlap: setup.overlap,
         draft_max_requests: setup.draft_max_requests,
+        prompt_lookup: setup
+            .lookup
+            .filter(|_| setup.drafts == 0)
+            .map(|n| PromptLookup::new(n, 3)),
     };
     let model = if setup.drafts > 0 {
         FakeModel::drafting(cfg, FakeDrafter::new(setup.drafts, setup.miss_percent))
@@ -258,14 +266,16 @@ proptest! {
         check(setup, specs)?;
     }
 
-    /// Greedy requests only, with a drafter: most decode steps are speculative rounds.
+    /// Greedy requests only, with a drafter or prompt lookup: most decode steps are
+    /// speculative rounds.
     #[test]
     fn drafted_requests_match_their_solo_runs(
         setup in setup(),
-        drafts in 1usize..5,
+        drafts in 0usize..5,
+        lookup in 1usize..4,
         specs in prop::collection::vec(spec(), 1..6),
     ) {
-        let setup = Setup { drafts, ..setup };
+        let setup = Setup { drafts, lookup: Some(lookup), ..setup };
         let greedy = specs
             .into_iter()
             .map(|s| Spec { seed: None, logprobs: None, max_tokens: s.max_tokens * 3, ..s })

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 
 use common::{drain, fake_config, pool, run_alone, FakeDrafter, FakeModel, Outcome, VOCAB};
 use strata_kv::CacheType;
-use strata_sched::{DraftStats, FinishReason, Request, Scheduler, SchedulerConfig, SeqId};
+use strata_sched::{
+    DraftStats, FinishReason, PromptLookup, Request, Scheduler, SchedulerConfig, SeqId,
+};
 
 fn prompt(len: usize, salt: u32) -> Vec<u32> {
     (0..len as u32)
@@ -39,6 +41,7 @@ fn run(
         seed: 7,
         overlap: true,
         draft_max_requests: 4,
+        prompt_lookup: None,
     };
     let model = FakeModel::drafting(cfg, FakeDrafter::new(k, miss_percent));
     let mut sched = Scheduler::new(model, kv, config).unwrap();
@@ -128,4 +131,114 @@ fn rounds_end_where_plain_decoding_ends() {
             "{stats:?}"
         );
     }
+}
+
+/// Runs `reqs` through a scheduler drafting by prompt lookup (n-grams up to 3, `k` drafts)
+/// over `model`; returns the outcomes, the forward passes, the rounds that checked drafts
+/// and the draft figures.
+fn run_lookup(
+    model: FakeModel,
+    k: usize,
+    max_requests: usize,
+    reqs: Vec<Request>,
+) -> (Vec<Outcome>, usize, usize, DraftStats) {
+    let kv = pool(&model.cfg, 256, 256, 4, CacheType::Radix);
+    let config = SchedulerConfig {
+        max_running_requests: 4,
+        max_batch_tokens: 64,
+        prefill_chunk: 8,
+        seed: 7,
+        overlap: true,
+        draft_max_requests: max_requests,
+        prompt_lookup: Some(PromptLookup::new(3, k)),
+    };
+    let mut sched = Scheduler::new(model, kv, config).unwrap();
+    let ids: Vec<SeqId> = reqs.into_iter().map(|r| sched.submit(r)).collect();
+    let mut out = HashMap::new();
+    drain(&mut sched, &mut out);
+    let stats = sched.status().drafts;
+    sched.pool_mut().flush_cache();
+    sched.pool().audit().unwrap();
+    let outcomes = ids.iter().map(|id| out.remove(id).unwrap()).collect();
+    let m = sched.model();
+    (outcomes, m.forwards, m.verified_rounds, stats)
+}
+
+/// Each request alone through a plain scheduler over `model`.
+fn alone_on(model: impl Fn() -> FakeModel, reqs: Vec<Request>) -> Vec<Outcome> {
+    reqs.into_iter()
+        .map(|r| {
+            let m = model();
+            let kv = pool(&m.cfg, 256, 256, 4, CacheType::Naive);
+            let mut s = Scheduler::new(m, kv, SchedulerConfig::default()).unwrap();
+            let id = s.submit(r);
+            let mut out = HashMap::new();
+            drain(&mut s, &mut out);
+            out.remove(&id).unwrap()
+        })
+        .collect()
+}
+
+/// A text that repeats itself: prompt lookup guesses it, every round keeps its drafts, and
+/// the output is the plain output in far fewer steps.
+#[test]
+fn prompt_lookup_follows_a_repeating_text() {
+    let model = || FakeModel::repeating(fake_config(true), 5);
+    let reqs = || vec![greedy(prompt(12, 1), 60), greedy(prompt(9, 2), 45)];
+    let want = alone_on(model, reqs());
+    for max_requests in [1, 2] {
+        let (got, forwards, rounds, stats) = run_lookup(model(), 4, max_requests, reqs());
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.tokens, w.tokens, "rounds of up to {max_requests}");
+        }
+        assert!(rounds > 0 && stats.accepted > 0, "{stats:?}");
+        // Nearly every draft is right once the text repeats.
+        assert!(stats.accepted * 10 >= stats.drafted * 9, "{stats:?}");
+        assert!(forwards < 60, "{forwards} forward passes for 105 tokens");
+        eprintln!(
+            "rounds of up to {max_requests}: {forwards} forward passes, {rounds} rounds, {stats:?}"
+        );
+    }
+}
+
+/// A text that does not repeat: lookups find short matches that are mostly wrong; the
+/// output is still the plain output, sampled requests beside greedy ones decode plainly.
+#[test]
+fn prompt_lookup_on_a_text_that_does_not_repeat() {
+    let reqs = || {
+        let mut sampled = Request::new(prompt(5, 6), 12);
+        sampled.sampling = strata_kernels::sampling::SamplingParams {
+            temperature: 0.7,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(3),
+        };
+        vec![greedy(prompt(10, 3), 50), sampled, greedy(prompt(4, 4), 33)]
+    };
+    let want = alone(reqs());
+    let (got, _, rounds, stats) = run_lookup(FakeModel::new(fake_config(true)), 3, 4, reqs());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "request {i}");
+        assert_eq!(g.reason, w.reason, "request {i}");
+    }
+    assert!(rounds > 0 && stats.drafted > 0, "{stats:?}");
+}
+
+#[test]
+fn prompt_lookup_needs_a_model_that_checks_drafts_and_drafts_nothing_itself() {
+    let cfg = fake_config(true);
+    let config = SchedulerConfig {
+        prompt_lookup: Some(PromptLookup::new(3, 2)),
+        ..SchedulerConfig::default()
+    };
+    let model = FakeModel::drafting(cfg.clone(), FakeDrafter::new(2, 0));
+    let kv = pool(&cfg, 64, 64, 4, CacheType::Radix);
+    assert!(Scheduler::new(model, kv, config).is_err());
+    let bad = SchedulerConfig {
+        prompt_lookup: Some(PromptLookup::new(3, 0)),
+        ..SchedulerConfig::default()
+    };
+    let kv = pool(&cfg, 64, 64, 4, CacheType::Radix);
+    assert!(Scheduler::new(FakeModel::new(cfg), kv, bad).is_err());
 }

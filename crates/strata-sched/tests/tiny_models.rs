@@ -13,8 +13,8 @@ use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
 use strata_model::{Assistant, LoadOptions, Model, PagedStorage};
 use strata_sched::{
-    Drafting, EventKind, FinishReason, ModelHandle, Request, Scheduler, SchedulerConfig, SeqId,
-    StepModel,
+    Drafting, EventKind, FinishReason, ModelHandle, PromptLookup, Request, Scheduler,
+    SchedulerConfig, SeqId, StepModel,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -119,6 +119,16 @@ fn greedy_staggered() -> Vec<Request> {
             r
         })
         .collect()
+}
+
+/// As `greedy_staggered`, 40 tokens longer each: long enough for the tiny models' greedy
+/// text to fall into the loops prompt lookup follows.
+fn greedy_long() -> Vec<Request> {
+    let mut reqs = greedy_staggered();
+    for r in &mut reqs {
+        r.max_tokens += 40;
+    }
+    reqs
 }
 
 fn generate<M: StepModel<S>, S: strata_kv::KvStorage>(
@@ -244,6 +254,7 @@ fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
         seed: 1,
         overlap: true,
         draft_max_requests: 5,
+        prompt_lookup: None,
     };
     let mut plain = device_scheduler(target(), &cfg, &gpu, config);
     let want = generate(&mut plain, greedy_staggered());
@@ -283,6 +294,28 @@ fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
             s.pool().storage().draft_graph_count()
         );
     }
+    // Prompt lookup: the scheduler's own drafts, checked by the target alone (the tiny
+    // Llama, whose greedy text loops).
+    let llama = || Model::load(gpu.clone(), &fixture("llama-tiny")).expect("fixture loads");
+    let llama_cfg = llama().config().clone();
+    let mut plain = device_scheduler(llama(), &llama_cfg, &gpu, config);
+    let want = generate(&mut plain, greedy_long());
+    for max_requests in [2, 5] {
+        let config = SchedulerConfig {
+            draft_max_requests: max_requests,
+            prompt_lookup: Some(PromptLookup::new(3, 3)),
+            ..config
+        };
+        let mut s = device_scheduler(llama(), &llama_cfg, &gpu, config);
+        let got = generate(&mut s, greedy_long());
+        assert_eq!(got, want, "prompt lookup, rounds of up to {max_requests}");
+        let d = s.status().drafts;
+        assert!(d.rounds > 0 && d.accepted > 0, "lookup: {d:?}");
+        eprintln!(
+            "GPU k lookup, up to {max_requests} a round: {d:?}, {} decode graphs",
+            s.pool().storage().graph_count()
+        );
+    }
 }
 
 /// Greedy requests in speculative rounds (one at a time, then up to five a round, on a
@@ -305,6 +338,7 @@ fn gemma4_speculative_rounds_equal_alone() {
             seed: 1,
             overlap: true,
             draft_max_requests: max_requests,
+            prompt_lookup: None,
         };
         let mut s = scheduler(drafting(k), pages, 4, config);
         let batched = if max_requests == 1 {
@@ -320,6 +354,41 @@ fn gemma4_speculative_rounds_equal_alone() {
         let d = s.status().drafts;
         assert!(d.rounds > 0 && d.drafted > 0, "k {k}: {d:?}");
         eprintln!("k {k}, up to {max_requests} a round, {pages} pages: {d:?}");
+    }
+}
+
+/// Drafts by prompt lookup through the real forward pass (the tiny models' greedy text
+/// falls into loops, which the lookup follows): the tokens of each request alone.
+#[test]
+fn prompt_lookup_rounds_equal_alone() {
+    let long = greedy_long;
+    for name in ["gemma4-tiny", "llama-tiny"] {
+        let alone: Vec<Vec<u32>> = long()
+            .into_iter()
+            .map(|r| {
+                let mut s = scheduler(load(name), 64, 4, SchedulerConfig::default());
+                generate(&mut s, vec![r]).remove(0)
+            })
+            .collect();
+        for (max_requests, pages) in [(5, 64), (2, 64), (5, 30)] {
+            let config = SchedulerConfig {
+                max_running_requests: 5,
+                max_batch_tokens: 32,
+                prefill_chunk: 3,
+                seed: 1,
+                overlap: true,
+                draft_max_requests: max_requests,
+                prompt_lookup: Some(PromptLookup::new(3, 3)),
+            };
+            let mut s = scheduler(load(name), pages, 4, config);
+            let got = generate(&mut s, long());
+            assert_eq!(got, alone, "{name}, rounds of up to {max_requests}");
+            let d = s.status().drafts;
+            if max_requests == 5 && pages == 64 {
+                assert!(d.rounds > 0 && d.drafted > 0, "{name}: {d:?}");
+            }
+            eprintln!("{name} lookup, up to {max_requests} a round, {pages} pages: {d:?}");
+        }
     }
 }
 

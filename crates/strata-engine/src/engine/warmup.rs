@@ -38,6 +38,9 @@ pub struct WarmUpShape {
     /// draft and verification graphs are captured too.
     pub draft_tokens: usize,
     pub draft_max_requests: usize,
+    /// The drafts come from prompt lookup: those rounds' prompts repeat themselves, so the
+    /// lookup finds its drafts there.
+    pub prompt_lookup: bool,
 }
 
 impl Engine {
@@ -57,12 +60,16 @@ impl Engine {
         for &n in &batches {
             // With a drafter: the prompt's token, a round that keeps the drafter's state,
             // then drafted rounds.
-            let out = if shape.draft_tokens > 0 && n <= shape.draft_max_requests {
-                3 + shape.draft_tokens
-            } else {
-                2
+            let rounds = shape.draft_tokens > 0 && n <= shape.draft_max_requests;
+            let out = if rounds { 3 + shape.draft_tokens } else { 2 };
+            // A cycle longer than the drafts, twice and a bit, in which every suffix
+            // occurs earlier with `draft_tokens` tokens after it.
+            let cycle = shape.draft_tokens + 2;
+            let len = match rounds && shape.prompt_lookup {
+                true => 2 * cycle + 2,
+                false => 1,
             };
-            self.warm_round(n, 1, out, first_id).await?;
+            self.warm_round(n, (len, cycle), out, first_id).await?;
             first_id += n;
         }
         // The context must hold the prompt and the two tokens out.
@@ -70,7 +77,7 @@ impl Engine {
             .prefill_chunk
             .clamp(1, self.context_len.saturating_sub(2).max(1));
         let prompts = (shape.max_batch_tokens / len).clamp(1, max_running);
-        self.warm_round(prompts, len, 2, first_id).await?;
+        self.warm_round(prompts, (len, len), 2, first_id).await?;
         self.flush().await?;
         Ok(WarmUp {
             decode_batches: batches,
@@ -81,14 +88,20 @@ impl Engine {
 
     /// `n` greedy requests of `len` prompt tokens and `out` tokens out, submitted together;
     /// request `r` starts with token `first_id + r` (wrapped into the vocabulary), so no two
-    /// share a cached prefix.
-    async fn warm_round(&self, n: usize, len: usize, out: usize, first_id: usize) -> Result<()> {
+    /// share a cached prefix. The prompt repeats its first `cycle` tokens.
+    async fn warm_round(
+        &self,
+        n: usize,
+        (len, cycle): (usize, usize),
+        out: usize,
+        first_id: usize,
+    ) -> Result<()> {
         let vocab = self.vocab_size.max(2);
         let mut pending = Vec::with_capacity(n);
         for r in 0..n {
             let start = first_id + r;
             let prompt = (0..len)
-                .map(|i| (1 + (start + i * 7919) % (vocab - 1)) as u32)
+                .map(|i| (1 + (start + (i % cycle) * 7919) % (vocab - 1)) as u32)
                 .collect();
             let req = GenerationRequest {
                 prompt,

@@ -12,7 +12,7 @@ use strata_kv::{
 };
 use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, FED_TOKEN};
 use strata_sched::{
-    CheckedRow, DraftRow, Event, EventKind, FinishReason, Request, SchedError, Scheduler,
+    CheckRow, CheckedRow, DraftRow, Event, EventKind, FinishReason, Request, SchedError, Scheduler,
     SchedulerConfig, SeqId, StepModel,
 };
 
@@ -107,8 +107,13 @@ pub struct FakeModel {
     pub tokens_computed: usize,
     /// Speculative rounds, when set.
     pub drafter: Option<FakeDrafter>,
+    /// Steps that checked drafts made by the scheduler (prompt lookup).
+    pub verified_rounds: usize,
     /// Per request, the position its next round may draft from (the latest round's only).
     kept: HashMap<RequestId, usize>,
+    /// When set, the greedy token repeats the token this far back (a text that repeats
+    /// itself, which prompt lookup guesses right) once the sequence is that long.
+    pub period: Option<usize>,
 }
 
 /// Drafts the fake's true greedy continuation, each token wrong (the next id instead)
@@ -151,9 +156,29 @@ impl FakeModel {
             cfg,
             forwards: 0,
             tokens_computed: 0,
+            verified_rounds: 0,
             drafter: None,
             kept: HashMap::new(),
+            period: None,
         }
+    }
+
+    /// A fake whose text repeats with `period` (see `FakeModel::period`).
+    pub fn repeating(cfg: ModelConfig, period: usize) -> Self {
+        Self {
+            period: Some(period),
+            ..Self::new(cfg)
+        }
+    }
+
+    /// The logits after `seq`: `logits_for`, or with `period`, the same with the token
+    /// `period` back lifted above every other.
+    pub fn next_logits(&self, seq: &[u32]) -> Vec<f32> {
+        let mut l = logits_for(seq);
+        if let Some(p) = self.period.filter(|&p| seq.len() >= p) {
+            l[seq[seq.len() - p] as usize] = 10.0;
+        }
+        l
     }
 
     pub fn drafting(cfg: ModelConfig, drafter: FakeDrafter) -> Self {
@@ -276,7 +301,7 @@ impl StepModel for FakeModel {
             let mut out = Vec::new();
             for q in rows {
                 let seq = self.read_sequence(kv, s.request, q)?;
-                out.extend(logits_for(&seq));
+                out.extend(self.next_logits(&seq));
             }
             let mut score = None;
             if s.logits == LogitsMode::Argmax {
@@ -362,7 +387,7 @@ impl StepModel for FakeModel {
             let greedy = (r.start..r.start + inputs.len())
                 .map(|q| {
                     let seq = self.read_sequence(kv, r.request, q)?;
-                    Ok(strata_kernels::sampling::argmax(&logits_for(&seq)))
+                    Ok(strata_kernels::sampling::argmax(&self.next_logits(&seq)))
                 })
                 .collect::<Result<Vec<u32>, SchedError>>()?;
             out.push(CheckedRow { drafts, greedy });
@@ -372,6 +397,31 @@ impl StepModel for FakeModel {
             self.kept.insert(r.request, r.start + c.agreed() + 1);
         }
         self.drafter = Some(drafter);
+        Ok(out)
+    }
+
+    fn verifies(&self) -> bool {
+        true
+    }
+
+    fn verify(
+        &mut self,
+        kv: &mut KvPool<HostStorage>,
+        rows: &[CheckRow],
+    ) -> Result<Vec<Vec<u32>>, SchedError> {
+        self.forwards += 1;
+        self.verified_rounds += 1;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            self.store(kv, r.request, r.start, &r.tokens)?;
+            let greedy = (r.start..r.start + r.tokens.len())
+                .map(|q| {
+                    let seq = self.read_sequence(kv, r.request, q)?;
+                    Ok(strata_kernels::sampling::argmax(&self.next_logits(&seq)))
+                })
+                .collect::<Result<Vec<u32>, SchedError>>()?;
+            out.push(greedy);
+        }
         Ok(out)
     }
 }

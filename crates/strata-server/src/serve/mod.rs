@@ -18,7 +18,7 @@ use axum::{middleware, Router};
 use clap::Args;
 use strata_engine::{Engine, EngineOptions, LoadedModel, Runtime, WarmUpShape};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
-use strata_sched::SchedulerConfig;
+use strata_sched::{PromptLookup, SchedulerConfig};
 
 use routes::{AppState, Shared};
 
@@ -91,11 +91,17 @@ pub struct ServeArgs {
     /// drafting.
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Tokens drafted a round (with --draft).
+    /// Speculative decoding without a draft model: each request's drafts are the tokens
+    /// that followed the latest earlier occurrence of its last N tokens (down to 2) in its
+    /// own prompt and output, checked as any draft is. Pays where texts repeat (code
+    /// edits, quotes, summaries); costs nothing where nothing matches. Not with --draft.
+    #[arg(long, value_name = "N")]
+    pub prompt_lookup: Option<usize>,
+    /// Tokens drafted a round (with --draft or --prompt-lookup).
     #[arg(long, default_value_t = 3)]
     pub draft_tokens: usize,
     /// Speculative rounds run while at most this many requests are running (with
-    /// --draft); past it steps decode plainly.
+    /// --draft or --prompt-lookup); past it steps decode plainly.
     #[arg(long, default_value_t = 4)]
     pub draft_max_requests: usize,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
@@ -132,8 +138,17 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             anyhow::bail!("--mem-fraction must be between 0 and 1");
         }
     }
-    if a.draft.is_some() && a.draft_tokens == 0 {
-        anyhow::bail!("--draft-tokens must be at least 1 with --draft");
+    let speculative = a.draft.is_some() || a.prompt_lookup.is_some();
+    if speculative && a.draft_tokens == 0 {
+        anyhow::bail!("--draft-tokens must be at least 1 with --draft or --prompt-lookup");
+    }
+    if a.draft.is_some() && a.prompt_lookup.is_some() {
+        anyhow::bail!(
+            "--draft and --prompt-lookup cannot be combined: choose one source of drafts"
+        );
+    }
+    if a.prompt_lookup == Some(0) {
+        anyhow::bail!("--prompt-lookup must be at least 1 (the longest suffix matched)");
     }
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         a.model
@@ -167,6 +182,14 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         log(format!(
             "draft model {}: {} tokens a round while at most {} requests run",
             draft.display(),
+            a.draft_tokens,
+            a.draft_max_requests
+        ));
+    }
+    if let Some(n) = a.prompt_lookup {
+        log(format!(
+            "prompt lookup: suffixes of {n} tokens down to {}, {} tokens a round while at most {} requests run",
+            n.min(2),
             a.draft_tokens,
             a.draft_max_requests
         ));
@@ -210,6 +233,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             prefill_chunk: a.prefill_chunk,
             overlap: switch(&a.overlap),
             draft_max_requests: a.draft_max_requests,
+            prompt_lookup: a
+                .prompt_lookup
+                .map(|n| PromptLookup::new(n, a.draft_tokens)),
             ..SchedulerConfig::default()
         },
         step_trace: a.step_trace.clone(),
@@ -248,8 +274,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 max_running: a.max_running_requests,
                 max_batch_tokens: a.max_batch_tokens,
                 prefill_chunk: a.prefill_chunk,
-                draft_tokens: if a.draft.is_some() { a.draft_tokens } else { 0 },
+                draft_tokens: if speculative { a.draft_tokens } else { 0 },
                 draft_max_requests: a.draft_max_requests,
+                prompt_lookup: a.prompt_lookup.is_some(),
             };
             // A failed warm-up leaves a server that still answers (with the same error, if
             // the engine cannot run the shapes); it only costs the first requests time.
