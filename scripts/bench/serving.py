@@ -67,10 +67,15 @@ def main():
     ap.add_argument("--top-p", type=float, default=1.0)
     # Ask for the chosen token's logprob and this many top logprobs with every token.
     ap.add_argument("--logprobs", type=int, default=None)
+    # Prompts that repeat themselves: a random block of --input / R ids, R times (what prompt
+    # lookup can draft from).
+    ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
     n = a.requests or max(a.concurrency * 2, 4)
     rng = random.Random(a.seed)
-    prompts = [[rng.randrange(3, a.vocab) for _ in range(a.input)] for _ in range(n)]
+    block = max(1, a.input // max(1, a.repeat))
+    prompts = [([rng.randrange(3, a.vocab) for _ in range(block)] * (a.input // block + 1))[:a.input]
+               for _ in range(n)]
     results, lock, next_i = [], threading.Lock(), [0]
 
     def worker():
@@ -98,7 +103,7 @@ def main():
     tpot = [(r["tokens"][-1] - r["tokens"][0]) / (len(r["tokens"]) - 1) for r in results if len(r["tokens"]) > 1]
     itl = [b - a_ for r in results for a_, b in zip(r["tokens"], r["tokens"][1:])]
     out_tokens = sum(len(r["tokens"]) for r in results)
-    report = {"concurrency": a.concurrency, "requests": n, "input": a.input, "output": a.output,
+    report = {"concurrency": a.concurrency, "requests": n, "input": a.input, "output": a.output, "repeat": a.repeat,
               "temperature": a.temperature, "top_p": a.top_p, "logprobs": a.logprobs,
               "duration_s": wall, "output_tokens": out_tokens,
               "output_throughput": out_tokens / wall,
