@@ -727,7 +727,7 @@ def test_serving_with_a_draft_model(log_dir):
 def test_prompt_lookup_keeps_the_greedy_text(server, log_dir):
     """`--prompt-lookup 3`: on a prompt whose answer repeats part of it, drafts from the
     request's own tokens are kept (the counters show it) and the text is the plain server's,
-    greedy, streamed or not; a sampled request beside it is answered as usual."""
+    greedy, streamed or not, and sampled with a seed (text and logprobs)."""
     from conftest import start_server
 
     prompt = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
@@ -746,9 +746,19 @@ def test_prompt_lookup_keeps_the_greedy_text(server, log_dir):
                     if line.startswith("strata_spec_")}
         assert counters["strata_spec_accepted_tokens_total"] > 0, counters
         assert counters["strata_spec_accepted_tokens_total"] <= counters["strata_spec_draft_tokens_total"]
-        sampled = post(srv, "/v1/completions", {"model": srv.model_name, "prompt": prompt, "max_tokens": 8,
-                                                 "temperature": 0.8, "seed": 1, "ignore_eos": True})
-        assert sampled.status_code == 200 and sampled.json()["usage"]["completion_tokens"] == 8
+        # Sampled requests take rounds too: each kept draft is the request's own seeded draw,
+        # so text and logprobs equal the plain server's.
+        for temperature, logprobs in [(0.3, None), (0.8, 2)]:
+            body = {"prompt": prompt, "max_tokens": 40, "temperature": temperature, "seed": 11,
+                    "ignore_eos": True, **({"logprobs": logprobs} if logprobs else {})}
+            plain = post(server, "/v1/completions", {"model": server.model_name, **body})
+            drafted = post(srv, "/v1/completions", {"model": srv.model_name, **body})
+            assert plain.status_code == drafted.status_code == 200, drafted.text
+            assert drafted.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+            assert drafted.json()["choices"][0]["logprobs"] == plain.json()["choices"][0]["logprobs"]
+        after = {line.split()[0]: float(line.split()[1]) for line in get(srv, "/metrics").text.splitlines()
+                 if line.startswith("strata_spec_")}
+        assert after["strata_spec_rounds_total"] > counters["strata_spec_rounds_total"], (counters, after)
     finally:
         srv.stop()
     both = subprocess.run([str(BIN), "serve", "--model", str(MODEL), "--port", "0", "--prompt-lookup", "3",

@@ -15,13 +15,14 @@
 //! their logits are dropped. The full group's slot table has a capacity; a step that
 //! needs more recaptures the bucket with twice the room.
 
+use strata_kernels::sampling::RowDraw;
 use strata_kernels::{expand_page_slots, Backend, PagedSeq, StridedCopy};
 use strata_kv::{KvPool, PoolKind, RequestId};
 
 use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
 use crate::error::Result;
 use crate::forward::{HiddenOut, Prepared, SeqRows, StepInputs};
-use crate::greedy_rows::GreedyRows;
+use crate::greedy_rows::{pick_rows, GreedyRows};
 use crate::launch::{all_picked, Launched};
 use crate::model::Model;
 use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedStorage};
@@ -449,18 +450,19 @@ pub(crate) fn replay_rows<B: Backend>(
     model: &Model<B>,
     batch: &ForwardBatch,
     prep: &Prepared,
+    draws: &[RowDraw],
 ) -> Result<Option<GreedyRows<B>>> {
     if pool.storage().graph_mode != DecodeGraphs::Replay || !eligible(pool, model, batch, true) {
         return Ok(None);
     }
     let b = model.backend();
     let (n, q) = (batch.seqs.len(), batch.seqs[0].tokens.len());
-    let (vocab, h) = (model.config().vocab_size, model.config().hidden_size);
+    let h = model.config().hidden_size;
     let p = padded(pool, batch, prep, n)?;
     let key = replay_graph(pool, model, batch, (&p, None), n)?;
     let g = &pool.storage().graphs[&key];
     let rows = n * q;
-    let ids = b.argmax_rows(&g.logits, vocab, rows, model.final_softcap())?;
+    let (tokens, logprobs) = pick_rows(model, &g.logits, &vec![q; n], draws)?;
     let kept = g
         .hidden
         .as_ref()
@@ -469,7 +471,8 @@ pub(crate) fn replay_rows<B: Backend>(
     let mut hidden = b.scratch(rows * h, b.activation_dtype())?;
     copy_prefix(b, kept, &mut hidden, rows * h)?;
     Ok(Some(GreedyRows {
-        tokens: ids.chunks(q).map(<[u32]>::to_vec).collect(),
+        tokens,
+        logprobs,
         hidden: Some(hidden),
     }))
 }

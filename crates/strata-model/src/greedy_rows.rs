@@ -1,7 +1,8 @@
-//! A step that returns the greedy token of every wanted row and keeps those rows' hidden
-//! states: what speculative decoding needs from the target (the verification of a run of
-//! drafts, and the state the drafter starts from).
+//! A step that returns the token of every wanted row (greedy, or drawn where asked) and
+//! keeps those rows' hidden states: what speculative decoding needs from the target (the
+//! verification of a run of drafts, and the state the drafter starts from).
 
+use strata_kernels::sampling::{RowDraw, TokenLogprobs};
 use strata_kernels::Backend;
 
 use crate::batch::{ForwardBatch, LogitsMode};
@@ -10,11 +11,14 @@ use crate::forward::{HiddenOut, StepInputs};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 
-/// What [`Model::forward_greedy_rows`] returns.
+/// What [`Model::forward_greedy_rows`] and [`Model::forward_picked_rows`] return.
 pub struct GreedyRows<B: Backend> {
-    /// Per sequence, the greedy token (argmax of the softcapped logits, ties to the lowest
-    /// id) of each row it asked for: one for `Last`, one a token for `All`, none for `None`.
+    /// Per sequence, the token of each row it asked for (one for `Last`, one a token for
+    /// `All`, none for `None`): the greedy token (argmax of the softcapped logits, ties to
+    /// the lowest id), or the row's draw where a [`RowDraw`] asked for one.
     pub tokens: Vec<Vec<u32>>,
+    /// Per sequence and row, the logprobs a draw asked for (empty when nothing was drawn).
+    pub logprobs: Vec<Vec<Option<TokenLogprobs>>>,
     /// Those rows under the final norm (what the output projection reads), `[rows, hidden]`
     /// in the order of `tokens` flattened; `None` when no row was asked for.
     pub hidden: Option<B::Buffer>,
@@ -29,6 +33,18 @@ impl<B: Backend> Model<B> {
         kv: &mut K,
         batch: &ForwardBatch,
     ) -> Result<GreedyRows<B>> {
+        self.forward_picked_rows(kv, batch, &[])
+    }
+
+    /// As [`Model::forward_greedy_rows`], with the rows of `draws` (indices into the wanted
+    /// rows, in order) drawn with their settings and uniforms, and scored where they ask,
+    /// exactly as a decode step draws its last row (`Backend::pick_start`).
+    pub fn forward_picked_rows<K: KvCache<B>>(
+        &self,
+        kv: &mut K,
+        batch: &ForwardBatch,
+        draws: &[RowDraw],
+    ) -> Result<GreedyRows<B>> {
         if let Some(s) = batch.seqs.iter().find(|s| {
             !matches!(
                 s.logits,
@@ -42,7 +58,7 @@ impl<B: Backend> Model<B> {
         }
         let b = &self.backend;
         let prep = self.prepare(batch)?;
-        if let Some(rows) = kv.replay_rows(self, batch, &prep)? {
+        if let Some(rows) = kv.replay_rows(self, batch, &prep, draws)? {
             return Ok(rows);
         }
         kv.begin_step(b, batch)?;
@@ -59,19 +75,47 @@ impl<B: Backend> Model<B> {
             None,
             Some(HiddenOut::Keep(&mut hidden)),
         )?;
-        let rows: usize = counts.iter().sum();
-        let ids = match &logits {
-            Some(l) => b.argmax_rows(l, self.config.vocab_size, rows, self.final_softcap())?,
-            None => vec![],
+        let (tokens, logprobs) = match &logits {
+            Some(l) => pick_rows(self, l, &counts, draws)?,
+            None => (counts.iter().map(|_| Vec::new()).collect(), Vec::new()),
         };
-        let mut at = 0;
-        let tokens = counts
-            .iter()
-            .map(|&k| {
-                at += k;
-                ids[at - k..at].to_vec()
-            })
-            .collect();
-        Ok(GreedyRows { tokens, hidden })
+        Ok(GreedyRows {
+            tokens,
+            logprobs,
+            hidden,
+        })
     }
+}
+
+/// The tokens of the first `counts.iter().sum()` rows of `logits`, split per sequence: the
+/// argmax, or the rows of `draws` drawn (with their logprobs, also split per sequence).
+pub(crate) type RowPicks = (Vec<Vec<u32>>, Vec<Vec<Option<TokenLogprobs>>>);
+
+pub(crate) fn pick_rows<B: Backend>(
+    model: &Model<B>,
+    logits: &B::Buffer,
+    counts: &[usize],
+    draws: &[RowDraw],
+) -> Result<RowPicks> {
+    let b = model.backend();
+    let vocab = model.config().vocab_size;
+    let rows: usize = counts.iter().sum();
+    let cap = model.final_softcap();
+    let (ids, scores): (Vec<u32>, Vec<Option<TokenLogprobs>>) = if draws.is_empty() {
+        (b.argmax_rows(logits, vocab, rows, cap)?, Vec::new())
+    } else {
+        let picked = b.pick_finish(b.pick_start(logits, vocab, rows, cap, draws)?)?;
+        picked.into_iter().map(|p| (p.id, p.logprobs)).unzip()
+    };
+    let mut at = 0;
+    let mut tokens = Vec::with_capacity(counts.len());
+    let mut logprobs = Vec::new();
+    for &k in counts {
+        tokens.push(ids[at..at + k].to_vec());
+        if !scores.is_empty() {
+            logprobs.push(scores[at..at + k].to_vec());
+        }
+        at += k;
+    }
+    Ok((tokens, logprobs))
 }

@@ -48,6 +48,7 @@ pub trait KvCache<B: Backend> {
         _model: &Model<B>,
         _batch: &ForwardBatch,
         _prep: &Prepared,
+        _draws: &[strata_kernels::sampling::RowDraw],
     ) -> Result<Option<GreedyRows<B>>> {
         Ok(None)
     }

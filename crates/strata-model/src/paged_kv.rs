@@ -379,8 +379,9 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         model: &Model<B>,
         batch: &ForwardBatch,
         prep: &Prepared,
+        draws: &[strata_kernels::sampling::RowDraw],
     ) -> Result<Option<GreedyRows<B>>> {
-        crate::decode_graph::replay_rows(self, model, batch, prep)
+        crate::decode_graph::replay_rows(self, model, batch, prep, draws)
     }
 
     fn begin_step(&mut self, b: &B, batch: &ForwardBatch) -> Result<()> {

@@ -19,7 +19,8 @@ pub struct SchedulerConfig {
     /// then runs step after step while the host reads, reports and plans behind it.
     pub overlap: bool,
     /// Speculative rounds run while at most this many requests are running, all of them
-    /// decoding greedily (a model with a drafter only, [`crate::StepModel::draft_tokens`]).
+    /// decoding with tokens the model picks (a model with a drafter,
+    /// [`crate::StepModel::draft_tokens`], or with `prompt_lookup`).
     /// Past it a batch's decode step already reads its weights for many tokens, and
     /// verifying drafts costs more than it yields.
     pub draft_max_requests: usize,

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use strata_kernels::{Backend, StridedCopy};
 use strata_kv::{KvPool, KvStorage, RequestId};
 use strata_model::{
-    Assistant, DraftSeq, ForwardBatch, ForwardOutput, KvCache, Launched, LogitsMode, ModelError,
-    SeqChunk,
+    Assistant, DraftSeq, ForwardBatch, ForwardOutput, KvCache, Launched, ModelError,
 };
 
+use crate::model::check_runs;
 use crate::{CheckRow, CheckedRow, DraftRow, ModelHandle, SchedError, StepModel};
 
 /// The target's state a request drafts from next: row `row` of `rows`, computed by the
@@ -156,8 +156,9 @@ where
         &mut self,
         kv: &mut KvPool<S>,
         rows: &[CheckRow],
-    ) -> Result<Vec<Vec<u32>>, SchedError> {
-        crate::model::verify_rows(self.target.model(), kv, rows)
+    ) -> Result<Vec<CheckedRow>, SchedError> {
+        let (checked, _) = check_runs(self.target.model(), kv, rows)?;
+        Ok(checked)
     }
 
     fn can_draft(&self, request: RequestId, position: usize) -> bool {
@@ -170,35 +171,23 @@ where
         rows: &[DraftRow],
     ) -> Result<Vec<CheckedRow>, SchedError> {
         let drafts = self.drafts(kv, rows)?;
-        let batch = ForwardBatch {
-            seqs: rows
-                .iter()
-                .zip(&drafts)
-                .map(|(r, d)| SeqChunk {
-                    request: r.request,
-                    tokens: std::iter::once(r.token).chain(d.iter().copied()).collect(),
-                    start: r.start,
-                    logits: LogitsMode::All,
-                })
-                .collect(),
-        };
-        let checked = self.target.model().forward_greedy_rows(kv, &batch)?;
-        let hidden = checked
-            .hidden
-            .ok_or_else(|| SchedError::Other("the target returned no hidden rows".into()))?;
+        let runs: Vec<CheckRow> = rows
+            .iter()
+            .zip(drafts)
+            .map(|(r, d)| CheckRow {
+                request: r.request,
+                start: r.start,
+                tokens: std::iter::once(r.token).chain(d).collect(),
+                draws: r.draws.clone(),
+            })
+            .collect();
+        let (checked, hidden) = check_runs(self.target.model(), kv, &runs)?;
+        let hidden =
+            hidden.ok_or_else(|| SchedError::Other("the target returned no hidden rows".into()))?;
         let hidden = Arc::new(hidden);
         self.kept.clear();
-        let mut out = Vec::with_capacity(rows.len());
         let mut offset = 0;
-        for ((r, drafts), greedy) in rows.iter().zip(drafts).zip(checked.tokens) {
-            let row = CheckedRow { drafts, greedy };
-            if row.greedy.len() != row.drafts.len() + 1 {
-                return Err(SchedError::Other(format!(
-                    "the target checked {} of {} tokens",
-                    row.greedy.len(),
-                    row.drafts.len() + 1
-                )));
-            }
+        for (r, row) in rows.iter().zip(&checked) {
             let agreed = row.agreed();
             self.kept.insert(
                 r.request,
@@ -208,9 +197,8 @@ where
                     row: offset + agreed,
                 },
             );
-            offset += row.greedy.len();
-            out.push(row);
+            offset += row.picked.len();
         }
-        Ok(out)
+        Ok(checked)
     }
 }

@@ -59,6 +59,20 @@ impl PromptLookup {
     }
 }
 
+impl PromptLookup {
+    /// Whether [`PromptLookup::propose`] could find a match once one more token follows
+    /// `tokens`: the last `min_ngram - 1` of them occur earlier with a token after them.
+    pub fn may_propose(&self, tokens: &[u32]) -> bool {
+        let m = self.min_ngram - 1;
+        let len = tokens.len();
+        if len <= m {
+            return false;
+        }
+        let suffix = &tokens[len - m..];
+        (0..len - m).any(|at| &tokens[at..at + m] == suffix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +107,27 @@ mod tests {
             vec![1, 2]
         );
         assert!(l.propose(&[1, 2, 1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn a_match_is_possible_exactly_when_some_next_token_makes_one() {
+        for l in [PromptLookup::new(3, 2), PromptLookup::new(1, 2)] {
+            for t in [
+                vec![1, 2, 3, 2],
+                vec![1, 2, 3, 4],
+                vec![5, 5],
+                vec![7],
+                vec![],
+                vec![1, 2, 1, 3, 1],
+            ] {
+                let some_next = (0..8).any(|x| {
+                    let mut u = t.clone();
+                    u.push(x);
+                    !l.propose(&u, 1).is_empty()
+                });
+                assert_eq!(l.may_propose(&t), some_next, "{l:?} {t:?}");
+            }
+        }
     }
 
     #[test]

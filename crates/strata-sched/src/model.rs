@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use strata_kernels::sampling::{RowDraw, TokenLogprobs};
 use strata_kernels::Backend;
 use strata_kv::{HostStorage, KvPool, KvStorage, RequestId};
 use strata_model::{ForwardBatch, ForwardOutput, KvCache, Launched, LogitsMode, Model, SeqChunk};
@@ -10,39 +11,46 @@ use crate::SchedError;
 
 /// One sequence of a speculative round: its pending token at `start` (slots already
 /// allocated for `start..start + 1 + drafts`) and how many tokens to draft after it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DraftRow {
     pub request: RequestId,
     pub start: usize,
     pub token: u32,
     pub drafts: usize,
+    /// The checked rows (`0..=drafts`) whose token is drawn rather than greedy: a sampled
+    /// request's rows, each with the uniform of the token it yields.
+    pub draws: Vec<RowDraw>,
 }
 
-/// What a speculative round computed for one [`DraftRow`]: the drafted tokens and the
-/// target's greedy token after each checked input (`[token, drafts..]`), so
-/// `greedy.len() == drafts.len() + 1`. The drafts agreeing with `greedy` from the start are
-/// kept, then the target's token after them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a round computed for one row: the drafts, and the model's token after each
+/// checked input (`[token, drafts..]`: `picked.len() == drafts.len() + 1`), greedy or drawn
+/// as the row asked, with the logprobs a draw asked for (`logprobs` is empty when nothing
+/// was drawn). The drafts equal to `picked` from the start are kept, then the model's token
+/// after them.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CheckedRow {
     pub drafts: Vec<u32>,
-    pub greedy: Vec<u32>,
+    pub picked: Vec<u32>,
+    pub logprobs: Vec<Option<TokenLogprobs>>,
 }
 
 /// A run of tokens to check: `tokens[0]` is the sequence's pending token at `start`, the rest
 /// drafts made by the caller (slots already allocated for all of them).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CheckRow {
     pub request: RequestId,
     pub start: usize,
     pub tokens: Vec<u32>,
+    /// As [`DraftRow::draws`].
+    pub draws: Vec<RowDraw>,
 }
 
 impl CheckedRow {
-    /// Leading drafts the target agreed with.
+    /// Leading drafts the model agreed with.
     pub fn agreed(&self) -> usize {
         self.drafts
             .iter()
-            .zip(&self.greedy)
+            .zip(&self.picked)
             .take_while(|(d, g)| d == g)
             .count()
     }
@@ -95,10 +103,10 @@ pub trait StepModel<S: KvStorage = HostStorage> {
         false
     }
 
-    /// One speculative round over greedy decode rows: drafts `row.drafts` tokens after
-    /// each row's token, checks `[token, drafts..]` of every row in one target step (K/V
-    /// stored at `start..`), and returns, per row, the drafts and the target's greedy
-    /// tokens. The caller drops the K/V past what it keeps.
+    /// One speculative round over decode rows: drafts `row.drafts` tokens after each row's
+    /// token, checks `[token, drafts..]` of every row in one target step (K/V stored at
+    /// `start..`; each checked row greedy, or drawn as `row.draws` asks), and returns, per
+    /// row, the drafts and the target's tokens. The caller drops the K/V past what it keeps.
     fn speculate(
         &mut self,
         _kv: &mut KvPool<S>,
@@ -113,12 +121,12 @@ pub trait StepModel<S: KvStorage = HostStorage> {
     }
 
     /// Computes every row of `rows` in one step (K/V stored at `start..`) and returns, per
-    /// row, the greedy token after each of its tokens.
+    /// row, its drafts (`tokens[1..]`) and the token after each of its tokens.
     fn verify(
         &mut self,
         _kv: &mut KvPool<S>,
         _rows: &[CheckRow],
-    ) -> Result<Vec<Vec<u32>>, SchedError> {
+    ) -> Result<Vec<CheckedRow>, SchedError> {
         Err(SchedError::Other("this model does not check drafts".into()))
     }
 
@@ -193,17 +201,19 @@ where
         &mut self,
         kv: &mut KvPool<S>,
         rows: &[CheckRow],
-    ) -> Result<Vec<Vec<u32>>, SchedError> {
-        verify_rows(self.model(), kv, rows)
+    ) -> Result<Vec<CheckedRow>, SchedError> {
+        let (checked, _) = check_runs(self.model(), kv, rows)?;
+        Ok(checked)
     }
 }
 
-/// `rows` through `model` in one step, every row's greedy token wanted.
-pub(crate) fn verify_rows<B: Backend, K: KvCache<B>>(
+/// `rows` through `model` in one step, every row's token wanted (greedy, or drawn as its
+/// draws ask): per row, its drafts and tokens, and the rows' final-normed states.
+pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
     model: &Model<B>,
     kv: &mut K,
     rows: &[CheckRow],
-) -> Result<Vec<Vec<u32>>, SchedError> {
+) -> Result<(Vec<CheckedRow>, Option<B::Buffer>), SchedError> {
     let batch = ForwardBatch {
         seqs: rows
             .iter()
@@ -215,6 +225,31 @@ pub(crate) fn verify_rows<B: Backend, K: KvCache<B>>(
             })
             .collect(),
     };
-    let checked = model.forward_greedy_rows(kv, &batch)?;
-    Ok(checked.tokens)
+    // The draws' rows, counted over the whole step.
+    let mut draws = Vec::new();
+    let mut offset = 0;
+    for r in rows {
+        draws.extend(r.draws.iter().map(|d| RowDraw {
+            row: offset + d.row,
+            ..*d
+        }));
+        offset += r.tokens.len();
+    }
+    let out = model.forward_picked_rows(kv, &batch, &draws)?;
+    let mut checked = Vec::with_capacity(rows.len());
+    for (i, (r, picked)) in rows.iter().zip(out.tokens).enumerate() {
+        if picked.len() != r.tokens.len() {
+            return Err(SchedError::Other(format!(
+                "the model checked {} of {} tokens",
+                picked.len(),
+                r.tokens.len()
+            )));
+        }
+        checked.push(CheckedRow {
+            drafts: r.tokens[1..].to_vec(),
+            picked,
+            logprobs: out.logprobs.get(i).cloned().unwrap_or_default(),
+        });
+    }
+    Ok((checked, out.hidden))
 }

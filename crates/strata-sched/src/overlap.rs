@@ -35,7 +35,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         if !self.config.overlap
             || !self.waiting.is_empty()
             || !self.model.feeds(&prev.step)
-            || self.wants_round()
+            || self.wants_round(true)
         {
             return None;
         }

@@ -7,14 +7,15 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use strata_kernels::sampling::RowDraw;
 use strata_kv::KvStorage;
 use strata_model::LogitsMode;
 
 use crate::reserve::Reserved;
 use crate::seq::Seq;
 use crate::{
-    CheckRow, CheckedRow, DraftRow, Event, EventKind, FinishReason, LaunchShape, Scheduler, SeqId,
-    StepModel,
+    CheckRow, CheckedRow, DraftRow, Event, EventKind, FinishReason, LaunchShape, PromptLookup,
+    Scheduler, SeqId, StepModel,
 };
 
 /// One request's drafts in a planned round: how many, the tokens themselves when the
@@ -40,22 +41,29 @@ pub struct DraftStats {
 impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// Whether the next step should be a speculative round: drafts come from the model or
     /// from prompt lookup, nothing waits, at most `draft_max_requests` run, every one of
-    /// them is decoding greedily with no logprobs, and at least one is not pausing its
-    /// drafts (and, for prompt lookup, has a match to propose).
-    pub(crate) fn wants_round(&self) -> bool {
+    /// them is decoding with tokens the model picks, and at least one is not pausing its
+    /// drafts (and, for prompt lookup, has a match to propose). With `lagging`, the
+    /// requests' newest tokens are still being computed (a step is queued): a lookup then
+    /// counts as a match if one more token could make it.
+    pub(crate) fn wants_round(&self, lagging: bool) -> bool {
         let model_drafts = self.model.draft_tokens() > 0;
         let lookup = self.config.prompt_lookup;
         (model_drafts || lookup.is_some())
             && self.waiting.is_empty()
             && !self.running.is_empty()
             && self.running.len() <= self.config.draft_max_requests
-            && self
-                .running
-                .iter()
-                .all(|s| s.pending() == 1 && s.token_mode(s.tokens.len()) == LogitsMode::Argmax)
+            && self.running.iter().all(|s| {
+                // Tokens the model picks (greedy or drawn, with their logprobs): not a
+                // request drawn on the host for more top logprobs than a backend reports.
+                s.pending() == 1 && s.token_mode(s.tokens.len()) != LogitsMode::Last
+            })
             && self.running.iter().any(|s| {
+                let matches = |l: PromptLookup| match lagging {
+                    true => l.may_propose(&s.tokens),
+                    false => !l.propose(&s.tokens, 1).is_empty(),
+                };
                 s.pace.drafts_at(s.completion().len())
-                    && (model_drafts || lookup.is_some_and(|l| !l.propose(&s.tokens, 1).is_empty()))
+                    && (model_drafts || lookup.is_some_and(matches))
             })
     }
 
@@ -92,6 +100,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 start: s.computed,
                 token: s.tokens[s.computed],
                 drafts: n - 1,
+                draws: row_draws(s, n),
             });
         }
         if rows.is_empty() {
@@ -140,14 +149,10 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 request: r.request,
                 start: r.start,
                 tokens: std::iter::once(r.token).chain(p.iter().copied()).collect(),
+                draws: r.draws.clone(),
             })
             .collect();
-        let greedy = self.model.verify(&mut self.pool, &check)?;
-        Ok(proposed
-            .into_iter()
-            .zip(greedy)
-            .map(|(drafts, greedy)| CheckedRow { drafts, greedy })
-            .collect())
+        self.model.verify(&mut self.pool, &check)
     }
 
     /// Drafts per request for this round, capped by what the request may still generate,
@@ -236,11 +241,17 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             let Ok(i) = self.running.binary_search_by_key(&id, |s| s.id) else {
                 continue;
             };
-            if checked.drafts.len() != row.drafts || checked.greedy.len() != row.drafts + 1 {
+            let scored = row.draws.iter().any(|d| d.logprobs.is_some());
+            if checked.drafts.len() != row.drafts
+                || checked.picked.len() != row.drafts + 1
+                || (scored && checked.logprobs.len() != row.drafts + 1)
+            {
                 let e = format!(
-                    "a speculative round returned {} drafts and {} checked tokens for {} drafts",
+                    "a speculative round returned {} drafts, {} checked tokens and {} scores \
+                     for {} drafts",
                     checked.drafts.len(),
-                    checked.greedy.len(),
+                    checked.picked.len(),
+                    checked.logprobs.len(),
                     row.drafts
                 );
                 done.push((id, FinishReason::Error(e)));
@@ -252,18 +263,18 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             let seq = &mut self.running[i];
             let mut kept = 0;
             let mut reason = None;
-            for &token in checked.drafts[..agreed]
-                .iter()
-                .chain([&checked.greedy[agreed]])
-            {
+            // Kept drafts equal the model's own tokens: row j's token (and its scores) is
+            // the one plain decoding would have produced there.
+            for (j, &token) in checked.picked[..=agreed].iter().enumerate() {
                 seq.tokens.push(token);
                 kept += 1;
+                let scores = checked.logprobs.get(j).and_then(Option::as_ref);
                 events.push(Event {
                     id,
                     kind: EventKind::Token {
                         token,
-                        logprob: None,
-                        top_logprobs: Vec::new(),
+                        logprob: scores.map(|s| s.logprob),
+                        top_logprobs: scores.map(|s| s.top.clone()).unwrap_or_default(),
                     },
                 });
                 reason = seq.stop_reason(context_len);
@@ -311,4 +322,24 @@ pub(crate) fn commit_len(computed: usize, page_size: usize, drafting: bool) -> u
         computed
     };
     len / page_size * page_size
+}
+
+/// The rows of `seq`'s run of `n` checked tokens whose token is drawn: row `j` yields token
+/// number `computed + j + 1`, drawn with that token's uniform, as plain decoding draws it.
+fn row_draws(seq: &Seq, n: usize) -> Vec<RowDraw> {
+    (0..n)
+        .filter_map(|j| match seq.token_mode(seq.computed + j + 1) {
+            LogitsMode::Draw {
+                params,
+                uniform,
+                logprobs,
+            } => Some(RowDraw {
+                row: j,
+                params,
+                uniform,
+                logprobs,
+            }),
+            _ => None,
+        })
+        .collect()
 }

@@ -21,7 +21,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// request (decode tokens first, then prefill chunks, oldest first, within
     /// `max_batch_tokens`), samples, and returns the events it produced in order.
     ///
-    /// With a drafter, a step over few greedy decode rows is a speculative round instead
+    /// With a drafter or prompt lookup, a step over few decode rows is a speculative round instead
     /// (`speculate.rs`).
     ///
     /// With `SchedulerConfig::overlap`, a decode step of tokens only (greedy or drawn, with
@@ -45,7 +45,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             self.read(prev, &mut events);
             return events;
         }
-        if self.wants_round() {
+        if self.wants_round(false) {
             self.round(&mut events);
             return events;
         }

@@ -242,3 +242,58 @@ fn prompt_lookup_needs_a_model_that_checks_drafts_and_drafts_nothing_itself() {
     let kv = pool(&cfg, 64, 64, 4, CacheType::Radix);
     assert!(Scheduler::new(FakeModel::new(cfg), kv, bad).is_err());
 }
+
+/// Sampled requests (seeded), with logprobs or not, in rounds: each kept draft is the token
+/// the request's own draw gives there, so tokens and logprobs equal plain decoding's; on a
+/// repeating text the draws follow the repeat and drafts are kept.
+#[test]
+fn sampled_requests_keep_their_seeded_output_in_rounds() {
+    let sampled = |salt: u32, logprobs: Option<usize>| {
+        let mut r = Request::new(prompt(11, salt), 40);
+        r.ignore_eos = true;
+        r.logprobs = logprobs;
+        r.sampling = strata_kernels::sampling::SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 0.95,
+            min_p: 0.0,
+            seed: Some(17 + salt as u64),
+        };
+        r
+    };
+    let reqs = || {
+        vec![
+            sampled(1, None),
+            sampled(2, Some(2)),
+            greedy(prompt(7, 3), 30),
+        ]
+    };
+    for repeating in [true, false] {
+        let model = || match repeating {
+            true => FakeModel::repeating(fake_config(true), 6),
+            false => FakeModel::new(fake_config(true)),
+        };
+        let want = alone_on(model, reqs());
+        let (got, _, rounds, stats) = run_lookup(model(), 3, 4, reqs());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.tokens, w.tokens, "repeating {repeating}, request {i}");
+            assert_eq!(g.logprobs, w.logprobs, "repeating {repeating}, request {i}");
+        }
+        assert!(got[1].logprobs.iter().all(Option::is_some));
+        assert!(rounds > 0, "repeating {repeating}: {stats:?}");
+        if repeating {
+            assert!(stats.accepted * 2 > stats.drafted, "{stats:?}");
+        }
+    }
+    // The same with the model's drafter (drafts greedy, checked against the draws).
+    let want = alone(reqs());
+    let (got, _, stats) = run(true, 3, 30, reqs());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            (&g.tokens, &g.logprobs),
+            (&w.tokens, &w.logprobs),
+            "request {i}"
+        );
+    }
+    assert!(stats.rounds > 0, "{stats:?}");
+}

@@ -131,6 +131,15 @@ fn greedy_long() -> Vec<Request> {
     reqs
 }
 
+/// The sampled requests (each seeded), 40 tokens longer each.
+fn sampled_long() -> Vec<Request> {
+    let mut reqs = requests(true);
+    for r in &mut reqs {
+        r.max_tokens += 40;
+    }
+    reqs
+}
+
 fn generate<M: StepModel<S>, S: strata_kv::KvStorage>(
     sched: &mut Scheduler<M, S>,
     reqs: Vec<Request>,
@@ -309,6 +318,22 @@ fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
         let mut s = device_scheduler(llama(), &llama_cfg, &gpu, config);
         let got = generate(&mut s, greedy_long());
         assert_eq!(got, want, "prompt lookup, rounds of up to {max_requests}");
+        // Sampled requests (seeded): the verification's rows drawn on the device.
+        let mut plain = device_scheduler(
+            llama(),
+            &llama_cfg,
+            &gpu,
+            SchedulerConfig {
+                prompt_lookup: None,
+                ..config
+            },
+        );
+        let want_sampled = generate(&mut plain, sampled_long());
+        let got_sampled = generate(&mut s, sampled_long());
+        assert_eq!(
+            got_sampled, want_sampled,
+            "sampled, rounds of up to {max_requests}"
+        );
         let d = s.status().drafts;
         assert!(d.rounds > 0 && d.accepted > 0, "lookup: {d:?}");
         eprintln!(
@@ -363,6 +388,13 @@ fn gemma4_speculative_rounds_equal_alone() {
 fn prompt_lookup_rounds_equal_alone() {
     let long = greedy_long;
     for name in ["gemma4-tiny", "llama-tiny"] {
+        let sampled_alone: Vec<Vec<u32>> = sampled_long()
+            .into_iter()
+            .map(|r| {
+                let mut s = scheduler(load(name), 64, 4, SchedulerConfig::default());
+                generate(&mut s, vec![r]).remove(0)
+            })
+            .collect();
         let alone: Vec<Vec<u32>> = long()
             .into_iter()
             .map(|r| {
@@ -383,6 +415,11 @@ fn prompt_lookup_rounds_equal_alone() {
             let mut s = scheduler(load(name), pages, 4, config);
             let got = generate(&mut s, long());
             assert_eq!(got, alone, "{name}, rounds of up to {max_requests}");
+            let got = generate(&mut s, sampled_long());
+            assert_eq!(
+                got, sampled_alone,
+                "{name} sampled, rounds of up to {max_requests}"
+            );
             let d = s.status().drafts;
             if max_requests == 5 && pages == 64 {
                 assert!(d.rounds > 0 && d.drafted > 0, "{name}: {d:?}");

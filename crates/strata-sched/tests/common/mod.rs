@@ -5,7 +5,7 @@
 use serde_json::json;
 use std::collections::HashMap;
 use strata_config::ModelConfig;
-use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, SamplingParams};
+use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, RowDraw, SamplingParams};
 
 use strata_kv::{
     CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan, RequestId,
@@ -186,6 +186,41 @@ impl FakeModel {
             drafter: Some(drafter),
             ..Self::new(cfg)
         }
+    }
+
+    /// Stores `inputs` at `start..` and picks the token after each, as a device would:
+    /// greedy, or drawn (and scored) for the rows of `draws`.
+    fn check(
+        &mut self,
+        kv: &mut KvPool<HostStorage>,
+        req: RequestId,
+        start: usize,
+        inputs: &[u32],
+        draws: &[RowDraw],
+    ) -> Result<CheckedRow, SchedError> {
+        self.store(kv, req, start, inputs)?;
+        let mut picked = Vec::with_capacity(inputs.len());
+        let mut scores = Vec::with_capacity(inputs.len());
+        for j in 0..inputs.len() {
+            let logits = self.next_logits(&self.read_sequence(kv, req, start + j)?);
+            match draws.iter().find(|d| d.row == j) {
+                Some(d) => {
+                    let t = sample(&logits, &d.params, d.uniform)
+                        .map_err(|e| SchedError::Other(e.to_string()))?;
+                    picked.push(t);
+                    scores.push(d.logprobs.map(|n| token_logprobs(&logits, t, n)));
+                }
+                None => {
+                    picked.push(strata_kernels::sampling::argmax(&logits));
+                    scores.push(None);
+                }
+            }
+        }
+        Ok(CheckedRow {
+            drafts: inputs[1..].to_vec(),
+            picked,
+            logprobs: if draws.is_empty() { Vec::new() } else { scores },
+        })
     }
 
     /// Writes the K/V of `tokens` at `start..` of `req`.
@@ -383,14 +418,7 @@ impl StepModel for FakeModel {
             let inputs: Vec<u32> = std::iter::once(r.token)
                 .chain(drafts.iter().copied())
                 .collect();
-            self.store(kv, r.request, r.start, &inputs)?;
-            let greedy = (r.start..r.start + inputs.len())
-                .map(|q| {
-                    let seq = self.read_sequence(kv, r.request, q)?;
-                    Ok(strata_kernels::sampling::argmax(&self.next_logits(&seq)))
-                })
-                .collect::<Result<Vec<u32>, SchedError>>()?;
-            out.push(CheckedRow { drafts, greedy });
+            out.push(self.check(kv, r.request, r.start, &inputs, &r.draws)?);
         }
         self.kept.clear();
         for (r, c) in rows.iter().zip(&out) {
@@ -408,21 +436,12 @@ impl StepModel for FakeModel {
         &mut self,
         kv: &mut KvPool<HostStorage>,
         rows: &[CheckRow],
-    ) -> Result<Vec<Vec<u32>>, SchedError> {
+    ) -> Result<Vec<CheckedRow>, SchedError> {
         self.forwards += 1;
         self.verified_rounds += 1;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            self.store(kv, r.request, r.start, &r.tokens)?;
-            let greedy = (r.start..r.start + r.tokens.len())
-                .map(|q| {
-                    let seq = self.read_sequence(kv, r.request, q)?;
-                    Ok(strata_kernels::sampling::argmax(&self.next_logits(&seq)))
-                })
-                .collect::<Result<Vec<u32>, SchedError>>()?;
-            out.push(greedy);
-        }
-        Ok(out)
+        rows.iter()
+            .map(|r| self.check(kv, r.request, r.start, &r.tokens, &r.draws))
+            .collect()
     }
 }
 

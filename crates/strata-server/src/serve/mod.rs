@@ -85,7 +85,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub step_trace: Option<std::path::PathBuf>,
     /// A draft model for speculative decoding (Gemma-4's assistant directory): while at
-    /// most --draft-max-requests requests run, all greedy, each step drafts
+    /// most --draft-max-requests requests run (greedy or sampled), each step drafts
     /// --draft-tokens tokens a request and checks them in one step of the model. Output
     /// is what the model alone gives; a request whose drafts are mostly rejected pauses
     /// drafting.
