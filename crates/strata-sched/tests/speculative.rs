@@ -23,27 +23,26 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     r
 }
 
-/// Runs `reqs` together through a scheduler whose model drafts `k` tokens a round with
-/// `miss_percent` of them wrong; returns the outcomes, the model's forward passes and the
-/// scheduler's draft figures.
-fn run(
-    windowed: bool,
-    k: usize,
-    miss_percent: u64,
+/// Runs `reqs` together through a scheduler over `model` with `draft_max_requests` and
+/// `prompt_lookup` as given, checks that the pool is left clean; returns the outcomes, the
+/// model's forward passes and rounds that checked the scheduler's drafts, and the draft
+/// figures.
+fn serve(
+    model: FakeModel,
+    draft_max_requests: usize,
+    prompt_lookup: Option<PromptLookup>,
     reqs: Vec<Request>,
-) -> (Vec<Outcome>, usize, DraftStats) {
-    let cfg = fake_config(windowed);
-    let kv = pool(&cfg, 256, 256, 4, CacheType::Radix);
+) -> (Vec<Outcome>, (usize, usize), DraftStats) {
+    let kv = pool(&model.cfg, 256, 256, 4, CacheType::Radix);
     let config = SchedulerConfig {
         max_running_requests: 4,
         max_batch_tokens: 64,
         prefill_chunk: 8,
         seed: 7,
         overlap: true,
-        draft_max_requests: 4,
-        prompt_lookup: None,
+        draft_max_requests,
+        prompt_lookup,
     };
-    let model = FakeModel::drafting(cfg, FakeDrafter::new(k, miss_percent));
     let mut sched = Scheduler::new(model, kv, config).unwrap();
     let ids: Vec<SeqId> = reqs.into_iter().map(|r| sched.submit(r)).collect();
     let mut out = HashMap::new();
@@ -53,7 +52,21 @@ fn run(
     sched.pool().audit().unwrap();
     assert_eq!(sched.pool().running_requests(), 0);
     let outcomes = ids.iter().map(|id| out.remove(id).unwrap()).collect();
-    (outcomes, sched.model().forwards, stats)
+    let m = sched.model();
+    (outcomes, (m.forwards, m.verified_rounds), stats)
+}
+
+/// `reqs` through a scheduler whose model drafts `k` tokens a round with `miss_percent` of
+/// them wrong: the outcomes, the model's forward passes and the draft figures.
+fn run(
+    windowed: bool,
+    k: usize,
+    miss_percent: u64,
+    reqs: Vec<Request>,
+) -> (Vec<Outcome>, usize, DraftStats) {
+    let model = FakeModel::drafting(fake_config(windowed), FakeDrafter::new(k, miss_percent));
+    let (out, (forwards, _), stats) = serve(model, 4, None, reqs);
+    (out, forwards, stats)
 }
 
 /// Each request run alone without drafts.
@@ -91,8 +104,8 @@ fn wrong_drafts_pause_drafting() {
 }
 
 /// Some drafts right: stop strings and `max_tokens` that end a request inside a round's
-/// kept tokens, requests joining while others run rounds, sampled requests beside greedy
-/// ones (no rounds while they run) all give each request's own output.
+/// kept tokens, requests joining while others run rounds, a sampled request beside greedy
+/// ones all give each request's own output.
 #[test]
 fn rounds_end_where_plain_decoding_ends() {
     let base = run_alone(true, 4, greedy(prompt(7, 4), 30)).tokens;
@@ -133,35 +146,18 @@ fn rounds_end_where_plain_decoding_ends() {
     }
 }
 
-/// Runs `reqs` through a scheduler drafting by prompt lookup (n-grams up to 3, `k` drafts)
-/// over `model`; returns the outcomes, the forward passes, the rounds that checked drafts
-/// and the draft figures.
+/// `reqs` through a scheduler drafting by prompt lookup (n-grams up to 3, `k` drafts) over
+/// `model`: the outcomes, the forward passes, the rounds that checked drafts and the draft
+/// figures.
 fn run_lookup(
     model: FakeModel,
     k: usize,
     max_requests: usize,
     reqs: Vec<Request>,
 ) -> (Vec<Outcome>, usize, usize, DraftStats) {
-    let kv = pool(&model.cfg, 256, 256, 4, CacheType::Radix);
-    let config = SchedulerConfig {
-        max_running_requests: 4,
-        max_batch_tokens: 64,
-        prefill_chunk: 8,
-        seed: 7,
-        overlap: true,
-        draft_max_requests: max_requests,
-        prompt_lookup: Some(PromptLookup::new(3, k)),
-    };
-    let mut sched = Scheduler::new(model, kv, config).unwrap();
-    let ids: Vec<SeqId> = reqs.into_iter().map(|r| sched.submit(r)).collect();
-    let mut out = HashMap::new();
-    drain(&mut sched, &mut out);
-    let stats = sched.status().drafts;
-    sched.pool_mut().flush_cache();
-    sched.pool().audit().unwrap();
-    let outcomes = ids.iter().map(|id| out.remove(id).unwrap()).collect();
-    let m = sched.model();
-    (outcomes, m.forwards, m.verified_rounds, stats)
+    let lookup = Some(PromptLookup::new(3, k));
+    let (out, (forwards, rounds), stats) = serve(model, max_requests, lookup, reqs);
+    (out, forwards, rounds, stats)
 }
 
 /// Each request alone through a plain scheduler over `model`.
@@ -202,7 +198,7 @@ fn prompt_lookup_follows_a_repeating_text() {
 }
 
 /// A text that does not repeat: lookups find short matches that are mostly wrong; the
-/// output is still the plain output, sampled requests beside greedy ones decode plainly.
+/// output is still the plain output, a sampled request's included.
 #[test]
 fn prompt_lookup_on_a_text_that_does_not_repeat() {
     let reqs = || {

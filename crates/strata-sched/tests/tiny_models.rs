@@ -121,6 +121,22 @@ fn greedy_staggered() -> Vec<Request> {
         .collect()
 }
 
+/// `greedy_staggered` through `sched`: together, or one at a time when rounds hold one
+/// request (so that each runs its rounds alone).
+fn generate_staggered<M: StepModel<S>, S: strata_kv::KvStorage>(
+    sched: &mut Scheduler<M, S>,
+    max_requests: usize,
+) -> Vec<Vec<u32>> {
+    if max_requests == 1 {
+        greedy_staggered()
+            .into_iter()
+            .map(|r| generate(sched, vec![r]).remove(0))
+            .collect()
+    } else {
+        generate(sched, greedy_staggered())
+    }
+}
+
 /// As `greedy_staggered`, 40 tokens longer each: long enough for the tiny models' greedy
 /// text to fall into the loops prompt lookup follows.
 fn greedy_long() -> Vec<Request> {
@@ -286,14 +302,7 @@ fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
             ..config
         };
         let mut s = device_scheduler(model, &cfg, &gpu, config);
-        let got = if max_requests == 1 {
-            greedy_staggered()
-                .into_iter()
-                .map(|r| generate(&mut s, vec![r]).remove(0))
-                .collect()
-        } else {
-            generate(&mut s, greedy_staggered())
-        };
+        let got = generate_staggered(&mut s, max_requests);
         assert_eq!(got, want, "k {k}, rounds of up to {max_requests}");
         let d = s.status().drafts;
         assert!(d.rounds > 0 && d.drafted > 0, "k {k}: {d:?}");
@@ -366,15 +375,7 @@ fn gemma4_speculative_rounds_equal_alone() {
             prompt_lookup: None,
         };
         let mut s = scheduler(drafting(k), pages, 4, config);
-        let batched = if max_requests == 1 {
-            // One at a time, so that each runs its rounds alone.
-            greedy_staggered()
-                .into_iter()
-                .map(|r| generate(&mut s, vec![r]).remove(0))
-                .collect()
-        } else {
-            generate(&mut s, greedy_staggered())
-        };
+        let batched = generate_staggered(&mut s, max_requests);
         assert_eq!(batched, alone, "k {k}, rounds of up to {max_requests}");
         let d = s.status().drafts;
         assert!(d.rounds > 0 && d.drafted > 0, "k {k}: {d:?}");
