@@ -1,8 +1,10 @@
-//! Speculative rounds: while few requests run and all of them decode greedily, a step
+//! Speculative rounds: while few requests run and the model picks all their tokens, a step
 //! drafts a few tokens for each (with the model's drafter, or by prompt lookup in the
-//! request's own tokens, `lookup.rs`) and checks them all in one target step. Each request keeps the drafts that equal the target's own greedy choices and the
-//! target's token after them, so its output is exactly what plain greedy decoding gives;
-//! the drafter only decides how many tokens a step yields.
+//! request's own tokens, `lookup.rs`) and checks them all in one target step. Each request
+//! keeps the drafts that equal the target's own choices (greedy, or drawn with the uniform
+//! plain decoding would use for that token) and the target's token after them, so its
+//! output is exactly what plain decoding gives, seeded draws included; the drafts only
+//! decide how many tokens a step yields.
 
 use std::collections::HashMap;
 use std::time::Instant;
