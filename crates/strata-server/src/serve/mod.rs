@@ -147,6 +147,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             "--draft and --prompt-lookup cannot be combined: choose one source of drafts"
         );
     }
+    if speculative && a.draft_max_requests == 0 {
+        anyhow::bail!("--draft-max-requests must be at least 1 with --draft or --prompt-lookup");
+    }
     if a.prompt_lookup == Some(0) {
         anyhow::bail!("--prompt-lookup must be at least 1 (the longest suffix matched)");
     }
