@@ -36,9 +36,10 @@ impl PromptLookup {
         Ok(())
     }
 
-    /// Up to `n` tokens to follow `tokens`: what followed the latest earlier occurrence of
-    /// its longest matching suffix (`max_ngram` tokens down to `min_ngram`). Empty when no
-    /// suffix occurs earlier.
+    /// `n` tokens to follow `tokens`: what followed the latest earlier occurrence of its
+    /// longest matching suffix (`max_ngram` tokens down to `min_ngram`), continued as the
+    /// same copy where it reaches the end (a repeating text goes on repeating). Empty when
+    /// no suffix occurs earlier.
     pub fn propose(&self, tokens: &[u32], n: usize) -> Vec<u32> {
         let len = tokens.len();
         if n == 0 {
@@ -51,8 +52,15 @@ impl PromptLookup {
                 .rev()
                 .find(|&at| &tokens[at..at + size] == suffix);
             if let Some(at) = found {
+                // Copied as an overlapping copy: past the end of `tokens` the copy reads what
+                // it has already proposed, so a loop of any period yields `n` tokens of it.
                 let from = at + size;
-                return tokens[from..(from + n).min(len)].to_vec();
+                let mut out: Vec<u32> = Vec::with_capacity(n);
+                for i in from..from + n {
+                    let t = if i < len { tokens[i] } else { out[i - len] };
+                    out.push(t);
+                }
+                return out;
             }
         }
         Vec::new()
@@ -89,9 +97,11 @@ mod tests {
         // A longer suffix match beats a later shorter one.
         let t = [5, 2, 3, 7, 1, 2, 3, 9, 5, 2, 3];
         assert_eq!(l.propose(&t, 1), vec![7]);
-        // The continuation stops at the end of the tokens.
+        // Past the end of the tokens the copy goes on over itself: the loop continues.
         let t = [4, 6, 4, 6];
-        assert_eq!(l.propose(&t, 5), vec![4, 6]);
+        assert_eq!(l.propose(&t, 5), vec![4, 6, 4, 6, 4]);
+        let t = [9, 1, 7, 7, 7];
+        assert_eq!(l.propose(&t, 3), vec![7, 7, 7]);
     }
 
     #[test]
@@ -106,6 +116,8 @@ mod tests {
             PromptLookup::new(1, 2).propose(&[3, 1, 2, 3], 2),
             vec![1, 2]
         );
+        let one = PromptLookup::new(1, 3);
+        assert_eq!(one.propose(&[3, 1, 2, 3], 3), vec![1, 2, 3]);
         assert!(l.propose(&[1, 2, 1, 2], 0).is_empty());
     }
 
@@ -145,12 +157,16 @@ mod tests {
             if p.is_empty() {
                 continue;
             }
-            let ok = (2..=3).any(|size| {
-                size < len
-                    && (0..len - size).any(|at| {
-                        t[at..at + size] == t[len - size..] && t[at + size..].starts_with(&p)
-                    })
-            });
+            // The tokens followed by the proposal: the copy reads this sequence.
+            let whole: Vec<u32> = t.iter().chain(&p).copied().collect();
+            let ok = p.len() == 3
+                && (2..=3).any(|size| {
+                    size < len
+                        && (0..len - size).any(|at| {
+                            t[at..at + size] == t[len - size..]
+                                && whole[at + size..].starts_with(&p)
+                        })
+                });
             assert!(ok, "{t:?} -> {p:?}");
         }
     }
