@@ -87,10 +87,12 @@ impl<B: Backend> Model<B> {
     }
 }
 
-/// The tokens of the first `counts.iter().sum()` rows of `logits`, split per sequence: the
-/// argmax, or the rows of `draws` drawn (with their logprobs, also split per sequence).
+/// Per sequence, its rows' tokens, and their logprobs (empty when nothing was drawn).
 pub(crate) type RowPicks = (Vec<Vec<u32>>, Vec<Vec<Option<TokenLogprobs>>>);
 
+/// The tokens of the first `counts.iter().sum()` rows of `logits`, split per sequence
+/// (`counts` rows each): the argmax, or for the rows of `draws` the draw (with the logprobs
+/// it asks for).
 pub(crate) fn pick_rows<B: Backend>(
     model: &Model<B>,
     logits: &B::Buffer,

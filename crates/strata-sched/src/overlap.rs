@@ -26,8 +26,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// requests that is still running and not stopped by length, fed from `prev`'s
     /// tokens. `None` when this step should be planned the ordinary way instead:
     /// requests are waiting to be admitted, a running request is not in `prev` (it waits
-    /// for a prefill chunk), `prev`'s tokens cannot feed a step, or the slots do not fit
-    /// without preempting.
+    /// for a prefill chunk), `prev`'s tokens cannot feed a step, a speculative round may
+    /// follow (`speculate.rs`), or the slots do not fit without preempting.
     pub(crate) fn launch_next(
         &mut self,
         prev: &InFlight<M::Launched>,
