@@ -113,6 +113,7 @@ impl<H: ModelHandle> Drafting<H> {
     }
 }
 
+/// Everything but the rounds is the target's own `StepModel` (`model.rs`).
 impl<B: Backend, S: KvStorage, H: ModelHandle<Backend = B>> StepModel<S> for Drafting<H>
 where
     KvPool<S>: KvCache<B>,
@@ -120,11 +121,11 @@ where
     type Launched = Launched<B>;
 
     fn vocab_size(&self) -> usize {
-        self.target.model().config().vocab_size
+        StepModel::<S>::vocab_size(&self.target)
     }
 
     fn context_len(&self) -> Option<usize> {
-        Some(self.target.model().config().max_position_embeddings)
+        StepModel::<S>::context_len(&self.target)
     }
 
     fn launch(
@@ -133,15 +134,15 @@ where
         batch: &ForwardBatch,
         fed: Option<&Launched<B>>,
     ) -> Result<Launched<B>, SchedError> {
-        Ok(self.target.model().launch(kv, batch, fed)?)
+        self.target.launch(kv, batch, fed)
     }
 
     fn finish(&mut self, step: Launched<B>) -> Result<ForwardOutput, SchedError> {
-        Ok(self.target.model().finish(step)?)
+        StepModel::<S>::finish(&mut self.target, step)
     }
 
     fn feeds(&self, step: &Launched<B>) -> bool {
-        self.target.model().feeds(step)
+        StepModel::<S>::feeds(&self.target, step)
     }
 
     fn draft_tokens(&self) -> usize {
@@ -149,7 +150,7 @@ where
     }
 
     fn verifies(&self) -> bool {
-        true
+        StepModel::<S>::verifies(&self.target)
     }
 
     fn verify(
@@ -157,8 +158,7 @@ where
         kv: &mut KvPool<S>,
         rows: &[CheckRow],
     ) -> Result<Vec<CheckedRow>, SchedError> {
-        let (checked, _) = check_runs(self.target.model(), kv, rows)?;
-        Ok(checked)
+        self.target.verify(kv, rows)
     }
 
     fn can_draft(&self, request: RequestId, position: usize) -> bool {
