@@ -23,6 +23,25 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
     r
 }
 
+/// A request sampled with `temperature` and `top_p`, seeded with `seed`.
+fn sampled(
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    temperature: f32,
+    top_p: f32,
+    seed: u64,
+) -> Request {
+    let mut r = Request::new(prompt, max_tokens);
+    r.sampling = strata_kernels::sampling::SamplingParams {
+        temperature,
+        top_k: 0,
+        top_p,
+        min_p: 0.0,
+        seed: Some(seed),
+    };
+    r
+}
+
 /// Runs `reqs` together through a scheduler over `model` with `draft_max_requests` and
 /// `prompt_lookup` as given, checks that the pool is left clean; returns the outcomes, the
 /// model's forward passes and rounds that checked the scheduler's drafts, and the draft
@@ -112,14 +131,7 @@ fn rounds_end_where_plain_decoding_ends() {
     let reqs = || {
         let mut stopped = greedy(prompt(7, 4), 30);
         stopped.stop_sequences = vec![base[9..11].to_vec()];
-        let mut sampled = Request::new(prompt(5, 6), 12);
-        sampled.sampling = strata_kernels::sampling::SamplingParams {
-            temperature: 0.7,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: Some(3),
-        };
+        let sampled = sampled(prompt(5, 6), 12, 0.7, 1.0, 3);
         vec![
             stopped,
             greedy(prompt(12, 5), 17),
@@ -202,14 +214,7 @@ fn prompt_lookup_follows_a_repeating_text() {
 #[test]
 fn prompt_lookup_on_a_text_that_does_not_repeat() {
     let reqs = || {
-        let mut sampled = Request::new(prompt(5, 6), 12);
-        sampled.sampling = strata_kernels::sampling::SamplingParams {
-            temperature: 0.7,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: Some(3),
-        };
+        let sampled = sampled(prompt(5, 6), 12, 0.7, 1.0, 3);
         vec![greedy(prompt(10, 3), 50), sampled, greedy(prompt(4, 4), 33)]
     };
     let want = alone(reqs());
@@ -244,23 +249,16 @@ fn prompt_lookup_needs_a_model_that_checks_drafts_and_drafts_nothing_itself() {
 /// repeating text the draws follow the repeat and drafts are kept.
 #[test]
 fn sampled_requests_keep_their_seeded_output_in_rounds() {
-    let sampled = |salt: u32, logprobs: Option<usize>| {
-        let mut r = Request::new(prompt(11, salt), 40);
+    let seeded = |salt: u32, logprobs: Option<usize>| {
+        let mut r = sampled(prompt(11, salt), 40, 0.8, 0.95, 17 + salt as u64);
         r.ignore_eos = true;
         r.logprobs = logprobs;
-        r.sampling = strata_kernels::sampling::SamplingParams {
-            temperature: 0.8,
-            top_k: 0,
-            top_p: 0.95,
-            min_p: 0.0,
-            seed: Some(17 + salt as u64),
-        };
         r
     };
     let reqs = || {
         vec![
-            sampled(1, None),
-            sampled(2, Some(2)),
+            seeded(1, None),
+            seeded(2, Some(2)),
             greedy(prompt(7, 3), 30),
         ]
     };

@@ -156,6 +156,16 @@ fn sampled_long() -> Vec<Request> {
     reqs
 }
 
+/// Each of `reqs` alone on a roomy pool of model `name`, without drafts.
+fn each_alone(name: &str, reqs: Vec<Request>) -> Vec<Vec<u32>> {
+    reqs.into_iter()
+        .map(|r| {
+            let mut s = scheduler(load(name), 64, 4, SchedulerConfig::default());
+            generate(&mut s, vec![r]).remove(0)
+        })
+        .collect()
+}
+
 fn generate<M: StepModel<S>, S: strata_kv::KvStorage>(
     sched: &mut Scheduler<M, S>,
     reqs: Vec<Request>,
@@ -177,13 +187,7 @@ fn generate<M: StepModel<S>, S: strata_kv::KvStorage>(
 }
 
 fn batched_equals_alone(name: &str, sampled: bool) {
-    let alone: Vec<Vec<u32>> = requests(sampled)
-        .into_iter()
-        .map(|r| {
-            let mut s = scheduler(load(name), 64, 4, SchedulerConfig::default());
-            generate(&mut s, vec![r]).remove(0)
-        })
-        .collect();
+    let alone = each_alone(name, requests(sampled));
     // 14 pages of 4 tokens for five requests of up to 30 tokens: chunks of 3 prompt
     // tokens, prefixes shared through the cache, and preemption.
     // With `overlap`, decode steps are queued one ahead, their ids fed from the step
@@ -357,13 +361,7 @@ fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
 /// drafts; rounds ran and drafted.
 #[test]
 fn gemma4_speculative_rounds_equal_alone() {
-    let alone: Vec<Vec<u32>> = greedy_staggered()
-        .into_iter()
-        .map(|r| {
-            let mut s = scheduler(load("gemma4-tiny"), 64, 4, SchedulerConfig::default());
-            generate(&mut s, vec![r]).remove(0)
-        })
-        .collect();
+    let alone = each_alone("gemma4-tiny", greedy_staggered());
     for (k, max_requests, pages) in [(3, 1, 64), (2, 5, 64), (4, 2, 64), (4, 5, 14)] {
         let config = SchedulerConfig {
             max_running_requests: 5,
@@ -389,20 +387,8 @@ fn gemma4_speculative_rounds_equal_alone() {
 fn prompt_lookup_rounds_equal_alone() {
     let long = greedy_long;
     for name in ["gemma4-tiny", "llama-tiny"] {
-        let sampled_alone: Vec<Vec<u32>> = sampled_long()
-            .into_iter()
-            .map(|r| {
-                let mut s = scheduler(load(name), 64, 4, SchedulerConfig::default());
-                generate(&mut s, vec![r]).remove(0)
-            })
-            .collect();
-        let alone: Vec<Vec<u32>> = long()
-            .into_iter()
-            .map(|r| {
-                let mut s = scheduler(load(name), 64, 4, SchedulerConfig::default());
-                generate(&mut s, vec![r]).remove(0)
-            })
-            .collect();
+        let sampled_alone = each_alone(name, sampled_long());
+        let alone = each_alone(name, long());
         for (max_requests, pages) in [(5, 64), (2, 64), (5, 30)] {
             let config = SchedulerConfig {
                 max_running_requests: 5,
