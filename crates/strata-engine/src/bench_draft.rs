@@ -7,10 +7,11 @@ use std::time::Instant;
 
 use strata_kernels::{Backend, HostSlice};
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
-use strata_model::{DraftSeq, ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
+use strata_model::{
+    Assistant, DraftSeq, ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk,
+};
 
 use crate::load::DraftModel;
-use crate::speculative::Drafter;
 use crate::{EngineError, LoadedModel, Result, Runtime};
 
 const PAGE: usize = 16;
@@ -90,9 +91,9 @@ impl LoadedModel {
     }
 }
 
-fn rounds_on<B: Backend, S: KvStorage, D: Drafter<B>>(
+fn rounds_on<B: Backend, S: KvStorage>(
     model: &Model<B>,
-    drafter: &D,
+    drafter: &Assistant<B>,
     mut kv: KvPool<S>,
     depth: usize,
     draft_tokens: &[usize],
@@ -145,7 +146,7 @@ where
     let mut out = Vec::with_capacity(draft_tokens.len());
     for &k in draft_tokens {
         let draft_seconds = time(&mut |kv| {
-            drafter.draft(model, kv, seq, token, &hidden, k)?;
+            drafter.draft(model, kv, &[seq], &[token], &hidden, k)?;
             Ok(())
         })?;
         let verify_seconds = time(&mut |kv| step(kv, vec![token; k + 1], LogitsMode::All))?;

@@ -1,16 +1,18 @@
-//! One request generated to completion on its own KV pool.
+//! One request generated to completion on its own KV pool, through the same scheduler
+//! (and so the same prefill, decode and speculative rounds) that `strata serve` runs.
 
 use std::time::Instant;
 
-use strata_kernels::sampling::{draw_uniform, SamplingParams};
+use strata_kernels::sampling::SamplingParams;
 use strata_kernels::Backend;
-use strata_kv::{
-    CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan, RequestId,
-};
+use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
+use strata_sched::{
+    DraftStats, Drafting, EventKind, FinishReason, PromptLookup, Request, Scheduler,
+    SchedulerConfig, StepModel,
+};
 
 use crate::load::DraftModel;
-use crate::speculative::{self, DraftStats, Drafter};
 use crate::{EngineError, LoadedModel, Result, Runtime};
 
 #[derive(Clone, Debug)]
@@ -22,8 +24,12 @@ pub struct GenerateParams {
     pub stop_at_eos: bool,
     /// Prompt tokens per forward pass during prefill.
     pub prefill_chunk: usize,
-    /// With a draft model loaded: tokens drafted a round (0 turns speculation off).
+    /// Tokens drafted a round, by the loaded draft model or by prompt lookup (0 turns
+    /// speculation off).
     pub draft_tokens: usize,
+    /// Draft by prompt lookup, matching the last `n` tokens (down to 2) of the request
+    /// earlier in it; not with a draft model.
+    pub prompt_lookup: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -35,6 +41,7 @@ impl Default for GenerateParams {
             stop_at_eos: true,
             prefill_chunk: 512,
             draft_tokens: 3,
+            prompt_lookup: None,
         }
     }
 }
@@ -66,11 +73,14 @@ pub struct GenerateResult {
     /// Why generation ended: "stop" (an EOS token) or "length".
     pub finish_reason: &'static str,
     pub timings: Timings,
-    /// How the drafts fared, when a draft model drafted.
+    /// How the drafts fared, when a draft model or prompt lookup drafted.
     pub draft: Option<DraftStats>,
 }
 
 const PAGE_SIZE: usize = 16;
+
+/// Seeds a request that brings no seed of its own (the scheduler's seed for request 0).
+const SEED: u64 = 0x5EED;
 
 impl LoadedModel {
     /// Generates up to `max_tokens` after `prompt`.
@@ -86,38 +96,58 @@ impl LoadedModel {
                 p.max_tokens
             )));
         }
+        let draft = self.draft.as_ref().filter(|_| p.draft_tokens > 0);
+        let lookup = p.prompt_lookup.filter(|_| p.draft_tokens > 0);
+        if draft.is_some() && lookup.is_some() {
+            return Err(EngineError::Invalid(
+                "draft with the draft model or by prompt lookup, not both".into(),
+            ));
+        }
         let layout = KvLayout::for_config(self.config(), p.kv_cache_dtype)?;
-        let pages = (prompt.len() + p.max_tokens).div_ceil(PAGE_SIZE) + 1;
+        // Room for the sequence and for one round's drafts past its end.
+        let pages = (prompt.len() + p.max_tokens + p.draft_tokens + 1).div_ceil(PAGE_SIZE) + 1;
         let plan = PagePlan {
             full: pages,
             window: pages,
             page_size: PAGE_SIZE,
         };
-        let draft = self.draft.as_ref().filter(|_| p.draft_tokens > 0);
-        if draft.is_some() && !p.sampling.is_greedy() {
-            return Err(EngineError::Invalid(
-                "speculative decoding is greedy only: use temperature 0, or draft 0 tokens".into(),
-            ));
-        }
-        let stop = &self.stop_ids;
+        let config = SchedulerConfig {
+            max_running_requests: 1,
+            max_batch_tokens: p.prefill_chunk.max(p.draft_tokens + 1),
+            prefill_chunk: p.prefill_chunk.max(1),
+            seed: SEED,
+            overlap: true,
+            draft_max_requests: 1,
+            prompt_lookup: lookup.map(|n| PromptLookup::new(n, p.draft_tokens)),
+        };
+        let request = Request {
+            sampling: SamplingParams {
+                seed: Some(p.sampling.seed_or(SEED)),
+                ..p.sampling
+            },
+            stop_ids: self.stop_ids.clone(),
+            ignore_eos: !p.stop_at_eos,
+            ..Request::new(prompt.to_vec(), p.max_tokens)
+        };
+        let k = p.draft_tokens;
         match (&self.runtime, draft) {
             (Runtime::Cpu(m), None) => {
                 let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                run(m, kv, prompt, p, stop)
+                run(m.clone(), kv, config, request)
             }
             (Runtime::Cuda(m), None) => {
                 let storage = PagedStorage::new(m.backend().clone());
                 let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                run(m, kv, prompt, p, stop)
+                run(m.clone(), kv, config, request)
             }
             (Runtime::Cpu(m), Some(DraftModel::Cpu(d))) => {
                 let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                run_speculative(m, d.as_ref(), kv, prompt, p, stop)
+                run(Drafting::new(m.clone(), d.clone(), k), kv, config, request)
             }
             (Runtime::Cuda(m), Some(DraftModel::Cuda(d))) => {
                 let storage = PagedStorage::new(m.backend().clone());
                 let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                run_speculative(m, d.as_ref(), kv, prompt, p, stop)
+                run(Drafting::new(m.clone(), d.clone(), k), kv, config, request)
             }
             _ => Err(EngineError::Invalid(
                 "the draft model sits on another device than the model".into(),
@@ -126,137 +156,59 @@ impl LoadedModel {
     }
 }
 
-/// [`speculative::generate`] on a request of its own pool, timed as [`run`] times.
-fn run_speculative<B: Backend, S: KvStorage, D: Drafter<B>>(
-    model: &Model<B>,
-    drafter: &D,
-    mut kv: KvPool<S>,
-    prompt: &[u32],
-    p: &GenerateParams,
-    stop_ids: &[u32],
-) -> Result<GenerateResult>
-where
-    KvPool<S>: KvCache<B>,
-{
-    let req = kv.alloc_request();
+/// Runs `request` alone through a scheduler over `model` and `kv`. The prompt's time ends
+/// with its first token; every later token counts towards the predicted time.
+fn run<M: StepModel<S>, S: KvStorage>(
+    model: M,
+    kv: KvPool<S>,
+    config: SchedulerConfig,
+    request: Request,
+) -> Result<GenerateResult> {
+    let prompt_len = request.prompt.len();
+    let mut sched =
+        Scheduler::new(model, kv, config).map_err(|e| EngineError::Invalid(e.to_string()))?;
     let t0 = Instant::now();
-    let out = speculative::generate(model, drafter, &mut kv, req, prompt, p, stop_ids)?;
-    let end = Instant::now();
-    kv.release(req)?;
-    let prompt_ms = (out.prompt_done - t0).as_secs_f64() * 1e3;
-    // Counted as `run` counts: every token over the time after the prompt's step.
-    let predicted_ms = (end - out.prompt_done).as_secs_f64() * 1e3;
-    let n = out.tokens.len();
-    Ok(GenerateResult {
-        finish_reason: if out.stopped { "stop" } else { "length" },
-        timings: Timings::new(prompt.len(), prompt_ms, n, predicted_ms),
-        tokens: out.tokens,
-        draft: Some(out.stats),
-    })
-}
-
-/// Runs `prompt` on `req` in `chunk`-token steps that ask no logits, all but the last,
-/// and returns that last step's batch (its slots reserved) asking `last` logits.
-pub(crate) fn prefill_to_last<B: Backend, S: KvStorage>(
-    model: &Model<B>,
-    kv: &mut KvPool<S>,
-    req: RequestId,
-    prompt: &[u32],
-    chunk: usize,
-    last: LogitsMode,
-) -> Result<ForwardBatch>
-where
-    KvPool<S>: KvCache<B>,
-{
-    let chunk = chunk.max(1);
-    let step = |start: usize, tokens: &[u32], logits| ForwardBatch {
-        seqs: vec![SeqChunk {
-            request: req,
-            tokens: tokens.to_vec(),
-            start,
-            logits,
-        }],
-    };
-    let from = prompt.len().saturating_sub(1) / chunk * chunk;
-    for (i, part) in prompt[..from].chunks(chunk).enumerate() {
-        kv.extend(req, part.len())?;
-        model.forward(kv, &step(i * chunk, part, LogitsMode::None))?;
-    }
-    kv.extend(req, prompt.len() - from)?;
-    Ok(step(from, &prompt[from..], last))
-}
-
-/// Prefill in chunks, then one token per step, on one request of its own pool.
-fn run<B: Backend, S: KvStorage>(
-    model: &Model<B>,
-    mut kv: KvPool<S>,
-    prompt: &[u32],
-    p: &GenerateParams,
-    stop_ids: &[u32],
-) -> Result<GenerateResult>
-where
-    KvPool<S>: KvCache<B>,
-{
-    {
-        let req = kv.alloc_request();
-        let seed = p.sampling.seed_or(0x5EED);
-
-        let t0 = Instant::now();
-        let chunk = p.prefill_chunk.max(1);
-        // The model returns the token (the argmax, or the draw of token `index`), computed
-        // where the logits are.
-        let want = |index: usize| {
-            if p.sampling.is_greedy() {
-                LogitsMode::Argmax
-            } else {
-                LogitsMode::Draw {
-                    params: p.sampling,
-                    uniform: draw_uniform(seed, index as u64),
-                    logprobs: None,
+    sched.submit(request);
+    let mut tokens = Vec::new();
+    let mut first_token = None;
+    let mut finish = None;
+    while finish.is_none() && sched.has_work() {
+        for event in sched.step() {
+            match event.kind {
+                EventKind::Token { token, .. } => {
+                    first_token.get_or_insert_with(Instant::now);
+                    tokens.push(token);
                 }
+                EventKind::Finished { reason, .. } => finish = Some(reason),
             }
-        };
-        // The token of the step that reached the end of the sequence (greedy or drawn).
-        let last = prefill_to_last(model, &mut kv, req, prompt, chunk, want(prompt.len()))?;
-        let mut step = model.forward(&mut kv, &last)?.token(0);
-        let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
-
-        let t1 = Instant::now();
-        let mut tokens = Vec::with_capacity(p.max_tokens);
-        let mut finish_reason = "length";
-        while tokens.len() < p.max_tokens {
-            let Some(next) = step else {
-                return Err(EngineError::Invalid("the model returned no token".into()));
-            };
-            tokens.push(next);
-            if p.stop_at_eos && stop_ids.contains(&next) {
-                finish_reason = "stop";
-                break;
-            }
-            if tokens.len() == p.max_tokens {
-                break;
-            }
-            let pos = prompt.len() + tokens.len() - 1;
-            kv.extend(req, 1)?;
-            let batch = ForwardBatch {
-                seqs: vec![SeqChunk {
-                    request: req,
-                    tokens: vec![next],
-                    start: pos,
-                    logits: want(pos + 1),
-                }],
-            };
-            step = model.forward(&mut kv, &batch)?.token(0);
         }
-        let predicted_ms = t1.elapsed().as_secs_f64() * 1e3;
-        kv.release(req)?;
-        Ok(GenerateResult {
-            finish_reason,
-            timings: Timings::new(prompt.len(), prompt_ms, tokens.len(), predicted_ms),
-            tokens,
-            draft: None,
-        })
     }
+    let end = Instant::now();
+    let finish_reason = match finish {
+        Some(FinishReason::Stop) => "stop",
+        Some(FinishReason::Length) => "length",
+        Some(FinishReason::Error(e)) => return Err(EngineError::Invalid(e)),
+        Some(FinishReason::Cancelled) | None => {
+            return Err(EngineError::Invalid(
+                "the request ended without finishing".into(),
+            ))
+        }
+    };
+    let prompt_done = first_token.unwrap_or(end);
+    let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+    let drafts = sched.status().drafts;
+    let drafted = config.prompt_lookup.is_some() || sched.model().draft_tokens() > 0;
+    Ok(GenerateResult {
+        finish_reason,
+        timings: Timings::new(
+            prompt_len,
+            ms(t0, prompt_done),
+            tokens.len(),
+            ms(prompt_done, end),
+        ),
+        tokens,
+        draft: drafted.then_some(drafts),
+    })
 }
 
 impl LoadedModel {

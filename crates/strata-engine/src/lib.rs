@@ -5,7 +5,6 @@ mod bench_draft;
 mod engine;
 mod generate;
 mod load;
-mod speculative;
 
 pub use bench::{DecodeBench, DecodeShape, PrefillBench};
 pub use bench_draft::DraftBench;
@@ -15,7 +14,7 @@ pub use engine::{
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, DraftModel, LoadSettings, LoadedModel, Prompter, Runtime, WeightDtype};
-pub use speculative::DraftStats;
+pub use strata_sched::DraftStats;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

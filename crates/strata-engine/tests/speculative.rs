@@ -39,9 +39,15 @@ fn drafted_generation_is_the_greedy_generation() {
             "prompt {prompt_len}, {draft_tokens} drafts"
         );
         assert_eq!(drafted.finish_reason, "length");
+        // A round drafts at most `draft_tokens` (none in the first round after the
+        // prompt, which only leaves the drafter its state; none while a request whose
+        // drafts keep failing pauses them).
         let s = drafted.draft.expect("drafts were made");
         assert!(
-            s.rounds > 0 && s.drafted >= s.rounds && s.accepted <= s.drafted,
+            s.rounds > 0
+                && s.drafted > 0
+                && s.drafted <= s.rounds * draft_tokens as u64
+                && s.accepted <= s.drafted,
             "{s:?}"
         );
         assert!(s.tokens_per_round() >= 1.0);
@@ -105,18 +111,63 @@ fn drafted_generation_stops_where_the_greedy_one_does() {
 }
 
 #[test]
-fn drafts_are_refused_for_sampled_requests_and_foreign_targets() {
+fn drafted_sampling_with_a_seed_is_the_sampling_without_drafts() {
     let m = target_with_draft();
-    let sampled = GenerateParams {
-        sampling: SamplingParams {
-            temperature: 0.8,
-            ..SamplingParams::greedy()
-        },
+    let prompt: Vec<u32> = (0..10).map(|i| (i * 29 + 3) % 512).collect();
+    for seed in [Some(7), None] {
+        let params = |draft_tokens| GenerateParams {
+            max_tokens: 18,
+            stop_at_eos: false,
+            draft_tokens,
+            sampling: SamplingParams {
+                temperature: 0.8,
+                top_k: 20,
+                seed,
+                ..SamplingParams::greedy()
+            },
+            ..Default::default()
+        };
+        let plain = m.generate(&prompt, &params(0)).unwrap();
+        let drafted = m.generate(&prompt, &params(3)).unwrap();
+        assert_eq!(drafted.tokens, plain.tokens, "seed {seed:?}");
+        assert!(drafted.draft.expect("drafts were made").rounds > 0);
+    }
+}
+
+#[test]
+fn prompt_lookup_keeps_the_output_and_drafts_where_the_text_repeats() {
+    let m = LoadedModel::load(&fixture("llama-tiny"), Device::Cpu).unwrap();
+    // A prompt that repeats itself: lookup finds its last tokens earlier in it.
+    let unit: Vec<u32> = (0..7).map(|i| (i * 41 + 11) % 256).collect();
+    let prompt: Vec<u32> = unit.iter().cycle().take(30).copied().collect();
+    let params = |prompt_lookup| GenerateParams {
+        max_tokens: 24,
+        stop_at_eos: false,
+        draft_tokens: 4,
+        prompt_lookup,
         ..Default::default()
     };
-    let err = m.generate(&[1, 2, 3], &sampled).unwrap_err().to_string();
-    assert!(err.contains("greedy"), "{err}");
+    let plain = m.generate(&prompt, &params(None)).unwrap();
+    assert!(plain.draft.is_none());
+    let looked_up = m.generate(&prompt, &params(Some(3))).unwrap();
+    assert_eq!(looked_up.tokens, plain.tokens);
+    let s = looked_up.draft.expect("lookup drafted");
+    assert!(s.rounds > 0 && s.drafted > 0, "{s:?}");
 
+    let err = target_with_draft()
+        .generate(&prompt, &params(Some(3)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not both"), "{err}");
+    let err = m
+        .generate(&prompt, &params(Some(0)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("prompt lookup"), "{err}");
+}
+
+#[test]
+fn drafts_are_refused_for_foreign_targets() {
     let mut llama = LoadedModel::load(&fixture("llama-tiny"), Device::Cpu).unwrap();
     let err = llama
         .load_draft(&fixture("gemma4-tiny-assistant"))

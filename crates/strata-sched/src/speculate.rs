@@ -40,6 +40,16 @@ pub struct DraftStats {
     pub accepted: u64,
 }
 
+impl DraftStats {
+    /// Tokens a round yields on average (kept drafts plus the target's own).
+    pub fn tokens_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            return 0.0;
+        }
+        (self.accepted + self.rounds) as f64 / self.rounds as f64
+    }
+}
+
 impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// Whether the next step should be a speculative round: drafts come from the model or
     /// from prompt lookup, nothing waits, at most `draft_max_requests` run, every one of

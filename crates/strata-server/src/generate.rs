@@ -43,10 +43,15 @@ pub struct GenerateArgs {
     /// Print one JSON object: prompt_tokens, tokens, text, timings.
     #[arg(long)]
     pub json: bool,
-    /// A Gemma-4 assistant (its directory): speculative decoding, greedy requests only.
+    /// A Gemma-4 assistant (its directory): speculative decoding. The output is the one
+    /// without drafts, greedy or drawn with the same seed.
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Tokens the draft model proposes a round.
+    /// Speculative decoding without a draft model: draft the tokens that followed the
+    /// latest earlier occurrence of the last N tokens (down to 2) in the prompt and output.
+    #[arg(long, value_name = "N", conflicts_with = "draft")]
+    pub prompt_lookup: Option<usize>,
+    /// Tokens drafted a round (by `--draft` or `--prompt-lookup`).
     #[arg(long, default_value_t = 3)]
     pub draft_tokens: usize,
 }
@@ -80,6 +85,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         kv_cache_dtype,
         stop_at_eos: !a.ignore_eos,
         draft_tokens: a.draft_tokens,
+        prompt_lookup: a.prompt_lookup,
         ..Default::default()
     };
     let out = model.generate(&prompt, &params)?;
