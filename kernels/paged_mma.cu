@@ -147,7 +147,14 @@ __device__ __forceinline__ KeyRange decode_key_range(const u32* seqs, const u32*
 // Row t's query vectors of KV head kvh's group into `qs` [PM_ROWS][ld] as bf16 (four values
 // a thread per round, every load of a thread issued before its first store); rows past the
 // group are zero. The block's THREADS threads all take part.
-template <int THREADS>
+// f32 -> f16 bits, round to nearest even.
+__device__ __forceinline__ u16 f32_to_f16_bits(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+template <int THREADS, bool F16 = false>
 __device__ __forceinline__ void load_group_q(u16* qs, const float* q, u64 t, int n_heads,
                                              int kvh, int group, int d, int ld) {
     const float4* qsrc = (const float4*)(q + (t * n_heads + (u64)kvh * group) * d);
@@ -165,10 +172,17 @@ __device__ __forceinline__ void load_group_q(u16* qs, const float* q, u64 t, int
             if (i < q4) {
                 const int r = 4 * i / d, c = 4 * i % d;
                 u16* dst = qs + r * ld + c;
-                dst[0] = f32_to_bf16_rne(v[u].x);
-                dst[1] = f32_to_bf16_rne(v[u].y);
-                dst[2] = f32_to_bf16_rne(v[u].z);
-                dst[3] = f32_to_bf16_rne(v[u].w);
+                if (F16) {
+                    dst[0] = f32_to_f16_bits(v[u].x);
+                    dst[1] = f32_to_f16_bits(v[u].y);
+                    dst[2] = f32_to_f16_bits(v[u].z);
+                    dst[3] = f32_to_f16_bits(v[u].w);
+                } else {
+                    dst[0] = f32_to_bf16_rne(v[u].x);
+                    dst[1] = f32_to_bf16_rne(v[u].y);
+                    dst[2] = f32_to_bf16_rne(v[u].z);
+                    dst[3] = f32_to_bf16_rne(v[u].w);
+                }
             }
         }
     }
@@ -808,29 +822,126 @@ PREFILL_ATTENTION_KERNEL(512)
 // Each group copies its next tile while it computes this one. At the end the second group's
 // (max, sum, O) are merged into the first's; results and the split workspace are the
 // decode kernel's, so `paged_combine` merges splits of any of the kernels.
+//
+// The 8-bit slabs (e4m3 or int8 codes with one f32 scale per key and KV head) take the same
+// kernel (`decode_attention_mma_{fp8,int8}_d<D>`) on f16 mma: a stage holds the tile's raw
+// codes and scales (half the bytes of a bf16 tile, copied the same way); after the copies
+// land each warp turns its own quarter of head_dim's codes into f16, which holds every e4m3
+// and int8 code exactly (two codes an instruction on sm_89 and later), in a tile the group
+// shares, which the mma steps then read as they read a bf16 stage. A warp reads only the
+// columns it decoded, so that needs no barrier beyond the warp's own. The scales stay out of
+// the products: a key's K scale multiplies its column of S (f32), its V scale its
+// probability before the probabilities are rounded to f16 for P V. Q and P are f16 here
+// (finer than bf16; the range, 65504, is far beyond normed queries and scaled
+// probabilities).
 
 #define DA_KT 16
 #define DA_GW 4
 #define DA_GROUPS (PM_WARPS / DA_GW)
 
+// Slab formats of the decode kernel's entry points (`KV_*` in paged.cu).
+#define DA_BF16 1
+#define DA_FP8 3
+#define DA_INT8 4
+
+// A stage of an 8-bit slab: the K codes [DA_KT][D], the V codes [DA_KT][D] (bytes), then the
+// keys' K scales [DA_KT] and V scales [DA_KT] (f32).
+template <int D>
+__host__ __device__ constexpr int raw_stage_bytes() {
+    return 2 * DA_KT * D + 2 * DA_KT * 4;
+}
+
+// Two codes (bits 0-15 of w) of format FMT as an f16 pair (the first in the low half).
+// e4m3 on sm_89 and later is one conversion; before, the code's exponent and mantissa bits
+// are placed in an f16 (exponent field 0 gives the subnormals) and the bias moved by 2^8,
+// which is exact (there code 0x7f, NaN, reads as 480; the slab encoder writes it only for a
+// NaN input). int8: the biased code as the mantissa of 1024 + c + 128, less 1152.
+template <int FMT>
+__device__ __forceinline__ u32 codes_to_f16x2(u32 w) {
+    u32 r;
+    if (FMT == DA_FP8) {
+#if __CUDA_ARCH__ >= 890
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)(w & 0xffffu)));
+#else
+        const u32 t = __byte_perm(w, 0u, 0x4140);
+        const u32 bits = ((t & 0x007f007fu) << 7) | ((t & 0x00800080u) << 8);
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(bits), "r"(0x5c005c00u));
+#endif
+    } else {
+        const u32 t = __byte_perm(w ^ 0x8080u, 0x64u, 0x4140);
+        asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(t), "r"(0x64806480u));
+    }
+    return r;
+}
+
+// Eight codes (two words) of format FMT as four f16 pairs.
+template <int FMT>
+__device__ __forceinline__ uint4 codes8_to_f16(uint2 w) {
+    return make_uint4(codes_to_f16x2<FMT>(w.x), codes_to_f16x2<FMT>(w.x >> 16),
+                      codes_to_f16x2<FMT>(w.y), codes_to_f16x2<FMT>(w.y >> 16));
+}
+
+// c += a x b as `mma_bf16`, on f16 operands.
+__device__ __forceinline__ void mma_f16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                        u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One mma of the decode kernel: f16 operands for the 8-bit slabs, bf16 otherwise.
+template <bool F16>
+__device__ __forceinline__ void mma_of(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                       u32 b1) {
+    if (F16) mma_f16(c, a0, a1, a2, a3, b0, b1);
+    else mma_bf16(c, a0, a1, a2, a3, b0, b1);
+}
+
+// f32 -> f16 and back, rounded to nearest even.
+__device__ __forceinline__ float round_f16(float x) { return f16_to_f32(f32_to_f16_bits(x)); }
+
+// Two f32 rounded to f16 in one register, `lo` in the low half.
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// 4 bytes from global to shared memory (cp.async.ca: the only form below 16 bytes); `bytes` 0
+// zero-fills.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes));
+}
+
 // Shared memory: Q [PM_ROWS][ld], then per group two stages of a K and a V tile
 // [DA_KT][ld] (bf16, ld = D + PM_PAD), then the partial S exchange [DA_GROUPS][DA_GW][8][32]
-// f32 (`decode_smem_bytes` in cuda/paged_mma.rs computes the same sum).
-template <int D>
+// f32 (`decode_smem_bytes` in cuda/paged_mma.rs computes the same sum). For an 8-bit slab a
+// group's two stages are raw (`raw_stage_bytes`) and followed by one bf16 K and V tile
+// [DA_KT][ld] each, the decoded tile (`decode_scaled_smem_bytes`).
+template <int D, int FMT>
 __device__ __forceinline__ void decode_attention_body(
-    unsigned char* smem, const float* q, const u16* k_slab, const u16* v_slab, const u32* seqs,
+    unsigned char* smem, const float* q, const unsigned char* k_slab,
+    const unsigned char* v_slab, const float* k_scales, const float* v_scales, const u32* seqs,
     const u32* row_seq, const u32* slots, float* out, u16* out_b, float* ws_acc, float* ws_ml,
     int n_heads, int n_kv_heads, float scale, long long window, int has_softcap,
     float softcap, int n_splits, int dense_min_q) {
+    constexpr bool RAW = FMT != DA_BF16;
     constexpr int ld = D + PM_PAD;
     constexpr int DQ = D / DA_GW;  // columns a warp owns
     constexpr int KS = DQ / 16;    // 16-deep k-steps of its share of S
     constexpr int NT = DQ / 8;     // 8-column output tiles
-    constexpr int PIECES = D / 8;  // 16-byte pieces of a K or V row
-    constexpr int TILE = 2 * DA_KT * ld;  // a stage: K then V
+    constexpr int PIECES = D / 8;  // 16-byte pieces of a K or V row (bf16)
+    constexpr int RAW_PIECES = D / 16;  // 16-byte pieces of a row of codes
+    constexpr int TILE = 2 * DA_KT * ld;  // a bf16 stage: K then V
+    constexpr int RAW_STAGE = raw_stage_bytes<D>();
+    // A group's bytes: two bf16 stages, or two raw stages and the decoded tile.
+    constexpr int GROUP_BYTES = RAW ? 2 * RAW_STAGE + TILE * 2 : 2 * TILE * 2;
     u16* qs = (u16*)smem;
-    u16* kv = qs + PM_ROWS * ld;
-    float* sx = (float*)(kv + DA_GROUPS * 2 * TILE);
+    unsigned char* kv = smem + PM_ROWS * ld * 2;
+    float* sx = (float*)(kv + DA_GROUPS * GROUP_BYTES);
 
     const u64 t = blockIdx.x;
     const int kvh = blockIdx.y, z = blockIdx.z;
@@ -846,7 +957,9 @@ __device__ __forceinline__ void decode_attention_body(
     const int n_tiles = zhi >= zlo ? (int)((zhi - zlo + DA_KT) / DA_KT) : 0;
     // This group's tiles: grp, grp + DA_GROUPS, ...
     const int mine = n_tiles > grp ? (n_tiles - grp + DA_GROUPS - 1) / DA_GROUPS : 0;
-    u16* gbuf = kv + grp * 2 * TILE;
+    unsigned char* gbase = kv + grp * GROUP_BYTES;
+    u16* gbuf = (u16*)gbase;                       // bf16: the two stages
+    u16* dec = (u16*)(gbase + 2 * RAW_STAGE);      // 8-bit: the decoded tile
     const u32 row = (u32)n_kv_heads * D, head = (u32)kvh * D;
 
     // Copies the group's local tile i into stage i % 2: warp wq takes keys wq, wq + 4, ...
@@ -854,18 +967,51 @@ __device__ __forceinline__ void decode_attention_body(
     // past zhi are zero-filled.
     auto load = [&](int i, u32 slot) {
         const long long j0 = zlo + (long long)(grp + DA_GROUPS * i) * DA_KT;
-        u16* kt = gbuf + (i % 2) * TILE;
-        u16* vt = kt + DA_KT * ld;
+        if constexpr (!RAW) {
+            const u16* k16 = (const u16*)k_slab;
+            const u16* v16 = (const u16*)v_slab;
+            u16* kt = gbuf + (i % 2) * TILE;
+            u16* vt = kt + DA_KT * ld;
 #pragma unroll
-        for (int u = 0; u < DA_KT / DA_GW; ++u) {
-            const int key = wq + DA_GW * u;
-            const u32 s = __shfl_sync(0xffffffffu, slot, key);
-            const bool valid = j0 + key <= zhi;
-            const u64 off = valid ? (u64)s * row + head : 0;
+            for (int u = 0; u < DA_KT / DA_GW; ++u) {
+                const int key = wq + DA_GW * u;
+                const u32 s = __shfl_sync(0xffffffffu, slot, key);
+                const bool valid = j0 + key <= zhi;
+                const u64 off = valid ? (u64)s * row + head : 0;
 #pragma unroll
-            for (int pc = lane; pc < PIECES; pc += 32) {
-                cp_async16(kt + key * ld + pc * 8, k_slab + off + pc * 8, valid ? 16 : 0);
-                cp_async16(vt + key * ld + pc * 8, v_slab + off + pc * 8, valid ? 16 : 0);
+                for (int pc = lane; pc < PIECES; pc += 32) {
+                    cp_async16(kt + key * ld + pc * 8, k16 + off + pc * 8, valid ? 16 : 0);
+                    cp_async16(vt + key * ld + pc * 8, v16 + off + pc * 8, valid ? 16 : 0);
+                }
+            }
+        } else {
+            unsigned char* st = gbase + (i % 2) * RAW_STAGE;
+            float* ks = (float*)(st + 2 * DA_KT * D);
+            // The slots of this warp's keys wq, wq + 4, ... (every lane takes part).
+            u32 s4[DA_KT / DA_GW];
+#pragma unroll
+            for (int u = 0; u < DA_KT / DA_GW; ++u)
+                s4[u] = __shfl_sync(0xffffffffu, slot, wq + DA_GW * u);
+            // The warp's keys' pieces, spread over all its lanes.
+#pragma unroll
+            for (int c0 = 0; c0 < (DA_KT / DA_GW) * RAW_PIECES; c0 += 32) {
+                const int c = c0 + lane;
+                if (c < (DA_KT / DA_GW) * RAW_PIECES) {
+                    const int u = c / RAW_PIECES, pc = c % RAW_PIECES;
+                    const int key = wq + DA_GW * u;
+                    const bool valid = j0 + key <= zhi;
+                    const u64 off = valid ? (u64)s4[u] * row + head : 0;
+                    cp_async16(st + key * D + pc * 16, k_slab + off + pc * 16, valid ? 16 : 0);
+                    cp_async16(st + (DA_KT + key) * D + pc * 16, v_slab + off + pc * 16,
+                               valid ? 16 : 0);
+                }
+            }
+            if (lane < DA_KT / DA_GW) {
+                const int key = wq + DA_GW * lane;
+                const bool valid = j0 + key <= zhi;
+                const u64 r = valid ? (u64)s4[lane] * n_kv_heads + kvh : 0;
+                cp_async4(ks + key, k_scales + r, valid ? 4 : 0);
+                cp_async4(ks + DA_KT + key, v_scales + r, valid ? 4 : 0);
             }
         }
         cp_async_commit();
@@ -879,7 +1025,7 @@ __device__ __forceinline__ void decode_attention_body(
     u32 slot = tile_slot_of(0);
     if (mine > 0) load(0, slot);
     slot = tile_slot_of(1);
-    load_group_q<PM_WARPS * 32>(qs, q, t, n_heads, kvh, group, D, ld);
+    load_group_q<PM_WARPS * 32, RAW>(qs, q, t, n_heads, kvh, group, D, ld);
     __syncthreads();
     // Q's A fragments over this warp's quarter of head_dim, for the whole loop.
     u32 qa[KS][4];
@@ -904,6 +1050,32 @@ __device__ __forceinline__ void decode_attention_body(
         if (i + 1 < mine) load(i + 1, slot);
         slot = tile_slot_of(i + 2);
         const u16* kt = gbuf + (i % 2) * TILE;
+        // 8-bit slabs: the tile's K and V scales of keys 2 tq, 2 tq + 1, 8 + 2 tq and
+        // 9 + 2 tq, the keys of this lane's S elements and probabilities.
+        float2 ksc[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}}, vsc[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+        if constexpr (RAW) {
+            // This warp's quarter of the tile's K and V codes as f16: lane l takes key l / 2,
+            // half l % 2 of the quarter's columns, eight codes at a time.
+            const unsigned char* st = gbase + (i % 2) * RAW_STAGE;
+            const float* ks = (const float*)(st + 2 * DA_KT * D);
+            constexpr int HALF = DQ / 2;
+            const int key = lane / 2, c0 = wq * DQ + (lane % 2) * HALF;
+            __syncwarp();  // this warp's reads of the previous decoded tile are done
+#pragma unroll
+            for (int c = 0; c < HALF; c += 8) {
+                const uint2 kw = *(const uint2*)(st + key * D + c0 + c);
+                const uint2 vw = *(const uint2*)(st + (DA_KT + key) * D + c0 + c);
+                *(uint4*)(dec + key * ld + c0 + c) = codes8_to_f16<FMT>(kw);
+                *(uint4*)(dec + (DA_KT + key) * ld + c0 + c) = codes8_to_f16<FMT>(vw);
+            }
+#pragma unroll
+            for (int hk = 0; hk < 2; ++hk) {
+                ksc[hk] = *(const float2*)(ks + 8 * hk + 2 * tq);
+                vsc[hk] = *(const float2*)(ks + DA_KT + 8 * hk + 2 * tq);
+            }
+            __syncwarp();
+            kt = dec;
+        }
         const u16* vt = kt + DA_KT * ld;
 
         // Partial S over this warp's quarter: keys 0-7 and 8-15.
@@ -914,8 +1086,8 @@ __device__ __forceinline__ void decode_attention_body(
             ldmatrix_x4(b0, b1, b2, b3,
                         kt + ((lane % 8) + 8 * (lane / 16)) * ld + wq * DQ + 16 * ks +
                             8 * ((lane / 8) % 2));
-            mma_bf16(s[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
-            mma_bf16(s[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b2, b3);
+            mma_of<RAW>(s[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
+            mma_of<RAW>(s[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b2, b3);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) my_sx[e * 32 + lane] = s[e / 4][e % 4];
@@ -929,6 +1101,7 @@ __device__ __forceinline__ void decode_attention_body(
             for (int w = 1; w < DA_GW; ++w) v += grp_sx[(w * 8 + e) * 32 + lane];
             // Element e: key 8 (e / 4) + 2 tq + e % 2 of row g + 8 ((e / 2) % 2).
             const int key = 8 * (e / 4) + 2 * tq + e % 2;
+            if (RAW) v *= e % 2 ? ksc[e / 4].y : ksc[e / 4].x;
             v *= scale;
             if (has_softcap) v = softcap * tanhf(v / softcap);
             x[e] = j0 + key <= zhi ? v : NEG_INF;
@@ -942,11 +1115,25 @@ __device__ __forceinline__ void decode_attention_body(
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m_run[h], mx);  // finite: key j0 is always valid
             const float corr = __expf(m_run[h] - m_new);
-            const u16 p0 = f32_to_bf16_rne(__expf(x[2 * h] - m_new));
-            const u16 p1 = f32_to_bf16_rne(__expf(x[2 * h + 1] - m_new));
-            const u16 p2 = f32_to_bf16_rne(__expf(x[4 + 2 * h] - m_new));
-            const u16 p3 = f32_to_bf16_rne(__expf(x[5 + 2 * h] - m_new));
-            float ps = (bf16_to_f32(p0) + bf16_to_f32(p1)) + (bf16_to_f32(p2) + bf16_to_f32(p3));
+            float ps;
+            if constexpr (RAW) {
+                // The row sum takes the probabilities as f16 rounds them; P V takes each
+                // times its key's V scale.
+                const float e0 = __expf(x[2 * h] - m_new), e1 = __expf(x[2 * h + 1] - m_new);
+                const float e2 = __expf(x[4 + 2 * h] - m_new), e3 = __expf(x[5 + 2 * h] - m_new);
+                ps = (round_f16(e0) + round_f16(e1)) + (round_f16(e2) + round_f16(e3));
+                pa[h] = pack_f16x2(e0 * vsc[0].x, e1 * vsc[0].y);
+                pa[2 + h] = pack_f16x2(e2 * vsc[1].x, e3 * vsc[1].y);
+            } else {
+                const u16 p0 = f32_to_bf16_rne(__expf(x[2 * h] - m_new));
+                const u16 p1 = f32_to_bf16_rne(__expf(x[2 * h + 1] - m_new));
+                const u16 p2 = f32_to_bf16_rne(__expf(x[4 + 2 * h] - m_new));
+                const u16 p3 = f32_to_bf16_rne(__expf(x[5 + 2 * h] - m_new));
+                ps = (bf16_to_f32(p0) + bf16_to_f32(p1)) + (bf16_to_f32(p2) + bf16_to_f32(p3));
+                // A fragment: a0 / a1 rows g / g + 8 keys 2 tq (+1), a2 / a3 keys 8 + 2 tq (+1).
+                pa[h] = (u32)p0 | ((u32)p1 << 16);
+                pa[2 + h] = (u32)p2 | ((u32)p3 << 16);
+            }
             ps += __shfl_xor_sync(0xffffffffu, ps, 1);
             ps += __shfl_xor_sync(0xffffffffu, ps, 2);
             l_run[h] = l_run[h] * corr + ps;
@@ -956,17 +1143,14 @@ __device__ __forceinline__ void decode_attention_body(
                 o[nt][2 * h] *= corr;
                 o[nt][2 * h + 1] *= corr;
             }
-            // A fragment: a0 / a1 rows g / g + 8 keys 2 tq (+1), a2 / a3 keys 8 + 2 tq (+1).
-            pa[h] = (u32)p0 | ((u32)p1 << 16);
-            pa[2 + h] = (u32)p2 | ((u32)p3 << 16);
         }
         // O += P V over this warp's quarter of the columns.
 #pragma unroll
         for (int nt = 0; nt < NT; nt += 2) {
             u32 b0, b1, b2, b3;
             ldmatrix_x4_trans(b0, b1, b2, b3, vt + lm_row * ld + wq * DQ + nt * 8 + lm_col);
-            mma_bf16(o[nt], pa[0], pa[1], pa[2], pa[3], b0, b1);
-            mma_bf16(o[nt + 1], pa[0], pa[1], pa[2], pa[3], b2, b3);
+            mma_of<RAW>(o[nt], pa[0], pa[1], pa[2], pa[3], b0, b1);
+            mma_of<RAW>(o[nt + 1], pa[0], pa[1], pa[2], pa[3], b2, b3);
         }
     }
     cp_async_wait(0);
@@ -1028,12 +1212,37 @@ __device__ __forceinline__ void decode_attention_body(
                                   long long window, int has_softcap, float softcap,             \
                                   int n_splits, int dense_min_q, int n_stages) {                \
         extern __shared__ __align__(16) unsigned char smem[];                                  \
-        decode_attention_body<D>(smem, q, k_slab, v_slab, seqs, row_seq, slots, out, out_b,    \
-                                 ws_acc, ws_ml, n_heads, n_kv_heads, scale, window,            \
-                                 has_softcap, softcap, n_splits, dense_min_q);                  \
+        decode_attention_body<D, DA_BF16>(                                                      \
+            smem, q, (const unsigned char*)k_slab, (const unsigned char*)v_slab, nullptr,       \
+            nullptr, seqs, row_seq, slots, out, out_b, ws_acc, ws_ml, n_heads, n_kv_heads,      \
+            scale, window, has_softcap, softcap, n_splits, dense_min_q);                        \
+    }
+
+// The 8-bit slabs' entry points: the slab's arguments as `paged_attention` takes them (codes,
+// then the per-(slot, KV head) scales), the rest as above.
+#define DECODE_ATTENTION_SCALED_KERNEL(NAME, FMT, D, BLOCKS)                                    \
+    extern "C" __global__ void __launch_bounds__(PM_WARPS * 32, BLOCKS) NAME##_d##D(            \
+        const float* q, const unsigned char* k_slab, const unsigned char* v_slab,               \
+        const float* k_scales, const float* v_scales, const u32* seqs, const u32* row_seq,      \
+        const u32* slots, float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads,     \
+        int n_kv_heads, int d, float scale, long long window, int has_softcap, float softcap,   \
+        int n_splits, int dense_min_q, int n_stages) {                                          \
+        extern __shared__ __align__(16) unsigned char smem[];                                  \
+        decode_attention_body<D, FMT>(smem, q, k_slab, v_slab, k_scales, v_scales, seqs,        \
+                                      row_seq, slots, out, out_b, ws_acc, ws_ml, n_heads,       \
+                                      n_kv_heads, scale, window, has_softcap, softcap,          \
+                                      n_splits, dense_min_q);                                   \
     }
 
 DECODE_ATTENTION_KERNEL(64, 2)
 DECODE_ATTENTION_KERNEL(128, 2)
 DECODE_ATTENTION_KERNEL(256, 2)
 DECODE_ATTENTION_KERNEL(512, 1)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_fp8, DA_FP8, 64, 2)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_fp8, DA_FP8, 128, 2)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_fp8, DA_FP8, 256, 2)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_fp8, DA_FP8, 512, 1)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_int8, DA_INT8, 64, 2)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_int8, DA_INT8, 128, 2)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_int8, DA_INT8, 256, 2)
+DECODE_ATTENTION_SCALED_KERNEL(decode_attention_mma_int8, DA_INT8, 512, 1)

@@ -536,6 +536,43 @@ fn paged_attention_bf16_mode() {
     }
 }
 
+/// The 8-bit slabs (fp8 and int8 per token-head) in the bf16 mode: one-token rows take the
+/// tensor-core decode kernels, which decode each tile to bf16 in shared memory (long query
+/// runs keep the TF32 GEMMs); against the f64 reference over the same dequantized rows.
+#[test]
+fn paged_attention_bf16_mode_8bit_slabs() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    for format in [
+        strata_kernels::KvFormat::Fp8E4m3PerTokenHead,
+        strata_kernels::KvFormat::Int8PerTokenHead,
+    ] {
+        for (d, name) in [(256, "_d256"), (512, "_d512"), (64, "_d64")] {
+            let p = AttentionParams {
+                n_heads: 8,
+                n_kv_heads: 1,
+                head_dim: d,
+                scale: 1.0,
+                window: None,
+                causal: true,
+                softcap: None,
+            };
+            let kernel = fast.decode_attention_kernel(format, &p);
+            if fast.arch() >= 80 {
+                assert!(
+                    kernel.starts_with("decode_attention_mma_"),
+                    "{format:?}: {kernel}"
+                );
+                assert!(kernel.ends_with(name), "{format:?}: {kernel}");
+            }
+        }
+        for c in paged_attention_cases() {
+            let c = PagedCase { format, ..c };
+            check_paged_attention_case_within(&fast, &c, bf16_mode_tol()).unwrap();
+        }
+    }
+}
+
 /// The bf16 twin: in the bf16 mode a norm (result in `out`, or the residual for the
 /// post-norm add) and the gated product write a bf16 copy of their result that the next
 /// bf16 GEMM reads instead of narrowing. The GEMM must give the bits it gives on the same
@@ -746,6 +783,36 @@ proptest! {
                 window, scale: 1.0 / (32.0 * d32 as f32).sqrt(), softcap: None, seqs, seed,
             };
             check_paged_attention_case(b, &c).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    /// The same over 8-bit slabs (decode rows and short chunks: the tensor-core decode
+    /// kernels where head_dim is 64, 128, 256 or 512, the CUDA-core kernel elsewhere).
+    #[test]
+    fn paged_attention_bf16_mode_8bit_random_shapes(
+        fp8 in any::<bool>(), kv_heads in 1usize..3, group in 1usize..17, d64 in 1usize..9,
+        window in proptest::option::of(1usize..300), softcap in proptest::option::of(5.0f32..60.0),
+        seqs in proptest::collection::vec((0usize..1500, 1usize..9), 1..4), seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let format = if fp8 {
+                strata_kernels::KvFormat::Fp8E4m3PerTokenHead
+            } else {
+                strata_kernels::KvFormat::Int8PerTokenHead
+            };
+            let c = PagedCase {
+                format,
+                n_heads: kv_heads * group,
+                n_kv_heads: kv_heads,
+                head_dim: 64 * d64,
+                window,
+                scale: 1.0 / (64.0 * d64 as f32).sqrt(),
+                softcap,
+                seqs,
+                seed,
+            };
+            check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
+                .map_err(TestCaseError::fail)?;
         }
     }
 

@@ -396,6 +396,16 @@ impl CudaBackend {
             .map_err(device_err("write_index"))
     }
 
+    /// The kernel that attention over a slab of `format` runs for rows of one token (decode
+    /// steps), so that tests can tell which path they exercised.
+    pub fn decode_attention_kernel(&self, format: KvFormat, p: &AttentionParams) -> &'static str {
+        if self.paged_mma.applies(self.bf16_gemm, format, p) {
+            self.paged_mma.decode_kernel(p.head_dim, format).0
+        } else {
+            "paged_attention"
+        }
+    }
+
     pub(super) fn paged_attention_impl(
         &self,
         q: &CudaBuffer,
@@ -469,7 +479,7 @@ impl CudaBackend {
         // shared memory, so it sizes its grid to one wave of resident blocks.
         let splits = if mma {
             let blocks = rows * p.n_kv_heads;
-            let resident = self.paged_mma.resident_blocks(d, self.sm_count);
+            let resident = self.paged_mma.resident_blocks(d, s.format, self.sm_count);
             let most = if batch.capacity.is_some() {
                 MAX_SPLITS
             } else {
@@ -515,11 +525,13 @@ impl CudaBackend {
         let has_cap = i32::from(p.softcap.is_some());
         let splits_i = splits as i32;
         let dense_min_q_i = i32::try_from(dense_min_q).unwrap_or(i32::MAX);
-        let (mma_kernel, mma_smem) = self.paged_mma.decode_kernel(d);
+        let (mma_kernel, mma_smem) = self.paged_mma.decode_kernel(d, s.format);
         let name = if mma { mma_kernel } else { OP };
         let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(qs);
-        if mma {
+        // The bf16 tensor-core kernels take the codes alone; the others take the 8-bit
+        // formats' scales too.
+        if mma && s.format == KvFormat::Bf16 {
             l.arg(&slab.k).arg(&slab.v);
         } else {
             slab.push_args(&mut l);

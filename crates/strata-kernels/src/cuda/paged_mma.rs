@@ -1,9 +1,11 @@
 //! Tensor-core paged attention (`kernels/paged_mma.cu`): in the bf16 speed mode, bf16 slabs
 //! are attended one KV head's whole query group per block, so each key is read once per
 //! group (`decode_attention_mma_d<D>` in the FlashAttention-2 layout at head_dim 64 to 512,
-//! `paged_attention_mma` at the other multiples of 64). Everything else (other formats, the
-//! exact path, head_dim not a multiple of 64, groups over 16 heads) keeps the CUDA-core
-//! kernel.
+//! `paged_attention_mma` at the other multiples of 64); the 8-bit slabs (fp8 / int8 per
+//! token-head) take the FlashAttention-2 layout's own entry points at head_dim 64 to 512
+//! (`decode_attention_mma_{fp8,int8}_d<D>`, decoding each tile to bf16 in shared memory).
+//! Everything else (f32 / f16 slabs, the exact path, other head_dims, groups over 16 heads)
+//! keeps the CUDA-core kernel.
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::CudaContext;
@@ -89,6 +91,40 @@ const DECODE_KERNELS: [(usize, &str); 4] = [
     (256, "decode_attention_mma_d256"),
     (512, "decode_attention_mma_d512"),
 ];
+/// The same kernels for the 8-bit slabs: (head_dim, fp8 entry point, int8 entry point).
+const DECODE_SCALED_KERNELS: [(usize, &str, &str); 4] = [
+    (
+        64,
+        "decode_attention_mma_fp8_d64",
+        "decode_attention_mma_int8_d64",
+    ),
+    (
+        128,
+        "decode_attention_mma_fp8_d128",
+        "decode_attention_mma_int8_d128",
+    ),
+    (
+        256,
+        "decode_attention_mma_fp8_d256",
+        "decode_attention_mma_int8_d256",
+    ),
+    (
+        512,
+        "decode_attention_mma_fp8_d512",
+        "decode_attention_mma_int8_d512",
+    ),
+];
+
+/// The 8-bit formats the decode kernels read, and their entry point for head_dim `d`.
+fn scaled_kernel(format: KvFormat, d: usize) -> Option<&'static str> {
+    let &(_, fp8, int8) = DECODE_SCALED_KERNELS.iter().find(|&&(kd, _, _)| kd == d)?;
+    match format {
+        KvFormat::Fp8E4m3PerTokenHead => Some(fp8),
+        KvFormat::Int8PerTokenHead => Some(int8),
+        _ => None,
+    }
+}
+
 /// Keys a tile, warp groups a block and the blocks a multiprocessor holds by registers
 /// (`DA_KT`, `DA_GROUPS` and the entry points' launch bounds).
 const DECODE_KT: usize = 16;
@@ -106,6 +142,17 @@ fn decode_blocks_by_registers(d: usize) -> usize {
 pub(super) fn decode_smem_bytes(d: usize) -> usize {
     let ld = d + PAD;
     (ROWS * ld + DECODE_GROUPS * 2 * 2 * DECODE_KT * ld) * 2 + DECODE_GROUPS * 4 * 8 * 32 * 4
+}
+
+/// The same for an 8-bit slab (`decode_attention_body` with a raw format): Q; per warp
+/// group two raw stages (the K and V codes of a tile, a byte each, and the tile's K and V
+/// scales in f32) and the decoded bf16 K and V tile; the partial S exchange.
+pub(super) fn decode_scaled_smem_bytes(d: usize) -> usize {
+    let ld = d + PAD;
+    let raw_stage = 2 * DECODE_KT * d + 2 * DECODE_KT * 4;
+    ROWS * ld * 2
+        + DECODE_GROUPS * (2 * raw_stage + 2 * DECODE_KT * ld * 2)
+        + DECODE_GROUPS * 4 * 8 * 32 * 4
 }
 
 /// Dynamic shared memory of one block for `head_dim` d and `stages` K/V tile buffers (the
@@ -156,6 +203,9 @@ pub(super) struct MmaSupport {
     /// Whether decode rows take the FlashAttention-2 layout kernels (`STRATA_DECODE_MMA=0`:
     /// the original tensor-core kernel).
     pub decode_fa: bool,
+    /// Whether decode rows over 8-bit slabs take the tensor-core kernels
+    /// (`STRATA_DECODE_SCALED_MMA=0`: the CUDA-core kernel).
+    pub decode_scaled: bool,
 }
 
 impl MmaSupport {
@@ -204,12 +254,21 @@ impl MmaSupport {
                 && DECODE_KERNELS.iter().all(|&(d, kernel)| {
                     decode_smem_bytes(d) <= optin && grant(kernel, decode_smem_bytes(d))
                 }),
+            decode_scaled: !std::env::var("STRATA_DECODE_SCALED_MMA").is_ok_and(|v| v == "0")
+                && DECODE_SCALED_KERNELS.iter().all(|&(d, fp8, int8)| {
+                    let bytes = decode_scaled_smem_bytes(d);
+                    bytes <= optin && grant(fp8, bytes) && grant(int8, bytes)
+                }),
         }
     }
 
     /// The decode kernel for head_dim `d` and its shared memory: the FlashAttention-2
     /// layout's entry point where there is one, else `KERNEL` at its deepest pipeline.
-    pub(super) fn decode_kernel(&self, d: usize) -> (&'static str, usize) {
+    /// An 8-bit slab's kernel is its format's entry point (`applies` admits no other).
+    pub(super) fn decode_kernel(&self, d: usize, format: KvFormat) -> (&'static str, usize) {
+        if let Some(kernel) = scaled_kernel(format, d) {
+            return (kernel, decode_scaled_smem_bytes(d));
+        }
         match DECODE_KERNELS.iter().find(|&&(kd, _)| kd == d) {
             Some(&(_, kernel)) if self.decode_fa => (kernel, decode_smem_bytes(d)),
             _ => (KERNEL, smem_bytes(d, self.stages(d))),
@@ -218,6 +277,10 @@ impl MmaSupport {
 
     /// Whether an attention call takes the tensor-core kernel.
     pub(super) fn applies(&self, bf16_mode: bool, format: KvFormat, p: &AttentionParams) -> bool {
+        if scaled_kernel(format, p.head_dim).is_some() {
+            let as_bf16 = takes_mma(bf16_mode, KvFormat::Bf16, p, ROWS);
+            return as_bf16 && self.decode_scaled && self.smem_limit > 0;
+        }
         takes_mma(bf16_mode, format, p, ROWS)
             && smem_bytes(p.head_dim, MIN_STAGES) <= self.smem_limit
     }
@@ -254,9 +317,9 @@ impl MmaSupport {
     }
 
     /// Blocks of head_dim `d` the whole GPU runs at once.
-    pub(super) fn resident_blocks(&self, d: usize, sm_count: usize) -> usize {
+    pub(super) fn resident_blocks(&self, d: usize, format: KvFormat, sm_count: usize) -> usize {
         // About 1 KB of each multiprocessor's shared memory is reserved per block.
-        let (kernel, smem) = self.decode_kernel(d);
+        let (kernel, smem) = self.decode_kernel(d, format);
         let by_smem = (self.smem_per_sm / (smem + 1024)).max(1);
         let per_sm = if kernel == KERNEL {
             by_smem
@@ -302,11 +365,12 @@ mod tests {
             prefill_smem_limit: 227 * 1024,
             prefill_twin: true,
             decode_fa: false,
+            decode_scaled: false,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
         assert_eq!(
-            hopper.resident_blocks(256, 1),
+            hopper.resident_blocks(256, KvFormat::Bf16, 1),
             2,
             "two d-256 blocks a multiprocessor"
         );
@@ -318,21 +382,41 @@ mod tests {
         };
         assert_eq!(decode_smem_bytes(256), 84_224);
         assert_eq!(decode_smem_bytes(512), 157_952);
-        assert_eq!(fa.decode_kernel(256), ("decode_attention_mma_d256", 84_224));
+        let bf16 = KvFormat::Bf16;
         assert_eq!(
-            fa.decode_kernel(320).0,
+            fa.decode_kernel(256, bf16),
+            ("decode_attention_mma_d256", 84_224)
+        );
+        assert_eq!(
+            fa.decode_kernel(320, bf16).0,
             KERNEL,
             "no entry point: the original kernel"
         );
-        assert_eq!(fa.resident_blocks(256, 1), 2);
-        assert_eq!(fa.resident_blocks(512, 1), 1);
-        assert_eq!(fa.resident_blocks(64, 1), 2);
+        assert_eq!(fa.resident_blocks(256, bf16, 1), 2);
+        assert_eq!(fa.resident_blocks(512, bf16, 1), 1);
+        assert_eq!(fa.resident_blocks(64, bf16, 1), 2);
+        // The 8-bit slabs: raw stages of half the bytes plus a decoded tile; the same
+        // blocks a multiprocessor.
+        let fp8 = KvFormat::Fp8E4m3PerTokenHead;
+        assert_eq!(decode_scaled_smem_bytes(256), 83_712);
+        assert_eq!(decode_scaled_smem_bytes(512), 157_440);
+        assert_eq!(
+            fa.decode_kernel(256, fp8),
+            ("decode_attention_mma_fp8_d256", 83_712)
+        );
+        assert_eq!(
+            fa.decode_kernel(512, KvFormat::Int8PerTokenHead).0,
+            "decode_attention_mma_int8_d512"
+        );
+        assert_eq!(fa.resident_blocks(256, fp8, 1), 2);
+        assert_eq!(fa.resident_blocks(512, fp8, 1), 1);
         let ampere = MmaSupport {
             smem_limit: 163 * 1024,
             smem_per_sm: 164 * 1024,
             prefill_smem_limit: 163 * 1024,
             prefill_twin: true,
             decode_fa: false,
+            decode_scaled: false,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
@@ -366,6 +450,7 @@ mod tests {
             prefill_smem_limit: 0,
             prefill_twin: true,
             decode_fa: false,
+            decode_scaled: false,
         }
     }
 
@@ -377,6 +462,20 @@ mod tests {
         assert!(!full.applies(false, KvFormat::Bf16, &e2b));
         assert!(!full.applies(true, KvFormat::F32, &e2b));
         assert!(!full.applies(true, KvFormat::Fp8E4m3PerTokenHead, &e2b));
+        // The 8-bit slabs where their kernels were granted: head_dims with an entry point,
+        // groups up to 16, the bf16 mode.
+        let scaled = MmaSupport {
+            decode_scaled: true,
+            ..full
+        };
+        for f in [KvFormat::Fp8E4m3PerTokenHead, KvFormat::Int8PerTokenHead] {
+            assert!(scaled.applies(true, f, &e2b));
+            assert!(scaled.applies(true, f, &params(8, 2, 64)));
+            assert!(!scaled.applies(false, f, &e2b));
+            assert!(!scaled.applies(true, f, &params(8, 1, 320)));
+            assert!(!scaled.applies(true, f, &params(32, 1, 128)));
+        }
+        assert!(!scaled.applies(true, KvFormat::F16, &e2b));
         assert!(!full.applies(true, KvFormat::Bf16, &params(8, 1, 96)));
         assert!(!full.applies(true, KvFormat::Bf16, &params(32, 1, 128)));
         let small = support(smem_bytes(256, 2));
@@ -389,8 +488,8 @@ mod tests {
     fn splits_fill_one_wave() {
         let h200 = support(227 * 1024);
         // E2B on 132 multiprocessors: one d-512 block or two d-256 blocks each.
-        assert_eq!(h200.resident_blocks(512, 132), 132);
-        assert_eq!(h200.resident_blocks(256, 132), 264);
+        assert_eq!(h200.resident_blocks(512, KvFormat::Bf16, 132), 132);
+        assert_eq!(h200.resident_blocks(256, KvFormat::Bf16, 132), 264);
         assert_eq!(wave_splits(128, 132, 64), 1);
         assert_eq!(wave_splits(128, 264, 64), 2);
         assert_eq!(wave_splits(64, 132, 64), 2);
