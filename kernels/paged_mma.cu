@@ -844,11 +844,19 @@ PREFILL_ATTENTION_KERNEL(512)
 #define DA_FP8 3
 #define DA_INT8 4
 
-// A stage of an 8-bit slab: the K codes [DA_KT][D], the V codes [DA_KT][D] (bytes), then the
-// keys' K scales [DA_KT] and V scales [DA_KT] (f32).
+// A stage of an 8-bit slab: the K codes [DA_KT][RS], the V codes [DA_KT][RS] (bytes; a row
+// of D codes padded to RS = 5 D / 4, so that the eight lanes of a 16-byte shared-memory
+// phase reading quarter rows fall on distinct banks), then the keys' K scales [DA_KT] and V
+// scales [DA_KT] (f32). Three stages a group: a tile of codes is half a bf16 tile's bytes,
+// so the copies run two tiles ahead to keep as many bytes in flight.
+#define DA_RAW_STAGES 3
+template <int D>
+__host__ __device__ constexpr int raw_row_bytes() {
+    return D + D / 4;
+}
 template <int D>
 __host__ __device__ constexpr int raw_stage_bytes() {
-    return 2 * DA_KT * D + 2 * DA_KT * 4;
+    return 2 * DA_KT * raw_row_bytes<D>() + 2 * DA_KT * 4;
 }
 
 // Two codes (bits 0-15 of w) of format FMT as an f16 pair (the first in the low half).
@@ -935,10 +943,11 @@ __device__ __forceinline__ void decode_attention_body(
     constexpr int NT = DQ / 8;     // 8-column output tiles
     constexpr int PIECES = D / 8;  // 16-byte pieces of a K or V row (bf16)
     constexpr int RAW_PIECES = D / 16;  // 16-byte pieces of a row of codes
+    constexpr int RS = raw_row_bytes<D>();
     constexpr int TILE = 2 * DA_KT * ld;  // a bf16 stage: K then V
     constexpr int RAW_STAGE = raw_stage_bytes<D>();
     // A group's bytes: two bf16 stages, or two raw stages and the decoded tile.
-    constexpr int GROUP_BYTES = RAW ? 2 * RAW_STAGE + TILE * 2 : 2 * TILE * 2;
+    constexpr int GROUP_BYTES = RAW ? DA_RAW_STAGES * RAW_STAGE + TILE * 2 : 2 * TILE * 2;
     u16* qs = (u16*)smem;
     unsigned char* kv = smem + PM_ROWS * ld * 2;
     float* sx = (float*)(kv + DA_GROUPS * GROUP_BYTES);
@@ -959,7 +968,7 @@ __device__ __forceinline__ void decode_attention_body(
     const int mine = n_tiles > grp ? (n_tiles - grp + DA_GROUPS - 1) / DA_GROUPS : 0;
     unsigned char* gbase = kv + grp * GROUP_BYTES;
     u16* gbuf = (u16*)gbase;                       // bf16: the two stages
-    u16* dec = (u16*)(gbase + 2 * RAW_STAGE);      // 8-bit: the decoded tile
+    u16* dec = (u16*)(gbase + DA_RAW_STAGES * RAW_STAGE);  // 8-bit: the decoded tile
     const u32 row = (u32)n_kv_heads * D, head = (u32)kvh * D;
 
     // Copies the group's local tile i into stage i % 2: warp wq takes keys wq, wq + 4, ...
@@ -985,8 +994,8 @@ __device__ __forceinline__ void decode_attention_body(
                 }
             }
         } else {
-            unsigned char* st = gbase + (i % 2) * RAW_STAGE;
-            float* ks = (float*)(st + 2 * DA_KT * D);
+            unsigned char* st = gbase + (i % DA_RAW_STAGES) * RAW_STAGE;
+            float* ks = (float*)(st + 2 * DA_KT * RS);
             // The slots of this warp's keys wq, wq + 4, ... (every lane takes part).
             u32 s4[DA_KT / DA_GW];
 #pragma unroll
@@ -1001,8 +1010,8 @@ __device__ __forceinline__ void decode_attention_body(
                     const int key = wq + DA_GW * u;
                     const bool valid = j0 + key <= zhi;
                     const u64 off = valid ? (u64)s4[u] * row + head : 0;
-                    cp_async16(st + key * D + pc * 16, k_slab + off + pc * 16, valid ? 16 : 0);
-                    cp_async16(st + (DA_KT + key) * D + pc * 16, v_slab + off + pc * 16,
+                    cp_async16(st + key * RS + pc * 16, k_slab + off + pc * 16, valid ? 16 : 0);
+                    cp_async16(st + (DA_KT + key) * RS + pc * 16, v_slab + off + pc * 16,
                                valid ? 16 : 0);
                 }
             }
@@ -1025,6 +1034,12 @@ __device__ __forceinline__ void decode_attention_body(
     u32 slot = tile_slot_of(0);
     if (mine > 0) load(0, slot);
     slot = tile_slot_of(1);
+    if (RAW) {
+        // Two tiles ahead: tile 1's copies (an empty group when there is none) go now too.
+        if (mine > 1) load(1, slot);
+        else cp_async_commit();
+        slot = tile_slot_of(2);
+    }
     load_group_q<PM_WARPS * 32, RAW>(qs, q, t, n_heads, kvh, group, D, ld);
     __syncthreads();
     // Q's A fragments over this warp's quarter of head_dim, for the whole loop.
@@ -1043,30 +1058,40 @@ __device__ __forceinline__ void decode_attention_body(
 
     for (int i = 0; i < mine; ++i) {
         const long long j0 = zlo + (long long)(grp + DA_GROUPS * i) * DA_KT;
-        cp_async_wait(0);
         // Tile i landed for the whole group; every warp of it is done with tile i - 1 (its
-        // stage and the S exchange).
+        // stage and the S exchange). 8-bit: tile i + 1's copies stay in flight, tile i + 2's
+        // go out (every iteration commits one group, empty past the last tile).
+        if (RAW) cp_async_wait(1);
+        else cp_async_wait(0);
         asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(DA_GW * 32));
-        if (i + 1 < mine) load(i + 1, slot);
-        slot = tile_slot_of(i + 2);
+        if (RAW) {
+            if (i + 2 < mine) load(i + 2, slot);
+            else cp_async_commit();
+            slot = tile_slot_of(i + 3);
+        } else {
+            if (i + 1 < mine) load(i + 1, slot);
+            slot = tile_slot_of(i + 2);
+        }
         const u16* kt = gbuf + (i % 2) * TILE;
         // 8-bit slabs: the tile's K and V scales of keys 2 tq, 2 tq + 1, 8 + 2 tq and
         // 9 + 2 tq, the keys of this lane's S elements and probabilities.
         float2 ksc[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}}, vsc[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
         if constexpr (RAW) {
-            // This warp's quarter of the tile's K and V codes as f16: lane l takes key l / 2,
-            // half l % 2 of the quarter's columns, eight codes at a time.
-            const unsigned char* st = gbase + (i % 2) * RAW_STAGE;
-            const float* ks = (const float*)(st + 2 * DA_KT * D);
-            constexpr int HALF = DQ / 2;
-            const int key = lane / 2, c0 = wq * DQ + (lane % 2) * HALF;
+            // This warp's quarter of the tile's K and V codes as f16, 16 codes a piece:
+            // consecutive lanes take consecutive pieces of a quarter row, then the next rows
+            // (K's 16 rows, then V's).
+            const unsigned char* st = gbase + (i % DA_RAW_STAGES) * RAW_STAGE;
+            const float* ks = (const float*)(st + 2 * DA_KT * RS);
+            constexpr int QP = DQ / 16;  // pieces of a quarter row
             __syncwarp();  // this warp's reads of the previous decoded tile are done
 #pragma unroll
-            for (int c = 0; c < HALF; c += 8) {
-                const uint2 kw = *(const uint2*)(st + key * D + c0 + c);
-                const uint2 vw = *(const uint2*)(st + (DA_KT + key) * D + c0 + c);
-                *(uint4*)(dec + key * ld + c0 + c) = codes8_to_f16<FMT>(kw);
-                *(uint4*)(dec + (DA_KT + key) * ld + c0 + c) = codes8_to_f16<FMT>(vw);
+            for (int r = 0; r < QP; ++r) {
+                const int it = lane + 32 * r;
+                const int row = it / QP, p = it % QP;  // row: K's 0-15, then V's
+                const uint4 w = *(const uint4*)(st + row * RS + wq * DQ + 16 * p);
+                u16* dst = dec + row * ld + wq * DQ + 16 * p;
+                *(uint4*)dst = codes8_to_f16<FMT>(make_uint2(w.x, w.y));
+                *(uint4*)(dst + 8) = codes8_to_f16<FMT>(make_uint2(w.z, w.w));
             }
 #pragma unroll
             for (int hk = 0; hk < 2; ++hk) {
