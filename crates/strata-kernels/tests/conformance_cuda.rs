@@ -721,14 +721,41 @@ fn check_bf16_mode_attention(
     seqs: Vec<(usize, usize)>,
     seed: u64,
 ) -> conformance::CheckResult {
-    let c = PagedCase {
-        format: strata_kernels::KvFormat::Bf16,
-        n_heads: kv_heads * group,
-        n_kv_heads: kv_heads,
-        head_dim: 64 * d64,
+    let shape = Bf16ModeShape {
+        kv_heads,
+        group,
+        d64,
         window,
-        scale: 1.0 / (64.0 * d64 as f32).sqrt(),
         softcap,
+    };
+    check_bf16_mode_attention_on(b, strata_kernels::KvFormat::Bf16, shape, seqs, seed)
+}
+
+/// The heads, head_dim (64 x d64), window and softcap of a bf16-mode attention case.
+struct Bf16ModeShape {
+    kv_heads: usize,
+    group: usize,
+    d64: usize,
+    window: Option<usize>,
+    softcap: Option<f32>,
+}
+
+/// [`check_bf16_mode_attention`] over a slab of `format`.
+fn check_bf16_mode_attention_on(
+    b: &CudaBackend,
+    format: strata_kernels::KvFormat,
+    s: Bf16ModeShape,
+    seqs: Vec<(usize, usize)>,
+    seed: u64,
+) -> conformance::CheckResult {
+    let c = PagedCase {
+        format,
+        n_heads: s.kv_heads * s.group,
+        n_kv_heads: s.kv_heads,
+        head_dim: 64 * s.d64,
+        window: s.window,
+        scale: 1.0 / (64.0 * s.d64 as f32).sqrt(),
+        softcap: s.softcap,
         seqs,
         seed,
     };
@@ -800,19 +827,8 @@ proptest! {
             } else {
                 strata_kernels::KvFormat::Int8PerTokenHead
             };
-            let c = PagedCase {
-                format,
-                n_heads: kv_heads * group,
-                n_kv_heads: kv_heads,
-                head_dim: 64 * d64,
-                window,
-                scale: 1.0 / (64.0 * d64 as f32).sqrt(),
-                softcap,
-                seqs,
-                seed,
-            };
-            check_paged_attention_case_within(&b.clone().with_bf16_gemm(true), &c, bf16_mode_tol())
-                .map_err(TestCaseError::fail)?;
+            let shape = Bf16ModeShape { kv_heads, group, d64, window, softcap };
+            check_bf16_mode_attention_on(b, format, shape, seqs, seed).map_err(TestCaseError::fail)?;
         }
     }
 

@@ -73,9 +73,16 @@ fn prompt_lookup_prints_the_same_tokens_and_its_drafts() {
         "{looked_up}"
     );
 
+    let err = refused("gemma4-tiny", &["--prompt-lookup", "3"]);
+    assert!(err.contains("--prompt-lookup"), "{err}");
+}
+
+/// `strata generate` on `model` with the tiny assistant as its draft model and `extra`,
+/// which must fail: its error output.
+fn refused(model: &str, extra: &[&str]) -> String {
+    let model = tiny(model);
     let assistant = tiny("gemma4-tiny-assistant");
-    let model = tiny("gemma4-tiny");
-    let out = strata(&[
+    let mut args = vec![
         "generate",
         "--model",
         &model,
@@ -85,30 +92,15 @@ fn prompt_lookup_prints_the_same_tokens_and_its_drafts() {
         "1,2,3",
         "--draft",
         &assistant,
-        "--prompt-lookup",
-        "3",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let out = strata(&args);
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--prompt-lookup"), "{err}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
 fn a_draft_model_that_does_not_fit_is_refused_naming_the_field() {
-    let model = tiny("llama-tiny");
-    let assistant = tiny("gemma4-tiny-assistant");
-    let out = strata(&[
-        "generate",
-        "--model",
-        &model,
-        "--device",
-        "cpu",
-        "--prompt-ids",
-        "1,2,3",
-        "--draft",
-        &assistant,
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused("llama-tiny", &[]);
     assert!(err.contains("model_type") && err.contains("draft"), "{err}");
 }
