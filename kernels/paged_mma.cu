@@ -844,19 +844,24 @@ PREFILL_ATTENTION_KERNEL(512)
 #define DA_FP8 3
 #define DA_INT8 4
 
-// A stage of an 8-bit slab: the K codes [DA_KT][RS], the V codes [DA_KT][RS] (bytes; a row
-// of D codes padded to RS = 5 D / 4, so that the eight lanes of a 16-byte shared-memory
-// phase reading quarter rows fall on distinct banks), then the keys' K scales [DA_KT] and V
-// scales [DA_KT] (f32). Three stages a group: a tile of codes is half a bf16 tile's bytes,
-// so the copies run two tiles ahead to keep as many bytes in flight.
+// A stage of an 8-bit slab: the K codes [DA_KT][KRS], the V codes [DA_KT][VRS] (bytes),
+// then the keys' K scales [DA_KT] and V scales [DA_KT] (f32). The rows are padded so that
+// their reads meet distinct banks: a K row (KRS = D + 16 bytes) is read four bytes a lane
+// for the mma's B fragments, eight rows a warp; a V row (VRS = 5 D / 4) sixteen bytes a
+// lane by quarter rows for the conversion. Three stages a group: a tile of codes is half a
+// bf16 tile's bytes, so the copies run two tiles ahead to keep as many bytes in flight.
 #define DA_RAW_STAGES 3
 template <int D>
-__host__ __device__ constexpr int raw_row_bytes() {
+__host__ __device__ constexpr int raw_k_row_bytes() {
+    return D + 16;
+}
+template <int D>
+__host__ __device__ constexpr int raw_v_row_bytes() {
     return D + D / 4;
 }
 template <int D>
 __host__ __device__ constexpr int raw_stage_bytes() {
-    return 2 * DA_KT * raw_row_bytes<D>() + 2 * DA_KT * 4;
+    return DA_KT * (raw_k_row_bytes<D>() + raw_v_row_bytes<D>()) + 2 * DA_KT * 4;
 }
 
 // Two codes (bits 0-15 of w) of format FMT as an f16 pair (the first in the low half).
@@ -943,11 +948,14 @@ __device__ __forceinline__ void decode_attention_body(
     constexpr int NT = DQ / 8;     // 8-column output tiles
     constexpr int PIECES = D / 8;  // 16-byte pieces of a K or V row (bf16)
     constexpr int RAW_PIECES = D / 16;  // 16-byte pieces of a row of codes
-    constexpr int RS = raw_row_bytes<D>();
+    constexpr int KRS = raw_k_row_bytes<D>(), VRS = raw_v_row_bytes<D>();
+    constexpr int V_CODES = DA_KT * KRS;             // a stage's V codes
+    constexpr int SCALES = DA_KT * (KRS + VRS);      // and its scales
     constexpr int TILE = 2 * DA_KT * ld;  // a bf16 stage: K then V
     constexpr int RAW_STAGE = raw_stage_bytes<D>();
-    // A group's bytes: two bf16 stages, or two raw stages and the decoded tile.
-    constexpr int GROUP_BYTES = RAW ? DA_RAW_STAGES * RAW_STAGE + TILE * 2 : 2 * TILE * 2;
+    // A group's bytes: two bf16 stages, or three raw stages and the converted V tile.
+    constexpr int GROUP_BYTES =
+        RAW ? DA_RAW_STAGES * RAW_STAGE + DA_KT * ld * 2 : 2 * TILE * 2;
     u16* qs = (u16*)smem;
     unsigned char* kv = smem + PM_ROWS * ld * 2;
     float* sx = (float*)(kv + DA_GROUPS * GROUP_BYTES);
@@ -968,7 +976,7 @@ __device__ __forceinline__ void decode_attention_body(
     const int mine = n_tiles > grp ? (n_tiles - grp + DA_GROUPS - 1) / DA_GROUPS : 0;
     unsigned char* gbase = kv + grp * GROUP_BYTES;
     u16* gbuf = (u16*)gbase;                       // bf16: the two stages
-    u16* dec = (u16*)(gbase + DA_RAW_STAGES * RAW_STAGE);  // 8-bit: the decoded tile
+    u16* dec = (u16*)(gbase + DA_RAW_STAGES * RAW_STAGE);  // 8-bit: V as f16
     const u32 row = (u32)n_kv_heads * D, head = (u32)kvh * D;
 
     // Copies the group's local tile i into stage i % 2: warp wq takes keys wq, wq + 4, ...
@@ -995,7 +1003,7 @@ __device__ __forceinline__ void decode_attention_body(
             }
         } else {
             unsigned char* st = gbase + (i % DA_RAW_STAGES) * RAW_STAGE;
-            float* ks = (float*)(st + 2 * DA_KT * RS);
+            float* ks = (float*)(st + SCALES);
             // The slots of this warp's keys wq, wq + 4, ... (every lane takes part).
             u32 s4[DA_KT / DA_GW];
 #pragma unroll
@@ -1010,8 +1018,8 @@ __device__ __forceinline__ void decode_attention_body(
                     const int key = wq + DA_GW * u;
                     const bool valid = j0 + key <= zhi;
                     const u64 off = valid ? (u64)s4[u] * row + head : 0;
-                    cp_async16(st + key * RS + pc * 16, k_slab + off + pc * 16, valid ? 16 : 0);
-                    cp_async16(st + (DA_KT + key) * RS + pc * 16, v_slab + off + pc * 16,
+                    cp_async16(st + key * KRS + pc * 16, k_slab + off + pc * 16, valid ? 16 : 0);
+                    cp_async16(st + V_CODES + key * VRS + pc * 16, v_slab + off + pc * 16,
                                valid ? 16 : 0);
                 }
             }
@@ -1042,12 +1050,24 @@ __device__ __forceinline__ void decode_attention_body(
     }
     load_group_q<PM_WARPS * 32, RAW>(qs, q, t, n_heads, kvh, group, D, ld);
     __syncthreads();
-    // Q's A fragments over this warp's quarter of head_dim, for the whole loop.
+    // Q's A fragments over this warp's quarter of head_dim, for the whole loop. 8-bit: the
+    // B fragments come from four consecutive codes of a K row (below), so the mma's k
+    // positions 2 tq, 2 tq + 1, 2 tq + 8, 2 tq + 9 hold head dims 4 tq .. 4 tq + 3 of each
+    // 16; Q's fragments are read in the same order.
     u32 qa[KS][4];
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
-        ldmatrix_x4(qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3],
-                    qs + lm_row * ld + wq * DQ + 16 * ks + lm_col);
+    for (int ks = 0; ks < KS; ++ks) {
+        if (RAW) {
+            const u16* q0 = qs + g * ld + wq * DQ + 16 * ks + 4 * tq;
+            qa[ks][0] = *(const u32*)q0;
+            qa[ks][1] = *(const u32*)(q0 + 8 * ld);
+            qa[ks][2] = *(const u32*)(q0 + 2);
+            qa[ks][3] = *(const u32*)(q0 + 8 * ld + 2);
+        } else {
+            ldmatrix_x4(qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3],
+                        qs + lm_row * ld + wq * DQ + 16 * ks + lm_col);
+        }
+    }
 
     float o[NT][4];
 #pragma unroll
@@ -1073,25 +1093,27 @@ __device__ __forceinline__ void decode_attention_body(
             slot = tile_slot_of(i + 2);
         }
         const u16* kt = gbuf + (i % 2) * TILE;
+        const u16* vt = kt + DA_KT * ld;
+        const unsigned char* st = gbase + (i % DA_RAW_STAGES) * RAW_STAGE;  // 8-bit only
         // 8-bit slabs: the tile's K and V scales of keys 2 tq, 2 tq + 1, 8 + 2 tq and
         // 9 + 2 tq, the keys of this lane's S elements and probabilities.
         float2 ksc[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}}, vsc[2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
         if constexpr (RAW) {
-            // This warp's quarter of the tile's K and V codes as f16, 16 codes a piece:
-            // consecutive lanes take consecutive pieces of a quarter row, then the next rows
-            // (K's 16 rows, then V's).
-            const unsigned char* st = gbase + (i % DA_RAW_STAGES) * RAW_STAGE;
-            const float* ks = (const float*)(st + 2 * DA_KT * RS);
+            // This warp's quarter of the tile's V codes as f16, 16 codes a piece: consecutive
+            // lanes take consecutive pieces of a quarter row, then the next rows.
+            const float* ks = (const float*)(st + SCALES);
             constexpr int QP = DQ / 16;  // pieces of a quarter row
-            __syncwarp();  // this warp's reads of the previous decoded tile are done
+            __syncwarp();  // this warp's reads of the previous converted tile are done
 #pragma unroll
-            for (int r = 0; r < QP; ++r) {
+            for (int r = 0; r < (QP + 1) / 2; ++r) {
                 const int it = lane + 32 * r;
-                const int row = it / QP, p = it % QP;  // row: K's 0-15, then V's
-                const uint4 w = *(const uint4*)(st + row * RS + wq * DQ + 16 * p);
-                u16* dst = dec + row * ld + wq * DQ + 16 * p;
-                *(uint4*)dst = codes8_to_f16<FMT>(make_uint2(w.x, w.y));
-                *(uint4*)(dst + 8) = codes8_to_f16<FMT>(make_uint2(w.z, w.w));
+                const int row = it / QP, p = it % QP;
+                if (row < DA_KT) {
+                    const uint4 w = *(const uint4*)(st + V_CODES + row * VRS + wq * DQ + 16 * p);
+                    u16* dst = dec + row * ld + wq * DQ + 16 * p;
+                    *(uint4*)dst = codes8_to_f16<FMT>(make_uint2(w.x, w.y));
+                    *(uint4*)(dst + 8) = codes8_to_f16<FMT>(make_uint2(w.z, w.w));
+                }
             }
 #pragma unroll
             for (int hk = 0; hk < 2; ++hk) {
@@ -1099,18 +1121,28 @@ __device__ __forceinline__ void decode_attention_body(
                 vsc[hk] = *(const float2*)(ks + DA_KT + 8 * hk + 2 * tq);
             }
             __syncwarp();
-            kt = dec;
+            vt = dec;
         }
-        const u16* vt = kt + DA_KT * ld;
 
         // Partial S over this warp's quarter: keys 0-7 and 8-15.
         float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             u32 b0, b1, b2, b3;
-            ldmatrix_x4(b0, b1, b2, b3,
-                        kt + ((lane % 8) + 8 * (lane / 16)) * ld + wq * DQ + 16 * ks +
-                            8 * ((lane / 8) % 2));
+            if constexpr (RAW) {
+                // Keys g and 8 + g, head dims 4 tq .. 4 tq + 3 of this 16: one word of codes
+                // each, two conversions each.
+                const unsigned char* kr = st + g * KRS + wq * DQ + 16 * ks + 4 * tq;
+                const u32 w0 = *(const u32*)kr, w1 = *(const u32*)(kr + 8 * KRS);
+                b0 = codes_to_f16x2<FMT>(w0);
+                b1 = codes_to_f16x2<FMT>(w0 >> 16);
+                b2 = codes_to_f16x2<FMT>(w1);
+                b3 = codes_to_f16x2<FMT>(w1 >> 16);
+            } else {
+                ldmatrix_x4(b0, b1, b2, b3,
+                            kt + ((lane % 8) + 8 * (lane / 16)) * ld + wq * DQ + 16 * ks +
+                                8 * ((lane / 8) % 2));
+            }
             mma_of<RAW>(s[0], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
             mma_of<RAW>(s[1], qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b2, b3);
         }

@@ -145,15 +145,15 @@ pub(super) fn decode_smem_bytes(d: usize) -> usize {
 }
 
 /// The same for an 8-bit slab (`decode_attention_body` with a raw format): Q; per warp
-/// group three raw stages (the K and V codes of a tile, a byte each in rows padded to
-/// 5 d / 4, and the tile's K and V scales in f32) and the decoded f16 K and V tile; the
-/// partial S exchange.
+/// group three raw stages (a tile's K codes in rows of d + 16 bytes, its V codes in rows
+/// of 5 d / 4, its K and V scales in f32) and the V tile converted to f16; the partial S
+/// exchange.
 pub(super) fn decode_scaled_smem_bytes(d: usize) -> usize {
     const RAW_STAGES: usize = 3;
     let ld = d + PAD;
-    let raw_stage = 2 * DECODE_KT * (d + d / 4) + 2 * DECODE_KT * 4;
+    let raw_stage = DECODE_KT * ((d + 16) + (d + d / 4)) + 2 * DECODE_KT * 4;
     ROWS * ld * 2
-        + DECODE_GROUPS * (RAW_STAGES * raw_stage + 2 * DECODE_KT * ld * 2)
+        + DECODE_GROUPS * (RAW_STAGES * raw_stage + DECODE_KT * ld * 2)
         + DECODE_GROUPS * 4 * 8 * 32 * 4
 }
 
@@ -400,11 +400,11 @@ mod tests {
         // The 8-bit slabs: raw stages of half the bytes plus a decoded tile; the same
         // blocks a multiprocessor.
         let fp8 = KvFormat::Fp8E4m3PerTokenHead;
-        assert_eq!(decode_scaled_smem_bytes(256), 112_640);
-        assert_eq!(decode_scaled_smem_bytes(512), 215_040);
+        assert_eq!(decode_scaled_smem_bytes(256), 91_136);
+        assert_eq!(decode_scaled_smem_bytes(512), 171_008);
         assert_eq!(
             fa.decode_kernel(256, fp8),
-            ("decode_attention_mma_fp8_d256", 112_640)
+            ("decode_attention_mma_fp8_d256", 91_136)
         );
         assert_eq!(
             fa.decode_kernel(512, KvFormat::Int8PerTokenHead).0,
