@@ -144,9 +144,6 @@ __device__ __forceinline__ KeyRange decode_key_range(const u32* seqs, const u32*
     return {zlo, zhi, slots + sq[4]};
 }
 
-// Row t's query vectors of KV head kvh's group into `qs` [PM_ROWS][ld] as bf16 (four values
-// a thread per round, every load of a thread issued before its first store); rows past the
-// group are zero. The block's THREADS threads all take part.
 // f32 -> f16 bits, round to nearest even.
 __device__ __forceinline__ u16 f32_to_f16_bits(float x) {
     u16 h;
@@ -154,6 +151,9 @@ __device__ __forceinline__ u16 f32_to_f16_bits(float x) {
     return h;
 }
 
+// Row t's query vectors of KV head kvh's group into `qs` [PM_ROWS][ld] as bf16, or f16 with
+// F16 (four values a thread per round, every load of a thread issued before its first
+// store); rows past the group are zero. The block's THREADS threads all take part.
 template <int THREADS, bool F16 = false>
 __device__ __forceinline__ void load_group_q(u16* qs, const float* q, u64 t, int n_heads,
                                              int kvh, int group, int d, int ld) {
@@ -824,15 +824,16 @@ PREFILL_ATTENTION_KERNEL(512)
 // decode kernel's, so `paged_combine` merges splits of any of the kernels.
 //
 // The 8-bit slabs (e4m3 or int8 codes with one f32 scale per key and KV head) take the same
-// kernel (`decode_attention_mma_{fp8,int8}_d<D>`) on f16 mma: a stage holds the tile's raw
-// codes and scales (half the bytes of a bf16 tile, copied the same way); after the copies
-// land each warp turns its own quarter of head_dim's codes into f16, which holds every e4m3
-// and int8 code exactly (two codes an instruction on sm_89 and later), in a tile the group
-// shares, which the mma steps then read as they read a bf16 stage. A warp reads only the
-// columns it decoded, so that needs no barrier beyond the warp's own. The scales stay out of
-// the products: a key's K scale multiplies its column of S (f32), its V scale its
-// probability before the probabilities are rounded to f16 for P V. Q and P are f16 here
-// (finer than bf16; the range, 65504, is far beyond normed queries and scaled
+// kernel (`decode_attention_mma_{fp8,int8}_d<D>`) on f16 mma, which holds every e4m3 and
+// int8 code exactly (two codes an instruction on sm_89 and later). A stage holds the tile's
+// raw codes and scales (half the bytes of a bf16 tile, copied the same way). S's B
+// fragments are converted straight from four consecutive codes of a K row, so Q's A
+// fragments take head dims in the same order; V, which P V reads transposed, is converted
+// by each warp for its own quarter of head_dim into an f16 tile the group shares, read as a
+// bf16 stage is (a warp reads only the columns it converted: no barrier beyond the warp's).
+// The scales stay out of the products: a key's K scale multiplies its column of S (f32),
+// its V scale its probability before the probabilities are rounded to f16 for P V. Q and P
+// are f16 here (finer than bf16; the range, 65504, is far beyond normed queries and scaled
 // probabilities).
 
 #define DA_KT 16
@@ -932,8 +933,8 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes)
 // Shared memory: Q [PM_ROWS][ld], then per group two stages of a K and a V tile
 // [DA_KT][ld] (bf16, ld = D + PM_PAD), then the partial S exchange [DA_GROUPS][DA_GW][8][32]
 // f32 (`decode_smem_bytes` in cuda/paged_mma.rs computes the same sum). For an 8-bit slab a
-// group's two stages are raw (`raw_stage_bytes`) and followed by one bf16 K and V tile
-// [DA_KT][ld] each, the decoded tile (`decode_scaled_smem_bytes`).
+// group has three raw stages (`raw_stage_bytes`) and then one f16 V tile [DA_KT][ld], the
+// converted V (`decode_scaled_smem_bytes`).
 template <int D, int FMT>
 __device__ __forceinline__ void decode_attention_body(
     unsigned char* smem, const float* q, const unsigned char* k_slab,
