@@ -537,8 +537,9 @@ fn paged_attention_bf16_mode() {
 }
 
 /// The 8-bit slabs (fp8 and int8 per token-head) in the bf16 mode: one-token rows take the
-/// tensor-core decode kernels, which decode each tile to bf16 in shared memory (long query
-/// runs keep the TF32 GEMMs); against the f64 reference over the same dequantized rows.
+/// tensor-core decode kernels, f16 mma over the codes with the scales on the scores and
+/// probabilities (long query runs keep the TF32 GEMMs); against the f64 reference over the
+/// same dequantized rows.
 #[test]
 fn paged_attention_bf16_mode_8bit_slabs() {
     let Some(b) = gpu() else { return };

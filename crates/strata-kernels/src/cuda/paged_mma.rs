@@ -3,7 +3,8 @@
 //! group (`decode_attention_mma_d<D>` in the FlashAttention-2 layout at head_dim 64 to 512,
 //! `paged_attention_mma` at the other multiples of 64); the 8-bit slabs (fp8 / int8 per
 //! token-head) take the FlashAttention-2 layout's own entry points at head_dim 64 to 512
-//! (`decode_attention_mma_{fp8,int8}_d<D>`, decoding each tile to bf16 in shared memory).
+//! (`decode_attention_mma_{fp8,int8}_d<D>`: f16 mma on the codes, scales applied to the
+//! scores and probabilities).
 //! Everything else (f32 / f16 slabs, the exact path, other head_dims, groups over 16 heads)
 //! keeps the CUDA-core kernel.
 
@@ -280,8 +281,7 @@ impl MmaSupport {
     /// Whether an attention call takes the tensor-core kernel.
     pub(super) fn applies(&self, bf16_mode: bool, format: KvFormat, p: &AttentionParams) -> bool {
         if scaled_kernel(format, p.head_dim).is_some() {
-            let as_bf16 = takes_mma(bf16_mode, KvFormat::Bf16, p, ROWS);
-            return as_bf16 && self.decode_scaled && self.smem_limit > 0;
+            return self.decode_scaled && takes_mma(bf16_mode, KvFormat::Bf16, p, ROWS);
         }
         takes_mma(bf16_mode, format, p, ROWS)
             && smem_bytes(p.head_dim, MIN_STAGES) <= self.smem_limit
