@@ -436,434 +436,10 @@ __device__ __forceinline__ float sum_bf16x2(u32 p) {
     return __uint_as_float(p << 16) + __uint_as_float(p & 0xffff0000u);
 }
 
-// Lane j's slots of the tile starting at key j0: keys j0 + j + 32 h (0 past `last`).
-template <int KT>
-__device__ __forceinline__ void tile_slots(u32 (&slot)[KT / 32], const u32* sl, int j0,
-                                           int last) {
-#pragma unroll
-    for (int h = 0; h < KT / 32; ++h) slot[h] = tile_slot(sl, j0 + 32 * h, last);
-}
-
-// Copies keys j0 .. j0 + KT - 1 (those up to `last`) of a KV head into a K and a V tile;
-// rows past `last` are zero-filled (their probabilities are zero too). Warp w copies keys
-// w, w + PF_WARPS, ...: the key, its slot (by shuffle from the lane that read it) and its
-// row address are the same across the warp, and the lanes take the row's 16-byte pieces.
-// Key w + PF_WARPS i sits in slot register PF_WARPS i / 32 (w < PF_WARPS divides 32).
-// `row` is the slab's elements a slot (KV heads x d), `head` the KV head's offset in it.
-template <int KT, int D>
-__device__ __forceinline__ void load_kv_tile(u16* kt, u16* vt, const u16* k_slab,
-                                             const u16* v_slab, const u32 (&slot)[KT / 32],
-                                             int j0, int last, u32 row, u32 head) {
-    constexpr int ld = D + PM_PAD, chunks = D / 8;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    // The lane's first piece, in shared memory (bytes) and in the slab; a warp's next key
-    // is PF_WARPS rows further on, a lane's next piece 32 pieces (256 values) along.
-    const u32 kdst = smem_addr(kt + warp * ld + lane * 8);
-    const u32 vdst = smem_addr(vt + warp * ld + lane * 8);
-    const u32 step = PF_WARPS * ld * 2;
-    const u16* ksrc = k_slab + head + lane * 8;
-    const u16* vsrc = v_slab + head + lane * 8;
-#pragma unroll
-    for (int i = 0; i < KT / PF_WARPS; ++i) {
-        const int key = warp + PF_WARPS * i;
-        const u32 s = __shfl_sync(0xffffffffu, slot[PF_WARPS * i / 32], key % 32);
-        const bool valid = j0 + key <= last;
-        const u64 off = valid ? (u64)s * row : 0;
-#pragma unroll
-        for (int u = 0; u < (chunks + 31) / 32; ++u) {
-            if (chunks % 32 == 0 || lane + 32 * u < chunks) {
-                cp_async16_to(kdst + i * step + 512 * u, ksrc + off + 256 * u, valid ? 16 : 0);
-                cp_async16_to(vdst + i * step + 512 * u, vsrc + off + 256 * u, valid ? 16 : 0);
-            }
-        }
-    }
-}
-
-// Shared memory: Q [ROWS][ld], K and V [n_stages][KT][ld] (bf16, ld = d + PM_PAD), and with
-// two slices the partial S exchange [PF_WARPS][KT / 8][32] float4 (`prefill_smem_bytes` in
-// cuda/paged_mma.rs computes the same sum). One block a multiprocessor: 256 threads at up to
-// 255 registers. `q`, `out` and `out_b` (the bf16 twin, or null) start at the sequence's
-// first row; `sl` at its first slot.
-template <int D>
-__device__ __forceinline__ void prefill_attention_body(
-    unsigned char* smem, const float* q, const u16* k_slab, const u16* v_slab, const u32* sl,
-    float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
-    float scale, long long window, int has_softcap, float softcap, int n_splits, int n_stages,
-    int q_len, long long q_pos0, long long k_start, int tpb, int bx, int nbx) {
-#if __CUDA_ARCH__ >= 800
-    constexpr int CS = D > 256 ? 2 : 1;    // slices of d (warps on the same rows)
-    constexpr int KT = CS == 2 ? 32 : 64;  // keys a tile
-    constexpr int DS = D / CS;             // columns of a warp's slice
-    constexpr int NT = DS / 8;             // its 8-column output tiles
-    constexpr int ROWS = 16 * PF_WARPS / CS;
-    constexpr int NS = KT / 8;  // S accumulator tiles (8 keys each)
-    constexpr int ld = D + PM_PAD;
-    u16* qs = (u16*)smem;
-    u16* ks = qs + ROWS * ld;
-    u16* vs = ks + n_stages * KT * ld;
-    float4* xs = (float4*)(vs + n_stages * KT * ld);
-
-    const int kvh = blockIdx.y;
-    const int z = blockIdx.z;
-    const int group = n_heads / n_kv_heads;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int rg = warp / CS, cs = warp % CS;  // row group; slice of d
-    // The sequence's token blocks run last first (`bx` of `nbx`): the causal triangle's
-    // long blocks start early.
-    const int t0 = (nbx - 1 - bx) * tpb;
-    const int n_tok = min(tpb, q_len - t0);
-    const int rows_used = n_tok * group;
-
-    // Visible keys (indices from k_start, 32-bit: a sequence's slot list is far shorter)
-    // of token t: lo(t) ..= hi(t); both grow with t. The block's range runs from its first
-    // token's lo to its last token's hi. A window longer than every key list is no window.
-    const int hi0 = (int)(q_pos0 + t0 - k_start);
-    const int win = window >= 0 && window <= hi0 + tpb ? (int)window : -1;
-    const int lo = win >= 0 ? max(0, hi0 - win + 1) : 0;
-    const int hi = hi0 + n_tok - 1;
-    int chunk = (hi - lo + n_splits) / n_splits;
-    chunk = (chunk + KT - 1) / KT * KT;
-    const int zlo = lo + z * chunk;
-    const int zhi = min(zlo + chunk - 1, hi);
-    const int n_tiles = zhi >= zlo ? (zhi - zlo + KT) / KT : 0;
-
-    // Fragment coordinates (PTX mma.m16n8k16): lane holds rows g and g + 8 of its warp's 16,
-    // columns 2 tq and 2 tq + 1 of each 8-wide accumulator tile.
-    const int g = lane / 4, tq = lane % 4;
-    // The lane's two rows' key bounds (rows past the block's tokens see no key).
-    int row_lo[2], row_hi[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = rg * 16 + g + 8 * h;
-        const int rhi = hi0 + r / group;
-        row_lo[h] = win >= 0 ? max(0, rhi - win + 1) : 0;
-        row_hi[h] = r < rows_used ? min(rhi, zhi) : -1;
-    }
-
-    const u32 row = (u32)(n_kv_heads * D), head = (u32)(kvh * D);
-    u32 slot[KT / 32];
-    for (int st = 0; st + 1 < n_stages; ++st) {
-        if (st < n_tiles) {
-            tile_slots<KT>(slot, sl, zlo + st * KT, zhi);
-            load_kv_tile<KT, D>(ks + st * KT * ld, vs + st * KT * ld, k_slab, v_slab, slot,
-                                zlo + st * KT, zhi, row, head);
-        }
-        cp_async_commit();
-    }
-    // Each lane's slots of the next tile to load, read one iteration ahead so the tile's
-    // copies never wait on them.
-    tile_slots<KT>(slot, sl, zlo + (n_stages - 1) * KT, zhi);
-    // Query rows as bf16: warp w takes rows w, w + PF_WARPS, ..., its lanes four values at
-    // a time; rows past the block's tokens are zero.
-#pragma unroll 4
-    for (int r = warp; r < ROWS; r += PF_WARPS) {
-        u32* dst = (u32*)(qs + r * ld);
-        const u64 head_row = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
-        const float4* src = (const float4*)(q + head_row * D);
-#pragma unroll
-        for (int c = lane; c < D / 4; c += 32) {
-            const float4 v = r < rows_used ? src[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            dst[2 * c] = pack_bf16x2(v.x, v.y);
-            dst[2 * c + 1] = pack_bf16x2(v.z, v.w);
-        }
-    }
-
-    // ldmatrix.x4 row addresses: lanes 8i .. 8i + 7 give matrix i's rows. Q (A operand):
-    // rows 0-7 / 8-15 by (lane / 8) % 2, columns 0-7 / 8-15 by lane / 16. K (B operand, two
-    // key tiles): keys 0-7 / 8-15 by lane / 16, columns by (lane / 8) % 2.
-    const int lm_row = (lane % 8) + 8 * ((lane / 8) % 2), lm_col = 8 * (lane / 16);
-    const int kb_row = (lane % 8) + 8 * (lane / 16), kb_col = 8 * ((lane / 8) % 2);
-    const int col0 = cs * DS;
-
-    float o[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    // Rows g and g + 8: running max (the same in the quad) and this lane's share of the sum.
-    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
-    // Without a softcap S stays unscaled (scale > 0 keeps its maxima) and the scale goes
-    // into the exponent's one FFMA: p = 2^(s c2 - m c2), c2 = scale log2(e).
-    const bool raw = !has_softcap && scale > 0.0f;
-    const float c2 = (raw ? scale : 1.0f) * 1.4426950408889634f;
-
-    for (int it = 0; it < n_tiles; ++it) {
-        const int buf = it % n_stages;
-        const int j0 = zlo + it * KT;
-        const u16* kt = ks + buf * KT * ld;
-        const u16* vt = vs + buf * KT * ld;
-        cp_async_wait(n_stages - 2);
-        __syncthreads();  // tile `it` landed; every warp is done with tile it - 1
-        {
-            const int ahead = it + n_stages - 1;
-            const int nb = ahead % n_stages;
-            if (ahead < n_tiles)
-                load_kv_tile<KT, D>(ks + nb * KT * ld, vs + nb * KT * ld, k_slab, v_slab, slot,
-                                    zlo + ahead * KT, zhi, row, head);
-            cp_async_commit();
-            tile_slots<KT>(slot, sl, zlo + (ahead + 1) * KT, zhi);
-        }
-
-        // S over the warp's slice of d: one Q fragment a 16-column step, two key tiles an
-        // ldmatrix of K; the NS accumulators are NS independent mma chains.
-        float s[NS][4];
-#pragma unroll
-        for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        {
-            const u16* qrow = qs + (rg * 16 + lm_row) * ld + col0 + lm_col;
-            const u16* krow = kt + kb_row * ld + col0 + kb_col;
-#pragma unroll
-            for (int kk = 0; kk < DS; kk += 16) {
-                u32 a0, a1, a2, a3;
-                ldmatrix_x4(a0, a1, a2, a3, qrow + kk);
-#pragma unroll
-                for (int p = 0; p < NS / 2; ++p) {
-                    u32 b0, b1, b2, b3;
-                    ldmatrix_x4(b0, b1, b2, b3, krow + p * 16 * ld + kk);
-                    mma_bf16(s[2 * p], a0, a1, a2, a3, b0, b1);
-                    mma_bf16(s[2 * p + 1], a0, a1, a2, a3, b2, b3);
-                }
-            }
-        }
-        if (CS == 2) {
-            // The pair's partial S: the same lane holds the same elements in both warps,
-            // and both add them in either order (the same bits: the softmax below must
-            // agree across the pair).
-            float4* mine = xs + warp * NS * 32 + lane;
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-                mine[j * 32] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
-            asm volatile("bar.sync %0, 64;\n" ::"r"(1 + rg));
-            const float4* other = xs + (warp ^ 1) * NS * 32 + lane;
-#pragma unroll
-            for (int j = 0; j < NS; ++j) {
-                const float4 v = other[j * 32];
-                s[j][0] += v.x;
-                s[j][1] += v.y;
-                s[j][2] += v.z;
-                s[j][3] += v.w;
-            }
-        }
-
-        // Online softmax: element e of tile j is row g + 8 (e / 2), key j0 + 8 j + 2 tq +
-        // e % 2. A row with no visible key yet keeps max -inf; its factors use 0 in place
-        // of the max so nothing turns NaN (its sum stays 0). Tiles every row of the warp sees
-        // whole (all but the causal diagonal and the window's edge) skip the mask.
-        if (has_softcap) {
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[j][e] = softcap * tanhf(s[j][e] * scale / softcap);
-        } else if (!raw) {
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[j][e] *= scale;
-        }
-        const int j1 = j0 + KT - 1;
-        if (!__all_sync(0xffffffffu, j0 >= row_lo[0] && j0 >= row_lo[1] && j1 <= row_hi[0] &&
-                                         j1 <= row_hi[1])) {
-#pragma unroll
-            for (int j = 0; j < NS; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int h = e / 2, key = j0 + 8 * j + 2 * tq + (e % 2);
-                    if (key < row_lo[h] || key > row_hi[h]) s[j][e] = NEG_INF;
-                }
-            }
-        }
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-        }
-        float corr[2], m_use[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            const float m_new = fmaxf(m_run[h], mx[h]);
-            m_use[h] = m_new == NEG_INF ? 0.0f : m_new;
-            corr[h] = ex2_approx((m_run[h] - m_use[h]) * c2);
-            m_use[h] *= c2;
-            m_run[h] = m_new;
-        }
-        // P as bf16 A fragments: keys 16 k2 .. + 15 are accumulator tiles 2 k2 and 2 k2 + 1.
-        // The hardware exponential (ex2.approx): its error is far below the bf16 rounding.
-        u32 pa[NS / 2][4];
-        float ls[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int k2 = 0; k2 < NS / 2; ++k2) {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int j = 2 * k2 + u / 2, h = u % 2;
-                const u32 p = pack_bf16x2(ex2_approx(fmaf(s[j][2 * h], c2, -m_use[h])),
-                                          ex2_approx(fmaf(s[j][2 * h + 1], c2, -m_use[h])));
-                pa[k2][u] = p;
-                ls[h] += sum_bf16x2(p);
-            }
-        }
-        l_run[0] = l_run[0] * corr[0] + ls[0];
-        l_run[1] = l_run[1] * corr[1] + ls[1];
-
-        // O = O * corr + P V over the warp's rows and slice. Once the rows' maxima settle
-        // every factor is exactly 1: the warp then skips the multiplies (same bits).
-        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                o[nt][0] *= corr[0];
-                o[nt][1] *= corr[0];
-                o[nt][2] *= corr[1];
-                o[nt][3] *= corr[1];
-            }
-        }
-        const u16* vrow = vt + lm_row * ld + col0 + lm_col;
-#pragma unroll
-        for (int k2 = 0; k2 < NS / 2; ++k2) {
-#pragma unroll
-            for (int nt = 0; nt < NT; nt += 2) {
-                u32 b0, b1, b2, b3;
-                ldmatrix_x4_trans(b0, b1, b2, b3, vrow + k2 * 16 * ld + nt * 8);
-                mma_bf16(o[nt], pa[k2][0], pa[k2][1], pa[k2][2], pa[k2][3], b0, b1);
-                mma_bf16(o[nt + 1], pa[k2][0], pa[k2][1], pa[k2][2], pa[k2][3], b2, b3);
-            }
-        }
-    }
-
-    // The quad's sums, then the rows out: the whole row's (max, sum) from slice 0's lane tq 0.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = rg * 16 + g + 8 * h;
-        if (r >= rows_used) continue;
-        const u64 task = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
-        // The max in scaled units, as `paged_combine` reads it.
-        const float m = raw ? m_run[h] * scale : m_run[h];
-        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task, D, n_splits, z, m, l_run[h],
-                                   cs == 0 && tq == 0);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-            store_pair(dst, col0 + nt * 8 + 2 * tq, o[nt][2 * h], o[nt][2 * h + 1]);
-    }
-#else
-    __trap();
-#endif
-}
-
-// Several sequences' query runs in one launch (`prefill_attention_mma_seqs_d<D>`): block x
-// belongs to run s of `runs` when first[s] <= x < first[s + 1], and run s is sequence
-// seq[s] of the batch's packed table `seqs` (row offset, query rows, first query position,
-// first key position, first slot: `pack_seqs` in cuda/paged.rs). `q`, `out` and `out_b` start
-// at the batch's row 0, the split workspace at row `row_base`. Passed by value, so a launch
-// needs no upload; must match `PrefillRuns` in cuda/prefill_attention.rs.
-#define PF_MAX_RUNS 32
-struct PrefillRuns {
-    int n;
-    int seq[PF_MAX_RUNS];
-    int first[PF_MAX_RUNS + 1];
-};
-
-// One entry point per head_dim: `prefill_attention_mma_d<D>`. Up to d 256 a block takes
-// 128 rows (each warp all of d) in 64-key tiles; at d 512 64 rows, each pair of warps
-// splitting d, in 32-key tiles (the shared memory of Q and two stages of K and V).
-#define PREFILL_ATTENTION_KERNEL(D)                                                             \
-    extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1) prefill_attention_mma_d##D( \
-        const float* q, const u16* k_slab, const u16* v_slab, const u32* sl, float* out,       \
-        u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads, float scale,     \
-        long long window, int has_softcap, float softcap, int n_splits, int n_stages,          \
-        int q_len, long long q_pos0, long long k_start, int tpb) {                             \
-        extern __shared__ __align__(16) unsigned char smem[];                                  \
-        prefill_attention_body<D>(smem, q, k_slab, v_slab, sl, out, out_b, ws_acc, ws_ml,      \
-                                  n_heads, n_kv_heads, scale, window, has_softcap, softcap,    \
-                                  n_splits, n_stages, q_len, q_pos0, k_start, tpb, blockIdx.x, \
-                                  gridDim.x);                                                  \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1)                             \
-        prefill_attention_mma_seqs_d##D(                                                       \
-            const float* q, const u16* k_slab, const u16* v_slab, const u32* slots,            \
-            const u32* seqs, float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, \
-            int n_kv_heads, float scale, long long window, int has_softcap, float softcap,     \
-            int n_splits, int n_stages, int tpb, long long row_base, PrefillRuns runs) {       \
-        extern __shared__ __align__(16) unsigned char smem[];                                  \
-        int s = 0;                                                                             \
-        while (s + 1 < runs.n && (int)blockIdx.x >= runs.first[s + 1]) ++s;                   \
-        const u32* sq = seqs + 5 * (u64)runs.seq[s];                                           \
-        const u64 vals = (u64)sq[0] * n_heads * D;                                             \
-        const u64 parts = ((u64)sq[0] - row_base) * n_heads * n_splits;                        \
-        prefill_attention_body<D>(smem, q + vals, k_slab, v_slab, slots + sq[4], out + vals,   \
-                                  out_b ? out_b + vals : nullptr, ws_acc + parts * D,          \
-                                  ws_ml + parts * 2, n_heads, n_kv_heads, scale, window,       \
-                                  has_softcap, softcap, n_splits, n_stages, (int)sq[1],        \
-                                  (long long)sq[2], (long long)sq[3], tpb,                     \
-                                  (int)blockIdx.x - runs.first[s],                             \
-                                  runs.first[s + 1] - runs.first[s]);                          \
-    }
-
-PREFILL_ATTENTION_KERNEL(64)
-PREFILL_ATTENTION_KERNEL(128)
-PREFILL_ATTENTION_KERNEL(256)
-PREFILL_ATTENTION_KERNEL(512)
-
-// Decode attention on tensor cores in the FlashAttention-2 layout (`decode_attention_mma_d<D>`):
-// the tensor-core paged attention's work (one block per query row, KV head and key split,
-// the group's query heads as the 16 rows of the mma) without its three block barriers a
-// tile. The block's eight warps form two groups of four that walk alternate tiles of DA_KT
-// keys, each group with its own K/V buffers; within a group warp w owns a quarter of
-// head_dim:
-//   1. S = Q K^T over its quarter (Q's A fragments stay in registers for the whole loop);
-//      the four partial S go through shared memory behind a barrier of the group alone and
-//      every warp adds them in the same order, so all four hold the same S;
-//   2. the online softmax in registers (a row's keys in the four lanes of a quad);
-//   3. the bf16 probabilities are the A fragment of O += P V over the warp's quarter of the
-//      output columns, as in the prefill kernel.
-// Each group copies its next tile while it computes this one. At the end the second group's
-// (max, sum, O) are merged into the first's; results and the split workspace are the
-// decode kernel's, so `paged_combine` merges splits of any of the kernels.
-//
-// The 8-bit slabs (e4m3 or int8 codes with one f32 scale per key and KV head) take the same
-// kernel (`decode_attention_mma_{fp8,int8}_d<D>`) on f16 mma, which holds every e4m3 and
-// int8 code exactly (two codes an instruction on sm_89 and later). A stage holds the tile's
-// raw codes and scales (half the bytes of a bf16 tile, copied the same way). S's B
-// fragments are converted straight from four consecutive codes of a K row, so Q's A
-// fragments take head dims in the same order; V, which P V reads transposed, is converted
-// by each warp for its own quarter of head_dim into an f16 tile the group shares, read as a
-// bf16 stage is (a warp reads only the columns it converted: no barrier beyond the warp's).
-// The scales stay out of the products: a key's K scale multiplies its column of S (f32),
-// its V scale its probability before the probabilities are rounded to f16 for P V. Q and P
-// are f16 here (finer than bf16; the range, 65504, is far beyond normed queries and scaled
-// probabilities).
-
-#define DA_KT 16
-#define DA_GW 4
-#define DA_GROUPS (PM_WARPS / DA_GW)
-
-// Slab formats of the decode kernel's entry points (`KV_*` in paged.cu).
+// Slab formats of the 8-bit entry points (`KV_*` in paged.cu).
 #define DA_BF16 1
 #define DA_FP8 3
 #define DA_INT8 4
-
-// A stage of an 8-bit slab: the K codes [DA_KT][KRS], the V codes [DA_KT][VRS] (bytes),
-// then the keys' K scales [DA_KT] and V scales [DA_KT] (f32). The rows are padded so that
-// their reads meet distinct banks: a K row (KRS = D + 16 bytes) is read four bytes a lane
-// for the mma's B fragments, eight rows a warp; a V row (VRS = 5 D / 4) sixteen bytes a
-// lane by quarter rows for the conversion. Three stages a group: a tile of codes is half a
-// bf16 tile's bytes, so the copies run two tiles ahead to keep as many bytes in flight.
-#define DA_RAW_STAGES 3
-template <int D>
-__host__ __device__ constexpr int raw_k_row_bytes() {
-    return D + 16;
-}
-template <int D>
-__host__ __device__ constexpr int raw_v_row_bytes() {
-    return D + D / 4;
-}
-template <int D>
-__host__ __device__ constexpr int raw_stage_bytes() {
-    return DA_KT * (raw_k_row_bytes<D>() + raw_v_row_bytes<D>()) + 2 * DA_KT * 4;
-}
 
 // Two codes (bits 0-15 of w) of format FMT as an f16 pair (the first in the low half).
 // e4m3 on sm_89 and later is one conversion; before, the code's exponent and mantissa bits
@@ -928,6 +504,558 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
                  "l"(src), "r"(bytes));
+}
+
+// Lane j's slots of the tile starting at key j0: keys j0 + j + 32 h (0 past `last`).
+template <int KT>
+__device__ __forceinline__ void tile_slots(u32 (&slot)[KT / 32], const u32* sl, int j0,
+                                           int last) {
+#pragma unroll
+    for (int h = 0; h < KT / 32; ++h) slot[h] = tile_slot(sl, j0 + 32 * h, last);
+}
+
+// Copies keys j0 .. j0 + KT - 1 (those up to `last`) of a KV head into a K and a V tile;
+// rows past `last` are zero-filled (their probabilities are zero too). Warp w copies keys
+// w, w + PF_WARPS, ...: the key, its slot (by shuffle from the lane that read it) and its
+// row address are the same across the warp, and the lanes take the row's 16-byte pieces.
+// Key w + PF_WARPS i sits in slot register PF_WARPS i / 32 (w < PF_WARPS divides 32).
+// `row` is the slab's elements a slot (KV heads x d), `head` the KV head's offset in it.
+template <int KT, int D>
+__device__ __forceinline__ void load_kv_tile(u16* kt, u16* vt, const u16* k_slab,
+                                             const u16* v_slab, const u32 (&slot)[KT / 32],
+                                             int j0, int last, u32 row, u32 head) {
+    constexpr int ld = D + PM_PAD, chunks = D / 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // The lane's first piece, in shared memory (bytes) and in the slab; a warp's next key
+    // is PF_WARPS rows further on, a lane's next piece 32 pieces (256 values) along.
+    const u32 kdst = smem_addr(kt + warp * ld + lane * 8);
+    const u32 vdst = smem_addr(vt + warp * ld + lane * 8);
+    const u32 step = PF_WARPS * ld * 2;
+    const u16* ksrc = k_slab + head + lane * 8;
+    const u16* vsrc = v_slab + head + lane * 8;
+#pragma unroll
+    for (int i = 0; i < KT / PF_WARPS; ++i) {
+        const int key = warp + PF_WARPS * i;
+        const u32 s = __shfl_sync(0xffffffffu, slot[PF_WARPS * i / 32], key % 32);
+        const bool valid = j0 + key <= last;
+        const u64 off = valid ? (u64)s * row : 0;
+#pragma unroll
+        for (int u = 0; u < (chunks + 31) / 32; ++u) {
+            if (chunks % 32 == 0 || lane + 32 * u < chunks) {
+                cp_async16_to(kdst + i * step + 512 * u, ksrc + off + 256 * u, valid ? 16 : 0);
+                cp_async16_to(vdst + i * step + 512 * u, vsrc + off + 256 * u, valid ? 16 : 0);
+            }
+        }
+    }
+}
+
+// An 8-bit slab's tile for the prefill kernel (`raw_tile_bytes`): keys j0 .. j0 + KT - 1's K
+// codes [KT][D], V codes [KT][D] (bytes), then their K and V scales [KT] each (f32); keys past
+// `last` are zero-filled. Warp w copies keys w, w + PF_WARPS, ..., its lanes the rows'
+// 16-byte pieces (a row's pieces over consecutive lanes); threads 0 .. 2 KT - 1 copy the
+// scales, thread i key i % KT's, whose slot its own lane holds.
+template <int KT, int D>
+__host__ __device__ constexpr int raw_tile_bytes() {
+    return KT * 2 * D + 2 * KT * 4;
+}
+template <int KT, int D>
+__device__ __forceinline__ void load_raw_tile(unsigned char* st, const unsigned char* k_slab,
+                                              const unsigned char* v_slab,
+                                              const float* k_scales, const float* v_scales,
+                                              const u32 (&slot)[KT / 32], int j0, int last,
+                                              int n_kv_heads, int kvh) {
+    constexpr int RP = D / 16;                    // pieces of a row of codes
+    constexpr int ITEMS = (KT / PF_WARPS) * RP;   // a warp's (key, piece) pairs: 32 k
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u32 row = (u32)(n_kv_heads * D), head = (u32)(kvh * D);
+#pragma unroll
+    for (int c0 = 0; c0 < ITEMS; c0 += 32) {
+        const int c = c0 + lane, u = c / RP, pc = c % RP;
+        const int key = warp + PF_WARPS * u;
+        // Key `key`'s slot is lane key % 32's register key / 32 (every lane shuffles).
+        u32 s = 0;
+#pragma unroll
+        for (int h = 0; h < KT / 32; ++h) {
+            const u32 x = __shfl_sync(0xffffffffu, slot[h], key % 32);
+            if (key / 32 == h) s = x;
+        }
+        const bool valid = j0 + key <= last;
+        const u64 off = valid ? (u64)s * row + head + pc * 16 : 0;
+        cp_async16(st + key * D + pc * 16, k_slab + off, valid ? 16 : 0);
+        cp_async16(st + KT * D + key * D + pc * 16, v_slab + off, valid ? 16 : 0);
+    }
+    if (threadIdx.x < 2 * KT) {
+        const int key = threadIdx.x % KT;
+        u32 s = 0;
+#pragma unroll
+        for (int h = 0; h < KT / 32; ++h)
+            if (key / 32 == h) s = slot[h];
+        const bool valid = j0 + key <= last;
+        const u64 r = valid ? (u64)s * n_kv_heads + kvh : 0;
+        const float* src = threadIdx.x < KT ? k_scales : v_scales;
+        cp_async4(st + 2 * KT * D + 4 * threadIdx.x, src + r, valid ? 4 : 0);
+    }
+}
+
+// The codes of a raw tile (`load_raw_tile`) as f16 K and V tiles [KT][ld] (exact for every
+// e4m3 and int8 code), all of the block's threads, 16 codes a piece.
+template <int KT, int D, int FMT>
+__device__ __forceinline__ void convert_raw_tile(u16* kf, u16* vf, const unsigned char* st) {
+    constexpr int RP = D / 16, ld = D + PM_PAD, PIECES = 2 * KT * RP;
+    static_assert(PIECES % (PF_WARPS * 32) == 0, "whole rounds of the block");
+#pragma unroll
+    for (int p0 = 0; p0 < PIECES; p0 += PF_WARPS * 32) {
+        const int p = p0 + threadIdx.x;
+        const int tensor = p / (KT * RP), r = p % (KT * RP) / RP, pc = p % RP;
+        const uint4 w = *(const uint4*)(st + tensor * KT * D + r * D + pc * 16);
+        u16* dst = (tensor ? vf : kf) + r * ld + pc * 16;
+        *(uint4*)dst = codes8_to_f16<FMT>(make_uint2(w.x, w.y));
+        *(uint4*)(dst + 8) = codes8_to_f16<FMT>(make_uint2(w.z, w.w));
+    }
+}
+
+// Shared memory: Q [ROWS][ld], K and V [n_stages][KT][ld] (bf16, ld = d + PM_PAD), and with
+// two slices the partial S exchange [PF_WARPS][KT / 8][32] float4 (`prefill_smem_bytes` in
+// cuda/paged_mma.rs computes the same sum). An 8-bit slab (FMT fp8 or int8) has Q in f16,
+// n_stages raw tiles (`raw_tile_bytes`) in place of the K and V stages, then one f16 K and
+// one f16 V tile [KT][ld] (`prefill_scaled_smem_bytes`), then the exchange. One block a
+// multiprocessor: 256 threads at up to 255 registers. `q`, `out` and `out_b` (the bf16
+// twin, or null) start at the sequence's first row; `sl` at its first slot; the scales are
+// null for bf16.
+//
+// 8-bit slabs: each tile's codes are converted once, by the whole block, into the f16 tiles
+// the mma reads (a second block barrier a tile), so the products are the bf16 kernel's on
+// f16 operands; as in the decode kernel the scales stay out of them: a key's K scale
+// multiplies its column of S (f32), its V scale its probability before P is rounded to f16.
+template <int D, int FMT>
+__device__ __forceinline__ void prefill_attention_body(
+    unsigned char* smem, const float* q, const unsigned char* k_slab,
+    const unsigned char* v_slab, const float* k_scales, const float* v_scales, const u32* sl,
+    float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads,
+    float scale, long long window, int has_softcap, float softcap, int n_splits, int n_stages,
+    int q_len, long long q_pos0, long long k_start, int tpb, int bx, int nbx) {
+#if __CUDA_ARCH__ >= 800
+    constexpr bool RAW = FMT != DA_BF16;
+    constexpr int CS = D > 256 ? 2 : 1;    // slices of d (warps on the same rows)
+    constexpr int KT = CS == 2 ? 32 : 64;  // keys a tile
+    constexpr int DS = D / CS;             // columns of a warp's slice
+    constexpr int NT = DS / 8;             // its 8-column output tiles
+    constexpr int ROWS = 16 * PF_WARPS / CS;
+    constexpr int NS = KT / 8;  // S accumulator tiles (8 keys each)
+    constexpr int ld = D + PM_PAD;
+    constexpr int RAW_TILE = raw_tile_bytes<KT, D>();
+    u16* qs = (u16*)smem;
+    u16* ks = qs + ROWS * ld;
+    u16* vs = ks + n_stages * KT * ld;
+    float4* xs = (float4*)(vs + n_stages * KT * ld);
+    // 8-bit: the raw stages, the converted tiles, the exchange.
+    unsigned char* raws = (unsigned char*)(qs + ROWS * ld);
+    u16* kf = (u16*)(raws + n_stages * RAW_TILE);
+    u16* vf = kf + KT * ld;
+    if (RAW) xs = (float4*)(vf + KT * ld);
+
+    const int kvh = blockIdx.y;
+    const int z = blockIdx.z;
+    const int group = n_heads / n_kv_heads;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int rg = warp / CS, cs = warp % CS;  // row group; slice of d
+    // The sequence's token blocks run last first (`bx` of `nbx`): the causal triangle's
+    // long blocks start early.
+    const int t0 = (nbx - 1 - bx) * tpb;
+    const int n_tok = min(tpb, q_len - t0);
+    const int rows_used = n_tok * group;
+
+    // Visible keys (indices from k_start, 32-bit: a sequence's slot list is far shorter)
+    // of token t: lo(t) ..= hi(t); both grow with t. The block's range runs from its first
+    // token's lo to its last token's hi. A window longer than every key list is no window.
+    const int hi0 = (int)(q_pos0 + t0 - k_start);
+    const int win = window >= 0 && window <= hi0 + tpb ? (int)window : -1;
+    const int lo = win >= 0 ? max(0, hi0 - win + 1) : 0;
+    const int hi = hi0 + n_tok - 1;
+    int chunk = (hi - lo + n_splits) / n_splits;
+    chunk = (chunk + KT - 1) / KT * KT;
+    const int zlo = lo + z * chunk;
+    const int zhi = min(zlo + chunk - 1, hi);
+    const int n_tiles = zhi >= zlo ? (zhi - zlo + KT) / KT : 0;
+
+    // Fragment coordinates (PTX mma.m16n8k16): lane holds rows g and g + 8 of its warp's 16,
+    // columns 2 tq and 2 tq + 1 of each 8-wide accumulator tile.
+    const int g = lane / 4, tq = lane % 4;
+    // The lane's two rows' key bounds (rows past the block's tokens see no key).
+    int row_lo[2], row_hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = rg * 16 + g + 8 * h;
+        const int rhi = hi0 + r / group;
+        row_lo[h] = win >= 0 ? max(0, rhi - win + 1) : 0;
+        row_hi[h] = r < rows_used ? min(rhi, zhi) : -1;
+    }
+
+    const u32 row = (u32)(n_kv_heads * D), head = (u32)(kvh * D);
+    u32 slot[KT / 32];
+    // Tile i's copies into stage i % n_stages.
+    auto load = [&](int i) {
+        const int sb = i % n_stages;
+        if constexpr (RAW)
+            load_raw_tile<KT, D>(raws + sb * RAW_TILE, k_slab, v_slab, k_scales, v_scales, slot,
+                                 zlo + i * KT, zhi, n_kv_heads, kvh);
+        else
+            load_kv_tile<KT, D>(ks + sb * KT * ld, vs + sb * KT * ld, (const u16*)k_slab,
+                                (const u16*)v_slab, slot, zlo + i * KT, zhi, row, head);
+    };
+    for (int st = 0; st + 1 < n_stages; ++st) {
+        if (st < n_tiles) {
+            tile_slots<KT>(slot, sl, zlo + st * KT, zhi);
+            load(st);
+        }
+        cp_async_commit();
+    }
+    // Each lane's slots of the next tile to load, read one iteration ahead so the tile's
+    // copies never wait on them.
+    tile_slots<KT>(slot, sl, zlo + (n_stages - 1) * KT, zhi);
+    // Query rows as bf16: warp w takes rows w, w + PF_WARPS, ..., its lanes four values at
+    // a time; rows past the block's tokens are zero.
+#pragma unroll 4
+    for (int r = warp; r < ROWS; r += PF_WARPS) {
+        u32* dst = (u32*)(qs + r * ld);
+        const u64 head_row = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
+        const float4* src = (const float4*)(q + head_row * D);
+#pragma unroll
+        for (int c = lane; c < D / 4; c += 32) {
+            const float4 v = r < rows_used ? src[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            dst[2 * c] = RAW ? pack_f16x2(v.x, v.y) : pack_bf16x2(v.x, v.y);
+            dst[2 * c + 1] = RAW ? pack_f16x2(v.z, v.w) : pack_bf16x2(v.z, v.w);
+        }
+    }
+
+    // ldmatrix.x4 row addresses: lanes 8i .. 8i + 7 give matrix i's rows. Q (A operand):
+    // rows 0-7 / 8-15 by (lane / 8) % 2, columns 0-7 / 8-15 by lane / 16. K (B operand, two
+    // key tiles): keys 0-7 / 8-15 by lane / 16, columns by (lane / 8) % 2.
+    const int lm_row = (lane % 8) + 8 * ((lane / 8) % 2), lm_col = 8 * (lane / 16);
+    const int kb_row = (lane % 8) + 8 * (lane / 16), kb_col = 8 * ((lane / 8) % 2);
+    const int col0 = cs * DS;
+
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    // Rows g and g + 8: running max (the same in the quad) and this lane's share of the sum.
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+    // Without a softcap S stays unscaled (scale > 0 keeps its maxima) and the scale goes
+    // into the exponent's one FFMA: p = 2^(s c2 - m c2), c2 = scale log2(e).
+    const bool raw = !has_softcap && scale > 0.0f;
+    const float c2 = (raw ? scale : 1.0f) * 1.4426950408889634f;
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int buf = it % n_stages;
+        const int j0 = zlo + it * KT;
+        const u16* kt = RAW ? kf : ks + buf * KT * ld;
+        const u16* vt = RAW ? vf : vs + buf * KT * ld;
+        // 8-bit: this tile's K scales then V scales (f32), in its raw stage.
+        const float* tsc = (const float*)(raws + buf * RAW_TILE + 2 * KT * D);
+        cp_async_wait(n_stages - 2);
+        __syncthreads();  // tile `it` landed; every warp is done with tile it - 1
+        {
+            const int ahead = it + n_stages - 1;
+            if (ahead < n_tiles) load(ahead);
+            cp_async_commit();
+            tile_slots<KT>(slot, sl, zlo + (ahead + 1) * KT, zhi);
+        }
+        if constexpr (RAW) {
+            convert_raw_tile<KT, D, FMT>(kf, vf, raws + buf * RAW_TILE);
+            __syncthreads();  // the f16 tiles are whole
+        }
+
+        // S over the warp's slice of d: one Q fragment a 16-column step, two key tiles an
+        // ldmatrix of K; the NS accumulators are NS independent mma chains.
+        float s[NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        {
+            const u16* qrow = qs + (rg * 16 + lm_row) * ld + col0 + lm_col;
+            const u16* krow = kt + kb_row * ld + col0 + kb_col;
+#pragma unroll
+            for (int kk = 0; kk < DS; kk += 16) {
+                u32 a0, a1, a2, a3;
+                ldmatrix_x4(a0, a1, a2, a3, qrow + kk);
+#pragma unroll
+                for (int p = 0; p < NS / 2; ++p) {
+                    u32 b0, b1, b2, b3;
+                    ldmatrix_x4(b0, b1, b2, b3, krow + p * 16 * ld + kk);
+                    mma_of<RAW>(s[2 * p], a0, a1, a2, a3, b0, b1);
+                    mma_of<RAW>(s[2 * p + 1], a0, a1, a2, a3, b2, b3);
+                }
+            }
+        }
+        if (CS == 2) {
+            // The pair's partial S: the same lane holds the same elements in both warps,
+            // and both add them in either order (the same bits: the softmax below must
+            // agree across the pair).
+            float4* mine = xs + warp * NS * 32 + lane;
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+                mine[j * 32] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+            asm volatile("bar.sync %0, 64;\n" ::"r"(1 + rg));
+            const float4* other = xs + (warp ^ 1) * NS * 32 + lane;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                const float4 v = other[j * 32];
+                s[j][0] += v.x;
+                s[j][1] += v.y;
+                s[j][2] += v.z;
+                s[j][3] += v.w;
+            }
+        }
+
+        if constexpr (RAW) {
+            // Each key's K scale on its column (both warps of a pair alike).
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+                const float2 kc = *(const float2*)(tsc + 8 * j + 2 * tq);
+                s[j][0] *= kc.x;
+                s[j][1] *= kc.y;
+                s[j][2] *= kc.x;
+                s[j][3] *= kc.y;
+            }
+        }
+        // Online softmax: element e of tile j is row g + 8 (e / 2), key j0 + 8 j + 2 tq +
+        // e % 2. A row with no visible key yet keeps max -inf; its factors use 0 in place
+        // of the max so nothing turns NaN (its sum stays 0). Tiles every row of the warp sees
+        // whole (all but the causal diagonal and the window's edge) skip the mask.
+        if (has_softcap) {
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[j][e] = softcap * tanhf(s[j][e] * scale / softcap);
+        } else if (!raw) {
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[j][e] *= scale;
+        }
+        const int j1 = j0 + KT - 1;
+        if (!__all_sync(0xffffffffu, j0 >= row_lo[0] && j0 >= row_lo[1] && j1 <= row_hi[0] &&
+                                         j1 <= row_hi[1])) {
+#pragma unroll
+            for (int j = 0; j < NS; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e / 2, key = j0 + 8 * j + 2 * tq + (e % 2);
+                    if (key < row_lo[h] || key > row_hi[h]) s[j][e] = NEG_INF;
+                }
+            }
+        }
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+        }
+        float corr[2], m_use[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float m_new = fmaxf(m_run[h], mx[h]);
+            m_use[h] = m_new == NEG_INF ? 0.0f : m_new;
+            corr[h] = ex2_approx((m_run[h] - m_use[h]) * c2);
+            m_use[h] *= c2;
+            m_run[h] = m_new;
+        }
+        // P as bf16 A fragments: keys 16 k2 .. + 15 are accumulator tiles 2 k2 and 2 k2 + 1.
+        // The hardware exponential (ex2.approx): its error is far below the bf16 rounding.
+        // 8-bit: f16, each probability times its key's V scale; the row sum takes the
+        // probabilities as f16 rounds them (the decode kernel's convention).
+        u32 pa[NS / 2][4];
+        float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int k2 = 0; k2 < NS / 2; ++k2) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = 2 * k2 + u / 2, h = u % 2;
+                const float e0 = ex2_approx(fmaf(s[j][2 * h], c2, -m_use[h]));
+                const float e1 = ex2_approx(fmaf(s[j][2 * h + 1], c2, -m_use[h]));
+                if constexpr (RAW) {
+                    const float2 vc = *(const float2*)(tsc + KT + 8 * j + 2 * tq);
+                    pa[k2][u] = pack_f16x2(e0 * vc.x, e1 * vc.y);
+                    ls[h] += round_f16(e0) + round_f16(e1);
+                } else {
+                    const u32 p = pack_bf16x2(e0, e1);
+                    pa[k2][u] = p;
+                    ls[h] += sum_bf16x2(p);
+                }
+            }
+        }
+        l_run[0] = l_run[0] * corr[0] + ls[0];
+        l_run[1] = l_run[1] * corr[1] + ls[1];
+
+        // O = O * corr + P V over the warp's rows and slice. Once the rows' maxima settle
+        // every factor is exactly 1: the warp then skips the multiplies (same bits).
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                o[nt][0] *= corr[0];
+                o[nt][1] *= corr[0];
+                o[nt][2] *= corr[1];
+                o[nt][3] *= corr[1];
+            }
+        }
+        const u16* vrow = vt + lm_row * ld + col0 + lm_col;
+#pragma unroll
+        for (int k2 = 0; k2 < NS / 2; ++k2) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt += 2) {
+                u32 b0, b1, b2, b3;
+                ldmatrix_x4_trans(b0, b1, b2, b3, vrow + k2 * 16 * ld + nt * 8);
+                mma_of<RAW>(o[nt], pa[k2][0], pa[k2][1], pa[k2][2], pa[k2][3], b0, b1);
+                mma_of<RAW>(o[nt + 1], pa[k2][0], pa[k2][1], pa[k2][2], pa[k2][3], b2, b3);
+            }
+        }
+    }
+
+    // The quad's sums, then the rows out: the whole row's (max, sum) from slice 0's lane tq 0.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = rg * 16 + g + 8 * h;
+        if (r >= rows_used) continue;
+        const u64 task = (u64)(t0 + r / group) * n_heads + (u64)kvh * group + r % group;
+        // The max in scaled units, as `paged_combine` reads it.
+        const float m = raw ? m_run[h] * scale : m_run[h];
+        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task, D, n_splits, z, m, l_run[h],
+                                   cs == 0 && tq == 0);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            store_pair(dst, col0 + nt * 8 + 2 * tq, o[nt][2 * h], o[nt][2 * h + 1]);
+    }
+#else
+    __trap();
+#endif
+}
+
+// Several sequences' query runs in one launch (`prefill_attention_mma_seqs_d<D>`): block x
+// belongs to run s of `runs` when first[s] <= x < first[s + 1], and run s is sequence
+// seq[s] of the batch's packed table `seqs` (row offset, query rows, first query position,
+// first key position, first slot: `pack_seqs` in cuda/paged.rs). `q`, `out` and `out_b` start
+// at the batch's row 0, the split workspace at row `row_base`. Passed by value, so a launch
+// needs no upload; must match `PrefillRuns` in cuda/prefill_attention.rs.
+#define PF_MAX_RUNS 32
+struct PrefillRuns {
+    int n;
+    int seq[PF_MAX_RUNS];
+    int first[PF_MAX_RUNS + 1];
+};
+
+// One entry point per head_dim and slab format: `prefill_attention_mma_d<D>` (bf16) and
+// `prefill_attention_mma_{fp8,int8}_d<D>`, each with its `_seqs_` twin. Up to d 256 a block
+// takes 128 rows (each warp all of d) in 64-key tiles; at d 512 64 rows, each pair of warps
+// splitting d, in 32-key tiles (the shared memory of Q and two stages of K and V). The
+// slab's arguments: bf16 codes alone, or an 8-bit slab's codes and scales (as
+// `paged_attention` takes them).
+#define PF_SLAB_BF16 const u16 *k_slab, const u16 *v_slab
+#define PF_PASS_BF16 (const unsigned char*)k_slab, (const unsigned char*)v_slab, nullptr, nullptr
+#define PF_SLAB_RAW                                                                 \
+    const unsigned char *k_slab, const unsigned char *v_slab, const float *k_scales, \
+        const float *v_scales
+#define PF_PASS_RAW k_slab, v_slab, k_scales, v_scales
+#define PREFILL_ATTENTION_KERNEL(NAME, SEQS, FMT, SLAB, PASS, D)                                \
+    extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1) NAME##_d##D(                  \
+        const float* q, SLAB, const u32* sl, float* out, u16* out_b, float* ws_acc,              \
+        float* ws_ml, int n_heads, int n_kv_heads, float scale, long long window,                \
+        int has_softcap, float softcap, int n_splits, int n_stages, int q_len, long long q_pos0, \
+        long long k_start, int tpb) {                                                            \
+        extern __shared__ __align__(16) unsigned char smem[];                                    \
+        prefill_attention_body<D, FMT>(smem, q, PASS, sl, out, out_b, ws_acc, ws_ml, n_heads,    \
+                                       n_kv_heads, scale, window, has_softcap, softcap,          \
+                                       n_splits, n_stages, q_len, q_pos0, k_start, tpb,          \
+                                       blockIdx.x, gridDim.x);                                   \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(PF_WARPS * 32, 1) SEQS##_d##D(                  \
+        const float* q, SLAB, const u32* slots, const u32* seqs, float* out, u16* out_b,         \
+        float* ws_acc, float* ws_ml, int n_heads, int n_kv_heads, float scale, long long window, \
+        int has_softcap, float softcap, int n_splits, int n_stages, int tpb, long long row_base, \
+        PrefillRuns runs) {                                                                      \
+        extern __shared__ __align__(16) unsigned char smem[];                                    \
+        int s = 0;                                                                               \
+        while (s + 1 < runs.n && (int)blockIdx.x >= runs.first[s + 1]) ++s;                     \
+        const u32* sq = seqs + 5 * (u64)runs.seq[s];                                             \
+        const u64 vals = (u64)sq[0] * n_heads * D;                                               \
+        const u64 parts = ((u64)sq[0] - row_base) * n_heads * n_splits;                          \
+        prefill_attention_body<D, FMT>(                                                          \
+            smem, q + vals, PASS, slots + sq[4], out + vals, out_b ? out_b + vals : nullptr,     \
+            ws_acc + parts * D, ws_ml + parts * 2, n_heads, n_kv_heads, scale, window,           \
+            has_softcap, softcap, n_splits, n_stages, (int)sq[1], (long long)sq[2],              \
+            (long long)sq[3], tpb, (int)blockIdx.x - runs.first[s],                              \
+            runs.first[s + 1] - runs.first[s]);                                                  \
+    }
+#define PREFILL_ATTENTION_KERNELS(D)                                                            \
+    PREFILL_ATTENTION_KERNEL(prefill_attention_mma, prefill_attention_mma_seqs, DA_BF16,        \
+                             PF_SLAB_BF16, PF_PASS_BF16, D)                                     \
+    PREFILL_ATTENTION_KERNEL(prefill_attention_mma_fp8, prefill_attention_mma_fp8_seqs, DA_FP8, \
+                             PF_SLAB_RAW, PF_PASS_RAW, D)                                       \
+    PREFILL_ATTENTION_KERNEL(prefill_attention_mma_int8, prefill_attention_mma_int8_seqs,       \
+                             DA_INT8, PF_SLAB_RAW, PF_PASS_RAW, D)
+
+PREFILL_ATTENTION_KERNELS(64)
+PREFILL_ATTENTION_KERNELS(128)
+PREFILL_ATTENTION_KERNELS(256)
+PREFILL_ATTENTION_KERNELS(512)
+
+// Decode attention on tensor cores in the FlashAttention-2 layout (`decode_attention_mma_d<D>`):
+// the tensor-core paged attention's work (one block per query row, KV head and key split,
+// the group's query heads as the 16 rows of the mma) without its three block barriers a
+// tile. The block's eight warps form two groups of four that walk alternate tiles of DA_KT
+// keys, each group with its own K/V buffers; within a group warp w owns a quarter of
+// head_dim:
+//   1. S = Q K^T over its quarter (Q's A fragments stay in registers for the whole loop);
+//      the four partial S go through shared memory behind a barrier of the group alone and
+//      every warp adds them in the same order, so all four hold the same S;
+//   2. the online softmax in registers (a row's keys in the four lanes of a quad);
+//   3. the bf16 probabilities are the A fragment of O += P V over the warp's quarter of the
+//      output columns, as in the prefill kernel.
+// Each group copies its next tile while it computes this one. At the end the second group's
+// (max, sum, O) are merged into the first's; results and the split workspace are the
+// decode kernel's, so `paged_combine` merges splits of any of the kernels.
+//
+// The 8-bit slabs (e4m3 or int8 codes with one f32 scale per key and KV head) take the same
+// kernel (`decode_attention_mma_{fp8,int8}_d<D>`) on f16 mma, which holds every e4m3 and
+// int8 code exactly (two codes an instruction on sm_89 and later). A stage holds the tile's
+// raw codes and scales (half the bytes of a bf16 tile, copied the same way). S's B
+// fragments are converted straight from four consecutive codes of a K row, so Q's A
+// fragments take head dims in the same order; V, which P V reads transposed, is converted
+// by each warp for its own quarter of head_dim into an f16 tile the group shares, read as a
+// bf16 stage is (a warp reads only the columns it converted: no barrier beyond the warp's).
+// The scales stay out of the products: a key's K scale multiplies its column of S (f32),
+// its V scale its probability before the probabilities are rounded to f16 for P V. Q and P
+// are f16 here (finer than bf16; the range, 65504, is far beyond normed queries and scaled
+// probabilities).
+
+#define DA_KT 16
+#define DA_GW 4
+#define DA_GROUPS (PM_WARPS / DA_GW)
+
+
+// A stage of an 8-bit slab: the K codes [DA_KT][KRS], the V codes [DA_KT][VRS] (bytes),
+// then the keys' K scales [DA_KT] and V scales [DA_KT] (f32). The rows are padded so that
+// their reads meet distinct banks: a K row (KRS = D + 16 bytes) is read four bytes a lane
+// for the mma's B fragments, eight rows a warp; a V row (VRS = 5 D / 4) sixteen bytes a
+// lane by quarter rows for the conversion. Three stages a group: a tile of codes is half a
+// bf16 tile's bytes, so the copies run two tiles ahead to keep as many bytes in flight.
+#define DA_RAW_STAGES 3
+template <int D>
+__host__ __device__ constexpr int raw_k_row_bytes() {
+    return D + 16;
+}
+template <int D>
+__host__ __device__ constexpr int raw_v_row_bytes() {
+    return D + D / 4;
+}
+template <int D>
+__host__ __device__ constexpr int raw_stage_bytes() {
+    return DA_KT * (raw_k_row_bytes<D>() + raw_v_row_bytes<D>()) + 2 * DA_KT * 4;
 }
 
 // Shared memory: Q [PM_ROWS][ld], then per group two stages of a K and a V tile

@@ -537,9 +537,9 @@ fn paged_attention_bf16_mode() {
 }
 
 /// The 8-bit slabs (fp8 and int8 per token-head) in the bf16 mode: one-token rows take the
-/// tensor-core decode kernels, f16 mma over the codes with the scales on the scores and
-/// probabilities (long query runs keep the TF32 GEMMs); against the f64 reference over the
-/// same dequantized rows.
+/// tensor-core decode kernels and long query runs the tensor-core prefill kernels, f16 mma
+/// over the codes with the scales on the scores and probabilities; against the f64
+/// reference over the same dequantized rows.
 #[test]
 fn paged_attention_bf16_mode_8bit_slabs() {
     let Some(b) = gpu() else { return };
@@ -559,12 +559,24 @@ fn paged_attention_bf16_mode_8bit_slabs() {
                 softcap: None,
             };
             let kernel = fast.decode_attention_kernel(format, &p);
-            if fast.arch() >= 80 {
+            let prefill = fast.prefill_attention_kernel(format, &p);
+            if fast.arch() >= 90 {
                 assert!(
                     kernel.starts_with("decode_attention_mma_"),
                     "{format:?}: {kernel}"
                 );
                 assert!(kernel.ends_with(name), "{format:?}: {kernel}");
+                let prefill = prefill.unwrap_or_else(|| panic!("{format:?} d {d}: GEMM path"));
+                assert!(
+                    prefill.starts_with("prefill_attention_mma_") && prefill.ends_with(name),
+                    "{format:?}: {prefill}"
+                );
+                let tag = if format == strata_kernels::KvFormat::Int8PerTokenHead {
+                    "_int8_"
+                } else {
+                    "_fp8_"
+                };
+                assert!(kernel.contains(tag) && prefill.contains(tag));
             }
         }
         for c in paged_attention_cases() {
@@ -780,10 +792,23 @@ fn prompts_of_a_step_attend_together() {
         (5, 1),
     ];
     let many: Vec<_> = (0..35).map(|i| (i % 3 * 20, 64)).collect();
-    for (d64, window) in [(4, Some(512)), (8, None)] {
-        for (i, seqs) in [step.clone(), many.clone()].into_iter().enumerate() {
-            check_bf16_mode_attention(b, 1, 8, d64, window, None, seqs, 40 + i as u64)
-                .unwrap_or_else(|e| panic!("d {} case {i}: {e}", 64 * d64));
+    for format in [
+        strata_kernels::KvFormat::Bf16,
+        strata_kernels::KvFormat::Fp8E4m3PerTokenHead,
+        strata_kernels::KvFormat::Int8PerTokenHead,
+    ] {
+        for (d64, window) in [(4, Some(512)), (8, None)] {
+            for (i, seqs) in [step.clone(), many.clone()].into_iter().enumerate() {
+                let shape = Bf16ModeShape {
+                    kv_heads: 1,
+                    group: 8,
+                    d64,
+                    window,
+                    softcap: None,
+                };
+                check_bf16_mode_attention_on(b, format, shape, seqs, 40 + i as u64)
+                    .unwrap_or_else(|e| panic!("{format:?} d {} case {i}: {e}", 64 * d64));
+            }
         }
     }
 }
@@ -883,6 +908,31 @@ proptest! {
             }
             check_bf16_mode_attention(b, kv_heads, group, d64, window, softcap, seqs, seed)
                 .map_err(TestCaseError::fail)?;
+        }
+    }
+
+    /// The same over 8-bit slabs (fp8 or int8 per token-head): the prefill kernels that
+    /// convert each tile's codes to f16 once, with the scales on S and P.
+    #[test]
+    fn prefill_attention_bf16_mode_8bit_random_shapes(
+        fp8 in any::<bool>(), kv_heads in 1usize..3, group in 1usize..17, d64 in 1usize..9,
+        window in proptest::option::of(1usize..300), softcap in proptest::option::of(5.0f32..60.0),
+        seqs in proptest::collection::vec((0usize..700, 64usize..300), 1..5),
+        short in proptest::option::of((0usize..400, 1usize..9)), short_at in 0usize..5,
+        seed in any::<u64>(),
+    ) {
+        if let Some(b) = gpu() {
+            let format = if fp8 {
+                strata_kernels::KvFormat::Fp8E4m3PerTokenHead
+            } else {
+                strata_kernels::KvFormat::Int8PerTokenHead
+            };
+            let mut seqs = seqs;
+            if let Some(s) = short {
+                seqs.insert(short_at.min(seqs.len()), s);
+            }
+            let shape = Bf16ModeShape { kv_heads, group, d64, window, softcap };
+            check_bf16_mode_attention_on(b, format, shape, seqs, seed).map_err(TestCaseError::fail)?;
         }
     }
 }

@@ -406,6 +406,19 @@ impl CudaBackend {
         }
     }
 
+    /// The kernel that long query runs (prefill chunks of `dense_min_q` rows or more) over a
+    /// slab of `format` run: a tensor-core prefill entry point, or the GEMM path (None).
+    pub fn prefill_attention_kernel(
+        &self,
+        format: KvFormat,
+        p: &AttentionParams,
+    ) -> Option<&'static str> {
+        if !self.paged_mma.prefill_applies(self.bf16_gemm, format, p) {
+            return None;
+        }
+        super::paged_mma::prefill_shape(p.head_dim, format).map(|s| s.seqs_kernel)
+    }
+
     pub(super) fn paged_attention_impl(
         &self,
         q: &CudaBuffer,

@@ -4,7 +4,8 @@
 //! `paged_attention_mma` at the other multiples of 64); the 8-bit slabs (fp8 / int8 per
 //! token-head) take the FlashAttention-2 layout's own entry points at head_dim 64 to 512
 //! (`decode_attention_mma_{fp8,int8}_d<D>`: f16 mma on the codes, scales applied to the
-//! scores and probabilities).
+//! scores and probabilities); their long query runs take the prefill kernel's 8-bit entry
+//! points (`prefill_attention_mma_{fp8,int8}_d<D>`: each tile converted once to f16).
 //! Everything else (f32 / f16 slabs, the exact path, other head_dims, groups over 16 heads)
 //! keeps the CUDA-core kernel.
 
@@ -30,6 +31,55 @@ const MIN_STAGES: usize = 2;
 pub(super) const PREFILL_THREADS: u32 = 256;
 const PREFILL_WARPS: usize = 8;
 const PREFILL_MAX_GROUP: usize = 64;
+
+/// The prefill kernels for the 8-bit slabs: (head_dim, fp8 entry point and its `_seqs_`
+/// twin, int8 entry point and twin). f16 mma on the codes, converted once a tile.
+const PREFILL_SCALED_KERNELS: [(usize, [&str; 2], [&str; 2]); 4] = [
+    (
+        64,
+        [
+            "prefill_attention_mma_fp8_d64",
+            "prefill_attention_mma_fp8_seqs_d64",
+        ],
+        [
+            "prefill_attention_mma_int8_d64",
+            "prefill_attention_mma_int8_seqs_d64",
+        ],
+    ),
+    (
+        128,
+        [
+            "prefill_attention_mma_fp8_d128",
+            "prefill_attention_mma_fp8_seqs_d128",
+        ],
+        [
+            "prefill_attention_mma_int8_d128",
+            "prefill_attention_mma_int8_seqs_d128",
+        ],
+    ),
+    (
+        256,
+        [
+            "prefill_attention_mma_fp8_d256",
+            "prefill_attention_mma_fp8_seqs_d256",
+        ],
+        [
+            "prefill_attention_mma_int8_d256",
+            "prefill_attention_mma_int8_seqs_d256",
+        ],
+    ),
+    (
+        512,
+        [
+            "prefill_attention_mma_fp8_d512",
+            "prefill_attention_mma_fp8_seqs_d512",
+        ],
+        [
+            "prefill_attention_mma_int8_d512",
+            "prefill_attention_mma_int8_seqs_d512",
+        ],
+    ),
+];
 
 /// How the prefill kernel for a head_dim cuts its work (`prefill_attention_body<D>`): each
 /// warp owns 16 query rows and `d / slices` columns, so a block takes
@@ -71,9 +121,25 @@ const PREFILL_KERNELS: [(usize, &str, &str); 4] = [
 
 /// Up to d 256 a warp holds all of d (128 rows a block, 64-key tiles); at d 512 the pair
 /// of warps on the same rows halves d (64 rows, 32-key tiles), so the output stays at 128
-/// registers a lane. None: no kernel for this head_dim.
-pub(super) fn prefill_shape(d: usize) -> Option<PrefillShape> {
-    let &(_, kernel, seqs_kernel) = PREFILL_KERNELS.iter().find(|&&(kd, _, _)| kd == d)?;
+/// registers a lane. The entry points are `format`'s (bf16 or an 8-bit per-token-head
+/// slab). None: no kernel for this head_dim and format.
+pub(super) fn prefill_shape(d: usize, format: KvFormat) -> Option<PrefillShape> {
+    let (kernel, seqs_kernel) = match format {
+        KvFormat::Bf16 => PREFILL_KERNELS
+            .iter()
+            .find(|&&(kd, _, _)| kd == d)
+            .map(|&(_, one, seqs)| (one, seqs))?,
+        KvFormat::Fp8E4m3PerTokenHead | KvFormat::Int8PerTokenHead => {
+            let &(_, fp8, int8) = PREFILL_SCALED_KERNELS.iter().find(|&&(kd, _, _)| kd == d)?;
+            let [one, seqs] = if format == KvFormat::Fp8E4m3PerTokenHead {
+                fp8
+            } else {
+                int8
+            };
+            (one, seqs)
+        }
+        _ => return None,
+    };
     let (kt, slices) = if d <= 256 { (64, 1) } else { (32, 2) };
     Some(PrefillShape {
         kernel,
@@ -167,15 +233,22 @@ pub(super) fn smem_bytes(d: usize, stages: usize) -> usize {
 }
 
 /// The prefill kernel's dynamic shared memory: Q's rows and `stages` K and V tiles in bf16,
-/// and with two slices each warp's partial S (16 x kt f32). None: no kernel for `d`.
-pub(super) fn prefill_smem_bytes(d: usize, stages: usize) -> Option<usize> {
-    let (ld, s) = (d + PAD, prefill_shape(d)?);
+/// and with two slices each warp's partial S (16 x kt f32). An 8-bit slab's kernel holds
+/// `stages` raw tiles instead (a tile's K and V codes, kt x d bytes each, and their f32
+/// scales) and one f16 K and V tile. None: no kernel for `d` and `format`.
+pub(super) fn prefill_smem_bytes(d: usize, format: KvFormat, stages: usize) -> Option<usize> {
+    let (ld, s) = (d + PAD, prefill_shape(d, format)?);
     let exchange = if s.slices > 1 {
         PREFILL_WARPS * 16 * s.kt * 4
     } else {
         0
     };
-    Some((s.rows * ld + 2 * stages * s.kt * ld) * 2 + exchange)
+    let tiles = if format == KvFormat::Bf16 {
+        2 * stages * s.kt * ld * 2
+    } else {
+        stages * (2 * s.kt * d + 2 * s.kt * 4) + 2 * s.kt * ld * 2
+    };
+    Some(s.rows * ld * 2 + tiles + exchange)
 }
 
 /// What both tensor-core kernels need of a call: the bf16 mode on a bf16 slab, head_dim a
@@ -209,6 +282,9 @@ pub(super) struct MmaSupport {
     /// Whether decode rows over 8-bit slabs take the tensor-core kernels
     /// (`STRATA_DECODE_SCALED_MMA=0`: the CUDA-core kernel).
     pub decode_scaled: bool,
+    /// Whether long query runs over 8-bit slabs take the tensor-core prefill kernels
+    /// (`STRATA_PREFILL_SCALED_MMA=0`: the GEMM path).
+    pub prefill_scaled: bool,
 }
 
 impl MmaSupport {
@@ -237,13 +313,19 @@ impl MmaSupport {
         }
         let prefill_limit = PREFILL_KERNELS
             .iter()
-            .filter_map(|&(d, _, _)| prefill_smem_bytes(d, MAX_STAGES))
+            .filter_map(|&(d, _, _)| prefill_smem_bytes(d, KvFormat::Bf16, MAX_STAGES))
             .max()
             .map_or(0, |most| optin.min(most));
         let prefill_off = std::env::var("STRATA_PREFILL_MMA").is_ok_and(|v| v == "0");
         let granted = PREFILL_KERNELS
             .iter()
             .all(|&(_, one, seqs)| grant(one, prefill_limit) && grant(seqs, prefill_limit));
+        let prefill_scaled = !std::env::var("STRATA_PREFILL_SCALED_MMA").is_ok_and(|v| v == "0")
+            && PREFILL_SCALED_KERNELS.iter().all(|&(d, fp8, int8)| {
+                prefill_smem_bytes(d, KvFormat::Fp8E4m3PerTokenHead, MIN_STAGES)
+                    .is_some_and(|b| b <= prefill_limit)
+                    && fp8.iter().chain(&int8).all(|&k| grant(k, prefill_limit))
+            });
         Self {
             smem_limit: limit,
             smem_per_sm: per_sm.max(limit),
@@ -262,6 +344,7 @@ impl MmaSupport {
                     let bytes = decode_scaled_smem_bytes(d);
                     bytes <= optin && grant(fp8, bytes) && grant(int8, bytes)
                 }),
+            prefill_scaled: !prefill_off && granted && prefill_scaled,
         }
     }
 
@@ -288,24 +371,37 @@ impl MmaSupport {
     }
 
     /// Whether a sequence's long query run takes the prefill kernel: the decode kernel's
-    /// conditions, with groups of up to PREFILL_MAX_GROUP query heads.
+    /// conditions, with groups of up to PREFILL_MAX_GROUP query heads; 8-bit slabs take
+    /// their own entry points unless `prefill_scaled` is off.
     pub(super) fn prefill_applies(
         &self,
         bf16_mode: bool,
         format: KvFormat,
         p: &AttentionParams,
     ) -> bool {
-        takes_mma(bf16_mode, format, p, PREFILL_MAX_GROUP)
+        let scaled = matches!(
+            format,
+            KvFormat::Fp8E4m3PerTokenHead | KvFormat::Int8PerTokenHead
+        );
+        let slab_ok = if scaled {
+            self.prefill_scaled
+        } else {
+            format == KvFormat::Bf16
+        };
+        slab_ok
+            && takes_mma(bf16_mode, KvFormat::Bf16, p, PREFILL_MAX_GROUP)
             && p.n_heads.is_multiple_of(p.n_kv_heads)
-            && prefill_smem_bytes(p.head_dim, MIN_STAGES)
+            && prefill_smem_bytes(p.head_dim, format, MIN_STAGES)
                 .is_some_and(|b| b <= self.prefill_smem_limit)
     }
 
-    /// The prefill kernel's pipeline depth for head_dim `d`.
-    pub(super) fn prefill_stages(&self, d: usize) -> usize {
+    /// The prefill kernel's pipeline depth for head_dim `d` over a `format` slab.
+    pub(super) fn prefill_stages(&self, d: usize, format: KvFormat) -> usize {
         (MIN_STAGES..=MAX_STAGES)
             .rev()
-            .find(|&s| prefill_smem_bytes(d, s).is_some_and(|b| b <= self.prefill_smem_limit))
+            .find(|&s| {
+                prefill_smem_bytes(d, format, s).is_some_and(|b| b <= self.prefill_smem_limit)
+            })
             .unwrap_or(MIN_STAGES)
     }
 
@@ -368,6 +464,7 @@ mod tests {
             prefill_twin: true,
             decode_fa: false,
             decode_scaled: false,
+            prefill_scaled: false,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -419,18 +516,33 @@ mod tests {
             prefill_twin: true,
             decode_fa: false,
             decode_scaled: false,
+            prefill_scaled: false,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
         // up to d 128 (d 256's 128 rows and 64-key tiles take 198 KB), the rest take the
         // GEMM path.
-        assert_eq!(prefill_smem_bytes(512, 2), Some(216_064));
-        assert_eq!(prefill_smem_bytes(256, 2), Some(202_752));
-        assert_eq!(prefill_smem_bytes(128, 3), Some(139_264));
-        assert_eq!(prefill_smem_bytes(192, 2), None, "no kernel: the GEMM path");
-        assert_eq!(hopper.prefill_stages(512), 2);
-        assert_eq!(hopper.prefill_stages(256), 2);
-        assert_eq!(hopper.prefill_stages(128), 3);
+        assert_eq!(prefill_smem_bytes(512, bf16, 2), Some(216_064));
+        assert_eq!(prefill_smem_bytes(256, bf16, 2), Some(202_752));
+        assert_eq!(prefill_smem_bytes(128, bf16, 3), Some(139_264));
+        assert_eq!(
+            prefill_smem_bytes(192, bf16, 2),
+            None,
+            "no kernel: the GEMM path"
+        );
+        assert_eq!(hopper.prefill_stages(512, bf16), 2);
+        assert_eq!(hopper.prefill_stages(256, bf16), 2);
+        assert_eq!(hopper.prefill_stages(128, bf16), 3);
+        // The 8-bit slabs' prefill kernels: raw stages of half a bf16 stage's bytes plus one
+        // f16 K and V tile; the same stage counts on Hopper.
+        assert_eq!(prefill_smem_bytes(512, fp8, 2), Some(215_552));
+        assert_eq!(prefill_smem_bytes(256, fp8, 2), Some(201_728));
+        assert_eq!(prefill_smem_bytes(256, fp8, 3), Some(235_008));
+        assert_eq!(prefill_smem_bytes(128, fp8, 3), Some(120_320));
+        assert_eq!(prefill_smem_bytes(256, KvFormat::F16, 2), None);
+        assert_eq!(hopper.prefill_stages(256, fp8), 2);
+        assert_eq!(hopper.prefill_stages(512, fp8), 2);
+        assert_eq!(hopper.prefill_stages(128, fp8), 3);
         let e2b_full = params(8, 1, 512);
         assert!(hopper.prefill_applies(true, KvFormat::Bf16, &e2b_full));
         assert!(hopper.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 256)));
@@ -443,6 +555,27 @@ mod tests {
         assert!(!hopper.prefill_applies(true, KvFormat::Bf16, &params(8, 1, 320)));
         assert!(!hopper.prefill_applies(true, KvFormat::Bf16, &params(128, 1, 128)));
         assert!(!hopper.prefill_applies(false, KvFormat::Bf16, &e2b_full));
+        // 8-bit slabs only where their kernels were granted.
+        let int8 = KvFormat::Int8PerTokenHead;
+        assert!(!hopper.prefill_applies(true, fp8, &e2b_full));
+        let scaled = MmaSupport {
+            prefill_scaled: true,
+            ..hopper
+        };
+        for f in [fp8, int8] {
+            assert!(scaled.prefill_applies(true, f, &e2b_full));
+            assert!(scaled.prefill_applies(true, f, &params(8, 1, 256)));
+            assert!(!scaled.prefill_applies(false, f, &e2b_full));
+            assert!(!scaled.prefill_applies(true, f, &params(8, 1, 320)));
+        }
+        assert!(!scaled.prefill_applies(true, KvFormat::F16, &e2b_full));
+        assert!(!scaled.prefill_applies(true, KvFormat::F32, &e2b_full));
+        let ampere_scaled = MmaSupport {
+            prefill_scaled: true,
+            ..ampere
+        };
+        assert!(!ampere_scaled.prefill_applies(true, fp8, &params(8, 1, 256)));
+        assert!(ampere_scaled.prefill_applies(true, fp8, &params(8, 1, 128)));
     }
 
     fn support(smem_limit: usize) -> MmaSupport {
@@ -453,6 +586,7 @@ mod tests {
             prefill_twin: true,
             decode_fa: false,
             decode_scaled: false,
+            prefill_scaled: false,
         }
     }
 

@@ -1,5 +1,6 @@
 //! Long query runs (prefill chunks) on tensor cores: `prefill_attention_mma_d<head_dim>` in
-//! `kernels/paged_mma.cu` (head_dim 64, 128, 256 or 512), for bf16 slabs in the bf16 mode.
+//! `kernels/paged_mma.cu` (head_dim 64, 128, 256 or 512), for bf16 slabs in the bf16 mode,
+//! and `prefill_attention_mma_{fp8,int8}_d<head_dim>` for the 8-bit per-token-head slabs.
 //! A block takes 128 or 64 query rows (a run of tokens times one KV head's query group), so
 //! each key crosses from L2 once per block, and the causal and window masks are applied per
 //! row inside the kernel: no gathered K / V copies, no score matrix in memory, no masked
@@ -11,7 +12,7 @@ use super::paged::{CudaKvSlab, MAX_SPLITS};
 use super::paged_mma::{self, PREFILL_THREADS};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
-use crate::{AttentionParams, KernelError, PagedSeq, Result};
+use crate::{AttentionParams, KernelError, KvFormat, PagedSeq, Result};
 
 /// A split takes at least this many keys (two 64-key or four 32-key tiles).
 const MIN_SPLIT_KEYS: usize = 128;
@@ -37,15 +38,17 @@ pub(super) fn tokens_per_block(rows: usize, group: usize) -> usize {
     (rows / group.max(1)).max(1)
 }
 
-/// The prefill kernel for `p`'s head_dim and the tokens each of its blocks takes.
+/// The prefill kernel for `p`'s head_dim over a `format` slab and the tokens each of its
+/// blocks takes.
 fn prefill_kernel(
     op: &'static str,
     p: &AttentionParams,
+    format: KvFormat,
 ) -> Result<(paged_mma::PrefillShape, usize)> {
     let d = p.head_dim;
-    let shape = paged_mma::prefill_shape(d).ok_or_else(|| KernelError::Invalid {
+    let shape = paged_mma::prefill_shape(d, format).ok_or_else(|| KernelError::Invalid {
         op,
-        detail: format!("no prefill kernel for head_dim {d}"),
+        detail: format!("no prefill kernel for head_dim {d} over {format:?}"),
     })?;
     let tpb = tokens_per_block(shape.rows, p.n_heads / p.n_kv_heads);
     Ok((shape, tpb))
@@ -82,12 +85,23 @@ impl SplitArgs {
     }
 }
 
+/// The slab's arguments as the prefill entry points take them: a bf16 slab's codes alone,
+/// an 8-bit slab's codes and scales.
+fn push_slab<'a>(l: &mut LaunchArgs<'a>, slab: &'a CudaKvSlab) {
+    if slab.shape.format == KvFormat::Bf16 {
+        l.arg(&slab.k).arg(&slab.v);
+    } else {
+        slab.push_args(l);
+    }
+}
+
 impl CudaBackend {
     /// The split workspace for `rows` query rows' (task, split) parts (nothing to hold
     /// with one split) and the scalars of a launch of `blocks` blocks a KV head.
     fn split_args(
         &self,
         p: &AttentionParams,
+        format: KvFormat,
         rows: usize,
         splits: usize,
         blocks: usize,
@@ -108,8 +122,8 @@ impl CudaBackend {
                 self.stream.alloc::<f32>(ml_len).map_err(&err)?,
             )
         };
-        let stages = self.paged_mma.prefill_stages(d);
-        let smem = paged_mma::prefill_smem_bytes(d, stages).unwrap_or(0);
+        let stages = self.paged_mma.prefill_stages(d, format);
+        let smem = paged_mma::prefill_smem_bytes(d, format, stages).unwrap_or(0);
         Ok(SplitArgs {
             ws_acc,
             ws_ml,
@@ -159,13 +173,13 @@ impl CudaBackend {
         ensure(seq.slot_offset + n_keys <= slots.len(), OP, || {
             format!("{seq:?} reads past the {} slots", slots.len())
         })?;
-        let (shape, tpb) = prefill_kernel(OP, &p)?;
+        let (shape, tpb) = prefill_kernel(OP, &p, slab.shape.format)?;
         let blocks_x = seq.q_len.div_ceil(tpb);
         // Short prompts leave multiprocessors idle (one block each): split the keys.
         let most = n_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
         let splits = paged_mma::wave_splits(blocks_x * nkv, self.sm_count, most);
         let tasks = seq.q_len * nh;
-        let mut args = self.split_args(&p, seq.q_len, splits, blocks_x)?;
+        let mut args = self.split_args(&p, slab.shape.format, seq.q_len, splits, blocks_x)?;
         // The twin's view of the sequence's rows (2 bytes a value).
         let twin_rows = if twin == 0 {
             0
@@ -179,12 +193,9 @@ impl CudaBackend {
         let (q_pos0, k_start) = (seq.q_start as i64, seq.k_start as i64);
         let cfg = args.cfg;
         let mut l = self.stream.launch_builder(self.kernels.get(shape.kernel)?);
-        l.arg(&qv)
-            .arg(&slab.k)
-            .arg(&slab.v)
-            .arg(&sl)
-            .arg(&mut ov)
-            .arg(&twin_rows);
+        l.arg(&qv);
+        push_slab(&mut l, slab);
+        l.arg(&sl).arg(&mut ov).arg(&twin_rows);
         args.push(&mut l);
         l.arg(&q_len).arg(&q_pos0).arg(&k_start).arg(&tpb_i);
         // SAFETY: q / out views hold the sequence's q_len x n_heads x d values; its n_keys
@@ -231,7 +242,7 @@ impl CudaBackend {
         ensure(!runs.is_empty() && runs.len() <= MAX_RUNS, OP, || {
             format!("{} sequences (1 to {MAX_RUNS} a launch)", runs.len())
         })?;
-        let (shape, tpb) = prefill_kernel(OP, &p)?;
+        let (shape, tpb) = prefill_kernel(OP, &p, slab.shape.format)?;
         let mut table = PrefillRuns {
             n: runs.len() as i32,
             seq: [0; MAX_RUNS],
@@ -275,20 +286,16 @@ impl CudaBackend {
         let row_base = runs[0].1.q_offset;
         let last = &runs[runs.len() - 1].1;
         let span = last.q_offset + last.q_len - row_base;
-        let mut args = self.split_args(&p, span, splits, blocks)?;
+        let mut args = self.split_args(&p, slab.shape.format, span, splits, blocks)?;
         let tpb_i = tpb as i32;
         let base = row_base as i64;
         let cfg = args.cfg;
         let mut l = self
             .stream
             .launch_builder(self.kernels.get(shape.seqs_kernel)?);
-        l.arg(q)
-            .arg(&slab.k)
-            .arg(&slab.v)
-            .arg(slots)
-            .arg(seqs)
-            .arg(&mut *out)
-            .arg(&twin);
+        l.arg(q);
+        push_slab(&mut l, slab);
+        l.arg(slots).arg(seqs).arg(&mut *out).arg(&twin);
         args.push(&mut l);
         l.arg(&tpb_i).arg(&base).arg(&table);
         // SAFETY: each run's rows lie inside q and out and its keys' slots inside `slots`
@@ -333,7 +340,7 @@ mod tests {
 
     #[test]
     fn blocks_hold_whole_query_groups() {
-        let rows = |d| paged_mma::prefill_shape(d).map(|s| s.rows);
+        let rows = |d| paged_mma::prefill_shape(d, KvFormat::Bf16).map(|s| s.rows);
         let (narrow, wide) = (rows(256).unwrap(), rows(512).unwrap());
         assert_eq!(rows(128), Some(128));
         assert_eq!(rows(320), None);
@@ -348,5 +355,19 @@ mod tests {
         assert_eq!(tokens_per_block(narrow, 1), 128);
         assert_eq!(tokens_per_block(wide, 6), 10, "rows past 60 stay empty");
         assert_eq!(tokens_per_block(wide, 64), 1);
+        // The 8-bit slabs' kernels cut the work the same way.
+        for f in [KvFormat::Fp8E4m3PerTokenHead, KvFormat::Int8PerTokenHead] {
+            for d in [64, 128, 256, 512] {
+                let s = paged_mma::prefill_shape(d, f).unwrap();
+                assert_eq!(Some(s.rows), rows(d));
+                assert!(s.kernel.contains(if f == KvFormat::Int8PerTokenHead {
+                    "_int8_"
+                } else {
+                    "_fp8_"
+                }));
+            }
+        }
+        assert_eq!(paged_mma::prefill_shape(256, KvFormat::F32), None);
+        assert_eq!(paged_mma::prefill_shape(256, KvFormat::F16), None);
     }
 }
