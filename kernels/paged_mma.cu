@@ -69,7 +69,9 @@ __device__ __forceinline__ void pv_step(float (&o)[PM_MAX_NT][4], const u16* pro
 
 // Where a block's result rows go. Unsplit: the output row, scaled by 1 / sum, and its bf16
 // twin when the launcher passed one (`out_b`: the o projection's GEMM reads it). Split: the
-// split's workspace row, unscaled, with the row's (max, sum) written by one thread.
+// split's workspace row, unscaled, with the row's (max, sum) written by one thread. The
+// workspace starts at task `ws_skip` (a decode launch over a span of rows from `row0` holds
+// only the span's parts).
 struct OutRow {
     float* dst;
     u16* dst_b;
@@ -78,10 +80,10 @@ struct OutRow {
 
 __device__ __forceinline__ OutRow out_row(float* out, u16* out_b, float* ws_acc, float* ws_ml,
                                           u64 task, int d, int n_splits, int z, float m,
-                                          float l, bool writes_ml) {
+                                          float l, bool writes_ml, u64 ws_skip = 0) {
     if (n_splits == 1)
         return {out + task * d, out_b ? out_b + task * d : nullptr, l > 0.0f ? 1.0f / l : 0.0f};
-    const u64 part = task * n_splits + z;
+    const u64 part = (task - ws_skip) * n_splits + z;
     if (writes_ml) {
         ws_ml[2 * part] = m;
         ws_ml[2 * part + 1] = l;
@@ -200,7 +202,7 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
                     const u32* row_seq, const u32* slots, float* out, u16* out_b, float* ws_acc,
                     float* ws_ml, int n_heads, int n_kv_heads, int d, float scale,
                     long long window, int has_softcap, float softcap, int n_splits,
-                    int dense_min_q, int n_stages) {
+                    int dense_min_q, int n_stages, int row0) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) unsigned char smem[];
     const int ld = d + PM_PAD;
@@ -212,7 +214,8 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
     u16* ps = (u16*)(ss + 2 * PM_ROWS * PM_KT);
     float* row_f = (float*)(ps + PM_ROWS * ldp);
 
-    const u64 t = blockIdx.x;
+    // Block x attends row row0 + x (a launch over a span of the batch's rows).
+    const u64 t = (u64)row0 + blockIdx.x;
     const int kvh = blockIdx.y;
     const int z = blockIdx.z;
     const int group = n_heads / n_kv_heads;
@@ -380,7 +383,7 @@ paged_attention_mma(const float* q, const u16* k_slab, const u16* v_slab, const 
         const int r = g + 8 * half;
         if (r >= group) continue;
         const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task0 + r, d, n_splits, z, m_s[r],
-                                   l_s[r], warp == 0 && tq == 0);
+                                   l_s[r], warp == 0 && tq == 0, (u64)row0 * n_heads);
 #pragma unroll
         for (int nt = 0; nt < PM_MAX_NT; ++nt) {
             if (nt < n_tiles_d) {
@@ -1069,7 +1072,7 @@ __device__ __forceinline__ void decode_attention_body(
     const unsigned char* v_slab, const float* k_scales, const float* v_scales, const u32* seqs,
     const u32* row_seq, const u32* slots, float* out, u16* out_b, float* ws_acc, float* ws_ml,
     int n_heads, int n_kv_heads, float scale, long long window, int has_softcap,
-    float softcap, int n_splits, int dense_min_q) {
+    float softcap, int n_splits, int dense_min_q, int row0) {
     constexpr bool RAW = FMT != DA_BF16;
     constexpr int ld = D + PM_PAD;
     constexpr int DQ = D / DA_GW;  // columns a warp owns
@@ -1089,7 +1092,7 @@ __device__ __forceinline__ void decode_attention_body(
     unsigned char* kv = smem + PM_ROWS * ld * 2;
     float* sx = (float*)(kv + DA_GROUPS * GROUP_BYTES);
 
-    const u64 t = blockIdx.x;
+    const u64 t = (u64)row0 + blockIdx.x;  // a launch over a span of the batch's rows
     const int kvh = blockIdx.y, z = blockIdx.z;
     const int group = n_heads / n_kv_heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1377,7 +1380,7 @@ __device__ __forceinline__ void decode_attention_body(
         const int r = g + 8 * h;
         if (r >= group) continue;
         const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task0 + r, D, n_splits, z,
-                                   m_run[h], l_run[h], wq == 0 && tq == 0);
+                                   m_run[h], l_run[h], wq == 0 && tq == 0, (u64)row0 * n_heads);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             const float* ob = mo + ((wq * NT + nt) * 4 + 2 * h) * 32 + lane;
@@ -1396,12 +1399,12 @@ __device__ __forceinline__ void decode_attention_body(
                                   float* out, u16* out_b, float* ws_acc, float* ws_ml,          \
                                   int n_heads, int n_kv_heads, int d, float scale,              \
                                   long long window, int has_softcap, float softcap,             \
-                                  int n_splits, int dense_min_q, int n_stages) {                \
+                                  int n_splits, int dense_min_q, int n_stages, int row0) {      \
         extern __shared__ __align__(16) unsigned char smem[];                                  \
         decode_attention_body<D, DA_BF16>(                                                      \
             smem, q, (const unsigned char*)k_slab, (const unsigned char*)v_slab, nullptr,       \
             nullptr, seqs, row_seq, slots, out, out_b, ws_acc, ws_ml, n_heads, n_kv_heads,      \
-            scale, window, has_softcap, softcap, n_splits, dense_min_q);                        \
+            scale, window, has_softcap, softcap, n_splits, dense_min_q, row0);                  \
     }
 
 // The 8-bit slabs' entry points: the slab's arguments as `paged_attention` takes them (codes,
@@ -1412,12 +1415,12 @@ __device__ __forceinline__ void decode_attention_body(
         const float* k_scales, const float* v_scales, const u32* seqs, const u32* row_seq,      \
         const u32* slots, float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads,     \
         int n_kv_heads, int d, float scale, long long window, int has_softcap, float softcap,   \
-        int n_splits, int dense_min_q, int n_stages) {                                          \
+        int n_splits, int dense_min_q, int n_stages, int row0) {                                \
         extern __shared__ __align__(16) unsigned char smem[];                                  \
         decode_attention_body<D, FMT>(smem, q, k_slab, v_slab, k_scales, v_scales, seqs,        \
                                       row_seq, slots, out, out_b, ws_acc, ws_ml, n_heads,       \
                                       n_kv_heads, scale, window, has_softcap, softcap,          \
-                                      n_splits, dense_min_q);                                   \
+                                      n_splits, dense_min_q, row0);                             \
     }
 
 DECODE_ATTENTION_KERNEL(64, 2)

@@ -33,6 +33,19 @@ impl CudaKvSlab {
     }
 }
 
+/// The rows from the first sequence shorter than `dense_min_q` query rows to the end of the
+/// last: (first row, rows). (0, 0) when every sequence is long.
+fn short_row_span(seqs: &[PagedSeq], dense_min_q: usize) -> (usize, usize) {
+    let mut short = seqs.iter().filter(|s| s.q_len < dense_min_q);
+    let Some(first) = short.next() else {
+        return (0, 0);
+    };
+    let end = short
+        .next_back()
+        .map_or(first.q_offset + first.q_len, |s| s.q_offset + s.q_len);
+    (first.q_offset, end - first.q_offset)
+}
+
 /// A u32 array on the device.
 pub struct CudaIndex {
     data: CudaSlice<u32>,
@@ -486,12 +499,21 @@ impl CudaBackend {
             // launch blocks that find no keys.
             return self.dense_sequences(qs, slab, batch, p, dense_min_q, os, ob_addr);
         }
-        let tasks = rows * p.n_heads;
+        // Beside long runs (a step that admits prompts while others decode) the tensor-core
+        // kernels take only the span of rows from the first short sequence to the last: a
+        // grid over every row would size its splits by the prompts' rows, whose blocks find
+        // no keys, and leave the decode rows one split each.
+        let (row0, span) = if mma && any_long && self.paged_mma.decode_span {
+            short_row_span(&batch.host_seqs, dense_min_q)
+        } else {
+            (0, rows)
+        };
+        let tasks = span * p.n_heads;
         // Split the keys when there are too few blocks to fill the GPU. The tensor-core
         // kernel serves a KV head's whole query group per block and holds a multiprocessor's
         // shared memory, so it sizes its grid to one wave of resident blocks.
         let splits = if mma {
-            let blocks = rows * p.n_kv_heads;
+            let blocks = span * p.n_kv_heads;
             let resident = self.paged_mma.resident_blocks(d, s.format, self.sm_count);
             let most = if batch.capacity.is_some() {
                 MAX_SPLITS
@@ -571,11 +593,11 @@ impl CudaBackend {
             .arg(&splits_i)
             .arg(&dense_min_q_i);
         let stages = self.paged_mma.stages(d);
-        let stages_i = stages as i32;
+        let (stages_i, row0_i) = (stages as i32, row0 as i32);
         let cfg = if mma {
-            l.arg(&stages_i);
+            l.arg(&stages_i).arg(&row0_i);
             LaunchConfig {
-                grid_dim: (rows as u32, p.n_kv_heads as u32, splits as u32),
+                grid_dim: (span as u32, p.n_kv_heads as u32, splits as u32),
                 block_dim: (super::paged_mma::THREADS, 1, 1),
                 shared_mem_bytes: mma_smem as u32,
             }
@@ -586,18 +608,25 @@ impl CudaBackend {
                 shared_mem_bytes: 0,
             }
         };
-        // SAFETY: q/out hold rows x n_heads x d; every slot read is below the slab's slots
-        // (checked through slot_limit); the workspace holds tasks x splits partials; the
+        // SAFETY: q/out hold rows x n_heads x d and the grid covers rows row0 .. row0 + span
+        // (inside them); every slot read is below the slab's slots (checked through
+        // slot_limit); the workspace holds the span's tasks x splits partials; the
         // tensor-core kernel gets a bf16 slab, d a multiple of 64 and the shared memory its
         // layout needs (granted at start-up, `MmaSupport::probe`).
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         if splits > 1 {
-            // (Without mma there is no twin: ob_addr is 0.)
+            // (Without mma there is no twin: ob_addr is 0.) The span's rows only.
+            let first = row0 * p.n_heads * d;
+            let twin_span = if ob_addr == 0 {
+                0
+            } else {
+                ob_addr + 2 * first as u64
+            };
             self.combine_splits(
                 &ws_acc.slice(..),
                 &ws_ml.slice(..),
-                &mut os.slice_mut(..),
-                ob_addr,
+                &mut os.slice_mut(first..first + tasks * d),
+                twin_span,
                 tasks,
                 d,
                 splits,
@@ -698,5 +727,34 @@ impl CudaBackend {
         // and so does the twin where the caller passed one.
         unsafe { l.launch(cfg) }.map_err(device_err("paged_combine"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(q_offset: usize, q_len: usize) -> PagedSeq {
+        PagedSeq {
+            q_offset,
+            q_len,
+            q_start: 0,
+            k_start: 0,
+            slot_offset: 0,
+        }
+    }
+
+    #[test]
+    fn short_rows_span_from_the_first_short_sequence_to_the_last() {
+        // Decode rows after two prompts (a server's mixed step).
+        let step = [seq(0, 512), seq(512, 512), seq(1024, 1), seq(1025, 1)];
+        assert_eq!(short_row_span(&step, 64), (1024, 2));
+        // Decode rows first, then a prompt.
+        let step = [seq(0, 1), seq(1, 8), seq(9, 300)];
+        assert_eq!(short_row_span(&step, 64), (0, 9));
+        // A prompt between decode rows stays inside the span (its blocks find no keys).
+        let step = [seq(0, 1), seq(1, 300), seq(301, 1)];
+        assert_eq!(short_row_span(&step, 64), (0, 302));
+        assert_eq!(short_row_span(&[seq(0, 100)], 64), (0, 0));
     }
 }

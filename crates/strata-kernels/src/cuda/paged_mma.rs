@@ -285,6 +285,9 @@ pub(super) struct MmaSupport {
     /// Whether long query runs over 8-bit slabs take the tensor-core prefill kernels
     /// (`STRATA_PREFILL_SCALED_MMA=0`: the GEMM path).
     pub prefill_scaled: bool,
+    /// Whether a call with long runs beside short ones launches the decode kernel over the
+    /// short rows' span alone (`STRATA_DECODE_SPAN=0`: over every row, as before).
+    pub decode_span: bool,
 }
 
 impl MmaSupport {
@@ -345,6 +348,7 @@ impl MmaSupport {
                     bytes <= optin && grant(fp8, bytes) && grant(int8, bytes)
                 }),
             prefill_scaled: !prefill_off && granted && prefill_scaled,
+            decode_span: !std::env::var("STRATA_DECODE_SPAN").is_ok_and(|v| v == "0"),
         }
     }
 
@@ -465,6 +469,7 @@ mod tests {
             decode_fa: false,
             decode_scaled: false,
             prefill_scaled: false,
+            decode_span: true,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -517,6 +522,7 @@ mod tests {
             decode_fa: false,
             decode_scaled: false,
             prefill_scaled: false,
+            decode_span: true,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
@@ -587,6 +593,7 @@ mod tests {
             decode_fa: false,
             decode_scaled: false,
             prefill_scaled: false,
+            decode_span: true,
         }
     }
 
