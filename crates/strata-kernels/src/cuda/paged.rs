@@ -31,6 +31,16 @@ impl CudaKvSlab {
             .arg(&self.k_scales)
             .arg(&self.v_scales);
     }
+
+    /// The slab's arguments as the tensor-core kernels take them: a bf16 slab's codes alone,
+    /// an 8-bit slab's codes and scales.
+    pub(super) fn push_mma_args<'a>(&'a self, l: &mut cudarc::driver::LaunchArgs<'a>) {
+        if self.shape.format == KvFormat::Bf16 {
+            l.arg(&self.k).arg(&self.v);
+        } else {
+            self.push_args(l);
+        }
+    }
 }
 
 /// The rows from the first sequence shorter than `dense_min_q` query rows to the end of the
@@ -564,10 +574,9 @@ impl CudaBackend {
         let name = if mma { mma_kernel } else { OP };
         let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(qs);
-        // The bf16 tensor-core kernels take the codes alone; the others take the 8-bit
-        // formats' scales too.
-        if mma && s.format == KvFormat::Bf16 {
-            l.arg(&slab.k).arg(&slab.v);
+        // The bf16 tensor-core kernels take the codes alone; the others take all four arrays.
+        if mma {
+            slab.push_mma_args(&mut l);
         } else {
             slab.push_args(&mut l);
         }

@@ -85,16 +85,6 @@ impl SplitArgs {
     }
 }
 
-/// The slab's arguments as the prefill entry points take them: a bf16 slab's codes alone,
-/// an 8-bit slab's codes and scales.
-fn push_slab<'a>(l: &mut LaunchArgs<'a>, slab: &'a CudaKvSlab) {
-    if slab.shape.format == KvFormat::Bf16 {
-        l.arg(&slab.k).arg(&slab.v);
-    } else {
-        slab.push_args(l);
-    }
-}
-
 impl CudaBackend {
     /// The split workspace for `rows` query rows' (task, split) parts (nothing to hold
     /// with one split) and the scalars of a launch of `blocks` blocks a KV head.
@@ -194,7 +184,7 @@ impl CudaBackend {
         let cfg = args.cfg;
         let mut l = self.stream.launch_builder(self.kernels.get(shape.kernel)?);
         l.arg(&qv);
-        push_slab(&mut l, slab);
+        slab.push_mma_args(&mut l);
         l.arg(&sl).arg(&mut ov).arg(&twin_rows);
         args.push(&mut l);
         l.arg(&q_len).arg(&q_pos0).arg(&k_start).arg(&tpb_i);
@@ -294,7 +284,7 @@ impl CudaBackend {
             .stream
             .launch_builder(self.kernels.get(shape.seqs_kernel)?);
         l.arg(q);
-        push_slab(&mut l, slab);
+        slab.push_mma_args(&mut l);
         l.arg(slots).arg(seqs).arg(&mut *out).arg(&twin);
         args.push(&mut l);
         l.arg(&tpb_i).arg(&base).arg(&table);
