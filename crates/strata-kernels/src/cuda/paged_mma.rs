@@ -323,12 +323,12 @@ impl MmaSupport {
         let granted = PREFILL_KERNELS
             .iter()
             .all(|&(_, one, seqs)| grant(one, prefill_limit) && grant(seqs, prefill_limit));
+        // Granted as the bf16 entry points are; whether a head_dim's blocks fit the grant is
+        // `prefill_applies`'s per-call check (on a 163 KB GPU d 64 and 128 fit, 256 does not).
         let prefill_scaled = !std::env::var("STRATA_PREFILL_SCALED_MMA").is_ok_and(|v| v == "0")
-            && PREFILL_SCALED_KERNELS.iter().all(|&(d, fp8, int8)| {
-                prefill_smem_bytes(d, KvFormat::Fp8E4m3PerTokenHead, MIN_STAGES)
-                    .is_some_and(|b| b <= prefill_limit)
-                    && fp8.iter().chain(&int8).all(|&k| grant(k, prefill_limit))
-            });
+            && PREFILL_SCALED_KERNELS
+                .iter()
+                .all(|&(_, fp8, int8)| fp8.iter().chain(&int8).all(|&k| grant(k, prefill_limit)));
         Self {
             smem_limit: limit,
             smem_per_sm: per_sm.max(limit),
