@@ -621,10 +621,10 @@ __device__ __forceinline__ void convert_raw_tile(u16* kf, u16* vf, const unsigne
 // two slices the partial S exchange [PF_WARPS][KT / 8][32] float4 (`prefill_smem_bytes` in
 // cuda/paged_mma.rs computes the same sum). An 8-bit slab (FMT fp8 or int8) has Q in f16,
 // n_stages raw tiles (`raw_tile_bytes`) in place of the K and V stages, then one f16 K and
-// one f16 V tile [KT][ld] (`prefill_scaled_smem_bytes`), then the exchange. One block a
-// multiprocessor: 256 threads at up to 255 registers. `q`, `out` and `out_b` (the bf16
-// twin, or null) start at the sequence's first row; `sl` at its first slot; the scales are
-// null for bf16.
+// one f16 V tile [KT][ld], then the exchange (`prefill_smem_bytes` with the format). One
+// block a multiprocessor: 256 threads at up to 255 registers. `q`, `out` and `out_b` (the
+// bf16 twin, or null) start at the sequence's first row; `sl` at its first slot; the scales
+// are null for bf16.
 //
 // 8-bit slabs: each tile's codes are converted once, by the whole block, into the f16 tiles
 // the mma reads (a second block barrier a tile), so the products are the bf16 kernel's on
