@@ -461,11 +461,16 @@ impl<B: Backend> Model<B> {
         let mut ctx = self.scratch(t * lp)?;
         ple.projection.forward(b, x0, &mut ctx)?;
         b.scale(&mut ctx, (self.config.hidden_size as f32).powf(-0.5))?;
-        let mut out = self.scratch(t * lp)?;
-        b.rms_norm(&ctx, Some(&ple.norm), self.norm(p), &mut out)?;
-        b.add(&mut out, &tok)?;
-        b.scale(&mut out, std::f32::consts::FRAC_1_SQRT_2)?;
-        Ok(out)
+        // tok = (tok + norm(ctx)) / sqrt(2): one fused pass instead of a norm, an add and a
+        // scale over [T, L * P] (the sum's operands commute, so the bits are the chain's).
+        b.rms_norm_add_scale(
+            &mut tok,
+            &ctx,
+            Some(&ple.norm),
+            self.norm(p),
+            std::f32::consts::FRAC_1_SQRT_2,
+        )?;
+        Ok(tok)
     }
 
     fn rope_params(&self, lc: &LayerConfig, n_heads: usize) -> RopeParams {
