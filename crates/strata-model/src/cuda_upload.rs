@@ -56,6 +56,17 @@ mod tests {
             })
     }
 
+    /// One GPU model test at a time. The tests capture CUDA graphs, and a kernel module
+    /// loaded lazily by another thread's first launch of a cuBLAS kernel while a capture is
+    /// open fails that launch (`CUBLAS_STATUS_EXECUTION_FAILED`) and invalidates the capture
+    /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`), seen when the harness ran them in parallel.
+    /// The engine captures on its one thread, so only several backends in one process (as
+    /// here) meet it.
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn gpu() -> Option<CudaBackend> {
         match CudaBackend::new(0) {
             Ok(b) => Some(b),
@@ -213,6 +224,7 @@ mod tests {
 
     #[test]
     fn tiny_models_on_gpu_match_cpu_and_transformers() {
+        let _serial = serial();
         let Some(_) = gpu() else { return };
         for name in [
             "gemma4-tiny",
@@ -372,6 +384,7 @@ mod tests {
     /// round the same activations to bf16 once per product.
     #[test]
     fn bf16_mode_decode_rows_match_the_exact_path() {
+        let _serial = serial();
         let Some(gpu) = gpu() else { return };
         let opts = crate::LoadOptions {
             weight_dtype: Some(strata_kernels::DType::BF16),
@@ -429,6 +442,7 @@ mod tests {
     /// step, which the random tiny Gemma-4 moves later logits by ~1e-4; printed, not bounded.)
     #[test]
     fn decode_graphs_match_eager_steps() {
+        let _serial = serial();
         let Some(_) = gpu() else { return };
         for name in ["gemma4-tiny", "llama-tiny"] {
             let dir = fixtures().join(name);
@@ -571,6 +585,7 @@ mod tests {
     /// fed step captures its bucket), op-by-op steps, and the unrecorded graph mode.
     #[test]
     fn fed_decode_steps_match_steps_read_one_by_one() {
+        let _serial = serial();
         each_tiny_model_and_graph_mode(|name, cuda, ids, mode| {
             let (plain, _, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
             let (fed, graphs, _) = three_streams(cuda, ids, mode, true, Second::Greedy);
@@ -605,6 +620,7 @@ mod tests {
     /// one by one and fed from step to step, on replayed graphs, op by op and unrecorded.
     #[test]
     fn drawn_decode_steps_match_the_host_draw() {
+        let _serial = serial();
         each_tiny_model_and_graph_mode(|name, cuda, ids, mode| {
             let (host, _, host_scores) = three_streams(cuda, ids, mode, false, Second::DrawnOnHost);
             let (greedy, _, _) = three_streams(cuda, ids, mode, false, Second::Greedy);
@@ -712,6 +728,7 @@ mod tests {
     /// tokens against its own decode steps, token by token.
     #[test]
     fn assistant_drafts_and_verification_on_gpu_match_cpu() {
+        let _serial = serial();
         let Some(_) = gpu() else { return };
         let path = fixtures().join("gemma4-tiny-assistant/reference.safetensors");
         let bytes = std::fs::read(path).unwrap();
