@@ -56,12 +56,12 @@ mod tests {
             })
     }
 
-    /// One GPU model test at a time. The tests capture CUDA graphs, and a kernel module
-    /// loaded lazily by another thread's first launch of a cuBLAS kernel while a capture is
-    /// open fails that launch (`CUBLAS_STATUS_EXECUTION_FAILED`) and invalidates the capture
-    /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`), seen when the harness ran them in parallel.
-    /// The engine captures on its one thread, so only several backends in one process (as
-    /// here) meet it.
+    /// One GPU model test at a time. Run in parallel, each on its own backend, they failed
+    /// now and then: a cuBLAS launch on one thread (`CUBLAS_STATUS_EXECUTION_FAILED`) while
+    /// another thread's decode graph capture was invalidated
+    /// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`), most likely a kernel module loaded lazily
+    /// during the open capture. The engine captures on its one thread; several backends in
+    /// one process capturing and launching at once, as these tests did, are what meet it.
     fn serial() -> std::sync::MutexGuard<'static, ()> {
         static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
         GPU.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
