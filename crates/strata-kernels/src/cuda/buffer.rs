@@ -61,6 +61,16 @@ pub(super) fn twin_addr(stream: &Arc<CudaStream>, twin: &mut Option<&mut CudaSli
     twin.as_mut().map_or(0, |t| t.device_ptr_mut(stream).0)
 }
 
+/// A twin's device address (from [`twin_addr`]) moved to value `first` (2 bytes a value);
+/// 0, no twin, stays 0.
+pub(super) fn twin_at(twin: u64, first: usize) -> u64 {
+    if twin == 0 {
+        0
+    } else {
+        twin + 2 * first as u64
+    }
+}
+
 /// The dtype codes the kernels switch on (`STRATA_F32` ... in `kernels/common.cuh`).
 pub(super) fn dtype_code(dtype: DType) -> i32 {
     match dtype {

@@ -4,7 +4,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use super::buffer::{twin_addr, CudaBuffer};
+use super::buffer::{twin_addr, twin_at, CudaBuffer};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::paged::{check_paged, page_slot_runs};
@@ -620,17 +620,14 @@ impl CudaBackend {
         // SAFETY: q/out hold rows x n_heads x d and the grid covers rows row0 .. row0 + span
         // (inside them); every slot read is below the slab's slots (checked through
         // slot_limit); the workspace holds the span's tasks x splits partials; the
-        // tensor-core kernel gets a bf16 slab, d a multiple of 64 and the shared memory its
-        // layout needs (granted at start-up, `MmaSupport::probe`).
+        // tensor-core kernel gets a slab of a format it takes (bf16, or fp8 / int8 on the
+        // 8-bit entry points), d a multiple of 64 and the shared memory its layout needs
+        // (granted at start-up, `MmaSupport::probe`).
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
         if splits > 1 {
             // (Without mma there is no twin: ob_addr is 0.) The span's rows only.
             let first = row0 * p.n_heads * d;
-            let twin_span = if ob_addr == 0 {
-                0
-            } else {
-                ob_addr + 2 * first as u64
-            };
+            let twin_span = twin_at(ob_addr, first);
             self.combine_splits(
                 &ws_acc.slice(..),
                 &ws_ml.slice(..),

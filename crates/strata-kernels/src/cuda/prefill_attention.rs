@@ -8,6 +8,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 
+use super::buffer::twin_at;
 use super::paged::{CudaKvSlab, MAX_SPLITS};
 use super::paged_mma::{self, PREFILL_THREADS};
 use super::{device_err, CudaBackend};
@@ -170,12 +171,8 @@ impl CudaBackend {
         let splits = paged_mma::wave_splits(blocks_x * nkv, self.sm_count, most);
         let tasks = seq.q_len * nh;
         let mut args = self.split_args(&p, slab.shape.format, seq.q_len, splits, blocks_x)?;
-        // The twin's view of the sequence's rows (2 bytes a value).
-        let twin_rows = if twin == 0 {
-            0
-        } else {
-            twin + 2 * rows.start as u64
-        };
+        // The twin's view of the sequence's rows.
+        let twin_rows = twin_at(twin, rows.start);
         let qv = q.slice(rows.clone());
         let mut ov = out.slice_mut(rows);
         let sl = slots.slice(seq.slot_offset..seq.slot_offset + n_keys);
@@ -304,11 +301,7 @@ impl CudaBackend {
                     i += 1;
                 }
                 let parts = (start - row_base) * nh * splits;
-                let twin_rows = if twin == 0 {
-                    0
-                } else {
-                    twin + 2 * (start * nh * d) as u64
-                };
+                let twin_rows = twin_at(twin, start * nh * d);
                 self.combine_splits(
                     &args.ws_acc.slice(parts * d..),
                     &args.ws_ml.slice(parts * 2..),
