@@ -17,6 +17,12 @@ pub trait DeviceBuffer {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Elements the allocation holds (at least [`DeviceBuffer::len`]).
+    fn capacity(&self) -> usize;
+    /// Sets the element count within [`DeviceBuffer::capacity`], keeping the allocation and
+    /// so its address: one buffer serves captured steps of several sizes. Values past the
+    /// old length are unspecified. A shape error past the capacity.
+    fn set_len(&mut self, len: usize) -> Result<()>;
 }
 
 /// Every model op, once per backend.

@@ -13,8 +13,8 @@ use strata_kernels::conformance::{self, *};
 use strata_kernels::cpu::CpuBackend;
 use strata_kernels::cuda::{CudaBackend, CudaQuantMatrix};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, DType, MatmulShape, RmsNormParams, RopeParams, RopeStyle,
-    TableSlice,
+    Activation, AttentionParams, Backend, DType, DeviceBuffer, MatmulShape, RmsNormParams,
+    RopeParams, RopeStyle, TableSlice,
 };
 
 fn gpu() -> Option<&'static CudaBackend> {
@@ -79,6 +79,22 @@ gpu_check!(feed_tokens, check_feed_tokens);
 gpu_check!(fused, check_fused);
 
 /// Every GEMV row count (1 to 8; by default only 1 and 2 take that path).
+/// A buffer's length moves within its allocation (what the decode graphs' shared logits
+/// rely on): the values stay where they were, and a length past the allocation is refused.
+#[test]
+fn buffer_length_moves_within_its_allocation() {
+    let Some(b) = gpu() else { return };
+    let values: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let mut buf = b.upload_f32_as(&values, DType::F32).unwrap();
+    buf.set_len(3).unwrap();
+    assert_eq!((buf.len(), buf.capacity()), (3, 8));
+    assert_eq!(b.download(&buf).unwrap(), &values[..3]);
+    buf.set_len(8).unwrap();
+    assert_eq!(b.download(&buf).unwrap(), values);
+    assert!(buf.set_len(9).is_err());
+    assert_eq!(buf.len(), 8);
+}
+
 #[test]
 fn gemv_every_row_count() {
     if let Some(b) = gpu() {

@@ -337,10 +337,25 @@ mod tests {
         mode: DecodeGraphs,
         dtype: KvCacheDtype,
     ) -> (Vec<f32>, usize) {
+        let (out, graphs, _) = decode_steps(cuda, ids, mode, dtype, &[3; 6]);
+        (out, graphs)
+    }
+
+    /// Sequences of 5, 9, 13, 7 and 11 prompt tokens prefilled, then a decode step of the
+    /// first `n` of them for each `n` of `schedule` (each teacher-forced from `ids`): every
+    /// step's logits, and the decode graphs and logits buffers the pool holds at the end.
+    fn decode_steps(
+        cuda: &Model<CudaBackend>,
+        ids: &[u32],
+        mode: DecodeGraphs,
+        dtype: KvCacheDtype,
+        schedule: &[usize],
+    ) -> (Vec<f32>, usize, usize) {
         let mut kv = device_pool(cuda, dtype);
         kv.storage_mut().set_graph_mode(mode);
-        let reqs: Vec<_> = (0..3).map(|_| kv.alloc_request()).collect();
-        let lens = [5usize, 9, 13];
+        let mut lens = [5usize, 9, 13, 7, 11];
+        let wanted = schedule.iter().copied().max().unwrap_or(0);
+        let reqs: Vec<_> = (0..wanted).map(|_| kv.alloc_request()).collect();
         for (&r, &n) in reqs.iter().zip(&lens) {
             kv.extend(r, n).unwrap();
             let batch = ForwardBatch {
@@ -354,16 +369,17 @@ mod tests {
             cuda.forward(&mut kv, &batch).unwrap();
         }
         let mut out = Vec::new();
-        for step in 0..6 {
-            let seqs = reqs
+        for &n in schedule {
+            let seqs = reqs[..n]
                 .iter()
-                .zip(&lens)
-                .map(|(&r, &n)| {
+                .zip(&mut lens)
+                .map(|(&r, len)| {
                     kv.extend(r, 1).unwrap();
+                    *len += 1;
                     SeqChunk {
                         request: r,
-                        tokens: vec![ids[n + step]],
-                        start: n + step,
+                        tokens: vec![ids[*len - 1]],
+                        start: *len - 1,
                         logits: LogitsMode::Last,
                     }
                 })
@@ -373,7 +389,44 @@ mod tests {
                 out.extend(l);
             }
         }
-        (out, kv.storage().graph_count())
+        let st = kv.storage();
+        let buffers = st.graph_logits.iter().flatten().count();
+        (out, st.graph_count(), buffers)
+    }
+
+    /// Decode steps whose batch sizes move between buckets 1, 8 and 4: bucket 1's graph
+    /// keeps its one-row logits buffer when bucket 8 needs a larger one, bucket 4's graph
+    /// shares bucket 8's, and each is read at its own graph's row count. Every step's
+    /// logits are the bits of the same padded step run op by op.
+    #[test]
+    fn decode_graphs_of_several_buckets_share_logits_buffers() {
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let dir = fixtures().join("gemma4-tiny");
+        let cuda = Model::load(gpu, &dir).unwrap();
+        let (ids, _) = reference(&dir);
+        let schedule = [1, 5, 3, 1, 3, 5, 1];
+        let run = |mode| decode_steps(&cuda, &ids, mode, KvCacheDtype::Bf16, &schedule);
+        let (unrecorded, none, _) = run(DecodeGraphs::Unrecorded);
+        let (replayed, graphs, buffers) = run(DecodeGraphs::Replay);
+        assert_eq!(none, 0, "the unrecorded mode captures nothing");
+        assert_eq!(graphs, 3, "buckets 1, 4 and 8 held at the end");
+        assert_eq!(
+            buffers, 2,
+            "bucket 1's buffer, and bucket 8's shared by bucket 4"
+        );
+        let rows: usize = schedule.iter().sum();
+        assert_eq!(replayed.len(), rows * cuda.config().vocab_size);
+        let differing = unrecorded
+            .iter()
+            .zip(&replayed)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            (differing, unrecorded.len()),
+            (0, replayed.len()),
+            "replays differ from the same steps run op by op"
+        );
     }
 
     /// The bf16 mode's three-row decode steps (bf16 weights; on sm_90 the few-row

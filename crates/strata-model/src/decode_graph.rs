@@ -2,10 +2,10 @@
 //!
 //! A decode step (every sequence feeds one token and wants its last logits) runs the same
 //! ops in the same order every time; only the token ids, positions and slot tables change.
-//! So the first step of a batch-size bucket (1, 2, 4, ... 32 sequences, multiples of 16 up
-//! to 64, of 8 up to 128, then 256: [`bucket_for`]) is captured once:
+//! So the first step of a batch-size bucket (1, 2, 4, 8, 16 sequences, multiples of 4 up
+//! to 128, of 16 up to 256: [`bucket_for`]) is captured once:
 //! inputs live in buffers the graph owns (fixed addresses), the step's ops are recorded,
-//! and the logits land in the graph's own output buffer. Later steps of that bucket only
+//! and the logits land in a buffer all the graphs share. Later steps of that bucket only
 //! rewrite the inputs in place and replay: one launch instead of hundreds. The slot tables
 //! go as each sequence's pages, which the backend expands into the graph's tables (a page
 //! id per 16 keys crosses from the host, not a slot per key).
@@ -16,7 +16,7 @@
 //! needs more recaptures the bucket with twice the room.
 
 use strata_kernels::sampling::RowDraw;
-use strata_kernels::{expand_page_slots, Backend, PagedSeq, StridedCopy};
+use strata_kernels::{expand_page_slots, Backend, DeviceBuffer, PagedSeq, StridedCopy};
 use strata_kv::{KvPool, PoolKind, RequestId};
 
 use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
@@ -29,35 +29,30 @@ use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedSto
 
 /// Largest batch replayed as a graph; larger decode batches run op by op.
 pub(crate) const MAX_GRAPH_BATCH: usize = 256;
-/// Buckets are powers of two up to this many sequences, multiples of [`BUCKET_STEP`] past it
-/// up to [`FINE_BUCKETS_FROM`], multiples of [`FINE_BUCKET_STEP`] up to
-/// [`STEPPED_BUCKETS_UP_TO`], powers of two again past that.
-const POW2_BUCKETS_UP_TO: usize = 32;
-/// The spacing of the middle buckets.
-const BUCKET_STEP: usize = 16;
-/// Where the buckets start stepping by [`FINE_BUCKET_STEP`]: a padded row costs about 8 us
-/// of a step at these sizes (its norms, RoPE, attention and logits), and the batches of a
-/// busy server live here.
-const FINE_BUCKETS_FROM: usize = 64;
-const FINE_BUCKET_STEP: usize = 8;
-/// The largest stepped bucket. Each captured bucket keeps its own `[bucket, vocab]` f32
-/// logits (1 MB a row at Gemma's 262,144 ids: 1.0 GB for every bucket to 128, against 255
-/// MB in powers of two), so the steps stop where that memory would grow fastest.
+/// Buckets are powers of two up to this many sequences, multiples of [`BUCKET_STEP`] past
+/// it up to [`STEPPED_BUCKETS_UP_TO`], multiples of [`WIDE_BUCKET_STEP`] past that.
+const POW2_BUCKETS_UP_TO: usize = 16;
+/// A padded row costs about 10 us of a step at these sizes (its norms, RoPE, attention and
+/// logits): at 97 sequences E2B's step took 3.86 ms in the 104-row graph, 3.84 in the
+/// 100-row one and 3.81 in a 97-row one (H200, depth 768). Every bucket writes the one
+/// shared logits buffer, so a bucket costs its capture and its small input tables.
+const BUCKET_STEP: usize = 4;
 const STEPPED_BUCKETS_UP_TO: usize = 128;
+/// Past 128 sequences a row is a smaller share of the step.
+const WIDE_BUCKET_STEP: usize = 16;
 /// Smallest slot capacity of a graph's full-attention table.
 const MIN_SLOT_CAPACITY: usize = 1 << 16;
 
 /// The graph bucket of a decode step of `n` sequences. Every padded row costs its share of
-/// the step (its products, norms and logits), so from 32 to 64 sequences buckets step by
-/// 16 and from 64 to 128 by 8: 100 sequences replay the 104-row graph, not the 128-row one.
-/// Each bucket used is captured once, with its own `[bucket, vocab]` logits buffer.
+/// the step (its products, norms and logits), so past 16 sequences buckets step by 4, and
+/// past 128 by 16: 97 sequences replay the 100-row graph.
 pub fn bucket_for(n: usize) -> usize {
-    if n <= POW2_BUCKETS_UP_TO || n > STEPPED_BUCKETS_UP_TO {
+    if n <= POW2_BUCKETS_UP_TO || n > MAX_GRAPH_BATCH {
         n.next_power_of_two()
-    } else if n <= FINE_BUCKETS_FROM {
-        n.div_ceil(BUCKET_STEP) * BUCKET_STEP
+    } else if n <= STEPPED_BUCKETS_UP_TO {
+        n.next_multiple_of(BUCKET_STEP)
     } else {
-        n.div_ceil(FINE_BUCKET_STEP) * FINE_BUCKET_STEP
+        n.next_multiple_of(WIDE_BUCKET_STEP)
     }
 }
 
@@ -80,8 +75,10 @@ pub(crate) struct DecodeGraph<B: Backend> {
     inputs: StepInputs<B>,
     full: Option<GroupTables<B>>,
     window: Option<GroupTables<B>>,
-    /// `[rows, vocab]` logits the graph writes (a row a token).
-    logits: B::Buffer,
+    /// Which of the storage's logits buffers it writes (`PagedStorage::graph_logits`), and
+    /// how many rows (a row a token).
+    logits: usize,
+    rows: usize,
     /// A verification graph's `[rows, hidden]` final-normed rows.
     hidden: Option<B::Buffer>,
     full_capacity: usize,
@@ -282,6 +279,53 @@ fn run_padded<B: Backend>(
     Ok(())
 }
 
+/// The storage's newest logits buffer at `len` elements, taken out of the storage for a
+/// capture ([`capture`] puts it back), with its index. Captured graphs share it: replays
+/// run one after another on the stream, and each step's logits are read (argmax, draws,
+/// copies) before the next is queued. When it is too small a larger one is added; the
+/// graphs captured on the old one keep it, and it is freed once none of them is left.
+/// The server's warm-up captures its largest bucket first, so decode graphs share one.
+fn take_graph_logits<B: Backend>(
+    pool: &mut KvPool<PagedStorage<B>>,
+    b: &B,
+    len: usize,
+) -> Result<(usize, B::Buffer)> {
+    let st = pool.storage_mut();
+    let fits = matches!(st.graph_logits.last(), Some(Some(l)) if l.capacity() >= len);
+    if !fits {
+        let used: std::collections::HashSet<usize> = st.graphs.values().map(|g| g.logits).collect();
+        for (i, l) in st.graph_logits.iter_mut().enumerate() {
+            if !used.contains(&i) {
+                *l = None;
+            }
+        }
+        st.graph_logits
+            .push(Some(b.zeros(len, b.activation_dtype())?));
+    }
+    let i = st.graph_logits.len() - 1;
+    let mut logits = st.graph_logits[i]
+        .take()
+        .expect("the newest buffer is in place");
+    logits.set_len(len)?;
+    Ok((i, logits))
+}
+
+/// The logits buffer graph `key` writes, at its length.
+fn graph_logits<'a, B: Backend>(
+    pool: &'a mut KvPool<PagedStorage<B>>,
+    vocab: usize,
+    key: &GraphKey,
+) -> Result<&'a B::Buffer> {
+    let st = pool.storage_mut();
+    let g = &st.graphs[key];
+    let (i, rows) = (g.logits, g.rows);
+    let logits = st.graph_logits[i]
+        .as_mut()
+        .expect("a captured graph's logits buffer stays in the storage");
+    logits.set_len(rows * vocab)?;
+    Ok(logits)
+}
+
 /// Records the bucket's graph. The step's K/V is written by a warm-up pass run op by op
 /// first (which also settles library workspaces before capture); the replay that follows
 /// writes the same values again.
@@ -299,7 +343,7 @@ fn capture<B: Backend>(
     let inputs = graph_inputs(pool, b, (p, fed), full_capacity, window_capacity)?;
     // A row a token: one a sequence for decode, all of them for a verification.
     let rows = p.ids.len();
-    let mut logits = b.zeros(rows * vocab, b.activation_dtype())?;
+    let (slot, mut logits) = take_graph_logits(pool, b, rows * vocab)?;
     let mut hidden = match verifies(batch) {
         true => Some(b.zeros(rows * h, b.activation_dtype())?),
         false => None,
@@ -307,19 +351,24 @@ fn capture<B: Backend>(
     let mut outs = |l: &mut B::Buffer, h: &mut Option<B::Buffer>| {
         run_padded(pool, model, batch, (p, bucket), &inputs, (l, h.as_mut()))
     };
-    outs(&mut logits, &mut hidden)?;
-    b.begin_capture()?;
-    let recorded = outs(&mut logits, &mut hidden);
-    // End the capture whatever happened, so the stream is usable again.
-    let graph = b.end_capture();
-    recorded?;
+    let recorded = outs(&mut logits, &mut hidden).and_then(|()| {
+        b.begin_capture()?;
+        let recorded = outs(&mut logits, &mut hidden);
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = b.end_capture();
+        recorded?;
+        Ok(graph?)
+    });
+    // Back whatever happened: the graphs captured before write it.
     let st = pool.storage_mut();
+    st.graph_logits[slot] = Some(logits);
     Ok(DecodeGraph {
-        graph: graph?,
+        graph: recorded?,
         inputs,
         full: st.full.take(),
         window: st.window.take(),
-        logits,
+        logits: slot,
+        rows,
         hidden,
         full_capacity,
         window_capacity,
@@ -439,7 +488,8 @@ pub(crate) fn replay<B: Backend>(
         return step_output(model, batch, &logits).map(Some);
     }
     let key = replay_graph(pool, model, batch, (&p, fed), bucket)?;
-    step_output(model, batch, &pool.storage().graphs[&key].logits).map(Some)
+    let vocab = model.config().vocab_size;
+    step_output(model, batch, graph_logits(pool, vocab, &key)?).map(Some)
 }
 
 /// A verification step (every sequence the same number of tokens, every row's logits)
@@ -460,10 +510,10 @@ pub(crate) fn replay_rows<B: Backend>(
     let h = model.config().hidden_size;
     let p = padded(pool, batch, prep, n)?;
     let key = replay_graph(pool, model, batch, (&p, None), n)?;
-    let g = &pool.storage().graphs[&key];
+    let logits = graph_logits(pool, model.config().vocab_size, &key)?;
+    let (tokens, logprobs) = pick_rows(model, logits, &vec![q; n], draws)?;
     let rows = n * q;
-    let (tokens, logprobs) = pick_rows(model, &g.logits, &vec![q; n], draws)?;
-    let kept = g
+    let kept = pool.storage().graphs[&key]
         .hidden
         .as_ref()
         .expect("a verification graph keeps its rows");
@@ -507,45 +557,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_are_powers_of_two_with_steps_from_32_to_128() {
+    fn buckets_are_powers_of_two_to_16_then_steps_of_4_to_128_and_16_to_256() {
         let want = [
             (1, 1),
             (2, 2),
             (3, 4),
             (5, 8),
-            (17, 32),
-            (32, 32),
-            (33, 48),
-            (48, 48),
+            (16, 16),
+            (17, 20),
+            (33, 36),
+            (64, 64),
+            (65, 68),
+            (97, 100),
+            (100, 100),
+            (125, 128),
+            (128, 128),
+            (129, 144),
+            (250, 256),
+            (256, 256),
         ];
         for (n, bucket) in want {
             assert_eq!(bucket_for(n), bucket, "{n} sequences");
         }
-        assert_eq!(bucket_for(64), 64);
-        assert_eq!(bucket_for(65), 72);
-        assert_eq!(bucket_for(100), 104);
-        assert_eq!(bucket_for(112), 112);
-        assert_eq!(bucket_for(121), 128);
         assert_eq!(decode_buckets(1), [1]);
         assert_eq!(decode_buckets(5), [1, 2, 4, 8]);
-        assert_eq!(
-            decode_buckets(100),
-            [1, 2, 4, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104]
-        );
-        assert_eq!(bucket_for(128), 128);
-        assert_eq!(bucket_for(129), 256);
-        assert_eq!(
-            decode_buckets(10_000),
-            [1, 2, 4, 8, 16, 32, 48, 64, 72, 80, 88, 96, 104, 112, 120, 128, 256]
-        );
+        assert_eq!(decode_buckets(18), [1, 2, 4, 8, 16, 20]);
+        let all = decode_buckets(10_000);
+        assert_eq!(all.len(), 5 + 28 + 8);
+        assert_eq!(all.last(), Some(&MAX_GRAPH_BATCH));
         for n in 1..=MAX_GRAPH_BATCH {
             let b = bucket_for(n);
             assert!(b >= n && b <= MAX_GRAPH_BATCH && b - n < n, "{n} -> {b}");
-            if (33..=64).contains(&n) {
+            assert!(all.contains(&b), "{n} -> {b}, not among the buckets");
+            if (17..=128).contains(&n) {
                 assert!(b - n < BUCKET_STEP, "{n} -> {b}");
             }
-            if (65..=128).contains(&n) {
-                assert!(b - n < FINE_BUCKET_STEP, "{n} -> {b}");
+            if n > 128 {
+                assert!(b - n < WIDE_BUCKET_STEP, "{n} -> {b}");
             }
         }
     }

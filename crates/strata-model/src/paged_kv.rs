@@ -38,6 +38,11 @@ pub struct PagedStorage<B: Backend> {
     pub(crate) window: Option<GroupTables<B>>,
     /// Captured decode steps by batch-size bucket (they address these slabs).
     pub(crate) graphs: HashMap<crate::decode_graph::GraphKey, DecodeGraph<B>>,
+    /// The `[rows, vocab]` logits buffers captured steps write, shared by the graphs:
+    /// replays run one after another on the stream and each step's logits are read
+    /// (argmax, draws, copies) before the next replay is queued. New captures take the
+    /// last; an earlier one (outgrown) stays while a graph captured on it does.
+    pub(crate) graph_logits: Vec<Option<B::Buffer>>,
     /// Draft rounds captured as graphs, by (sequences, steps).
     pub(crate) draft_graphs: HashMap<(usize, usize), crate::draft_graph::DraftGraph<B>>,
     pub(crate) graph_mode: DecodeGraphs,
@@ -79,6 +84,7 @@ impl<B: Backend> PagedStorage<B> {
             full: None,
             window: None,
             graphs: HashMap::new(),
+            graph_logits: Vec::new(),
             draft_graphs: HashMap::new(),
             graph_mode: DecodeGraphs::from_env(),
         }
@@ -98,6 +104,7 @@ impl<B: Backend> PagedStorage<B> {
         self.graph_mode = mode;
         if mode != DecodeGraphs::Replay {
             self.graphs.clear();
+            self.graph_logits.clear();
             self.draft_graphs.clear();
         }
     }
@@ -159,6 +166,7 @@ impl<B: Backend> KvStorage for PagedStorage<B> {
         self.full = None;
         self.window = None;
         self.graphs.clear();
+        self.graph_logits.clear();
         self.draft_graphs.clear();
         match self.allocate(layout, plan) {
             Ok(()) => {

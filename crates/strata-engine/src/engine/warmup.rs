@@ -44,11 +44,11 @@ pub struct WarmUpShape {
 }
 
 impl Engine {
-    /// A decode step at every graph bucket up to `shape.max_running` sequences (one-token
-    /// prompts, two tokens out, all submitted together: one prefill step, then one decode
-    /// step of the whole round), then one full prefill step (as many prompts of
-    /// `prefill_chunk` tokens as a step takes). The warm-up's prompts are dropped from the
-    /// prefix cache afterwards. Any request that fails fails the warm-up.
+    /// A decode step at every graph bucket up to `shape.max_running` sequences, largest
+    /// first (one-token prompts, two tokens out, all submitted together: one prefill step,
+    /// then one decode step of the whole round), then one full prefill step (as many
+    /// prompts of `prefill_chunk` tokens as a step takes). The warm-up's prompts are
+    /// dropped from the prefix cache afterwards. Any request that fails fails the warm-up.
     pub async fn warm_up(&self, shape: WarmUpShape) -> Result<WarmUp> {
         let t0 = Instant::now();
         let max_running = shape.max_running.max(1);
@@ -57,7 +57,9 @@ impl Engine {
             .map(|b| b.min(max_running))
             .collect();
         let mut first_id = 0;
-        for &n in &batches {
+        // Largest first: the decode graphs share a logits buffer sized by the first capture
+        // (a larger bucket later would add a second one).
+        for &n in batches.iter().rev() {
             // With a drafter: the prompt's token, a round that keeps the drafter's state,
             // then drafted rounds.
             let rounds = shape.draft_tokens > 0 && n <= shape.draft_max_requests;

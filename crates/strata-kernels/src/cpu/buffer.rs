@@ -27,6 +27,27 @@ impl DeviceBuffer for CpuBuffer {
             CpuBuffer::F16(_) => DType::F16,
         }
     }
+
+    fn capacity(&self) -> usize {
+        match self {
+            CpuBuffer::F32(v) => v.capacity(),
+            CpuBuffer::BF16(v) => v.capacity(),
+            CpuBuffer::F16(v) => v.capacity(),
+        }
+    }
+
+    fn set_len(&mut self, len: usize) -> Result<()> {
+        crate::error::ensure(len <= self.capacity(), "set_len", || {
+            format!("{len} elements past a capacity of {}", self.capacity())
+        })?;
+        // Within the capacity a resize does not reallocate.
+        match self {
+            CpuBuffer::F32(v) => v.resize(len, 0.0),
+            CpuBuffer::BF16(v) => v.resize(len, bf16::ZERO),
+            CpuBuffer::F16(v) => v.resize(len, f16::ZERO),
+        }
+        Ok(())
+    }
 }
 
 impl CpuBuffer {
@@ -78,5 +99,28 @@ impl CpuBuffer {
             CpuBuffer::BF16(v) => v[start..end].convert_to_f32_slice(out),
             CpuBuffer::F16(v) => v[start..end].convert_to_f32_slice(out),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_len_moves_within_the_allocation_and_refuses_past_it() {
+        let mut b = CpuBuffer::F32(vec![1.0; 8]);
+        let at = |b: &CpuBuffer| match b {
+            CpuBuffer::F32(v) => v.as_ptr(),
+            _ => unreachable!(),
+        };
+        let first = at(&b);
+        b.set_len(3).unwrap();
+        assert_eq!((b.len(), b.capacity()), (3, 8));
+        b.set_len(8).unwrap();
+        assert_eq!(b.len(), 8);
+        assert_eq!(at(&b), first, "the same allocation");
+        let err = b.set_len(9).unwrap_err();
+        assert!(matches!(err, KernelError::Shape { .. }), "{err}");
+        assert_eq!(b.len(), 8, "unchanged by the refused call");
     }
 }

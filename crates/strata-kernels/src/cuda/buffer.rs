@@ -40,6 +40,26 @@ impl DeviceBuffer for CudaBuffer {
     fn dtype(&self) -> DType {
         self.dtype
     }
+
+    fn capacity(&self) -> usize {
+        match &self.storage {
+            Storage::F32(s) => s.len(),
+            Storage::Bits16(s) => s.len(),
+        }
+    }
+
+    fn set_len(&mut self, len: usize) -> Result<()> {
+        crate::error::ensure(len <= self.capacity(), "set_len", || {
+            format!("{len} elements past a capacity of {}", self.capacity())
+        })?;
+        if len != self.len {
+            // The twin is sized by the old length.
+            self.twin = None;
+            self.twin_current = false;
+        }
+        self.len = len;
+        Ok(())
+    }
 }
 
 /// The null device address a kernel's optional pointer argument takes when there is none
