@@ -5,7 +5,7 @@
 //! So the first step of a batch-size bucket (1, 2, 4, 8, 16 sequences, multiples of 4 up
 //! to 128, of 16 up to 256: [`bucket_for`]) is captured once:
 //! inputs live in buffers the graph owns (fixed addresses), the step's ops are recorded,
-//! and the logits land in a buffer all the graphs share. Later steps of that bucket only
+//! and the logits land in a buffer the graphs share. Later steps of that bucket only
 //! rewrite the inputs in place and replay: one launch instead of hundreds. The slot tables
 //! go as each sequence's pages, which the backend expands into the graph's tables (a page
 //! id per 16 keys crosses from the host, not a slot per key).
@@ -34,8 +34,8 @@ pub(crate) const MAX_GRAPH_BATCH: usize = 256;
 const POW2_BUCKETS_UP_TO: usize = 16;
 /// A padded row costs about 10 us of a step at these sizes (its norms, RoPE, attention and
 /// logits): at 97 sequences E2B's step took 3.86 ms in the 104-row graph, 3.84 in the
-/// 100-row one and 3.81 in a 97-row one (H200, depth 768). Every bucket writes the one
-/// shared logits buffer, so a bucket costs its capture and its small input tables.
+/// 100-row one and 3.81 in a 97-row one (H200, depth 768). The graphs share their logits
+/// buffer, so a bucket costs its capture and its small input tables.
 const BUCKET_STEP: usize = 4;
 const STEPPED_BUCKETS_UP_TO: usize = 128;
 /// Past 128 sequences a row is a smaller share of the step.
@@ -283,7 +283,8 @@ fn run_padded<B: Backend>(
 /// capture ([`capture`] puts it back), with its index. Captured graphs share it: replays
 /// run one after another on the stream, and each step's logits are read (argmax, draws,
 /// copies) before the next is queued. When it is too small a larger one is added; the
-/// graphs captured on the old one keep it, and it is freed once none of them is left.
+/// graphs captured on the old one keep it, and at the next growth it is freed if none of
+/// them is left (in stream order, after any replay still queued).
 /// The server's warm-up captures its largest bucket first, so decode graphs share one.
 fn take_graph_logits<B: Backend>(
     pool: &mut KvPool<PagedStorage<B>>,
