@@ -37,8 +37,9 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Requests holding KV at once.
-    #[arg(long, default_value_t = 64)]
+    /// Requests holding KV at once (on a GPU, decode batches up to 256 replay captured
+    /// graphs; a lower cap holds a busy server to smaller, less efficient steps).
+    #[arg(long, default_value_t = 256)]
     pub max_running_requests: usize,
     /// Tokens per forward pass (decode tokens and prefill chunks together).
     #[arg(long, default_value_t = 2048)]
