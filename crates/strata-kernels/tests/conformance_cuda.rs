@@ -78,7 +78,6 @@ gpu_check!(clustered_argmax, check_clustered_argmax);
 gpu_check!(feed_tokens, check_feed_tokens);
 gpu_check!(fused, check_fused);
 
-/// Every GEMV row count (1 to 8; by default only 1 and 2 take that path).
 /// A buffer's length moves within its allocation (what the decode graphs' shared logits
 /// rely on): the values stay where they were, and a length past the allocation is refused.
 #[test]
@@ -95,6 +94,7 @@ fn buffer_length_moves_within_its_allocation() {
     assert_eq!(buf.len(), 8);
 }
 
+/// Every GEMV row count (1 to 8; by default only 1 and 2 take that path).
 #[test]
 fn gemv_every_row_count() {
     if let Some(b) = gpu() {

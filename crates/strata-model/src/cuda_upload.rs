@@ -214,6 +214,14 @@ mod tests {
         (ids, logits)
     }
 
+    /// Values of `a` and `b` whose bits differ, position by position.
+    fn bits_differing(a: &[f32], b: &[f32]) -> usize {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count()
+    }
+
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
         a.iter()
@@ -417,11 +425,7 @@ mod tests {
         );
         let rows: usize = schedule.iter().sum();
         assert_eq!(replayed.len(), rows * cuda.config().vocab_size);
-        let differing = unrecorded
-            .iter()
-            .zip(&replayed)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
+        let differing = bits_differing(&unrecorded, &replayed);
         assert_eq!(
             (differing, unrecorded.len()),
             (0, replayed.len()),
@@ -457,11 +461,7 @@ mod tests {
             let (unrecorded, _) =
                 decode_three(&skinny, &ids, DecodeGraphs::Unrecorded, KvCacheDtype::F32);
             assert_eq!(graphs, 1, "{name}: one bucket captured");
-            let differing = replayed
-                .iter()
-                .zip(&unrecorded)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+            let differing = bits_differing(&replayed, &unrecorded);
             assert_eq!(
                 differing, 0,
                 "{name}: replay differs from the op-by-op step"
@@ -506,11 +506,7 @@ mod tests {
             let (replayed, graphs) = run(DecodeGraphs::Replay, KvCacheDtype::Bf16);
             assert_eq!(none, 0, "{name}: the unrecorded mode captures nothing");
             assert_eq!(graphs, 1, "{name}: one bucket captured");
-            let differing = unrecorded
-                .iter()
-                .zip(&replayed)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+            let differing = bits_differing(&unrecorded, &replayed);
             let d = max_abs_diff(&unrecorded, &replayed);
             eprintln!("{name}: replayed vs unrecorded graph step: {differing} logits differ, max |diff| {d:.3e}");
             assert_eq!(
