@@ -27,6 +27,11 @@
 // Other rows (dim % 4 != 0, rows too long for the registers, or a buffer not 16-byte
 // aligned) take rms_norm_strided: scalar strided loops that re-read x / the residual from
 // cache, with the same reductions; correct for any dim.
+// `parts` > 1: x is [rows, parts, dim], a row's input the sum of its parts in order
+// (((x0 + x1) + x2) + x3 in f32, as the CPU adds them): a product split over k whose
+// reader adds the parts instead of a reduction launch (`k_parts.rs`). The vector path
+// takes up to NORM_MAX_PARTS on the `_parts` entry points, issuing every part's loads
+// before the adds; the general entries take any count on the strided path.
 // `out_b`, when not null, receives a bf16 copy of the kernel's result (`out`, or the
 // residual for NORM_THEN_ADD): the twin the next bf16 GEMM reads instead of narrowing.
 // Launch contract (crates/strata-kernels/src/cuda/ops.rs `norm_threads`): grid = rows,
@@ -40,6 +45,9 @@
 // float4 chunks per thread on the vector path (`NORM_VEC` in the launcher): two for the
 // hidden sizes of interest (1536 -> 192 threads, 2560 -> 320 threads).
 #define NORM_VEC 2
+
+// The most parts of x the vector path adds (the launcher sends more to the general entry).
+#define NORM_MAX_PARTS 4
 
 // Weight kinds of the vector path's template: no weight, or a buffer's dtype code.
 #define NORM_W_NONE (-1)
@@ -145,14 +153,14 @@ __device__ __forceinline__ float4 add_scale4(float4 r, float4 y, float s) {
 // The vector path: dim % 4 == 0 and dim / 4 <= NORM_VEC * blockDim.x. Every load of the
 // row (x, the residual, both weights) is issued before the reduction; chunk k of a thread
 // is float4 number threadIdx.x + k * blockDim.x of the row.
-template <int MODE, int WK, int W2K>
+template <int MODE, int WK, int W2K, bool PARTS = false>
 __device__ __forceinline__ void rms_norm_vec(const float* x, float* residual, const void* w,
                                              const void* w2, float offset, float* out,
                                              u16* out_b, int dim, float eps,
-                                             float post_scale, double* red) {
+                                             float post_scale, double* red, int parts = 1) {
     const int nc = dim >> 2;
     const u64 row = (u64)blockIdx.x * nc;
-    const float4* x4 = reinterpret_cast<const float4*>(x) + row;
+    const float4* x4 = reinterpret_cast<const float4*>(x) + (PARTS ? row * parts : row);
     float4* r4 = reinterpret_cast<float4*>(residual) + row;
     float4* o4 = reinterpret_cast<float4*>(out) + row;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -168,6 +176,15 @@ __device__ __forceinline__ void rms_norm_vec(const float* x, float* residual, co
         w2r[k] = wr[k];
         if (c < nc) {
             v[k] = __ldg(x4 + c);
+            if (PARTS) {
+                float4 more[NORM_MAX_PARTS - 1];
+#pragma unroll
+                for (int q = 1; q < NORM_MAX_PARTS; ++q)
+                    if (q < parts) more[q - 1] = __ldg(x4 + (u64)q * nc + c);
+#pragma unroll
+                for (int q = 1; q < NORM_MAX_PARTS; ++q)
+                    if (q < parts) v[k] = add4(v[k], more[q - 1]);
+            }
             if (MODE != NORM_PLAIN) res[k] = r4[c];
             wr[k] = load_w4<WK>(w, c);
             if (MODE == NORM_ADD_NORM) w2r[k] = load_w4<W2K>(w2, c);
@@ -223,17 +240,25 @@ __device__ __forceinline__ void rms_norm_vec(const float* x, float* residual, co
 
 // Any dim: scalar strided loops, the weights' dtype switched per element (a uniform
 // branch). Each thread reads back only the residual elements it wrote itself.
+// Element i of this block's row of x: the sum of its parts in order.
+__device__ __forceinline__ float x_at(const float* x, int i, int dim, int parts) {
+    const float* r = x + (u64)blockIdx.x * parts * dim + i;
+    float v = r[0];
+    for (int q = 1; q < parts; ++q) v = __fadd_rn(v, r[(u64)q * dim]);
+    return v;
+}
+
 template <int MODE>
 __device__ __forceinline__ void rms_norm_strided(const float* x, float* residual,
                                                  const void* w, int w_dtype, const void* w2,
                                                  int w2_dtype, float offset, float* out,
                                                  u16* out_b, int dim, float eps,
-                                                 float post_scale, double* red) {
+                                                 float post_scale, double* red, int parts) {
     const u64 base = (u64)blockIdx.x * dim;
     const double inv_dim = recip_f64_here(dim);
     double ss = 0.0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = x[base + i];
+        float v = x_at(x, i, dim, parts);
         if (MODE == NORM_ADD_THEN_NORM) {
             v = __fadd_rn(residual[base + i], v);
             residual[base + i] = v;
@@ -244,7 +269,7 @@ __device__ __forceinline__ void rms_norm_strided(const float* x, float* residual
     const float inv = (float)rsqrt(ss * inv_dim + (double)eps);
     double ss2 = 0.0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = MODE == NORM_ADD_THEN_NORM ? residual[base + i] : x[base + i];
+        const float v = MODE == NORM_ADD_THEN_NORM ? residual[base + i] : x_at(x, i, dim, parts);
         float y = __fmul_rn(v, inv);
         if (w_dtype >= 0) y = __fmul_rn(y, __fadd_rn(load_as_f32(w, w_dtype, i), offset));
         if (MODE == NORM_THEN_ADD || MODE == NORM_ADD_NORM) {
@@ -297,14 +322,16 @@ template <int MODE>
 __device__ __forceinline__ void rms_norm_mode(const float* x, float* residual, const void* w,
                                               int w_dtype, const void* w2, int w2_dtype,
                                               float offset, float* out, u16* out_b, int dim,
-                                              float eps, float post_scale) {
+                                              float eps, float post_scale, int parts) {
     __shared__ __align__(16) double red[MODE == NORM_ADD_NORM ? 64 : 32];
     // The vector path needs 16-byte aligned rows: dim % 4 == 0 and every buffer aligned
-    // (whole allocations always are; the check only guards a caller passing a view).
+    // (whole allocations always are; the check only guards a caller passing a view). An
+    // input in parts takes the strided path here (the `_parts` entries are the vector one).
     const u64 align = (u64)x | (u64)residual | (u64)w | (u64)w2 | (u64)out | ((u64)out_b << 1);
-    if ((dim & 3) != 0 || (align & 15) != 0 || (dim >> 2) > NORM_VEC * (int)blockDim.x) {
+    if ((dim & 3) != 0 || (align & 15) != 0 || (dim >> 2) > NORM_VEC * (int)blockDim.x ||
+        parts != 1) {
         rms_norm_strided<MODE>(x, residual, w, w_dtype, w2, w2_dtype, offset, out, out_b, dim,
-                               eps, post_scale, red);
+                               eps, post_scale, red, parts);
         return;
     }
     if constexpr (MODE == NORM_ADD_NORM) {
@@ -318,17 +345,17 @@ __device__ __forceinline__ void rms_norm_mode(const float* x, float* residual, c
     }
 }
 
-// The parameters of every entry point (the launcher passes the same thirteen to each).
+// The parameters of every entry point (the launcher passes the same fourteen to each).
 #define NORM_PARAMS                                                                     \
     (const float* x, float* residual, const void* w, int w_dtype, const void* w2,      \
      int w2_dtype, float offset, float* out, u16* out_b, int dim, float eps, int mode, \
-     float post_scale)
+     float post_scale, int parts)
 
 #define NORM_ENTRY(NAME, MODE)                                                              \
     extern "C" __global__ void __launch_bounds__(1024) NAME NORM_PARAMS {                   \
         (void)mode;                                                                         \
         rms_norm_mode<MODE>(x, residual, w, w_dtype, w2, w2_dtype, offset, out, out_b, dim, \
-                            eps, post_scale);                                               \
+                            eps, post_scale, parts);                                        \
     }
 
 NORM_ENTRY(rms_norm_plain, NORM_PLAIN)
@@ -349,9 +376,22 @@ NORM_ENTRY(rms_norm_add_norm, NORM_ADD_NORM)
         (void)w_dtype;                                                                      \
         (void)w2_dtype;                                                                     \
         (void)mode;                                                                         \
+        (void)parts;                                                                        \
         __shared__ __align__(16) double red[MODE == NORM_ADD_NORM ? 64 : 32];               \
         rms_norm_vec<MODE, WK, MODE == NORM_ADD_NORM ? WK : NORM_W_NONE>(                   \
             x, residual, w, w2, offset, out, out_b, dim, eps, post_scale, red);             \
+    }
+
+// The same for an input of 2 to NORM_MAX_PARTS parts (f32 weights, the model's case).
+#define NORM_ENTRY_PARTS(NAME, MODE)                                                        \
+    extern "C" __global__ void __launch_bounds__(1024) NAME NORM_PARAMS {                   \
+        (void)w_dtype;                                                                      \
+        (void)w2_dtype;                                                                     \
+        (void)mode;                                                                         \
+        __shared__ __align__(16) double red[MODE == NORM_ADD_NORM ? 64 : 32];               \
+        rms_norm_vec<MODE, STRATA_F32, MODE == NORM_ADD_NORM ? STRATA_F32 : NORM_W_NONE,    \
+                     true>(x, residual, w, w2, offset, out, out_b, dim, eps, post_scale,    \
+                           red, parts);                                                     \
     }
 
 NORM_ENTRY_TYPED(rms_norm_plain_bf16, NORM_PLAIN, STRATA_BF16)
@@ -362,3 +402,6 @@ NORM_ENTRY_TYPED(rms_norm_plain_f32, NORM_PLAIN, STRATA_F32)
 NORM_ENTRY_TYPED(rms_norm_add_then_norm_f32, NORM_ADD_THEN_NORM, STRATA_F32)
 NORM_ENTRY_TYPED(rms_norm_then_add_f32, NORM_THEN_ADD, STRATA_F32)
 NORM_ENTRY_TYPED(rms_norm_add_norm_f32, NORM_ADD_NORM, STRATA_F32)
+NORM_ENTRY_PARTS(rms_norm_add_then_norm_f32_parts, NORM_ADD_THEN_NORM)
+NORM_ENTRY_PARTS(rms_norm_then_add_f32_parts, NORM_THEN_ADD)
+NORM_ENTRY_PARTS(rms_norm_add_norm_f32_parts, NORM_ADD_NORM)

@@ -171,7 +171,7 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buffer,
     ) -> Result<()> {
         self.rms_norm_add(residual, x, weight, p)?;
-        self.rms_norm(residual, next_weight, p, out)
+        self.rms_norm(residual, next_weight, p.whole(), out)
     }
 
     /// [`Backend::rms_norm_add`] then the residual scaled: `residual = (residual +
@@ -201,7 +201,7 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buffer,
     ) -> Result<()> {
         self.rms_norm_add_scale(residual, x, weights[0], p, scale)?;
-        self.rms_norm(residual, weights[1], p, out)
+        self.rms_norm(residual, weights[1], p.whole(), out)
     }
 
     // ---- RoPE ---------------------------------------------------------------------------
@@ -225,6 +225,28 @@ pub trait Backend: Send + Sync {
         x: &Self::Buffer,
         w: &Self::Buffer,
         shape: MatmulShape,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Into how many parts [`Backend::matmul_parts`] should split the product of the
+    /// dense `w` (`shape`) over `rows` rows, for a result that only a norm reads (it adds
+    /// the parts: [`RmsNormParams::parts`]). 1, the default, where the split gains
+    /// nothing.
+    fn matmul_k_parts(&self, _w: &Self::Buffer, _shape: MatmulShape, _rows: usize) -> usize {
+        1
+    }
+
+    /// `out [T, parts, out_features]`: part `p` of row `t` is the product of row `t` of
+    /// `x` and `W` over the `p`-th of `parts` equal slices of the inputs
+    /// (`in_features` a multiple of `parts`). The parts add up to [`Backend::matmul`]'s
+    /// product; a norm that reads them adds them as it loads its row, so the split needs
+    /// no reduction pass of its own. `parts = 1` is [`Backend::matmul`].
+    fn matmul_parts(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        shape: MatmulShape,
+        parts: usize,
         out: &mut Self::Buffer,
     ) -> Result<()>;
 

@@ -28,6 +28,11 @@ pub struct RmsNormParams {
     /// 0 for Gemma-4 / Llama / Qwen3 / GGUF (weights hold the final multiplier), 1 for HF
     /// Gemma-3 checkpoints, whose norms multiply by `1 + w`.
     pub weight_offset: f32,
+    /// How many parts the normed input `x` comes in: `[rows, parts, dim]`, a row's input
+    /// being its parts added in order in f32 (a product split over k by
+    /// [`crate::Backend::matmul_parts`]). 1 for a plain `[rows, dim]` input. Only the
+    /// norms' `x` takes parts: a residual or a second norm's input is always whole.
+    pub parts: usize,
 }
 
 impl RmsNormParams {
@@ -36,7 +41,18 @@ impl RmsNormParams {
             dim,
             eps,
             weight_offset: 0.0,
+            parts: 1,
         }
+    }
+
+    /// The same norm over an input of `parts` parts.
+    pub fn with_parts(self, parts: usize) -> Self {
+        Self { parts, ..self }
+    }
+
+    /// The same norm over a whole input (what a fused step's second norm reads).
+    pub fn whole(self) -> Self {
+        self.with_parts(1)
     }
 }
 

@@ -77,6 +77,7 @@ gpu_check!(argmax, check_argmax);
 gpu_check!(clustered_argmax, check_clustered_argmax);
 gpu_check!(feed_tokens, check_feed_tokens);
 gpu_check!(fused, check_fused);
+gpu_check!(k_parts, check_k_parts);
 
 /// A buffer's length moves within its allocation (what the decode graphs' shared logits
 /// rely on): the values stay where they were, and a length past the allocation is refused.
@@ -634,6 +635,7 @@ fn bf16_twin_matches_narrowing_and_goes_stale() {
         dim,
         eps: 1e-6,
         weight_offset: 0.0,
+        parts: 1,
     };
     let shape = MatmulShape {
         in_features: dim,

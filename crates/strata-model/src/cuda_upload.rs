@@ -486,6 +486,75 @@ mod tests {
         }
     }
 
+    /// The o and down products split over k, their parts added by the residual norms
+    /// (`Backend::matmul_parts`): with the skinny and small GEMMs off, the tiny models'
+    /// products at 3 to 13 rows go to cuBLAS, and parts as short as their 16 inputs are
+    /// allowed. A replayed graph equals its op-by-op step bit for bit; the logits stay
+    /// within the bf16 mode's bound of the exact path, and close to the same steps run
+    /// with whole products.
+    #[test]
+    fn products_split_over_k_match_whole_products() {
+        use strata_kernels::cuda::KParts;
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let opts = crate::LoadOptions {
+            weight_dtype: Some(strata_kernels::DType::BF16),
+            host_embeddings: false,
+        };
+        let short = KParts {
+            max_rows: 128,
+            min_part: 16,
+        };
+        for (name, bound) in [("gemma4-tiny", 0.3), ("llama-tiny", 0.03)] {
+            let dir = fixtures().join(name);
+            let (ids, _) = reference(&dir);
+            let exact = Model::load(gpu.clone(), &dir).unwrap();
+            let (want, _) = decode_three(&exact, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
+            let cublas = gpu
+                .clone()
+                .with_bf16_gemm(true)
+                .with_skinny_gemm(false)
+                .with_small_gemm(false);
+            let load = |b: CudaBackend| Model::load_with(b, &dir, opts).unwrap();
+            let whole = load(cublas.clone().with_k_parts(KParts::OFF));
+            let split = load(cublas.with_k_parts(short));
+            let o = &split.tensors.layers[0].o;
+            let crate::Linear::Dense { w, .. } = o else {
+                panic!("{name}: a bf16 load keeps o dense")
+            };
+            let parts = split.backend().matmul_k_parts(w, o.shape(), 3);
+            assert!(parts > 1, "{name}: o is not split at three rows");
+            let (replayed, graphs) =
+                decode_three(&split, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
+            let (unrecorded, _) =
+                decode_three(&split, &ids, DecodeGraphs::Unrecorded, KvCacheDtype::F32);
+            assert_eq!(graphs, 1, "{name}: one bucket captured");
+            let differing = bits_differing(&replayed, &unrecorded);
+            assert_eq!(
+                differing, 0,
+                "{name}: replay differs from the op-by-op step"
+            );
+            let (unsplit, _) = decode_three(&whole, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
+            let (d_split, d_whole) = (
+                max_abs_diff(&replayed, &want),
+                max_abs_diff(&unsplit, &want),
+            );
+            let between = max_abs_diff(&replayed, &unsplit);
+            eprintln!(
+                "{name}: o in {parts} parts; from the exact path {d_split:.3e} split, \
+                 {d_whole:.3e} whole; split vs whole {between:.3e}"
+            );
+            assert!(
+                d_split < bound,
+                "{name}: split {d_split} from exact (bound {bound})"
+            );
+            assert!(
+                between <= 2.0 * d_whole.max(1e-4),
+                "{name}: split vs whole {between} against whole's own {d_whole} from exact"
+            );
+        }
+    }
+
     /// Decode steps of a batch of three sequences at different depths (bucket 4, one padded
     /// row). A replayed graph runs the same kernels on the same inputs as its padded step
     /// run op by op, so their logits must agree bit for bit. Against the plain op-by-op

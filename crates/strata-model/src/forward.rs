@@ -72,6 +72,7 @@ impl<B: Backend> Model<B> {
             dim,
             eps: self.config.rms_norm_eps as f32,
             weight_offset: self.config.norm_weight_offset,
+            parts: 1,
         }
     }
 
@@ -83,16 +84,20 @@ impl<B: Backend> Model<B> {
     /// `residual = (residual + rms_norm(y)) * scale` (the layer scalar, when given); with
     /// `next` (the next layer's input norm) also `normed = rms_norm(residual, next)`, in the
     /// same step.
+    /// `y` may come in `parts` parts (`[T, parts, H]`), which the norm adds.
+    #[allow(clippy::too_many_arguments)]
     fn norm_add(
         &self,
         residual: &mut B::Buffer,
         y: &B::Buffer,
+        parts: usize,
         weight: &B::Buffer,
         scale: Option<f32>,
         next: Option<&B::Buffer>,
         normed: &mut B::Buffer,
     ) -> Result<()> {
-        let (b, p) = (&self.backend, self.norm(self.config.hidden_size));
+        let b = &self.backend;
+        let p = self.norm(self.config.hidden_size).with_parts(parts);
         let w = Some(weight);
         match (scale, next) {
             (Some(s), Some(n)) => {
@@ -106,18 +111,25 @@ impl<B: Backend> Model<B> {
     }
 
     /// As [`Self::norm_add`] for a layer without a post-norm: `residual += y` (then scaled).
+    /// `y` comes in parts only where the next layer's input norm takes the add.
     fn add_residual(
         &self,
         residual: &mut B::Buffer,
         y: &B::Buffer,
+        parts: usize,
         scale: Option<f32>,
         next: Option<&B::Buffer>,
         normed: &mut B::Buffer,
     ) -> Result<()> {
         let (b, p) = (&self.backend, self.norm(self.config.hidden_size));
         if let (None, Some(n)) = (scale, next) {
-            b.add_rms_norm(residual, y, Some(n), p, normed)?;
+            b.add_rms_norm(residual, y, Some(n), p.with_parts(parts), normed)?;
             return Ok(());
+        }
+        if parts != 1 {
+            return Err(crate::error::ModelError::Invalid(format!(
+                "an MLP output in {parts} parts with no norm to add them"
+            )));
         }
         b.add(residual, y)?;
         if let Some(s) = scale {
@@ -320,19 +332,15 @@ impl<B: Backend> Model<B> {
         let (lc, lw) = (&c.layers[l], &layers[l]);
         // The layer's last residual step also norms the next layer's input.
         let next = layers.get(l + 1).map(|n| &n.input_norm);
-        let attn = self.attention(l, lc, lw, normed, t, positions, batch, kv)?;
+        // The o and down products go only into a residual norm, which can add their parts.
+        let (attn, parts) = self.attention(l, lc, lw, normed, t, positions, batch, kv)?;
+        let p = self.norm(h).with_parts(parts);
         match &lw.post_attn_norm {
-            Some(post) => b.rms_norm_add_norm(
-                x,
-                &attn,
-                Some(post),
-                Some(&lw.pre_mlp_norm),
-                self.norm(h),
-                normed,
-            )?,
-            None => b.add_rms_norm(x, &attn, Some(&lw.pre_mlp_norm), self.norm(h), normed)?,
+            Some(post) => {
+                b.rms_norm_add_norm(x, &attn, Some(post), Some(&lw.pre_mlp_norm), p, normed)?
+            }
+            None => b.add_rms_norm(x, &attn, Some(&lw.pre_mlp_norm), p, normed)?,
         }
-        let m = self.mlp(lw, normed, t)?;
         // The layer scalar multiplies the residual after the layer's last add; it is
         // folded into that add's kernel where there is a norm to fold it into.
         let scalar = c.layer_scalar.then_some(lw.layer_scalar);
@@ -342,9 +350,14 @@ impl<B: Backend> Model<B> {
         } else {
             (scalar, next)
         };
+        // Without a post-norm the MLP's output is added as it is unless the next layer's
+        // input norm takes that add (`add_residual`).
+        let normed_after =
+            lw.post_mlp_norm.is_some() || (mlp_scalar.is_none() && mlp_next.is_some());
+        let (m, parts) = self.mlp(lw, normed, t, normed_after)?;
         match &lw.post_mlp_norm {
-            Some(post) => self.norm_add(x, &m, post, mlp_scalar, mlp_next, normed)?,
-            None => self.add_residual(x, &m, mlp_scalar, mlp_next, normed)?,
+            Some(post) => self.norm_add(x, &m, parts, post, mlp_scalar, mlp_next, normed)?,
+            None => self.add_residual(x, &m, parts, mlp_scalar, mlp_next, normed)?,
         }
         if let Some((ple, (gate, proj, norm))) = ple_step {
             let p = gate.rows();
@@ -357,7 +370,7 @@ impl<B: Backend> Model<B> {
             gate.forward_gated_slice(b, self.activation(), x, ple, slice, &mut ga)?;
             let mut out = self.scratch(t * h)?;
             proj.forward(b, &ga, &mut out)?;
-            self.norm_add(x, &out, norm, scalar, next, normed)?;
+            self.norm_add(x, &out, 1, norm, scalar, next, normed)?;
         }
         Ok(())
     }
@@ -510,7 +523,31 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// Self-attention of layer `l` for the whole batch; returns `[T, H]`.
+    /// `lin`'s product of `x` (`t` rows) for a reader that adds parts (a residual norm):
+    /// split over k where the backend gains from it ([`Backend::matmul_k_parts`]).
+    /// Returns the result (`[t, parts, rows]`) and its part count.
+    fn project_for_norm(
+        &self,
+        lin: &Linear<B>,
+        x: &B::Buffer,
+        t: usize,
+    ) -> Result<(B::Buffer, usize)> {
+        let (b, n) = (&self.backend, lin.rows());
+        if let Linear::Dense { w, .. } = lin {
+            let parts = b.matmul_k_parts(w, lin.shape(), t);
+            if parts > 1 {
+                let mut out = self.scratch(t * parts * n)?;
+                b.matmul_parts(x, w, lin.shape(), parts, &mut out)?;
+                return Ok((out, parts));
+            }
+        }
+        let mut out = self.scratch(t * n)?;
+        lin.forward(b, x, &mut out)?;
+        Ok((out, 1))
+    }
+
+    /// Self-attention of layer `l` for the whole batch; returns `[T, H]` in the parts the
+    /// o projection was split into (see [`Self::project_for_norm`]), and their count.
     #[allow(clippy::too_many_arguments)]
     fn attention<K: KvCache<B>>(
         &self,
@@ -522,7 +559,7 @@ impl<B: Backend> Model<B> {
         positions: &B::Index,
         batch: &ForwardBatch,
         kv: &mut K,
-    ) -> Result<B::Buffer> {
+    ) -> Result<(B::Buffer, usize)> {
         let b = &self.backend;
         let c = &self.config;
         let (d, nh, nkv) = (lc.head_dim, c.num_attention_heads, lc.num_kv_heads);
@@ -574,20 +611,28 @@ impl<B: Backend> Model<B> {
         let mut o = self.scratch(t * nh * d)?;
         // A layer that reads another's K/V (KV-shared, or a drafter's) names that layer.
         kv.attend(b, c.kv_layer_for(l), batch, &q, params, &mut o)?;
-        let mut out = self.scratch(t * c.hidden_size)?;
-        lw.o.forward(b, &o, &mut out)?;
-        Ok(out)
+        self.project_for_norm(&lw.o, &o, t)
     }
 
-    /// The gated MLP; returns `[T, H]`.
-    fn mlp(&self, lw: &LayerTensors<B>, normed: &B::Buffer, t: usize) -> Result<B::Buffer> {
+    /// The gated MLP; returns `[T, H]`, in parts (and their count) when `normed_after`
+    /// (a norm reads the result; see [`Self::project_for_norm`]).
+    fn mlp(
+        &self,
+        lw: &LayerTensors<B>,
+        normed: &B::Buffer,
+        t: usize,
+        normed_after: bool,
+    ) -> Result<(B::Buffer, usize)> {
         let b = &self.backend;
         let f = lw.gate.rows();
         let mut act = self.scratch(t * f)?;
         Linear::forward_gated(b, self.activation(), &lw.gate, &lw.up, normed, &mut act)?;
+        if normed_after {
+            return self.project_for_norm(&lw.down, &act, t);
+        }
         let mut out = self.scratch(t * self.config.hidden_size)?;
         lw.down.forward(b, &act, &mut out)?;
-        Ok(out)
+        Ok((out, 1))
     }
 
     /// Final norm and output projection for the rows each sequence asked for: raw logits,

@@ -30,6 +30,7 @@ fn norm_params(dim: usize, offset: f32) -> RmsNormParams {
         dim,
         eps: 1e-6,
         weight_offset: offset,
+        parts: 1,
     }
 }
 

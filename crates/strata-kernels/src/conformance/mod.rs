@@ -14,6 +14,7 @@
 mod attention;
 mod elementwise;
 mod fused;
+mod k_parts;
 mod matmul;
 mod memory;
 mod norm;
@@ -31,6 +32,7 @@ pub use fused::{
     check_act_mul_slice, check_fused, check_fused_norms, check_head_norm_rope, check_qkv_norm_rope,
     check_qkv_norm_rope_store,
 };
+pub use k_parts::check_k_parts;
 pub use matmul::{
     check_embedding, check_embedding_case, check_embedding_quant, check_fused_matmuls,
     check_fused_matmuls_within, check_gated_matmul_case, check_gated_slice_matmul_case,
@@ -197,5 +199,6 @@ pub fn check_all<B: Backend>(
     check_clustered_argmax(b)?;
     check_feed_tokens(b)?;
     check_fused(b)?;
+    check_k_parts(b)?;
     Ok(())
 }

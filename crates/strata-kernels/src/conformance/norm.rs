@@ -49,6 +49,7 @@ pub fn check_rms_norm_case<B: Backend>(b: &B, c: RmsNormCase) -> CheckResult {
         dim: c.dim,
         eps: c.eps,
         weight_offset: c.weight_offset,
+        parts: 1,
     };
     let what = format!("rms_norm {c:?}");
     let xb = put(b, &x, act)?;

@@ -167,6 +167,65 @@ pub(crate) fn matmul(
     Ok(())
 }
 
+/// [`crate::Backend::matmul_parts`]: each part is [`matmul`] over its slice of the inputs
+/// (the slices of x and W copied out), written to its place in `out [T, parts, n]`.
+pub(crate) fn matmul_parts(
+    x: &CpuBuffer,
+    w: &CpuBuffer,
+    shape: MatmulShape,
+    parts: usize,
+    out: &mut CpuBuffer,
+) -> Result<()> {
+    const OP: &str = "matmul_parts";
+    let (k, n) = (shape.in_features, shape.out_features);
+    ensure(parts > 0 && k.is_multiple_of(parts), OP, || {
+        format!("{k} inputs do not split into {parts} parts")
+    })?;
+    let xs = x.f32s(OP)?;
+    ensure(k > 0 && xs.len().is_multiple_of(k), OP, || {
+        format!(
+            "x has {} elements, not a multiple of in_features {k}",
+            xs.len()
+        )
+    })?;
+    ensure(w.len() == k * n, OP, || {
+        format!("weight has {} elements, want {n} x {k}", w.len())
+    })?;
+    let t = xs.len() / k;
+    let os = out.f32s_mut(OP)?;
+    ensure(os.len() == t * parts * n, OP, || {
+        format!("out has {} elements, want {t} x {parts} x {n}", os.len())
+    })?;
+    let kp = k / parts;
+    let part_shape = MatmulShape {
+        in_features: kp,
+        out_features: n,
+    };
+    for p in 0..parts {
+        let cols = p * kp..(p + 1) * kp;
+        let xp = CpuBuffer::F32(columns(xs, k, cols.clone()));
+        let wp = match w {
+            CpuBuffer::F32(v) => CpuBuffer::F32(columns(v, k, cols)),
+            CpuBuffer::BF16(v) => CpuBuffer::BF16(columns(v, k, cols)),
+            CpuBuffer::F16(v) => CpuBuffer::F16(columns(v, k, cols)),
+        };
+        let mut y = CpuBuffer::F32(vec![0.0; t * n]);
+        matmul(&xp, &wp, part_shape, &mut y)?;
+        let y = y.f32s(OP)?;
+        for (row, o) in y.chunks_exact(n).zip(os.chunks_exact_mut(parts * n)) {
+            o[p * n..(p + 1) * n].copy_from_slice(row);
+        }
+    }
+    Ok(())
+}
+
+/// Columns `cols` of every row of the row-major `v` (rows of `width`).
+fn columns<T: Copy>(v: &[T], width: usize, cols: std::ops::Range<usize>) -> Vec<T> {
+    v.chunks_exact(width)
+        .flat_map(|row| row[cols.clone()].iter().copied())
+        .collect()
+}
+
 pub(crate) fn matmul_quant(x: &CpuBuffer, w: &dyn RowDot, out: &mut CpuBuffer) -> Result<()> {
     const OP: &str = "matmul_quant";
     let (k, n) = (w.cols(), w.rows());

@@ -206,6 +206,17 @@ impl Backend for CpuBackend {
         self.install(|| matmul::matmul(x, w, shape, out))
     }
 
+    fn matmul_parts(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        shape: MatmulShape,
+        parts: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| matmul::matmul_parts(x, w, shape, parts, out))
+    }
+
     fn matmul_quant(&self, x: &CpuBuffer, w: &dyn RowDot, out: &mut CpuBuffer) -> Result<()> {
         self.install(|| matmul::matmul_quant(x, w, out))
     }

@@ -4,6 +4,8 @@
 //! path a tight reference); the scaling itself follows transformers' order in f32:
 //! `(x * inv_rms) * (w + offset)`, one rounding per product.
 
+use std::borrow::Cow;
+
 use super::buffer::CpuBuffer;
 use super::par::PAR_MIN_ELEMS;
 use crate::error::ensure;
@@ -26,9 +28,34 @@ fn effective_weight(
 }
 
 fn check_rows(op: &'static str, len: usize, p: &RmsNormParams) -> Result<()> {
-    ensure(p.dim > 0 && len.is_multiple_of(p.dim), op, || {
-        format!("length {len} is not a multiple of dim {}", p.dim)
+    ensure(p.parts > 0, op, || "an input of zero parts".to_string())?;
+    ensure(p.dim > 0 && len.is_multiple_of(p.dim * p.parts), op, || {
+        format!(
+            "length {len} is not rows of {} parts of dim {}",
+            p.parts, p.dim
+        )
     })
+}
+
+/// `x` (checked by [`check_rows`]) as whole rows: each row's `p.parts` parts added in
+/// order, in f32 (`((x0 + x1) + x2) + ...`, as the CUDA norms add them).
+fn whole_rows<'a>(x: &'a [f32], p: &RmsNormParams) -> Cow<'a, [f32]> {
+    if p.parts <= 1 {
+        return Cow::Borrowed(x);
+    }
+    let mut out = vec![0f32; x.len() / p.parts];
+    for (o, row) in out
+        .chunks_exact_mut(p.dim)
+        .zip(x.chunks_exact(p.dim * p.parts))
+    {
+        o.copy_from_slice(&row[..p.dim]);
+        for part in row[p.dim..].chunks_exact(p.dim) {
+            for (a, &b) in o.iter_mut().zip(part) {
+                *a += b;
+            }
+        }
+    }
+    Cow::Owned(out)
 }
 
 #[inline]
@@ -81,6 +108,8 @@ pub(crate) fn rms_norm(
     let x = x.f32s(OP)?;
     let out = out.f32s_mut(OP)?;
     check_rows(OP, x.len(), &p)?;
+    let x = whole_rows(x, &p);
+    let x = &x[..];
     ensure(out.len() == x.len(), OP, || {
         format!("out {} != x {}", out.len(), x.len())
     })?;
@@ -101,6 +130,8 @@ pub(crate) fn add_rms_norm(
     let x = x.f32s(OP)?;
     let out = out.f32s_mut(OP)?;
     check_rows(OP, x.len(), &p)?;
+    let x = whole_rows(x, &p);
+    let x = &x[..];
     ensure(
         residual.len() == x.len() && out.len() == x.len(),
         OP,
@@ -146,6 +177,8 @@ pub(crate) fn rms_norm_add(
     let residual = residual.f32s_mut(OP)?;
     let x = x.f32s(OP)?;
     check_rows(OP, x.len(), &p)?;
+    let x = whole_rows(x, &p);
+    let x = &x[..];
     ensure(residual.len() == x.len(), OP, || {
         format!("residual {} != x {}", residual.len(), x.len())
     })?;

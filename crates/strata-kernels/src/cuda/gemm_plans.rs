@@ -45,11 +45,15 @@ fn bucket(t: usize) -> usize {
     }
 }
 
-/// The buckets planned together the first time a shape is met.
-fn eager_buckets() -> impl Iterator<Item = usize> {
+/// The buckets planned together the first time a shape is met. A product split over k
+/// (`parts` > 1) runs only at decode row counts (`k_parts.rs`: up to 256), so only those
+/// are planned for it.
+fn eager_buckets(parts: usize) -> impl Iterator<Item = usize> {
+    let most = if parts > 1 { 256 } else { EAGER_PLAN_ROWS };
     (8..=128)
         .step_by(8)
         .chain((256..=EAGER_PLAN_ROWS).step_by(256))
+        .filter(move |&r| r <= most)
 }
 
 /// A GEMM shape and the row count of a bucket.
@@ -59,18 +63,21 @@ struct PlanKey {
     k: usize,
     rows: usize,
     bf16_out: bool,
+    parts: usize,
 }
 
-/// A GEMM's shape without its row count: (n, k, bf16_out).
-type Shape = (usize, usize, bool);
+/// A GEMM's shape without its row count: (n, k, bf16_out, parts).
+type Shape = (usize, usize, bool, usize);
 
 impl PlanKey {
     fn shape(&self) -> Shape {
-        (self.n, self.k, self.bf16_out)
+        (self.n, self.k, self.bf16_out, self.parts)
     }
 }
 
-/// One product's device operands: `out (t x n) = xb (t x k) * W^T`, W row-major n x k.
+/// One product's device operands: `out (t x n) = xb (t x k) * W^T`, W row-major n x k;
+/// with `parts` > 1 the product is split over k into that many equal slices, one batch
+/// entry each, written as `out [t, parts, n]` (no reduction: the reader adds them).
 #[derive(Clone, Copy)]
 pub(super) struct GemmOperands {
     /// The n*k bf16 weight.
@@ -83,11 +90,12 @@ pub(super) struct GemmOperands {
     pub k: usize,
     pub n: usize,
     pub bf16_out: bool,
+    pub parts: usize,
 }
 
 impl GemmOperands {
     fn shape(&self) -> Shape {
-        (self.n, self.k, self.bf16_out)
+        (self.n, self.k, self.bf16_out, self.parts)
     }
 }
 
@@ -119,8 +127,10 @@ struct Layouts([sys::cublasLtMatrixLayout_t; 3]);
 
 impl Layouts {
     /// Column-major `C (n x t) = W^T (n x k) * X (k x t)`, as `cublasGemmEx` is called: A
-    /// is the row-major weight read as k x n, B the token rows as k x t.
-    fn new(n: usize, k: usize, t: usize, bf16_out: bool) -> Result<Self> {
+    /// is the row-major weight read as k x n, B the token rows as k x t. With `parts` > 1,
+    /// a strided batch of `parts` products over consecutive k slices of A and B (same
+    /// leading dimension k), part p's C at column offset p * n of rows `parts * n` long.
+    fn new(n: usize, k: usize, t: usize, bf16_out: bool, parts: usize) -> Result<Self> {
         use cudarc::cublaslt::result::create_matrix_layout;
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
         let out = if bf16_out {
@@ -128,13 +138,47 @@ impl Layouts {
         } else {
             sys::cudaDataType::CUDA_R_32F
         };
-        let (n64, k64, t64) = (n as u64, k as u64, t as u64);
-        let a = create_matrix_layout(bf16, k64, n64, k as i64).map_err(lt_err("layout"))?;
-        let b = create_matrix_layout(bf16, k64, t64, k as i64);
+        let kp = (k / parts) as u64;
+        let (n64, t64) = (n as u64, t as u64);
+        let a = create_matrix_layout(bf16, kp, n64, k as i64).map_err(lt_err("layout"))?;
+        let b = create_matrix_layout(bf16, kp, t64, k as i64);
         let b = Self::keep(b, &[a])?;
-        let c = create_matrix_layout(out, n64, t64, n as i64);
+        let c = create_matrix_layout(out, n64, t64, (parts * n) as i64);
         let c = Self::keep(c, &[a, b])?;
-        Ok(Self([a, b, c]))
+        let made = Self([a, b, c]);
+        if parts > 1 {
+            made.batch(parts, [kp as i64, kp as i64, n as i64])?;
+        }
+        Ok(made)
+    }
+
+    /// Makes the three layouts a strided batch of `count`, entry i at `offsets[j] * i`
+    /// elements into matrix j.
+    fn batch(&self, count: usize, offsets: [i64; 3]) -> Result<()> {
+        use sys::cublasLtMatrixLayoutAttribute_t as Attr;
+        let count = count as i32;
+        for (&l, off) in self.0.iter().zip(offsets) {
+            // SAFETY: `l` is live; each attribute is passed by address with its size (an
+            // i32 count and an i64 offset, as cuBLASLt defines them).
+            unsafe {
+                cudarc::cublaslt::result::set_matrix_layout_attribute(
+                    l,
+                    Attr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                    (&count as *const i32).cast(),
+                    std::mem::size_of::<i32>(),
+                )
+                .and_then(|_| {
+                    cudarc::cublaslt::result::set_matrix_layout_attribute(
+                        l,
+                        Attr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        (&off as *const i64).cast(),
+                        std::mem::size_of::<i64>(),
+                    )
+                })
+            }
+            .map_err(lt_err("batching the k parts"))?;
+        }
+        Ok(())
     }
 
     /// Sets the token count (the columns of B and C). cuBLASLt reads a layout when a
@@ -234,7 +278,7 @@ impl GemmPlans {
             return Ok(*a);
         }
         if !self.algos.keys().any(|k| k.shape() == key.shape()) {
-            for rows in eager_buckets() {
+            for rows in eager_buckets(key.parts) {
                 let planned = PlanKey { rows, ..key };
                 let a = self.choose(planned)?;
                 self.algos.insert(planned, a);
@@ -250,7 +294,7 @@ impl GemmPlans {
 
     /// cuBLASLt's first choice for `key` at its bucket's row count.
     fn choose(&self, key: PlanKey) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
-        let layouts = Layouts::new(key.n, key.k, key.rows, key.bf16_out)?;
+        let layouts = Layouts::new(key.n, key.k, key.rows, key.bf16_out, key.parts)?;
         let [a, b, c] = layouts.0;
         let pref = cudarc::cublaslt::result::create_matmul_pref().map_err(lt_err("preference"))?;
         let bytes = WORKSPACE_BYTES as u64;
@@ -293,6 +337,7 @@ impl GemmPlans {
             k: g.k,
             rows: bucket(g.t),
             bf16_out: g.bf16_out,
+            parts: g.parts,
         };
         let Some(algo) = self.algo(key)? else {
             return Ok(false);
@@ -314,7 +359,7 @@ impl GemmPlans {
         let made = match self.layouts.entry(g.shape()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Layouts::new(g.n, g.k, g.t, g.bf16_out)?)
+                v.insert(Layouts::new(g.n, g.k, g.t, g.bf16_out, g.parts)?)
             }
         };
         made.set_tokens(g.t)?;
@@ -364,8 +409,8 @@ impl GemmPlans {
         }
         self.warmed.insert(shape);
         let out_bytes = if key.bf16_out { 2 } else { 4 };
-        let rows: Vec<usize> = eager_buckets()
-            .filter(|&r| r * key.n * out_bytes <= WARM_OUT_BYTES)
+        let rows: Vec<usize> = eager_buckets(key.parts)
+            .filter(|&r| r * key.parts * key.n * out_bytes <= WARM_OUT_BYTES)
             .collect();
         let Some(&most) = rows.last() else {
             return Ok(());
@@ -373,7 +418,9 @@ impl GemmPlans {
         let err = |e| KernelError::Device(format!("allocating GEMM warm-up rows: {e:?}"));
         // The values do not matter: only the kernels' first launch does.
         let x = stream.alloc::<u16>(most * key.k).map_err(err)?;
-        let y = stream.alloc::<u8>(most * key.n * out_bytes).map_err(err)?;
+        let y = stream
+            .alloc::<u8>(most * key.parts * key.n * out_bytes)
+            .map_err(err)?;
         let (xp, _gx) = x.device_ptr(stream);
         let (yp, _gy) = y.device_ptr(stream);
         for r in rows {
@@ -387,6 +434,7 @@ impl GemmPlans {
                     k: key.k,
                     n: key.n,
                     bf16_out: key.bf16_out,
+                    parts: key.parts,
                 };
                 self.matmul(stream, &algo, g)?;
             }

@@ -274,7 +274,7 @@ impl CudaBackend {
         let os = out.f32s_mut("matmul")?;
         let (op, _g) = os.device_ptr_mut(&self.stream);
         // SAFETY: `out` holds t*n f32 values (checked by the callers).
-        unsafe { self.gemm_bf16_to(xb, w, t, k, n, op, GemmOut::F32) }
+        unsafe { self.gemm_bf16_to(xb, w, (t, k, n), 1, op, GemmOut::F32) }
     }
 
     /// `out [t, n] = xb [t, k] * W^T` rounded to bf16 (f32 accumulation).
@@ -293,22 +293,67 @@ impl CudaBackend {
         })?;
         let (op, _g) = out.device_ptr_mut(&self.stream);
         // SAFETY: `out` holds t*n values (checked above).
-        unsafe { self.gemm_bf16_to(xb, w, t, k, n, op, GemmOut::Bf16) }
+        unsafe { self.gemm_bf16_to(xb, w, (t, k, n), 1, op, GemmOut::Bf16) }
+    }
+
+    /// [`crate::Backend::matmul_parts`]: a bf16 weight's product over `parts` k slices as
+    /// one batched GEMM (x rounded to bf16, as the bf16 mode's GEMMs do).
+    pub(super) fn matmul_parts_impl(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        shape: MatmulShape,
+        parts: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        use cudarc::driver::DevicePtrMut;
+        const OP: &str = "matmul_parts";
+        if parts == 1 {
+            return self.matmul_impl(x, w, shape, out);
+        }
+        let (k, n) = (shape.in_features, shape.out_features);
+        ensure(parts > 1 && k.is_multiple_of(parts * 8), OP, || {
+            format!("{k} inputs do not split into {parts} parts of a multiple of 8")
+        })?;
+        ensure(w.dtype() == DType::BF16, OP, || {
+            format!(
+                "a product split over k needs a bf16 weight, not {:?}",
+                w.dtype()
+            )
+        })?;
+        ensure(x.len().is_multiple_of(k), OP, || {
+            format!("x of {} is not rows of {k}", x.len())
+        })?;
+        let t = x.len() / k;
+        ensure(w.len() == n * k, OP, || {
+            format!("weight has {}, want {n} x {k}", w.len())
+        })?;
+        ensure(out.len() == t * parts * n, OP, || {
+            format!("out has {}, want {t} x {parts} x {n}", out.len())
+        })?;
+        if t == 0 || n == 0 {
+            return Ok(());
+        }
+        let xb = self.bf16_operand(x, t * k)?;
+        let os = out.f32s_mut(OP)?;
+        let (op, _g) = os.device_ptr_mut(&self.stream);
+        // SAFETY: `out` holds t * parts * n f32 values (checked above).
+        unsafe { self.gemm_bf16_to(&xb, w, (t, k, n), parts, op, GemmOut::F32) }
     }
 
     /// The bf16 GEMM into the device address `op` of `kind`: cuBLASLt with the plan of
     /// t's bucket of row counts (`gemm_plans.rs`), or `cublasGemmEx` where there is none.
+    /// With `parts` > 1, the product over each of `parts` k slices, `[t, parts, n]`.
     ///
     /// # Safety
-    /// `op` must address t*n writable elements of `kind` that outlive the GEMM's run.
-    #[allow(clippy::too_many_arguments)]
+    /// `op` must address t * parts * n writable elements of `kind` that outlive the GEMM's
+    /// run.
     unsafe fn gemm_bf16_to(
         &self,
         xb: &CudaSlice<u16>,
         w: &CudaBuffer,
-        t: usize,
-        k: usize,
-        n: usize,
+        (t, k, n): (usize, usize, usize),
+        parts: usize,
         op: u64,
         kind: GemmOut,
     ) -> Result<()> {
@@ -323,6 +368,11 @@ impl CudaBackend {
             GemmOut::Bf16 => cudaDataType::CUDA_R_16BF,
         };
         let (m_i, n_i, k_i) = (as_c_int(OP, n)?, as_c_int(OP, t)?, as_c_int(OP, k)?);
+        let (kp_i, ldc_i) = (as_c_int(OP, k / parts)?, as_c_int(OP, n * parts)?);
+        let out_bytes = match kind {
+            GemmOut::F32 => 4,
+            GemmOut::Bf16 => 2,
+        };
         let (alpha, beta) = (1.0f32, 0.0f32);
         self.ctx
             .bind_to_thread()
@@ -341,6 +391,7 @@ impl CudaBackend {
                 k,
                 n,
                 bf16_out: matches!(kind, GemmOut::Bf16),
+                parts,
             };
             super::host_gaps::mark("cublasLt");
             // SAFETY: the caller's contract on `op`; the weight and the operand hold n*k
@@ -356,34 +407,40 @@ impl CudaBackend {
             .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
         let (wp, _g1) = ws.device_ptr(&self.stream);
         let (xp, _g2) = xb.device_ptr(&self.stream);
-        // SAFETY: as in SGEMM above: A = W (k x n col-major, transposed), B = x (k x t),
-        // C = out (n x t, the caller's contract); all three hold the sizes given;
-        // alpha/beta are f32 as the compute type asks.
         super::host_gaps::mark("cublasGemmEx");
-        unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                m_i,
-                n_i,
-                k_i,
-                (&alpha as *const f32).cast(),
-                wp as *const std::ffi::c_void,
-                cudaDataType::CUDA_R_16BF,
-                k_i,
-                xp as *const std::ffi::c_void,
-                cudaDataType::CUDA_R_16BF,
-                k_i,
-                (&beta as *const f32).cast(),
-                op as *mut std::ffi::c_void,
-                out_type,
-                m_i,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
+        // One call a k slice (one for the whole product when `parts` is 1): slice p starts
+        // p * k / parts inputs into every row of W and x, and its outputs p * n values
+        // into each output row of `parts * n`.
+        let kp = (k / parts) as u64;
+        for p in 0..parts as u64 {
+            // SAFETY: as in SGEMM above: A = W (k x n col-major, transposed), B = x (k x
+            // t), C = out (n x t, the caller's contract); each slice stays within them
+            // (lda = ldb = k); alpha/beta are f32 as the compute type asks.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    m_i,
+                    n_i,
+                    kp_i,
+                    (&alpha as *const f32).cast(),
+                    (wp + 2 * p * kp) as *const std::ffi::c_void,
+                    cudaDataType::CUDA_R_16BF,
+                    k_i,
+                    (xp + 2 * p * kp) as *const std::ffi::c_void,
+                    cudaDataType::CUDA_R_16BF,
+                    k_i,
+                    (&beta as *const f32).cast(),
+                    (op + out_bytes * p * n as u64) as *mut std::ffi::c_void,
+                    out_type,
+                    ldc_i,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| KernelError::Device(format!("{OP}: cublasGemmEx (bf16): {e:?}")))?;
         }
-        .map_err(|e| KernelError::Device(format!("{OP}: cublasGemmEx (bf16): {e:?}")))?;
         super::host_gaps::mark("cublasGemmEx-returned");
         Ok(())
     }

@@ -16,6 +16,7 @@ mod dense_attention;
 mod fused;
 mod gemm_plans;
 mod host_gaps;
+mod k_parts;
 mod matmul;
 mod memory;
 mod module;
@@ -29,6 +30,7 @@ mod small_gemm;
 mod sources;
 
 pub use buffer::CudaBuffer;
+pub use k_parts::KParts;
 pub use matmul::CudaQuantMatrix;
 pub use paged::{CudaIndex, CudaKvSlab, CudaPagedBatch};
 pub use picks::CudaTokens;
@@ -89,6 +91,8 @@ pub struct CudaBackend {
     skinny_max_rows: usize,
     /// The rows a product of a small weight runs as `kernels/small_gemm.cu`.
     small_rows: small_gemm::SmallRows,
+    /// When a product whose reader adds parts is split over k (`k_parts.rs`).
+    k_parts: k_parts::KParts,
     /// Argmax keys and their page-locked host copies, kept for the next step.
     argmax_slots: Arc<picks::ArgmaxSlots>,
     draw_scratch: Arc<picks::DrawScratches>,
@@ -189,6 +193,7 @@ impl CudaBackend {
             paged_mma,
             skinny_max_rows,
             small_rows: small_gemm::SmallRows::from_env(arch),
+            k_parts: k_parts::KParts::from_env(),
             argmax_slots: Arc::default(),
             draw_scratch: Arc::default(),
         })
@@ -486,6 +491,21 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         self.matmul_impl(x, w, shape, out)
+    }
+
+    fn matmul_k_parts(&self, w: &CudaBuffer, shape: MatmulShape, rows: usize) -> usize {
+        self.k_parts_for(w, shape, rows)
+    }
+
+    fn matmul_parts(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        shape: MatmulShape,
+        parts: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.matmul_parts_impl(x, w, shape, parts, out)
     }
 
     fn matmul_shared_input(

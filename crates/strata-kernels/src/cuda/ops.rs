@@ -34,6 +34,21 @@ fn same_len(op: &'static str, a: &CudaBuffer, b: &CudaBuffer) -> Result<()> {
     })
 }
 
+/// A norm's input `x` in `parts` parts holds `parts` times the values of `b`, one of its
+/// whole-row buffers (the residual, the output).
+fn whole_len(op: &'static str, x: &CudaBuffer, b: &CudaBuffer, parts: usize) -> Result<()> {
+    ensure(x.len() == b.len() * parts, op, || {
+        format!(
+            "an input of {} values in {parts} parts against {} whole values",
+            x.len(),
+            b.len()
+        )
+    })
+}
+
+/// The most parts of a norm's input the vector path adds (`NORM_MAX_PARTS`).
+const NORM_MAX_PARTS: usize = 4;
+
 /// Which of the four RMSNorm forms `kernels/norm.cu` runs.
 #[derive(Clone, Copy)]
 enum NormMode {
@@ -67,6 +82,17 @@ impl NormMode {
             (DType::BF16, NormMode::AddThenNorm) => "rms_norm_add_then_norm_bf16",
             (DType::BF16, NormMode::NormThenAdd) => "rms_norm_then_add_bf16",
             (DType::BF16, NormMode::NormAddNorm) => "rms_norm_add_norm_bf16",
+            _ => return None,
+        })
+    }
+
+    /// The mode's entry point for f32 weights on the vector path over an input in 2 to
+    /// `NORM_MAX_PARTS` parts (`NORM_ENTRY_PARTS`); None for other cases.
+    fn kernel_parts(self, dtype: DType) -> Option<&'static str> {
+        Some(match (dtype, self) {
+            (DType::F32, NormMode::AddThenNorm) => "rms_norm_add_then_norm_f32_parts",
+            (DType::F32, NormMode::NormThenAdd) => "rms_norm_then_add_f32_parts",
+            (DType::F32, NormMode::NormAddNorm) => "rms_norm_add_norm_f32_parts",
             _ => return None,
         })
     }
@@ -180,9 +206,19 @@ impl CudaBackend {
         weight: Option<&CudaBuffer>,
         p: &RmsNormParams,
     ) -> Result<()> {
-        ensure(p.dim > 0 && x.len().is_multiple_of(p.dim), op, || {
-            format!("length {} is not a multiple of dim {}", x.len(), p.dim)
-        })?;
+        ensure(p.parts > 0, op, || "an input of zero parts".to_string())?;
+        ensure(
+            p.dim > 0 && x.len().is_multiple_of(p.dim * p.parts),
+            op,
+            || {
+                format!(
+                    "length {} is not rows of {} parts of dim {}",
+                    x.len(),
+                    p.parts,
+                    p.dim
+                )
+            },
+        )?;
         if let Some(w) = weight {
             ensure(w.len() == p.dim, op, || {
                 format!("weight has {} elements, dim is {}", w.len(), p.dim)
@@ -205,7 +241,7 @@ impl CudaBackend {
         out: Option<&mut CudaBuffer>,
         extra: NormExtra<'_>,
     ) -> Result<()> {
-        let rows = x.len() / p.dim;
+        let rows = x.len() / (p.dim * p.parts);
         if rows == 0 {
             return Ok(());
         }
@@ -218,9 +254,16 @@ impl CudaBackend {
         };
         let vector =
             p.dim.is_multiple_of(4) && p.dim / 4 <= NORM_VEC * norm_threads(p.dim) as usize;
+        // An input in parts: its own entries up to NORM_MAX_PARTS, else the general entry's
+        // strided path (which adds any count).
+        let typed = |w: &CudaBuffer| match p.parts {
+            1 => mode.kernel_typed(w.dtype),
+            n if n <= NORM_MAX_PARTS => mode.kernel_parts(w.dtype),
+            _ => None,
+        };
         let name = weight
             .filter(|_| second_ok && vector)
-            .and_then(|w| mode.kernel_typed(w.dtype))
+            .and_then(typed)
             .unwrap_or_else(|| mode.kernel());
         let f = self.kernels.get(name)?;
         let xs = x.f32s(op)?;
@@ -231,6 +274,7 @@ impl CudaBackend {
             NormMode::NormThenAdd => (twin, false),
             _ => (false, twin),
         };
+        let parts = p.parts as i32;
         let (dim, mode, w_dtype, w2_dtype) = (
             p.dim as i32,
             mode as i32,
@@ -272,7 +316,11 @@ impl CudaBackend {
             None => l.arg(xs),
         };
         arg_twin(&mut l, twin_ptr);
-        l.arg(&dim).arg(&p.eps).arg(&mode).arg(&extra.post_scale);
+        l.arg(&dim)
+            .arg(&p.eps)
+            .arg(&mode)
+            .arg(&extra.post_scale)
+            .arg(&parts);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (norm_threads(p.dim), 1, 1),
@@ -292,7 +340,7 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "rms_norm";
         self.norm_checks(OP, x, weight, &p)?;
-        same_len(OP, x, out)?;
+        whole_len(OP, x, out, p.parts)?;
         self.launch_norm(OP, NormMode::Plain, x, None, weight, p, Some(out), NO_EXTRA)
     }
 
@@ -306,8 +354,8 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "add_rms_norm";
         self.norm_checks(OP, x, weight, &p)?;
-        same_len(OP, x, residual)?;
-        same_len(OP, x, out)?;
+        whole_len(OP, x, residual, p.parts)?;
+        whole_len(OP, x, out, p.parts)?;
         self.launch_norm(
             OP,
             NormMode::AddThenNorm,
@@ -331,7 +379,7 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "rms_norm_add";
         self.norm_checks(OP, x, weight, &p)?;
-        same_len(OP, x, residual)?;
+        whole_len(OP, x, residual, p.parts)?;
         let extra = NormExtra {
             weight2: None,
             post_scale,
@@ -364,8 +412,8 @@ impl CudaBackend {
         const OP: &str = "rms_norm_add_norm";
         self.norm_checks(OP, x, weight, &p)?;
         self.norm_checks(OP, x, weight2, &p)?;
-        same_len(OP, x, residual)?;
-        same_len(OP, x, out)?;
+        whole_len(OP, x, residual, p.parts)?;
+        whole_len(OP, x, out, p.parts)?;
         let extra = NormExtra {
             weight2,
             post_scale,

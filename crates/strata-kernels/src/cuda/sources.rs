@@ -152,6 +152,9 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "rms_norm_add_then_norm_f32",
             "rms_norm_then_add_f32",
             "rms_norm_add_norm_f32",
+            "rms_norm_add_then_norm_f32_parts",
+            "rms_norm_then_add_f32_parts",
+            "rms_norm_add_norm_f32_parts",
         ],
     ),
     KernelFile::any_gpu(

@@ -1,0 +1,115 @@
+//! Products split over k whose reader adds the parts ([`crate::Backend::matmul_parts`]).
+//!
+//! At decode row counts cuBLASLt runs the long-k single products (the down projection,
+//! k = 6144-12288) as a split-k GEMM followed by a `splitKreduce_kernel` launch, and the o
+//! projection (k = 2048) on tiles that leave much of the GPU idle. The same product as a
+//! strided batch over k slices, its partial rows left for the residual norm that reads
+//! the result anyway (`kernels/norm.cu` adds a row's parts as it loads them), needs no
+//! reduce launch and lets cuBLASLt fill the GPU with the batch. On an H200 the E2B decode
+//! step at 100 sequences went from 3.85 to 3.73 ms (`docs/perf-notes.md`, "Products split
+//! over k").
+
+use super::fused::gemv_applies;
+use super::CudaBackend;
+use crate::{DType, DeviceBuffer, MatmulShape};
+
+use super::buffer::CudaBuffer;
+
+/// When a product is split over k: at most `max_rows` rows, and no part shorter than
+/// `min_part` inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KParts {
+    pub max_rows: usize,
+    pub min_part: usize,
+}
+
+impl KParts {
+    /// The rows measured to gain (the decode graphs' buckets that go to cuBLAS, up to
+    /// the largest, 256 rows), parts of at least 256 inputs.
+    pub const DEFAULT: Self = Self {
+        max_rows: 256,
+        min_part: 256,
+    };
+
+    /// Never split.
+    pub const OFF: Self = Self {
+        max_rows: 0,
+        min_part: usize::MAX,
+    };
+
+    /// `STRATA_K_PARTS=0` turns the split off; `STRATA_K_PARTS_MAX_ROWS` moves its row
+    /// limit (for measuring it).
+    pub(super) fn from_env() -> Self {
+        if std::env::var("STRATA_K_PARTS").as_deref() == Ok("0") {
+            return Self::OFF;
+        }
+        let max_rows = std::env::var("STRATA_K_PARTS_MAX_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(Self::DEFAULT.max_rows);
+        Self {
+            max_rows,
+            ..Self::DEFAULT
+        }
+    }
+
+    /// The parts of a product of `k` inputs and `n` outputs: four below 2048 outputs
+    /// (E2B's o and down, 1536), two from there (E4B's, 2560), as measured fastest; fewer
+    /// where a part would fall under `min_part` inputs or start off a 16-byte boundary.
+    pub(super) fn parts_for(&self, k: usize, n: usize) -> usize {
+        let first = if n < 2048 { 4 } else { 2 };
+        [first, 2]
+            .into_iter()
+            .find(|&p| k.is_multiple_of(p * 8) && k / p >= self.min_part)
+            .unwrap_or(1)
+    }
+}
+
+impl CudaBackend {
+    /// Sets when products split over k (see [`KParts`]); returns the backend for chaining.
+    pub fn with_k_parts(mut self, rule: KParts) -> Self {
+        self.k_parts = rule;
+        self
+    }
+
+    /// [`crate::Backend::matmul_k_parts`]: more than one only where the product would run
+    /// as a cuBLAS GEMM (the bf16 mode, past the GEMV's, the small-weight GEMM's and the
+    /// skinny GEMM's rows) within the rule's rows.
+    pub(super) fn k_parts_for(&self, w: &CudaBuffer, shape: MatmulShape, rows: usize) -> usize {
+        let (k, n, dtype) = (shape.in_features, shape.out_features, w.dtype());
+        let cublas = self.bf16_gemm
+            && dtype == DType::BF16
+            && rows > 0
+            && rows <= self.k_parts.max_rows
+            && !gemv_applies(dtype, rows, k, self.gemv_max_rows)
+            && !self.small_gemm_applies(dtype, rows, k, n)
+            && !self.skinny_applies(dtype, rows, k, false);
+        if cublas {
+            self.k_parts.parts_for(k, n)
+        } else {
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KParts;
+
+    #[test]
+    fn parts_follow_the_output_width_and_the_shortest_part() {
+        let r = KParts::DEFAULT;
+        // E2B: down (k 6144, 12288) and o (k 2048) of 1536 outputs; E4B's 2560.
+        assert_eq!(r.parts_for(6144, 1536), 4);
+        assert_eq!(r.parts_for(12288, 1536), 4);
+        assert_eq!(r.parts_for(2048, 1536), 4);
+        assert_eq!(r.parts_for(10240, 2560), 2);
+        assert_eq!(r.parts_for(2048, 2560), 2);
+        // Too short for four parts of 256, long enough for two.
+        assert_eq!(r.parts_for(768, 1536), 2);
+        assert_eq!(r.parts_for(256, 1536), 1);
+        // A part must start 16-byte aligned (8 bf16 inputs).
+        assert_eq!(r.parts_for(2052, 1536), 1);
+        assert_eq!(KParts::OFF.parts_for(6144, 1536), 1);
+    }
+}
