@@ -502,6 +502,7 @@ mod tests {
             host_embeddings: false,
         };
         let short = KParts {
+            min_rows: 3,
             max_rows: 128,
             min_part: 16,
         };

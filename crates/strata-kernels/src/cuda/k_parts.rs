@@ -6,8 +6,10 @@
 //! strided batch over k slices, its partial rows left for the residual norm that reads
 //! the result anyway (`kernels/norm.cu` adds a row's parts as it loads them), needs no
 //! reduce launch and lets cuBLASLt fill the GPU with the batch. On an H200 the E2B decode
-//! step at 100 sequences went from 3.85 to 3.73 ms (`docs/perf-notes.md`, "Products split
-//! over k").
+//! step at 100 sequences went from 3.85 to 3.73 ms; below 65 rows the split batch also
+//! beat the skinny GEMM's cluster split-k on the same products (32 sequences 3.01 ->
+//! 2.89 ms), so it takes them from 3 rows (`docs/perf-notes.md`, "Products split over
+//! k").
 
 use super::fused::gemv_applies;
 use super::CudaBackend;
@@ -16,9 +18,11 @@ use crate::{DType, DeviceBuffer, MatmulShape};
 use super::buffer::CudaBuffer;
 
 /// When a product is split over k: at most `max_rows` rows, and no part shorter than
-/// `min_part` inputs.
+/// `min_part` inputs. From `min_rows` rows a product leaves the skinny GEMM for the split
+/// (below it, only a product that would run on cuBLAS anyway is split).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KParts {
+    pub min_rows: usize,
     pub max_rows: usize,
     pub min_part: usize,
 }
@@ -27,28 +31,33 @@ impl KParts {
     /// The rows measured to gain (the decode graphs' buckets that go to cuBLAS, up to
     /// the largest, 256 rows), parts of at least 256 inputs.
     pub const DEFAULT: Self = Self {
+        min_rows: 3,
         max_rows: 256,
         min_part: 256,
     };
 
     /// Never split.
     pub const OFF: Self = Self {
+        min_rows: usize::MAX,
         max_rows: 0,
         min_part: usize::MAX,
     };
 
-    /// `STRATA_K_PARTS=0` turns the split off; `STRATA_K_PARTS_MAX_ROWS` moves its row
-    /// limit (for measuring it).
+    /// `STRATA_K_PARTS=0` turns the split off; `STRATA_K_PARTS_MIN_ROWS` and
+    /// `STRATA_K_PARTS_MAX_ROWS` move its row limits (for measuring them).
     pub(super) fn from_env() -> Self {
         if std::env::var("STRATA_K_PARTS").as_deref() == Ok("0") {
             return Self::OFF;
         }
-        let max_rows = std::env::var("STRATA_K_PARTS_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(Self::DEFAULT.max_rows);
+        let var = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
         Self {
-            max_rows,
+            min_rows: var("STRATA_K_PARTS_MIN_ROWS", Self::DEFAULT.min_rows),
+            max_rows: var("STRATA_K_PARTS_MAX_ROWS", Self::DEFAULT.max_rows),
             ..Self::DEFAULT
         }
     }
@@ -72,9 +81,10 @@ impl CudaBackend {
         self
     }
 
-    /// [`crate::Backend::matmul_k_parts`]: more than one only where the product would run
-    /// as a cuBLAS GEMM (the bf16 mode, past the GEMV's, the small-weight GEMM's and the
-    /// skinny GEMM's rows) within the rule's rows.
+    /// [`crate::Backend::matmul_k_parts`]: more than one only for a bf16 weight in the bf16
+    /// mode, past the GEMV's rows, where the small-weight GEMM does not take the product,
+    /// within the rule's rows (from `min_rows` in place of the skinny GEMM, below it only
+    /// where the product would run on cuBLAS).
     pub(super) fn k_parts_for(&self, w: &CudaBuffer, shape: MatmulShape, rows: usize) -> usize {
         let (k, n, dtype) = (shape.in_features, shape.out_features, w.dtype());
         let cublas = self.bf16_gemm
@@ -83,7 +93,7 @@ impl CudaBackend {
             && rows <= self.k_parts.max_rows
             && !gemv_applies(dtype, rows, k, self.gemv_max_rows)
             && !self.small_gemm_applies(dtype, rows, k, n)
-            && !self.skinny_applies(dtype, rows, k, false);
+            && (rows >= self.k_parts.min_rows || !self.skinny_applies(dtype, rows, k, false));
         if cublas {
             self.k_parts.parts_for(k, n)
         } else {
