@@ -349,6 +349,20 @@ mod tests {
         (out, graphs)
     }
 
+    /// [`decode_three`]'s logits with the decode graph replayed, after checking that they
+    /// are the bits of the same steps run op by op (one graph captured, bucket 4).
+    fn replayed_as_unrecorded(cuda: &Model<CudaBackend>, ids: &[u32], name: &str) -> Vec<f32> {
+        let (replayed, graphs) = decode_three(cuda, ids, DecodeGraphs::Replay, KvCacheDtype::F32);
+        let (unrecorded, _) = decode_three(cuda, ids, DecodeGraphs::Unrecorded, KvCacheDtype::F32);
+        assert_eq!(graphs, 1, "{name}: one bucket captured");
+        let differing = bits_differing(&replayed, &unrecorded);
+        assert_eq!(
+            differing, 0,
+            "{name}: replay differs from the op-by-op step"
+        );
+        replayed
+    }
+
     /// Sequences of 5, 9, 13, 7 and 11 prompt tokens prefilled, then a decode step of the
     /// first `n` of them for each `n` of `schedule` (each teacher-forced from `ids`): every
     /// step's logits, and the decode graphs and logits buffers the pool holds at the end.
@@ -456,16 +470,7 @@ mod tests {
             let fast = gpu.clone().with_bf16_gemm(true);
             let skinny = load(fast.clone());
             let cublas = load(fast.with_skinny_gemm(false));
-            let (replayed, graphs) =
-                decode_three(&skinny, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
-            let (unrecorded, _) =
-                decode_three(&skinny, &ids, DecodeGraphs::Unrecorded, KvCacheDtype::F32);
-            assert_eq!(graphs, 1, "{name}: one bucket captured");
-            let differing = bits_differing(&replayed, &unrecorded);
-            assert_eq!(
-                differing, 0,
-                "{name}: replay differs from the op-by-op step"
-            );
+            let replayed = replayed_as_unrecorded(&skinny, &ids, name);
             let (other, _) = decode_three(&cublas, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
             let (d_skinny, d_cublas) =
                 (max_abs_diff(&replayed, &want), max_abs_diff(&other, &want));
@@ -525,16 +530,7 @@ mod tests {
             };
             let parts = split.backend().matmul_k_parts(w, o.shape(), 3);
             assert!(parts > 1, "{name}: o is not split at three rows");
-            let (replayed, graphs) =
-                decode_three(&split, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
-            let (unrecorded, _) =
-                decode_three(&split, &ids, DecodeGraphs::Unrecorded, KvCacheDtype::F32);
-            assert_eq!(graphs, 1, "{name}: one bucket captured");
-            let differing = bits_differing(&replayed, &unrecorded);
-            assert_eq!(
-                differing, 0,
-                "{name}: replay differs from the op-by-op step"
-            );
+            let replayed = replayed_as_unrecorded(&split, &ids, name);
             let (unsplit, _) = decode_three(&whole, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
             let (d_split, d_whole) = (
                 max_abs_diff(&replayed, &want),
