@@ -238,8 +238,6 @@ __device__ __forceinline__ void rms_norm_vec(const float* x, float* residual, co
     }
 }
 
-// Any dim: scalar strided loops, the weights' dtype switched per element (a uniform
-// branch). Each thread reads back only the residual elements it wrote itself.
 // Element i of this block's row of x: the sum of its parts in order.
 __device__ __forceinline__ float x_at(const float* x, int i, int dim, int parts) {
     const float* r = x + (u64)blockIdx.x * parts * dim + i;
@@ -248,6 +246,8 @@ __device__ __forceinline__ float x_at(const float* x, int i, int dim, int parts)
     return v;
 }
 
+// Any dim: scalar strided loops, the weights' dtype switched per element (a uniform
+// branch). Each thread reads back only the residual elements it wrote itself.
 template <int MODE>
 __device__ __forceinline__ void rms_norm_strided(const float* x, float* residual,
                                                  const void* w, int w_dtype, const void* w2,

@@ -312,9 +312,11 @@ impl CudaBackend {
             return self.matmul_impl(x, w, shape, out);
         }
         let (k, n) = (shape.in_features, shape.out_features);
-        ensure(parts > 1 && k.is_multiple_of(parts * 8), OP, || {
-            format!("{k} inputs do not split into {parts} parts of a multiple of 8")
-        })?;
+        ensure(
+            parts > 1 && k > 0 && k.is_multiple_of(parts * 8),
+            OP,
+            || format!("{k} inputs do not split into {parts} parts of a multiple of 8"),
+        )?;
         ensure(w.dtype() == DType::BF16, OP, || {
             format!(
                 "a product split over k needs a bf16 weight, not {:?}",
