@@ -523,17 +523,19 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// `lin`'s product of `x` (`t` rows) for a reader that adds parts (a residual norm):
-    /// split over k where the backend gains from it ([`Backend::matmul_k_parts`]).
-    /// Returns the result (`[t, parts, rows]`) and its part count.
-    fn project_for_norm(
+    /// `lin`'s product of `x` (`t` rows). With `split` (its only reader is a residual norm,
+    /// which adds parts) it is split over k where the backend gains from it
+    /// ([`Backend::matmul_k_parts`]). Returns the result (`[t, parts, rows]`) and its part
+    /// count.
+    fn project(
         &self,
         lin: &Linear<B>,
         x: &B::Buffer,
         t: usize,
+        split: bool,
     ) -> Result<(B::Buffer, usize)> {
         let (b, n) = (&self.backend, lin.rows());
-        if let Linear::Dense { w, .. } = lin {
+        if let (true, Linear::Dense { w, .. }) = (split, lin) {
             let parts = b.matmul_k_parts(w, lin.shape(), t);
             if parts > 1 {
                 let mut out = self.scratch(t * parts * n)?;
@@ -547,7 +549,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// Self-attention of layer `l` for the whole batch; returns `[T, H]` in the parts the
-    /// o projection was split into (see [`Self::project_for_norm`]), and their count.
+    /// o projection was split into (see [`Self::project`]), and their count.
     #[allow(clippy::too_many_arguments)]
     fn attention<K: KvCache<B>>(
         &self,
@@ -611,11 +613,11 @@ impl<B: Backend> Model<B> {
         let mut o = self.scratch(t * nh * d)?;
         // A layer that reads another's K/V (KV-shared, or a drafter's) names that layer.
         kv.attend(b, c.kv_layer_for(l), batch, &q, params, &mut o)?;
-        self.project_for_norm(&lw.o, &o, t)
+        self.project(&lw.o, &o, t, true)
     }
 
     /// The gated MLP; returns `[T, H]`, in parts (and their count) when `normed_after`
-    /// (a norm reads the result; see [`Self::project_for_norm`]).
+    /// (a norm reads the result; see [`Self::project`]).
     fn mlp(
         &self,
         lw: &LayerTensors<B>,
@@ -627,12 +629,7 @@ impl<B: Backend> Model<B> {
         let f = lw.gate.rows();
         let mut act = self.scratch(t * f)?;
         Linear::forward_gated(b, self.activation(), &lw.gate, &lw.up, normed, &mut act)?;
-        if normed_after {
-            return self.project_for_norm(&lw.down, &act, t);
-        }
-        let mut out = self.scratch(t * self.config.hidden_size)?;
-        lw.down.forward(b, &act, &mut out)?;
-        Ok((out, 1))
+        self.project(&lw.down, &act, t, normed_after)
     }
 
     /// Final norm and output projection for the rows each sequence asked for: raw logits,

@@ -182,20 +182,13 @@ pub(crate) fn matmul_parts(
         format!("{k} inputs do not split into {parts} parts")
     })?;
     let xs = x.f32s(OP)?;
-    ensure(k > 0 && xs.len().is_multiple_of(k), OP, || {
-        format!(
-            "x has {} elements, not a multiple of in_features {k}",
-            xs.len()
-        )
-    })?;
+    let os = out.f32s_mut(OP)?;
+    // A token's parts side by side: `[T, parts * n]`.
+    check(OP, xs.len(), os.len(), k, parts * n)?;
     ensure(w.len() == k * n, OP, || {
         format!("weight has {} elements, want {n} x {k}", w.len())
     })?;
     let t = xs.len() / k;
-    let os = out.f32s_mut(OP)?;
-    ensure(os.len() == t * parts * n, OP, || {
-        format!("out has {} elements, want {t} x {parts} x {n}", os.len())
-    })?;
     let kp = k / parts;
     let part_shape = MatmulShape {
         in_features: kp,

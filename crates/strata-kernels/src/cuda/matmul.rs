@@ -108,6 +108,18 @@ fn matmul_rows(
     shape: MatmulShape,
     out: &CudaBuffer,
 ) -> Result<usize> {
+    matmul_rows_in_parts(op, x, w, shape, 1, out)
+}
+
+/// As [`matmul_rows`] for a product split over k, `out [t, parts, n]`.
+fn matmul_rows_in_parts(
+    op: &'static str,
+    x: &CudaBuffer,
+    w: &CudaBuffer,
+    shape: MatmulShape,
+    parts: usize,
+    out: &CudaBuffer,
+) -> Result<usize> {
     let (k, n) = (shape.in_features, shape.out_features);
     ensure(k > 0 && x.len().is_multiple_of(k), op, || {
         format!("x of {} is not rows of {k}", x.len())
@@ -116,8 +128,8 @@ fn matmul_rows(
     ensure(w.len() == n * k, op, || {
         format!("weight has {}, want {n} x {k}", w.len())
     })?;
-    ensure(out.len() == t * n, op, || {
-        format!("out has {}, want {t} x {n}", out.len())
+    ensure(out.len() == t * parts * n, op, || {
+        format!("out has {}, want {t} x {parts} x {n}", out.len())
     })?;
     Ok(t)
 }
@@ -323,16 +335,7 @@ impl CudaBackend {
                 w.dtype()
             )
         })?;
-        ensure(x.len().is_multiple_of(k), OP, || {
-            format!("x of {} is not rows of {k}", x.len())
-        })?;
-        let t = x.len() / k;
-        ensure(w.len() == n * k, OP, || {
-            format!("weight has {}, want {n} x {k}", w.len())
-        })?;
-        ensure(out.len() == t * parts * n, OP, || {
-            format!("out has {}, want {t} x {parts} x {n}", out.len())
-        })?;
+        let t = matmul_rows_in_parts(OP, x, w, shape, parts, out)?;
         if t == 0 || n == 0 {
             return Ok(());
         }
