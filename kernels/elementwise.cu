@@ -26,31 +26,38 @@ __device__ __forceinline__ float act_mul_pair_hi(int act, u32 g, u32 u) {
     return apply_act(act, __uint_as_float(g & 0xffff0000u)) * __uint_as_float(u & 0xffff0000u);
 }
 
+// Eight values from 16-byte vectors of bf16 gate and up, written from value `at` of out
+// (f32, unless null) and out_b (bf16, unless null).
+__device__ __forceinline__ void act_mul_bf16_8(int act, uint4 g, uint4 u, float* out, u16* out_b,
+                                               u64 at) {
+    const u32 gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        y[2 * j] = act_mul_pair_lo(act, gw[j], uw[j]);
+        y[2 * j + 1] = act_mul_pair_hi(act, gw[j], uw[j]);
+    }
+    if (out) {
+        float4* o = reinterpret_cast<float4*>(out + at);
+        o[0] = make_float4(y[0], y[1], y[2], y[3]);
+        o[1] = make_float4(y[4], y[5], y[6], y[7]);
+    }
+    if (out_b) {
+        u32 b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            b[j] = (u32)f32_to_bf16_rne(y[2 * j]) | ((u32)f32_to_bf16_rne(y[2 * j + 1]) << 16);
+        *reinterpret_cast<uint4*>(out_b + at) = make_uint4(b[0], b[1], b[2], b[3]);
+    }
+}
+
 extern "C" __global__ void act_mul_bf16_in(const u16* gate, const u16* up, float* out,
                                            u16* out_b, u64 n, int act) {
     const u64 groups = n / 8;
     FOR_EACH_INDEX(v, groups) {
         const uint4 g = reinterpret_cast<const uint4*>(gate)[v];
         const uint4 u = reinterpret_cast<const uint4*>(up)[v];
-        const u32 gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
-        float y[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            y[2 * j] = act_mul_pair_lo(act, gw[j], uw[j]);
-            y[2 * j + 1] = act_mul_pair_hi(act, gw[j], uw[j]);
-        }
-        if (out) {
-            float4* o = reinterpret_cast<float4*>(out) + 2 * v;
-            o[0] = make_float4(y[0], y[1], y[2], y[3]);
-            o[1] = make_float4(y[4], y[5], y[6], y[7]);
-        }
-        if (out_b) {
-            u32 b[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                b[j] = (u32)f32_to_bf16_rne(y[2 * j]) | ((u32)f32_to_bf16_rne(y[2 * j + 1]) << 16);
-            reinterpret_cast<uint4*>(out_b)[v] = make_uint4(b[0], b[1], b[2], b[3]);
-        }
+        act_mul_bf16_8(act, g, u, out, out_b, 8 * v);
     }
     FOR_EACH_INDEX(t, n - groups * 8) {
         const u64 i = groups * 8 + t;
@@ -58,6 +65,20 @@ extern "C" __global__ void act_mul_bf16_in(const u16* gate, const u16* up, float
         if (out) out[i] = y;
         if (out_b) out_b[i] = f32_to_bf16_rne(y);
     }
+}
+
+// act_mul_bf16_in where one batched GEMM wrote both products of a row side by side: row r
+// of `y` holds 2 n bf16 values, the gate's from `gate_at` and the up's from `up_at` (0 and
+// n, either way round). Grid (rows, groups of 8 columns / blockDim); n % 8 == 0, so every
+// vector is 16-byte aligned.
+extern "C" __global__ void act_mul_bf16_pairs(const u16* y, float* out, u16* out_b, u64 n,
+                                              u64 gate_at, u64 up_at, int act) {
+    const u64 r = blockIdx.x, v = (u64)blockIdx.y * blockDim.x + threadIdx.x;
+    if (8 * v >= n) return;
+    const u16* row = y + 2 * n * r;
+    const uint4 g = reinterpret_cast<const uint4*>(row + gate_at)[v];
+    const uint4 u = reinterpret_cast<const uint4*>(row + up_at)[v];
+    act_mul_bf16_8(act, g, u, out, out_b, n * r + 8 * v);
 }
 
 // out[t, i] = act(gate[t, i]) * table[t * stride + offset + i] for i < cols: the gated

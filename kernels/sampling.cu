@@ -32,6 +32,20 @@ __device__ __forceinline__ u64 logit4_key(float4 v, u32 at, int has_cap, float c
         key_max(logit_key(v.z, at + 2, has_cap, cap), logit_key(v.w, at + 3, has_cap, cap)));
 }
 
+// Capped values are only worth computing near the top. If raw x <= capped_skip_below(m),
+// the exact 30 tanh(x / 30) sits at least cap 2^-12 below the exact capped m (tanh is
+// increasing; the margin CAP_MARGIN is taken in tanh's units and survives the float
+// errors of this function, a few ulps in atanhf and tanhf, whose effect on the threshold's
+// tanh is under 1e-5 since atanh's slope times tanh's is one). The computed capped values
+// (tanhf within 2 ulps, a correctly rounded division and product: under 1e-6 cap each)
+// cannot close a gap of cap 2^-12, so x's capped key is below m's and x is not the argmax
+// of any row that holds m. NaN when no value may be skipped (m -inf, or every value NaN).
+#define CAP_MARGIN 0.00048828125f  // 2^-11
+__device__ __forceinline__ float capped_skip_below(float m, float cap) {
+    const float target = tanhf(m / cap) - CAP_MARGIN;
+    return target > -1.0f ? cap * atanhf(target) : __int_as_float(0x7fc00000);
+}
+
 // Grid (rows, parts): block (r, p) takes every gridDim.y-th stretch of row r and folds its
 // best key into keys[r] (zeroed by the launcher) with one atomicMax, so a single row
 // spreads over many multiprocessors. The index is ~key's low half (every value -inf or NaN:
@@ -40,16 +54,45 @@ __device__ __forceinline__ u64 logit4_key(float4 v, u32 at, int has_cap, float c
 // (an aligned buffer, rows of a multiple of four values) a thread issues ARGMAX_UNROLL
 // 16-byte loads before it uses the first: read one value at a time, a 112-row step's
 // logits went at 1.5 TB/s.
+// cap_mode: 0 raw values; 1 capped, every value's cap computed; 2 capped, where a whole
+// warp's loads are in range only the values above its raw maximum's `capped_skip_below`
+// are capped (a precise division and tanhf a value made the kernel arithmetic-bound:
+// about 29 M of each at 112 rows). Modes 1 and 2 choose the same ids.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_rows(const float* logits, unsigned long long* keys, u64 vocab, int has_cap, float cap) {
+argmax_rows(const float* logits, unsigned long long* keys, u64 vocab, int cap_mode, float cap) {
     __shared__ u64 warp_best[ARGMAX_THREADS / 32];
     const float* row = logits + (u64)blockIdx.x * vocab;
+    const int has_cap = cap_mode != 0;
     u64 best = 0;
     const u64 stride = (u64)gridDim.y * blockDim.x;
     u64 i = (u64)blockIdx.y * blockDim.x + threadIdx.x;
     if (vocab % 4 == 0 && (u64)logits % 16 == 0) {
         const float4* row4 = reinterpret_cast<const float4*>(row);
         const u64 n4 = vocab / 4;
+        if (cap_mode == 2) {
+            // The loop runs while the warp's last lane is in range (blocks are whole
+            // warps), so every lane takes part in the shuffles; the loops below finish.
+            const u64 last = 31 - threadIdx.x % 32;
+            for (; i + last + (ARGMAX_UNROLL - 1) * stride < n4; i += ARGMAX_UNROLL * stride) {
+                float4 v[ARGMAX_UNROLL];
+#pragma unroll
+                for (int u = 0; u < ARGMAX_UNROLL; ++u) v[u] = __ldcs(row4 + i + u * stride);
+                float m = NEG_INF;
+#pragma unroll
+                for (int u = 0; u < ARGMAX_UNROLL; ++u)
+                    m = fmaxf(fmaxf(m, fmaxf(v[u].x, v[u].y)), fmaxf(v[u].z, v[u].w));
+                for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                const float t = capped_skip_below(m, cap);
+#pragma unroll
+                for (int u = 0; u < ARGMAX_UNROLL; ++u) {
+                    const u32 at = (u32)(4 * (i + u * stride));
+                    const float x[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                    for (int c = 0; c < 4; ++c)
+                        if (!(x[c] <= t)) best = key_max(best, logit_key(x[c], at + c, 1, cap));
+                }
+            }
+        }
         for (; i + (ARGMAX_UNROLL - 1) * stride < n4; i += ARGMAX_UNROLL * stride) {
             float4 v[ARGMAX_UNROLL];
 #pragma unroll

@@ -74,6 +74,9 @@ gpu_check!(attention, check_attention);
 gpu_check!(sample, check_sample);
 gpu_check!(paged, check_paged);
 gpu_check!(argmax, check_argmax);
+gpu_check!(argmax_every_value_capped, |b: &CudaBackend| check_argmax(
+    &b.clone().with_argmax_skip(false)
+));
 gpu_check!(clustered_argmax, check_clustered_argmax);
 gpu_check!(feed_tokens, check_feed_tokens);
 gpu_check!(fused, check_fused);
@@ -170,6 +173,12 @@ fn skinny_gemm_on_decode_shapes() {
             (48, 1536, 6144),
             (128, 1536, 700),
             (97, 2048, 1030),
+            // Past 64 rows, features a multiple of 8: gate and up as one batched GEMM
+            // (`gated_pair_applies`), seeds of both parities (both memory orders).
+            (104, 512, 2048),
+            (72, 256, 1024),
+            (128, 64, 6144),
+            (200, 128, 1024),
         ]
         .into_iter()
         .enumerate()

@@ -117,13 +117,14 @@ fn same_picks(a: &[Picked], b: &[Picked]) -> bool {
 /// Greedy choice where the logits are: equal to the host `argmax` on rows with ties (the
 /// lowest id wins), NaN (never chosen), all -inf (id 0), at the real vocabulary size, and
 /// over only the first rows of a larger buffer; with a softcap, the argmax of the
-/// backend's own softcapped values, the logits left as they were.
+/// backend's own softcapped values (ties the cap makes, values a few ulps below the
+/// maximum), the logits left as they were.
 pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
     let mut data = TestData::new(801);
     // 7 and 4099: not a multiple of four (the GPU's one-value loads); 1000: 16-byte loads,
     // the tail loop alone; 65,540: the unrolled loads and a tail; 262,144: the vocabulary.
     for vocab in [7usize, 1000, 4099, 65_540, 262_144] {
-        let rows = 5;
+        let rows = 8;
         let mut logits: Vec<f32> = (0..rows * vocab).map(|_| data.normal() * 3.0).collect();
         // Row 1: a tie between two ids for the maximum; row 2: NaNs; row 3: all -inf.
         let top = 100.0;
@@ -133,6 +134,23 @@ pub fn check_argmax<B: Backend>(b: &B) -> CheckResult {
             logits[2 * vocab + i] = f32::NAN;
         }
         logits[3 * vocab..4 * vocab].fill(f32::NEG_INFINITY);
+        // Rows 5-7 are where a capped argmax that skips values far below the raw maximum
+        // could go wrong. Row 5: values that all cap to 30, the lowest of them (300) at
+        // the lowest index, +inf last: capped, the 300 wins the tie.
+        let row5 = &mut logits[5 * vocab..6 * vocab];
+        row5[vocab / 5] = 300.0;
+        row5[4 * vocab / 5] = 400.0;
+        row5[vocab - 1] = f32::INFINITY;
+        // Row 6: the maximum last, and values one to eight ulps below it before it, some
+        // of which cap to the same value.
+        let row6 = &mut logits[6 * vocab..7 * vocab];
+        let near = 20.0f32;
+        row6[vocab - 1] = near;
+        for k in 1..=8u32.min(vocab as u32 - 1) {
+            row6[(k as usize * (vocab - 1)) / 9] = f32::from_bits(near.to_bits() - k);
+        }
+        // Row 7: every value the same.
+        logits[7 * vocab..8 * vocab].fill(5.0);
         let lb = put(b, &logits, b.activation_dtype())?;
         // Capped at 30 (Gemma's final softcap): the two 100s stay tied, and the order of
         // the rest is the capped values' (checked against the backend's own softcap).

@@ -29,6 +29,14 @@ const EAGER_PLAN_ROWS: usize = 4096;
 /// The most output bytes a warm-up product may write (see [`GemmPlans::warm`]).
 const WARM_OUT_BYTES: usize = 256 << 20;
 
+/// Weights from which the decode buckets' algorithms are timed rather than taken on the
+/// heuristics' word ([`GemmPlans::tune`]), the candidates timed, the runs a timing, and the
+/// most rows tuned.
+const TUNE_WEIGHT_BYTES: usize = 128 << 20;
+const TUNE_CANDIDATES: usize = 8;
+const TUNE_RUNS: usize = 3;
+const TUNE_MAX_ROWS: usize = 256;
+
 /// What cuBLASLt may use for split-k and the like (cuBLAS's own default on Hopper).
 const WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -64,20 +72,23 @@ struct PlanKey {
     rows: usize,
     bf16_out: bool,
     parts: usize,
+    pair: bool,
 }
 
-/// A GEMM's shape without its row count: (n, k, bf16_out, parts).
-type Shape = (usize, usize, bool, usize);
+/// A GEMM's shape without its row count: (n, k, bf16_out, parts, pair).
+type Shape = (usize, usize, bool, usize, bool);
 
 impl PlanKey {
     fn shape(&self) -> Shape {
-        (self.n, self.k, self.bf16_out, self.parts)
+        (self.n, self.k, self.bf16_out, self.parts, self.pair)
     }
 }
 
 /// One product's device operands: `out (t x n) = xb (t x k) * W^T`, W row-major n x k;
 /// with `parts` > 1 the product is split over k into that many equal slices, one batch
-/// entry each, written as `out [t, parts, n]` (no reduction: the reader adds them).
+/// entry each, written as `out [t, parts, n]` (no reduction: the reader adds them). With a
+/// `pair_stride`, two weights over all of k instead (`parts` is 2): the second starts
+/// `pair_stride` elements past `w`, and `out [t, 2, n]` holds both products.
 #[derive(Clone, Copy)]
 pub(super) struct GemmOperands {
     /// The n*k bf16 weight.
@@ -91,11 +102,17 @@ pub(super) struct GemmOperands {
     pub n: usize,
     pub bf16_out: bool,
     pub parts: usize,
+    /// Elements from the first weight to the second of a pair (positive); 0: no pair.
+    pub pair_stride: i64,
 }
 
 impl GemmOperands {
     fn shape(&self) -> Shape {
-        (self.n, self.k, self.bf16_out, self.parts)
+        (self.n, self.k, self.bf16_out, self.parts, self.pair())
+    }
+
+    fn pair(&self) -> bool {
+        self.pair_stride != 0
     }
 }
 
@@ -110,6 +127,10 @@ pub(super) struct GemmPlans {
     algos: HashMap<PlanKey, Option<sys::cublasLtMatmulAlgo_t>>,
     /// Shapes whose planned algorithms have each run once (see [`GemmPlans::warm`]).
     warmed: HashSet<Shape>,
+    /// Whether large weights' decode plans are timed (`STRATA_GEMM_TUNE=0`: not), and the
+    /// shapes done.
+    tune: bool,
+    tuned: HashSet<Shape>,
     /// Made once a shape; a call sets their token count (two attribute writes) instead of
     /// making and destroying three descriptors.
     layouts: HashMap<Shape, Layouts>,
@@ -117,6 +138,10 @@ pub(super) struct GemmPlans {
 
 // SAFETY: the raw handles are only used under the backend's mutex, on its one stream.
 unsafe impl Send for GemmPlans {}
+
+fn device(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> KernelError {
+    move |e| KernelError::Device(format!("{what} a GEMM timing: {e:?}"))
+}
 
 fn lt_err(what: &'static str) -> impl Fn(cudarc::cublaslt::result::CublasError) -> KernelError {
     move |e| KernelError::Device(format!("cuBLASLt {what}: {e:?}"))
@@ -130,7 +155,9 @@ impl Layouts {
     /// is the row-major weight read as k x n, B the token rows as k x t. With `parts` > 1,
     /// a strided batch of `parts` products over consecutive k slices of A and B (same
     /// leading dimension k), part p's C at column offset p * n of rows `parts * n` long.
-    fn new(n: usize, k: usize, t: usize, bf16_out: bool, parts: usize) -> Result<Self> {
+    /// With `pair`, a batch of two weights over all of k sharing B, C as with two parts; A's
+    /// batch offset (the distance between the weights) is set by each call.
+    fn new(n: usize, k: usize, t: usize, bf16_out: bool, parts: usize, pair: bool) -> Result<Self> {
         use cudarc::cublaslt::result::create_matrix_layout;
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
         let out = if bf16_out {
@@ -138,7 +165,7 @@ impl Layouts {
         } else {
             sys::cudaDataType::CUDA_R_32F
         };
-        let kp = (k / parts) as u64;
+        let kp = if pair { k } else { k / parts } as u64;
         let (n64, t64) = (n as u64, t as u64);
         let a = create_matrix_layout(bf16, kp, n64, k as i64).map_err(lt_err("layout"))?;
         let b = create_matrix_layout(bf16, kp, t64, k as i64);
@@ -146,7 +173,9 @@ impl Layouts {
         let c = create_matrix_layout(out, n64, t64, (parts * n) as i64);
         let c = Self::keep(c, &[a, b])?;
         let made = Self([a, b, c]);
-        if parts > 1 {
+        if pair {
+            made.batch(2, [(n * k) as i64, 0, n as i64])?;
+        } else if parts > 1 {
             made.batch(parts, [kp as i64, kp as i64, n as i64])?;
         }
         Ok(made)
@@ -179,6 +208,21 @@ impl Layouts {
             .map_err(lt_err("batching the k parts"))?;
         }
         Ok(())
+    }
+
+    /// A pair's distance from its first weight to its second, in elements.
+    fn set_pair_stride(&mut self, stride: i64) -> Result<()> {
+        // SAFETY: the A layout is live; the attribute is an i64 passed by address with its
+        // size.
+        unsafe {
+            cudarc::cublaslt::result::set_matrix_layout_attribute(
+                self.0[0],
+                sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                (&stride as *const i64).cast(),
+                std::mem::size_of::<i64>(),
+            )
+        }
+        .map_err(lt_err("setting a pair's stride"))
     }
 
     /// Sets the token count (the columns of B and C). cuBLASLt reads a layout when a
@@ -261,6 +305,8 @@ impl GemmPlans {
             workspace,
             algos: HashMap::new(),
             warmed: HashSet::new(),
+            tune: std::env::var("STRATA_GEMM_TUNE").as_deref() != Ok("0"),
+            tuned: HashSet::new(),
             layouts: HashMap::new(),
         }))
     }
@@ -294,21 +340,29 @@ impl GemmPlans {
 
     /// cuBLASLt's first choice for `key` at its bucket's row count.
     fn choose(&self, key: PlanKey) -> Result<Option<sys::cublasLtMatmulAlgo_t>> {
-        let layouts = Layouts::new(key.n, key.k, key.rows, key.bf16_out, key.parts)?;
+        Ok(self.candidates(key, 1)?.first().copied())
+    }
+
+    /// Up to `count` of the heuristics' algorithms for `key`, best guess first.
+    fn candidates(&self, key: PlanKey, count: usize) -> Result<Vec<sys::cublasLtMatmulAlgo_t>> {
+        let layouts = Layouts::new(key.n, key.k, key.rows, key.bf16_out, key.parts, key.pair)?;
         let [a, b, c] = layouts.0;
         let pref = cudarc::cublaslt::result::create_matmul_pref().map_err(lt_err("preference"))?;
         let bytes = WORKSPACE_BYTES as u64;
-        // SAFETY: the attribute is a u64 passed by address with its size; `pref` is
-        // destroyed once below.
-        let chosen = unsafe {
+        let mut found: Vec<sys::cublasLtMatmulHeuristicResult_t> = Vec::with_capacity(count);
+        let mut returned = 0i32;
+        // SAFETY: the attribute is a u64 passed by address with its size; `found` has room
+        // for `count` results and cuBLASLt writes `returned` of them; `pref` is destroyed
+        // once below.
+        let status = unsafe {
             let set = cudarc::cublaslt::result::set_matmul_pref_attribute(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 (&bytes as *const u64).cast(),
                 std::mem::size_of::<u64>(),
             );
-            let found = set.and_then(|_| {
-                cudarc::cublaslt::result::get_matmul_algo_heuristic(
+            let asked = set.and_then(|_| {
+                sys::cublasLtMatmulAlgoGetHeuristic(
                     self.handle,
                     self.desc,
                     a,
@@ -316,12 +370,106 @@ impl GemmPlans {
                     c,
                     c,
                     pref,
+                    count as i32,
+                    found.as_mut_ptr(),
+                    &mut returned,
                 )
+                .result()
             });
             let _ = cudarc::cublaslt::result::destroy_matmul_pref(pref);
-            found.ok().map(|h| h.algo)
+            if asked.is_ok() {
+                found.set_len(returned.clamp(0, count as i32) as usize);
+            }
+            asked
         };
-        Ok(chosen)
+        if status.is_err() {
+            return Ok(Vec::new());
+        }
+        Ok(found
+            .into_iter()
+            .filter(|h| h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .map(|h| h.algo)
+            .collect())
+    }
+
+    /// For a weight of at least [`TUNE_WEIGHT_BYTES`] (a vocabulary's output projection),
+    /// the first time it is met outside a graph capture: each decode bucket's plan becomes
+    /// the fastest of the heuristics' first [`TUNE_CANDIDATES`] algorithms, timed on the
+    /// stream over scratch rows. The heuristics' first guess for E2B's output projection
+    /// was 8% slower than the best candidate in a survey; timing the candidates took E2B's
+    /// 100-sequence step on an H200 from 3.70 to 3.68 ms (`docs/perf-notes.md`, "The
+    /// output projection's algorithm timed"). `STRATA_GEMM_TUNE=0` keeps the first guess.
+    ///
+    /// # Safety
+    /// `w` must address the shape's n*k bf16 weight.
+    unsafe fn tune(&mut self, stream: &Arc<CudaStream>, w: u64, key: PlanKey) -> Result<()> {
+        let shape = key.shape();
+        if !self.tune
+            || key.parts != 1
+            || key.pair
+            || key.n * key.k * 2 < TUNE_WEIGHT_BYTES
+            || self.tuned.contains(&shape)
+        {
+            return Ok(());
+        }
+        let capturing = stream
+            .capture_status()
+            .map_err(|e| KernelError::Device(format!("reading the capture status: {e:?}")))?;
+        if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(());
+        }
+        self.tuned.insert(shape);
+        let out_bytes = if key.bf16_out { 2 } else { 4 };
+        let most = TUNE_MAX_ROWS;
+        let err = |e| KernelError::Device(format!("allocating GEMM tuning rows: {e:?}"));
+        let x = stream.alloc::<u16>(most * key.k).map_err(err)?;
+        let y = stream.alloc::<u8>(most * key.n * out_bytes).map_err(err)?;
+        let ev = |what: &'static str| {
+            stream
+                .context()
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| KernelError::Device(format!("creating a {what} event: {e:?}")))
+        };
+        let (start, end) = (ev("tuning")?, ev("tuning")?);
+        let (xp, _gx) = x.device_ptr(stream);
+        let (yp, _gy) = y.device_ptr(stream);
+        for rows in eager_buckets(1).filter(|&r| r <= most) {
+            let planned = PlanKey { rows, ..key };
+            let g = GemmOperands {
+                w,
+                xb: xp,
+                out: yp,
+                t: rows,
+                k: key.k,
+                n: key.n,
+                bf16_out: key.bf16_out,
+                parts: 1,
+                pair_stride: 0,
+            };
+            let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
+            for algo in self.candidates(planned, TUNE_CANDIDATES)? {
+                // One run to load the kernel, then the timed ones.
+                if !self.matmul(stream, &algo, g)? {
+                    continue;
+                }
+                let timed = |s: &mut Self| -> Result<f32> {
+                    start.record(stream).map_err(device("recording"))?;
+                    for _ in 0..TUNE_RUNS {
+                        s.matmul(stream, &algo, g)?;
+                    }
+                    end.record(stream).map_err(device("recording"))?;
+                    start.elapsed_ms(&end).map_err(device("timing"))
+                };
+                let ms = timed(self)?;
+                if best.is_none_or(|(b, _)| ms < b) {
+                    best = Some((ms, algo));
+                }
+            }
+            if let Some((_, algo)) = best {
+                self.algos.insert(planned, Some(algo));
+            }
+        }
+        Ok(())
     }
 
     /// The product with the plan of its row count's bucket on `stream`. `Ok(false)` when
@@ -338,11 +486,16 @@ impl GemmPlans {
             rows: bucket(g.t),
             bf16_out: g.bf16_out,
             parts: g.parts,
+            pair: g.pair(),
         };
+        if self.algo(key)?.is_none() {
+            return Ok(false);
+        }
+        self.tune(stream, g.w, key)?;
         let Some(algo) = self.algo(key)? else {
             return Ok(false);
         };
-        self.warm(stream, g.w, key)?;
+        self.warm(stream, g, key)?;
         self.matmul(stream, &algo, g)
     }
 
@@ -359,10 +512,13 @@ impl GemmPlans {
         let made = match self.layouts.entry(g.shape()) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Layouts::new(g.n, g.k, g.t, g.bf16_out, g.parts)?)
+                v.insert(Layouts::new(g.n, g.k, g.t, g.bf16_out, g.parts, g.pair())?)
             }
         };
         made.set_tokens(g.t)?;
+        if g.pair() {
+            made.set_pair_stride(g.pair_stride)?;
+        }
         let [a, b, c] = made.0;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (ws, _g) = self.workspace.device_ptr(stream);
@@ -394,8 +550,13 @@ impl GemmPlans {
     /// [`WARM_OUT_BYTES`] (the output projection's) are left to load when met.
     ///
     /// # Safety
-    /// `w` must address the shape's n*k bf16 weight.
-    unsafe fn warm(&mut self, stream: &Arc<CudaStream>, w: u64, key: PlanKey) -> Result<()> {
+    /// `g`'s weights must be as [`GemmOperands`] lists (its rows and outputs are not used).
+    unsafe fn warm(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        g: GemmOperands,
+        key: PlanKey,
+    ) -> Result<()> {
         let shape = key.shape();
         if self.warmed.contains(&shape) {
             return Ok(());
@@ -426,17 +587,13 @@ impl GemmPlans {
         for r in rows {
             let planned = PlanKey { rows: r, ..key };
             if let Some(Some(algo)) = self.algos.get(&planned).copied() {
-                let g = GemmOperands {
-                    w,
+                let scratch = GemmOperands {
                     xb: xp,
                     out: yp,
                     t: r,
-                    k: key.k,
-                    n: key.n,
-                    bf16_out: key.bf16_out,
-                    parts: key.parts,
+                    ..g
                 };
-                self.matmul(stream, &algo, g)?;
+                self.matmul(stream, &algo, scratch)?;
             }
         }
         Ok(())

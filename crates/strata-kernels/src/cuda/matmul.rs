@@ -228,7 +228,7 @@ impl CudaBackend {
 
 /// The element type a bf16 GEMM writes.
 #[derive(Clone, Copy)]
-enum GemmOut {
+pub(super) enum GemmOut {
     F32,
     Bf16,
 }
@@ -362,18 +362,74 @@ impl CudaBackend {
         op: u64,
         kind: GemmOut,
     ) -> Result<()> {
-        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
         use cudarc::driver::DevicePtr;
-        const OP: &str = "matmul";
         let Storage::Bits16(ws) = &w.storage else {
             unreachable!("a BF16 buffer holds 16-bit storage")
         };
+        let (wp, _g1) = ws.device_ptr(&self.stream);
+        let (xp, _g2) = xb.device_ptr(&self.stream);
+        // SAFETY: the caller's contract on `op`; W holds n*k values and xb t*k (checked by
+        // the callers).
+        unsafe { self.gemm_bf16_at(xp, wp, (t, k, n), (parts, 0), op, kind) }
+    }
+
+    /// The bf16 products of two weights of one shape over the same `xb`, as one batched
+    /// GEMM into `op`, `[t, 2, n]` of `kind`: the weight at the lower address first.
+    /// Returns whether that is `first` (else `second` came first).
+    ///
+    /// # Safety
+    /// `op` must address t * 2 * n writable elements of `kind` that outlive the GEMM's run.
+    pub(super) unsafe fn gemm_pair_bf16_to(
+        &self,
+        xb: &CudaSlice<u16>,
+        [first, second]: [&CudaBuffer; 2],
+        (t, k, n): (usize, usize, usize),
+        op: u64,
+        kind: GemmOut,
+    ) -> Result<bool> {
+        use cudarc::driver::DevicePtr;
+        let (Storage::Bits16(a), Storage::Bits16(b)) = (&first.storage, &second.storage) else {
+            unreachable!("BF16 buffers hold 16-bit storage")
+        };
+        let (ap, _g1) = a.device_ptr(&self.stream);
+        let (bp, _g2) = b.device_ptr(&self.stream);
+        let (xp, _g3) = xb.device_ptr(&self.stream);
+        let first_low = ap < bp;
+        let (low, high) = if first_low { (ap, bp) } else { (bp, ap) };
+        // Both are allocations of bf16 values, so their distance is whole elements.
+        let stride = i64::try_from((high - low) / 2)
+            .map_err(|_| super::fused::too_big("matmul", (high - low) as usize))?;
+        ensure(stride > 0, "matmul", || "a pair of one weight".to_string())?;
+        // SAFETY: the caller's contract on `op`; both weights hold n*k values, xb t*k.
+        unsafe { self.gemm_bf16_at(xp, low, (t, k, n), (2, stride), op, kind)? };
+        Ok(first_low)
+    }
+
+    /// [`Self::gemm_bf16_to`] on device addresses; `(parts, pair_stride)` as in
+    /// `GemmOperands` (a pair: two weights `pair_stride` elements apart, over all of k).
+    ///
+    /// # Safety
+    /// As [`Self::gemm_bf16_to`], for the weights at `wp` (and `wp + pair_stride`) and the
+    /// operand at `xp`.
+    unsafe fn gemm_bf16_at(
+        &self,
+        xp: u64,
+        wp: u64,
+        (t, k, n): (usize, usize, usize),
+        (parts, pair_stride): (usize, i64),
+        op: u64,
+        kind: GemmOut,
+    ) -> Result<()> {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        const OP: &str = "matmul";
+        let pair = pair_stride != 0;
         let out_type = match kind {
             GemmOut::F32 => cudaDataType::CUDA_R_32F,
             GemmOut::Bf16 => cudaDataType::CUDA_R_16BF,
         };
         let (m_i, n_i, k_i) = (as_c_int(OP, n)?, as_c_int(OP, t)?, as_c_int(OP, k)?);
-        let (kp_i, ldc_i) = (as_c_int(OP, k / parts)?, as_c_int(OP, n * parts)?);
+        let kp = if pair { k } else { k / parts };
+        let (kp_i, ldc_i) = (as_c_int(OP, kp)?, as_c_int(OP, n * parts)?);
         let out_bytes = match kind {
             GemmOut::F32 => 4,
             GemmOut::Bf16 => 2,
@@ -386,8 +442,6 @@ impl CudaBackend {
             let mut plans = plans
                 .lock()
                 .map_err(|_| KernelError::Device("the GEMM plans' lock is poisoned".into()))?;
-            let (wp, _g1) = ws.device_ptr(&self.stream);
-            let (xp, _g2) = xb.device_ptr(&self.stream);
             let g = super::gemm_plans::GemmOperands {
                 w: wp,
                 xb: xp,
@@ -397,6 +451,7 @@ impl CudaBackend {
                 n,
                 bf16_out: matches!(kind, GemmOut::Bf16),
                 parts,
+                pair_stride,
             };
             super::host_gaps::mark("cublasLt");
             // SAFETY: the caller's contract on `op`; the weight and the operand hold n*k
@@ -410,14 +465,17 @@ impl CudaBackend {
             .blas
             .lock()
             .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
-        let (wp, _g1) = ws.device_ptr(&self.stream);
-        let (xp, _g2) = xb.device_ptr(&self.stream);
         super::host_gaps::mark("cublasGemmEx");
         // One call a k slice (one for the whole product when `parts` is 1): slice p starts
         // p * k / parts inputs into every row of W and x, and its outputs p * n values
-        // into each output row of `parts * n`.
-        let kp = (k / parts) as u64;
+        // into each output row of `parts * n`. A pair: weight p at p * pair_stride, all of
+        // x.
         for p in 0..parts as u64 {
+            let (w_at, x_at) = if pair {
+                (wp + 2 * p * pair_stride as u64, xp)
+            } else {
+                (wp + 2 * p * kp as u64, xp + 2 * p * kp as u64)
+            };
             // SAFETY: as in SGEMM above: A = W (k x n col-major, transposed), B = x (k x
             // t), C = out (n x t, the caller's contract); each slice stays within them
             // (lda = ldb = k); alpha/beta are f32 as the compute type asks.
@@ -430,10 +488,10 @@ impl CudaBackend {
                     n_i,
                     kp_i,
                     (&alpha as *const f32).cast(),
-                    (wp + 2 * p * kp) as *const std::ffi::c_void,
+                    w_at as *const std::ffi::c_void,
                     cudaDataType::CUDA_R_16BF,
                     k_i,
-                    (xp + 2 * p * kp) as *const std::ffi::c_void,
+                    x_at as *const std::ffi::c_void,
                     cudaDataType::CUDA_R_16BF,
                     k_i,
                     (&beta as *const f32).cast(),
@@ -545,6 +603,9 @@ impl CudaBackend {
         }
         // The MLP's down projection reads `out` next.
         let twin = self.gemm_reads_bf16(t);
+        if bf16 && self.gated_pair_applies(t, n) {
+            return self.gated_pair(act, x, [gate, up], (t, k, n), out, twin);
+        }
         if bf16 && self.skinny_applies(DType::BF16, t, k, true) {
             let xb = self.bf16_operand(x, t * k)?;
             let (y, yb) = super::fused::f32_and_twin_ptrs_mut(self, out, twin, OP)?;

@@ -14,6 +14,7 @@ mod buffer;
 mod cache;
 mod dense_attention;
 mod fused;
+mod gated_pair;
 mod gemm_plans;
 mod host_gaps;
 mod k_parts;
@@ -30,6 +31,7 @@ mod small_gemm;
 mod sources;
 
 pub use buffer::CudaBuffer;
+pub use gated_pair::PairRows;
 pub use k_parts::KParts;
 pub use matmul::CudaQuantMatrix;
 pub use paged::{CudaIndex, CudaKvSlab, CudaPagedBatch};
@@ -89,10 +91,16 @@ pub struct CudaBackend {
     /// The most rows (past the GEMV's) a bf16 product runs as `kernels/skinny_gemm.cu`
     /// rather than cuBLAS: 128 on sm_90, 32 on later GPUs, 0 before (`skinny_gemm::probe`).
     skinny_max_rows: usize,
+    /// The rows at which a gated product runs as one batched GEMM over gate and up
+    /// (`gated_pair.rs`).
+    gated_pair: gated_pair::PairRows,
     /// The rows a product of a small weight runs as `kernels/small_gemm.cu`.
     small_rows: small_gemm::SmallRows,
     /// When a product whose reader adds parts is split over k (`k_parts.rs`).
     k_parts: k_parts::KParts,
+    /// Whether a capped argmax caps only the values near each warp's raw maximum
+    /// (`STRATA_ARGMAX_SKIP=0`: every value; `kernels/sampling.cu`).
+    argmax_skip: bool,
     /// Argmax keys and their page-locked host copies, kept for the next step.
     argmax_slots: Arc<picks::ArgmaxSlots>,
     draw_scratch: Arc<picks::DrawScratches>,
@@ -192,8 +200,10 @@ impl CudaBackend {
             prefill_together: std::env::var("STRATA_PREFILL_TOGETHER").map_or(true, |v| v != "0"),
             paged_mma,
             skinny_max_rows,
+            gated_pair: gated_pair::PairRows::from_env(),
             small_rows: small_gemm::SmallRows::from_env(arch),
             k_parts: k_parts::KParts::from_env(),
+            argmax_skip: std::env::var("STRATA_ARGMAX_SKIP").map_or(true, |v| v != "0"),
             argmax_slots: Arc::default(),
             draw_scratch: Arc::default(),
         })

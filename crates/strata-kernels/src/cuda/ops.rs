@@ -576,6 +576,65 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// [`Self::act_mul_bf16_in`] over one batched GEMM's `[rows, 2, n]` bf16 products, the
+    /// gate's first in each row when `gate_first` (else the up's); `n % 8 == 0`.
+    pub(super) fn act_mul_bf16_pairs(
+        &self,
+        act: Activation,
+        y: &CudaSlice<u16>,
+        (rows, n): (usize, usize),
+        gate_first: bool,
+        out: &mut CudaBuffer,
+        twin: bool,
+    ) -> Result<()> {
+        const OP: &str = "act_mul";
+        const THREADS: usize = 256;
+        ensure(
+            n.is_multiple_of(8) && y.len() >= rows * 2 * n && out.len() == rows * n,
+            OP,
+            || {
+                format!(
+                    "{} products for {rows} pairs of {n}, out {}",
+                    y.len(),
+                    out.len()
+                )
+            },
+        )?;
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let (gate_at, up_at) = if gate_first {
+            (0, n as u64)
+        } else {
+            (n as u64, 0)
+        };
+        let (n64, code) = (n as u64, act_code(act));
+        let mut l = self
+            .stream
+            .launch_builder(self.kernels.get("act_mul_bf16_pairs")?);
+        l.arg(y);
+        if twin {
+            l.arg(&NULL_PTR).arg(out.twin_only_mut(&self.stream, OP)?);
+        } else {
+            l.arg(out.f32s_mut(OP)?);
+            arg_twin(&mut l, None);
+        }
+        l.arg(&n64).arg(&gate_at).arg(&up_at).arg(&code);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(rows).map_err(|_| super::fused::too_big(OP, rows))?,
+                (n / 8).div_ceil(THREADS) as u32,
+                1,
+            ),
+            block_dim: (THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: y holds rows x 2n values and out rows x n (checked above); n % 8 == 0 and
+        // every buffer starts an allocation, so the kernel's 16-byte vectors align.
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+
     pub(super) fn activation_impl(
         &self,
         act: Activation,

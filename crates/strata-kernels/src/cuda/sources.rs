@@ -183,6 +183,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         &[
             "act_mul",
             "act_mul_bf16_in",
+            "act_mul_bf16_pairs",
             "act_mul_slice_gelu_tanh",
             "act_mul_slice_silu",
             "activation",
