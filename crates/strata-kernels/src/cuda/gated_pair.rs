@@ -14,7 +14,7 @@ use cudarc::driver::DevicePtrMut;
 
 use super::buffer::CudaBuffer;
 use super::matmul::GemmOut;
-use super::{device_err, CudaBackend};
+use super::{device_err, env_usize, CudaBackend};
 use crate::{Activation, Result};
 
 /// The rows at which a gated product over bf16 weights, in the bf16 mode, runs as the pair.
@@ -44,15 +44,9 @@ impl PairRows {
         if std::env::var("STRATA_GATED_PAIR").as_deref() == Ok("0") {
             return Self::OFF;
         }
-        let var = |name: &str, default: usize| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
-        };
         Self {
-            min_rows: var("STRATA_GATED_PAIR_MIN_ROWS", Self::DEFAULT.min_rows),
-            max_rows: var("STRATA_GATED_PAIR_MAX_ROWS", Self::DEFAULT.max_rows),
+            min_rows: env_usize("STRATA_GATED_PAIR_MIN_ROWS", Self::DEFAULT.min_rows),
+            max_rows: env_usize("STRATA_GATED_PAIR_MAX_ROWS", Self::DEFAULT.max_rows),
         }
     }
 }

@@ -139,6 +139,14 @@ pub(super) struct GemmPlans {
 // SAFETY: the raw handles are only used under the backend's mutex, on its one stream.
 unsafe impl Send for GemmPlans {}
 
+/// Whether `stream` is capturing a graph (anything queued now would join it).
+fn capturing(stream: &CudaStream) -> Result<bool> {
+    let status = stream
+        .capture_status()
+        .map_err(|e| KernelError::Device(format!("reading the capture status: {e:?}")))?;
+    Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 fn device(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> KernelError {
     move |e| KernelError::Device(format!("{what} a GEMM timing: {e:?}"))
 }
@@ -412,10 +420,7 @@ impl GemmPlans {
         {
             return Ok(());
         }
-        let capturing = stream
-            .capture_status()
-            .map_err(|e| KernelError::Device(format!("reading the capture status: {e:?}")))?;
-        if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        if capturing(stream)? {
             return Ok(());
         }
         self.tuned.insert(shape);
@@ -561,10 +566,7 @@ impl GemmPlans {
         if self.warmed.contains(&shape) {
             return Ok(());
         }
-        let capturing = stream
-            .capture_status()
-            .map_err(|e| KernelError::Device(format!("reading the capture status: {e:?}")))?;
-        if capturing != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        if capturing(stream)? {
             // Anything run now would join the graph; the next eager call warms the shape.
             return Ok(());
         }

@@ -12,7 +12,7 @@
 //! k").
 
 use super::fused::gemv_applies;
-use super::CudaBackend;
+use super::{env_usize, CudaBackend};
 use crate::{DType, DeviceBuffer, MatmulShape};
 
 use super::buffer::CudaBuffer;
@@ -49,15 +49,9 @@ impl KParts {
         if std::env::var("STRATA_K_PARTS").as_deref() == Ok("0") {
             return Self::OFF;
         }
-        let var = |name: &str, default: usize| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
-        };
         Self {
-            min_rows: var("STRATA_K_PARTS_MIN_ROWS", Self::DEFAULT.min_rows),
-            max_rows: var("STRATA_K_PARTS_MAX_ROWS", Self::DEFAULT.max_rows),
+            min_rows: env_usize("STRATA_K_PARTS_MIN_ROWS", Self::DEFAULT.min_rows),
+            max_rows: env_usize("STRATA_K_PARTS_MAX_ROWS", Self::DEFAULT.max_rows),
             ..Self::DEFAULT
         }
     }

@@ -115,6 +115,15 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
+/// The environment variable `name` as a count, `default` when unset or not a number (the
+/// switches that move a speed path's limits for measuring them).
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Device(format!("{what}: {e:?}"))
 }
