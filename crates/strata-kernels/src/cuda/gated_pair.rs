@@ -7,8 +7,8 @@
 //! from the first as the batch stride, the token rows shared, each product a half of every
 //! output row), bf16 out, and `act_mul_bf16_pairs` writes `act(gate) * up` for the down
 //! projection: one more launch, and on an H200 the E2B decode step at 100 sequences went
-//! from 3.70 to 3.64-3.65 ms, E4B's from 6.41 to 6.23 (`docs/perf-notes.md`, "Gate and up
-//! as one batched GEMM").
+//! from 3.69-3.70 to 3.63-3.65 ms, E4B's from 6.41-6.44 to 6.23-6.26 (`docs/perf-notes.md`,
+//! "Three decode-step changes at 65-256 rows").
 
 use cudarc::driver::DevicePtrMut;
 

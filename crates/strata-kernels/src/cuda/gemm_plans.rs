@@ -405,8 +405,9 @@ impl GemmPlans {
     /// the fastest of the heuristics' first [`TUNE_CANDIDATES`] algorithms, timed on the
     /// stream over scratch rows. The heuristics' first guess for E2B's output projection
     /// was 8% slower than the best candidate in a survey; timing the candidates took E2B's
-    /// 100-sequence step on an H200 from 3.70 to 3.68 ms (`docs/perf-notes.md`, "The
-    /// output projection's algorithm timed"). `STRATA_GEMM_TUNE=0` keeps the first guess.
+    /// 100-sequence step on an H200 from 3.69-3.70 to 3.68 ms (`docs/perf-notes.md`,
+    /// "Three decode-step changes at 65-256 rows"). `STRATA_GEMM_TUNE=0` keeps the first
+    /// guess.
     ///
     /// # Safety
     /// `w` must address the shape's n*k bf16 weight.

@@ -374,8 +374,9 @@ impl CudaBackend {
     }
 
     /// The bf16 products of two weights of one shape over the same `xb`, as one batched
-    /// GEMM into `op`, `[t, 2, n]` of `kind`: the weight at the lower address first.
-    /// Returns whether that is `first` (else `second` came first).
+    /// GEMM into `op`, `[t, 2, n]` of `kind`: the weight at the lower address first, so
+    /// the batch stride is positive (cuBLASLt documents no negative one). Returns whether
+    /// that is `first` (else `second` came first).
     ///
     /// # Safety
     /// `op` must address t * 2 * n writable elements of `kind` that outlive the GEMM's run.
