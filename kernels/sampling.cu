@@ -33,7 +33,7 @@ __device__ __forceinline__ u64 logit4_key(float4 v, u32 at, int has_cap, float c
 }
 
 // Capped values are only worth computing near the top. If raw x <= capped_skip_below(m),
-// the exact 30 tanh(x / 30) sits at least cap 2^-12 below the exact capped m (tanh is
+// the exact cap tanh(x / cap) sits at least cap 2^-12 below the exact capped m (tanh is
 // increasing; the margin CAP_MARGIN is taken in tanh's units and survives the float
 // errors of this function, a few ulps in atanhf and tanhf, whose effect on the threshold's
 // tanh is under 1e-5 since atanh's slope times tanh's is one). The computed capped values

@@ -194,63 +194,62 @@ impl Layouts {
     fn batch(&self, count: usize, offsets: [i64; 3]) -> Result<()> {
         use sys::cublasLtMatrixLayoutAttribute_t as Attr;
         let count = count as i32;
-        for (&l, off) in self.0.iter().zip(offsets) {
-            // SAFETY: `l` is live; each attribute is passed by address with its size (an
-            // i32 count and an i64 offset, as cuBLASLt defines them).
-            unsafe {
-                cudarc::cublaslt::result::set_matrix_layout_attribute(
-                    l,
-                    Attr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                    (&count as *const i32).cast(),
-                    std::mem::size_of::<i32>(),
-                )
-                .and_then(|_| {
-                    cudarc::cublaslt::result::set_matrix_layout_attribute(
-                        l,
-                        Attr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                        (&off as *const i64).cast(),
-                        std::mem::size_of::<i64>(),
-                    )
-                })
-            }
-            .map_err(lt_err("batching the k parts"))?;
+        for (m, off) in offsets.into_iter().enumerate() {
+            self.set(
+                m,
+                Attr::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                &count,
+                "batching",
+            )?;
+            self.set(
+                m,
+                Attr::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                &off,
+                "batching",
+            )?;
         }
         Ok(())
     }
 
     /// A pair's distance from its first weight to its second, in elements.
     fn set_pair_stride(&mut self, stride: i64) -> Result<()> {
-        // SAFETY: the A layout is live; the attribute is an i64 passed by address with its
-        // size.
-        unsafe {
-            cudarc::cublaslt::result::set_matrix_layout_attribute(
-                self.0[0],
-                sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                (&stride as *const i64).cast(),
-                std::mem::size_of::<i64>(),
-            )
-        }
-        .map_err(lt_err("setting a pair's stride"))
+        let attr =
+            sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET;
+        self.set(0, attr, &stride, "setting a pair's stride")
     }
 
     /// Sets the token count (the columns of B and C). cuBLASLt reads a layout when a
     /// matmul is queued, so the next call may change it.
     fn set_tokens(&mut self, t: usize) -> Result<()> {
         let cols = t as u64;
-        for &l in &self.0[1..] {
-            // SAFETY: `l` is live (destroyed only on drop); the attribute is a u64 passed
-            // by address with its size.
-            unsafe {
-                cudarc::cublaslt::result::set_matrix_layout_attribute(
-                    l,
-                    sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_COLS,
-                    (&cols as *const u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            }
-            .map_err(lt_err("setting the token count"))?;
+        let attr = sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_COLS;
+        for m in 1..3 {
+            self.set(m, attr, &cols, "setting the token count")?;
         }
         Ok(())
+    }
+
+    /// Sets one attribute of layout `m` (0 A, 1 B, 2 C). `T` must be the attribute's type
+    /// as cuBLASLt defines it: i32 for a batch count, i64 for a batch offset, u64 for a
+    /// column count.
+    fn set<T: Copy>(
+        &self,
+        m: usize,
+        attr: sys::cublasLtMatrixLayoutAttribute_t,
+        value: &T,
+        what: &'static str,
+    ) -> Result<()> {
+        // SAFETY: the layout is live while `self` is (destroyed only on drop); the value is
+        // passed by address with its size, of the attribute's type (the callers').
+        unsafe {
+            cudarc::cublaslt::result::set_matrix_layout_attribute(
+                self.0[m],
+                attr,
+                (value as *const T).cast(),
+                std::mem::size_of::<T>(),
+            )
+        }
+        .map_err(lt_err(what))
     }
 
     /// `made`, or its error once the layouts made before it are destroyed.
@@ -430,13 +429,13 @@ impl GemmPlans {
         let err = |e| KernelError::Device(format!("allocating GEMM tuning rows: {e:?}"));
         let x = stream.alloc::<u16>(most * key.k).map_err(err)?;
         let y = stream.alloc::<u8>(most * key.n * out_bytes).map_err(err)?;
-        let ev = |what: &'static str| {
+        let timing_event = || {
             stream
                 .context()
                 .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| KernelError::Device(format!("creating a {what} event: {e:?}")))
+                .map_err(device("creating an event for"))
         };
-        let (start, end) = (ev("tuning")?, ev("tuning")?);
+        let (start, end) = (timing_event()?, timing_event()?);
         let (xp, _gx) = x.device_ptr(stream);
         let (yp, _gy) = y.device_ptr(stream);
         for rows in eager_buckets(1).filter(|&r| r <= most) {
@@ -458,15 +457,12 @@ impl GemmPlans {
                 if !self.matmul(stream, &algo, g)? {
                     continue;
                 }
-                let timed = |s: &mut Self| -> Result<f32> {
-                    start.record(stream).map_err(device("recording"))?;
-                    for _ in 0..TUNE_RUNS {
-                        s.matmul(stream, &algo, g)?;
-                    }
-                    end.record(stream).map_err(device("recording"))?;
-                    start.elapsed_ms(&end).map_err(device("timing"))
-                };
-                let ms = timed(self)?;
+                start.record(stream).map_err(device("recording"))?;
+                for _ in 0..TUNE_RUNS {
+                    self.matmul(stream, &algo, g)?;
+                }
+                end.record(stream).map_err(device("recording"))?;
+                let ms = start.elapsed_ms(&end).map_err(device("timing"))?;
                 if best.is_none_or(|(b, _)| ms < b) {
                     best = Some((ms, algo));
                 }
@@ -494,6 +490,8 @@ impl GemmPlans {
             parts: g.parts,
             pair: g.pair(),
         };
+        // Planned first: a shape's first plan plans all its buckets, which the timing
+        // then replaces for the decode buckets of a large weight.
         if self.algo(key)?.is_none() {
             return Ok(false);
         }
