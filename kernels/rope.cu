@@ -181,18 +181,28 @@ HEAD_NORM_ROPE_REGS(512)
 // instruction stream it runs (the same lesson as the norms' typed entry points). The
 // arithmetic is head_norm_rope_regs's, in the same order, so the results are the same bits.
 // `kv`, when not null, is the row's place in a bf16 K or V slab: the result also goes there,
-// rounded as `kv_store_bf16` rounds it.
+// rounded as `kv_store_bf16` rounds it. The row is read from `xin`, the sum of its `parts`
+// parts `pstride` apart added in order in f32 (a product split over k; one part: `xin` is
+// `xr`, the row in place).
 template <int E, bool W, bool ROT>
 __device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, float offset,
                                                    float eps, const u32* pos_at,
-                                                   const float* inv_freq, u16* kv) {
+                                                   const float* inv_freq, u16* kv,
+                                                   const float* xin, int parts, u64 pstride) {
     const int lane = threadIdx.x & 31;
     float v[E], g[E], f[E / 2];
     const float pos = ROT ? (float)*pos_at : 0.0f;
 #pragma unroll
     for (int j = 0; j < E; ++j) {
-        v[j] = xr[lane + 32 * j];
+        v[j] = xin[lane + 32 * j];
         if (W) g[j] = w[lane + 32 * j];
+    }
+    for (int p = 1; p < parts; ++p) {
+        float t[E];
+#pragma unroll
+        for (int j = 0; j < E; ++j) t[j] = xin[p * pstride + lane + 32 * j];
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] += t[j];
     }
     if (ROT) {
 #pragma unroll
@@ -218,17 +228,23 @@ __device__ __forceinline__ void head_norm_rope_f32(float* xr, const float* w, fl
 // place in a bf16 slab (see `head_norm_rope_store_f32_d<D>`).
 template <int D>
 __device__ __forceinline__ void head_norm_rope_f32_row(const HeadRow& r, const float* inv_freq,
-                                                       float offset, float eps, u16* kv) {
+                                                       float offset, float eps, u16* kv,
+                                                       const float* xin, int parts,
+                                                       u64 pstride) {
     const float* w = (const float*)r.w;
     if (r.w_dtype == STRATA_F32) {
         if (r.rotate)
-            head_norm_rope_f32<D / 32, true, true>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+            head_norm_rope_f32<D / 32, true, true>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv,
+                                                   xin, parts, pstride);
         else
-            head_norm_rope_f32<D / 32, true, false>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+            head_norm_rope_f32<D / 32, true, false>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv,
+                                                    xin, parts, pstride);
     } else if (r.rotate) {
-        head_norm_rope_f32<D / 32, false, true>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+        head_norm_rope_f32<D / 32, false, true>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv, xin,
+                                                parts, pstride);
     } else {
-        head_norm_rope_f32<D / 32, false, false>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv);
+        head_norm_rope_f32<D / 32, false, false>(r.xr, w, offset, eps, r.pos_at, inv_freq, kv, xin,
+                                                 parts, pstride);
     }
 }
 
@@ -240,7 +256,7 @@ __device__ __forceinline__ void head_norm_rope_f32_row(const HeadRow& r, const f
         (void)interleaved;                                                                     \
         HeadRow r;                                                                             \
         if (!head_row(segs, positions, tokens, D, r)) return;                                  \
-        head_norm_rope_f32_row<D>(r, inv_freq, offset, eps, nullptr);                          \
+        head_norm_rope_f32_row<D>(r, inv_freq, offset, eps, nullptr, r.xr, 1, 0);              \
     }
 
 HEAD_NORM_ROPE_F32(64)
@@ -265,13 +281,35 @@ HEAD_NORM_ROPE_F32(512)
             const u64 dst = (u64)slots[r.row / r.n_heads] * r.n_heads + r.row % r.n_heads;     \
             kv = (blockIdx.y == 1 ? k_slab : v_slab) + dst * D;                                \
         }                                                                                      \
-        head_norm_rope_f32_row<D>(r, inv_freq, offset, eps, kv);                               \
+        head_norm_rope_f32_row<D>(r, inv_freq, offset, eps, kv, r.xr, 1, 0);                   \
     }
 
 HEAD_NORM_ROPE_STORE_F32(64)
 HEAD_NORM_ROPE_STORE_F32(128)
 HEAD_NORM_ROPE_STORE_F32(256)
 HEAD_NORM_ROPE_STORE_F32(512)
+
+// The same on a product in parts (`Backend::head_norm_rope_parts_idx`): segment 0 alone,
+// its `x` the output [tokens, n_heads, D]; row (t, h)'s input is the sum of `parts` rows of
+// `xin [tokens, parts, n_heads * D]`, so the product before it needs no reduce of its own
+// (a KV-shared layer's q). f32 weights or none, half-split rotation, as above.
+#define HEAD_NORM_ROPE_PARTS_F32(D)                                                             \
+    extern "C" __global__ void head_norm_rope_parts_f32_d##D(                                  \
+        HeadSegs segs, const u32* positions, const float* inv_freq, float offset, float eps,  \
+        int tokens, int head_dim, int interleaved, const float* xin, int parts) {              \
+        (void)interleaved;                                                                     \
+        HeadRow r;                                                                             \
+        if (!head_row(segs, positions, tokens, D, r)) return;                                  \
+        const u64 width = (u64)r.n_heads * D;                                                  \
+        const int t = r.row / r.n_heads, h = r.row % r.n_heads;                                \
+        const float* in = xin + (u64)t * parts * width + (u64)h * D;                           \
+        head_norm_rope_f32_row<D>(r, inv_freq, offset, eps, nullptr, in, parts, width);        \
+    }
+
+HEAD_NORM_ROPE_PARTS_F32(64)
+HEAD_NORM_ROPE_PARTS_F32(128)
+HEAD_NORM_ROPE_PARTS_F32(256)
+HEAD_NORM_ROPE_PARTS_F32(512)
 
 // Other head_dims: strided passes over the row in memory.
 extern "C" __global__ void head_norm_rope(HeadSegs segs, const u32* positions,

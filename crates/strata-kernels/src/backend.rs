@@ -230,8 +230,8 @@ pub trait Backend: Send + Sync {
 
     /// Into how many parts [`Backend::matmul_parts`] should split the product of the
     /// dense `w` (`shape`) over `rows` rows, for a result that only a norm reads (it adds
-    /// the parts: [`RmsNormParams::parts`]). 1, the default, where the split gains
-    /// nothing.
+    /// the parts: [`RmsNormParams::parts`], [`Backend::head_norm_rope_parts_idx`]). 1, the
+    /// default, where the split gains nothing.
     fn matmul_k_parts(&self, _w: &Self::Buffer, _shape: MatmulShape, _rows: usize) -> usize {
         1
     }
@@ -474,6 +474,25 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// [`Backend::head_norm_rope_idx`] on a product in parts: `x [T, parts, n_heads *
+    /// head_dim]` (a [`Backend::matmul_parts`] result, a row's input its parts added in
+    /// order in f32 as [`RmsNormParams::parts`] has it), the result into `out [T, n_heads,
+    /// head_dim]`. The norm's `parts` field is not read: `parts` says it.
+    #[allow(clippy::too_many_arguments)]
+    fn head_norm_rope_parts_idx(
+        &self,
+        x: &Self::Buffer,
+        parts: usize,
+        out: &mut Self::Buffer,
+        weight: Option<&Self::Buffer>,
+        norm: RmsNormParams,
+        positions: &Self::Index,
+        inv_freq: &Self::Buffer,
+        rope: RopeParams,
+    ) -> Result<()> {
+        head_norm_rope_parts_composed(self, x, parts, out, weight, norm, positions, inv_freq, rope)
+    }
+
     /// A layer's q, k and v after their projections, in place: q and k through
     /// [`Backend::head_norm_rope_idx`] with `norms[0]` / `norms[1]`, v through the
     /// scale-free per-head norm when `p.v_norm`. One call so a backend can do all three in
@@ -698,4 +717,57 @@ pub trait Backend: Send + Sync {
 
     /// An index's values on the host.
     fn download_index(&self, index: &Self::Index) -> Result<Vec<u32>>;
+}
+
+/// [`Backend::head_norm_rope_parts_idx`] as the composition of other ops: the parts added
+/// into `out` in order (strided copies and adds), then [`Backend::head_norm_rope_idx`] in
+/// place. The default, and a backend's fallback where its fused form does not apply.
+#[allow(clippy::too_many_arguments)]
+pub fn head_norm_rope_parts_composed<B: Backend + ?Sized>(
+    b: &B,
+    x: &B::Buffer,
+    parts: usize,
+    out: &mut B::Buffer,
+    weight: Option<&B::Buffer>,
+    norm: RmsNormParams,
+    positions: &B::Index,
+    inv_freq: &B::Buffer,
+    rope: RopeParams,
+) -> Result<()> {
+    let width = rope.n_heads * rope.head_dim;
+    let rows = out.len().checked_div(width).unwrap_or(0);
+    crate::error::ensure(
+        parts > 0 && x.len() == rows * parts * width && out.len() == rows * width,
+        "head_norm_rope_parts",
+        || {
+            format!(
+                "{} values in {parts} parts for {} outputs",
+                x.len(),
+                out.len()
+            )
+        },
+    )?;
+    let part = |p: usize, dst: &mut B::Buffer| {
+        b.copy_strided(
+            x,
+            dst,
+            StridedCopy {
+                rows,
+                cols: width,
+                src_offset: p * width,
+                src_stride: parts * width,
+                dst_offset: 0,
+                dst_stride: width,
+            },
+        )
+    };
+    part(0, out)?;
+    if parts > 1 {
+        let mut next = b.scratch(out.len(), out.dtype())?;
+        for p in 1..parts {
+            part(p, &mut next)?;
+            b.add(out, &next)?;
+        }
+    }
+    b.head_norm_rope_idx(out, weight, norm.whole(), positions, inv_freq, rope)
 }

@@ -221,6 +221,43 @@ fn skinny_gemm_on_decode_shapes() {
 /// of 8 rows up to 128, 16 of 256), so later row counts add none; past 4,096 a bucket is
 /// planned when met. A backend of its own, so no other test's GEMMs are counted; the
 /// skinny GEMM is off, so cuBLAS takes every row count past the GEMV's.
+/// The bf16 GEMMs without cuBLASLt's plans (`cublasGemmEx`, as where cuBLASLt is missing or
+/// `STRATA_GEMM_PLANS=0`): gate and up as a pair, one call a weight, both memory orders
+/// (seeds of both parities), and products split over k, one call a part.
+#[test]
+fn gemms_without_plans() {
+    let Some(b) = gpu() else { return };
+    let be = b
+        .clone()
+        .with_bf16_gemm(true)
+        .with_small_gemm(false)
+        .with_skinny_gemm(false)
+        .without_gemm_plans();
+    assert_eq!(be.gemm_plan_count(), None);
+    for (i, (tokens, in_features, out_features)) in [
+        (104, 512, 2048),
+        (72, 256, 1024),
+        (128, 64, 6144),
+        (200, 128, 1024),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for act in [Activation::GeluTanh, Activation::Silu] {
+            let c = GatedMatmulCase {
+                tokens,
+                in_features,
+                out_features,
+                weight: DType::BF16,
+                act,
+                seed: 1300 + i as u64,
+            };
+            check_gated_matmul_case(&be, c, bf16_mode_tol()).unwrap();
+        }
+    }
+    check_k_parts(&be).unwrap();
+}
+
 #[test]
 fn gemms_share_an_algorithm_per_row_bucket() {
     let Some(b) = open_gpu() else { return };

@@ -523,8 +523,8 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    /// `lin`'s product of `x` (`t` rows). With `split` (its only reader is a residual norm,
-    /// which adds parts) it is split over k where the backend gains from it
+    /// `lin`'s product of `x` (`t` rows). With `split` (its only reader is a norm that adds
+    /// parts: a residual norm, or a KV-shared layer's head norm of q) it is split over k where the backend gains from it
     /// ([`Backend::matmul_k_parts`]). Returns the result (`[t, parts, rows]`) and its part
     /// count.
     fn project(
@@ -567,8 +567,8 @@ impl<B: Backend> Model<B> {
         let (d, nh, nkv) = (lc.head_dim, c.num_attention_heads, lc.num_kv_heads);
         let head_norm = self.norm(d);
 
-        let mut q = self.scratch(t * nh * d)?;
-        if let (Some(wk), Some(wv)) = (&lw.k, &lw.v) {
+        let q = if let (Some(wk), Some(wv)) = (&lw.k, &lw.v) {
+            let mut q = self.scratch(t * nh * d)?;
             let mut k = self.scratch(t * nkv * d)?;
             let mut v = self.scratch(t * nkv * d)?;
             Linear::forward_shared(
@@ -596,10 +596,36 @@ impl<B: Backend> Model<B> {
                 }
                 kv.store(b, l, batch, &k, &v)?;
             }
+            q
         } else {
-            lw.q.forward(b, normed, &mut q)?;
-            self.norm_rope(&mut q, lw.q_norm.as_ref(), lc, nh, positions, &lw.inv_freq)?;
-        }
+            // A layer that reads another's K/V computes q alone; its only reader is the head
+            // norm, which adds a product's parts as it loads them.
+            let split = self.shared_q_parts && lw.q_norm.is_some();
+            let (mut qp, parts) = self.project(&lw.q, normed, t, split)?;
+            match (&lw.q_norm, parts) {
+                (Some(qn), 2..) => {
+                    let mut q = self.scratch(t * nh * d)?;
+                    let rope = self.rope_params(lc, nh);
+                    let norm = self.norm(d);
+                    let freqs = &lw.inv_freq;
+                    b.head_norm_rope_parts_idx(
+                        &qp,
+                        parts,
+                        &mut q,
+                        Some(qn),
+                        norm,
+                        positions,
+                        freqs,
+                        rope,
+                    )?;
+                    q
+                }
+                _ => {
+                    self.norm_rope(&mut qp, lw.q_norm.as_ref(), lc, nh, positions, &lw.inv_freq)?;
+                    qp
+                }
+            }
+        };
 
         let params = AttentionParams {
             n_heads: nh,

@@ -229,7 +229,7 @@ fn head_norm_rope<B: Backend>(
 
 /// Frequencies `10000^(-2i/d)` with the last `zero_tail` of the `d / 2` set to zero
 /// (proportional RoPE).
-fn inv_freq_with_zero_tail(d: usize, zero_tail: usize) -> Vec<f32> {
+pub(super) fn inv_freq_with_zero_tail(d: usize, zero_tail: usize) -> Vec<f32> {
     let half = d / 2;
     (0..half)
         .map(|i| {

@@ -1,9 +1,11 @@
-//! Products split over k ([`Backend::matmul_parts`]) and the residual norms that add the
-//! parts ([`RmsNormParams::parts`]).
+//! Products split over k ([`Backend::matmul_parts`]), the residual norms that add the
+//! parts ([`RmsNormParams::parts`]) and the head norm with RoPE that does
+//! ([`Backend::head_norm_rope_parts_idx`]).
 
+use super::fused::inv_freq_with_zero_tail;
 use super::{compare, ctx, get, CheckResult, TestData, Tolerance};
 use crate::cpu::CpuBackend;
-use crate::{Backend, DType, MatmulShape, RmsNormParams};
+use crate::{Backend, DType, MatmulShape, RmsNormParams, RopeParams, RopeStyle};
 
 /// Each part against its f64 definition, at decode row counts (the parts' lengths of
 /// E2B's and E4B's products, fewer outputs to keep the f64 reference quick) and a small
@@ -20,7 +22,8 @@ pub fn check_k_parts<B: Backend>(b: &B) -> CheckResult {
     {
         check_matmul_parts(b, seed as u64, rows, k, n, parts)?;
     }
-    check_norms_of_parts(b)
+    check_norms_of_parts(b)?;
+    check_head_norm_rope_of_parts(b)
 }
 
 fn check_matmul_parts<B: Backend>(
@@ -184,5 +187,116 @@ impl NormForm {
         } else {
             out
         })
+    }
+}
+
+/// `head_norm_rope_parts_idx` over a KV-shared layer's q in parts: Gemma-4's head sizes with
+/// f32 weights (a backend's fused form), none, and cases off it (a bf16 weight, an odd
+/// head_dim, interleaved pairs), two to four parts, at far positions; each against
+/// `head_norm_rope_idx` on the parts' sum (added in order in f32) on the same backend, and
+/// against the CPU backend.
+fn check_head_norm_rope_of_parts<B: Backend>(b: &B) -> CheckResult {
+    let cases = [
+        (
+            5usize,
+            8usize,
+            256usize,
+            2usize,
+            Some(DType::F32),
+            RopeStyle::Neox,
+            0usize,
+        ),
+        (3, 8, 512, 2, Some(DType::F32), RopeStyle::Neox, 192),
+        (4, 2, 128, 4, None, RopeStyle::Neox, 4),
+        (2, 3, 64, 3, Some(DType::F32), RopeStyle::Neox, 0),
+        (3, 2, 256, 2, Some(DType::BF16), RopeStyle::Neox, 0),
+        (2, 2, 96, 2, Some(DType::F32), RopeStyle::Neox, 6),
+        (2, 2, 128, 2, Some(DType::F32), RopeStyle::Interleaved, 0),
+    ];
+    for (seed, &(tokens, heads, d, parts, w_dtype, style, zero_tail)) in cases.iter().enumerate() {
+        let what = format!(
+            "head_norm_rope_parts {tokens}x{heads}x{d} in {parts} parts, {w_dtype:?}, {style:?}"
+        );
+        let width = heads * d;
+        let mut data = TestData::new(900 + seed as u64);
+        let x = data.normals(tokens * parts * width, 1.5, DType::F32);
+        let w = w_dtype.map(|dt| (data.normals(d, 0.5, dt), dt));
+        let positions: Vec<u32> = (0..tokens).map(|i| (i * 1231 + 7) as u32).collect();
+        let inv_freq = inv_freq_with_zero_tail(d, zero_tail);
+        let mut whole = vec![0f32; tokens * width];
+        for (o, row) in whole
+            .chunks_exact_mut(width)
+            .zip(x.chunks_exact(parts * width))
+        {
+            o.copy_from_slice(&row[..width]);
+            for part in row[width..].chunks_exact(width) {
+                for (a, &v) in o.iter_mut().zip(part) {
+                    *a += v;
+                }
+            }
+        }
+        let rope = RopeParams {
+            n_heads: heads,
+            head_dim: d,
+            style,
+        };
+        let norm = RmsNormParams::new(d, 1e-6);
+        let ins = HeadIns {
+            w: w.as_ref().map(|(w, dt)| (w.as_slice(), *dt)),
+            positions: &positions,
+            inv_freq: &inv_freq,
+            norm,
+            rope,
+        };
+        let got = ctx(&what, ins.run(b, &x, parts))?;
+        let summed = ctx(&what, ins.run(b, &whole, 1))?;
+        let on_cpu = ctx(&what, ins.run(&CpuBackend::new(), &x, parts))?;
+        for (against, want) in [("the summed input", &summed), ("the CPU", &on_cpu)] {
+            let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+            let mag: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
+            let what = format!("{what}, against {against}");
+            compare(&what, &got, &want64, &mag, Tolerance::for_dtype(DType::F32))?;
+        }
+    }
+    Ok(())
+}
+
+/// A head norm check's inputs besides the normed one.
+struct HeadIns<'a> {
+    w: Option<(&'a [f32], DType)>,
+    positions: &'a [u32],
+    inv_freq: &'a [f32],
+    norm: RmsNormParams,
+    rope: RopeParams,
+}
+
+impl HeadIns<'_> {
+    /// The op over `input` in `parts` parts (`head_norm_rope_parts_idx`), or over a whole
+    /// input (`head_norm_rope_idx`) when `parts` is 1.
+    fn run<B: Backend>(&self, b: &B, input: &[f32], parts: usize) -> crate::Result<Vec<f32>> {
+        let xb = b.upload_f32_as(input, DType::F32)?;
+        let wb = self.w.map(|(w, dt)| b.upload_f32_as(w, dt)).transpose()?;
+        let pos = b.upload_index(self.positions)?;
+        let freqs = b.upload_f32_as(self.inv_freq, DType::F32)?;
+        let (norm, rope) = (self.norm, self.rope);
+        let out = if parts > 1 {
+            let mut out = b.zeros(input.len() / parts, DType::F32)?;
+            b.head_norm_rope_parts_idx(
+                &xb,
+                parts,
+                &mut out,
+                wb.as_ref(),
+                norm,
+                &pos,
+                &freqs,
+                rope,
+            )?;
+            out
+        } else {
+            let mut xb = xb;
+            b.head_norm_rope_idx(&mut xb, wb.as_ref(), norm, &pos, &freqs, rope)?;
+            xb
+        };
+        b.download(&out)
     }
 }

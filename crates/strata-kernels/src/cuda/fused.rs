@@ -109,6 +109,16 @@ pub(super) struct SlabRows<'a> {
     pub(super) v: &'a mut CudaSlice<u8>,
 }
 
+/// What a `head_norm_rope` launch does besides its segments' norm and rotation.
+pub(super) enum SegsExtra<'a> {
+    Nothing,
+    /// Also stores k and v into a bf16 slab (three segments).
+    Store(SlabRows<'a>),
+    /// Segment 0's input is a product in `parts` parts `[tokens, parts, heads * head_dim]`,
+    /// its `x` the output (`head_norm_rope_parts_f32_d<D>`).
+    FromParts(&'a CudaSlice<f32>, usize),
+}
+
 /// `HeadSegs` in `kernels/rope.cu`, same layout; unused slots have no heads, so no block
 /// touches them.
 #[repr(C)]
@@ -291,7 +301,15 @@ impl CudaBackend {
             });
         }
         let Some((slab, slots)) = store else {
-            self.head_norm_rope_segs(segs, p.norm, n, positions.data(), inv_freq, p.rope, None)?;
+            self.head_norm_rope_segs(
+                segs,
+                p.norm,
+                n,
+                positions.data(),
+                inv_freq,
+                p.rope,
+                SegsExtra::Nothing,
+            )?;
             return Ok(());
         };
         let s = slab.shape;
@@ -299,13 +317,17 @@ impl CudaBackend {
             && s.num_kv_heads == p.kv_heads
             && s.head_dim == p.rope.head_dim
             && slots.len() == n;
-        let rows = fits.then(|| SlabRows {
-            slots: slots.data(),
-            k: &mut slab.k,
-            v: &mut slab.v,
-        });
+        let extra = if fits {
+            SegsExtra::Store(SlabRows {
+                slots: slots.data(),
+                k: &mut slab.k,
+                v: &mut slab.v,
+            })
+        } else {
+            SegsExtra::Nothing
+        };
         let stored =
-            self.head_norm_rope_segs(segs, p.norm, n, positions.data(), inv_freq, p.rope, rows)?;
+            self.head_norm_rope_segs(segs, p.norm, n, positions.data(), inv_freq, p.rope, extra)?;
         if !stored {
             self.kv_store_impl(slab, k, v, slots)?;
         }
@@ -329,15 +351,54 @@ impl CudaBackend {
             n_heads: rope.n_heads,
             rope: true,
         };
-        self.head_norm_rope_segs(vec![seg], norm, n_tokens, pos, inv_freq, rope, None)?;
+        let extra = SegsExtra::Nothing;
+        self.head_norm_rope_segs(vec![seg], norm, n_tokens, pos, inv_freq, rope, extra)?;
         Ok(())
+    }
+
+    /// [`crate::Backend::head_norm_rope_parts_idx`]: one launch that adds the parts as it
+    /// loads them where the register path's f32 case applies, else the composed ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn head_norm_rope_parts_impl(
+        &self,
+        x: &CudaBuffer,
+        parts: usize,
+        out: &mut CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        norm: RmsNormParams,
+        positions: &CudaIndex,
+        inv_freq: &CudaBuffer,
+        rope: RopeParams,
+    ) -> Result<()> {
+        const OP: &str = "head_norm_rope_parts";
+        let n = positions.len();
+        ensure(
+            parts > 0 && x.len() == n * parts * rope.n_heads * rope.head_dim,
+            OP,
+            || format!("{} values in {parts} parts for {n} tokens", x.len()),
+        )?;
+        let seg = HeadSeg {
+            x: &mut *out,
+            weight,
+            n_heads: rope.n_heads,
+            rope: true,
+        };
+        let extra = SegsExtra::FromParts(x.f32s(OP)?, parts);
+        let pos = positions.data();
+        if self.head_norm_rope_segs(vec![seg], norm.whole(), n, pos, inv_freq, rope, extra)? {
+            return Ok(());
+        }
+        crate::backend::head_norm_rope_parts_composed(
+            self, x, parts, out, weight, norm, positions, inv_freq, rope,
+        )
     }
 
     /// `kernels/rope.cu`'s `head_norm_rope` over up to three tensors of `n_tokens` tokens
     /// (one launch); `rope` gives the head_dim and style, each segment its head count.
     /// With `store`, three segments (q, k, v) and the register path's f32 case, the same
     /// launch writes k and v into the slab (`head_norm_rope_store_f32_d<D>`) and this
-    /// returns true; false means nothing was stored (the caller stores).
+    /// returns true; false means nothing was stored (the caller stores). With parts (one
+    /// segment and that case), likewise true; false means nothing ran.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn head_norm_rope_segs(
         &self,
@@ -347,7 +408,7 @@ impl CudaBackend {
         pos: &CudaSlice<u32>,
         inv_freq: &CudaBuffer,
         rope: RopeParams,
-        store: Option<SlabRows<'_>>,
+        extra: SegsExtra<'_>,
     ) -> Result<bool> {
         const OP: &str = "head_norm_rope";
         let d = rope.head_dim;
@@ -403,8 +464,26 @@ impl CudaBackend {
         // The register path's entry point for this head_dim (the model's case, f32 weights
         // and the half-split rotation, on one of its own), else the strided loops.
         let typed = f32_weights && rope.style != RopeStyle::Interleaved;
-        let store = store.filter(|_| typed && count == 3 && matches!(d, 64 | 128 | 256 | 512));
+        let registers = matches!(d, 64 | 128 | 256 | 512);
+        let (store, from_parts) = match extra {
+            SegsExtra::Nothing => (None, None),
+            SegsExtra::Store(rows) => (
+                Some(rows).filter(|_| typed && count == 3 && registers),
+                None,
+            ),
+            SegsExtra::FromParts(xs, parts) => {
+                if !(typed && count == 1 && registers) {
+                    return Ok(false);
+                }
+                let parts = i32::try_from(parts).map_err(|_| too_big(OP, parts))?;
+                (None, Some((xs, parts)))
+            }
+        };
         let name = match (d, typed, store.is_some()) {
+            (64, _, _) if from_parts.is_some() => "head_norm_rope_parts_f32_d64",
+            (128, _, _) if from_parts.is_some() => "head_norm_rope_parts_f32_d128",
+            (256, _, _) if from_parts.is_some() => "head_norm_rope_parts_f32_d256",
+            (512, _, _) if from_parts.is_some() => "head_norm_rope_parts_f32_d512",
             (64, _, true) => "head_norm_rope_store_f32_d64",
             (128, _, true) => "head_norm_rope_store_f32_d128",
             (256, _, true) => "head_norm_rope_store_f32_d256",
@@ -429,9 +508,12 @@ impl CudaBackend {
             .arg(&tokens_i)
             .arg(&d_i)
             .arg(&interleaved);
-        let stored = store.is_some();
+        let done = store.is_some() || from_parts.is_some();
         if let Some(st) = store {
             l.arg(st.slots).arg(st.k).arg(st.v);
+        }
+        if let Some((xs, parts)) = &from_parts {
+            l.arg(*xs).arg(parts);
         }
         const WARPS: u32 = 8;
         let cfg = LaunchConfig {
@@ -442,9 +524,10 @@ impl CudaBackend {
         // SAFETY: each tensor holds n_tokens x its heads x head_dim, positions n_tokens,
         // inv_freq head_dim / 2 and each weight head_dim elements (checked above and by
         // the caller); with a store, the caller's slab holds a bf16 row of head_dim for
-        // every (slot, KV head) and the slots one a token.
+        // every (slot, KV head) and the slots one a token; with parts, the input holds
+        // parts x the output's values (checked by the caller).
         unsafe { l.launch(cfg) }.map_err(device_err(name))?;
-        Ok(stored)
+        Ok(done)
     }
 
     /// [`crate::Backend::gated_slice_matmul`]: one GEMV launch for few rows of bf16

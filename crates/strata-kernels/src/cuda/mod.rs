@@ -225,6 +225,14 @@ impl CudaBackend {
         plans.lock().ok().map(|p| p.len())
     }
 
+    /// Drops cuBLASLt's per-bucket plans: every bf16 GEMM then runs as `cublasGemmEx`, as
+    /// where cuBLASLt is missing or `STRATA_GEMM_PLANS=0` (a pair as one call a weight, a
+    /// product in parts as one call a part); returns the backend for chaining.
+    pub fn without_gemm_plans(mut self) -> Self {
+        self.gemm_plans = None;
+        self
+    }
+
     /// Sets the bf16 GEMM path (see the field); returns the backend for chaining.
     pub fn with_bf16_gemm(mut self, on: bool) -> Self {
         self.bf16_gemm = on;
@@ -715,6 +723,20 @@ impl Backend for CudaBackend {
         p: RopeParams,
     ) -> Result<()> {
         self.rope_dev(x, positions.len(), positions.data(), inv_freq, p)
+    }
+
+    fn head_norm_rope_parts_idx(
+        &self,
+        x: &CudaBuffer,
+        parts: usize,
+        out: &mut CudaBuffer,
+        weight: Option<&CudaBuffer>,
+        norm: RmsNormParams,
+        positions: &CudaIndex,
+        inv_freq: &CudaBuffer,
+        rope: RopeParams,
+    ) -> Result<()> {
+        self.head_norm_rope_parts_impl(x, parts, out, weight, norm, positions, inv_freq, rope)
     }
 
     fn head_norm_rope_idx(

@@ -175,6 +175,10 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "head_norm_rope_store_f32_d128",
             "head_norm_rope_store_f32_d256",
             "head_norm_rope_store_f32_d512",
+            "head_norm_rope_parts_f32_d64",
+            "head_norm_rope_parts_f32_d128",
+            "head_norm_rope_parts_f32_d256",
+            "head_norm_rope_parts_f32_d512",
         ],
     ),
     KernelFile::any_gpu(
