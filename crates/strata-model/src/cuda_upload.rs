@@ -532,13 +532,20 @@ mod tests {
             assert!(parts > 1, "{name}: o is not split at three rows");
             // A KV-shared layer's q goes to its head norm in parts as well.
             let shared = split.tensors.layers.iter().find(|lw| lw.k.is_none());
-            assert_eq!(shared.is_some(), name == "gemma4-tiny", "{name}: KV-shared layers");
+            assert_eq!(
+                shared.is_some(),
+                name == "gemma4-tiny",
+                "{name}: KV-shared layers"
+            );
             if let Some(shared) = shared {
                 let crate::Linear::Dense { w, .. } = &shared.q else {
                     panic!("{name}: a bf16 load keeps q dense")
                 };
                 let q_parts = split.backend().matmul_k_parts(w, shared.q.shape(), 3);
-                assert!(q_parts > 1, "{name}: a KV-shared q is not split at three rows");
+                assert!(
+                    q_parts > 1,
+                    "{name}: a KV-shared q is not split at three rows"
+                );
             }
             let replayed = replayed_as_unrecorded(&split, &ids, name);
             let (unsplit, _) = decode_three(&whole, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
