@@ -173,12 +173,6 @@ fn skinny_gemm_on_decode_shapes() {
             (48, 1536, 6144),
             (128, 1536, 700),
             (97, 2048, 1030),
-            // Past 64 rows, features a multiple of 8: gate and up as one batched GEMM
-            // (`gated_pair_applies`), seeds of both parities (both memory orders).
-            (104, 512, 2048),
-            (72, 256, 1024),
-            (128, 64, 6144),
-            (200, 128, 1024),
         ]
         .into_iter()
         .enumerate()
@@ -195,6 +189,7 @@ fn skinny_gemm_on_decode_shapes() {
                 check_gated_matmul_case(&be, c, tol).unwrap();
             }
         }
+        check_gated_pairs(&be, 1107);
         for (i, (tokens, layers, layer)) in [(32, 35, 34), (7, 4, 0), (128, 35, 34), (50, 4, 1)]
             .into_iter()
             .enumerate()
@@ -214,13 +209,6 @@ fn skinny_gemm_on_decode_shapes() {
     }
 }
 
-/// The bf16 GEMMs cuBLAS runs take the cuBLASLt algorithm chosen for their bucket of row
-/// counts: every row count, on either side of a bucket's edge, equals the f64 definition at
-/// the bf16 mode's tolerance (plain products and the gated MLP, whose GEMMs write bf16).
-/// A shape met for the first time has its 32 buckets up to 4,096 rows planned at once (16
-/// of 8 rows up to 128, 16 of 256), so later row counts add none; past 4,096 a bucket is
-/// planned when met. A backend of its own, so no other test's GEMMs are counted; the
-/// skinny GEMM is off, so cuBLAS takes every row count past the GEMV's.
 /// The bf16 GEMMs without cuBLASLt's plans (`cublasGemmEx`, as where cuBLASLt is missing or
 /// `STRATA_GEMM_PLANS=0`): gate and up as a pair, one call a weight, both memory orders
 /// (seeds of both parities), and products split over k, one call a part.
@@ -234,15 +222,21 @@ fn gemms_without_plans() {
         .with_skinny_gemm(false)
         .without_gemm_plans();
     assert_eq!(be.gemm_plan_count(), None);
-    for (i, (tokens, in_features, out_features)) in [
+    check_gated_pairs(&be, 1300);
+    check_k_parts(&be).unwrap();
+}
+
+/// Gated products past 64 rows with features a multiple of 8, which take gate and up as one
+/// batched GEMM in the bf16 mode (`gated_pair_applies`); seeds `seed0 + i` of both
+/// parities put the two weights on the GPU in either order (both memory orders).
+fn check_gated_pairs(be: &CudaBackend, seed0: u64) {
+    let cases = [
         (104, 512, 2048),
         (72, 256, 1024),
         (128, 64, 6144),
         (200, 128, 1024),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    ];
+    for (i, (tokens, in_features, out_features)) in cases.into_iter().enumerate() {
         for act in [Activation::GeluTanh, Activation::Silu] {
             let c = GatedMatmulCase {
                 tokens,
@@ -250,14 +244,20 @@ fn gemms_without_plans() {
                 out_features,
                 weight: DType::BF16,
                 act,
-                seed: 1300 + i as u64,
+                seed: seed0 + i as u64,
             };
-            check_gated_matmul_case(&be, c, bf16_mode_tol()).unwrap();
+            check_gated_matmul_case(be, c, bf16_mode_tol()).unwrap();
         }
     }
-    check_k_parts(&be).unwrap();
 }
 
+/// The bf16 GEMMs cuBLAS runs take the cuBLASLt algorithm chosen for their bucket of row
+/// counts: every row count, on either side of a bucket's edge, equals the f64 definition at
+/// the bf16 mode's tolerance (plain products and the gated MLP, whose GEMMs write bf16).
+/// A shape met for the first time has its 32 buckets up to 4,096 rows planned at once (16
+/// of 8 rows up to 128, 16 of 256), so later row counts add none; past 4,096 a bucket is
+/// planned when met. A backend of its own, so no other test's GEMMs are counted; the
+/// skinny GEMM is off, so cuBLAS takes every row count past the GEMV's.
 #[test]
 fn gemms_share_an_algorithm_per_row_bucket() {
     let Some(b) = open_gpu() else { return };

@@ -88,15 +88,7 @@ fn check_norms_of_parts<B: Backend>(b: &B) -> CheckResult {
         let r = data.normals(rows * dim, 3.0, DType::F32);
         let w1 = data.normals(dim, 0.5, w_dtype);
         let w2 = data.normals(dim, 0.5, w_dtype);
-        let mut whole = vec![0f32; rows * dim];
-        for (o, row) in whole.chunks_exact_mut(dim).zip(y.chunks_exact(parts * dim)) {
-            o.copy_from_slice(&row[..dim]);
-            for part in row[dim..].chunks_exact(dim) {
-                for (a, &v) in o.iter_mut().zip(part) {
-                    *a += v;
-                }
-            }
-        }
+        let whole = summed_parts(&y, parts, dim);
         let p = RmsNormParams::new(dim, 1e-6);
         let ins = NormIns {
             r: &r,
@@ -116,12 +108,7 @@ fn check_norms_of_parts<B: Backend>(b: &B) -> CheckResult {
                     form.run(&cpu, &ins, &y, p.with_parts(parts), residual_out),
                 )?;
                 let on_cpu = get(&cpu, &on_cpu)?;
-                for (against, want) in [("the summed input", &summed), ("the CPU", &on_cpu)] {
-                    let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
-                    let mag: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
-                    let what = format!("{what}, against {against}");
-                    compare(&what, &got, &want64, &mag, Tolerance::for_dtype(DType::F32))?;
-                }
+                same_as_summed_and_cpu(&what, &got, &summed, &on_cpu)?;
             }
         }
     }
@@ -223,18 +210,7 @@ fn check_head_norm_rope_of_parts<B: Backend>(b: &B) -> CheckResult {
         let w = w_dtype.map(|dt| (data.normals(d, 0.5, dt), dt));
         let positions: Vec<u32> = (0..tokens).map(|i| (i * 1231 + 7) as u32).collect();
         let inv_freq = inv_freq_with_zero_tail(d, zero_tail);
-        let mut whole = vec![0f32; tokens * width];
-        for (o, row) in whole
-            .chunks_exact_mut(width)
-            .zip(x.chunks_exact(parts * width))
-        {
-            o.copy_from_slice(&row[..width]);
-            for part in row[width..].chunks_exact(width) {
-                for (a, &v) in o.iter_mut().zip(part) {
-                    *a += v;
-                }
-            }
-        }
+        let whole = summed_parts(&x, parts, width);
         let rope = RopeParams {
             n_heads: heads,
             head_dim: d,
@@ -251,12 +227,7 @@ fn check_head_norm_rope_of_parts<B: Backend>(b: &B) -> CheckResult {
         let got = ctx(&what, ins.run(b, &x, parts))?;
         let summed = ctx(&what, ins.run(b, &whole, 1))?;
         let on_cpu = ctx(&what, ins.run(&CpuBackend::new(), &x, parts))?;
-        for (against, want) in [("the summed input", &summed), ("the CPU", &on_cpu)] {
-            let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
-            let mag: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
-            let what = format!("{what}, against {against}");
-            compare(&what, &got, &want64, &mag, Tolerance::for_dtype(DType::F32))?;
-        }
+        same_as_summed_and_cpu(&what, &got, &summed, &on_cpu)?;
     }
     Ok(())
 }
@@ -299,4 +270,34 @@ impl HeadIns<'_> {
         };
         b.download(&out)
     }
+}
+
+/// `[rows, parts, width]` summed to `[rows, width]`, each row's parts added in order in f32
+/// (the definition of an input in parts).
+fn summed_parts(y: &[f32], parts: usize, width: usize) -> Vec<f32> {
+    let mut whole = vec![0f32; y.len() / parts];
+    for (o, row) in whole
+        .chunks_exact_mut(width)
+        .zip(y.chunks_exact(parts * width))
+    {
+        o.copy_from_slice(&row[..width]);
+        for part in row[width..].chunks_exact(width) {
+            for (a, &v) in o.iter_mut().zip(part) {
+                *a += v;
+            }
+        }
+    }
+    whole
+}
+
+/// `got` against the same op on the parts' sum and against the CPU backend, at f32's
+/// tolerance.
+fn same_as_summed_and_cpu(what: &str, got: &[f32], summed: &[f32], on_cpu: &[f32]) -> CheckResult {
+    for (against, want) in [("the summed input", summed), ("the CPU", on_cpu)] {
+        let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+        let mag: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
+        let what = format!("{what}, against {against}");
+        compare(&what, got, &want64, &mag, Tolerance::for_dtype(DType::F32))?;
+    }
+    Ok(())
 }
