@@ -135,6 +135,19 @@ fn no_delay(tcp: &mut tokio::net::TcpStream) {
     }
 }
 
+/// A listener whose accepted connections pass through [`no_delay`].
+type NoDelayListener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
+
+/// The server's listener on `addr` and the address it bound.
+async fn listen(addr: SocketAddr) -> anyhow::Result<(NoDelayListener, SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let bound = listener.local_addr()?;
+    let tap: fn(&mut tokio::net::TcpStream) = no_delay;
+    Ok((listener.tap_io(tap), bound))
+}
+
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     let kv_cache_dtype: KvCacheDtype = a
         .kv_cache_dtype
@@ -303,11 +316,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 Err(e) => log(format!("warm-up failed, serving without it: {e}")),
             }
         }
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        let bound = listener.local_addr()?;
-        let listener = listener.tap_io(no_delay);
+        let (listener, bound) = listen(addr).await?;
         log(format!("listening on http://{bound}"));
         println!(
             "ready: curl http://{bound}/v1/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}}'"
@@ -347,19 +356,20 @@ pub fn router(state: Shared) -> Router {
 
 #[cfg(test)]
 mod tests {
-    /// Every accepted connection sends its writes at once.
+    use axum::serve::Listener;
+
+    /// Every connection the server's listener accepts sends its writes at once (a fresh
+    /// socket has Nagle's algorithm on, as the client's side shows).
     #[tokio::test]
     async fn accepted_connections_send_without_delay() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = tokio::net::TcpStream::connect(addr);
-        let (accepted, _client) = tokio::join!(listener.accept(), client);
-        let (mut tcp, _) = accepted.unwrap();
+        let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let (mut listener, bound) = super::listen(any_port).await.unwrap();
+        let client = tokio::net::TcpStream::connect(bound);
+        let ((accepted, _), client) = tokio::join!(listener.accept(), client);
         assert!(
-            !tcp.nodelay().unwrap(),
+            !client.unwrap().nodelay().unwrap(),
             "Nagle's algorithm is on by default"
         );
-        super::no_delay(&mut tcp);
-        assert!(tcp.nodelay().unwrap());
+        assert!(accepted.nodelay().unwrap());
     }
 }
