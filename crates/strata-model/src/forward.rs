@@ -524,9 +524,9 @@ impl<B: Backend> Model<B> {
     }
 
     /// `lin`'s product of `x` (`t` rows). With `split` (its only reader is a norm that adds
-    /// parts: a residual norm, or a KV-shared layer's head norm of q) it is split over k where the backend gains from it
-    /// ([`Backend::matmul_k_parts`]). Returns the result (`[t, parts, rows]`) and its part
-    /// count.
+    /// parts: a residual norm, or a KV-shared layer's head norm of q) it is split over k
+    /// where the backend gains from it ([`Backend::matmul_k_parts`]). Returns the result
+    /// (`[t, parts, rows]`) and its part count.
     fn project(
         &self,
         lin: &Linear<B>,
