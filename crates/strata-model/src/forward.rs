@@ -606,14 +606,13 @@ impl<B: Backend> Model<B> {
                 (Some(qn), 2..) => {
                     let mut q = self.scratch(t * nh * d)?;
                     let rope = self.rope_params(lc, nh);
-                    let norm = self.norm(d);
                     let freqs = &lw.inv_freq;
                     b.head_norm_rope_parts_idx(
                         &qp,
                         parts,
                         &mut q,
                         Some(qn),
-                        norm,
+                        head_norm,
                         positions,
                         freqs,
                         rope,
