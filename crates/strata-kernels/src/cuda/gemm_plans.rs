@@ -409,8 +409,13 @@ impl GemmPlans {
     /// guess.
     ///
     /// # Safety
-    /// `w` must address the shape's n*k bf16 weight.
-    unsafe fn tune(&mut self, stream: &Arc<CudaStream>, w: u64, key: PlanKey) -> Result<()> {
+    /// `g`'s weight must be as [`GemmOperands`] lists (its rows and outputs are not used).
+    unsafe fn tune(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        g: GemmOperands,
+        key: PlanKey,
+    ) -> Result<()> {
         let shape = key.shape();
         if !self.tune
             || key.parts != 1
@@ -440,16 +445,12 @@ impl GemmPlans {
         let (yp, _gy) = y.device_ptr(stream);
         for rows in eager_buckets(1).filter(|&r| r <= most) {
             let planned = PlanKey { rows, ..key };
+            // `g` is of one part and no pair (checked above): scratch rows and outputs.
             let g = GemmOperands {
-                w,
                 xb: xp,
                 out: yp,
                 t: rows,
-                k: key.k,
-                n: key.n,
-                bf16_out: key.bf16_out,
-                parts: 1,
-                pair_stride: 0,
+                ..g
             };
             let mut best: Option<(f32, sys::cublasLtMatmulAlgo_t)> = None;
             for algo in self.candidates(planned, TUNE_CANDIDATES)? {
@@ -495,7 +496,7 @@ impl GemmPlans {
         if self.algo(key)?.is_none() {
             return Ok(false);
         }
-        self.tune(stream, g.w, key)?;
+        self.tune(stream, g, key)?;
         let Some(algo) = self.algo(key)? else {
             return Ok(false);
         };
