@@ -165,7 +165,7 @@ fn skinny_gemm_on_decode_shapes() {
             };
             check_shared_matmul_case(&be, &c, tol).unwrap();
         }
-        for (i, (tokens, in_features, out_features)) in [
+        let gated = [
             (32, 1536, 700),
             (3, 512, 64),
             (5, 2048, 1030),
@@ -173,22 +173,8 @@ fn skinny_gemm_on_decode_shapes() {
             (48, 1536, 6144),
             (128, 1536, 700),
             (97, 2048, 1030),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            for act in [Activation::GeluTanh, Activation::Silu] {
-                let c = GatedMatmulCase {
-                    tokens,
-                    in_features,
-                    out_features,
-                    weight: DType::BF16,
-                    act,
-                    seed: 1100 + i as u64,
-                };
-                check_gated_matmul_case(&be, c, tol).unwrap();
-            }
-        }
+        ];
+        check_gated_cases(&be, &gated, 1100, tol);
         check_gated_pairs(&be, 1107);
         for (i, (tokens, layers, layer)) in [(32, 35, 34), (7, 4, 0), (128, 35, 34), (50, 4, 1)]
             .into_iter()
@@ -236,7 +222,18 @@ fn check_gated_pairs(be: &CudaBackend, seed0: u64) {
         (128, 64, 6144),
         (200, 128, 1024),
     ];
-    for (i, (tokens, in_features, out_features)) in cases.into_iter().enumerate() {
+    check_gated_cases(be, &cases, seed0, bf16_mode_tol());
+}
+
+/// Gated products of bf16 weights, (tokens, in, out) each with both activations, case i
+/// with seed `seed0 + i`.
+fn check_gated_cases(
+    be: &CudaBackend,
+    cases: &[(usize, usize, usize)],
+    seed0: u64,
+    tol: Tolerance,
+) {
+    for (i, &(tokens, in_features, out_features)) in cases.iter().enumerate() {
         for act in [Activation::GeluTanh, Activation::Silu] {
             let c = GatedMatmulCase {
                 tokens,
@@ -246,7 +243,7 @@ fn check_gated_pairs(be: &CudaBackend, seed0: u64) {
                 act,
                 seed: seed0 + i as u64,
             };
-            check_gated_matmul_case(be, c, bf16_mode_tol()).unwrap();
+            check_gated_matmul_case(be, c, tol).unwrap();
         }
     }
 }

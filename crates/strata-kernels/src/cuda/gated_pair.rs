@@ -41,7 +41,7 @@ impl PairRows {
     /// `STRATA_GATED_PAIR=0` turns it off; `STRATA_GATED_PAIR_MIN_ROWS` and
     /// `STRATA_GATED_PAIR_MAX_ROWS` move its limits (for measuring them).
     pub(super) fn from_env() -> Self {
-        if std::env::var("STRATA_GATED_PAIR").as_deref() == Ok("0") {
+        if !super::env_on("STRATA_GATED_PAIR") {
             return Self::OFF;
         }
         Self {

@@ -312,7 +312,7 @@ impl GemmPlans {
             workspace,
             algos: HashMap::new(),
             warmed: HashSet::new(),
-            tune: std::env::var("STRATA_GEMM_TUNE").as_deref() != Ok("0"),
+            tune: super::env_on("STRATA_GEMM_TUNE"),
             tuned: HashSet::new(),
             layouts: HashMap::new(),
         }))

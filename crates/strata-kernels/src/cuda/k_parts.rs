@@ -46,7 +46,7 @@ impl KParts {
     /// `STRATA_K_PARTS=0` turns the split off; `STRATA_K_PARTS_MIN_ROWS` and
     /// `STRATA_K_PARTS_MAX_ROWS` move its row limits (for measuring them).
     pub(super) fn from_env() -> Self {
-        if std::env::var("STRATA_K_PARTS").as_deref() == Ok("0") {
+        if !super::env_on("STRATA_K_PARTS") {
             return Self::OFF;
         }
         Self {

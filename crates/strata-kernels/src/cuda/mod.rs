@@ -124,6 +124,12 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Whether the switch `name` is on: on unless set to `0` (the switches that turn a speed
+/// path off for measuring it against the path before).
+fn env_on(name: &str) -> bool {
+    std::env::var(name).as_deref() != Ok("0")
+}
+
 fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
     move |e| KernelError::Device(format!("{what}: {e:?}"))
 }
@@ -206,13 +212,13 @@ impl CudaBackend {
             sm_count,
             gemv_max_rows: fused::gemv_max_rows_from_env(fused::GEMV_DEFAULT_MAX_ROWS),
             dense_min_q: dense_attention::dense_min_q_from_env(),
-            prefill_together: std::env::var("STRATA_PREFILL_TOGETHER").map_or(true, |v| v != "0"),
+            prefill_together: env_on("STRATA_PREFILL_TOGETHER"),
             paged_mma,
             skinny_max_rows,
             gated_pair: gated_pair::PairRows::from_env(),
             small_rows: small_gemm::SmallRows::from_env(arch),
             k_parts: k_parts::KParts::from_env(),
-            argmax_skip: std::env::var("STRATA_ARGMAX_SKIP").map_or(true, |v| v != "0"),
+            argmax_skip: env_on("STRATA_ARGMAX_SKIP"),
             argmax_slots: Arc::default(),
             draw_scratch: Arc::default(),
         })

@@ -294,7 +294,7 @@ impl MmaSupport {
     /// The GPU needs bf16 mma (sm_80+), and the block size for the largest head_dim is
     /// granted up to the device's opt-in limit. `STRATA_PAGED_MMA=0` turns the kernel off.
     pub(super) fn probe(ctx: &CudaContext, arch: u32, kernels: &Kernels) -> Self {
-        if arch < 80 || std::env::var("STRATA_PAGED_MMA").is_ok_and(|v| v == "0") {
+        if arch < 80 || !super::env_on("STRATA_PAGED_MMA") {
             return Self::default();
         }
         let attr = |a| ctx.attribute(a).map_or(0, |v: i32| v.max(0) as usize);
@@ -319,13 +319,13 @@ impl MmaSupport {
             .filter_map(|&(d, _, _)| prefill_smem_bytes(d, KvFormat::Bf16, MAX_STAGES))
             .max()
             .map_or(0, |most| optin.min(most));
-        let prefill_off = std::env::var("STRATA_PREFILL_MMA").is_ok_and(|v| v == "0");
+        let prefill_off = !super::env_on("STRATA_PREFILL_MMA");
         let granted = PREFILL_KERNELS
             .iter()
             .all(|&(_, one, seqs)| grant(one, prefill_limit) && grant(seqs, prefill_limit));
         // Granted as the bf16 entry points are; whether a head_dim's blocks fit the grant is
         // `prefill_applies`'s per-call check (on a 163 KB GPU d 64 and 128 fit, 256 does not).
-        let prefill_scaled = !std::env::var("STRATA_PREFILL_SCALED_MMA").is_ok_and(|v| v == "0")
+        let prefill_scaled = super::env_on("STRATA_PREFILL_SCALED_MMA")
             && PREFILL_SCALED_KERNELS
                 .iter()
                 .all(|&(_, fp8, int8)| fp8.iter().chain(&int8).all(|&k| grant(k, prefill_limit)));
@@ -337,18 +337,18 @@ impl MmaSupport {
             } else {
                 0
             },
-            prefill_twin: std::env::var("STRATA_PREFILL_TWIN").map_or(true, |v| v != "0"),
-            decode_fa: !std::env::var("STRATA_DECODE_MMA").is_ok_and(|v| v == "0")
+            prefill_twin: super::env_on("STRATA_PREFILL_TWIN"),
+            decode_fa: super::env_on("STRATA_DECODE_MMA")
                 && DECODE_KERNELS.iter().all(|&(d, kernel)| {
                     decode_smem_bytes(d) <= optin && grant(kernel, decode_smem_bytes(d))
                 }),
-            decode_scaled: !std::env::var("STRATA_DECODE_SCALED_MMA").is_ok_and(|v| v == "0")
+            decode_scaled: super::env_on("STRATA_DECODE_SCALED_MMA")
                 && DECODE_SCALED_KERNELS.iter().all(|&(d, fp8, int8)| {
                     let bytes = decode_scaled_smem_bytes(d);
                     bytes <= optin && grant(fp8, bytes) && grant(int8, bytes)
                 }),
             prefill_scaled: !prefill_off && granted && prefill_scaled,
-            decode_span: !std::env::var("STRATA_DECODE_SPAN").is_ok_and(|v| v == "0"),
+            decode_span: super::env_on("STRATA_DECODE_SPAN"),
         }
     }
 

@@ -128,7 +128,7 @@ pub(super) struct SkinnyMat {
 /// memory. `STRATA_SKINNY_GEMM=0` turns the kernel off; `STRATA_SKINNY_GEMM_MAX_ROWS` lowers
 /// the limit (32: cuBLAS past the mma.sync tile).
 pub(super) fn probe(arch: u32, kernels: &Kernels) -> usize {
-    if arch < 90 || std::env::var("STRATA_SKINNY_GEMM").is_ok_and(|v| v == "0") {
+    if arch < 90 || !super::env_on("STRATA_SKINNY_GEMM") {
         return 0;
     }
     let cap = std::env::var("STRATA_SKINNY_GEMM_MAX_ROWS")

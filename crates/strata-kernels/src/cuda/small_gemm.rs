@@ -34,7 +34,7 @@ impl SmallRows {
     pub(super) const OFF: Self = Self { min: 1, max: 0 };
 
     pub(super) fn from_env(arch: u32) -> Self {
-        let off = std::env::var("STRATA_SMALL_GEMM").is_ok_and(|v| v == "0");
+        let off = !super::env_on("STRATA_SMALL_GEMM");
         if arch < 80 || off {
             return Self::OFF;
         }
