@@ -580,6 +580,18 @@ fn bf16_mode_tol() -> Tolerance {
     Tolerance::for_dtype(DType::BF16)
 }
 
+/// Decode batches made as a captured step's, in the bf16 mode: the tensor-core kernels with
+/// their splits capped by the window (E2B's sliding layers at 1 and 8 rows) and sized by
+/// the wave alone (128 rows; E4B's two KV heads at 64; a full layer).
+#[test]
+fn paged_attention_graph_splits_bf16_mode() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    for c in paged_attention_graph_cases() {
+        check_paged_attention_graph_case_within(&fast, &c, bf16_mode_tol()).unwrap();
+    }
+}
+
 /// Every paged-attention case with its slab in bf16, in the bf16 mode: the shapes the
 /// tensor-core kernel takes (head_dim a multiple of 64, groups up to 16) run there, long
 /// query runs take the TF32 GEMMs; all against the f32 reference over the same bf16 rows.

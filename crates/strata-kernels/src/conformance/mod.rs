@@ -44,7 +44,8 @@ pub use memory::{check_copy_strided, check_upload_download};
 pub use norm::{check_rms_norm, check_rms_norm_case, NormVariant, RmsNormCase};
 pub use paged::{
     check_kv_store_case, check_paged, check_paged_attention_case,
-    check_paged_attention_case_within, paged_attention_cases, run_paged_attention_case, PagedCase,
+    check_paged_attention_case_within, check_paged_attention_graph_case_within,
+    paged_attention_cases, paged_attention_graph_cases, run_paged_attention_case, PagedCase,
     ALL_FORMATS,
 };
 pub use rope::{check_rope, check_rope_case, RopeCase};

@@ -150,6 +150,84 @@ pub type PagedRun<B> = (<B as Backend>::Buffer, Vec<f64>, Vec<f64>);
 
 /// Runs `c` on `b`.
 pub fn run_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> Result<PagedRun<B>, String> {
+    run_paged_attention_case_in(b, c, None)
+}
+
+/// [`check_paged_attention_case_within`] on a batch made as a captured step's
+/// ([`Backend::paged_batch_with_capacity`], room for twice its slots): its attention splits
+/// the keys without knowing how many the rows have.
+pub fn check_paged_attention_graph_case_within<B: Backend>(
+    b: &B,
+    c: &PagedCase,
+    tol: Tolerance,
+) -> CheckResult {
+    let what = format!("paged_attention as a captured step's {c:?}");
+    let (out, want, mag) = run_paged_attention_case_in(b, c, Some(2))?;
+    compare(&what, &get(b, &out)?, &want, &mag, tol)
+}
+
+/// Decode batches at the shapes whose splits a captured step caps by the window (E2B's
+/// sliding layers, d 256, window 512, one KV head, at 1 and 8 rows, rows on both sides of
+/// the window) or sizes by the wave alone (128 rows; E4B's two KV heads at 64; a full
+/// layer, no window, at 8 rows).
+pub fn paged_attention_graph_cases() -> Vec<PagedCase> {
+    let sliding = PagedCase {
+        format: KvFormat::Bf16,
+        n_heads: 8,
+        n_kv_heads: 1,
+        head_dim: 256,
+        window: Some(512),
+        scale: 1.0,
+        softcap: None,
+        seqs: vec![(900, 1)],
+        seed: 760,
+    };
+    let depths = |rows: usize, step: usize| -> Vec<(usize, usize)> {
+        (0..rows).map(|i| ((step * i + 3) % 1100, 1)).collect()
+    };
+    vec![
+        sliding.clone(),
+        PagedCase {
+            seqs: vec![
+                (511, 1),
+                (512, 1),
+                (513, 1),
+                (40, 1),
+                (1000, 1),
+                (5, 1),
+                (700, 1),
+                (0, 1),
+            ],
+            seed: 761,
+            ..sliding.clone()
+        },
+        PagedCase {
+            seqs: depths(128, 37),
+            seed: 762,
+            ..sliding.clone()
+        },
+        PagedCase {
+            n_kv_heads: 2,
+            seqs: depths(64, 53),
+            seed: 763,
+            ..sliding.clone()
+        },
+        PagedCase {
+            head_dim: 512,
+            window: None,
+            seqs: depths(8, 211),
+            seed: 764,
+            ..sliding
+        },
+    ]
+}
+
+/// Runs `c` on `b`, its batch made with room for `capacity` times its slots where given.
+fn run_paged_attention_case_in<B: Backend>(
+    b: &B,
+    c: &PagedCase,
+    capacity: Option<usize>,
+) -> Result<PagedRun<B>, String> {
     let act = b.activation_dtype();
     let mut data = TestData::new(c.seed);
     let (d, hk) = (c.head_dim, c.n_kv_heads);
@@ -227,7 +305,11 @@ pub fn run_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> Result<Page
         mag.extend(m);
         q.extend(qs);
     }
-    let batch = ctx(&what, b.paged_batch(&seqs, &slots))?;
+    let batch = match capacity {
+        Some(times) => b.paged_batch_with_capacity(&seqs, &slots, times * slots.len()),
+        None => b.paged_batch(&seqs, &slots),
+    };
+    let batch = ctx(&what, batch)?;
     let mut out = ctx(&what, b.zeros(q.len(), act))?;
     ctx(
         &what,
@@ -400,6 +482,10 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
     }
     for c in &paged_attention_cases() {
         check_paged_attention_case(b, c)?;
+    }
+    let tol = Tolerance::for_dtype(b.activation_dtype());
+    for c in &paged_attention_graph_cases() {
+        check_paged_attention_graph_case_within(b, c, tol)?;
     }
     // A batch whose slots run past the slab is refused, not read.
     let shape = KvSlabShape {

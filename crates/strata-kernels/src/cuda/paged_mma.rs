@@ -288,6 +288,9 @@ pub(super) struct MmaSupport {
     /// Whether a call with long runs beside short ones launches the decode kernel over the
     /// short rows' span alone (`STRATA_DECODE_SPAN=0`: over every row, as before).
     pub decode_span: bool,
+    /// Whether a captured step caps a windowed layer's key splits at the window's keys
+    /// over a tile a warp group (`STRATA_DECODE_WINDOW_SPLITS=0`: at `MAX_SPLITS`).
+    pub window_splits: bool,
 }
 
 impl MmaSupport {
@@ -349,6 +352,7 @@ impl MmaSupport {
                 }),
             prefill_scaled: !prefill_off && granted && prefill_scaled,
             decode_span: super::env_on("STRATA_DECODE_SPAN"),
+            window_splits: super::env_on("STRATA_DECODE_WINDOW_SPLITS"),
         }
     }
 
@@ -440,6 +444,20 @@ pub(super) fn wave_splits(blocks: usize, resident: usize, max: usize) -> usize {
     (resident / blocks.max(1)).clamp(1, max)
 }
 
+/// Keys a decode split takes at least where a graph fixes the splits: a tile for each warp
+/// group of the FlashAttention-2 layout kernels (`DA_KT` x `DA_GROUPS`), one tile of the
+/// original kernel (`PM_KT`).
+pub(super) const GRAPH_SPLIT_KEYS: usize = DECODE_KT * DECODE_GROUPS;
+
+/// The most key splits a captured decode step gives a layer with `window`. A graph replays at
+/// any depth, so its splits are not sized by the rows' keys; but a windowed layer's row sees
+/// at most `window` keys, and a split shorter than a tile a warp group leaves one group of
+/// its block idle and the combine more parts to read (E2B's 512-key window at 8 rows took
+/// 33 splits of one 16-key tile each).
+pub(super) fn graph_split_cap(window: Option<usize>, max: usize) -> usize {
+    window.map_or(max, |w| w.div_ceil(GRAPH_SPLIT_KEYS).clamp(1, max))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +488,7 @@ mod tests {
             decode_scaled: false,
             prefill_scaled: false,
             decode_span: true,
+            window_splits: true,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -523,6 +542,7 @@ mod tests {
             decode_scaled: false,
             prefill_scaled: false,
             decode_span: true,
+            window_splits: true,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
@@ -594,6 +614,7 @@ mod tests {
             decode_scaled: false,
             prefill_scaled: false,
             decode_span: true,
+            window_splits: true,
         }
     }
 
@@ -641,5 +662,15 @@ mod tests {
         assert_eq!(wave_splits(1, 132, 64), 64);
         assert_eq!(wave_splits(500, 132, 64), 1);
         assert_eq!(wave_splits(0, 132, 64), 64);
+    }
+
+    #[test]
+    fn graph_splits_of_a_window_keep_a_tile_a_warp_group() {
+        assert_eq!(GRAPH_SPLIT_KEYS, 32);
+        assert_eq!(graph_split_cap(Some(512), 64), 16);
+        assert_eq!(graph_split_cap(Some(513), 64), 17);
+        assert_eq!(graph_split_cap(Some(10), 64), 1);
+        assert_eq!(graph_split_cap(Some(1 << 20), 64), 64);
+        assert_eq!(graph_split_cap(None, 64), 64);
     }
 }
