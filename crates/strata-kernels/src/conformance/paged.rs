@@ -222,11 +222,12 @@ pub fn paged_attention_graph_cases() -> Vec<PagedCase> {
     ]
 }
 
-/// Runs `c` on `b`, its batch made with room for `capacity` times its slots where given.
+/// Runs `c` on `b`, its batch made with room for `capacity_times` times its slots where
+/// given.
 fn run_paged_attention_case_in<B: Backend>(
     b: &B,
     c: &PagedCase,
-    capacity: Option<usize>,
+    capacity_times: Option<usize>,
 ) -> Result<PagedRun<B>, String> {
     let act = b.activation_dtype();
     let mut data = TestData::new(c.seed);
@@ -305,7 +306,7 @@ fn run_paged_attention_case_in<B: Backend>(
         mag.extend(m);
         q.extend(qs);
     }
-    let batch = match capacity {
+    let batch = match capacity_times {
         Some(times) => b.paged_batch_with_capacity(&seqs, &slots, times * slots.len()),
         None => b.paged_batch(&seqs, &slots),
     };

@@ -525,10 +525,9 @@ impl CudaBackend {
         let splits = if mma {
             let blocks = span * p.n_kv_heads;
             let resident = self.paged_mma.resident_blocks(d, s.format, self.sm_count);
-            let most = if batch.capacity.is_some() && self.paged_mma.window_splits {
-                super::paged_mma::graph_split_cap(p.window, MAX_SPLITS)
-            } else if batch.capacity.is_some() {
-                MAX_SPLITS
+            let most = if batch.capacity.is_some() {
+                let window = p.window.filter(|_| self.paged_mma.window_splits);
+                super::paged_mma::graph_split_cap(window, MAX_SPLITS)
             } else {
                 batch
                     .max_keys()
