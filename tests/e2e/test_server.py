@@ -578,6 +578,13 @@ def test_cache_status_fresh_after_rebuild_and_flush(server):
     assert not stale, f"{len(stale)} of 20 status reads were stale: {stale[:4]}"
 
 
+def test_a_cpu_servers_steps_take_2048_tokens_by_default(server):
+    """Without `--max-batch-tokens` the budget follows the device: 2048 tokens a step on the
+    CPU (8192 on a GPU), said in the log at start."""
+    log = server.log_path.read_text(errors="replace")
+    assert "steps of up to 2048 tokens (decode rows and prompt chunks of up to 512)" in log, log
+
+
 def test_warmup_runs_every_decode_batch_and_empties_the_cache(server, log_dir):
     from conftest import start_server
 
@@ -586,6 +593,7 @@ def test_warmup_runs_every_decode_batch_and_empties_the_cache(server, log_dir):
     try:
         log = warm.log_path.read_text(errors="replace")
         assert "warm-up: decode steps of [1, 2, 3] requests and a prefill of 2 x 32 tokens" in log, log
+        assert "steps of up to 64 tokens (decode rows and prompt chunks of up to 32), 3 requests running" in log, log
         s = get(warm, "/v1/cache/status").json()
         assert s["cached_tokens"] == 0 and s["free_pages"] == s["num_pages"], s
         # The warmed server answers as the unwarmed one does.

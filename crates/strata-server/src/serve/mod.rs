@@ -42,9 +42,10 @@ pub struct ServeArgs {
     /// graphs; a lower cap holds a busy server to smaller, less efficient steps).
     #[arg(long, default_value_t = 256)]
     pub max_running_requests: usize,
-    /// Tokens per forward pass (decode tokens and prefill chunks together).
-    #[arg(long, default_value_t = 2048)]
-    pub max_batch_tokens: usize,
+    /// Tokens per forward pass (decode tokens and prefill chunks together; default 8192 on
+    /// a GPU, 2048 on the CPU).
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
     /// Prompt tokens of one request per step.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
@@ -111,6 +112,16 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
+}
+
+/// A step's token budget where `--max-batch-tokens` is not given. On a GPU the prompts of
+/// many arrivals share one step: a mixed step's fixed cost (the decode rows beside them,
+/// the launches of the prompts' layers) is paid once for up to 16 prompts of 512, which
+/// served E2B at concurrency 100 about 3% faster than 2048 (`docs/perf-notes.md`, "A
+/// step's token budget on a GPU"). On the CPU a step's time grows with its tokens, and a
+/// smaller budget keeps the decoding requests' gaps short.
+fn step_tokens(arg: Option<usize>, on_gpu: bool) -> usize {
+    arg.unwrap_or(if on_gpu { 8192 } else { 2048 })
 }
 
 /// Available memory from /proc/meminfo, when the platform has it.
@@ -249,6 +260,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         "off" => false,
         _ => on_gpu,
     };
+    let step_tokens = step_tokens(a.max_batch_tokens, on_gpu);
+    log(format!(
+        "steps of up to {step_tokens} tokens (decode rows and prompt chunks of up to {}), {} requests running",
+        a.prefill_chunk, a.max_running_requests
+    ));
     let opts = EngineOptions {
         kv_cache_dtype,
         cache_type,
@@ -257,7 +273,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         window_ratio: a.swa_ratio,
         scheduler: SchedulerConfig {
             max_running_requests: a.max_running_requests,
-            max_batch_tokens: a.max_batch_tokens,
+            max_batch_tokens: step_tokens,
             prefill_chunk: a.prefill_chunk,
             overlap: switch(&a.overlap),
             draft_max_requests: a.draft_max_requests,
@@ -300,7 +316,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         if warm {
             let shape = WarmUpShape {
                 max_running: a.max_running_requests,
-                max_batch_tokens: a.max_batch_tokens,
+                max_batch_tokens: step_tokens,
                 prefill_chunk: a.prefill_chunk,
                 draft_tokens: if speculative { a.draft_tokens } else { 0 },
                 draft_max_requests: a.draft_max_requests,
@@ -357,6 +373,16 @@ pub fn router(state: Shared) -> Router {
 #[cfg(test)]
 mod tests {
     use axum::serve::Listener;
+
+    /// Without `--max-batch-tokens` a GPU server's steps take up to 8192 tokens and a CPU
+    /// server's 2048; a given budget holds on either.
+    #[test]
+    fn the_step_budget_follows_the_device_unless_given() {
+        assert_eq!(super::step_tokens(None, true), 8192);
+        assert_eq!(super::step_tokens(None, false), 2048);
+        assert_eq!(super::step_tokens(Some(300), true), 300);
+        assert_eq!(super::step_tokens(Some(300), false), 300);
+    }
 
     /// Every connection the server's listener accepts sends its writes at once (a fresh
     /// socket has Nagle's algorithm on, as the client's side shows).
