@@ -592,7 +592,7 @@ def test_warmup_runs_every_decode_batch_and_empties_the_cache(server, log_dir):
                         "--max-batch-tokens", "64", "--prefill-chunk", "32", name="warmup")
     try:
         log = warm.log_path.read_text(errors="replace")
-        assert "warm-up: decode steps of [1, 2, 3] requests and a prefill of 2 x 32 tokens" in log, log
+        assert "warm-up: decode steps of [1, 2, 3] requests and prefill steps of 2 x 32 tokens in" in log, log
         assert "steps of up to 64 tokens (decode rows and prompt chunks of up to 32), 3 requests running" in log, log
         s = get(warm, "/v1/cache/status").json()
         assert s["cached_tokens"] == 0 and s["free_pages"] == s["num_pages"], s
@@ -600,6 +600,15 @@ def test_warmup_runs_every_decode_batch_and_empties_the_cache(server, log_dir):
         assert greedy(warm, PROMPT, 8)["choices"][0]["text"] == greedy(server, PROMPT, 8)["choices"][0]["text"]
     finally:
         warm.stop()
+    # A chunk that fills the step: a step of one such prompt, then one of shorter prompts.
+    whole = start_server(log_dir, "--warmup", "on", "--max-running-requests", "3",
+                         "--max-batch-tokens", "64", "--prefill-chunk", "64", name="warmup-whole")
+    try:
+        log = whole.log_path.read_text(errors="replace")
+        assert "warm-up: decode steps of [1, 2, 3] requests and prefill steps of 1 x 64 and 2 x 32 tokens in" in log, log
+        assert greedy(whole, PROMPT, 8)["choices"][0]["text"] == greedy(server, PROMPT, 8)["choices"][0]["text"]
+    finally:
+        whole.stop()
 
 
 def test_overlapped_decode_answers_as_the_plain_server(server, log_dir):

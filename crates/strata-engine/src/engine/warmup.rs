@@ -14,13 +14,18 @@ use strata_kernels::sampling::SamplingParams;
 use super::{Engine, GenerationRequest, Update};
 use crate::{EngineError, Result};
 
+/// The prompt length of the warm-up's step of several prompts, where one prompt may fill a
+/// step: the length of a typical chat turn, and long enough for the prompts' own attention
+/// kernels.
+const SHORT_PROMPT: usize = 512;
+
 /// What [`Engine::warm_up`] ran.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WarmUp {
     /// Concurrent requests of each decode round (one round per graph bucket).
     pub decode_batches: Vec<usize>,
-    /// Prompts of the prefill round and their length.
-    pub prefill: (usize, usize),
+    /// Prompts of each prefill round and their length.
+    pub prefill: Vec<(usize, usize)>,
     pub seconds: f64,
 }
 
@@ -47,7 +52,8 @@ impl Engine {
     /// A decode step at every graph bucket up to `shape.max_running` sequences, largest
     /// first (one-token prompts, two tokens out, all submitted together: one prefill step,
     /// then one decode step of the whole round), then one full prefill step (as many
-    /// prompts of `prefill_chunk` tokens as a step takes). The warm-up's prompts are
+    /// prompts of `prefill_chunk` tokens as a step takes) and, where that is one prompt, a
+    /// full step of shorter ones (half the chunk, at most 512 tokens). The warm-up's prompts are
     /// dropped from the prefix cache afterwards. Any request that fails fails the warm-up.
     pub async fn warm_up(&self, shape: WarmUpShape) -> Result<WarmUp> {
         let t0 = Instant::now();
@@ -75,15 +81,25 @@ impl Engine {
             first_id += n;
         }
         // The context must hold the prompt and the two tokens out.
-        let len = shape
-            .prefill_chunk
-            .clamp(1, self.context_len.saturating_sub(2).max(1));
-        let prompts = (shape.max_batch_tokens / len).clamp(1, max_running);
-        self.warm_round(prompts, (len, len), 2, first_id).await?;
+        let fit = |n: usize| n.clamp(1, self.context_len.saturating_sub(2).max(1));
+        let step = |len: usize| (shape.max_batch_tokens / len).clamp(1, max_running);
+        let len = fit(shape.prefill_chunk);
+        let mut prefill = vec![(step(len), len)];
+        // Where one prompt fills the step, a burst of shorter prompts sharing a step runs
+        // other kernels (the attention over several sequences in one launch), so a step of
+        // those is warmed too.
+        let short = fit((len / 2).min(SHORT_PROMPT));
+        if prefill[0].0 == 1 && step(short) > 1 {
+            prefill.push((step(short), short));
+        }
+        for &(prompts, len) in &prefill {
+            self.warm_round(prompts, (len, len), 2, first_id).await?;
+            first_id += prompts;
+        }
         self.flush().await?;
         Ok(WarmUp {
             decode_batches: batches,
-            prefill: (prompts, len),
+            prefill,
             seconds: t0.elapsed().as_secs_f64(),
         })
     }

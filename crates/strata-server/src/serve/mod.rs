@@ -46,9 +46,10 @@ pub struct ServeArgs {
     /// a GPU, 2048 on the CPU).
     #[arg(long)]
     pub max_batch_tokens: Option<usize>,
-    /// Prompt tokens of one request per step.
-    #[arg(long, default_value_t = 512)]
-    pub prefill_chunk: usize,
+    /// Prompt tokens of one request per step (default: the whole step budget on a GPU, 512
+    /// on the CPU).
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
     /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: String,
@@ -122,6 +123,16 @@ pub struct ServeArgs {
 /// smaller budget keeps the decoding requests' gaps short.
 fn step_tokens(arg: Option<usize>, on_gpu: bool) -> usize {
     arg.unwrap_or(if on_gpu { 8192 } else { 2048 })
+}
+
+/// One request's prompt tokens a step where `--prefill-chunk` is not given. On a GPU a
+/// prompt may fill the whole step: in chunks of 512 a long prompt pays the host's queueing
+/// and the layers' fixed costs once a chunk, and a 4,096-token prompt's first token came in
+/// 29-30 ms instead of 18-19 (`docs/perf-notes.md`, "A step's token budget on a GPU").
+/// On the CPU the chunk stays short, so that a long prompt does not stall the requests
+/// decoding beside it for long.
+fn chunk_tokens(arg: Option<usize>, on_gpu: bool, step_tokens: usize) -> usize {
+    arg.unwrap_or(if on_gpu { step_tokens } else { 512 })
 }
 
 /// Available memory from /proc/meminfo, when the platform has it.
@@ -261,9 +272,10 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         _ => on_gpu,
     };
     let step_tokens = step_tokens(a.max_batch_tokens, on_gpu);
+    let chunk = chunk_tokens(a.prefill_chunk, on_gpu, step_tokens);
     log(format!(
-        "steps of up to {step_tokens} tokens (decode rows and prompt chunks of up to {}), {} requests running",
-        a.prefill_chunk, a.max_running_requests
+        "steps of up to {step_tokens} tokens (decode rows and prompt chunks of up to {chunk}), {} requests running",
+        a.max_running_requests
     ));
     let opts = EngineOptions {
         kv_cache_dtype,
@@ -274,7 +286,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         scheduler: SchedulerConfig {
             max_running_requests: a.max_running_requests,
             max_batch_tokens: step_tokens,
-            prefill_chunk: a.prefill_chunk,
+            prefill_chunk: chunk,
             overlap: switch(&a.overlap),
             draft_max_requests: a.draft_max_requests,
             prompt_lookup: a
@@ -317,7 +329,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             let shape = WarmUpShape {
                 max_running: a.max_running_requests,
                 max_batch_tokens: step_tokens,
-                prefill_chunk: a.prefill_chunk,
+                prefill_chunk: chunk,
                 draft_tokens: if speculative { a.draft_tokens } else { 0 },
                 draft_max_requests: a.draft_max_requests,
                 prompt_lookup: a.prompt_lookup.is_some(),
@@ -325,10 +337,16 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             // A failed warm-up leaves a server that still answers (with the same error, if
             // the engine cannot run the shapes); it only costs the first requests time.
             match engine.warm_up(shape).await {
-                Ok(w) => log(format!(
-                    "warm-up: decode steps of {:?} requests and a prefill of {} x {} tokens in {:.1} s",
-                    w.decode_batches, w.prefill.0, w.prefill.1, w.seconds
-                )),
+                Ok(w) => {
+                    let prefill: Vec<String> =
+                        w.prefill.iter().map(|(n, len)| format!("{n} x {len}")).collect();
+                    log(format!(
+                        "warm-up: decode steps of {:?} requests and prefill steps of {} tokens in {:.1} s",
+                        w.decode_batches,
+                        prefill.join(" and "),
+                        w.seconds
+                    ))
+                }
                 Err(e) => log(format!("warm-up failed, serving without it: {e}")),
             }
         }
@@ -382,6 +400,17 @@ mod tests {
         assert_eq!(super::step_tokens(None, false), 2048);
         assert_eq!(super::step_tokens(Some(300), true), 300);
         assert_eq!(super::step_tokens(Some(300), false), 300);
+    }
+
+    /// Without `--prefill-chunk` a GPU server gives one prompt the whole step and a CPU
+    /// server 512 tokens of it; a given chunk holds on either.
+    #[test]
+    fn a_prompts_chunk_follows_the_device_unless_given() {
+        assert_eq!(super::chunk_tokens(None, true, 8192), 8192);
+        assert_eq!(super::chunk_tokens(None, true, 3000), 3000);
+        assert_eq!(super::chunk_tokens(None, false, 2048), 512);
+        assert_eq!(super::chunk_tokens(Some(64), true, 8192), 64);
+        assert_eq!(super::chunk_tokens(Some(64), false, 2048), 64);
     }
 
     /// Every connection the server's listener accepts sends its writes at once (a fresh
