@@ -122,8 +122,15 @@ pub struct ServeArgs {
 /// step's token budget on a GPU"). On the CPU a step's time grows with its tokens, and a
 /// smaller budget keeps the decoding requests' gaps short.
 fn step_tokens(arg: Option<usize>, on_gpu: bool) -> usize {
-    arg.unwrap_or(if on_gpu { 8192 } else { 2048 })
+    arg.unwrap_or(if on_gpu {
+        GPU_STEP_TOKENS
+    } else {
+        SchedulerConfig::default().max_batch_tokens
+    })
 }
+
+/// A GPU server's step budget (see [`step_tokens`]).
+const GPU_STEP_TOKENS: usize = 8192;
 
 /// One request's prompt tokens a step where `--prefill-chunk` is not given. On a GPU a
 /// prompt may fill the whole step: in chunks of 512 a long prompt pays the host's queueing
@@ -132,7 +139,11 @@ fn step_tokens(arg: Option<usize>, on_gpu: bool) -> usize {
 /// On the CPU the chunk stays short, so that a long prompt does not stall the requests
 /// decoding beside it for long.
 fn chunk_tokens(arg: Option<usize>, on_gpu: bool, step_tokens: usize) -> usize {
-    arg.unwrap_or(if on_gpu { step_tokens } else { 512 })
+    arg.unwrap_or(if on_gpu {
+        step_tokens
+    } else {
+        SchedulerConfig::default().prefill_chunk
+    })
 }
 
 /// Available memory from /proc/meminfo, when the platform has it.
