@@ -8,9 +8,10 @@
 # For each model: a random-weight checkpoint at the real shapes, the engine benchmark
 # (`strata bench`: decode at batch 1-128 and depth 128 / 4096 / 16384, prefill 512-16384,
 # KV pages), the serving benchmark against `strata serve` (512 random ids in, 512 out,
-# concurrency 1 and 100), and transformers on the same checkpoint as the peer (prefill;
-# decode eager with a static cache). Results land in OUT_DIR as text and JSON, one file per step; the summary
-# table (scripts/bench/summarize.py, also OUT_DIR/summary.json) is printed last.
+# concurrency 1 with 3 requests and 100 with 200), and transformers on the same checkpoint
+# as the peer (prefill; decode eager with a static cache). Results land in OUT_DIR as text
+# and JSON, one file per step; the summary table (scripts/bench/summarize.py, also
+# OUT_DIR/summary.json) is printed last.
 # STRATA=path/to/strata picks another binary (e.g. target/release/strata).
 set -u
 out=${1:?usage: gpu-suite.sh OUT_DIR [MODELS]}
@@ -34,8 +35,11 @@ for m in ${models//,/ }; do
             2>/dev/null && break
         sleep 1
     done
+    # At concurrency 100, 200 requests: two waves, the second arriving as the first
+    # finishes, as a loaded server runs (one wave of 100 weighs the admission burst and the
+    # wave's tail more than a steady load does).
     for c in 1 100; do
-        n=$([ $c -eq 1 ] && echo 3 || echo 100)
+        n=$([ $c -eq 1 ] && echo 3 || echo 200)
         timeout 300 python3 scripts/bench/serving.py --url "http://127.0.0.1:$port" --model ckpt \
             --concurrency $c --requests $n --out "$out/$m-serving-c$c.json" \
             >"$out/$m-serving-c$c.txt" 2>&1

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use strata_engine::{GenerateParams, LoadedModel};
+use strata_engine::{GenerateParams, LoadedModel, Runtime};
+
+use crate::step_budget;
 use strata_kv::KvCacheDtype;
 use strata_tokenizer::ChatMessage;
 
@@ -54,6 +56,10 @@ pub struct GenerateArgs {
     /// Tokens drafted a round (by `--draft` or `--prompt-lookup`).
     #[arg(long, default_value_t = 3)]
     pub draft_tokens: usize,
+    /// Prompt tokens a forward pass takes (default: 8192 on a GPU, 512 on the CPU, as
+    /// `strata serve`).
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
 }
 
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
@@ -79,6 +85,12 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         (None, Some(text)) => model.encode_prompt(text)?,
         (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };
+    let on_gpu = matches!(model.runtime, Runtime::Cuda(_));
+    let prefill_chunk =
+        step_budget::chunk_tokens(a.prefill_chunk, on_gpu, step_budget::GPU_STEP_TOKENS);
+    if prefill_chunk == 0 {
+        anyhow::bail!("--prefill-chunk must be at least 1");
+    }
     let params = GenerateParams {
         max_tokens: a.max_tokens,
         sampling,
@@ -86,7 +98,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         stop_at_eos: !a.ignore_eos,
         draft_tokens: a.draft_tokens,
         prompt_lookup: a.prompt_lookup,
-        ..Default::default()
+        prefill_chunk,
     };
     let out = model.generate(&prompt, &params)?;
     // Without a tokenizer (ids in, ids out) there is no text.

@@ -7,6 +7,7 @@ mod placement;
 mod sampling_args;
 mod score;
 mod serve;
+mod step_budget;
 
 use std::process::ExitCode;
 

@@ -18,6 +18,8 @@ use axum::serve::ListenerExt;
 use axum::{middleware, Router};
 use clap::Args;
 use strata_engine::{Engine, EngineOptions, LoadedModel, Runtime, WarmUpShape};
+
+use crate::step_budget;
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::{PromptLookup, SchedulerConfig};
 
@@ -113,37 +115,6 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
-}
-
-/// A step's token budget where `--max-batch-tokens` is not given. On a GPU the prompts of
-/// many arrivals share one step: a mixed step's fixed cost (the decode rows beside them,
-/// the launches of the prompts' layers) is paid once for up to 16 prompts of 512, which
-/// served E2B at concurrency 100 about 3% faster than 2048 (`docs/perf-notes.md`, "A
-/// step's token budget on a GPU"). On the CPU a step's time grows with its tokens, and a
-/// smaller budget keeps the decoding requests' gaps short.
-fn step_tokens(arg: Option<usize>, on_gpu: bool) -> usize {
-    arg.unwrap_or(if on_gpu {
-        GPU_STEP_TOKENS
-    } else {
-        SchedulerConfig::default().max_batch_tokens
-    })
-}
-
-/// A GPU server's step budget (see [`step_tokens`]).
-const GPU_STEP_TOKENS: usize = 8192;
-
-/// One request's prompt tokens a step where `--prefill-chunk` is not given. On a GPU a
-/// prompt may fill the whole step: in chunks of 512 a long prompt pays the host's queueing
-/// and the layers' fixed costs once a chunk, and a 4,096-token prompt's first token came in
-/// 29-30 ms instead of 18-19 (`docs/perf-notes.md`, "A step's token budget on a GPU").
-/// On the CPU the chunk stays short, so that a long prompt does not stall the requests
-/// decoding beside it for long.
-fn chunk_tokens(arg: Option<usize>, on_gpu: bool, step_tokens: usize) -> usize {
-    arg.unwrap_or(if on_gpu {
-        step_tokens
-    } else {
-        SchedulerConfig::default().prefill_chunk
-    })
 }
 
 /// Available memory from /proc/meminfo, when the platform has it.
@@ -282,8 +253,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         "off" => false,
         _ => on_gpu,
     };
-    let step_tokens = step_tokens(a.max_batch_tokens, on_gpu);
-    let chunk = chunk_tokens(a.prefill_chunk, on_gpu, step_tokens);
+    let step_tokens = step_budget::step_tokens(a.max_batch_tokens, on_gpu);
+    let chunk = step_budget::chunk_tokens(a.prefill_chunk, on_gpu, step_tokens);
     log(format!(
         "steps of up to {step_tokens} tokens (decode rows and prompt chunks of up to {chunk}), {} requests running",
         a.max_running_requests
@@ -402,27 +373,6 @@ pub fn router(state: Shared) -> Router {
 #[cfg(test)]
 mod tests {
     use axum::serve::Listener;
-
-    /// Without `--max-batch-tokens` a GPU server's steps take up to 8192 tokens and a CPU
-    /// server's 2048; a given budget holds on either.
-    #[test]
-    fn the_step_budget_follows_the_device_unless_given() {
-        assert_eq!(super::step_tokens(None, true), 8192);
-        assert_eq!(super::step_tokens(None, false), 2048);
-        assert_eq!(super::step_tokens(Some(300), true), 300);
-        assert_eq!(super::step_tokens(Some(300), false), 300);
-    }
-
-    /// Without `--prefill-chunk` a GPU server gives one prompt the whole step and a CPU
-    /// server 512 tokens of it; a given chunk holds on either.
-    #[test]
-    fn a_prompts_chunk_follows_the_device_unless_given() {
-        assert_eq!(super::chunk_tokens(None, true, 8192), 8192);
-        assert_eq!(super::chunk_tokens(None, true, 3000), 3000);
-        assert_eq!(super::chunk_tokens(None, false, 2048), 512);
-        assert_eq!(super::chunk_tokens(Some(64), true, 8192), 64);
-        assert_eq!(super::chunk_tokens(Some(64), false, 2048), 64);
-    }
 
     /// Every connection the server's listener accepts sends its writes at once (a fresh
     /// socket has Nagle's algorithm on, as the client's side shows).

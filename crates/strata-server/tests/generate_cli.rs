@@ -1,5 +1,5 @@
-//! `strata generate --draft` through the real binary: the tiny Gemma-4 target with its tiny
-//! assistant (CPU), prompts given as token ids.
+//! `strata generate` through the real binary: the tiny Gemma-4 model (CPU), alone and with
+//! its tiny assistant as the draft model, prompts given as token ids.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -20,8 +20,18 @@ fn strata(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `strata generate` on the tiny Gemma-4 model, 20 tokens after a short prompt.
 fn generate(extra: &[&str]) -> Value {
-    let model = tiny("gemma4-tiny");
+    json_of(&generate_after("5,9,300,17,2,8,77", 20, extra))
+}
+
+fn generate_after(prompt_ids: &str, max_tokens: usize, extra: &[&str]) -> Output {
+    generate_with("gemma4-tiny", prompt_ids, max_tokens, extra)
+}
+
+/// `strata generate` on the tiny fixture `model`, printing JSON, past end-of-sequence.
+fn generate_with(model: &str, prompt_ids: &str, max_tokens: usize, extra: &[&str]) -> Output {
+    let (model, max_tokens) = (tiny(model), max_tokens.to_string());
     let mut args = vec![
         "generate",
         "--model",
@@ -29,20 +39,49 @@ fn generate(extra: &[&str]) -> Value {
         "--device",
         "cpu",
         "--prompt-ids",
-        "5,9,300,17,2,8,77",
+        prompt_ids,
         "--max-tokens",
-        "20",
+        &max_tokens,
         "--ignore-eos",
         "--json",
     ];
     args.extend_from_slice(extra);
-    let out = strata(&args);
+    strata(&args)
+}
+
+fn json_of(out: &Output) -> Value {
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The prompt's chunking changes how many passes compute it, not what comes out: the CPU's
+/// prefill gives every row the same bits whatever the rows beside it.
+#[test]
+fn the_prompts_chunk_does_not_change_the_tokens() {
+    // 40 ids, so that chunks of 3 and 16 split the prompt over many passes.
+    let ids: Vec<String> = (0..40u32)
+        .map(|i| ((i * 37 + 11) % 480 + 3).to_string())
+        .collect();
+    let ids = ids.join(",");
+    let whole = json_of(&generate_after(&ids, 12, &[]))["tokens"].clone();
+    assert_eq!(whole.as_array().unwrap().len(), 12);
+    for chunk in ["3", "16", "40", "4096"] {
+        let chunked = json_of(&generate_after(&ids, 12, &["--prefill-chunk", chunk]));
+        assert_eq!(chunked["tokens"], whole, "--prefill-chunk {chunk}");
+    }
+}
+
+/// A chunk of no tokens is refused with the flag named, not run or clamped.
+#[test]
+fn a_chunk_of_zero_tokens_is_refused() {
+    let out = generate_after("1,2,3", 4, &["--prefill-chunk", "0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--prefill-chunk must be at least 1"), "{err}");
 }
 
 #[test]
@@ -80,21 +119,10 @@ fn prompt_lookup_prints_the_same_tokens_and_its_drafts() {
 /// `strata generate` on `model` with the tiny assistant as its draft model and `extra`,
 /// which must fail: its error output.
 fn refused(model: &str, extra: &[&str]) -> String {
-    let model = tiny(model);
     let assistant = tiny("gemma4-tiny-assistant");
-    let mut args = vec![
-        "generate",
-        "--model",
-        &model,
-        "--device",
-        "cpu",
-        "--prompt-ids",
-        "1,2,3",
-        "--draft",
-        &assistant,
-    ];
+    let mut args = vec!["--draft", &assistant];
     args.extend_from_slice(extra);
-    let out = strata(&args);
+    let out = generate_with(model, "1,2,3", 4, &args);
     assert!(!out.status.success());
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
