@@ -7,10 +7,10 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use strata_engine::{GenerateParams, LoadedModel, Runtime};
-
-use crate::step_budget;
 use strata_kv::KvCacheDtype;
 use strata_tokenizer::ChatMessage;
+
+use crate::step_budget;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -86,8 +86,8 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };
     let on_gpu = matches!(model.runtime, Runtime::Cuda(_));
-    let prefill_chunk =
-        step_budget::chunk_tokens(a.prefill_chunk, on_gpu, step_budget::GPU_STEP_TOKENS);
+    let step_tokens = step_budget::step_tokens(None, on_gpu);
+    let prefill_chunk = step_budget::chunk_tokens(a.prefill_chunk, on_gpu, step_tokens);
     if prefill_chunk == 0 {
         anyhow::bail!("--prefill-chunk must be at least 1");
     }

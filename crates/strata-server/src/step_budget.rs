@@ -4,11 +4,11 @@
 
 use strata_sched::SchedulerConfig;
 
-/// A step's token budget where `--max-batch-tokens` is not given (`strata serve`). On a GPU the prompts of
-/// many arrivals share one step: a mixed step's fixed cost (the decode rows beside them,
-/// the launches of the prompts' layers) is paid once for up to 16 prompts of 512, which
-/// served E2B at concurrency 100 about 3% faster than 2048 (`docs/perf-notes.md`, "A
-/// step's token budget on a GPU"). On the CPU a step's time grows with its tokens, and a
+/// A step's token budget where `--max-batch-tokens` is not given. On a GPU the prompts of
+/// many arrivals share one step: a mixed step's fixed cost (the decode rows beside them, the
+/// launches of the prompts' layers) is paid once for up to 16 prompts of 512, which served
+/// E2B at concurrency 100 about 3% faster than 2048 (`docs/perf-notes.md`, "A step's token
+/// budget on a GPU"). On the CPU a step's time grows with its tokens, and a
 /// smaller budget keeps the decoding requests' gaps short.
 pub fn step_tokens(arg: Option<usize>, on_gpu: bool) -> usize {
     arg.unwrap_or(if on_gpu {
@@ -19,7 +19,7 @@ pub fn step_tokens(arg: Option<usize>, on_gpu: bool) -> usize {
 }
 
 /// A GPU step budget (see [`step_tokens`]).
-pub const GPU_STEP_TOKENS: usize = 8192;
+const GPU_STEP_TOKENS: usize = 8192;
 
 /// One request's prompt tokens a step where `--prefill-chunk` is not given. On a GPU a
 /// prompt may fill the whole step: in chunks of 512 a long prompt pays the host's queueing

@@ -22,11 +22,12 @@ fn strata(args: &[&str]) -> Output {
 
 /// `strata generate` on the tiny Gemma-4 model, 20 tokens after a short prompt.
 fn generate(extra: &[&str]) -> Value {
-    json_of(&generate_after("5,9,300,17,2,8,77", 20, extra))
-}
-
-fn generate_after(prompt_ids: &str, max_tokens: usize, extra: &[&str]) -> Output {
-    generate_with("gemma4-tiny", prompt_ids, max_tokens, extra)
+    json_of(&generate_with(
+        "gemma4-tiny",
+        "5,9,300,17,2,8,77",
+        20,
+        extra,
+    ))
 }
 
 /// `strata generate` on the tiny fixture `model`, printing JSON, past end-of-sequence.
@@ -67,10 +68,15 @@ fn the_prompts_chunk_does_not_change_the_tokens() {
         .map(|i| ((i * 37 + 11) % 480 + 3).to_string())
         .collect();
     let ids = ids.join(",");
-    let whole = json_of(&generate_after(&ids, 12, &[]))["tokens"].clone();
+    let whole = json_of(&generate_with("gemma4-tiny", &ids, 12, &[]))["tokens"].clone();
     assert_eq!(whole.as_array().unwrap().len(), 12);
     for chunk in ["3", "16", "40", "4096"] {
-        let chunked = json_of(&generate_after(&ids, 12, &["--prefill-chunk", chunk]));
+        let chunked = json_of(&generate_with(
+            "gemma4-tiny",
+            &ids,
+            12,
+            &["--prefill-chunk", chunk],
+        ));
         assert_eq!(chunked["tokens"], whole, "--prefill-chunk {chunk}");
     }
 }
@@ -78,7 +84,7 @@ fn the_prompts_chunk_does_not_change_the_tokens() {
 /// A chunk of no tokens is refused with the flag named, not run or clamped.
 #[test]
 fn a_chunk_of_zero_tokens_is_refused() {
-    let out = generate_after("1,2,3", 4, &["--prefill-chunk", "0"]);
+    let out = generate_with("gemma4-tiny", "1,2,3", 4, &["--prefill-chunk", "0"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--prefill-chunk must be at least 1"), "{err}");

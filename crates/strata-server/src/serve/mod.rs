@@ -18,10 +18,10 @@ use axum::serve::ListenerExt;
 use axum::{middleware, Router};
 use clap::Args;
 use strata_engine::{Engine, EngineOptions, LoadedModel, Runtime, WarmUpShape};
-
-use crate::step_budget;
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::{PromptLookup, SchedulerConfig};
+
+use crate::step_budget;
 
 use routes::{AppState, Shared};
 
