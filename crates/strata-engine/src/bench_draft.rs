@@ -1,7 +1,8 @@
-//! What a speculative round costs at one request: the drafter's steps and the target's
-//! verification of them, beside a plain decode step at the same depth. How many drafts a
-//! round keeps depends on the weights (random weights keep almost none), so the benchmark
-//! reports the costs and the rate each number of kept drafts would give.
+//! What a speculative round costs: the drafter's steps and the target's verification of
+//! them, for one request or many at once, beside a plain decode step of the same requests
+//! at the same depth. How many drafts a round keeps depends on the weights (random weights
+//! keep almost none), so the benchmark reports the costs and the rate each number of kept
+//! drafts would give.
 
 use std::time::Instant;
 
@@ -16,9 +17,11 @@ use crate::{EngineError, LoadedModel, Result, Runtime};
 
 const PAGE: usize = 16;
 
-/// One speculative round's costs at one request.
+/// One speculative round's costs.
 #[derive(Clone, Debug)]
 pub struct DraftBench {
+    /// Requests in the round, each drafting `draft_tokens`.
+    pub requests: usize,
     pub draft_tokens: usize,
     /// Context depth of the request.
     pub depth: usize,
@@ -26,7 +29,8 @@ pub struct DraftBench {
     pub draft_seconds: f64,
     /// The target's step over the newest token and the drafts.
     pub verify_seconds: f64,
-    /// A plain one-token decode step at the same depth (what a round replaces).
+    /// A plain decode step of the same requests (a token each) at the same depth: what a
+    /// round replaces.
     pub decode_seconds: f64,
 }
 
@@ -35,22 +39,25 @@ impl DraftBench {
         self.draft_seconds + self.verify_seconds
     }
 
-    /// Tokens a second if each round keeps `kept` drafts (a round yields `kept + 1`).
+    /// Tokens a second, all requests together, if each request keeps `kept` drafts a round
+    /// (a round yields `kept + 1` a request).
     pub fn tokens_per_second(&self, kept: usize) -> f64 {
-        (kept + 1) as f64 / self.round_seconds()
+        (self.requests * (kept + 1)) as f64 / self.round_seconds()
     }
 
-    /// Kept drafts a round needs to beat plain decoding.
+    /// Kept drafts a request needs a round to beat plain decoding.
     pub fn break_even(&self) -> f64 {
         self.round_seconds() / self.decode_seconds - 1.0
     }
 }
 
 impl LoadedModel {
-    /// Speculative rounds of each of `draft_tokens` at `depth`, mean of `repeats` after
-    /// two unmeasured ones. Needs a draft model ([`LoadedModel::load_draft`]).
+    /// Speculative rounds of `requests` requests, each of `draft_tokens` at `depth`, mean
+    /// of `repeats` after two unmeasured ones. Needs a draft model
+    /// ([`LoadedModel::load_draft`]).
     pub fn bench_speculative(
         &self,
+        requests: usize,
         depth: usize,
         draft_tokens: &[usize],
         repeats: usize,
@@ -60,14 +67,14 @@ impl LoadedModel {
             .draft
             .as_ref()
             .ok_or_else(|| EngineError::Invalid("no draft model is loaded".into()))?;
-        if depth == 0 || draft_tokens.contains(&0) {
+        if requests == 0 || depth == 0 || draft_tokens.contains(&0) {
             return Err(EngineError::Invalid(
-                "depth and draft tokens must be positive".into(),
+                "requests, depth and draft tokens must be positive".into(),
             ));
         }
         let layout = KvLayout::for_config(self.config(), kv)?;
         let most = draft_tokens.iter().max().copied().unwrap_or(1);
-        let pages = (depth + most + 2).div_ceil(PAGE) + 1;
+        let pages = requests * ((depth + most + 2).div_ceil(PAGE) + 1);
         let plan = PagePlan {
             full: pages,
             window: pages,
@@ -77,12 +84,12 @@ impl LoadedModel {
         match (&self.runtime, draft) {
             (Runtime::Cpu(m), DraftModel::Cpu(d)) => {
                 let pool = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                rounds_on(m, d.as_ref(), pool, depth, draft_tokens, r)
+                rounds_on(m, d.as_ref(), pool, (requests, depth), draft_tokens, r)
             }
             (Runtime::Cuda(m), DraftModel::Cuda(d)) => {
                 let storage = PagedStorage::new(m.backend().clone());
                 let pool = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                rounds_on(m, d.as_ref(), pool, depth, draft_tokens, r)
+                rounds_on(m, d.as_ref(), pool, (requests, depth), draft_tokens, r)
             }
             _ => Err(EngineError::Invalid(
                 "the draft model sits on another device than the model".into(),
@@ -95,7 +102,7 @@ fn rounds_on<B: Backend, S: KvStorage>(
     model: &Model<B>,
     drafter: &Assistant<B>,
     mut kv: KvPool<S>,
-    depth: usize,
+    (requests, depth): (usize, usize),
     draft_tokens: &[usize],
     repeats: usize,
 ) -> Result<Vec<DraftBench>>
@@ -104,16 +111,22 @@ where
 {
     let b = model.backend();
     let h = model.config().hidden_size;
-    let req = kv.alloc_request();
-    // The context is reserved, not computed: its K/V rows are whatever the slabs hold,
+    let reqs: Vec<_> = (0..requests).map(|_| kv.alloc_request()).collect();
+    // The contexts are reserved, not computed: their K/V rows are whatever the slabs hold,
     // and every step still reads all of them.
-    kv.extend(req, depth)?;
-    let hidden = b.upload(HostSlice::F32(&vec![0.01; h]))?;
+    for &r in &reqs {
+        kv.extend(r, depth)?;
+    }
+    let hidden = b.upload(HostSlice::F32(&vec![0.01; requests * h]))?;
     let token = 7;
-    let seq = DraftSeq {
-        request: req,
-        position: depth,
-    };
+    let seqs: Vec<DraftSeq> = reqs
+        .iter()
+        .map(|&request| DraftSeq {
+            request,
+            position: depth,
+        })
+        .collect();
+    let tokens = vec![token; requests];
     let mut time = |f: &mut dyn FnMut(&mut KvPool<S>) -> Result<()>| -> Result<f64> {
         for _ in 0..2 {
             f(&mut kv)?;
@@ -124,33 +137,38 @@ where
         }
         Ok(t0.elapsed().as_secs_f64() / repeats as f64)
     };
-    // A step over `tokens` at `depth`, its K/V dropped again.
-    let step = |kv: &mut KvPool<S>, tokens: Vec<u32>, logits| -> Result<()> {
-        kv.extend(req, tokens.len())?;
-        let batch = ForwardBatch {
-            seqs: vec![SeqChunk {
-                request: req,
-                tokens,
+    // A step over `per_request` tokens of every request at `depth`, its K/V dropped again.
+    let step = |kv: &mut KvPool<S>, per_request: usize, logits| -> Result<()> {
+        let mut seqs = Vec::with_capacity(requests);
+        for &request in &reqs {
+            kv.extend(request, per_request)?;
+            seqs.push(SeqChunk {
+                request,
+                tokens: vec![token; per_request],
                 start: depth,
                 logits,
-            }],
-        };
+            });
+        }
+        let batch = ForwardBatch { seqs };
         match logits {
             LogitsMode::All => drop(model.forward_greedy_rows(kv, &batch)?),
             _ => drop(model.forward(kv, &batch)?),
         }
-        kv.truncate(req, depth)?;
+        for &request in &reqs {
+            kv.truncate(request, depth)?;
+        }
         Ok(())
     };
-    let decode_seconds = time(&mut |kv| step(kv, vec![token], LogitsMode::Argmax))?;
+    let decode_seconds = time(&mut |kv| step(kv, 1, LogitsMode::Argmax))?;
     let mut out = Vec::with_capacity(draft_tokens.len());
     for &k in draft_tokens {
         let draft_seconds = time(&mut |kv| {
-            drafter.draft(model, kv, &[seq], &[token], &hidden, k)?;
+            drafter.draft(model, kv, &seqs, &tokens, &hidden, k)?;
             Ok(())
         })?;
-        let verify_seconds = time(&mut |kv| step(kv, vec![token; k + 1], LogitsMode::All))?;
+        let verify_seconds = time(&mut |kv| step(kv, k + 1, LogitsMode::All))?;
         out.push(DraftBench {
+            requests,
             draft_tokens: k,
             depth,
             draft_seconds,
@@ -158,6 +176,8 @@ where
             decode_seconds,
         });
     }
-    kv.release(req)?;
+    for r in reqs {
+        kv.release(r)?;
+    }
     Ok(out)
 }

@@ -60,13 +60,17 @@ pub struct BenchArgs {
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// A Gemma-4 assistant: also measure speculative rounds at one request (each of
-    /// `--depths`, each of `--draft-tokens`).
+    /// A Gemma-4 assistant: also measure speculative rounds (each of `--draft-batches`,
+    /// `--depths` and `--draft-tokens`).
     #[arg(long)]
     pub draft: Option<PathBuf>,
     /// Tokens drafted a round, for `--draft`.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
     pub draft_tokens: Vec<usize>,
+    /// Requests drafting together in a round, for `--draft` (a server's
+    /// `--draft-max-requests` bounds them).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub draft_batches: Vec<usize>,
 }
 
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
@@ -135,15 +139,18 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     if a.draft.is_some() {
         for &depth in &a.depths {
-            for r in model.bench_speculative(depth, &a.draft_tokens, a.steps, kv)? {
-                eprintln!(
-                    "[bench] speculative depth {depth}, {} drafts: draft {:.2} ms, verify {:.2} ms, decode step {:.2} ms",
-                    r.draft_tokens,
-                    r.draft_seconds * 1e3,
-                    r.verify_seconds * 1e3,
-                    r.decode_seconds * 1e3
-                );
-                rounds.push(r);
+            for &batch in &a.draft_batches {
+                for r in model.bench_speculative(batch, depth, &a.draft_tokens, a.steps, kv)? {
+                    eprintln!(
+                        "[bench] speculative batch {batch} depth {depth}, {} drafts: draft {:.2} ms, \
+                         verify {:.2} ms, decode step {:.2} ms",
+                        r.draft_tokens,
+                        r.draft_seconds * 1e3,
+                        r.verify_seconds * 1e3,
+                        r.decode_seconds * 1e3
+                    );
+                    rounds.push(r);
+                }
             }
         }
     }
@@ -197,7 +204,8 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             "enqueue_ms": r.enqueue_seconds * 1e3, "tokens_per_second": r.tokens_per_second}))
             .collect::<Vec<_>>(),
         "kv_pages": pages,
-        "speculative": rounds.iter().map(|r| json!({"depth": r.depth, "draft_tokens": r.draft_tokens,
+        "speculative": rounds.iter().map(|r| json!({"requests": r.requests, "depth": r.depth,
+            "draft_tokens": r.draft_tokens,
             "draft_ms": r.draft_seconds * 1e3, "verify_ms": r.verify_seconds * 1e3,
             "decode_step_ms": r.decode_seconds * 1e3, "break_even_kept_drafts": r.break_even(),
             "tokens_per_second_by_kept_drafts": (0..=r.draft_tokens)
@@ -248,8 +256,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             .map(|k| format!("{k}: {:.0}", r.tokens_per_second(k)))
             .collect();
         println!(
-            "| speculative, depth {}, {} drafts a round | draft {:.2} ms + verify {:.2} ms (decode step {:.2} ms); \
-             tok/s by drafts kept a round {}; break-even {:.2} kept |",
+            "| speculative, batch {} depth {}, {} drafts a round | draft {:.2} ms + verify {:.2} ms \
+             (decode step {:.2} ms); tok/s by drafts kept a request a round {}; break-even {:.2} kept |",
+            r.requests,
             r.depth,
             r.draft_tokens,
             r.draft_seconds * 1e3,

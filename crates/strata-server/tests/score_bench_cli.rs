@@ -238,6 +238,75 @@ fn bench_runs_decode_steps_with_prompts_beside_them() {
     assert_eq!(report["decode"][0]["steps"], 6);
 }
 
+/// Speculative rounds with the tiny assistant, for one request and for three together: a
+/// row each in the table and the JSON, each request's rate counted (three requests keeping
+/// nothing yield three tokens a round). A batch of zero is refused with a reason.
+#[test]
+fn bench_measures_rounds_of_several_requests() {
+    let assistant = tiny("gemma4-tiny-assistant");
+    let (text, report) = bench_tiny_on_cpu(&[
+        "--batches",
+        "1",
+        "--depths",
+        "6",
+        "--prefill",
+        "0",
+        "--steps",
+        "2",
+        "--draft",
+        assistant.to_str().unwrap(),
+        "--draft-batches",
+        "1,3",
+        "--draft-tokens",
+        "1,2",
+    ]);
+    let rounds = report["speculative"].as_array().unwrap();
+    let shapes: Vec<(u64, u64)> = rounds
+        .iter()
+        .map(|r| {
+            (
+                r["requests"].as_u64().unwrap(),
+                r["draft_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(shapes, [(1, 1), (1, 2), (3, 1), (3, 2)]);
+    for r in rounds {
+        let round_ms = r["draft_ms"].as_f64().unwrap() + r["verify_ms"].as_f64().unwrap();
+        let none_kept = r["tokens_per_second_by_kept_drafts"][0].as_f64().unwrap();
+        let requests = r["requests"].as_f64().unwrap();
+        assert!((none_kept * round_ms / 1e3 - requests).abs() < 1e-6, "{r}");
+    }
+    assert!(
+        text.contains("| speculative, batch 3 depth 6, 2 drafts a round |"),
+        "{text}"
+    );
+    let model = tiny("gemma4-tiny");
+    let out = strata(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--batches",
+        "1",
+        "--depths",
+        "6",
+        "--prefill",
+        "0",
+        "--draft",
+        assistant.to_str().unwrap(),
+        "--draft-batches",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("requests, depth and draft tokens must be positive"),
+        "{err}"
+    );
+}
+
 /// `--device cuda` either runs or says why CUDA did not start; an unknown device or dtype
 /// is refused by name.
 #[test]
