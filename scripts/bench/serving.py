@@ -9,6 +9,13 @@ the chosen token's logprob and N top logprobs with every token.
   python3 scripts/bench/serving.py --url http://127.0.0.1:8080 --model NAME \
       --input 512 --output 512 --concurrency 100 --requests 200
 
+`--prompts FILE` sends written prompts instead (JSON lines: {"messages": [...]} for
+/v1/chat/completions, {"prompt": "..."} for /v1/completions; request i takes line i modulo
+the file's length): what a drafter needs, since how many drafts it keeps depends on the text
+(random ids say nothing about it). Token counts come from each request's usage. Where the
+server counts speculative rounds (/metrics), the report has the run's rounds, drafted and
+kept tokens.
+
 The clients are threads spread over --processes processes, each thread on a kept-alive
 connection: at concurrency 100 the server streams over 20,000 events a second, and one
 Python process parsing them all under its interpreter lock falls behind (its clock stamps
@@ -28,19 +35,72 @@ import requests
 
 
 def one(session, url, model, prompt, output, sampling):
-    body = {"model": model, "prompt": prompt, "max_tokens": output, "ignore_eos": True, "stream": True,
-            **sampling}
+    """One streamed request. `prompt` is token ids or text (/v1/completions) or a
+    {"messages": [...]} object (/v1/chat/completions). A token whose text is not yet whole
+    sends no event, so the token count is the usage's; `times` are the events'."""
+    body = {"model": model, "max_tokens": output, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, **sampling}
+    path = "/v1/completions"
+    if isinstance(prompt, dict):
+        body["messages"] = prompt["messages"]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = prompt
     t0 = time.perf_counter()
-    times = []
-    with session.post(f"{url}/v1/completions", json=body, stream=True, timeout=3600) as r:
+    times, usage = [], None
+    with session.post(f"{url}{path}", json=body, stream=True, timeout=3600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             ev = json.loads(line[6:])
+            if "error" in ev:
+                raise RuntimeError(f"the server failed the request: {ev['error']}")
+            if ev.get("usage"):
+                usage = ev["usage"]
             if ev.get("choices") and ev["choices"][0].get("finish_reason") is None:
                 times.append(time.perf_counter())
-    return {"start": t0, "end": time.perf_counter(), "tokens": times}
+    if usage is None:
+        raise RuntimeError("the stream ended without a usage chunk")
+    return {"start": t0, "end": time.perf_counter(), "tokens": times,
+            "completion_tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"]}
+
+
+def read_prompts(path):
+    """Written prompts, a JSON object a line: {"messages": [...]} (chat) or {"prompt": "..."}."""
+    prompts = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            p = json.loads(line)
+            if isinstance(p.get("messages"), list) and p["messages"]:
+                prompts.append({"messages": p["messages"]})
+            elif isinstance(p.get("prompt"), str):
+                prompts.append(p["prompt"])
+            else:
+                raise SystemExit(f"{path}:{n}: a line needs \"messages\" (a list) or \"prompt\" (a string)")
+    if not prompts:
+        raise SystemExit(f"{path}: no prompts")
+    return prompts
+
+
+SPEC_COUNTERS = {"strata_spec_rounds_total": "rounds", "strata_spec_draft_tokens_total": "drafted",
+                 "strata_spec_accepted_tokens_total": "kept"}
+
+
+def spec_counters(url):
+    """The server's speculative counters ({} when it has none, or no /metrics)."""
+    try:
+        text = requests.get(f"{url}/metrics", timeout=10).text
+    except requests.RequestException:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in SPEC_COUNTERS:
+            out[SPEC_COUNTERS[parts[0]]] = float(parts[1])
+    return out
 
 
 def pct(xs, p):
@@ -117,12 +177,19 @@ def main():
     # Prompts that repeat themselves: a random block of --input / R ids, R times (what prompt
     # lookup can draft from).
     ap.add_argument("--repeat", type=int, default=1)
+    # Written prompts (JSON lines) instead of random ids; --input and --repeat then do not apply.
+    ap.add_argument("--prompts", default=None)
     a = ap.parse_args()
     n = a.requests or max(a.concurrency * 2, 4)
-    rng = random.Random(a.seed)
-    block = max(1, a.input // max(1, a.repeat))
-    prompts = [([rng.randrange(3, a.vocab) for _ in range(block)] * (a.input // block + 1))[:a.input]
-               for _ in range(n)]
+    if a.prompts:
+        written = read_prompts(a.prompts)
+        prompts = [written[i % len(written)] for i in range(n)]
+    else:
+        rng = random.Random(a.seed)
+        block = max(1, a.input // max(1, a.repeat))
+        prompts = [([rng.randrange(3, a.vocab) for _ in range(block)] * (a.input // block + 1))[:a.input]
+                   for _ in range(n)]
+    spec_before = spec_counters(a.url)
     procs = a.processes or min(os.cpu_count() or 1, -(-a.concurrency // 12))
     procs = max(1, min(procs, a.concurrency))
     # Fork: the children inherit the prompts and the arguments.
@@ -146,15 +213,25 @@ def main():
         c.join()
     wall = max((r["end"] for r in results), default=t0) - t0
     ttft = [r["tokens"][0] - r["start"] for r in results if r["tokens"]]
-    tpot = [(r["tokens"][-1] - r["tokens"][0]) / (len(r["tokens"]) - 1) for r in results if len(r["tokens"]) > 1]
+    # Over the request's tokens (the usage's count), not its events.
+    tpot = [(r["tokens"][-1] - r["tokens"][0]) / (r["completion_tokens"] - 1)
+            for r in results if len(r["tokens"]) > 1 and r["completion_tokens"] > 1]
     itl = [b - a_ for r in results for a_, b in zip(r["tokens"], r["tokens"][1:])]
-    out_tokens = sum(len(r["tokens"]) for r in results)
+    out_tokens = sum(r["completion_tokens"] for r in results)
+    in_tokens = sum(r["prompt_tokens"] for r in results)
     report = {"concurrency": a.concurrency, "requests": n, "input": a.input, "output": a.output, "repeat": a.repeat,
+              "prompts": a.prompts, "mean_prompt_tokens": in_tokens / max(1, len(results)),
               "processes": procs, "temperature": a.temperature, "top_p": a.top_p, "logprobs": a.logprobs,
               "duration_s": wall, "output_tokens": out_tokens,
               "output_throughput": out_tokens / wall,
-              "total_throughput": (out_tokens + n * a.input) / wall,
+              "total_throughput": (out_tokens + in_tokens) / wall,
               "ttft_ms": summary(ttft), "tpot_ms": summary(tpot), "itl_ms": summary(itl)}
+    spec_after = spec_counters(a.url)
+    if spec_after:
+        spec = {k: spec_after[k] - spec_before.get(k, 0.0) for k in spec_after}
+        if spec.get("drafted"):
+            spec["kept_share"] = spec.get("kept", 0.0) / spec["drafted"]
+        report["speculative"] = spec
     print(json.dumps(report))
     if a.out:
         json.dump(report, open(a.out, "w"), indent=1)

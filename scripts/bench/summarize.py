@@ -45,6 +45,33 @@ def model_rows(out, m):
         if s:
             rows.append((f"serving c={c}: output", f"{s['output_throughput']:,.0f} tok/s", "",
                          f"TTFT {s['ttft_ms']['mean']:.0f} ms, TPOT {s['tpot_ms']['mean']:.2f} ms mean"))
+    return rows + draft_rows(out, m)
+
+
+def draft_rows(out, m):
+    """With an assistant (DRAFT_<M>): the rounds' costs and the served runs on written
+    prompts without and with the drafter."""
+    rows = []
+    rounds = load(os.path.join(out, f"{m}-draft-bench.json")) or {}
+    for r in rounds.get("speculative", []):
+        rates = ", ".join(f"{k}: {v:,.0f}" for k, v in enumerate(r["tokens_per_second_by_kept_drafts"]))
+        rows.append((f"round of {r['draft_tokens']} drafts, B={r['requests']} D={r['depth']}",
+                     f"{r['draft_ms'] + r['verify_ms']:.2f} ms", "",
+                     f"decode step {r['decode_step_ms']:.2f} ms; break-even {r['break_even_kept_drafts']:.2f} "
+                     f"kept a request; tok/s by kept {rates}"))
+    for c in (1, 100):
+        plain = load(os.path.join(out, f"{m}-prompts-c{c}.json"))
+        drafted = load(os.path.join(out, f"{m}-prompts-draft-c{c}.json"))
+        kind = "written prompts" if (plain or drafted or {}).get("prompts") else "random ids"
+        if plain:
+            rows.append((f"serving c={c}, {kind}: output", f"{plain['output_throughput']:,.0f} tok/s", "", ""))
+        if drafted:
+            spec = drafted.get("speculative", {})
+            notes = [f"kept {spec.get('kept', 0):,.0f} of {spec.get('drafted', 0):,.0f} drafts"]
+            if plain:
+                notes.insert(0, f"{drafted['output_throughput'] / plain['output_throughput']:.2f}x without")
+            rows.append((f"serving c={c}, {kind}, drafter: output", f"{drafted['output_throughput']:,.0f} tok/s", "",
+                         "; ".join(notes)))
     return rows
 
 

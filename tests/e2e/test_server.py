@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 
 import openai
 import pytest
@@ -781,3 +782,47 @@ def test_prompt_lookup_keeps_the_greedy_text(server, log_dir):
     both = subprocess.run([str(BIN), "serve", "--model", str(MODEL), "--port", "0", "--prompt-lookup", "3",
                            "--draft", str(MODEL)], capture_output=True, text=True, timeout=60)
     assert both.returncode != 0 and "cannot be combined" in both.stderr, both.stderr
+
+
+def _serving_bench(server, tmp_path, *args) -> dict:
+    """scripts/bench/serving.py against `server` with `args`; its JSON report."""
+    from conftest import REPO
+
+    out = tmp_path / "serving.json"
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "serving.py"), "--url", server.base,
+                          "--model", server.model_name, "--out", str(out), *args],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    return json.loads(out.read_text())
+
+
+def test_serving_benchmark_with_written_prompts(server, log_dir, tmp_path):
+    """The serving benchmark's written prompts (`--prompts`): chat lines go through the chat
+    template, every request's tokens are counted from its usage (full lengths with
+    ignore_eos), and a server that drafts reports the run's drafted and kept tokens."""
+    from conftest import REPO, start_server
+
+    chat = REPO / "scripts" / "bench" / "prompts" / "chat.jsonl"
+    report = _serving_bench(server, tmp_path, "--prompts", str(chat), "--requests", "3", "--concurrency", "2",
+                            "--output", "8")
+    assert (report["requests"], report["output_tokens"]) == (3, 24), report
+    assert report["mean_prompt_tokens"] > 10, report
+    assert report["speculative"]["drafted"] == 0, report
+    lines = tmp_path / "lookup.jsonl"
+    prompt = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+              "# The same two functions again, unchanged:\n\ndef add(a, b):\n")
+    lines.write_text(json.dumps({"prompt": prompt}) + "\n")
+    srv = start_server(log_dir, "--prompt-lookup", "3", name="lookup-bench")
+    try:
+        report = _serving_bench(srv, tmp_path, "--prompts", str(lines), "--requests", "2", "--output", "24")
+    finally:
+        srv.stop()
+    assert report["output_tokens"] == 48, report
+    spec = report["speculative"]
+    assert spec["rounds"] > 0 and 0 < spec["kept"] <= spec["drafted"], report
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no such field"}\n')
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "bench" / "serving.py"), "--url", server.base,
+                          "--model", server.model_name, "--prompts", str(bad)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode != 0 and "bad.jsonl:1" in run.stderr, run.stderr
