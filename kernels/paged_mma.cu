@@ -127,15 +127,17 @@ struct KeyRange {
     const u32* sl;
 };
 
+// With `n_tok` > 1, rows t .. t + n_tok - 1 (tokens of one sequence) take the union of their
+// keys: the first row's window start to the last row's position.
 template <int KT>
 __device__ __forceinline__ KeyRange decode_key_range(const u32* seqs, const u32* row_seq,
                                                      const u32* slots, u64 t, int z,
                                                      int n_splits, long long window,
-                                                     int dense_min_q) {
+                                                     int dense_min_q, int n_tok = 1) {
     const u32* sq = seqs + 5 * (u64)row_seq[t];
     const long long qp = (long long)sq[2] + ((long long)t - (long long)sq[0]);
     const long long k_start = sq[3];
-    long long lo = 0, hi = qp - k_start;
+    long long lo = 0, hi = qp + n_tok - 1 - k_start;
     if (window >= 0 && qp - window + 1 - k_start > lo) lo = qp - window + 1 - k_start;
     if (dense_min_q > 0 && (int)sq[1] >= dense_min_q) hi = lo - 1;
     long long chunk = (hi - lo + n_splits) / n_splits;
@@ -155,18 +157,24 @@ __device__ __forceinline__ u16 f32_to_f16_bits(float x) {
 
 // Row t's query vectors of KV head kvh's group into `qs` [PM_ROWS][ld] as bf16, or f16 with
 // F16 (four values a thread per round, every load of a thread issued before its first
-// store); rows past the group are zero. The block's THREADS threads all take part.
+// store); rows past the group are zero. With `n_tok` > 1, rows t .. t + n_tok - 1 one after
+// the other (row r: token r / group, head r % group). The block's THREADS threads all take
+// part.
 template <int THREADS, bool F16 = false>
 __device__ __forceinline__ void load_group_q(u16* qs, const float* q, u64 t, int n_heads,
-                                             int kvh, int group, int d, int ld) {
-    const float4* qsrc = (const float4*)(q + (t * n_heads + (u64)kvh * group) * d);
-    const int q4 = group * d / 4;
+                                             int kvh, int group, int d, int ld, int n_tok = 1) {
+    const int per_tok = group * d / 4;  // float4s of a token's group
+    const int q4 = n_tok * per_tok;
     for (int i0 = 0; i0 < q4; i0 += 4 * THREADS) {
         float4 v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int i = i0 + u * THREADS + threadIdx.x;
-            if (i < q4) v[u] = qsrc[i];
+            if (i < q4) {
+                const int tok = i / per_tok;
+                v[u] = ((const float4*)(q + ((t + tok) * n_heads + (u64)kvh * group) * d))
+                    [i % per_tok];
+            }
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -188,7 +196,7 @@ __device__ __forceinline__ void load_group_q(u16* qs, const float* q, u64 t, int
             }
         }
     }
-    for (int i = group * d + threadIdx.x; i < PM_ROWS * d; i += THREADS)
+    for (int i = n_tok * group * d + threadIdx.x; i < PM_ROWS * d; i += THREADS)
         qs[(i / d) * ld + i % d] = 0;
 }
 
@@ -1072,7 +1080,7 @@ __device__ __forceinline__ void decode_attention_body(
     const unsigned char* v_slab, const float* k_scales, const float* v_scales, const u32* seqs,
     const u32* row_seq, const u32* slots, float* out, u16* out_b, float* ws_acc, float* ws_ml,
     int n_heads, int n_kv_heads, float scale, long long window, int has_softcap,
-    float softcap, int n_splits, int dense_min_q, int row0) {
+    float softcap, int n_splits, int dense_min_q, int row0, int tpb) {
     constexpr bool RAW = FMT != DA_BF16;
     constexpr int ld = D + PM_PAD;
     constexpr int DQ = D / DA_GW;  // columns a warp owns
@@ -1092,7 +1100,9 @@ __device__ __forceinline__ void decode_attention_body(
     unsigned char* kv = smem + PM_ROWS * ld * 2;
     float* sx = (float*)(kv + DA_GROUPS * GROUP_BYTES);
 
-    const u64 t = (u64)row0 + blockIdx.x;  // a launch over a span of the batch's rows
+    // A launch over a span of the batch's rows; a block takes `tpb` consecutive rows of one
+    // sequence (the tokens a verification checks), each key and value read once for them.
+    const u64 t = (u64)row0 + (u64)blockIdx.x * tpb;
     const int kvh = blockIdx.y, z = blockIdx.z;
     const int group = n_heads / n_kv_heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1100,9 +1110,23 @@ __device__ __forceinline__ void decode_attention_body(
     const int g = lane / 4, tq = lane % 4;
     const int lm_row = (lane % 8) + 8 * ((lane / 8) % 2), lm_col = 8 * (lane / 16);
 
-    const KeyRange kr =
-        decode_key_range<DA_KT>(seqs, row_seq, slots, t, z, n_splits, window, dense_min_q);
+    const KeyRange kr = decode_key_range<DA_KT>(seqs, row_seq, slots, t, z, n_splits, window,
+                                                dense_min_q, tpb);
     const long long zlo = kr.zlo, zhi = kr.zhi;
+    // This lane's rows g and g + 8 see keys [row_lo, row_hi] (key indices as zlo's): their
+    // token's own position and window within the block's union.
+    long long row_lo[2], row_hi[2];
+    {
+        const u32* sq = seqs + 5 * (u64)row_seq[t];
+        const long long qp0 = (long long)sq[2] + ((long long)t - (long long)sq[0]) - sq[3];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = g + 8 * h;
+            const long long qp = qp0 + (r < tpb * group ? r / group : 0);
+            row_hi[h] = qp < zhi ? qp : zhi;
+            row_lo[h] = window >= 0 && qp - window + 1 > 0 ? qp - window + 1 : 0;
+        }
+    }
     const int n_tiles = zhi >= zlo ? (int)((zhi - zlo + DA_KT) / DA_KT) : 0;
     // This group's tiles: grp, grp + DA_GROUPS, ...
     const int mine = n_tiles > grp ? (n_tiles - grp + DA_GROUPS - 1) / DA_GROUPS : 0;
@@ -1180,7 +1204,7 @@ __device__ __forceinline__ void decode_attention_body(
         else cp_async_commit();
         slot = tile_slot_of(2);
     }
-    load_group_q<PM_WARPS * 32, RAW>(qs, q, t, n_heads, kvh, group, D, ld);
+    load_group_q<PM_WARPS * 32, RAW>(qs, q, t, n_heads, kvh, group, D, ld, tpb);
     __syncthreads();
     // Q's A fragments over this warp's quarter of head_dim, for the whole loop. 8-bit: the
     // B fragments come from four consecutive codes of a K row (below), so the mma's k
@@ -1293,7 +1317,8 @@ __device__ __forceinline__ void decode_attention_body(
             if (RAW) v *= e % 2 ? ksc[e / 4].y : ksc[e / 4].x;
             v *= scale;
             if (has_softcap) v = softcap * tanhf(v / softcap);
-            x[e] = j0 + key <= zhi ? v : NEG_INF;
+            const int h = (e / 2) % 2;
+            x[e] = j0 + key <= row_hi[h] && j0 + key >= row_lo[h] ? v : NEG_INF;
         }
         u32 pa[4];
 #pragma unroll
@@ -1302,22 +1327,26 @@ __device__ __forceinline__ void decode_attention_body(
             float mx = fmaxf(fmaxf(x[2 * h], x[2 * h + 1]), fmaxf(x[4 + 2 * h], x[5 + 2 * h]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[h], mx);  // finite: key j0 is always valid
-            const float corr = __expf(m_run[h] - m_new);
+            // Finite once a row has met a key. With one token a block key j0 is always valid;
+            // a token before the block's last may find none in this tile (its keys end
+            // earlier), and then its probabilities are 0 and nothing is rescaled.
+            const float m_new = fmaxf(m_run[h], mx);
+            const float m_sub = m_new == NEG_INF ? 0.0f : m_new;
+            const float corr = __expf(m_run[h] - m_sub);
             float ps;
             if constexpr (RAW) {
                 // The row sum takes the probabilities as f16 rounds them; P V takes each
                 // times its key's V scale.
-                const float e0 = __expf(x[2 * h] - m_new), e1 = __expf(x[2 * h + 1] - m_new);
-                const float e2 = __expf(x[4 + 2 * h] - m_new), e3 = __expf(x[5 + 2 * h] - m_new);
+                const float e0 = __expf(x[2 * h] - m_sub), e1 = __expf(x[2 * h + 1] - m_sub);
+                const float e2 = __expf(x[4 + 2 * h] - m_sub), e3 = __expf(x[5 + 2 * h] - m_sub);
                 ps = (round_f16(e0) + round_f16(e1)) + (round_f16(e2) + round_f16(e3));
                 pa[h] = pack_f16x2(e0 * vsc[0].x, e1 * vsc[0].y);
                 pa[2 + h] = pack_f16x2(e2 * vsc[1].x, e3 * vsc[1].y);
             } else {
-                const u16 p0 = f32_to_bf16_rne(__expf(x[2 * h] - m_new));
-                const u16 p1 = f32_to_bf16_rne(__expf(x[2 * h + 1] - m_new));
-                const u16 p2 = f32_to_bf16_rne(__expf(x[4 + 2 * h] - m_new));
-                const u16 p3 = f32_to_bf16_rne(__expf(x[5 + 2 * h] - m_new));
+                const u16 p0 = f32_to_bf16_rne(__expf(x[2 * h] - m_sub));
+                const u16 p1 = f32_to_bf16_rne(__expf(x[2 * h + 1] - m_sub));
+                const u16 p2 = f32_to_bf16_rne(__expf(x[4 + 2 * h] - m_sub));
+                const u16 p3 = f32_to_bf16_rne(__expf(x[5 + 2 * h] - m_sub));
                 ps = (bf16_to_f32(p0) + bf16_to_f32(p1)) + (bf16_to_f32(p2) + bf16_to_f32(p3));
                 // A fragment: a0 / a1 rows g / g + 8 keys 2 tq (+1), a2 / a3 keys 8 + 2 tq (+1).
                 pa[h] = (u32)p0 | ((u32)p1 << 16);
@@ -1374,12 +1403,12 @@ __device__ __forceinline__ void decode_attention_body(
         l_run[h] = l_run[h] * f_a[h] + lb * f_b[h];
         m_run[h] = m;
     }
-    const u64 task0 = t * n_heads + (u64)kvh * group;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = g + 8 * h;
-        if (r >= group) continue;
-        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task0 + r, D, n_splits, z,
+        if (r >= tpb * group) continue;
+        const u64 task = (t + r / group) * n_heads + (u64)kvh * group + r % group;
+        const OutRow dst = out_row(out, out_b, ws_acc, ws_ml, task, D, n_splits, z,
                                    m_run[h], l_run[h], wq == 0 && tq == 0, (u64)row0 * n_heads);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -1399,12 +1428,13 @@ __device__ __forceinline__ void decode_attention_body(
                                   float* out, u16* out_b, float* ws_acc, float* ws_ml,          \
                                   int n_heads, int n_kv_heads, int d, float scale,              \
                                   long long window, int has_softcap, float softcap,             \
-                                  int n_splits, int dense_min_q, int n_stages, int row0) {      \
+                                  int n_splits, int dense_min_q, int n_stages, int row0,        \
+                                  int tpb) {                                                    \
         extern __shared__ __align__(16) unsigned char smem[];                                  \
         decode_attention_body<D, DA_BF16>(                                                      \
             smem, q, (const unsigned char*)k_slab, (const unsigned char*)v_slab, nullptr,       \
             nullptr, seqs, row_seq, slots, out, out_b, ws_acc, ws_ml, n_heads, n_kv_heads,      \
-            scale, window, has_softcap, softcap, n_splits, dense_min_q, row0);                  \
+            scale, window, has_softcap, softcap, n_splits, dense_min_q, row0, tpb);             \
     }
 
 // The 8-bit slabs' entry points: the slab's arguments as `paged_attention` takes them (codes,
@@ -1415,12 +1445,12 @@ __device__ __forceinline__ void decode_attention_body(
         const float* k_scales, const float* v_scales, const u32* seqs, const u32* row_seq,      \
         const u32* slots, float* out, u16* out_b, float* ws_acc, float* ws_ml, int n_heads,     \
         int n_kv_heads, int d, float scale, long long window, int has_softcap, float softcap,   \
-        int n_splits, int dense_min_q, int n_stages, int row0) {                                \
+        int n_splits, int dense_min_q, int n_stages, int row0, int tpb) {                       \
         extern __shared__ __align__(16) unsigned char smem[];                                  \
         decode_attention_body<D, FMT>(smem, q, k_slab, v_slab, k_scales, v_scales, seqs,        \
                                       row_seq, slots, out, out_b, ws_acc, ws_ml, n_heads,       \
                                       n_kv_heads, scale, window, has_softcap, softcap,          \
-                                      n_splits, dense_min_q, row0);                             \
+                                      n_splits, dense_min_q, row0, tpb);                        \
     }
 
 DECODE_ATTENTION_KERNEL(64, 2)

@@ -592,6 +592,27 @@ fn paged_attention_graph_splits_bf16_mode() {
     }
 }
 
+/// Verification batches (every sequence the same number of tokens) in the bf16 mode, on
+/// bf16, fp8 and int8 slabs: the tensor-core decode kernels take a sequence's tokens in one
+/// block where their query heads fit its rows, made as a step's batch and as a captured
+/// step's; against the f32 reference over the same rows.
+#[test]
+fn paged_attention_verification_bf16_mode() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true);
+    for format in [
+        strata_kernels::KvFormat::Bf16,
+        strata_kernels::KvFormat::Fp8E4m3PerTokenHead,
+        strata_kernels::KvFormat::Int8PerTokenHead,
+    ] {
+        for c in paged_attention_verification_cases() {
+            let c = PagedCase { format, ..c };
+            check_paged_attention_case_within(&fast, &c, bf16_mode_tol()).unwrap();
+            check_paged_attention_graph_case_within(&fast, &c, bf16_mode_tol()).unwrap();
+        }
+    }
+}
+
 /// Every paged-attention case with its slab in bf16, in the bf16 mode: the shapes the
 /// tensor-core kernel takes (head_dim a multiple of 64, groups up to 16) run there, long
 /// query runs take the TF32 GEMMs; all against the f32 reference over the same bf16 rows.

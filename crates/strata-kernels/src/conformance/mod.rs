@@ -45,8 +45,8 @@ pub use norm::{check_rms_norm, check_rms_norm_case, NormVariant, RmsNormCase};
 pub use paged::{
     check_kv_store_case, check_paged, check_paged_attention_case,
     check_paged_attention_case_within, check_paged_attention_graph_case_within,
-    paged_attention_cases, paged_attention_graph_cases, run_paged_attention_case, PagedCase,
-    ALL_FORMATS,
+    paged_attention_cases, paged_attention_graph_cases, paged_attention_verification_cases,
+    run_paged_attention_case, PagedCase, ALL_FORMATS,
 };
 pub use rope::{check_rope, check_rope_case, RopeCase};
 pub use sampling::{check_argmax, check_clustered_argmax, check_feed_tokens, check_sample};

@@ -222,6 +222,71 @@ pub fn paged_attention_graph_cases() -> Vec<PagedCase> {
     ]
 }
 
+/// Verification batches: every sequence checks the same number of tokens (its newest and
+/// its drafts), so the tensor-core decode kernels take a sequence's tokens in one block and
+/// mask each token's keys by its own position and window, where those blocks still fill a
+/// wave of the GPU with their key splits (on an H200, 264 resident d-256 blocks and 132
+/// d-512 ones; a step's batch splits a windowed sequence's 512 keys in 3, a captured step's
+/// in 16): so E4B's sliding layers (8 query heads over 2 KV heads, d 256, window 512) take
+/// 48 sequences at 2, 3 and 4 tokens, at depths on both sides of the window's edge (each
+/// token's window starts at its own position) and scattered; E2B's (one KV head: 2 tokens
+/// fill the mma's 16 rows) 96 at 2 tokens; a full layer at d 512 six deep sequences (many
+/// key splits, so a split can hold keys only the later tokens see); and 5 tokens of E4B,
+/// more than a block holds (a block a token).
+pub fn paged_attention_verification_cases() -> Vec<PagedCase> {
+    let e4b = PagedCase {
+        format: KvFormat::Bf16,
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 256,
+        window: Some(512),
+        scale: 1.0,
+        softcap: None,
+        seqs: vec![],
+        seed: 770,
+    };
+    let edges = [509, 510, 511, 512, 513, 900, 3, 0];
+    let runs = |n: usize, q: usize| -> Vec<(usize, usize)> {
+        (0..n)
+            .map(|i| (edges.get(i).copied().unwrap_or((37 * i + 5) % 1100), q))
+            .collect()
+    };
+    vec![
+        PagedCase {
+            seqs: runs(48, 2),
+            ..e4b.clone()
+        },
+        PagedCase {
+            seqs: runs(48, 3),
+            seed: 771,
+            ..e4b.clone()
+        },
+        PagedCase {
+            seqs: runs(48, 4),
+            seed: 772,
+            ..e4b.clone()
+        },
+        PagedCase {
+            n_kv_heads: 1,
+            seqs: runs(96, 2),
+            seed: 773,
+            ..e4b.clone()
+        },
+        PagedCase {
+            head_dim: 512,
+            window: None,
+            seqs: [3000, 17, 1200, 2500, 800, 2000].map(|a| (a, 4)).to_vec(),
+            seed: 774,
+            ..e4b.clone()
+        },
+        PagedCase {
+            seqs: runs(48, 5),
+            seed: 775,
+            ..e4b
+        },
+    ]
+}
+
 /// Runs `c` on `b`, its batch made with room for `capacity_times` times its slots where
 /// given.
 fn run_paged_attention_case_in<B: Backend>(
@@ -486,6 +551,10 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
     }
     let tol = Tolerance::for_dtype(b.activation_dtype());
     for c in &paged_attention_graph_cases() {
+        check_paged_attention_graph_case_within(b, c, tol)?;
+    }
+    for c in &paged_attention_verification_cases() {
+        check_paged_attention_case(b, c)?;
         check_paged_attention_graph_case_within(b, c, tol)?;
     }
     // A batch whose slots run past the slab is refused, not read.

@@ -18,7 +18,7 @@ use crate::{AttentionParams, KvFormat};
 pub(super) const KERNEL: &str = "paged_attention_mma";
 /// Keys per tile, query rows per block, padding per shared row: `PM_*` in the kernel.
 const KT: usize = 32;
-const ROWS: usize = 16;
+pub(super) const ROWS: usize = 16;
 const PAD: usize = 8;
 pub(super) const MAX_D: usize = 512;
 pub(super) const THREADS: u32 = 256;
@@ -291,6 +291,9 @@ pub(super) struct MmaSupport {
     /// Whether a captured step caps a windowed layer's key splits at the window's keys
     /// over a tile a warp group (`STRATA_DECODE_WINDOW_SPLITS=0`: at `MAX_SPLITS`).
     pub window_splits: bool,
+    /// Whether a verification's tokens of a sequence share a decode block
+    /// (`STRATA_DECODE_VERIFY_BLOCKS=0`: a block a token, each reading the keys again).
+    pub verify_blocks: bool,
 }
 
 impl MmaSupport {
@@ -353,6 +356,7 @@ impl MmaSupport {
             prefill_scaled: !prefill_off && granted && prefill_scaled,
             decode_span: super::env_on("STRATA_DECODE_SPAN"),
             window_splits: super::env_on("STRATA_DECODE_WINDOW_SPLITS"),
+            verify_blocks: super::env_on("STRATA_DECODE_VERIFY_BLOCKS"),
         }
     }
 
@@ -489,6 +493,7 @@ mod tests {
             prefill_scaled: false,
             decode_span: true,
             window_splits: true,
+            verify_blocks: true,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -543,6 +548,7 @@ mod tests {
             prefill_scaled: false,
             decode_span: true,
             window_splits: true,
+            verify_blocks: true,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
@@ -615,6 +621,7 @@ mod tests {
             prefill_scaled: false,
             decode_span: true,
             window_splits: true,
+            verify_blocks: true,
         }
     }
 
