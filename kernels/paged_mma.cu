@@ -1018,7 +1018,9 @@ PREFILL_ATTENTION_KERNELS(512)
 // Decode attention on tensor cores in the FlashAttention-2 layout (`decode_attention_mma_d<D>`):
 // the tensor-core paged attention's work (one block per query row, KV head and key split,
 // the group's query heads as the 16 rows of the mma) without its three block barriers a
-// tile. The block's eight warps form two groups of four that walk alternate tiles of DA_KT
+// tile. With `tpb` > 1 a block takes that many consecutive rows of one sequence (a
+// verification's tokens: row r of the mma is token r / group, head r % group), walks the
+// union of their keys once and masks each row by its own token's position and window. The block's eight warps form two groups of four that walk alternate tiles of DA_KT
 // keys, each group with its own K/V buffers; within a group warp w owns a quarter of
 // head_dim:
 //   1. S = Q K^T over its quarter (Q's A fragments stay in registers for the whole loop);
