@@ -959,4 +959,73 @@ mod tests {
             "one verification graph for each run length, replayed"
         );
     }
+
+    /// Three sequences verifying three tokens each (three is not a bucket): the step replays
+    /// the four-sequence graph with a pad of three tokens on the spare page, twice (the
+    /// second at later positions, with another sequence's tokens), and every row's token is
+    /// the step's op by op.
+    #[test]
+    fn verification_of_a_count_between_buckets_replays_a_padded_graph() {
+        let _serial = serial();
+        let Some(_) = gpu() else { return };
+        let cuda = Model::load(gpu().unwrap(), &fixtures().join("gemma4-tiny")).unwrap();
+        let (ids, _) = reference(&fixtures().join("gemma4-tiny"));
+        let rounds = |mode: DecodeGraphs| -> (Vec<Vec<Vec<u32>>>, usize) {
+            let mut kv = device_pool(&cuda, KvCacheDtype::F32);
+            kv.storage_mut().set_graph_mode(mode);
+            let prompts: Vec<Vec<u32>> = (0..3)
+                .map(|r| ids.iter().map(|&t| (t + 7 * r as u32) % 200 + 3).collect())
+                .collect();
+            let reqs: Vec<_> = prompts.iter().map(|_| kv.alloc_request()).collect();
+            for (&req, p) in reqs.iter().zip(&prompts) {
+                kv.extend(req, p.len()).unwrap();
+            }
+            let prompt = ForwardBatch {
+                seqs: reqs
+                    .iter()
+                    .zip(&prompts)
+                    .map(|(&request, p)| SeqChunk {
+                        request,
+                        tokens: p.clone(),
+                        start: 0,
+                        logits: LogitsMode::None,
+                    })
+                    .collect(),
+            };
+            cuda.forward(&mut kv, &prompt).unwrap();
+            let mut out = Vec::new();
+            for round in 0..2 {
+                let seqs = reqs
+                    .iter()
+                    .zip(&prompts)
+                    .enumerate()
+                    .map(|(i, (&request, p))| {
+                        kv.extend(request, 3).unwrap();
+                        SeqChunk {
+                            request,
+                            tokens: (0..3)
+                                .map(|j| (11 * i + 5 * j + round) as u32 + 9)
+                                .collect(),
+                            start: p.len() + 3 * round,
+                            logits: LogitsMode::All,
+                        }
+                    })
+                    .collect();
+                let checked = cuda
+                    .forward_greedy_rows(&mut kv, &ForwardBatch { seqs })
+                    .unwrap();
+                assert_eq!(checked.hidden.unwrap().len(), 9 * cuda.config().hidden_size);
+                out.push(checked.tokens);
+            }
+            (out, kv.storage().graph_count())
+        };
+        let (replayed, graphs) = rounds(DecodeGraphs::Replay);
+        let (stepped, none) = rounds(DecodeGraphs::Off);
+        assert_eq!(
+            (graphs, none),
+            (1, 0),
+            "one padded verification graph, replayed"
+        );
+        assert_eq!(replayed, stepped, "padded graph against op by op");
+    }
 }

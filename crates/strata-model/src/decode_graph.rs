@@ -94,28 +94,29 @@ pub(crate) struct Padded {
     pub(crate) window: Option<HostPages>,
 }
 
-/// Pads a group's pages with one-token rows on the spare slot, the first of the page one
-/// past the plan's.
-fn pad_pages(t: &mut HostPages, n: usize, bucket: usize, spare: u32, page_size: u32) {
+/// Pads a group's pages with rows of `q` tokens (positions 0 .. q) on the spare page, the
+/// first one past the plan's: pad token `j` writes and reads slot `spare + j`.
+fn pad_pages(t: &mut HostPages, (n, bucket, q): (usize, usize, usize), spare: u32, page_size: u32) {
     debug_assert_eq!(spare % page_size, 0, "the plan's slots are whole pages");
+    debug_assert!(q <= page_size as usize, "a pad's tokens fit the spare page");
     for row in n..bucket {
-        t.store.push(spare);
+        t.store.extend((0..q as u32).map(|j| spare + j));
         t.seqs.push(PagedSeq {
-            q_offset: row,
-            q_len: 1,
+            q_offset: row * q,
+            q_len: q,
             q_start: 0,
             k_start: 0,
             slot_offset: t.keys,
         });
         t.page_start.push(t.pages.len() as u32);
         t.pages.push(spare / page_size);
-        t.keys += 1;
+        t.keys += q;
     }
 }
 
 /// Whether `batch` can replay a graph: a decode step (one token a sequence), or with
-/// `rows` a verification step (every sequence `q` tokens, every row's logits; only at a
-/// bucket's own size, since pads of several tokens are not built).
+/// `rows` a verification step (every sequence `q` tokens, every row's logits; padded to
+/// its bucket with pads of `q` tokens where a pad's tokens fit the spare page).
 fn eligible<B: Backend>(
     pool: &KvPool<PagedStorage<B>>,
     model: &Model<B>,
@@ -133,7 +134,7 @@ fn eligible<B: Backend>(
                 )
         }),
         true => {
-            bucket_for(n) == n
+            (bucket_for(n) == n || q <= pool.plan().page_size)
                 && batch
                     .seqs
                     .iter()
@@ -154,6 +155,7 @@ pub(crate) fn padded<B: Backend>(
     bucket: usize,
 ) -> Result<Padded> {
     let n = batch.seqs.len();
+    let q = batch.seqs[0].tokens.len();
     let plan = *pool.plan();
     let mut p = Padded {
         ids: prep.ids.clone(),
@@ -161,13 +163,14 @@ pub(crate) fn padded<B: Backend>(
         full: None,
         window: None,
     };
-    // Only one-token steps are padded (`eligible`).
-    p.ids.resize(bucket.max(prep.ids.len()), 0);
-    p.positions.resize(bucket.max(prep.ids.len()), 0);
+    // Pads of q tokens (`eligible`: one for a decode step, a verification's run), token 0
+    // at positions 0 .. q.
+    p.ids.resize(bucket * q, 0);
+    p.positions.extend((n..bucket).flat_map(|_| 0..q as u32));
     for g in pool.layout().groups() {
         let mut t = host_pages(pool, g.pool, g.window, batch)?;
         let spare = plan.slots(g.pool) as u32;
-        pad_pages(&mut t, n, bucket, spare, plan.page_size as u32);
+        pad_pages(&mut t, (n, bucket, q), spare, plan.page_size as u32);
         match g.pool {
             PoolKind::Full => p.full = Some(t),
             PoolKind::Window => p.window = Some(t),
@@ -176,14 +179,21 @@ pub(crate) fn padded<B: Backend>(
     Ok(p)
 }
 
-/// The padded batch the captured ops see: real sequences, then one-token pads.
+/// The padded batch the captured ops see: real sequences, then pads of as many tokens (a
+/// verification's pads want every row's logits, as its sequences do).
 fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch {
+    let q = batch.seqs[0].tokens.len();
+    let logits = if verifies(batch) {
+        LogitsMode::All
+    } else {
+        LogitsMode::Last
+    };
     let mut seqs = batch.seqs.clone();
     seqs.extend((batch.seqs.len()..bucket).map(|_| SeqChunk {
         request: RequestId(u64::MAX),
-        tokens: vec![0],
+        tokens: vec![0; q],
         start: 0,
-        logits: LogitsMode::Last,
+        logits,
     }));
     ForwardBatch { seqs }
 }
@@ -509,8 +519,9 @@ pub(crate) fn replay_rows<B: Backend>(
     let b = model.backend();
     let (n, q) = (batch.seqs.len(), batch.seqs[0].tokens.len());
     let h = model.config().hidden_size;
-    let p = padded(pool, batch, prep, n)?;
-    let key = replay_graph(pool, model, batch, (&p, None), n)?;
+    let bucket = bucket_for(n);
+    let p = padded(pool, batch, prep, bucket)?;
+    let key = replay_graph(pool, model, batch, (&p, None), bucket)?;
     let logits = graph_logits(pool, model.config().vocab_size, &key)?;
     let (tokens, logprobs) = pick_rows(model, logits, &vec![q; n], draws)?;
     let rows = n * q;

@@ -137,8 +137,9 @@ impl<B: Backend> PagedStorage<B> {
                 format: s.format,
                 num_kv_heads: s.num_kv_heads,
                 head_dim: s.head_dim,
-                // One slot past the plan's: the row padded graph batches write and read.
-                slots: plan.slots(s.pool) + 1,
+                // A page past the plan's: the rows padded graph batches write and read (a
+                // verification's pad of `q` tokens takes `q` of its slots).
+                slots: plan.slots(s.pool) + plan.page_size,
             };
             bytes += shape.bytes();
             let slab = self.backend.kv_slab(shape).map_err(|e| {
