@@ -960,6 +960,66 @@ mod tests {
         );
     }
 
+    /// Three sequences drafting together (three is not a bucket): the round replays the
+    /// four-sequence graph with a pad, twice (the second after another round's state), and
+    /// drafts what the steps op by op draft.
+    #[test]
+    fn draft_rounds_of_a_count_between_buckets_replay_a_padded_graph() {
+        let _serial = serial();
+        let Some(_) = gpu() else { return };
+        let (ids, _) = reference(&fixtures().join("gemma4-tiny"));
+        let rounds = |graphs: bool| -> (Vec<Vec<Vec<u32>>>, usize) {
+            let (target, asst) = tiny_pair(gpu().unwrap());
+            let mut kv = device_pool(&target, KvCacheDtype::F32);
+            kv.storage_mut().set_graphs(graphs);
+            let prompts: Vec<Vec<u32>> = (0..3)
+                .map(|r| ids.iter().map(|&t| (t + 13 * r as u32) % 200 + 3).collect())
+                .collect();
+            let reqs: Vec<_> = prompts.iter().map(|_| kv.alloc_request()).collect();
+            for (&req, p) in reqs.iter().zip(&prompts) {
+                kv.extend(req, p.len()).unwrap();
+            }
+            let batch = ForwardBatch {
+                seqs: reqs
+                    .iter()
+                    .zip(&prompts)
+                    .map(|(&request, p)| SeqChunk {
+                        request,
+                        tokens: p.clone(),
+                        start: 0,
+                        logits: LogitsMode::Last,
+                    })
+                    .collect(),
+            };
+            let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
+            let seqs: Vec<crate::DraftSeq> = reqs
+                .iter()
+                .zip(&prompts)
+                .map(|(&request, p)| crate::DraftSeq {
+                    request,
+                    position: p.len(),
+                })
+                .collect();
+            let tokens: Vec<u32> = out.tokens.iter().map(|t| t[0]).collect();
+            let hidden = out.hidden.unwrap();
+            let mut drafted = Vec::new();
+            for _ in 0..2 {
+                drafted.push(
+                    asst.draft(&target, &mut kv, &seqs, &tokens, &hidden, 3)
+                        .unwrap(),
+                );
+            }
+            (drafted, kv.storage().draft_graph_count())
+        };
+        let (replayed, graphs) = rounds(true);
+        let (stepped, none) = rounds(false);
+        assert_eq!((graphs, none), (1, 0), "one padded draft graph, replayed");
+        assert_eq!(replayed, stepped, "padded draft rounds against op by op");
+        assert!(replayed
+            .iter()
+            .all(|r| r.len() == 3 && r.iter().all(|s| s.len() == 3)));
+    }
+
     /// Three sequences verifying three tokens each (three is not a bucket): the step replays
     /// the four-sequence graph with a pad of three tokens on the spare page, twice (the
     /// second at later positions, with another sequence's tokens), and every row's token is

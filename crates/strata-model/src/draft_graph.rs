@@ -10,9 +10,10 @@
 //! launches, each waiting on the host.
 
 use strata_kernels::{Backend, DeviceBuffer};
-use strata_kv::KvPool;
+use strata_kv::{KvPool, RequestId};
 
 use crate::assistant::{draft_batch, Assistant, DraftSeq, StepIo};
+use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
 use crate::decode_graph::{bucket_for, copy_prefix, graph_inputs, grow, padded, MAX_GRAPH_BATCH};
 use crate::error::Result;
 use crate::model::Model;
@@ -36,9 +37,11 @@ pub(crate) struct DraftGraph<B: Backend> {
 }
 
 /// `steps` draft steps for `seqs` replayed as one graph, capturing it first when needed:
-/// per step, each sequence's token. `None` when the round cannot be a graph (graphs off,
-/// host-resident tables, a drafter without a centroid head, a sequence count that is not
-/// a bucket's); then the caller runs it op by op.
+/// per step, each sequence's token. A count between buckets replays the next bucket's
+/// graph, padded with one-token rows at position 0 on the spare slot (their drafts are
+/// dropped). `None` when the round cannot be a graph (graphs off,
+/// host-resident tables, a drafter without a centroid head, more sequences than a graph
+/// takes); then the caller runs it op by op.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn draft_round<B: Backend>(
     pool: &mut KvPool<PagedStorage<B>>,
@@ -56,17 +59,22 @@ pub(crate) fn draft_round<B: Backend>(
         && !target.has_host_tables()
         && assistant.picks_on_device()
         && (1..=MAX_GRAPH_BATCH).contains(&n)
-        && bucket_for(n) == n
         && steps > 0;
     if !eligible {
         return Ok(None);
     }
+    let bucket = bucket_for(n);
     let batch = draft_batch(seqs, tokens);
     let prep = target.prepare(&batch)?;
-    let p = padded(pool, &batch, &prep, n)?;
+    let p = padded(pool, &batch, &prep, bucket)?;
     let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
     let (need_full, need_window) = (keys(&p.full), keys(&p.window));
-    let key = (n, steps);
+    let key = (bucket, steps);
+    // The pads' first tokens (0) and positions (0), after the sequences'.
+    let mut first = tokens.to_vec();
+    first.resize(bucket, 0);
+    let mut positions: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
+    positions.resize(bucket, 0);
     let fits = pool
         .storage()
         .draft_graphs
@@ -79,13 +87,16 @@ pub(crate) fn draft_round<B: Backend>(
         drop(old);
         // The graph's own tables, set on the pool for the ops to read.
         let inputs = graph_inputs(pool, b, (&p, None), full_cap, window_cap)?;
-        let positions: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
         let positions = b.upload_index(&positions)?;
-        let mut start = b.zeros(hidden.len(), b.activation_dtype())?;
+        // Replays rewrite the sequences' rows only: a pad's row is zero or an earlier
+        // replay's, and its drafts (rows are independent) are dropped.
+        let rows = bucket * assistant.config().backbone_hidden_size;
+        let mut start = b.zeros(rows, b.activation_dtype())?;
         copy_prefix(b, hidden, &mut start, hidden.len())?;
         let mut outs = (0..steps)
-            .map(|_| b.upload_index(&vec![0; n]))
+            .map(|_| b.upload_index(&vec![0; bucket]))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        let run_batch = padded_draft_batch(&batch, bucket);
         let mut round = |outs: &mut [B::Index]| -> Result<()> {
             let mut state: Option<B::Buffer> = None;
             for i in 0..steps {
@@ -93,11 +104,11 @@ pub(crate) fn draft_round<B: Backend>(
                 let ids = done.last().unwrap_or(&inputs.ids);
                 let io = StepIo {
                     ids,
-                    tokens,
+                    tokens: &first,
                     positions: &positions,
                     hidden: state.as_ref().unwrap_or(&start),
                 };
-                let (next, _) = assistant.step_ops(target, pool, &batch, io, &mut rest[0])?;
+                let (next, _) = assistant.step_ops(target, pool, &run_batch, io, &mut rest[0])?;
                 state = Some(next);
             }
             Ok(())
@@ -128,8 +139,7 @@ pub(crate) fn draft_round<B: Backend>(
         .draft_graphs
         .get_mut(&key)
         .expect("captured above");
-    b.write_index(&mut g.ids, tokens)?;
-    let positions: Vec<u32> = seqs.iter().map(|s| s.position as u32).collect();
+    b.write_index(&mut g.ids, &first)?;
     b.write_index(&mut g.positions, &positions)?;
     copy_prefix(b, hidden, &mut g.hidden, hidden.len())?;
     for (tables, host) in [(&mut g.full, &p.full), (&mut g.window, &p.window)] {
@@ -142,7 +152,24 @@ pub(crate) fn draft_round<B: Backend>(
     let drafted = g
         .outs
         .iter()
-        .map(|o| b.download_index(o))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+        .map(|o| {
+            let mut d = b.download_index(o)?;
+            d.truncate(n);
+            Ok(d)
+        })
+        .collect::<std::result::Result<Vec<_>, strata_kernels::KernelError>>()?;
     Ok(Some(drafted))
+}
+
+/// The draft batch the captured steps see: the sequences, then one-token pads (what
+/// [`padded`] laid out on the spare slot).
+fn padded_draft_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch {
+    let mut seqs = batch.seqs.clone();
+    seqs.extend((batch.seqs.len()..bucket).map(|_| SeqChunk {
+        request: RequestId(u64::MAX),
+        tokens: vec![0],
+        start: 0,
+        logits: LogitsMode::None,
+    }));
+    ForwardBatch { seqs }
 }
