@@ -179,14 +179,15 @@ pub(crate) fn padded<B: Backend>(
     Ok(p)
 }
 
-/// The padded batch the captured ops see: real sequences, then pads of as many tokens (a
-/// verification's pads want every row's logits, as its sequences do).
-fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch {
+/// The padded batch the captured ops see: real sequences, then pads of as many tokens
+/// wanting what the sequences want (every row's logits for a verification, none for a
+/// draft round), or the last row's for a decode step (pads are not drawn).
+pub(crate) fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch {
     let q = batch.seqs[0].tokens.len();
-    let logits = if verifies(batch) {
-        LogitsMode::All
-    } else {
-        LogitsMode::Last
+    let logits = match batch.seqs[0].logits {
+        LogitsMode::All => LogitsMode::All,
+        LogitsMode::None => LogitsMode::None,
+        _ => LogitsMode::Last,
     };
     let mut seqs = batch.seqs.clone();
     seqs.extend((batch.seqs.len()..bucket).map(|_| SeqChunk {

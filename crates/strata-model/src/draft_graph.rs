@@ -10,11 +10,12 @@
 //! launches, each waiting on the host.
 
 use strata_kernels::{Backend, DeviceBuffer};
-use strata_kv::{KvPool, RequestId};
+use strata_kv::KvPool;
 
 use crate::assistant::{draft_batch, Assistant, DraftSeq, StepIo};
-use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
-use crate::decode_graph::{bucket_for, copy_prefix, graph_inputs, grow, padded, MAX_GRAPH_BATCH};
+use crate::decode_graph::{
+    bucket_for, copy_prefix, graph_inputs, grow, padded, padded_batch, MAX_GRAPH_BATCH,
+};
 use crate::error::Result;
 use crate::model::Model;
 use crate::paged_kv::{DecodeGraphs, GroupTables, HostPages, PagedStorage};
@@ -96,7 +97,7 @@ pub(crate) fn draft_round<B: Backend>(
         let mut outs = (0..steps)
             .map(|_| b.upload_index(&vec![0; bucket]))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let run_batch = padded_draft_batch(&batch, bucket);
+        let run_batch = padded_batch(&batch, bucket);
         let mut round = |outs: &mut [B::Index]| -> Result<()> {
             let mut state: Option<B::Buffer> = None;
             for i in 0..steps {
@@ -159,17 +160,4 @@ pub(crate) fn draft_round<B: Backend>(
         })
         .collect::<std::result::Result<Vec<_>, strata_kernels::KernelError>>()?;
     Ok(Some(drafted))
-}
-
-/// The draft batch the captured steps see: the sequences, then one-token pads (what
-/// [`padded`] laid out on the spare slot).
-fn padded_draft_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch {
-    let mut seqs = batch.seqs.clone();
-    seqs.extend((batch.seqs.len()..bucket).map(|_| SeqChunk {
-        request: RequestId(u64::MAX),
-        tokens: vec![0],
-        start: 0,
-        logits: LogitsMode::None,
-    }));
-    ForwardBatch { seqs }
 }
