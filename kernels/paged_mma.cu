@@ -1020,9 +1020,9 @@ PREFILL_ATTENTION_KERNELS(512)
 // the group's query heads as the 16 rows of the mma) without its three block barriers a
 // tile. With `tpb` > 1 a block takes that many consecutive rows of one sequence (a
 // verification's tokens: row r of the mma is token r / group, head r % group), walks the
-// union of their keys once and masks each row by its own token's position and window. The block's eight warps form two groups of four that walk alternate tiles of DA_KT
-// keys, each group with its own K/V buffers; within a group warp w owns a quarter of
-// head_dim:
+// union of their keys once and masks each row by its own token's position and window. The
+// block's eight warps form two groups of four that walk alternate tiles of DA_KT keys, each
+// group with its own K/V buffers; within a group warp w owns a quarter of head_dim:
 //   1. S = Q K^T over its quarter (Q's A fragments stay in registers for the whole loop);
 //      the four partial S go through shared memory behind a barrier of the group alone and
 //      every warp adds them in the same order, so all four hold the same S;

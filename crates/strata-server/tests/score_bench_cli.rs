@@ -150,11 +150,8 @@ fn score_refuses_bad_input_with_a_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
 }
 
-/// `strata bench` on the tiny Gemma-4 on the CPU with `args`, checked to succeed: its
-/// printed table and its JSON report.
-fn bench_tiny_on_cpu(args: &[&str]) -> (String, Value) {
-    let tmp = tempfile::tempdir().unwrap();
-    let json = tmp.path().join("bench.json");
+/// `strata bench` on the tiny Gemma-4 on the CPU with `args`, as it ended.
+fn bench_tiny_on_cpu_output(args: &[&str]) -> Output {
     let model = tiny("gemma4-tiny");
     let mut all = vec![
         "bench",
@@ -164,8 +161,17 @@ fn bench_tiny_on_cpu(args: &[&str]) -> (String, Value) {
         "cpu",
     ];
     all.extend_from_slice(args);
+    strata(&all)
+}
+
+/// `strata bench` on the tiny Gemma-4 on the CPU with `args`, checked to succeed: its
+/// printed table and its JSON report.
+fn bench_tiny_on_cpu(args: &[&str]) -> (String, Value) {
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("bench.json");
+    let mut all = args.to_vec();
     all.extend_from_slice(&["--json", json.to_str().unwrap()]);
-    let out = strata(&all);
+    let out = bench_tiny_on_cpu_output(&all);
     assert!(
         out.status.success(),
         "{}",
@@ -244,22 +250,27 @@ fn bench_runs_decode_steps_with_prompts_beside_them() {
 #[test]
 fn bench_measures_rounds_of_several_requests() {
     let assistant = tiny("gemma4-tiny-assistant");
-    let (text, report) = bench_tiny_on_cpu(&[
-        "--batches",
-        "1",
-        "--depths",
-        "6",
-        "--prefill",
-        "0",
-        "--steps",
-        "2",
-        "--draft",
-        assistant.to_str().unwrap(),
-        "--draft-batches",
-        "1,3",
-        "--draft-tokens",
-        "1,2",
-    ]);
+    let rounds_of = |batches: &'static str| {
+        let mut args = vec![
+            "--batches",
+            "1",
+            "--depths",
+            "6",
+            "--prefill",
+            "0",
+            "--steps",
+            "2",
+        ];
+        args.extend([
+            "--draft",
+            assistant.to_str().unwrap(),
+            "--draft-batches",
+            batches,
+        ]);
+        args.extend(["--draft-tokens", "1,2"]);
+        args
+    };
+    let (text, report) = bench_tiny_on_cpu(&rounds_of("1,3"));
     let rounds = report["speculative"].as_array().unwrap();
     let shapes: Vec<(u64, u64)> = rounds
         .iter()
@@ -281,24 +292,7 @@ fn bench_measures_rounds_of_several_requests() {
         text.contains("| speculative, batch 3 depth 6, 2 drafts a round |"),
         "{text}"
     );
-    let model = tiny("gemma4-tiny");
-    let out = strata(&[
-        "bench",
-        "--model",
-        model.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--batches",
-        "1",
-        "--depths",
-        "6",
-        "--prefill",
-        "0",
-        "--draft",
-        assistant.to_str().unwrap(),
-        "--draft-batches",
-        "0",
-    ]);
+    let out = bench_tiny_on_cpu_output(&rounds_of("0"));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
