@@ -47,6 +47,7 @@ class Server:
     log_path: Path
     api_key: str | None
     model_name: str
+    admin_key: str | None = None
 
     @property
     def v1(self) -> str:
@@ -72,7 +73,7 @@ class Server:
 
 
 def start_server(log_dir: Path, *extra: str, api_key: str | None = None, name: str = "server",
-                 model: Path | None = None) -> Server:
+                 model: Path | None = None, admin_key: str | None = None) -> Server:
     """Starts `strata serve` on 127.0.0.1 with port 0 and reads the bound port from its log
     (the suite's model, or `model`)."""
     if not BIN.is_file():
@@ -85,8 +86,11 @@ def start_server(log_dir: Path, *extra: str, api_key: str | None = None, name: s
             "--kv-budget-bytes", str(KV_BUDGET_BYTES), *extra]
     if api_key is not None:
         args += ["--api-key", api_key]
+    if admin_key is not None:
+        args += ["--admin-api-key", admin_key]
     env = dict(os.environ)
     env.pop("STRATA_API_KEY", None)
+    env.pop("STRATA_ADMIN_API_KEY", None)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -110,7 +114,7 @@ def start_server(log_dir: Path, *extra: str, api_key: str | None = None, name: s
                 for i, a in enumerate(extra):
                     if a == "--served-model-name":
                         served = extra[i + 1]
-                return Server(proc, base, log_path, api_key, served)
+                return Server(proc, base, log_path, api_key, served, admin_key)
         except requests.RequestException:
             pass
         if proc.poll() is not None:
@@ -128,7 +132,7 @@ def log_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def server(log_dir):
     """The shared server: default flags plus --enable-timings-report."""
-    s = start_server(log_dir, "--enable-timings-report", name="main")
+    s = start_server(log_dir, "--enable-timings-report", name="main", admin_key="e2e-admin")
     yield s
     s.stop()
     # A crash during the session shows up here even if every test passed.

@@ -7,10 +7,15 @@ import json
 import requests
 
 
+ADMIN_PATHS = ("/v1/cache/rebuild", "/v1/cache/flush")
+
+
 def post(server, path: str, body, *, timeout: float = 120, headers=None, raw: bytes | None = None):
+    """POSTs with the server's key: its admin key on the operator's routes."""
     h = {"Content-Type": "application/json"}
-    if server.api_key:
-        h["Authorization"] = f"Bearer {server.api_key}"
+    key = server.admin_key if path in ADMIN_PATHS else server.api_key
+    if key:
+        h["Authorization"] = f"Bearer {key}"
     h.update(headers or {})
     data = raw if raw is not None else json.dumps(body).encode()
     return requests.post(server.base + path, data=data, headers=h, timeout=timeout)

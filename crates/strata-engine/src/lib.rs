@@ -32,6 +32,12 @@ pub enum EngineError {
     Gguf(#[from] strata_gguf::Error),
     #[error("{0}")]
     Invalid(String),
+    /// The engine holds as many requests as it may (running plus waiting).
+    /// The engine thread has ended; nothing more can run.
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("the server is at capacity ({0} requests running or waiting): retry later")]
+    QueueFull(usize),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

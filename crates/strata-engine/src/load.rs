@@ -242,7 +242,7 @@ impl Prompter {
 
     /// Token ids of a raw prompt, with BOS added the way the model's tokenizer is configured.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        Ok(self.tokenizer()?.encode(text, true, true))
+        Ok(self.tokenizer()?.encode(text, true, true)?)
     }
 
     /// Token ids of a chat conversation, rendered with the model's chat template.
@@ -252,13 +252,29 @@ impl Prompter {
             .chat
             .as_ref()
             .ok_or_else(|| EngineError::Invalid("this model has no chat template".into()))?;
-        let text = chat.render(messages, true)?;
+        // A control token's text inside a message (a user writing `<end_of_turn>`) stays
+        // text: only the template's own markup yields control tokens. Such texts are
+        // swapped for markers before rendering and tokenized as text after.
+        let marks = Markers::unused_in(messages);
+        let mut literals = Vec::new();
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: m.role.clone(),
+                content: marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals),
+            })
+            .collect();
+        let text = chat.render(&marked, true)?;
         // The template writes BOS itself when the model wants one.
         let bos_in_text = tok
             .bos_id()
             .and_then(|b| tok.decode(&[b], true).ok())
             .is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-        Ok(tok.encode(&text, !bos_in_text, true))
+        if literals.is_empty() {
+            return Ok(tok.encode(&text, !bos_in_text, true)?);
+        }
+        let pieces = marks.split(&text, &literals)?;
+        Ok(tok.encode_pieces(&pieces, !bos_in_text)?)
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -319,4 +335,69 @@ fn chat_template(config: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTem
         None => return Ok(None),
     };
     Ok(Some(ChatTemplate::new(source, &bos, &eos)?))
+}
+
+/// Two characters that appear in no message, to mark where a control token's text stood
+/// in a message: `open`, the literal's index, `close`.
+struct Markers {
+    open: char,
+    close: char,
+}
+
+impl Markers {
+    /// The first pair from the private use area that no message contains.
+    fn unused_in(messages: &[ChatMessage]) -> Self {
+        let used = |c: char| messages.iter().any(|m| m.content.contains(c));
+        let mut free = ('\u{E000}'..='\u{F8FF}').filter(|&c| !used(c));
+        // A conversation cannot hold all 6,400 of them and stay under the body limit.
+        let open = free.next().unwrap_or('\u{E000}');
+        let close = free.next().unwrap_or('\u{E001}');
+        Self { open, close }
+    }
+
+    /// `content` with each of its control-token texts (at `spans`) replaced by a marker;
+    /// the texts go to `literals`.
+    fn hide(
+        &self,
+        content: &str,
+        spans: &[std::ops::Range<usize>],
+        literals: &mut Vec<String>,
+    ) -> String {
+        let mut out = String::with_capacity(content.len());
+        let mut last = 0;
+        for span in spans {
+            out.push_str(&content[last..span.start]);
+            out.push(self.open);
+            out.push_str(&literals.len().to_string());
+            out.push(self.close);
+            literals.push(content[span.clone()].to_string());
+            last = span.end;
+        }
+        out.push_str(&content[last..]);
+        out
+    }
+
+    /// The rendered text as pieces: markup (`false`) and the hidden literals (`true`).
+    fn split<'a>(&self, text: &'a str, literals: &'a [String]) -> Result<Vec<(&'a str, bool)>> {
+        let mut pieces = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find(self.open) {
+            pieces.push((&rest[..at], false));
+            let after = &rest[at + self.open.len_utf8()..];
+            let end = after.find(self.close).ok_or_else(|| {
+                EngineError::Invalid("the chat template altered a message's marker".into())
+            })?;
+            let literal = after[..end]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| literals.get(i))
+                .ok_or_else(|| {
+                    EngineError::Invalid("the chat template altered a message's marker".into())
+                })?;
+            pieces.push((literal.as_str(), true));
+            rest = &after[end + self.close.len_utf8()..];
+        }
+        pieces.push((rest, false));
+        Ok(pieces)
+    }
 }

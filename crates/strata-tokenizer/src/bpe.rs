@@ -44,13 +44,23 @@ impl PreTokenizer {
         Ok(Self { stages })
     }
 
-    pub fn split<'a>(&self, text: &'a str) -> Vec<&'a str> {
+    /// Splits `text` into pieces. A match the regex engine gives up on (fancy-regex's
+    /// backtracking limit, reached on pathological input such as a megabyte-long word) is an
+    /// error: its iterator yields the error again at the same position, so skipping it would
+    /// loop for ever.
+    pub fn split<'a>(&self, text: &'a str) -> Result<Vec<&'a str>, TokenizerError> {
         let mut pieces = vec![text];
         for re in &self.stages {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for piece in pieces {
                 let mut last = 0;
-                for m in re.find_iter(piece).flatten() {
+                for m in re.find_iter(piece) {
+                    let m = m.map_err(|e| {
+                        TokenizerError::Input(format!(
+                            "the pre-tokenizer gave up on a piece of {} bytes at byte {last}: {e}",
+                            piece.len()
+                        ))
+                    })?;
                     if m.start() > last {
                         next.push(&piece[last..m.start()]);
                     }
@@ -65,7 +75,7 @@ impl PreTokenizer {
             }
             pieces = next;
         }
-        pieces
+        Ok(pieces)
     }
 }
 
@@ -221,5 +231,36 @@ pub fn encode_piece(vocab: &Vocab, piece: &str, out: &mut Vec<u32>) {
             }
         }
         cur = next[i];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_ordinary_text_whole() {
+        let pre = PreTokenizer::named("smollm").unwrap();
+        let text = "Hello world, 42 times!";
+        let pieces = pre.split(text).unwrap();
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(
+            pieces,
+            ["Hello", " world", ",", " ", "4", "2", " times", "!"]
+        );
+    }
+
+    #[test]
+    fn a_regex_that_gives_up_is_an_error_not_a_loop() {
+        // A megabyte-long word exhausts fancy-regex's backtracking budget; its iterator then
+        // yields the same error for ever, which once hung the caller.
+        for name in ["smollm", "llama-bpe", "qwen2", "gpt2"] {
+            let pre = PreTokenizer::named(name).unwrap();
+            let word = "a".repeat(1 << 20);
+            match pre.split(&word) {
+                Err(TokenizerError::Input(msg)) => assert!(msg.contains("gave up"), "{msg}"),
+                other => panic!("{name}: expected the regex's error, got {other:?}"),
+            }
+        }
     }
 }

@@ -14,6 +14,9 @@ enum Spelling {
 
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens' texts treated as plain text (for
+    /// `parse_special = false`).
+    literal: tokenizers::Tokenizer,
     spelling: Spelling,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
@@ -49,6 +52,8 @@ impl HfTokenizer {
         })?;
         let inner = tokenizers::Tokenizer::from_bytes(json.as_bytes())
             .map_err(|e| TokenizerError::Hf(e.to_string()))?;
+        let mut literal = inner.clone();
+        literal.set_encode_special_tokens(true);
         let raw: Value =
             serde_json::from_str(&json).map_err(|e| TokenizerError::Hf(e.to_string()))?;
         let decoder = raw.get("decoder").map(Value::to_string).unwrap_or_default();
@@ -82,6 +87,7 @@ impl HfTokenizer {
         Ok((
             Self {
                 inner,
+                literal,
                 spelling,
                 bos,
                 eos,
@@ -99,17 +105,38 @@ impl HfTokenizer {
         self.inner.token_to_id(text)
     }
 
+    /// The texts of the special added tokens (`special: true` in `tokenizer.json`).
+    pub fn special_texts(&self) -> Vec<String> {
+        self.inner
+            .get_added_tokens_decoder()
+            .values()
+            .filter(|t| t.special)
+            .map(|t| t.content.clone())
+            .collect()
+    }
+
     /// `tokenizer.json` post-processors decide special tokens for `add_special`; special
-    /// tokens written in the text are always recognised by this backend.
-    pub fn encode(&self, text: &str, add_special: bool, _parse_special: bool) -> Vec<u32> {
-        let mut ids = match self.inner.encode(text, add_special) {
-            Ok(enc) => enc.get_ids().to_vec(),
-            Err(_) => Vec::new(),
+    /// tokens written in the text become their ids only with `parse_special`.
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let tok = if parse_special {
+            &self.inner
+        } else {
+            &self.literal
         };
+        let mut ids = tok
+            .encode(text, add_special)
+            .map_err(|e| TokenizerError::Input(e.to_string()))?
+            .get_ids()
+            .to_vec();
         if add_special && self.add_bos && ids.first() != self.bos.as_ref() {
             ids.insert(0, self.bos.unwrap_or_default());
         }
-        ids
+        Ok(ids)
     }
 
     pub fn token_bytes(&self, id: u32, with_special: bool) -> Result<Vec<u8>, TokenizerError> {

@@ -34,6 +34,9 @@ pub enum TokenizerError {
     Template(String),
     #[error("token id {0} is outside the vocabulary")]
     UnknownId(u32),
+    /// The text itself cannot be tokenized (the caller's input, not the tokenizer's data).
+    #[error("cannot tokenize the text: {0}")]
+    Input(String),
 }
 
 enum Algorithm {
@@ -54,6 +57,8 @@ enum Backend {
 pub struct Tokenizer {
     backend: Backend,
     chat_template: Option<String>,
+    /// Finds control-token texts in a message; built on first use.
+    controls: std::sync::OnceLock<Option<aho_corasick::AhoCorasick>>,
 }
 
 impl Tokenizer {
@@ -86,6 +91,7 @@ impl Tokenizer {
         Ok(Self {
             backend: Backend::Gguf { vocab, algorithm },
             chat_template,
+            controls: Default::default(),
         })
     }
 
@@ -96,6 +102,7 @@ impl Tokenizer {
         Ok(Self {
             backend: Backend::Hf(tok),
             chat_template,
+            controls: Default::default(),
         })
     }
 
@@ -136,6 +143,53 @@ impl Tokenizer {
         }
     }
 
+    /// The texts that `encode(.., parse_special = true)` turns into control tokens
+    /// (`<start_of_turn>`, `<|im_end|>`).
+    fn control_texts(&self) -> Vec<String> {
+        match &self.backend {
+            Backend::Gguf { vocab, .. } => vocab
+                .specials
+                .iter()
+                .filter(|&&id| vocab.kinds[id as usize].is_special())
+                .map(|&id| vocab.texts[id as usize].clone())
+                .filter(|t| !t.is_empty())
+                .collect(),
+            Backend::Hf(t) => t.special_texts(),
+        }
+    }
+
+    /// Where control-token texts occur in `text` (leftmost, longest first), as byte ranges:
+    /// what `parse_special` would turn into control tokens.
+    pub fn control_spans(&self, text: &str) -> Vec<std::ops::Range<usize>> {
+        let matcher = self.controls.get_or_init(|| {
+            aho_corasick::AhoCorasick::builder()
+                .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                .build(self.control_texts())
+                .ok()
+        });
+        match matcher {
+            Some(m) => m.find_iter(text).map(|m| m.range()).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Tokenizes text made of pieces of two kinds: markup, whose control-token texts
+    /// become control tokens, and literal text (a user's message), whose control-token
+    /// texts stay text. `add_special` applies to the whole: BOS before the first piece.
+    pub fn encode_pieces(
+        &self,
+        pieces: &[(&str, bool)],
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let mut out = Vec::new();
+        let mut first = add_special;
+        for &(text, literal) in pieces.iter().filter(|(t, _)| !t.is_empty()) {
+            out.extend(self.encode(text, first, !literal)?);
+            first = false;
+        }
+        Ok(out)
+    }
+
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }
@@ -143,7 +197,12 @@ impl Tokenizer {
     /// Tokenizes `text`. `add_special` adds BOS (and EOS) as the model is configured to;
     /// `parse_special` lets control tokens written in the text (`<start_of_turn>`) become
     /// their ids rather than being spelled out.
-    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         match &self.backend {
             Backend::Hf(t) => t.encode(text, add_special, parse_special),
             Backend::Gguf { vocab, algorithm } => {
@@ -165,7 +224,7 @@ impl Tokenizer {
                                 spm::encode(vocab, &spm::escape_whitespace(&s), &mut out);
                             }
                             Algorithm::Bpe(pre) => {
-                                for piece in pre.split(t) {
+                                for piece in pre.split(t)? {
                                     bpe::encode_piece(vocab, piece, &mut out);
                                 }
                             }
@@ -176,7 +235,7 @@ impl Tokenizer {
                 if add_special && vocab.add_eos {
                     out.extend(vocab.eos);
                 }
-                out
+                Ok(out)
             }
         }
     }

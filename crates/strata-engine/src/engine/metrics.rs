@@ -69,6 +69,8 @@ const GAP_BOUNDS: &[f64] = &[
 pub struct Metrics {
     pub requests_finished: [AtomicU64; 4],
     pub requests_rejected: AtomicU64,
+    /// Requests refused because the waiting queue was full.
+    pub requests_queue_full: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
     pub cached_tokens: AtomicU64,
@@ -86,6 +88,7 @@ impl Default for Metrics {
         Self {
             requests_finished: Default::default(),
             requests_rejected: AtomicU64::new(0),
+            requests_queue_full: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),

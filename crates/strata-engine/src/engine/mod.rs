@@ -7,7 +7,7 @@ mod trace;
 mod warmup;
 mod worker;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -40,6 +40,9 @@ pub struct EngineOptions {
     /// Tokens the drafter proposes a speculative round, when the model has one
     /// ([`LoadedModel::load_draft`]); 0 serves without drafts.
     pub draft_tokens: usize,
+    /// Requests that may wait for a place beside the running ones; past it `submit`
+    /// refuses with [`EngineError::QueueFull`]. `None`: no limit.
+    pub max_waiting_requests: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -53,6 +56,7 @@ impl Default for EngineOptions {
             scheduler: SchedulerConfig::default(),
             step_trace: None,
             draft_tokens: 3,
+            max_waiting_requests: None,
         }
     }
 }
@@ -140,6 +144,8 @@ pub(crate) enum Command {
         reply: oneshot::Sender<std::result::Result<PagePlan, String>>,
     },
     Flush(oneshot::Sender<usize>),
+    /// Ends every request, queued or running, as cancelled (a shutdown's drain ran out).
+    CancelAll,
     Shutdown,
 }
 
@@ -155,6 +161,21 @@ pub struct Engine {
     pub model_name: String,
     pub context_len: usize,
     pub vocab_size: usize,
+    /// Requests submitted and not yet ended (their guards alive), and how many may be.
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: usize,
+    /// False once the engine thread has ended, by a panic or a shutdown.
+    alive: Arc<AtomicBool>,
+}
+
+/// Clears the engine's liveness when the engine thread ends, however it ends (a panic
+/// unwinds through this guard too).
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 /// Ends the engine's request when the client's stream is dropped (a disconnect).
@@ -173,6 +194,7 @@ impl RequestGuard {
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
+        self.engine.in_flight.fetch_sub(1, Ordering::SeqCst);
         if !self.finished {
             self.engine.cancel(self.client);
         }
@@ -194,26 +216,44 @@ impl Engine {
         let draft = loaded.draft.clone().filter(|_| opts.draft_tokens > 0);
         let k = opts.draft_tokens;
         let (s, m) = (status.clone(), metrics.clone());
+        let max_in_flight = opts
+            .scheduler
+            .max_running_requests
+            .saturating_add(opts.max_waiting_requests.unwrap_or(usize::MAX));
+        let alive = Arc::new(AtomicBool::new(true));
+        let guard = AliveGuard(alive.clone());
         let spawned = match (&loaded.runtime, draft) {
             (Runtime::Cpu(t), None) => {
                 let w = worker::Worker::new(&loaded, t.clone(), HostStorage::new(), opts, s, m)?;
-                thread.spawn(move || w.run(rx))
+                thread.spawn(move || {
+                    let _alive = guard;
+                    w.run(rx)
+                })
             }
             (Runtime::Cpu(t), Some(DraftModel::Cpu(d))) => {
                 let model = Drafting::new(t.clone(), d, k);
                 let w = worker::Worker::new(&loaded, model, HostStorage::new(), opts, s, m)?;
-                thread.spawn(move || w.run(rx))
+                thread.spawn(move || {
+                    let _alive = guard;
+                    w.run(rx)
+                })
             }
             (Runtime::Cuda(t), None) => {
                 let storage = PagedStorage::new(t.backend().clone());
                 let w = worker::Worker::new(&loaded, t.clone(), storage, opts, s, m)?;
-                thread.spawn(move || w.run(rx))
+                thread.spawn(move || {
+                    let _alive = guard;
+                    w.run(rx)
+                })
             }
             (Runtime::Cuda(t), Some(DraftModel::Cuda(d))) => {
                 let storage = PagedStorage::new(t.backend().clone());
                 let model = Drafting::new(t.clone(), d, k);
                 let w = worker::Worker::new(&loaded, model, storage, opts, s, m)?;
-                thread.spawn(move || w.run(rx))
+                thread.spawn(move || {
+                    let _alive = guard;
+                    w.run(rx)
+                })
             }
             _ => {
                 return Err(EngineError::Invalid(
@@ -233,7 +273,15 @@ impl Engine {
             model_name,
             context_len,
             vocab_size,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            max_in_flight,
+            alive,
         })
+    }
+
+    /// Whether the engine thread is still running.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
     }
 
     /// Queues a request; its updates arrive on the returned channel. Keep the guard alive
@@ -242,7 +290,20 @@ impl Engine {
         &self,
         req: GenerationRequest,
     ) -> Result<(RequestGuard, tmpsc::UnboundedReceiver<Update>)> {
-        let client = self.next_client.fetch_add(1, Ordering::Relaxed);
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) >= self.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.metrics
+                .requests_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(EngineError::QueueFull(self.max_in_flight));
+        }
+        // From here the guard owns the place taken above.
+        let guard = RequestGuard {
+            engine: self.clone(),
+            client: self.next_client.fetch_add(1, Ordering::Relaxed),
+            finished: false,
+        };
+        let client = guard.client;
         let (updates, rx) = tmpsc::unbounded_channel();
         self.tx
             .send(Command::Submit {
@@ -250,15 +311,8 @@ impl Engine {
                 req,
                 updates,
             })
-            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
-        Ok((
-            RequestGuard {
-                engine: self.clone(),
-                client,
-                finished: false,
-            },
-            rx,
-        ))
+            .map_err(|_| EngineError::Stopped)?;
+        Ok((guard, rx))
     }
 
     /// Prompt ids for a chat conversation, with the model's template.
@@ -279,7 +333,7 @@ impl Engine {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Rebuild { full_pages, reply })
-            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
+            .map_err(|_| EngineError::Stopped)?;
         match tokio::time::timeout(Duration::from_secs(600), rx).await {
             Ok(Ok(Ok(plan))) => Ok(plan),
             Ok(Ok(Err(e))) => Err(EngineError::Invalid(e)),
@@ -294,9 +348,15 @@ impl Engine {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Flush(reply))
-            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?;
+            .map_err(|_| EngineError::Stopped)?;
         rx.await
             .map_err(|_| EngineError::Invalid("the engine did not answer the flush".into()))
+    }
+
+    /// Ends every request, queued or running: each finishes as cancelled with what it has
+    /// generated so far.
+    pub fn cancel_all(&self) {
+        let _ = self.tx.send(Command::CancelAll);
     }
 
     pub fn shutdown(&self) {

@@ -97,6 +97,9 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 .ok()
         });
         loop {
+            // A rebuild waits for the pool to drain; the step that drained it was the last
+            // one, so the rebuild is carried out here rather than after the next command.
+            self.try_rebuild();
             let idle = !self.sched.has_work();
             if idle {
                 last_step = None;
@@ -168,6 +171,23 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 // Publish before replying, so a client that reads the status next sees it.
                 self.publish_status();
                 let _ = reply.send(freed);
+            }
+            Command::CancelAll => {
+                let ids: Vec<SeqId> = self.by_client.values().copied().collect();
+                for id in ids {
+                    self.sched.cancel(id);
+                }
+                for cmd in std::mem::take(&mut self.held) {
+                    if let Command::Submit { updates, .. } = cmd {
+                        let _ = updates.send(Update::Finished {
+                            reason: "cancelled",
+                            text: String::new(),
+                            error: None,
+                            usage: Usage::default(),
+                            timings: RequestTimings::default(),
+                        });
+                    }
+                }
             }
             Command::Shutdown => return false,
         }

@@ -43,6 +43,7 @@ impl ApiError {
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             s if s.is_client_error() => "invalid_request_error",
             _ => "server_error",
         }
@@ -59,12 +60,25 @@ impl IntoResponse for ApiError {
                 "code": self.status.as_u16(),
             }
         });
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            // A place frees when any running request ends, typically within a second.
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, 1.into());
+        }
+        resp
     }
 }
 
 impl From<strata_engine::EngineError> for ApiError {
     fn from(e: strata_engine::EngineError) -> Self {
-        ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        use strata_engine::EngineError as E;
+        let status = match &e {
+            E::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
+            E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            E::Tokenizer(strata_tokenizer::TokenizerError::Input(_)) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::status(status, e.to_string())
     }
 }

@@ -2,19 +2,19 @@
 
 mod api;
 mod error;
+mod listen;
 mod prom;
 mod routes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::{middleware, Router};
 use clap::Args;
 use strata_engine::{Engine, EngineOptions, LoadedModel, Runtime, WarmUpShape};
@@ -113,6 +113,32 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "STRATA_API_KEY")]
     pub api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` on the operator's routes (`/v1/cache/rebuild`,
+    /// `/v1/cache/flush`); without it those routes are off.
+    #[arg(long, env = "STRATA_ADMIN_API_KEY")]
+    pub admin_api_key: Option<String>,
+    /// Requests that may wait for a place beside the running ones; past it a request
+    /// gets 429 with Retry-After.
+    #[arg(long, default_value_t = 1024)]
+    pub max_waiting_requests: usize,
+    /// Seconds a shutdown (SIGTERM or SIGINT) lets in-flight requests run before ending
+    /// them with finish_reason "abort".
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
+    /// Seconds a client has to send a request's headers; a kept-alive connection idle for
+    /// as long is closed.
+    #[arg(long, default_value_t = 30.0)]
+    pub header_timeout: f64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, default_value_t = 60.0)]
+    pub body_timeout: f64,
+    /// Connections open at once; more wait until one closes.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Origins a browser page may call the API from (CORS), comma-separated, or `*`.
+    /// Off by default: browsers then refuse cross-origin calls.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
 }
@@ -127,29 +153,6 @@ pub(crate) fn available_memory() -> Option<u64> {
 
 fn log(msg: impl AsRef<str>) {
     eprintln!("[strata] {}", msg.as_ref());
-}
-
-/// Sends each write of a connection at once (`TCP_NODELAY`). A streamed response is many
-/// small writes; with Nagle's algorithm one waits for the client's acknowledgement of the
-/// one before, which a client on a kept-alive connection may delay by 40 ms: the first
-/// token of every request after a connection's first arrived about 30 ms late.
-fn no_delay(tcp: &mut tokio::net::TcpStream) {
-    if let Err(e) = tcp.set_nodelay(true) {
-        log(format!("could not set TCP_NODELAY on a connection: {e}"));
-    }
-}
-
-/// A listener whose accepted connections pass through [`no_delay`].
-type NoDelayListener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
-
-/// The server's listener on `addr` and the address it bound.
-async fn listen(addr: SocketAddr) -> anyhow::Result<(NoDelayListener, SocketAddr)> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    let bound = listener.local_addr()?;
-    let tap: fn(&mut tokio::net::TcpStream) = no_delay;
-    Ok((listener.tap_io(tap), bound))
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
@@ -278,6 +281,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         },
         step_trace: a.step_trace.clone(),
         draft_tokens: a.draft_tokens,
+        max_waiting_requests: Some(a.max_waiting_requests),
     };
     let warm = switch(&a.warmup);
     let engine = Engine::start(loaded, name.clone(), opts)?;
@@ -295,14 +299,35 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         engine: engine.clone(),
         model_name: name.clone(),
         api_key: a.api_key.clone(),
+        admin_api_key: a.admin_api_key.clone(),
+        draining: AtomicBool::new(false),
         timings: a.enable_timings_report,
         next_id: AtomicU64::new(1),
         created: routes::created_now(),
         window_ratio: a.swa_ratio,
+        tokenize_slots: tokio::sync::Semaphore::new(routes::TOKENIZE_SLOTS),
     });
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
         .with_context(|| format!("--host {} --port {}", a.host, a.port))?;
+    let secs = |flag: &str, v: f64| {
+        if v.is_finite() && v > 0.0 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(anyhow::anyhow!(
+                "{flag} must be a positive number of seconds"
+            ))
+        }
+    };
+    let conn_limits = listen::ConnLimits {
+        header_timeout: secs("--header-timeout", a.header_timeout)?,
+        max_connections: a.max_connections,
+        shutdown_timeout: secs("--shutdown-timeout", a.shutdown_timeout)?,
+    };
+    let http = HttpOptions {
+        body_timeout: secs("--body-timeout", a.body_timeout)?,
+        allowed_origins: a.allowed_origins.clone(),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -332,60 +357,88 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
                 Err(e) => log(format!("warm-up failed, serving without it: {e}")),
             }
         }
-        let (listener, bound) = listen(addr).await?;
+        let (listener, bound) = listen::listen(addr).await?;
         log(format!("listening on http://{bound}"));
         println!(
             "ready: curl http://{bound}/v1/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}}'"
         );
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        let router = router(state.clone(), &http)?;
+        listen::serve(listener, router, state, conn_limits).await?;
         engine.shutdown();
+        log("stopped");
         anyhow::Ok(())
     })
 }
 
-pub fn router(state: Shared) -> Router {
+/// The HTTP layers' settings, from the command line.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// How long a request's body may take to arrive.
+    pub body_timeout: Duration,
+    /// CORS origins (`*` for any); empty: no CORS headers.
+    pub allowed_origins: Vec<String>,
+}
+
+pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
+    let admin = Router::new()
+        .route("/v1/cache/rebuild", post(routes::cache_rebuild))
+        .route("/v1/cache/flush", post(routes::cache_flush))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            routes::admin_auth,
+        ));
     let v1 = Router::new()
         .route("/v1/models", get(routes::models))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/cache/status", get(routes::cache_status))
-        .route("/v1/cache/rebuild", post(routes::cache_rebuild))
-        .route("/v1/cache/flush", post(routes::cache_flush))
         .route_layer(middleware::from_fn_with_state(state.clone(), routes::auth))
+        .merge(admin)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             routes::count_rejections,
         ));
-    Router::new()
+    let router = Router::new()
         .route("/health", get(routes::health))
+        .route("/ready", get(routes::ready))
         .route("/metrics", get(routes::metrics))
         .merge(v1)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            http.body_timeout,
+        ))
+        .with_state(state);
+    Ok(match cors(&http.allowed_origins)? {
+        Some(layer) => router.layer(layer),
+        None => router,
+    })
 }
 
-#[cfg(test)]
-mod tests {
-    use axum::serve::Listener;
-
-    /// Every connection the server's listener accepts sends its writes at once (a fresh
-    /// socket has Nagle's algorithm on, as the client's side shows).
-    #[tokio::test]
-    async fn accepted_connections_send_without_delay() {
-        let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        let (mut listener, bound) = super::listen(any_port).await.unwrap();
-        let client = tokio::net::TcpStream::connect(bound);
-        let ((accepted, _), client) = tokio::join!(listener.accept(), client);
-        assert!(
-            !client.unwrap().nodelay().unwrap(),
-            "Nagle's algorithm is on by default"
-        );
-        assert!(accepted.nodelay().unwrap());
+/// CORS for `--allowed-origins`: any listed origin may call every route with any method
+/// and header (the API key, when set, still decides).
+fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer>> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return Ok(None);
     }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let list = origins
+            .iter()
+            .map(|o| {
+                o.parse::<axum::http::HeaderValue>()
+                    .map_err(|_| anyhow::anyhow!("--allowed-origins: {o:?} is not a valid origin"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        AllowOrigin::list(list)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(Any)
+            .allow_headers(Any),
+    ))
 }

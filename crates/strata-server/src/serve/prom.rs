@@ -38,6 +38,13 @@ pub fn render(engine: &Engine) -> String {
     );
     series(
         &mut out,
+        "strata_requests_queue_full_total",
+        "counter",
+        "Requests refused with 429 because the waiting queue was full (--max-waiting-requests).",
+        &[(String::new(), load(&m.requests_queue_full))],
+    );
+    series(
+        &mut out,
         "strata_prompt_tokens_total",
         "counter",
         "Prompt tokens of finished requests.",

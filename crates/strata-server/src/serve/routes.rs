@@ -1,7 +1,7 @@
 //! HTTP handlers.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -26,12 +26,22 @@ pub struct AppState {
     pub engine: Engine,
     pub model_name: String,
     pub api_key: Option<String>,
+    /// Guards the operator's routes; `None` turns them off.
+    pub admin_api_key: Option<String>,
+    /// Set once a shutdown began: readiness answers 503 from then on.
+    pub draining: AtomicBool,
     pub timings: bool,
     pub next_id: AtomicU64,
     pub created: u64,
     /// Sliding-window pages per full page (`--swa-ratio`), to price a rebuild.
     pub window_ratio: f64,
+    /// Tokenizations running at once on the blocking pool (see `tokenize`).
+    pub tokenize_slots: tokio::sync::Semaphore,
 }
+
+/// Tokenizations allowed at once: a long prompt takes its core for a while, and more than a
+/// couple per core would only queue inside the blocking pool.
+pub const TOKENIZE_SLOTS: usize = 8;
 
 pub type Shared = Arc<AppState>;
 
@@ -66,21 +76,51 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// The token of an `Authorization: Bearer TOKEN` header (the scheme's case does not
+/// matter, as RFC 9110 says).
+fn bearer(req: &Request) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Compares keys in time independent of where they differ, so that response times do not
+/// reveal a key's prefix.
+fn key_matches(given: Option<&str>, key: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())))
+}
+
 /// Bearer-token check for the `/v1` routes when `--api-key` is set.
 pub async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+        if !key_matches(bearer(&req), key) {
             return ApiError::status(
                 StatusCode::UNAUTHORIZED,
                 "missing or invalid API key (Authorization: Bearer ...)",
             )
             .into_response();
         }
+    }
+    next.run(req).await
+}
+
+/// The operator's routes: only with `--admin-api-key`, and only for that key (the
+/// inference key does not open them).
+pub async fn admin_auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    let Some(key) = &st.admin_api_key else {
+        return ApiError::status(
+            StatusCode::NOT_FOUND,
+            "this route is off: start the server with --admin-api-key to use it",
+        )
+        .into_response();
+    };
+    if !key_matches(bearer(&req), key) {
+        return ApiError::status(
+            StatusCode::UNAUTHORIZED,
+            "missing or invalid admin key (Authorization: Bearer ...)",
+        )
+        .into_response();
     }
     next.run(req).await
 }
@@ -97,8 +137,26 @@ pub async fn count_rejections(State(st): State<Shared>, req: Request, next: Next
     resp
 }
 
-pub async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// Liveness: the process answers and its engine thread runs (503 once it has died).
+pub async fn health(State(st): State<Shared>) -> Response {
+    probe(&st, false)
+}
+
+/// Readiness: the model is loaded and the server takes requests (503 while draining).
+pub async fn ready(State(st): State<Shared>) -> Response {
+    probe(&st, true)
+}
+
+fn probe(st: &AppState, readiness: bool) -> Response {
+    let (status, word) = if !st.engine.is_alive() {
+        (StatusCode::SERVICE_UNAVAILABLE, "engine stopped")
+    } else if st.draining.load(Ordering::SeqCst) {
+        // Liveness too: a load balancer that probes /health stops sending at once.
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else {
+        (StatusCode::OK, if readiness { "ready" } else { "ok" })
+    };
+    (status, Json(json!({"status": word}))).into_response()
 }
 
 pub async fn models(State(st): State<Shared>) -> Json<Value> {
@@ -286,8 +344,8 @@ pub async fn completions(
     }
     let prompt = match &req.prompt {
         Prompt::Tokens(ids) => ids.clone(),
-        Prompt::Text(t) => encode_text(&st, t)?,
-        Prompt::Texts(v) if v.len() == 1 => encode_text(&st, &v[0])?,
+        Prompt::Text(t) => encode_text(&st, t).await?,
+        Prompt::Texts(v) if v.len() == 1 => encode_text(&st, &v[0]).await?,
         Prompt::Texts(_) => return Err(ApiError::invalid("prompt", "send one prompt per request")),
     };
     let gen = api::build(
@@ -307,11 +365,31 @@ pub async fn completions(
     .await
 }
 
-fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     if text.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
-    Ok(tokenizer(st)?.encode(text, true, true))
+    tokenizer(st)?;
+    let text = text.to_string();
+    tokenize(st, move |p| p.encode_prompt(&text))
+        .await
+        .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+}
+
+/// Runs a tokenization on tokio's blocking pool, a bounded number at a time, so that a long
+/// prompt never holds an async worker (and with it `/health` and every stream it serves).
+async fn tokenize<T: Send + 'static>(
+    st: &AppState,
+    f: impl FnOnce(&strata_engine::Prompter) -> strata_engine::Result<T> + Send + 'static,
+) -> strata_engine::Result<T> {
+    let _slot =
+        st.tokenize_slots.acquire().await.map_err(|_| {
+            strata_engine::EngineError::Invalid("the server is shutting down".into())
+        })?;
+    let prompter = st.engine.prompter.clone();
+    tokio::task::spawn_blocking(move || f(&prompter))
+        .await
+        .map_err(|e| strata_engine::EngineError::Invalid(format!("tokenization failed: {e}")))?
 }
 
 pub async fn chat(
@@ -321,9 +399,8 @@ pub async fn chat(
     let c = req.common();
     check_model(&st, &c.model)?;
     let messages = req.messages()?;
-    let prompt = st
-        .engine
-        .encode_chat(&messages)
+    let prompt = tokenize(&st, move |p| p.encode_chat(&messages))
+        .await
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (true, n) => Some(n.unwrap_or(0) as usize),
@@ -676,7 +753,17 @@ fn sse_stream(
             }
             match s.rx.recv().await {
                 Some(update) => s.handle(update),
-                None => return None,
+                // The engine thread ended without finishing this request: say so, rather
+                // than end the stream as if it had.
+                None => {
+                    s.done = true;
+                    let e = json!({"error": {
+                        "message": "the engine stopped before the request finished",
+                        "type": "server_error",
+                        "code": 500,
+                    }});
+                    s.queue.push_back(StreamState::data(&e));
+                }
             }
         }
     })
