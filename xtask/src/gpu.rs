@@ -9,16 +9,40 @@ use std::process::Command;
 /// The test binaries the bundle carries: (cargo arguments selecting it, name in the bundle).
 const TEST_BINARIES: &[(&[&str], &str)] = &[
     (
-        &["-p", "strata-kernels", "--test", "conformance_cuda"],
+        &[
+            "-p",
+            "strata-kernels",
+            "--features",
+            "cuda",
+            "--test",
+            "conformance_cuda",
+        ],
         "conformance_cuda",
     ),
     (
-        &["-p", "strata-kernels", "--test", "cuda_nvrtc"],
+        &[
+            "-p",
+            "strata-kernels",
+            "--features",
+            "cuda",
+            "--test",
+            "cuda_nvrtc",
+        ],
         "cuda_nvrtc",
     ),
-    (&["-p", "strata-model", "--lib"], "strata_model_tests"),
     (
-        &["-p", "strata-sched", "--test", "tiny_models"],
+        &["-p", "strata-model", "--features", "cuda", "--lib"],
+        "strata_model_tests",
+    ),
+    (
+        &[
+            "-p",
+            "strata-engine",
+            "--features",
+            "cuda",
+            "--test",
+            "tiny_models",
+        ],
         "strata_sched_tiny",
     ),
 ];

@@ -8,14 +8,10 @@ use std::time::Instant;
 
 use strata_kernels::sampling::{draw_uniform, SamplerRng, SamplingParams};
 use strata_kernels::Backend;
-use strata_kv::{
-    CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan, RequestId,
-};
-use strata_model::{
-    ForwardBatch, KvCache, Launched, LogitsMode, Model, PagedStorage, SeqChunk, FED_TOKEN,
-};
+use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan, RequestId};
+use strata_model::{ForwardBatch, KvCache, Launched, LogitsMode, Model, SeqChunk, FED_TOKEN};
 
-use crate::{EngineError, LoadedModel, Result, Runtime};
+use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Result};
 
 const PAGE: usize = 16;
 
@@ -73,23 +69,11 @@ impl LoadedModel {
         // held at once.
         let prompts = 2 * mixed_prompts * (shape.longest_prompt() + PAGE);
         let p = plan(batch * (depth + steps + warmup + PAGE) + prompts);
-        let secs = match &self.runtime {
-            Runtime::Cpu(m) => decode_on(
-                m,
-                KvPool::new(layout, p, CacheType::Naive, HostStorage::new())?,
-                shape,
-            )?,
-            Runtime::Cuda(m) => decode_on(
-                m,
-                KvPool::new(
-                    layout,
-                    p,
-                    CacheType::Naive,
-                    PagedStorage::new(m.backend().clone()),
-                )?,
-                shape,
-            )?,
-        };
+        let secs = self.runtime.dispatch(DecodeOn {
+            layout,
+            plan: p,
+            shape,
+        })?;
         Ok(DecodeBench {
             batch,
             depth,
@@ -111,23 +95,11 @@ impl LoadedModel {
         let prompt = ids(tokens, self.config().vocab_size, 1);
         let mut best = (f64::INFINITY, 0.0);
         for _ in 0..repeats.max(1) {
-            let run = match &self.runtime {
-                Runtime::Cpu(m) => prefill_on(
-                    m,
-                    KvPool::new(layout.clone(), p, CacheType::Naive, HostStorage::new())?,
-                    &prompt,
-                )?,
-                Runtime::Cuda(m) => prefill_on(
-                    m,
-                    KvPool::new(
-                        layout.clone(),
-                        p,
-                        CacheType::Naive,
-                        PagedStorage::new(m.backend().clone()),
-                    )?,
-                    &prompt,
-                )?,
-            };
+            let run = self.runtime.dispatch(PrefillOn {
+                layout: layout.clone(),
+                plan: p,
+                prompt: &prompt,
+            })?;
             if run.0 < best.0 {
                 best = run;
             }
@@ -145,6 +117,54 @@ impl LoadedModel {
 /// commits included, as in serving). With `overlap`, each step is queued before the one
 /// ahead of it is read, its ids fed from that step's greedy tokens on the backend (the
 /// scheduler's `overlap`); the timed steps start with nothing queued either way.
+/// Decode steps on the model's backend (see [`LoadedModel::bench_decode`]).
+struct DecodeOn {
+    layout: KvLayout,
+    plan: PagePlan,
+    shape: DecodeShape,
+}
+
+impl OnBackend for DecodeOn {
+    type Output = Result<f64>;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Result<f64>
+    where
+        KvPool<B::Storage>: KvCache<B>,
+    {
+        let kv = KvPool::new(
+            self.layout,
+            self.plan,
+            CacheType::Naive,
+            placed.kv_storage(),
+        )?;
+        decode_on(&placed.model, kv, self.shape)
+    }
+}
+
+/// One prompt's pass on the model's backend (see [`LoadedModel::bench_prefill`]).
+struct PrefillOn<'a> {
+    layout: KvLayout,
+    plan: PagePlan,
+    prompt: &'a [u32],
+}
+
+impl OnBackend for PrefillOn<'_> {
+    type Output = Result<(f64, f64)>;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
+    where
+        KvPool<B::Storage>: KvCache<B>,
+    {
+        let kv = KvPool::new(
+            self.layout,
+            self.plan,
+            CacheType::Naive,
+            placed.kv_storage(),
+        )?;
+        prefill_on(&placed.model, kv, self.prompt)
+    }
+}
+
 fn decode_on<B: Backend, S: KvStorage>(
     model: &Model<B>,
     mut kv: KvPool<S>,

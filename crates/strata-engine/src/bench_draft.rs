@@ -7,13 +7,10 @@
 use std::time::Instant;
 
 use strata_kernels::{Backend, HostSlice};
-use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
-use strata_model::{
-    Assistant, DraftSeq, ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk,
-};
+use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_model::{Assistant, DraftSeq, ForwardBatch, KvCache, LogitsMode, Model, SeqChunk};
 
-use crate::load::DraftModel;
-use crate::{EngineError, LoadedModel, Result, Runtime};
+use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Result};
 
 const PAGE: usize = 16;
 
@@ -63,10 +60,9 @@ impl LoadedModel {
         repeats: usize,
         kv: KvCacheDtype,
     ) -> Result<Vec<DraftBench>> {
-        let draft = self
-            .draft
-            .as_ref()
-            .ok_or_else(|| EngineError::Invalid("no draft model is loaded".into()))?;
+        if !self.runtime.has_draft() {
+            return Err(EngineError::Invalid("no draft model is loaded".into()));
+        }
         if requests == 0 || depth == 0 || draft_tokens.contains(&0) {
             return Err(EngineError::Invalid(
                 "requests, depth and draft tokens must be positive".into(),
@@ -80,21 +76,45 @@ impl LoadedModel {
             window: pages,
             page_size: PAGE,
         };
-        let r = repeats.max(1);
-        match (&self.runtime, draft) {
-            (Runtime::Cpu(m), DraftModel::Cpu(d)) => {
-                let pool = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                rounds_on(m, d.as_ref(), pool, (requests, depth), draft_tokens, r)
-            }
-            (Runtime::Cuda(m), DraftModel::Cuda(d)) => {
-                let storage = PagedStorage::new(m.backend().clone());
-                let pool = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                rounds_on(m, d.as_ref(), pool, (requests, depth), draft_tokens, r)
-            }
-            _ => Err(EngineError::Invalid(
-                "the draft model sits on another device than the model".into(),
-            )),
-        }
+        self.runtime.dispatch(RoundsOn {
+            layout,
+            plan,
+            shape: (requests, depth),
+            draft_tokens,
+            repeats: repeats.max(1),
+        })
+    }
+}
+
+/// Speculative rounds on the model's backend, with its drafter (see
+/// [`LoadedModel::bench_speculative`]).
+struct RoundsOn<'a> {
+    layout: KvLayout,
+    plan: PagePlan,
+    shape: (usize, usize),
+    draft_tokens: &'a [usize],
+    repeats: usize,
+}
+
+impl OnBackend for RoundsOn<'_> {
+    type Output = Result<Vec<DraftBench>>;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
+    where
+        KvPool<B::Storage>: KvCache<B>,
+    {
+        let d = placed
+            .draft
+            .as_ref()
+            .ok_or_else(|| EngineError::Invalid("no draft model is loaded".into()))?;
+        let kv = KvPool::new(
+            self.layout,
+            self.plan,
+            CacheType::Naive,
+            placed.kv_storage(),
+        )?;
+        let (model, shape, k, r) = (&placed.model, self.shape, self.draft_tokens, self.repeats);
+        rounds_on(model, d, kv, shape, k, r)
     }
 }
 

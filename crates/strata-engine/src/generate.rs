@@ -5,15 +5,14 @@ use std::time::Instant;
 
 use strata_kernels::sampling::SamplingParams;
 use strata_kernels::Backend;
-use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
-use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, PagedStorage, SeqChunk};
+use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, SeqChunk};
 use strata_sched::{
     DraftStats, Drafting, EventKind, FinishReason, PromptLookup, Request, Scheduler,
     SchedulerConfig, StepModel,
 };
 
-use crate::load::DraftModel;
-use crate::{EngineError, LoadedModel, Result, Runtime};
+use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Result};
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -96,9 +95,9 @@ impl LoadedModel {
                 p.max_tokens
             )));
         }
-        let draft = self.draft.as_ref().filter(|_| p.draft_tokens > 0);
+        let drafts = self.runtime.has_draft() && p.draft_tokens > 0;
         let lookup = p.prompt_lookup.filter(|_| p.draft_tokens > 0);
-        if draft.is_some() && lookup.is_some() {
+        if drafts && lookup.is_some() {
             return Err(EngineError::Invalid(
                 "draft with the draft model or by prompt lookup, not both".into(),
             ));
@@ -129,29 +128,46 @@ impl LoadedModel {
             ignore_eos: !p.stop_at_eos,
             ..Request::new(prompt.to_vec(), p.max_tokens)
         };
-        let k = p.draft_tokens;
-        match (&self.runtime, draft) {
-            (Runtime::Cpu(m), None) => {
-                let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                run(m.clone(), kv, config, request)
+        self.runtime.dispatch(GenerateOn {
+            layout,
+            plan,
+            config,
+            request,
+            draft_tokens: if drafts { p.draft_tokens } else { 0 },
+        })
+    }
+}
+
+/// One request on a pool of its own, on the model's backend (drafted by its drafter
+/// when `draft_tokens` is positive).
+struct GenerateOn {
+    layout: KvLayout,
+    plan: PagePlan,
+    config: SchedulerConfig,
+    request: Request,
+    draft_tokens: usize,
+}
+
+impl OnBackend for GenerateOn {
+    type Output = Result<GenerateResult>;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Result<GenerateResult>
+    where
+        KvPool<B::Storage>: KvCache<B>,
+    {
+        let kv = KvPool::new(
+            self.layout,
+            self.plan,
+            CacheType::Naive,
+            placed.kv_storage(),
+        )?;
+        let model = placed.model.clone();
+        match placed.draft.clone().filter(|_| self.draft_tokens > 0) {
+            Some(d) => {
+                let model = Drafting::new(model, d, self.draft_tokens);
+                run(model, kv, self.config, self.request)
             }
-            (Runtime::Cuda(m), None) => {
-                let storage = PagedStorage::new(m.backend().clone());
-                let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                run(m.clone(), kv, config, request)
-            }
-            (Runtime::Cpu(m), Some(DraftModel::Cpu(d))) => {
-                let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                run(Drafting::new(m.clone(), d.clone(), k), kv, config, request)
-            }
-            (Runtime::Cuda(m), Some(DraftModel::Cuda(d))) => {
-                let storage = PagedStorage::new(m.backend().clone());
-                let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                run(Drafting::new(m.clone(), d.clone(), k), kv, config, request)
-            }
-            _ => Err(EngineError::Invalid(
-                "the draft model sits on another device than the model".into(),
-            )),
+            None => run(model, kv, self.config, self.request),
         }
     }
 }
@@ -236,17 +252,39 @@ impl LoadedModel {
             window: pages,
             page_size: PAGE_SIZE,
         };
-        match &self.runtime {
-            Runtime::Cpu(m) => {
-                let kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new())?;
-                score_on(m, kv, ids, passes, last_rows)
-            }
-            Runtime::Cuda(m) => {
-                let storage = PagedStorage::new(m.backend().clone());
-                let kv = KvPool::new(layout, plan, CacheType::Naive, storage)?;
-                score_on(m, kv, ids, passes, last_rows)
-            }
-        }
+        self.runtime.dispatch(ScoreOn {
+            layout,
+            plan,
+            ids,
+            passes,
+            last_rows,
+        })
+    }
+}
+
+/// Teacher-forced logits on the model's backend (see [`LoadedModel::score`]).
+struct ScoreOn<'a> {
+    layout: KvLayout,
+    plan: PagePlan,
+    ids: &'a [u32],
+    passes: &'a [usize],
+    last_rows: bool,
+}
+
+impl OnBackend for ScoreOn<'_> {
+    type Output = Result<Vec<f32>>;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Result<Vec<f32>>
+    where
+        KvPool<B::Storage>: KvCache<B>,
+    {
+        let kv = KvPool::new(
+            self.layout,
+            self.plan,
+            CacheType::Naive,
+            placed.kv_storage(),
+        )?;
+        score_on(&placed.model, kv, self.ids, self.passes, self.last_rows)
     }
 }
 

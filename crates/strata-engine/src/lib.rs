@@ -5,6 +5,7 @@ mod bench_draft;
 mod engine;
 mod generate;
 mod load;
+mod placed;
 
 pub use bench::{DecodeBench, DecodeShape, PrefillBench};
 pub use bench_draft::DraftBench;
@@ -13,7 +14,8 @@ pub use engine::{
     RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
-pub use load::{Device, DraftModel, LoadSettings, LoadedModel, Prompter, Runtime, WeightDtype};
+pub use load::{Device, LoadSettings, LoadedModel, Prompter, WeightDtype};
+pub use placed::{OnBackend, OnDevice, Placement, Runtime};
 pub use strata_sched::DraftStats;
 
 #[derive(Debug, thiserror::Error)]

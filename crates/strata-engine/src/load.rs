@@ -7,12 +7,11 @@ use std::sync::Arc;
 use strata_config::{load_model_config, Architecture, ModelConfig, ModelSource};
 use strata_gguf::GgufFile;
 use strata_kernels::cpu::CpuBackend;
-use strata_kernels::cuda::CudaBackend;
 use strata_kernels::DType;
-use strata_model::{Assistant, LoadOptions, Model};
+use strata_model::{LoadOptions, Model};
 use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
 
-use crate::{EngineError, Result};
+use crate::{EngineError, Result, Runtime};
 
 /// Where the model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,58 +73,10 @@ pub struct LoadSettings {
     pub host_embeddings: bool,
 }
 
-/// The model on the backend it runs on.
-#[derive(Clone)]
-pub enum Runtime {
-    Cpu(Arc<Model<CpuBackend>>),
-    Cuda(Arc<Model<CudaBackend>>),
-}
-
-impl Runtime {
-    pub fn config(&self) -> &ModelConfig {
-        match self {
-            Runtime::Cpu(m) => m.config(),
-            Runtime::Cuda(m) => m.config(),
-        }
-    }
-
-    /// "cpu", or the GPU's name.
-    pub fn device_name(&self) -> String {
-        match self {
-            Runtime::Cpu(_) => "cpu".into(),
-            Runtime::Cuda(m) => format!("cuda ({})", m.backend().device_name()),
-        }
-    }
-
-    /// See `Model::kv_shared_trimmed_layers`.
-    pub fn kv_shared_trimmed_layers(&self) -> usize {
-        match self {
-            Runtime::Cpu(m) => m.kv_shared_trimmed_layers(),
-            Runtime::Cuda(m) => m.kv_shared_trimmed_layers(),
-        }
-    }
-
-    /// Free device memory in bytes (GPU only).
-    pub fn free_device_memory(&self) -> Option<u64> {
-        match self {
-            Runtime::Cpu(_) => None,
-            Runtime::Cuda(m) => m.backend().memory_info().ok().map(|(f, _)| f as u64),
-        }
-    }
-}
-
-/// A draft model on the device of the model it drafts for.
-#[derive(Clone)]
-pub enum DraftModel {
-    Cpu(Arc<Assistant<CpuBackend>>),
-    Cuda(Arc<Assistant<CudaBackend>>),
-}
-
 /// A model ready to run, with its tokenizer.
 pub struct LoadedModel {
+    /// The model and its drafter, on the device they run on.
     pub runtime: Runtime,
-    /// The drafter for speculative decoding, once [`LoadedModel::load_draft`] loaded one.
-    pub draft: Option<DraftModel>,
     settings: LoadSettings,
     pub tokenizer: Option<Arc<Tokenizer>>,
     /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
@@ -180,7 +131,6 @@ impl LoadedModel {
         };
         Ok(Self {
             runtime,
-            draft: None,
             settings,
             tokenizer: tokenizer.map(Arc::new),
             stop_ids,
@@ -196,18 +146,7 @@ impl LoadedModel {
     /// same device and with the same weight dtype, for speculative decoding. A drafter that
     /// does not fit the model is refused, naming the field.
     pub fn load_draft(&mut self, path: &Path) -> Result<()> {
-        let opts = load_options(self.settings);
-        self.draft = Some(match &self.runtime {
-            Runtime::Cpu(m) => {
-                let d = Assistant::load(m.backend().clone(), path, m.config(), opts)?;
-                DraftModel::Cpu(Arc::new(d))
-            }
-            Runtime::Cuda(m) => {
-                let d = Assistant::load(m.backend().clone(), path, m.config(), opts)?;
-                DraftModel::Cuda(Arc::new(d))
-            }
-        });
-        Ok(())
+        self.runtime.load_draft(path, load_options(self.settings))
     }
 
     /// The tokenizer and chat template, for threads that prepare prompts.
@@ -284,23 +223,36 @@ impl Prompter {
 
 /// Loads the weights on the device `settings` asks for (auto: CUDA when it starts).
 fn place(path: &Path, settings: LoadSettings) -> Result<Runtime> {
-    let gpu = match settings.device {
-        Device::Cpu => None,
-        Device::Cuda => Some(CudaBackend::new(0).map_err(|e| {
-            EngineError::Invalid(format!(
-                "--device cuda: the CUDA backend did not start: {e}"
-            ))
-        })?),
-        Device::Auto => CudaBackend::new(0).ok(),
-    };
     let opts = load_options(settings);
-    Ok(match gpu {
-        Some(b) => {
+    #[cfg(feature = "cuda")]
+    {
+        use strata_kernels::cuda::CudaBackend;
+        let gpu = match settings.device {
+            Device::Cpu => None,
+            Device::Cuda => Some(CudaBackend::new(0).map_err(|e| {
+                EngineError::Invalid(format!(
+                    "--device cuda: the CUDA backend did not start: {e}"
+                ))
+            })?),
+            Device::Auto => CudaBackend::new(0).ok(),
+        };
+        if let Some(b) = gpu {
             let b = b.with_bf16_gemm(settings.dtype != WeightDtype::F32);
-            Runtime::Cuda(Arc::new(Model::load_with(b, path, opts)?))
+            return Ok(Runtime::cuda(Model::load_with(b, path, opts)?));
         }
-        None => Runtime::Cpu(Arc::new(Model::load_with(CpuBackend::new(), path, opts)?)),
-    })
+    }
+    #[cfg(not(feature = "cuda"))]
+    if settings.device == Device::Cuda {
+        return Err(EngineError::Invalid(
+            "--device cuda: this build has no CUDA backend (built without the `cuda` feature)"
+                .into(),
+        ));
+    }
+    Ok(Runtime::cpu(Model::load_with(
+        CpuBackend::new(),
+        path,
+        opts,
+    )?))
 }
 
 /// How `settings` place weights on a backend.

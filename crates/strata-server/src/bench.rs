@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use strata_engine::{DecodeShape, LoadedModel, Runtime};
+use strata_engine::{DecodeShape, LoadedModel};
 use strata_kv::{KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 
 #[derive(Args)]
@@ -89,16 +89,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     eprintln!("[bench] {} on {device}", a.model.display());
 
     // Roofline: weight bytes a decode step reads over the measured copy bandwidth.
-    let (weight_bytes, bandwidth, free) = match &model.runtime {
-        Runtime::Cuda(m) => {
-            let bytes =
-                m.matmul_elements() as f64 * if m.backend().bf16_gemm() { 2.0 } else { 4.0 };
-            let bw = m.backend().measure_copy_bandwidth(2 << 30)?;
-            let free = m.backend().memory_info()?.0 as u64;
-            (bytes, Some(bw), Some(free))
-        }
-        Runtime::Cpu(m) => (m.matmul_elements() as f64 * 4.0, None, None),
-    };
+    let (weight_bytes, bandwidth, free) = model.runtime.decode_roofline()?;
     let roofline = bandwidth.map(|bw| bw / weight_bytes);
 
     // Decode points carrying whole prompts say so in their label.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use strata_engine::{GenerateParams, LoadedModel, Runtime};
+use strata_engine::{GenerateParams, LoadedModel};
 use strata_kv::KvCacheDtype;
 use strata_tokenizer::ChatMessage;
 
@@ -85,7 +85,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         (None, Some(text)) => model.encode_prompt(text)?,
         (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };
-    let on_gpu = matches!(model.runtime, Runtime::Cuda(_));
+    let on_gpu = model.runtime.on_gpu();
     let step_tokens = step_budget::step_tokens(None, on_gpu);
     let prefill_chunk = step_budget::chunk_tokens(a.prefill_chunk, on_gpu, step_tokens);
     if prefill_chunk == 0 {

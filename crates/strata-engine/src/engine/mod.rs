@@ -21,9 +21,9 @@ pub use metrics::{Histogram, Metrics, FINISH_REASONS};
 pub use text::TextStream;
 pub use warmup::{WarmUp, WarmUpShape};
 
-use crate::{DraftModel, EngineError, LoadedModel, Prompter, Result, Runtime};
-use strata_kv::HostStorage;
-use strata_model::PagedStorage;
+use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Prompter, Result};
+use strata_kv::KvPool;
+use strata_model::KvCache;
 
 /// How the engine sizes and runs the pool and the scheduler.
 #[derive(Clone, Debug)]
@@ -178,6 +178,57 @@ impl Drop for AliveGuard {
     }
 }
 
+/// Starts the engine thread over the model on its own backend (with its drafter when one
+/// is loaded and drafting is asked for).
+struct SpawnWorker<'a> {
+    loaded: &'a LoadedModel,
+    opts: EngineOptions,
+    status: Arc<Mutex<EngineStatus>>,
+    metrics: Arc<Metrics>,
+    rx: mpsc::Receiver<Command>,
+    alive: AliveGuard,
+}
+
+impl OnBackend for SpawnWorker<'_> {
+    type Output = Result<std::io::Result<std::thread::JoinHandle<()>>>;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
+    where
+        KvPool<B::Storage>: KvCache<B>,
+    {
+        let Self {
+            loaded,
+            opts,
+            status,
+            metrics,
+            rx,
+            alive,
+        } = self;
+        let thread = std::thread::Builder::new().name("strata-engine".into());
+        let storage = placed.kv_storage();
+        let model = placed.model.clone();
+        Ok(
+            match placed.draft.clone().filter(|_| opts.draft_tokens > 0) {
+                Some(d) => {
+                    let model = Drafting::new(model, d, opts.draft_tokens);
+                    let w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
+                    thread.spawn(move || {
+                        let _alive = alive;
+                        w.run(rx)
+                    })
+                }
+                None => {
+                    let w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
+                    thread.spawn(move || {
+                        let _alive = alive;
+                        w.run(rx)
+                    })
+                }
+            },
+        )
+    }
+}
+
 /// Ends the engine's request when the client's stream is dropped (a disconnect).
 pub struct RequestGuard {
     engine: Engine,
@@ -211,56 +262,19 @@ impl Engine {
         let prompter = loaded.prompter();
         let context_len = loaded.config().max_position_embeddings;
         let vocab_size = loaded.config().vocab_size;
-        let thread = std::thread::Builder::new().name("strata-engine".into());
-        // Each arm's worker has a model type of its own, so each spawns its thread.
-        let draft = loaded.draft.clone().filter(|_| opts.draft_tokens > 0);
-        let k = opts.draft_tokens;
-        let (s, m) = (status.clone(), metrics.clone());
         let max_in_flight = opts
             .scheduler
             .max_running_requests
             .saturating_add(opts.max_waiting_requests.unwrap_or(usize::MAX));
         let alive = Arc::new(AtomicBool::new(true));
-        let guard = AliveGuard(alive.clone());
-        let spawned = match (&loaded.runtime, draft) {
-            (Runtime::Cpu(t), None) => {
-                let w = worker::Worker::new(&loaded, t.clone(), HostStorage::new(), opts, s, m)?;
-                thread.spawn(move || {
-                    let _alive = guard;
-                    w.run(rx)
-                })
-            }
-            (Runtime::Cpu(t), Some(DraftModel::Cpu(d))) => {
-                let model = Drafting::new(t.clone(), d, k);
-                let w = worker::Worker::new(&loaded, model, HostStorage::new(), opts, s, m)?;
-                thread.spawn(move || {
-                    let _alive = guard;
-                    w.run(rx)
-                })
-            }
-            (Runtime::Cuda(t), None) => {
-                let storage = PagedStorage::new(t.backend().clone());
-                let w = worker::Worker::new(&loaded, t.clone(), storage, opts, s, m)?;
-                thread.spawn(move || {
-                    let _alive = guard;
-                    w.run(rx)
-                })
-            }
-            (Runtime::Cuda(t), Some(DraftModel::Cuda(d))) => {
-                let storage = PagedStorage::new(t.backend().clone());
-                let model = Drafting::new(t.clone(), d, k);
-                let w = worker::Worker::new(&loaded, model, storage, opts, s, m)?;
-                thread.spawn(move || {
-                    let _alive = guard;
-                    w.run(rx)
-                })
-            }
-            _ => {
-                return Err(EngineError::Invalid(
-                    "the draft model is on another device than the model".into(),
-                ))
-            }
-        };
+        let spawned = loaded.runtime.dispatch(SpawnWorker {
+            loaded: &loaded,
+            opts,
+            status: status.clone(),
+            metrics: metrics.clone(),
+            rx,
+            alive: AliveGuard(alive.clone()),
+        })?;
         spawned
             .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {

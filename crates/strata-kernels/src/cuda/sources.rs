@@ -9,7 +9,7 @@ use cudarc::nvrtc::{result, sys};
 use crate::KernelError;
 
 /// Helpers prepended to every file (NVRTC gets no include paths, so no CUDA header either).
-const COMMON: &str = include_str!("../../../../kernels/common.cuh");
+const COMMON: &str = include_str!("../../kernels/common.cuh");
 
 /// One kernel file and the entry points the backend looks up in it.
 #[derive(Clone, Copy, Debug)]
@@ -133,12 +133,12 @@ pub(crate) const SKINNY_KERNELS: [&str; 36] = [
 pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile::any_gpu(
         "embedding",
-        include_str!("../../../../kernels/embedding.cu"),
+        include_str!("../../kernels/embedding.cu"),
         &["embedding"],
     ),
     KernelFile::any_gpu(
         "norm",
-        include_str!("../../../../kernels/norm.cu"),
+        include_str!("../../kernels/norm.cu"),
         &[
             "rms_norm_plain",
             "rms_norm_add_then_norm",
@@ -159,7 +159,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     KernelFile::any_gpu(
         "rope",
-        include_str!("../../../../kernels/rope.cu"),
+        include_str!("../../kernels/rope.cu"),
         &[
             "rope",
             "head_norm_rope",
@@ -183,7 +183,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     KernelFile::any_gpu(
         "elementwise",
-        include_str!("../../../../kernels/elementwise.cu"),
+        include_str!("../../kernels/elementwise.cu"),
         &[
             "act_mul",
             "act_mul_bf16_in",
@@ -199,7 +199,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     KernelFile::any_gpu(
         "copy",
-        include_str!("../../../../kernels/copy.cu"),
+        include_str!("../../kernels/copy.cu"),
         &[
             "copy_strided_b32",
             "copy_strided_b16",
@@ -209,30 +209,26 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     KernelFile::any_gpu(
         "attention",
-        include_str!("../../../../kernels/attention.cu"),
+        include_str!("../../kernels/attention.cu"),
         &["attention"],
     ),
     KernelFile::any_gpu(
         "sampling",
-        include_str!("../../../../kernels/sampling.cu"),
+        include_str!("../../kernels/sampling.cu"),
         &["argmax_rows", "feed_tokens", "clustered_argmax"],
     ),
     KernelFile::any_gpu(
         "draw",
-        include_str!("../../../../kernels/draw.cu"),
+        include_str!("../../kernels/draw.cu"),
         &["draw_first_pass", "draw_rows", "logprob_rows"],
     ),
-    KernelFile::any_gpu(
-        "gemv",
-        include_str!("../../../../kernels/gemv.cu"),
-        &GEMV_KERNELS,
-    ),
+    KernelFile::any_gpu("gemv", include_str!("../../kernels/gemv.cu"), &GEMV_KERNELS),
     KernelFile {
         min_arch: 90,
         sm90a: true,
         ..KernelFile::any_gpu(
             "skinny_gemm",
-            include_str!("../../../../kernels/skinny_gemm.cu"),
+            include_str!("../../kernels/skinny_gemm.cu"),
             &SKINNY_KERNELS,
         )
     },
@@ -240,7 +236,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         min_arch: 80,
         ..KernelFile::any_gpu(
             "small_gemm",
-            include_str!("../../../../kernels/small_gemm.cu"),
+            include_str!("../../kernels/small_gemm.cu"),
             &[
                 "small_gemm_plain_n16",
                 "small_gemm_slice_n16",
@@ -251,7 +247,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     },
     KernelFile::any_gpu(
         "paged",
-        include_str!("../../../../kernels/paged.cu"),
+        include_str!("../../kernels/paged.cu"),
         &[
             "kv_store",
             "kv_store_bf16",
@@ -264,7 +260,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     ),
     KernelFile::any_gpu(
         "paged_mma",
-        include_str!("../../../../kernels/paged_mma.cu"),
+        include_str!("../../kernels/paged_mma.cu"),
         &[
             "paged_attention_mma",
             "prefill_attention_mma_d64",

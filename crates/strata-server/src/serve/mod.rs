@@ -17,7 +17,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use clap::Args;
-use strata_engine::{Engine, EngineOptions, LoadedModel, Runtime, WarmUpShape};
+use strata_engine::{Engine, EngineOptions, LoadedModel, WarmUpShape};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::{PromptLookup, SchedulerConfig};
 
@@ -250,7 +250,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             g.unit_bytes_unshared
         ));
     }
-    let on_gpu = matches!(loaded.runtime, Runtime::Cuda(_));
+    let on_gpu = loaded.runtime.on_gpu();
     let switch = |v: &str| match v {
         "on" => true,
         "off" => false,

@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use strata_kernels::cpu::CpuBackend;
-use strata_kernels::cuda::CudaBackend;
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
-use strata_model::{Assistant, LoadOptions, Model, PagedStorage};
+use strata_model::{Assistant, LoadOptions, Model};
 use strata_sched::{
     Drafting, EventKind, FinishReason, ModelHandle, PromptLookup, Request, Scheduler,
     SchedulerConfig, SeqId, StepModel,
@@ -235,124 +234,132 @@ fn gemma4_batched_sampled_equals_alone() {
     batched_equals_alone("gemma4-tiny", true);
 }
 
-/// The CUDA backend, or `None` (the GPU test is skipped) unless `STRATA_REQUIRE_GPU` is set.
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(
-                std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
-                "STRATA_REQUIRE_GPU is set but the CUDA backend did not start: {e}"
-            );
-            eprintln!("note: no CUDA backend, GPU scheduler test skipped: {e}");
-            None
+/// The scheduler over device pools, against the same requests on the CPU.
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::*;
+    use strata_kernels::cuda::CudaBackend;
+    use strata_model::PagedStorage;
+
+    /// The CUDA backend, or `None` (the GPU test is skipped) unless `STRATA_REQUIRE_GPU` is set.
+    fn gpu() -> Option<CudaBackend> {
+        match CudaBackend::new(0) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                assert!(
+                    std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
+                    "STRATA_REQUIRE_GPU is set but the CUDA backend did not start: {e}"
+                );
+                eprintln!("note: no CUDA backend, GPU scheduler test skipped: {e}");
+                None
+            }
         }
     }
-}
 
-/// A scheduler over a device pool for `model` (laid out for `cfg`).
-fn device_scheduler<M: StepModel<PagedStorage<CudaBackend>>>(
-    model: M,
-    cfg: &strata_config::ModelConfig,
-    backend: &CudaBackend,
-    config: SchedulerConfig,
-) -> Scheduler<M, PagedStorage<CudaBackend>> {
-    let layout = KvLayout::for_config(cfg, KvCacheDtype::F32).unwrap();
-    let plan = PagePlan {
-        full: 64,
-        window: 64,
-        page_size: 4,
-    };
-    let storage = PagedStorage::new(backend.clone());
-    let pool = KvPool::new(layout, plan, CacheType::Radix, storage).unwrap();
-    Scheduler::new(model, pool, config).unwrap()
-}
-
-/// On the GPU (device pool, decode, draft-round and verification graphs): greedy requests
-/// in speculative rounds, one at a time and several a round, give the tokens the GPU gives
-/// without drafts.
-#[test]
-fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
-    let Some(gpu) = gpu() else { return };
-    let target = || Model::load(gpu.clone(), &fixture("gemma4-tiny")).expect("fixture loads");
-    let cfg = target().config().clone();
-    let config = SchedulerConfig {
-        max_running_requests: 5,
-        max_batch_tokens: 32,
-        prefill_chunk: 3,
-        seed: 1,
-        overlap: true,
-        draft_max_requests: 5,
-        prompt_lookup: None,
-    };
-    let mut plain = device_scheduler(target(), &cfg, &gpu, config);
-    let want = generate(&mut plain, greedy_staggered());
-    let cpu = {
-        let mut s = scheduler(load("gemma4-tiny"), 64, 4, SchedulerConfig::default());
-        generate(&mut s, greedy_staggered())
-    };
-    eprintln!("plain GPU tokens equal the CPU's: {}", want == cpu);
-    for (k, max_requests) in [(3, 1), (2, 5), (4, 2)] {
-        let assistant = Assistant::load(
-            gpu.clone(),
-            &fixture("gemma4-tiny-assistant"),
-            &cfg,
-            LoadOptions::default(),
-        )
-        .expect("assistant loads");
-        let model = Drafting::new(target(), Arc::new(assistant), k);
-        let config = SchedulerConfig {
-            draft_max_requests: max_requests,
-            ..config
+    /// A scheduler over a device pool for `model` (laid out for `cfg`).
+    fn device_scheduler<M: StepModel<PagedStorage<CudaBackend>>>(
+        model: M,
+        cfg: &strata_config::ModelConfig,
+        backend: &CudaBackend,
+        config: SchedulerConfig,
+    ) -> Scheduler<M, PagedStorage<CudaBackend>> {
+        let layout = KvLayout::for_config(cfg, KvCacheDtype::F32).unwrap();
+        let plan = PagePlan {
+            full: 64,
+            window: 64,
+            page_size: 4,
         };
-        let mut s = device_scheduler(model, &cfg, &gpu, config);
-        let got = generate_staggered(&mut s, max_requests);
-        assert_eq!(got, want, "k {k}, rounds of up to {max_requests}");
-        let d = s.status().drafts;
-        assert!(d.rounds > 0 && d.drafted > 0, "k {k}: {d:?}");
-        eprintln!(
-            "GPU k {k}, up to {max_requests} a round: {d:?}, {} decode graphs, {} draft graphs",
-            s.pool().storage().graph_count(),
-            s.pool().storage().draft_graph_count()
-        );
+        let storage = PagedStorage::new(backend.clone());
+        let pool = KvPool::new(layout, plan, CacheType::Radix, storage).unwrap();
+        Scheduler::new(model, pool, config).unwrap()
     }
-    // Prompt lookup: the scheduler's own drafts, checked by the target alone (the tiny
-    // Llama, whose greedy text loops).
-    let llama = || Model::load(gpu.clone(), &fixture("llama-tiny")).expect("fixture loads");
-    let llama_cfg = llama().config().clone();
-    let mut plain = device_scheduler(llama(), &llama_cfg, &gpu, config);
-    let want = generate(&mut plain, greedy_long());
-    for max_requests in [2, 5] {
+
+    /// On the GPU (device pool, decode, draft-round and verification graphs): greedy requests
+    /// in speculative rounds, one at a time and several a round, give the tokens the GPU gives
+    /// without drafts.
+    #[test]
+    fn gemma4_speculative_rounds_on_the_gpu_equal_plain_gpu_decoding() {
+        let Some(gpu) = gpu() else { return };
+        let target = || Model::load(gpu.clone(), &fixture("gemma4-tiny")).expect("fixture loads");
+        let cfg = target().config().clone();
         let config = SchedulerConfig {
-            draft_max_requests: max_requests,
-            prompt_lookup: Some(PromptLookup::new(3, 3)),
-            ..config
+            max_running_requests: 5,
+            max_batch_tokens: 32,
+            prefill_chunk: 3,
+            seed: 1,
+            overlap: true,
+            draft_max_requests: 5,
+            prompt_lookup: None,
         };
-        let mut s = device_scheduler(llama(), &llama_cfg, &gpu, config);
-        let got = generate(&mut s, greedy_long());
-        assert_eq!(got, want, "prompt lookup, rounds of up to {max_requests}");
-        // Sampled requests (seeded): the verification's rows drawn on the device.
-        let mut plain = device_scheduler(
-            llama(),
-            &llama_cfg,
-            &gpu,
-            SchedulerConfig {
-                prompt_lookup: None,
+        let mut plain = device_scheduler(target(), &cfg, &gpu, config);
+        let want = generate(&mut plain, greedy_staggered());
+        let cpu = {
+            let mut s = scheduler(load("gemma4-tiny"), 64, 4, SchedulerConfig::default());
+            generate(&mut s, greedy_staggered())
+        };
+        eprintln!("plain GPU tokens equal the CPU's: {}", want == cpu);
+        for (k, max_requests) in [(3, 1), (2, 5), (4, 2)] {
+            let assistant = Assistant::load(
+                gpu.clone(),
+                &fixture("gemma4-tiny-assistant"),
+                &cfg,
+                LoadOptions::default(),
+            )
+            .expect("assistant loads");
+            let model = Drafting::new(target(), Arc::new(assistant), k);
+            let config = SchedulerConfig {
+                draft_max_requests: max_requests,
                 ..config
-            },
-        );
-        let want_sampled = generate(&mut plain, sampled_long());
-        let got_sampled = generate(&mut s, sampled_long());
-        assert_eq!(
-            got_sampled, want_sampled,
-            "sampled, rounds of up to {max_requests}"
-        );
-        let d = s.status().drafts;
-        assert!(d.rounds > 0 && d.accepted > 0, "lookup: {d:?}");
-        eprintln!(
-            "GPU k lookup, up to {max_requests} a round: {d:?}, {} decode graphs",
-            s.pool().storage().graph_count()
-        );
+            };
+            let mut s = device_scheduler(model, &cfg, &gpu, config);
+            let got = generate_staggered(&mut s, max_requests);
+            assert_eq!(got, want, "k {k}, rounds of up to {max_requests}");
+            let d = s.status().drafts;
+            assert!(d.rounds > 0 && d.drafted > 0, "k {k}: {d:?}");
+            eprintln!(
+                "GPU k {k}, up to {max_requests} a round: {d:?}, {} decode graphs, {} draft graphs",
+                s.pool().storage().graph_count(),
+                s.pool().storage().draft_graph_count()
+            );
+        }
+        // Prompt lookup: the scheduler's own drafts, checked by the target alone (the tiny
+        // Llama, whose greedy text loops).
+        let llama = || Model::load(gpu.clone(), &fixture("llama-tiny")).expect("fixture loads");
+        let llama_cfg = llama().config().clone();
+        let mut plain = device_scheduler(llama(), &llama_cfg, &gpu, config);
+        let want = generate(&mut plain, greedy_long());
+        for max_requests in [2, 5] {
+            let config = SchedulerConfig {
+                draft_max_requests: max_requests,
+                prompt_lookup: Some(PromptLookup::new(3, 3)),
+                ..config
+            };
+            let mut s = device_scheduler(llama(), &llama_cfg, &gpu, config);
+            let got = generate(&mut s, greedy_long());
+            assert_eq!(got, want, "prompt lookup, rounds of up to {max_requests}");
+            // Sampled requests (seeded): the verification's rows drawn on the device.
+            let mut plain = device_scheduler(
+                llama(),
+                &llama_cfg,
+                &gpu,
+                SchedulerConfig {
+                    prompt_lookup: None,
+                    ..config
+                },
+            );
+            let want_sampled = generate(&mut plain, sampled_long());
+            let got_sampled = generate(&mut s, sampled_long());
+            assert_eq!(
+                got_sampled, want_sampled,
+                "sampled, rounds of up to {max_requests}"
+            );
+            let d = s.status().drafts;
+            assert!(d.rounds > 0 && d.accepted > 0, "lookup: {d:?}");
+            eprintln!(
+                "GPU k lookup, up to {max_requests} a round: {d:?}, {} decode graphs",
+                s.pool().storage().graph_count()
+            );
+        }
     }
 }
 

@@ -1,0 +1,191 @@
+//! The one place that names the backends. A model is placed on the CPU or on a GPU, with
+//! its drafter (when loaded) on the same device; work that is generic over the backend
+//! implements [`OnBackend`] and runs on whichever the model sits on through
+//! [`Runtime::dispatch`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use strata_config::ModelConfig;
+use strata_kernels::cpu::CpuBackend;
+#[cfg(feature = "cuda")]
+use strata_kernels::cuda::CudaBackend;
+use strata_kernels::Backend;
+use strata_kv::{HostStorage, KvPool, KvStorage};
+use strata_model::{Assistant, KvCache, LoadOptions, Model};
+
+/// A backend a model can be placed on, with the storage its KV pools live in.
+pub trait Placement: strata_model::QuantUpload + Clone + 'static {
+    /// Host memory on the CPU; device slabs on a GPU.
+    type Storage: KvStorage + Send + 'static;
+
+    /// Storage for a new KV pool of `model`.
+    fn kv_storage(model: &Model<Self>) -> Self::Storage;
+}
+
+impl Placement for CpuBackend {
+    type Storage = HostStorage;
+
+    fn kv_storage(_: &Model<Self>) -> HostStorage {
+        HostStorage::new()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Placement for CudaBackend {
+    type Storage = strata_model::PagedStorage<CudaBackend>;
+
+    fn kv_storage(model: &Model<Self>) -> Self::Storage {
+        strata_model::PagedStorage::new(model.backend().clone())
+    }
+}
+
+/// A model on one backend, and its drafter on the same one.
+pub struct OnDevice<B: Backend> {
+    pub model: Arc<Model<B>>,
+    /// The drafter for speculative decoding, once [`crate::LoadedModel::load_draft`] loaded
+    /// one.
+    pub draft: Option<Arc<Assistant<B>>>,
+}
+
+impl<B: Backend> Clone for OnDevice<B> {
+    fn clone(&self) -> Self {
+        Self {
+            model: self.model.clone(),
+            draft: self.draft.clone(),
+        }
+    }
+}
+
+impl<B: Placement> OnDevice<B> {
+    fn new(model: Model<B>) -> Self {
+        Self {
+            model: Arc::new(model),
+            draft: None,
+        }
+    }
+
+    /// A new, empty KV pool's storage on this device.
+    pub fn kv_storage(&self) -> B::Storage {
+        B::kv_storage(&self.model)
+    }
+
+    fn load_draft(&mut self, path: &Path, opts: LoadOptions) -> crate::Result<()> {
+        let m = &self.model;
+        let d = Assistant::load(m.backend().clone(), path, m.config(), opts)?;
+        self.draft = Some(Arc::new(d));
+        Ok(())
+    }
+}
+
+/// Work generic over the backend, run on the model's own by [`Runtime::dispatch`].
+pub trait OnBackend {
+    type Output;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
+    where
+        KvPool<B::Storage>: KvCache<B>;
+}
+
+/// The model on the backend it runs on.
+#[derive(Clone)]
+pub enum Runtime {
+    Cpu(OnDevice<CpuBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(OnDevice<CudaBackend>),
+}
+
+impl Runtime {
+    pub(crate) fn cpu(model: Model<CpuBackend>) -> Self {
+        Runtime::Cpu(OnDevice::new(model))
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(model: Model<CudaBackend>) -> Self {
+        Runtime::Cuda(OnDevice::new(model))
+    }
+
+    /// Runs `job` on the backend the model sits on.
+    pub fn dispatch<J: OnBackend>(&self, job: J) -> J::Output {
+        match self {
+            Runtime::Cpu(p) => job.run(p),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => job.run(p),
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Runtime::Cpu(p) => p.model.config(),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => p.model.config(),
+        }
+    }
+
+    /// Loads a drafter beside the model, on its device.
+    pub(crate) fn load_draft(&mut self, path: &Path, opts: LoadOptions) -> crate::Result<()> {
+        match self {
+            Runtime::Cpu(p) => p.load_draft(path, opts),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => p.load_draft(path, opts),
+        }
+    }
+
+    /// Whether the model runs on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        !matches!(self, Runtime::Cpu(_))
+    }
+
+    /// Whether a drafter is loaded.
+    pub fn has_draft(&self) -> bool {
+        match self {
+            Runtime::Cpu(p) => p.draft.is_some(),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => p.draft.is_some(),
+        }
+    }
+
+    /// "cpu", or the GPU's name.
+    pub fn device_name(&self) -> String {
+        match self {
+            Runtime::Cpu(_) => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => format!("cuda ({})", p.model.backend().device_name()),
+        }
+    }
+
+    /// See `Model::kv_shared_trimmed_layers`.
+    pub fn kv_shared_trimmed_layers(&self) -> usize {
+        match self {
+            Runtime::Cpu(p) => p.model.kv_shared_trimmed_layers(),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => p.model.kv_shared_trimmed_layers(),
+        }
+    }
+
+    /// Free device memory in bytes (GPU only).
+    pub fn free_device_memory(&self) -> Option<u64> {
+        match self {
+            Runtime::Cpu(_) => None,
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => p.model.backend().memory_info().ok().map(|(f, _)| f as u64),
+        }
+    }
+
+    /// What bounds a decode step from below: the bytes of matmul weights it reads, and on
+    /// a GPU the device's measured copy bandwidth (bytes/s) and its free memory.
+    pub fn decode_roofline(&self) -> crate::Result<(f64, Option<f64>, Option<u64>)> {
+        match self {
+            Runtime::Cpu(p) => Ok((p.model.matmul_elements() as f64 * 4.0, None, None)),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => {
+                let b = p.model.backend();
+                let width = if b.bf16_gemm() { 2.0 } else { 4.0 };
+                let bytes = p.model.matmul_elements() as f64 * width;
+                let bw = b.measure_copy_bandwidth(2 << 30)?;
+                let free = b.memory_info()?.0 as u64;
+                Ok((bytes, Some(bw), Some(free)))
+            }
+        }
+    }
+}
