@@ -6,10 +6,10 @@ use std::time::Instant;
 use strata_kernels::sampling::SamplingParams;
 use strata_kernels::Backend;
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
-use strata_model::{ForwardBatch, KvCache, LogitsMode, Model, SeqChunk};
+use strata_model::{Drafting, ForwardBatch, KvCache, LogitsMode, Model, ModelRunner, SeqChunk};
 use strata_sched::{
-    DraftStats, Drafting, EventKind, FinishReason, PromptLookup, Request, Scheduler,
-    SchedulerConfig, StepModel,
+    DraftStats, EventKind, FinishReason, PromptLookup, Request, Scheduler, SchedulerConfig,
+    StepModel,
 };
 
 use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Result};
@@ -167,7 +167,7 @@ impl OnBackend for GenerateOn {
                 let model = Drafting::new(model, d, self.draft_tokens);
                 run(model, kv, self.config, self.request)
             }
-            None => run(model, kv, self.config, self.request),
+            None => run(ModelRunner(model), kv, self.config, self.request),
         }
     }
 }

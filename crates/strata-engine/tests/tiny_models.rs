@@ -10,10 +10,9 @@ use std::sync::Arc;
 use strata_kernels::cpu::CpuBackend;
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
-use strata_model::{Assistant, LoadOptions, Model};
+use strata_model::{Assistant, Drafting, LoadOptions, Model, ModelHandle, ModelRunner};
 use strata_sched::{
-    Drafting, EventKind, FinishReason, ModelHandle, PromptLookup, Request, Scheduler,
-    SchedulerConfig, SeqId, StepModel,
+    EventKind, FinishReason, PromptLookup, Request, Scheduler, SchedulerConfig, SeqId, StepModel,
 };
 
 fn fixture(name: &str) -> PathBuf {
@@ -23,13 +22,18 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn load(name: &str) -> Model<CpuBackend> {
+fn model(name: &str) -> Model<CpuBackend> {
     Model::load(CpuBackend::new(), &fixture(name)).expect("fixture loads")
+}
+
+/// A fixture as the scheduler drives it.
+fn load(name: &str) -> ModelRunner<Model<CpuBackend>> {
+    ModelRunner(model(name))
 }
 
 /// The tiny Gemma-4 target with its tiny assistant, drafting `k` tokens a round.
 fn drafting(k: usize) -> Drafting<Model<CpuBackend>> {
-    let model = load("gemma4-tiny");
+    let model = model("gemma4-tiny");
     let assistant = Assistant::load(
         model.backend().clone(),
         &fixture("gemma4-tiny-assistant"),
@@ -61,9 +65,9 @@ trait ModelOf {
     fn config_of(&self) -> &strata_config::ModelConfig;
 }
 
-impl ModelOf for Model<CpuBackend> {
+impl ModelOf for ModelRunner<Model<CpuBackend>> {
     fn config_of(&self) -> &strata_config::ModelConfig {
-        self.config()
+        self.0.config()
     }
 }
 
@@ -291,7 +295,7 @@ mod gpu {
             draft_max_requests: 5,
             prompt_lookup: None,
         };
-        let mut plain = device_scheduler(target(), &cfg, &gpu, config);
+        let mut plain = device_scheduler(ModelRunner(target()), &cfg, &gpu, config);
         let want = generate(&mut plain, greedy_staggered());
         let cpu = {
             let mut s = scheduler(load("gemma4-tiny"), 64, 4, SchedulerConfig::default());
@@ -326,7 +330,7 @@ mod gpu {
         // Llama, whose greedy text loops).
         let llama = || Model::load(gpu.clone(), &fixture("llama-tiny")).expect("fixture loads");
         let llama_cfg = llama().config().clone();
-        let mut plain = device_scheduler(llama(), &llama_cfg, &gpu, config);
+        let mut plain = device_scheduler(ModelRunner(llama()), &llama_cfg, &gpu, config);
         let want = generate(&mut plain, greedy_long());
         for max_requests in [2, 5] {
             let config = SchedulerConfig {
@@ -334,12 +338,12 @@ mod gpu {
                 prompt_lookup: Some(PromptLookup::new(3, 3)),
                 ..config
             };
-            let mut s = device_scheduler(llama(), &llama_cfg, &gpu, config);
+            let mut s = device_scheduler(ModelRunner(llama()), &llama_cfg, &gpu, config);
             let got = generate(&mut s, greedy_long());
             assert_eq!(got, want, "prompt lookup, rounds of up to {max_requests}");
             // Sampled requests (seeded): the verification's rows drawn on the device.
             let mut plain = device_scheduler(
-                llama(),
+                ModelRunner(llama()),
                 &llama_cfg,
                 &gpu,
                 SchedulerConfig {
@@ -426,7 +430,7 @@ fn prompt_lookup_rounds_equal_alone() {
 #[test]
 fn the_scheduler_can_move_to_an_engine_thread() {
     fn is_send<T: Send>() {}
-    is_send::<Scheduler<Model<CpuBackend>>>();
+    is_send::<Scheduler<ModelRunner<Arc<Model<CpuBackend>>>>>();
     is_send::<Scheduler<Drafting<Arc<Model<CpuBackend>>>>>();
     is_send::<Request>();
 }

@@ -664,7 +664,7 @@ pub trait Backend: Send + Sync {
             return Ok(vec![]);
         }
         let host = self.capped_rows(logits, rows * vocab, softcap)?;
-        sampling::pick_rows(&host, vocab, rows, draws)
+        Ok(sampling::pick_rows(&host, vocab, rows, draws)?)
     }
 
     /// The first `n` logits on the host, softcapped on the backend when `softcap` is set

@@ -18,6 +18,16 @@ pub enum KernelError {
 
 pub type Result<T> = std::result::Result<T, KernelError>;
 
+impl From<strata_types::SamplingError> for KernelError {
+    fn from(e: strata_types::SamplingError) -> Self {
+        use strata_types::SamplingError as S;
+        match e {
+            S::Invalid { op, detail } => KernelError::Invalid { op, detail },
+            S::Shape { op, detail } => KernelError::Shape { op, detail },
+        }
+    }
+}
+
 /// `Err(Shape)` unless `cond`; keeps the length checks at the top of each op short.
 pub(crate) fn ensure(cond: bool, op: &'static str, detail: impl FnOnce() -> String) -> Result<()> {
     if cond {

@@ -20,7 +20,9 @@ mod error;
 mod paged;
 mod params;
 mod quant;
-pub mod sampling;
+/// The host sampler (settings, seeded uniforms, the draw's definition), from
+/// `strata-types`, where the scheduler reads it too.
+pub use strata_types::sampling;
 
 pub use backend::{Backend, DeviceBuffer};
 pub use dtype::{DType, HostSlice};

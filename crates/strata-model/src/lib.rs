@@ -1,11 +1,11 @@
 //! Forward passes of the models Strata serves, over any `strata-kernels` backend.
 
 mod assistant;
-mod batch;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
 mod decode_graph;
 mod draft_graph;
+mod drafting;
 mod error;
 mod forward;
 mod greedy_rows;
@@ -14,16 +14,19 @@ mod launch;
 mod linear;
 mod model;
 mod paged_kv;
+mod runner;
 mod tensors;
 
 pub use assistant::{Assistant, DraftSeq, Drafted};
-pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use decode_graph::{bucket_for, decode_buckets};
+pub use drafting::Drafting;
 pub use error::{ModelError, Result};
 pub use greedy_rows::GreedyRows;
 pub use kv_cache::{DecodeGraphs, KvCache, PagedStorage};
 pub use launch::Launched;
 pub use linear::{upload_linear, upload_linear_as, HostTable, Linear, QuantUpload, QuantWeight};
 pub use model::{LoadOptions, Model};
+pub use runner::{ModelHandle, ModelRunner};
 pub use strata_kernels::sampling::FED_TOKEN;
+pub use strata_types::batch::{self, ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use tensors::{LayerTensors, ModelTensors};

@@ -1,7 +1,7 @@
 //! Moving requests from the waiting queue into the running set.
 
-use strata_kernels::sampling::sample;
 use strata_kv::{KvStorage, PoolKind};
+use strata_types::sampling::sample;
 
 use crate::seq::Seq;
 use crate::{Scheduler, StepModel};

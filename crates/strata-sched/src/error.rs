@@ -1,13 +1,12 @@
 //! Errors of the scheduler and of the model it drives.
 
 use strata_kv::KvError;
-use strata_model::ModelError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchedError {
     /// A forward pass failed; every request in that batch finishes with an error.
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Model(Box<dyn std::error::Error + Send + Sync>),
     #[error(transparent)]
     Kv(#[from] KvError),
     /// A scheduler setting that cannot work (zero budgets, say).

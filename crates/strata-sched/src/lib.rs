@@ -12,7 +12,6 @@
 
 mod admission;
 mod config;
-mod drafting;
 mod error;
 mod event;
 mod lookup;
@@ -26,11 +25,10 @@ mod speculate;
 mod step;
 
 pub use config::SchedulerConfig;
-pub use drafting::Drafting;
 pub use error::SchedError;
 pub use event::{Event, EventKind, FinishReason};
 pub use lookup::PromptLookup;
-pub use model::{CheckRow, CheckedRow, DraftRow, ModelHandle, StepModel};
+pub use model::{CheckRow, CheckedRow, DraftRow, StepModel};
 pub use request::{Request, SeqId, StopFn};
 pub use scheduler::{LaunchShape, SchedStatus, Scheduler};
 pub use speculate::DraftStats;

@@ -1,11 +1,8 @@
 //! The one trait the scheduler drives a model through.
 
-use std::sync::Arc;
-
-use strata_kernels::sampling::{RowDraw, TokenLogprobs};
-use strata_kernels::Backend;
 use strata_kv::{HostStorage, KvPool, KvStorage, RequestId};
-use strata_model::{ForwardBatch, ForwardOutput, KvCache, Launched, LogitsMode, Model, SeqChunk};
+use strata_types::sampling::{RowDraw, TokenLogprobs};
+use strata_types::{ForwardBatch, ForwardOutput};
 
 use crate::SchedError;
 
@@ -139,117 +136,4 @@ pub trait StepModel<S: KvStorage = HostStorage> {
         let step = self.launch(kv, batch, None)?;
         self.finish(step)
     }
-}
-
-/// The model behind a [`StepModel`] implementation: owned, or shared with other threads
-/// (the engine keeps its own handle for metadata).
-pub trait ModelHandle {
-    type Backend: Backend;
-    fn model(&self) -> &Model<Self::Backend>;
-}
-
-impl<B: Backend> ModelHandle for Model<B> {
-    type Backend = B;
-    fn model(&self) -> &Model<B> {
-        self
-    }
-}
-
-impl<B: Backend> ModelHandle for Arc<Model<B>> {
-    type Backend = B;
-    fn model(&self) -> &Model<B> {
-        self
-    }
-}
-
-impl<B: Backend, S: KvStorage, H: ModelHandle<Backend = B>> StepModel<S> for H
-where
-    KvPool<S>: KvCache<B>,
-{
-    type Launched = Launched<B>;
-
-    fn vocab_size(&self) -> usize {
-        self.model().config().vocab_size
-    }
-
-    fn context_len(&self) -> Option<usize> {
-        Some(self.model().config().max_position_embeddings)
-    }
-
-    fn launch(
-        &mut self,
-        kv: &mut KvPool<S>,
-        batch: &ForwardBatch,
-        fed: Option<&Launched<B>>,
-    ) -> Result<Launched<B>, SchedError> {
-        Ok(self.model().launch(kv, batch, fed)?)
-    }
-
-    fn finish(&mut self, step: Launched<B>) -> Result<ForwardOutput, SchedError> {
-        Ok(self.model().finish(step)?)
-    }
-
-    fn feeds(&self, step: &Launched<B>) -> bool {
-        self.model().feeds(step)
-    }
-
-    fn verifies(&self) -> bool {
-        true
-    }
-
-    fn verify(
-        &mut self,
-        kv: &mut KvPool<S>,
-        rows: &[CheckRow],
-    ) -> Result<Vec<CheckedRow>, SchedError> {
-        let (checked, _) = check_runs(self.model(), kv, rows)?;
-        Ok(checked)
-    }
-}
-
-/// `rows` through `model` in one step, every row's token wanted (greedy, or drawn as its
-/// draws ask): per row, its drafts and tokens, and the rows' final-normed states.
-pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
-    model: &Model<B>,
-    kv: &mut K,
-    rows: &[CheckRow],
-) -> Result<(Vec<CheckedRow>, Option<B::Buffer>), SchedError> {
-    let batch = ForwardBatch {
-        seqs: rows
-            .iter()
-            .map(|r| SeqChunk {
-                request: r.request,
-                tokens: r.tokens.clone(),
-                start: r.start,
-                logits: LogitsMode::All,
-            })
-            .collect(),
-    };
-    // The draws' rows, counted over the whole step.
-    let mut draws = Vec::new();
-    let mut offset = 0;
-    for r in rows {
-        draws.extend(r.draws.iter().map(|d| RowDraw {
-            row: offset + d.row,
-            ..*d
-        }));
-        offset += r.tokens.len();
-    }
-    let out = model.forward_picked_rows(kv, &batch, &draws)?;
-    let mut checked = Vec::with_capacity(rows.len());
-    for (i, (r, picked)) in rows.iter().zip(out.tokens).enumerate() {
-        if picked.len() != r.tokens.len() {
-            return Err(SchedError::Other(format!(
-                "the model checked {} of {} tokens",
-                picked.len(),
-                r.tokens.len()
-            )));
-        }
-        checked.push(CheckedRow {
-            drafts: r.tokens[1..].to_vec(),
-            picked,
-            logprobs: out.logprobs.get(i).cloned().unwrap_or_default(),
-        });
-    }
-    Ok((checked, out.hidden))
 }

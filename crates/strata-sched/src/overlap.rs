@@ -11,7 +11,8 @@
 //! past the context.
 
 use strata_kv::KvStorage;
-use strata_model::{ForwardBatch, SeqChunk, FED_TOKEN};
+use strata_types::sampling::FED_TOKEN;
+use strata_types::{ForwardBatch, SeqChunk};
 
 use crate::{Scheduler, SeqId, StepModel};
 

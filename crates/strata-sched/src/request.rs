@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use strata_kernels::sampling::SamplingParams;
+use strata_types::sampling::SamplingParams;
 
 /// A request's id in the scheduler, given by [`Scheduler::submit`](crate::Scheduler::submit).
 /// Ids grow in submission order, which is also the order of priority (older first).

@@ -1,8 +1,8 @@
 //! A request's state inside the scheduler, across admissions and preemptions.
 
-use strata_kernels::sampling::{draw_uniform, MAX_TOP_LOGPROBS};
 use strata_kv::RequestId;
-use strata_model::LogitsMode;
+use strata_types::sampling::{draw_uniform, MAX_TOP_LOGPROBS};
+use strata_types::LogitsMode;
 
 use crate::{FinishReason, Request, SeqId};
 

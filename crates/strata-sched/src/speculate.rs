@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use strata_kernels::sampling::RowDraw;
 use strata_kv::KvStorage;
-use strata_model::LogitsMode;
+use strata_types::sampling::RowDraw;
+use strata_types::LogitsMode;
 
 use crate::reserve::Reserved;
 use crate::seq::Seq;

@@ -1,8 +1,8 @@
 //! One scheduling iteration: plan the batch, run the model, sample, report.
 
-use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, TokenLogprobs};
 use strata_kv::KvStorage;
-use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+use strata_types::sampling::{draw_uniform, sample, token_logprobs, TokenLogprobs};
+use strata_types::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
 use std::time::Instant;
 

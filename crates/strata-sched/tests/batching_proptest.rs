@@ -7,9 +7,9 @@ use std::collections::HashMap;
 
 use common::{drain, fake_config, pool, record, run_alone, FakeDrafter, FakeModel, EOS, VOCAB};
 use proptest::prelude::*;
-use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, PoolKind};
 use strata_sched::{FinishReason, PromptLookup, Request, Scheduler, SchedulerConfig, SeqId};
+use strata_types::sampling::SamplingParams;
 
 #[derive(Clone, Debug)]
 struct Spec {

@@ -8,12 +8,12 @@ use common::{
     drain, fake_config, logits_for, pool, reference_tokens, run_alone, FakeModel, Outcome, EOS,
     VOCAB,
 };
-use strata_kernels::sampling::{logprob_of, top_logprobs, SamplingParams, MAX_TOP_LOGPROBS};
 use strata_kv::{CacheType, HostStorage, KvPool, PoolKind};
-use strata_model::{ForwardBatch, ForwardOutput};
 use strata_sched::{
     EventKind, FinishReason, Request, SchedError, Scheduler, SchedulerConfig, SeqId, StepModel,
 };
+use strata_types::sampling::{logprob_of, top_logprobs, SamplingParams, MAX_TOP_LOGPROBS};
+use strata_types::{ForwardBatch, ForwardOutput};
 
 fn config(max_running: usize, batch: usize, chunk: usize) -> SchedulerConfig {
     SchedulerConfig {

@@ -32,7 +32,7 @@ fn sampled(
     seed: u64,
 ) -> Request {
     let mut r = Request::new(prompt, max_tokens);
-    r.sampling = strata_kernels::sampling::SamplingParams {
+    r.sampling = strata_types::sampling::SamplingParams {
         temperature,
         top_k: 0,
         top_p,

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use strata_kernels::sampling::SamplingParams;
 use strata_kv::{CacheType, KvCacheDtype, KvStatus, PagePlan};
-use strata_sched::{DraftStats, Drafting, SchedulerConfig};
+use strata_model::{Drafting, ModelRunner};
+use strata_sched::{DraftStats, SchedulerConfig};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -218,6 +219,7 @@ impl OnBackend for SpawnWorker<'_> {
                     })
                 }
                 None => {
+                    let model = ModelRunner(model);
                     let w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
                     thread.spawn(move || {
                         let _alive = alive;

@@ -16,9 +16,7 @@ use crate::radix::{NodeId, RadixTree};
 use crate::window_map::SlotPools;
 use crate::{CacheType, KvError, KvLayout, KvStorage, PagePlan, PoolKind};
 
-/// A request's handle in the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
+pub use strata_types::RequestId;
 
 /// One request's pages. Pages `[0, borrowed)` belong to the radix cache (pinned through
 /// `locked_node`); the rest belong to the request.

@@ -5,16 +5,17 @@
 use serde_json::json;
 use std::collections::HashMap;
 use strata_config::ModelConfig;
-use strata_kernels::sampling::{draw_uniform, sample, token_logprobs, RowDraw, SamplingParams};
+use strata_types::sampling::{draw_uniform, sample, token_logprobs, RowDraw, SamplingParams};
 
 use strata_kv::{
     CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan, RequestId,
 };
-use strata_model::{ForwardBatch, ForwardOutput, LogitsMode, FED_TOKEN};
 use strata_sched::{
     CheckRow, CheckedRow, DraftRow, Event, EventKind, FinishReason, Request, SchedError, Scheduler,
     SchedulerConfig, SeqId, StepModel,
 };
+use strata_types::sampling::FED_TOKEN;
+use strata_types::{ForwardBatch, ForwardOutput, LogitsMode};
 
 pub const VOCAB: usize = 16;
 pub const EOS: u32 = 0;
@@ -137,7 +138,7 @@ impl FakeDrafter {
     }
 
     fn propose(&self, seq: &[u32]) -> u32 {
-        let right = strata_kernels::sampling::argmax(&logits_for(seq));
+        let right = strata_types::sampling::argmax(&logits_for(seq));
         let mut h: u64 = 0x51ED;
         for &t in seq {
             h = (h ^ t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -211,7 +212,7 @@ impl FakeModel {
                     scores.push(d.logprobs.map(|n| token_logprobs(&logits, t, n)));
                 }
                 None => {
-                    picked.push(strata_kernels::sampling::argmax(&logits));
+                    picked.push(strata_types::sampling::argmax(&logits));
                     scores.push(None);
                 }
             }
@@ -341,7 +342,7 @@ impl StepModel for FakeModel {
             let mut score = None;
             if s.logits == LogitsMode::Argmax {
                 // As a device would: the greedy choice only, no logits.
-                tokens.push(Some(strata_kernels::sampling::argmax(&out)));
+                tokens.push(Some(strata_types::sampling::argmax(&out)));
                 out.clear();
             } else if let LogitsMode::Draw {
                 params,

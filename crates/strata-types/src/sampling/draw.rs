@@ -29,7 +29,8 @@ use super::weight::{
     DrawSettings, WEIGHT_CUTOFF,
 };
 use super::{argmax, SamplingParams};
-use crate::{KernelError, Result};
+use crate::error::Result;
+use crate::SamplingError;
 
 /// Candidates selected in the first round of a nucleus search; each later round takes
 /// [`NUCLEUS_GROWTH`] times more, and past a quarter of the row the whole row is sorted.
@@ -43,7 +44,7 @@ const CHUNK: usize = 16_384;
 pub fn sample(logits: &[f32], params: &SamplingParams, uniform: u64) -> Result<u32> {
     params.validate()?;
     if logits.is_empty() {
-        return Err(KernelError::Invalid {
+        return Err(SamplingError::Invalid {
             op: "sample",
             detail: "empty logits".into(),
         });

@@ -1,7 +1,7 @@
 //! One forward step's input and output.
 
-use strata_kernels::sampling::{SamplingParams, TokenLogprobs};
-use strata_kv::RequestId;
+use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::RequestId;
 
 /// Which logits a sequence wants from this step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -16,9 +16,9 @@ pub enum LogitsMode {
     /// where the logits are: a GPU then sends back one id instead of a vocabulary of floats.
     Argmax,
     /// A token for the last token drawn with these settings and this uniform
-    /// (`strata_kernels::sampling::sample`; greedy settings take the argmax), where the
+    /// (`strata_types::sampling::sample`; greedy settings take the argmax), where the
     /// logits are, as for `Argmax`; with `logprobs`, also the token's logprob and that many
-    /// top logprobs of the raw distribution (`strata_kernels::sampling::token_logprobs`).
+    /// top logprobs of the raw distribution (`strata_types::sampling::token_logprobs`).
     Draw {
         params: SamplingParams,
         uniform: u64,

@@ -165,7 +165,7 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
 }
 
 /// Token `id`'s logprob and the row's `n` top logprobs: the definition every backend's
-/// [`crate::Backend::pick_start`] reproduces to the bit.
+/// `strata_kernels::Backend::pick_start` reproduces to the bit.
 pub fn token_logprobs(logits: &[f32], id: u32, n: usize) -> TokenLogprobs {
     let value = logits.get(id as usize).copied().unwrap_or(f32::NAN);
     TokenLogprobs::from_values(&RowMass::of(logits), value, &top_values(logits, n))

@@ -8,12 +8,10 @@ use std::sync::Arc;
 
 use strata_kernels::{Backend, StridedCopy};
 use strata_kv::{KvPool, KvStorage, RequestId};
-use strata_model::{
-    Assistant, DraftSeq, ForwardBatch, ForwardOutput, KvCache, Launched, ModelError,
-};
+use strata_sched::{CheckRow, CheckedRow, DraftRow, SchedError, StepModel};
 
-use crate::model::check_runs;
-use crate::{CheckRow, CheckedRow, DraftRow, ModelHandle, SchedError, StepModel};
+use crate::runner::{check_runs, ModelHandle, ModelRunner};
+use crate::{Assistant, DraftSeq, ForwardBatch, ForwardOutput, KvCache, Launched, ModelError};
 
 /// The target's state a request drafts from next: row `row` of `rows`, computed by the
 /// round that left the request's newest token at position `next`.
@@ -25,7 +23,7 @@ struct Kept<B: Backend> {
 
 /// A target model (`H`) that drafts with `assistant`, `draft_tokens` tokens a round.
 pub struct Drafting<H: ModelHandle> {
-    target: H,
+    target: ModelRunner<H>,
     assistant: Arc<Assistant<H::Backend>>,
     draft_tokens: usize,
     /// Per request, the state of its latest round (only the latest round's requests).
@@ -37,7 +35,7 @@ impl<H: ModelHandle> Drafting<H> {
     /// ([`Assistant::load`] checks that).
     pub fn new(target: H, assistant: Arc<Assistant<H::Backend>>, draft_tokens: usize) -> Self {
         Self {
-            target,
+            target: ModelRunner(target),
             assistant,
             draft_tokens,
             kept: HashMap::new(),
@@ -45,7 +43,7 @@ impl<H: ModelHandle> Drafting<H> {
     }
 
     pub fn target(&self) -> &H {
-        &self.target
+        &self.target.0
     }
 
     /// The drafts of `rows` (by row), one assistant round for each distinct draft count.
@@ -54,7 +52,7 @@ impl<H: ModelHandle> Drafting<H> {
         kv: &mut K,
         rows: &[DraftRow],
     ) -> Result<Vec<Vec<u32>>, SchedError> {
-        let target = self.target.model();
+        let target = self.target.0.model();
         let b = target.backend();
         let h = target.config().hidden_size;
         let mut drafts = vec![Vec::new(); rows.len()];
@@ -181,7 +179,7 @@ where
                 draws: r.draws.clone(),
             })
             .collect();
-        let (checked, hidden) = check_runs(self.target.model(), kv, &runs)?;
+        let (checked, hidden) = check_runs(self.target.0.model(), kv, &runs)?;
         let hidden =
             hidden.ok_or_else(|| SchedError::Other("the target returned no hidden rows".into()))?;
         let hidden = Arc::new(hidden);

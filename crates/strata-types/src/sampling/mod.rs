@@ -1,7 +1,7 @@
 //! Token sampling: greedy, temperature, top-k, top-p, min-p, seeded.
 //!
 //! [`sample`] is the definition of a draw for every backend (`draw.rs`): a backend's
-//! [`crate::Backend::pick_start`] draws the same token from the same logits and uniform, to
+//! `strata_kernels::Backend::pick_start` draws the same token from the same logits and uniform, to
 //! the bit. Order of the filters follows transformers' logits warpers: temperature, then
 //! top-k, then top-p (on the distribution renormalised over the top-k survivors), then min-p
 //! (which keeps `p >= min_p * p_max`; it commutes with the truncations above because they
@@ -23,7 +23,8 @@ pub use logprobs::{
 };
 pub use rng::{draw_uniform, SamplerRng};
 
-use crate::{KernelError, Result};
+use crate::error::Result;
+use crate::SamplingError;
 
 /// Per-request sampling settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,9 +62,10 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// `Err` naming the setting that is out of its range.
+    pub fn validate(&self) -> Result<()> {
         let bad = |detail: String| {
-            Err(KernelError::Invalid {
+            Err(SamplingError::Invalid {
                 op: "sample",
                 detail,
             })
@@ -92,7 +94,7 @@ impl SamplingParams {
     }
 }
 
-/// A row of a step's logits drawn from where the logits are ([`crate::Backend::pick_start`]):
+/// A row of a step's logits drawn from where the logits are (`strata_kernels::Backend::pick_start`):
 /// its index, settings and the draw's uniform.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowDraw {
@@ -168,11 +170,11 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// A token id that stands for a greedy token not yet read back: `FED_TOKEN | r` is row
-/// `r` of an earlier step's argmax ([`crate::Backend::feed_tokens`]). Vocabularies stay
+/// `r` of an earlier step's argmax (`strata_kernels::Backend::feed_tokens`). Vocabularies stay
 /// below 2^31 ids, so no real id has this bit.
 pub const FED_TOKEN: u32 = 1 << 31;
 
-/// The host definition of [`crate::Backend::feed_tokens`]: every id marked with
+/// The host definition of `strata_kernels::Backend::feed_tokens`: every id marked with
 /// [`FED_TOKEN`] becomes row `id & !FED_TOKEN` of `greedy` (id 0 past its rows).
 pub fn feed_tokens(ids: &mut [u32], greedy: &[u32]) {
     for id in ids.iter_mut().filter(|id| **id & FED_TOKEN != 0) {
@@ -183,7 +185,7 @@ pub fn feed_tokens(ids: &mut [u32], greedy: &[u32]) {
     }
 }
 
-/// The host definition of [`crate::Backend::pick_start`]: every row's argmax, except the
+/// The host definition of `strata_kernels::Backend::pick_start`: every row's argmax, except the
 /// rows of `draws`, each drawn with [`sample`] (greedy settings keep the argmax), and with
 /// [`token_logprobs`] where a draw asks for them.
 pub fn pick_rows(
@@ -193,7 +195,7 @@ pub fn pick_rows(
     draws: &[RowDraw],
 ) -> Result<Vec<Picked>> {
     if vocab == 0 || logits.len() < rows * vocab {
-        return Err(KernelError::Shape {
+        return Err(SamplingError::Shape {
             op: "pick_rows",
             detail: format!("logits {} for {rows} rows of {vocab}", logits.len()),
         });
@@ -207,7 +209,7 @@ pub fn pick_rows(
         .collect();
     for d in draws {
         if d.row >= rows {
-            return Err(KernelError::Shape {
+            return Err(SamplingError::Shape {
                 op: "pick_rows",
                 detail: format!("a draw for row {} of {rows}", d.row),
             });

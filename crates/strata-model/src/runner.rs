@@ -1,0 +1,136 @@
+//! The model as the scheduler drives it: [`ModelRunner`] executes the scheduler's steps
+//! (`strata_sched::StepModel`) on the model's backend. The scheduler sits below the model
+//! and knows nothing of devices; this is where its plans meet a forward pass.
+
+use std::sync::Arc;
+
+use strata_kernels::sampling::RowDraw;
+use strata_kernels::Backend;
+use strata_kv::{KvPool, KvStorage};
+use strata_sched::{CheckRow, CheckedRow, SchedError, StepModel};
+
+use crate::{
+    ForwardBatch, ForwardOutput, KvCache, Launched, LogitsMode, Model, ModelError, SeqChunk,
+};
+
+impl From<ModelError> for SchedError {
+    fn from(e: ModelError) -> Self {
+        SchedError::Model(Box::new(e))
+    }
+}
+
+/// The model behind a [`StepModel`] implementation: owned, or shared with other threads
+/// (the engine keeps its own handle for metadata).
+pub trait ModelHandle {
+    type Backend: Backend;
+    fn model(&self) -> &Model<Self::Backend>;
+}
+
+impl<B: Backend> ModelHandle for Model<B> {
+    type Backend = B;
+    fn model(&self) -> &Model<B> {
+        self
+    }
+}
+
+impl<B: Backend> ModelHandle for Arc<Model<B>> {
+    type Backend = B;
+    fn model(&self) -> &Model<B> {
+        self
+    }
+}
+
+/// A model (owned, or shared with other threads) as the scheduler's [`StepModel`].
+pub struct ModelRunner<H>(pub H);
+
+impl<B: Backend, S: KvStorage, H: ModelHandle<Backend = B>> StepModel<S> for ModelRunner<H>
+where
+    KvPool<S>: KvCache<B>,
+{
+    type Launched = Launched<B>;
+
+    fn vocab_size(&self) -> usize {
+        self.0.model().config().vocab_size
+    }
+
+    fn context_len(&self) -> Option<usize> {
+        Some(self.0.model().config().max_position_embeddings)
+    }
+
+    fn launch(
+        &mut self,
+        kv: &mut KvPool<S>,
+        batch: &ForwardBatch,
+        fed: Option<&Launched<B>>,
+    ) -> Result<Launched<B>, SchedError> {
+        Ok(self.0.model().launch(kv, batch, fed)?)
+    }
+
+    fn finish(&mut self, step: Launched<B>) -> Result<ForwardOutput, SchedError> {
+        Ok(self.0.model().finish(step)?)
+    }
+
+    fn feeds(&self, step: &Launched<B>) -> bool {
+        self.0.model().feeds(step)
+    }
+
+    fn verifies(&self) -> bool {
+        true
+    }
+
+    fn verify(
+        &mut self,
+        kv: &mut KvPool<S>,
+        rows: &[CheckRow],
+    ) -> Result<Vec<CheckedRow>, SchedError> {
+        let (checked, _) = check_runs(self.0.model(), kv, rows)?;
+        Ok(checked)
+    }
+}
+
+/// `rows` through `model` in one step, every row's token wanted (greedy, or drawn as its
+/// draws ask): per row, its drafts and tokens, and the rows' final-normed states.
+pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
+    model: &Model<B>,
+    kv: &mut K,
+    rows: &[CheckRow],
+) -> Result<(Vec<CheckedRow>, Option<B::Buffer>), SchedError> {
+    let batch = ForwardBatch {
+        seqs: rows
+            .iter()
+            .map(|r| SeqChunk {
+                request: r.request,
+                tokens: r.tokens.clone(),
+                start: r.start,
+                logits: LogitsMode::All,
+            })
+            .collect(),
+    };
+    // The draws' rows, counted over the whole step.
+    let mut draws = Vec::new();
+    let mut offset = 0;
+    for r in rows {
+        draws.extend(r.draws.iter().map(|d| RowDraw {
+            row: offset + d.row,
+            ..*d
+        }));
+        offset += r.tokens.len();
+    }
+    let out = model.forward_picked_rows(kv, &batch, &draws)?;
+    let mut checked = Vec::with_capacity(rows.len());
+    for (i, (r, picked)) in rows.iter().zip(out.tokens).enumerate() {
+        if picked.len() != r.tokens.len() {
+            return Err(SchedError::Other(format!(
+                "the model checked {} of {} tokens",
+                picked.len(),
+                r.tokens.len()
+            )));
+        }
+        checked.push(CheckedRow {
+            drafts: r.tokens[1..].to_vec(),
+            picked,
+            logprobs: out.logprobs.get(i).cloned().unwrap_or_default(),
+        });
+    }
+    Ok((checked, out.hidden))
+}
