@@ -344,6 +344,8 @@ BAD_COMPLETIONS = {
     "max_tokens_beyond_context": ({"prompt": "hi", "max_tokens": 10_000_000}, 400),
     "logprobs_too_many": ({"prompt": "hi", "max_tokens": 4, "logprobs": 100}, 400),
     "empty_stop": ({"prompt": "hi", "max_tokens": 4, "stop": [""]}, 400),
+    "long_stop": ({"prompt": "hi", "max_tokens": 4, "stop": ["x" * 1025]}, 400),
+    "many_stops": ({"prompt": "hi", "max_tokens": 4, "stop": [str(i) for i in range(17)]}, 400),
     "echo": ({"prompt": "hi", "max_tokens": 4, "echo": True}, 400),
     "presence_penalty": ({"prompt": "hi", "max_tokens": 4, "presence_penalty": 1.0}, 400),
     "stream_options_unknown": ({"prompt": "hi", "max_tokens": 4, "stream": True,

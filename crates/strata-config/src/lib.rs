@@ -12,6 +12,7 @@ mod hf;
 mod kv;
 mod load;
 mod rope;
+mod validate;
 
 use serde::Serialize;
 

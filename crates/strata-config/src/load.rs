@@ -65,12 +65,12 @@ impl ModelSource {
 impl ModelConfig {
     /// Parses a Hugging Face `config.json` document.
     pub fn from_hf_json(text: &str) -> Result<Self, ConfigError> {
-        hf::parse(text)
+        crate::validate::validate(hf::parse(text)?)
     }
 
     /// Reads the configuration from a parsed GGUF file's metadata.
     pub fn from_gguf(file: &strata_gguf::GgufFile) -> Result<Self, ConfigError> {
-        gguf::parse(file)
+        crate::validate::validate(gguf::parse(file)?)
     }
 }
 

@@ -187,3 +187,28 @@ fn shared_group_without_source_is_refused() {
         "{e}"
     );
 }
+
+/// Zero sizes and non-positive values in a `config.json` are refused, naming the field.
+#[test]
+fn nonsense_values_are_refused_naming_the_field() {
+    let cases = [
+        ("head_dim", serde_json::json!(0), "head_dim"),
+        ("rms_norm_eps", serde_json::json!(-1e-6), "rms_norm_eps"),
+        ("vocab_size", serde_json::json!(0), "vocab_size"),
+        (
+            "final_logit_softcapping",
+            serde_json::json!(-30.0),
+            "final_logit_softcapping",
+        ),
+        ("hidden_size", serde_json::json!(0), "hidden_size"),
+    ];
+    for (key, value, field) in cases {
+        let mut cfg = common::e2b();
+        // The multimodal wrapper carries the text model's fields under `text_config`.
+        cfg["text_config"][key] = value.clone();
+        let err = ModelConfig::from_hf_json(&cfg.to_string())
+            .expect_err(&format!("{key} = {value}"))
+            .to_string();
+        assert!(err.contains(field), "{key} = {value}: {err}");
+    }
+}

@@ -144,3 +144,41 @@ fn gguf_refusals_name_the_key() {
     w.str("general.architecture", "llama");
     assert!(parse(&w).unwrap_err().contains("llama.block_count"));
 }
+
+/// Values that parse but cannot describe a model (NaN, zero, negative) are refused at load,
+/// naming the field, instead of loading and generating garbage.
+#[test]
+fn nonsense_values_are_refused_naming_the_field() {
+    let cases: [(&str, Value, &str); 5] = [
+        (
+            "attention.layer_norm_rms_epsilon",
+            Value::F32(f32::NAN),
+            "rms_norm_eps",
+        ),
+        (
+            "attention.layer_norm_rms_epsilon",
+            Value::F32(0.0),
+            "rms_norm_eps",
+        ),
+        ("rope.freq_base", Value::F32(f32::NAN), "rope_theta"),
+        ("rope.freq_base", Value::F32(-1.0), "rope_theta"),
+        ("context_length", Value::U32(0), "max_position_embeddings"),
+    ];
+    for (key, value, field) in cases {
+        let mut w = GgufWriter::new();
+        let k = |s: &str| format!("llama.{s}");
+        w.str("general.architecture", "llama")
+            .u32(&k("block_count"), 2)
+            .u32(&k("embedding_length"), 64)
+            .u32(&k("feed_forward_length"), 128)
+            .u32(&k("attention.head_count"), 4)
+            .u32(&k("attention.head_count_kv"), 2)
+            .u32(&k("vocab_size"), 100)
+            .kv(&k(key), value.clone());
+        if key != "rope.freq_base" {
+            w.f32(&k("rope.freq_base"), 1e4);
+        }
+        let err = parse(&w).unwrap_err();
+        assert!(err.contains(field), "{key} = {value:?}: {err}");
+    }
+}

@@ -226,6 +226,9 @@ pub struct Limits {
 const DEFAULT_MAX_TOKENS: u32 = 16;
 const MAX_TOP_LOGPROBS: u32 = 20;
 const MAX_STOP_STRINGS: usize = 16;
+/// Bytes of one stop string. Every generated token is checked against each stop string over
+/// the held-back tail, so their length is engine time per token.
+const MAX_STOP_BYTES: usize = 1024;
 
 /// Checks the shared fields and builds the engine request for `prompt`.
 pub fn build(
@@ -330,10 +333,16 @@ pub fn build(
         Some(OneOrMany::One(s)) => vec![s.clone()],
         Some(OneOrMany::Many(v)) => v.clone(),
     };
-    if stop.len() > MAX_STOP_STRINGS || stop.iter().any(String::is_empty) {
+    if stop.len() > MAX_STOP_STRINGS
+        || stop
+            .iter()
+            .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
         return Err(ApiError::invalid(
             "stop",
-            format!("stop takes 1 to {MAX_STOP_STRINGS} non-empty strings"),
+            format!(
+                "stop takes 1 to {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_BYTES} bytes"
+            ),
         ));
     }
     Ok(GenerationRequest {
