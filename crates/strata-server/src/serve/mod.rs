@@ -6,9 +6,10 @@ mod listen;
 mod prom;
 mod routes;
 
+pub use routes::{AppState, Shared};
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,8 +23,6 @@ use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::{PromptLookup, SchedulerConfig};
 
 use crate::step_budget;
-
-use routes::{AppState, Shared};
 
 /// Largest request body accepted.
 const MAX_BODY_BYTES: usize = 8 << 20;
@@ -296,16 +295,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         ));
     }
     let state: Shared = Arc::new(AppState {
-        engine: engine.clone(),
-        model_name: name.clone(),
         api_key: a.api_key.clone(),
         admin_api_key: a.admin_api_key.clone(),
-        draining: AtomicBool::new(false),
         timings: a.enable_timings_report,
-        next_id: AtomicU64::new(1),
-        created: routes::created_now(),
         window_ratio: a.swa_ratio,
-        tokenize_slots: tokio::sync::Semaphore::new(routes::TOKENIZE_SLOTS),
+        ..AppState::new(engine.clone(), name.clone())
     });
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()

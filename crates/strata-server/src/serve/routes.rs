@@ -45,6 +45,25 @@ pub const TOKENIZE_SLOTS: usize = 8;
 
 pub type Shared = Arc<AppState>;
 
+impl AppState {
+    /// A server's state for `engine`, serving it as `model_name`: no keys, no timings,
+    /// the default sliding-window ratio.
+    pub fn new(engine: Engine, model_name: String) -> Self {
+        Self {
+            engine,
+            model_name,
+            api_key: None,
+            admin_api_key: None,
+            draining: AtomicBool::new(false),
+            timings: false,
+            next_id: AtomicU64::new(1),
+            created: created_now(),
+            window_ratio: strata_kv::DEFAULT_WINDOW_RATIO,
+            tokenize_slots: tokio::sync::Semaphore::new(TOKENIZE_SLOTS),
+        }
+    }
+}
+
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
