@@ -8,10 +8,11 @@ use std::time::Instant;
 
 use strata_kernels::sampling::{draw_uniform, SamplerRng, SamplingParams};
 use strata_kernels::Backend;
-use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan, RequestId};
+use strata_kv::{KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan, RequestId};
 use strata_model::{ForwardBatch, KvCache, Launched, LogitsMode, Model, SeqChunk, FED_TOKEN};
 
-use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Result};
+use crate::placed::{OnOwnPool, OwnPool};
+use crate::{EngineError, LoadedModel, OnDevice, Placement, Result};
 
 const PAGE: usize = 16;
 
@@ -69,10 +70,10 @@ impl LoadedModel {
         // held at once.
         let prompts = 2 * mixed_prompts * (shape.longest_prompt() + PAGE);
         let p = plan(batch * (depth + steps + warmup + PAGE) + prompts);
-        let secs = self.runtime.dispatch(DecodeOn {
+        let secs = self.runtime.dispatch(OwnPool {
             layout,
             plan: p,
-            shape,
+            job: DecodeOn { shape },
         })?;
         Ok(DecodeBench {
             batch,
@@ -95,10 +96,10 @@ impl LoadedModel {
         let prompt = ids(tokens, self.config().vocab_size, 1);
         let mut best = (f64::INFINITY, 0.0);
         for _ in 0..repeats.max(1) {
-            let run = self.runtime.dispatch(PrefillOn {
+            let run = self.runtime.dispatch(OwnPool {
                 layout: layout.clone(),
                 plan: p,
-                prompt: &prompt,
+                job: PrefillOn { prompt: &prompt },
             })?;
             if run.0 < best.0 {
                 best = run;
@@ -113,58 +114,42 @@ impl LoadedModel {
     }
 }
 
-/// The decode loop's wall time over the timed steps (the pool's slot allocation and
-/// commits included, as in serving). With `overlap`, each step is queued before the one
-/// ahead of it is read, its ids fed from that step's greedy tokens on the backend (the
-/// scheduler's `overlap`); the timed steps start with nothing queued either way.
 /// Decode steps on the model's backend (see [`LoadedModel::bench_decode`]).
 struct DecodeOn {
-    layout: KvLayout,
-    plan: PagePlan,
     shape: DecodeShape,
 }
 
-impl OnBackend for DecodeOn {
-    type Output = Result<f64>;
+impl OnOwnPool for DecodeOn {
+    type Output = f64;
 
-    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Result<f64>
+    fn run<B: Placement>(self, placed: &OnDevice<B>, kv: KvPool<B::Storage>) -> Result<f64>
     where
         KvPool<B::Storage>: KvCache<B>,
     {
-        let kv = KvPool::new(
-            self.layout,
-            self.plan,
-            CacheType::Naive,
-            placed.kv_storage(),
-        )?;
         decode_on(&placed.model, kv, self.shape)
     }
 }
 
 /// One prompt's pass on the model's backend (see [`LoadedModel::bench_prefill`]).
 struct PrefillOn<'a> {
-    layout: KvLayout,
-    plan: PagePlan,
     prompt: &'a [u32],
 }
 
-impl OnBackend for PrefillOn<'_> {
-    type Output = Result<(f64, f64)>;
+impl OnOwnPool for PrefillOn<'_> {
+    type Output = (f64, f64);
 
-    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
+    fn run<B: Placement>(self, placed: &OnDevice<B>, kv: KvPool<B::Storage>) -> Result<(f64, f64)>
     where
         KvPool<B::Storage>: KvCache<B>,
     {
-        let kv = KvPool::new(
-            self.layout,
-            self.plan,
-            CacheType::Naive,
-            placed.kv_storage(),
-        )?;
         prefill_on(&placed.model, kv, self.prompt)
     }
 }
 
+/// The decode loop's wall time over the timed steps (the pool's slot allocation and
+/// commits included, as in serving). With `overlap`, each step is queued before the one
+/// ahead of it is read, its ids fed from that step's greedy tokens on the backend (the
+/// scheduler's `overlap`); the timed steps start with nothing queued either way.
 fn decode_on<B: Backend, S: KvStorage>(
     model: &Model<B>,
     mut kv: KvPool<S>,

@@ -7,10 +7,11 @@
 use std::time::Instant;
 
 use strata_kernels::{Backend, HostSlice};
-use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_kv::{KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{Assistant, DraftSeq, ForwardBatch, KvCache, LogitsMode, Model, SeqChunk};
 
-use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Result};
+use crate::placed::{OnOwnPool, OwnPool};
+use crate::{EngineError, LoadedModel, OnDevice, Placement, Result};
 
 const PAGE: usize = 16;
 
@@ -76,12 +77,14 @@ impl LoadedModel {
             window: pages,
             page_size: PAGE,
         };
-        self.runtime.dispatch(RoundsOn {
+        self.runtime.dispatch(OwnPool {
             layout,
             plan,
-            shape: (requests, depth),
-            draft_tokens,
-            repeats: repeats.max(1),
+            job: RoundsOn {
+                shape: (requests, depth),
+                draft_tokens,
+                repeats: repeats.max(1),
+            },
         })
     }
 }
@@ -89,17 +92,19 @@ impl LoadedModel {
 /// Speculative rounds on the model's backend, with its drafter (see
 /// [`LoadedModel::bench_speculative`]).
 struct RoundsOn<'a> {
-    layout: KvLayout,
-    plan: PagePlan,
     shape: (usize, usize),
     draft_tokens: &'a [usize],
     repeats: usize,
 }
 
-impl OnBackend for RoundsOn<'_> {
-    type Output = Result<Vec<DraftBench>>;
+impl OnOwnPool for RoundsOn<'_> {
+    type Output = Vec<DraftBench>;
 
-    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
+    fn run<B: Placement>(
+        self,
+        placed: &OnDevice<B>,
+        kv: KvPool<B::Storage>,
+    ) -> Result<Vec<DraftBench>>
     where
         KvPool<B::Storage>: KvCache<B>,
     {
@@ -107,12 +112,6 @@ impl OnBackend for RoundsOn<'_> {
             .draft
             .as_ref()
             .ok_or_else(|| EngineError::Invalid("no draft model is loaded".into()))?;
-        let kv = KvPool::new(
-            self.layout,
-            self.plan,
-            CacheType::Naive,
-            placed.kv_storage(),
-        )?;
         let (model, shape, k, r) = (&placed.model, self.shape, self.draft_tokens, self.repeats);
         rounds_on(model, d, kv, shape, k, r)
     }

@@ -5,14 +5,15 @@ use std::time::Instant;
 
 use strata_kernels::sampling::SamplingParams;
 use strata_kernels::Backend;
-use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_kv::{KvCacheDtype, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{Drafting, ForwardBatch, KvCache, LogitsMode, Model, ModelRunner, SeqChunk};
 use strata_sched::{
     DraftStats, EventKind, FinishReason, PromptLookup, Request, Scheduler, SchedulerConfig,
     StepModel,
 };
 
-use crate::{EngineError, LoadedModel, OnBackend, OnDevice, Placement, Result};
+use crate::placed::{OnOwnPool, OwnPool};
+use crate::{EngineError, LoadedModel, OnDevice, Placement, Result};
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -128,12 +129,14 @@ impl LoadedModel {
             ignore_eos: !p.stop_at_eos,
             ..Request::new(prompt.to_vec(), p.max_tokens)
         };
-        self.runtime.dispatch(GenerateOn {
+        self.runtime.dispatch(OwnPool {
             layout,
             plan,
-            config,
-            request,
-            draft_tokens: if drafts { p.draft_tokens } else { 0 },
+            job: GenerateOn {
+                config,
+                request,
+                draft_tokens: if drafts { p.draft_tokens } else { 0 },
+            },
         })
     }
 }
@@ -141,26 +144,22 @@ impl LoadedModel {
 /// One request on a pool of its own, on the model's backend (drafted by its drafter
 /// when `draft_tokens` is positive).
 struct GenerateOn {
-    layout: KvLayout,
-    plan: PagePlan,
     config: SchedulerConfig,
     request: Request,
     draft_tokens: usize,
 }
 
-impl OnBackend for GenerateOn {
-    type Output = Result<GenerateResult>;
+impl OnOwnPool for GenerateOn {
+    type Output = GenerateResult;
 
-    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Result<GenerateResult>
+    fn run<B: Placement>(
+        self,
+        placed: &OnDevice<B>,
+        kv: KvPool<B::Storage>,
+    ) -> Result<GenerateResult>
     where
         KvPool<B::Storage>: KvCache<B>,
     {
-        let kv = KvPool::new(
-            self.layout,
-            self.plan,
-            CacheType::Naive,
-            placed.kv_storage(),
-        )?;
         let model = placed.model.clone();
         match placed.draft.clone().filter(|_| self.draft_tokens > 0) {
             Some(d) => {
@@ -252,38 +251,32 @@ impl LoadedModel {
             window: pages,
             page_size: PAGE_SIZE,
         };
-        self.runtime.dispatch(ScoreOn {
+        self.runtime.dispatch(OwnPool {
             layout,
             plan,
-            ids,
-            passes,
-            last_rows,
+            job: ScoreOn {
+                ids,
+                passes,
+                last_rows,
+            },
         })
     }
 }
 
 /// Teacher-forced logits on the model's backend (see [`LoadedModel::score`]).
 struct ScoreOn<'a> {
-    layout: KvLayout,
-    plan: PagePlan,
     ids: &'a [u32],
     passes: &'a [usize],
     last_rows: bool,
 }
 
-impl OnBackend for ScoreOn<'_> {
-    type Output = Result<Vec<f32>>;
+impl OnOwnPool for ScoreOn<'_> {
+    type Output = Vec<f32>;
 
-    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Result<Vec<f32>>
+    fn run<B: Placement>(self, placed: &OnDevice<B>, kv: KvPool<B::Storage>) -> Result<Vec<f32>>
     where
         KvPool<B::Storage>: KvCache<B>,
     {
-        let kv = KvPool::new(
-            self.layout,
-            self.plan,
-            CacheType::Naive,
-            placed.kv_storage(),
-        )?;
         score_on(&placed.model, kv, self.ids, self.passes, self.last_rows)
     }
 }

@@ -11,7 +11,7 @@ use strata_kernels::cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 use strata_kernels::cuda::CudaBackend;
 use strata_kernels::Backend;
-use strata_kv::{HostStorage, KvPool, KvStorage};
+use strata_kv::{CacheType, HostStorage, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{Assistant, KvCache, LoadOptions, Model};
 
 /// A backend a model can be placed on, with the storage its KV pools live in.
@@ -85,6 +85,44 @@ pub trait OnBackend {
     fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
     where
         KvPool<B::Storage>: KvCache<B>;
+}
+
+/// Work on a KV pool of its own (no prefix cache), as `generate`, `score` and the
+/// benchmarks run: [`OwnPool`] makes the pool on the model's backend.
+pub(crate) trait OnOwnPool {
+    type Output;
+
+    fn run<B: Placement>(
+        self,
+        placed: &OnDevice<B>,
+        kv: KvPool<B::Storage>,
+    ) -> crate::Result<Self::Output>
+    where
+        KvPool<B::Storage>: KvCache<B>;
+}
+
+/// `job` on a fresh pool of `layout` and `plan`.
+pub(crate) struct OwnPool<J> {
+    pub layout: KvLayout,
+    pub plan: PagePlan,
+    pub job: J,
+}
+
+impl<J: OnOwnPool> OnBackend for OwnPool<J> {
+    type Output = crate::Result<J::Output>;
+
+    fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
+    where
+        KvPool<B::Storage>: KvCache<B>,
+    {
+        let kv = KvPool::new(
+            self.layout,
+            self.plan,
+            CacheType::Naive,
+            placed.kv_storage(),
+        )?;
+        self.job.run(placed, kv)
+    }
 }
 
 /// The model on the backend it runs on.
