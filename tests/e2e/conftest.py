@@ -26,6 +26,8 @@ MODEL_NAME = MODEL.stem
 # asks for at once.
 KV_BUDGET_BYTES = int(os.environ.get("STRATA_E2E_KV_BUDGET", str(64 << 20)))
 STARTUP_TIMEOUT_S = 120.0
+# The shared server's --max-model-len: a rebuild may not go below this many tokens.
+MAX_MODEL_LEN = 4096
 
 
 def pytest_collection_modifyitems(config, items):
@@ -132,7 +134,10 @@ def log_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def server(log_dir):
     """The shared server: default flags plus --enable-timings-report."""
-    s = start_server(log_dir, "--enable-timings-report", name="main", admin_key="e2e-admin")
+    # --max-model-len keeps the smallest pool a rebuild may leave (one request of that length)
+    # small enough for the rebuild tests.
+    s = start_server(log_dir, "--enable-timings-report", "--max-model-len", str(MAX_MODEL_LEN),
+                     name="main", admin_key="e2e-admin")
     yield s
     s.stop()
     # A crash during the session shows up here even if every test passed.

@@ -51,8 +51,9 @@ def read_sse(resp) -> tuple[list[dict], bool]:
 
 
 def assert_api_error(resp, status: int | None = None):
-    """An OpenAI-style JSON error with a 4xx status."""
-    assert 400 <= resp.status_code < 500, f"expected 4xx, got {resp.status_code}: {resp.text[:500]}"
+    """An OpenAI-style JSON error: with a 4xx status, or the given status."""
+    if status is None or status < 500:
+        assert 400 <= resp.status_code < 500, f"expected 4xx, got {resp.status_code}: {resp.text[:500]}"
     if status is not None:
         assert resp.status_code == status, f"expected {status}, got {resp.status_code}: {resp.text[:500]}"
     assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from conftest import REPO, start_server
+from conftest import MAX_MODEL_LEN, REPO, start_server
 from helpers import assert_api_error, get, post
 
 SMOL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -22,7 +22,9 @@ SMOL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 def smol(log_dir):
     if not SMOL.is_file():
         pytest.skip(f"{SMOL} is absent: run scripts/fetch-models.sh")
-    s = start_server(log_dir, name="smol", model=SMOL)
+    # Past the default prompt-byte limit (64 bytes a token of context), so that the megabyte
+    # prompt below reaches the tokenizer.
+    s = start_server(log_dir, "--max-prompt-bytes", "4000000", name="smol", model=SMOL)
     yield s
     s.stop()
     assert s.proc.returncode in (0, -2, 130), s.log_tail()
@@ -65,6 +67,83 @@ def test_a_megabyte_word_is_refused_quickly_and_the_server_lives(smol):
     # And it still serves.
     r = post(smol, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
     assert r.status_code == 200, r.text
+
+
+def test_prompt_text_past_the_byte_limit_is_refused_before_tokenizing(log_dir):
+    s = start_server(log_dir, "--max-prompt-bytes", "1000", name="bytes", model=SMOL)
+    try:
+        for path, body, param in (
+            ("/v1/completions", {"prompt": "word " * 201, "max_tokens": 1}, "prompt"),
+            ("/v1/completions", {"prompt": ["word " * 201], "max_tokens": 1}, "prompt"),
+            # A chat counts its messages' texts together.
+            ("/v1/chat/completions", {"messages": [{"role": "system", "content": "x" * 600},
+                                                   {"role": "user", "content": "y" * 600}],
+                                      "max_tokens": 1}, "messages"),
+        ):
+            err = assert_api_error(post(s, path, body), 400)
+            assert err["param"] == param, err
+            assert "--max-prompt-bytes" in err["message"] and "1000" in err["message"], err
+        # At the limit it is served.
+        r = post(s, "/v1/completions", {"prompt": "word " * 200, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    finally:
+        s.stop()
+
+
+# --------------------------------------------------------------------------- timeouts
+
+
+def test_request_and_queue_timeouts(log_dir):
+    """One request may run; the next waits. The running one passes --request-timeout (504, or
+    an error event on a stream); the waiting one passes --queue-timeout (503 + Retry-After)."""
+    s = start_server(log_dir, "--max-running-requests", "1", "--request-timeout", "3",
+                     "--queue-timeout", "0.5", name="timeouts")
+    try:
+        long = {"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+        events: list = []
+
+        def stream():
+            with requests.post(s.base + "/v1/completions", json={**long, "stream": True},
+                               stream=True, timeout=60) as r:
+                assert r.status_code == 200
+                for raw in r.iter_lines():
+                    if raw.startswith(b"data: "):
+                        events.append(raw[6:])
+
+        t0 = time.monotonic()
+        runner = threading.Thread(target=stream)
+        runner.start()
+        deadline = time.monotonic() + 10
+        while get(s, "/v1/cache/status").json()["running_requests"] < 1:
+            assert time.monotonic() < deadline, "the first request never ran"
+            time.sleep(0.02)
+        t1 = time.monotonic()
+        r = post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, timeout=30)
+        waited = time.monotonic() - t1
+        err = assert_api_error(r, 503)
+        assert "--queue-timeout" in err["message"], err
+        assert r.headers.get("Retry-After") == "1"
+        assert 0.4 < waited < 2.5, f"refused after {waited:.2f} s"
+        runner.join(30)
+        elapsed = time.monotonic() - t0
+        assert 2.9 < elapsed < 8, f"the stream ran {elapsed:.1f} s"
+        assert events[-1] == b"[DONE]", events[-3:]
+        last = json.loads(events[-2])
+        assert last["error"]["code"] == 504 and "--request-timeout" in last["error"]["message"], last
+        assert len(events) > 3, "tokens streamed before the timeout"
+        # Unstreamed: 504.
+        err = assert_api_error(post(s, "/v1/completions", long, timeout=30), 504)
+        assert err["type"] == "timeout_error", err
+        text = requests.get(s.base + "/metrics", timeout=10).text
+        counts = {r: float(l.split()[-1]) for l in text.splitlines()
+                  for r in ("timeout", "queue_timeout")
+                  if l.startswith(f'strata_requests_finished_total{{reason="{r}"}}')}
+        assert counts == {"timeout": 2, "queue_timeout": 1}, counts
+        # Short requests are untouched.
+        r = post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+    finally:
+        s.stop()
 
 
 # --------------------------------------------------------------------------- shutdown
@@ -225,6 +304,17 @@ def test_a_rebuild_during_traffic_completes_when_the_pool_drains(server):
     assert answered - stream_end < 2.0
     assert results[0][1]
     assert post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_rebuild_below_one_longest_request_is_refused(server):
+    """The shared server takes requests of --max-model-len tokens: no rebuild may leave a pool
+    that could not hold one."""
+    s0 = get(server, "/v1/cache/status").json()
+    floor = MAX_MODEL_LEN // s0["page_size"]
+    for pages in (1, floor - 1):
+        err = assert_api_error(post(server, "/v1/cache/rebuild", {"num_pages": pages}), 400)
+        assert err["param"] == "num_pages" and f"at least {floor} pages" in err["message"], err
+    assert get(server, "/v1/cache/status").json()["num_pages"] == s0["num_pages"]
 
 
 def test_operator_routes_need_the_admin_key(server, auth_server):

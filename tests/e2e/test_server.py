@@ -16,7 +16,7 @@ import openai
 import pytest
 import requests
 
-from conftest import BIN, MODEL
+from conftest import BIN, MAX_MODEL_LEN, MODEL
 from helpers import assert_api_error, get, post, read_sse
 
 PROMPT = "The capital of France is"
@@ -532,7 +532,8 @@ def test_cache_status_and_flush(server):
 
 def test_cache_rebuild(server):
     s0 = get(server, "/v1/cache/status").json()
-    target = max(64, s0["num_pages"] // 2)
+    floor = MAX_MODEL_LEN // s0["page_size"]
+    target = max(floor, s0["num_pages"] // 2)
     r = post(server, "/v1/cache/rebuild", {"num_pages": target})
     assert r.status_code == 200, r.text
     assert r.json()["num_pages"] == target
@@ -543,6 +544,8 @@ def test_cache_rebuild(server):
         # The server still generates on the new pool, and agrees with itself.
         assert greedy(server, PROMPT, 3)["choices"][0]["text"]
         for bad in ({"num_pages": 0}, {"num_pages": -1}, {"num_pages": "many"}, {}, {"num_pages": 8, "x": 1},
+                    # Less than one request of --max-model-len tokens.
+                    {"num_pages": floor - 1},
                     # Terabytes of KV: refused, not an allocation failure that aborts the server.
                     {"num_pages": 268435455}, {"num_pages": 2**40}):
             assert_api_error(post(server, "/v1/cache/rebuild", bad), 400)
@@ -564,7 +567,7 @@ def test_cache_status_fresh_after_rebuild_and_flush(server):
     stale = []
     try:
         for i in range(10):
-            target = 100 + i
+            target = MAX_MODEL_LEN // 16 + i
             r = post(server, "/v1/cache/rebuild", {"num_pages": target})
             assert r.status_code == 200, r.text
             s = get(server, "/v1/cache/status").json()

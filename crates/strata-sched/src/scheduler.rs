@@ -139,6 +139,14 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
     }
 
+    /// Whether request `id` still waits for its first step: queued and never admitted (or
+    /// preempted before its first token).
+    pub fn is_waiting_to_start(&self, id: SeqId) -> bool {
+        self.waiting
+            .iter()
+            .any(|s| s.id == id && s.completion().is_empty())
+    }
+
     /// Whether a step has anything to do (requests, events to hand out, or a queued step
     /// to read).
     pub fn has_work(&self) -> bool {

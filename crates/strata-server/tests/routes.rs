@@ -111,3 +111,50 @@ async fn operator_routes_need_the_admin_key() {
     assert_eq!(status, StatusCode::OK, "{v}");
     assert!(v["flushed_pages"].is_u64());
 }
+
+/// The server cannot go on without its engine thread: when that thread ends unasked (a
+/// panic), `/health` answers 503 and the accept loop returns an error, from which the
+/// process exits non-zero (a supervisor then restarts it).
+#[tokio::test]
+async fn the_server_stops_with_an_error_when_its_engine_thread_ends() {
+    use strata_server::serve::{listen, serve_on, ConnLimits};
+    let loaded = LoadedModel::load(&fixture("llama-tiny"), Device::Cpu).expect("fixture loads");
+    let opts = EngineOptions {
+        kv_budget_bytes: 8 << 20,
+        ..Default::default()
+    };
+    let engine = Engine::start(loaded, "tiny".into(), opts).expect("engine starts");
+    let state = Arc::new(AppState::new(engine.clone(), "tiny".into()));
+    let http = HttpOptions {
+        body_timeout: Duration::from_secs(10),
+        allowed_origins: Vec::new(),
+    };
+    let app = router(state.clone(), &http).unwrap();
+    let (listener, _) = listen(([127, 0, 0, 1], 0).into()).await.unwrap();
+    let limits = ConnLimits {
+        header_timeout: Duration::from_secs(5),
+        max_connections: 8,
+        shutdown_timeout: Duration::from_secs(5),
+    };
+    let serving = tokio::spawn(serve_on(listener, app.clone(), state, limits));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !serving.is_finished(),
+        "the server runs while its engine does"
+    );
+    // The engine thread ends, as it would after a panic, without the server asking.
+    engine.shutdown();
+    let ended = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the server stops soon after its engine")
+        .unwrap();
+    let err = ended.expect_err("an engine that ended is an error");
+    assert!(err.to_string().contains("engine"), "{err}");
+    assert_eq!(
+        call(&app, "GET", "/health", None, None).await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "engine stopped"})
+        )
+    );
+}

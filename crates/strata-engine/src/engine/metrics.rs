@@ -67,7 +67,7 @@ const GAP_BOUNDS: &[f64] = &[
 
 /// Counters the engine thread and the server update.
 pub struct Metrics {
-    pub requests_finished: [AtomicU64; 4],
+    pub requests_finished: [AtomicU64; FINISH_REASONS.len()],
     pub requests_rejected: AtomicU64,
     /// Requests refused because the waiting queue was full.
     pub requests_queue_full: AtomicU64,
@@ -101,7 +101,16 @@ impl Default for Metrics {
 }
 
 /// The finish reasons counted in `requests_finished`, in index order.
-pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "cancelled", "error"];
+/// How requests end: "timeout" past `--request-timeout`, "queue_timeout" past
+/// `--queue-timeout` before starting.
+pub const FINISH_REASONS: [&str; 6] = [
+    "stop",
+    "length",
+    "cancelled",
+    "error",
+    "timeout",
+    "queue_timeout",
+];
 
 impl Metrics {
     pub fn finished(&self, reason: &str) {

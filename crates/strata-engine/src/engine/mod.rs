@@ -16,7 +16,7 @@ use strata_kv::{CacheType, KvCacheDtype, KvStatus, PagePlan};
 use strata_model::{Drafting, ModelRunner};
 use strata_sched::{DraftStats, SchedulerConfig};
 use strata_tokenizer::Tokenizer;
-use tokio::sync::{mpsc as tmpsc, oneshot};
+use tokio::sync::{mpsc as tmpsc, oneshot, watch};
 
 pub use metrics::{Histogram, Metrics, FINISH_REASONS};
 pub use text::TextStream;
@@ -44,6 +44,15 @@ pub struct EngineOptions {
     /// Requests that may wait for a place beside the running ones; past it `submit`
     /// refuses with [`EngineError::QueueFull`]. `None`: no limit.
     pub max_waiting_requests: Option<usize>,
+    /// A request running longer than this (from its arrival at the engine) is ended with
+    /// reason "timeout". `None`: no limit beyond its token limit.
+    pub request_timeout: Option<Duration>,
+    /// A request that waits longer than this for its first step is ended with reason
+    /// "queue_timeout", so a client learns soon that the server is saturated.
+    pub queue_timeout: Option<Duration>,
+    /// The longest request (prompt and output) accepted: at most the model's context.
+    /// `None`: the model's context.
+    pub max_model_len: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -58,6 +67,9 @@ impl Default for EngineOptions {
             step_trace: None,
             draft_tokens: 3,
             max_waiting_requests: None,
+            request_timeout: None,
+            queue_timeout: None,
+            max_model_len: None,
         }
     }
 }
@@ -87,7 +99,8 @@ pub enum Update {
         top_logprobs: Vec<(u32, f32)>,
     },
     Finished {
-        /// "stop", "length", "cancelled" or "error".
+        /// One of [`FINISH_REASONS`]: "stop", "length", "cancelled", "error", "timeout" or
+        /// "queue_timeout".
         reason: &'static str,
         /// Remaining text (after a stop string is cut, or held-back bytes).
         text: String,
@@ -167,15 +180,18 @@ pub struct Engine {
     max_in_flight: usize,
     /// False once the engine thread has ended, by a panic or a shutdown.
     alive: Arc<AtomicBool>,
+    /// The same, for awaiting it.
+    alive_watch: watch::Receiver<bool>,
 }
 
 /// Clears the engine's liveness when the engine thread ends, however it ends (a panic
-/// unwinds through this guard too).
-struct AliveGuard(Arc<AtomicBool>);
+/// unwinds through this guard too), and wakes whoever awaits [`Engine::stopped`].
+struct AliveGuard(Arc<AtomicBool>, watch::Sender<bool>);
 
 impl Drop for AliveGuard {
     fn drop(&mut self) {
         self.0.store(false, Ordering::SeqCst);
+        self.1.send_replace(false);
     }
 }
 
@@ -262,20 +278,35 @@ impl Engine {
         let metrics = Arc::new(Metrics::default());
         let tokenizer = loaded.tokenizer.clone();
         let prompter = loaded.prompter();
-        let context_len = loaded.config().max_position_embeddings;
+        let model_len = loaded.config().max_position_embeddings;
+        let context_len = match opts.max_model_len {
+            Some(0) => {
+                return Err(EngineError::Invalid(
+                    "max_model_len must be at least 1".into(),
+                ))
+            }
+            Some(n) if n > model_len => {
+                return Err(EngineError::Invalid(format!(
+                    "max_model_len {n} exceeds the model's context of {model_len} tokens"
+                )))
+            }
+            Some(n) => n,
+            None => model_len,
+        };
         let vocab_size = loaded.config().vocab_size;
         let max_in_flight = opts
             .scheduler
             .max_running_requests
             .saturating_add(opts.max_waiting_requests.unwrap_or(usize::MAX));
         let alive = Arc::new(AtomicBool::new(true));
+        let (alive_tx, alive_watch) = watch::channel(true);
         let spawned = loaded.runtime.dispatch(SpawnWorker {
             loaded: &loaded,
             opts,
             status: status.clone(),
             metrics: metrics.clone(),
             rx,
-            alive: AliveGuard(alive.clone()),
+            alive: AliveGuard(alive.clone(), alive_tx),
         })?;
         spawned
             .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
@@ -292,12 +323,20 @@ impl Engine {
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             alive,
+            alive_watch,
         })
     }
 
     /// Whether the engine thread is still running.
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the engine thread has ended (a panic, or a [`shutdown`](Self::shutdown)).
+    pub async fn stopped(&self) {
+        let mut alive = self.alive_watch.clone();
+        // An error means the thread's guard is gone, which also means it has ended.
+        let _ = alive.wait_for(|running| !running).await;
     }
 
     /// Queues a request; its updates arrive on the returned channel. Keep the guard alive

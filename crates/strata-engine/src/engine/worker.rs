@@ -26,6 +26,9 @@ struct Live {
     submitted: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// Why the engine itself cancelled the request ("timeout" or "queue_timeout"); its
+    /// `Cancelled` end is reported under this reason.
+    ended_by: Option<&'static str>,
 }
 
 pub(crate) struct Worker<M: StepModel<S>, S: KvStorage> {
@@ -121,6 +124,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 }
             }
             self.try_rebuild();
+            self.expire(Instant::now());
             if self.sched.has_work() {
                 let start = Instant::now();
                 if let Some(end) = last_step {
@@ -228,6 +232,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 submitted: Instant::now(),
                 first_token: None,
                 last_token: None,
+                ended_by: None,
             },
         );
     }
@@ -284,7 +289,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 let (reason, error) = match reason {
                     FinishReason::Stop => ("stop", None),
                     FinishReason::Length => ("length", None),
-                    FinishReason::Cancelled => ("cancelled", None),
+                    FinishReason::Cancelled => (live.ended_by.unwrap_or("cancelled"), None),
                     FinishReason::Error(e) => ("error", Some(e)),
                 };
                 // A stop string ends the text even when the scheduler saw another reason.
@@ -334,6 +339,36 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                     usage,
                     timings,
                 });
+            }
+        }
+    }
+
+    /// Ends the requests past `--request-timeout`, and those still waiting for their first
+    /// step past `--queue-timeout`; their ends come with the next step.
+    fn expire(&mut self, now: Instant) {
+        let (total, queue) = (self.opts.request_timeout, self.opts.queue_timeout);
+        if total.is_none() && queue.is_none() {
+            return;
+        }
+        let past = |limit: Option<std::time::Duration>, since: Instant| {
+            limit.is_some_and(|l| now.duration_since(since) >= l)
+        };
+        for (&id, live) in self.live.iter_mut() {
+            if live.ended_by.is_some() {
+                continue;
+            }
+            let why = if past(total, live.submitted) {
+                "timeout"
+            } else if past(queue, live.submitted)
+                && live.first_token.is_none()
+                && self.sched.is_waiting_to_start(id)
+            {
+                "queue_timeout"
+            } else {
+                continue;
+            };
+            if self.sched.cancel(id) {
+                live.ended_by = Some(why);
             }
         }
     }

@@ -44,6 +44,7 @@ impl ApiError {
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::GATEWAY_TIMEOUT => "timeout_error",
             s if s.is_client_error() => "invalid_request_error",
             _ => "server_error",
         }
@@ -52,21 +53,51 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind(),
-                "param": self.param,
-                "code": self.status.as_u16(),
-            }
-        });
+        let body = self.event_json();
         let mut resp = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
             // A place frees when any running request ends, typically within a second.
             resp.headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, 1.into());
         }
         resp
+    }
+}
+
+/// The error a request ended by the engine for `reason` gets, if that reason is an error:
+/// 500 for a failure, 504 past `--request-timeout`, 503 past `--queue-timeout`.
+pub fn for_finish(reason: &str, error: Option<String>) -> Option<ApiError> {
+    let (status, message) = match reason {
+        "error" => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error.unwrap_or_else(|| "generation failed".into()),
+        ),
+        "timeout" => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "the request ran longer than the server's --request-timeout".into(),
+        ),
+        "queue_timeout" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is saturated: the request waited longer than --queue-timeout to start"
+                .into(),
+        ),
+        _ => return None,
+    };
+    Some(ApiError::status(status, message))
+}
+
+impl ApiError {
+    /// The error as one event of a stream whose status line has already gone out.
+    pub fn event_json(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind(),
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }})
     }
 }
 

@@ -30,6 +30,13 @@ pub struct ConnLimits {
     pub shutdown_timeout: Duration,
 }
 
+/// Why the accept loop stopped.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    Signal,
+    EngineGone,
+}
+
 /// Binds `addr`.
 pub async fn listen(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
     let listener = TcpListener::bind(addr)
@@ -74,7 +81,8 @@ async fn stop_signal() {
 
 /// Serves `router` on `listener` until a stop signal, then drains: no new connections,
 /// readiness answers 503, in-flight requests run up to `limits.shutdown_timeout`, then are
-/// ended (their streams finish with `finish_reason: "abort"`).
+/// ended (their streams finish with `finish_reason: "abort"`). If the engine thread ends
+/// first (it panicked), returns an error, so that the process exits non-zero.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -92,15 +100,22 @@ pub async fn serve(
         .keep_alive_interval(Some(limits.header_timeout));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
-    let stop = stop_signal();
+    let engine = state.engine.clone();
+    // A signal drains; the engine thread's end (a panic) leaves nothing to drain for.
+    let stop = async {
+        tokio::select! {
+            _ = stop_signal() => Stop::Signal,
+            _ = engine.stopped() => Stop::EngineGone,
+        }
+    };
     tokio::pin!(stop);
-    loop {
+    let why = loop {
         let slot = tokio::select! {
-            _ = &mut stop => break,
+            why = &mut stop => break why,
             slot = slots.clone().acquire_owned() => slot?,
         };
         let (tcp, _) = tokio::select! {
-            _ = &mut stop => break,
+            why = &mut stop => break why,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 // Out of descriptors and alike: wait rather than spin.
@@ -122,9 +137,15 @@ pub async fn serve(
             let _ = conn.await;
             drop(slot);
         });
-    }
+    };
     drop(listener);
     state.draining.store(true, Ordering::SeqCst);
+    if why == Stop::EngineGone {
+        // Its streams have ended with an error event; give the connections a moment to
+        // write it, then exit non-zero so that a supervisor restarts the server.
+        let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+        anyhow::bail!("the engine thread stopped; the server cannot go on without it");
+    }
     let running = state.engine.status().running;
     super::log(format!(
         "stopping: no new connections; {running} requests running get up to {:.0} s",

@@ -6,6 +6,7 @@ mod listen;
 mod prom;
 mod routes;
 
+pub use listen::{listen, serve as serve_on, ConnLimits};
 pub use routes::{AppState, Shared};
 
 use std::net::SocketAddr;
@@ -120,6 +121,24 @@ pub struct ServeArgs {
     /// gets 429 with Retry-After.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting_requests: usize,
+    /// Seconds a request may run, from its arrival at the engine, before it is ended: 504,
+    /// or an error event on a stream. 0: no limit beyond its max_tokens.
+    #[arg(long, default_value_t = 0.0)]
+    pub request_timeout: f64,
+    /// Seconds a request may wait for its first step before it is refused with 503 and
+    /// Retry-After (an error event on a stream), telling clients early that the server is
+    /// saturated. 0: no limit.
+    #[arg(long, default_value_t = 0.0)]
+    pub queue_timeout: f64,
+    /// The longest request accepted, prompt and output together (default: the model's
+    /// context). Also the smallest pool a rebuild may leave.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Bytes of prompt text accepted (a chat: its messages' texts together); past it a
+    /// request is refused with 400 before it is tokenized. Default: 64 bytes for each token
+    /// of --max-model-len, at most the 8 MiB body limit.
+    #[arg(long)]
+    pub max_prompt_bytes: Option<usize>,
     /// Seconds a shutdown (SIGTERM or SIGINT) lets in-flight requests run before ending
     /// them with finish_reason "abort".
     #[arg(long, default_value_t = 30.0)]
@@ -281,6 +300,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         step_trace: a.step_trace.clone(),
         draft_tokens: a.draft_tokens,
         max_waiting_requests: Some(a.max_waiting_requests),
+        request_timeout: optional_secs("--request-timeout", a.request_timeout)?,
+        queue_timeout: optional_secs("--queue-timeout", a.queue_timeout)?,
+        max_model_len: a.max_model_len,
     };
     let warm = switch(&a.warmup);
     let engine = Engine::start(loaded, name.clone(), opts)?;
@@ -294,8 +316,14 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             plan.page_size
         ));
     }
+    if a.max_prompt_bytes == Some(0) {
+        anyhow::bail!("--max-prompt-bytes must be at least 1");
+    }
     let state: Shared = Arc::new(AppState {
         api_key: a.api_key.clone(),
+        max_prompt_bytes: a
+            .max_prompt_bytes
+            .unwrap_or_else(|| default_prompt_bytes(engine.context_len)),
         admin_api_key: a.admin_api_key.clone(),
         timings: a.enable_timings_report,
         window_ratio: a.swa_ratio,
@@ -362,6 +390,22 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         log("stopped");
         anyhow::Ok(())
     })
+}
+
+/// `--request-timeout` and `--queue-timeout`: 0 for none.
+fn optional_secs(flag: &str, v: f64) -> anyhow::Result<Option<Duration>> {
+    match v {
+        0.0 => Ok(None),
+        v if v.is_finite() && v > 0.0 => Ok(Some(Duration::from_secs_f64(v))),
+        _ => anyhow::bail!("{flag} must be a non-negative number of seconds (0: no limit)"),
+    }
+}
+
+/// The prompt text accepted by default for a server of `context_len` tokens: generous
+/// (real text averages about 4 bytes a token), yet it stops a prompt that could never
+/// fit from costing a tokenization.
+pub fn default_prompt_bytes(context_len: usize) -> usize {
+    context_len.saturating_mul(64).min(MAX_BODY_BYTES)
 }
 
 /// The HTTP layers' settings, from the command line.

@@ -37,6 +37,11 @@ pub struct AppState {
     pub window_ratio: f64,
     /// Tokenizations running at once on the blocking pool (see `tokenize`).
     pub tokenize_slots: tokio::sync::Semaphore,
+    /// Bytes of prompt text a request may send (`--max-prompt-bytes`).
+    pub max_prompt_bytes: usize,
+    /// The longest request the server accepted at start (its context, or its pool where
+    /// that holds less): a rebuild may not leave less room than this.
+    pub longest_request: usize,
 }
 
 /// Tokenizations allowed at once: a long prompt takes its core for a while, and more than a
@@ -49,6 +54,12 @@ impl AppState {
     /// A server's state for `engine`, serving it as `model_name`: no keys, no timings,
     /// the default sliding-window ratio.
     pub fn new(engine: Engine, model_name: String) -> Self {
+        let engine_context = engine.context_len;
+        let pool_tokens = engine
+            .status()
+            .plan
+            .map_or(usize::MAX, |p| p.full * p.page_size);
+        let longest_request = engine_context.min(pool_tokens);
         Self {
             engine,
             model_name,
@@ -60,6 +71,8 @@ impl AppState {
             created: created_now(),
             window_ratio: strata_kv::DEFAULT_WINDOW_RATIO,
             tokenize_slots: tokio::sync::Semaphore::new(TOKENIZE_SLOTS),
+            max_prompt_bytes: super::default_prompt_bytes(engine_context),
+            longest_request,
         }
     }
 }
@@ -252,6 +265,7 @@ pub async fn cache_rebuild(
             "num_pages must be at least 1",
         ));
     }
+    check_rebuild_floor(&st, body.num_pages)?;
     check_rebuild_memory(&st, body.num_pages)?;
     let plan = st
         .engine
@@ -261,6 +275,26 @@ pub async fn cache_rebuild(
     Ok(Json(
         json!({"num_pages": plan.full, "window_num_pages": plan.window, "page_size": plan.page_size}),
     ))
+}
+
+/// Refuses a pool too small for the longest request the server accepted at start: after it,
+/// requests that clients were promised (`max_model_len`) would be refused.
+fn check_rebuild_floor(st: &AppState, num_pages: usize) -> Result<(), ApiError> {
+    let Some(page) = st.engine.status().plan.map(|p| p.page_size) else {
+        return Ok(());
+    };
+    let floor = st.longest_request.div_ceil(page.max(1));
+    if num_pages < floor {
+        return Err(ApiError::invalid(
+            "num_pages",
+            format!(
+                "{num_pages} pages hold {} tokens; the server accepted requests of {} tokens at start, which need at least {floor} pages (lower --max-model-len for smaller pools)",
+                num_pages * page,
+                st.longest_request
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a pool that cannot fit in memory: the KV storage (host memory in this build)
@@ -389,10 +423,25 @@ async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
     tokenizer(st)?;
+    check_prompt_bytes(st, "prompt", text.len())?;
     let text = text.to_string();
     tokenize(st, move |p| p.encode_prompt(&text))
         .await
         .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+}
+
+/// Refuses prompt text past `--max-prompt-bytes` before any tokenizing is spent on it.
+fn check_prompt_bytes(st: &AppState, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+    if bytes > st.max_prompt_bytes {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "the prompt has {bytes} bytes of text; this server accepts at most {} (--max-prompt-bytes)",
+                st.max_prompt_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs a tokenization on tokio's blocking pool, a bounded number at a time, so that a long
@@ -418,6 +467,8 @@ pub async fn chat(
     let c = req.common();
     check_model(&st, &c.model)?;
     let messages = req.messages()?;
+    let bytes = messages.iter().map(|m| m.content.len()).sum();
+    check_prompt_bytes(&st, "messages", bytes)?;
     let prompt = tokenize(&st, move |p| p.encode_chat(&messages))
         .await
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
@@ -571,11 +622,8 @@ async fn collect(
                 timings,
             } => {
                 guard.finished();
-                if reason == "error" {
-                    return Err(ApiError::status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        error.unwrap_or_else(|| "generation failed".into()),
-                    ));
+                if let Some(e) = super::error::for_finish(reason, error) {
+                    return Err(e);
                 }
                 text.push_str(&rest);
                 let finish = if reason == "cancelled" {
@@ -711,9 +759,8 @@ impl StreamState {
             } => {
                 self.guard.finished();
                 self.done = true;
-                if reason == "error" {
-                    let e = json!({"error": {"message": error.unwrap_or_default(), "type": "server_error", "code": 500}});
-                    self.queue.push_back(Self::data(&e));
+                if let Some(e) = super::error::for_finish(reason, error) {
+                    self.queue.push_back(Self::data(&e.event_json()));
                 } else {
                     let finish = if reason == "cancelled" {
                         "abort"
