@@ -414,8 +414,29 @@ impl<'a> Parser<'a> {
                 }
             }
         }
+        check_no_overlap(&tensors)?;
         Ok((version, metadata, tensors, alignment, data_offset))
     }
+}
+
+/// Refuses two tensors whose bytes overlap: a file so built would make one weight's bytes
+/// another's, and load without complaint. Tensors of no bytes overlap nothing.
+fn check_no_overlap(tensors: &[TensorInfo]) -> Result<()> {
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .filter(|t| t.byte_len() > 0)
+        .map(|t| (t.offset, t.offset + t.byte_len(), t.name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        let ((a_start, a_end, a), (b_start, _, b)) = (pair[0], pair[1]);
+        if b_start < a_end {
+            return invalid(format!(
+                "tensors {a:?} (bytes {a_start}..{a_end}) and {b:?} (from byte {b_start}) overlap"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

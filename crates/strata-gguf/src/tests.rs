@@ -121,3 +121,28 @@ proptest! {
         let _ = GgufFile::from_vec(b);
     }
 }
+
+#[test]
+fn overlapping_tensors_are_refused_naming_both() {
+    let mut w = GgufWriter::new();
+    w.tensor("t.a", &[8], GgmlType::F32, vec![1u8; 32]).tensor(
+        "t.b",
+        &[8],
+        GgmlType::F32,
+        vec![2u8; 32],
+    );
+    let good = w.to_bytes();
+    assert!(GgufFile::from_vec(good.clone()).is_ok());
+    // The directory entry of "t.b": name, 1 dim (u32), the dim (u64), the type (u32), then
+    // its offset (u64), which points it at "t.a"'s second half.
+    let name = good.windows(3).position(|w| w == b"t.b").unwrap();
+    let at = name + 3 + 4 + 8 + 4;
+    assert_eq!(good[at..at + 8], 32u64.to_le_bytes());
+    let mut bad = good;
+    bad[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    let err = GgufFile::from_vec(bad).unwrap_err().to_string();
+    assert!(
+        err.contains("overlap") && err.contains("t.a") && err.contains("t.b"),
+        "{err}"
+    );
+}

@@ -190,10 +190,17 @@ impl KvLayout {
         if slabs.is_empty() {
             return Err(KvError::NoKvLayers);
         }
+        // Slab by owning layer, so that the mapping stays linear in the layer count.
+        let mut slab_of = vec![None; cfg.num_layers()];
+        for slab in &slabs {
+            if let Some(entry) = slab_of.get_mut(slab.layer) {
+                *entry = Some(slab);
+            }
+        }
         let layers_mapping = (0..cfg.num_layers())
             .map(|layer| {
                 let source = cfg.kv_layer_for(layer);
-                let slab = slabs.iter().find(|s| s.layer == source).ok_or_else(|| {
+                let slab = slab_of.get(source).copied().flatten().ok_or_else(|| {
                     KvError::invalid(
                         "kv_shared_layers",
                         format!("layer {layer} reads layer {source}, which owns no KV"),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use strata_engine::{DecodeShape, LoadedModel};
+use strata_engine::DecodeShape;
 use strata_kv::{KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 
 #[derive(Args)]
@@ -78,7 +78,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         .kv_cache_dtype
         .parse()
         .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
-    let mut model = LoadedModel::load_with(&a.model, a.placement.settings()?)
+    let mut model = a
+        .placement
+        .load(&a.model)
         .with_context(|| format!("loading {}", a.model.display()))?;
     if let Some(d) = &a.draft {
         model

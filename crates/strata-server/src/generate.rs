@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use strata_engine::{GenerateParams, LoadedModel};
+use strata_engine::GenerateParams;
 use strata_kv::KvCacheDtype;
 use strata_tokenizer::ChatMessage;
 
@@ -67,9 +67,10 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
         .kv_cache_dtype
         .parse()
         .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
-    let settings = a.placement.settings()?;
     let sampling = a.sampling.params();
-    let mut model = LoadedModel::load_with(&a.model, settings)
+    let mut model = a
+        .placement
+        .load(&a.model)
         .with_context(|| format!("loading {}", a.model.display()))?;
     if let Some(d) = &a.draft {
         model

@@ -30,6 +30,9 @@ pub struct InspectArgs {
     /// Sliding-window pool size as a fraction of the full pool's pages.
     #[arg(long, default_value_t = DEFAULT_WINDOW_RATIO)]
     pub swa_ratio: f64,
+    /// Also decode every stored weight and fail if one is NaN or infinite.
+    #[arg(long)]
+    pub check_weights: bool,
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
@@ -49,6 +52,9 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
         None => None,
     };
     let weights = weights_summary(&source)?;
+    if args.check_weights {
+        crate::placement::check_weights(&args.model)?;
+    }
     if args.json {
         let report = report(&config, &layout, pages.as_ref(), weights.as_ref());
         println!("{}", serde_json::to_string(&report)?);
@@ -61,18 +67,22 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Tensor counts, when the model's weights are there to read.
-fn weights_summary(source: &ModelSource) -> anyhow::Result<Option<strata_weights::WeightsSummary>> {
-    let path = match source {
-        ModelSource::Gguf(p) => p.clone(),
+/// Where the model's weights are, when they are there to read.
+pub fn weights_path(source: &ModelSource) -> Option<PathBuf> {
+    match source {
+        ModelSource::Gguf(p) => Some(p.clone()),
         ModelSource::HuggingFace { dir, .. } => {
             let has_weights = dir.join("model.safetensors").is_file()
                 || dir.join("model.safetensors.index.json").is_file();
-            if !has_weights {
-                return Ok(None);
-            }
-            dir.clone()
+            has_weights.then(|| dir.clone())
         }
+    }
+}
+
+/// Tensor counts, when the model's weights are there to read.
+fn weights_summary(source: &ModelSource) -> anyhow::Result<Option<strata_weights::WeightsSummary>> {
+    let Some(path) = weights_path(source) else {
+        return Ok(None);
     };
     let summary = strata_weights::inspect(&path)
         .with_context(|| format!("reading the tensors of {}", path.display()))?;

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use strata_engine::LoadedModel;
 use strata_kv::KvCacheDtype;
 
 #[derive(Args)]
@@ -59,7 +58,9 @@ pub fn run(a: &ScoreArgs) -> anyhow::Result<()> {
         );
     }
     let t0 = Instant::now();
-    let model = LoadedModel::load_with(&a.model, a.placement.settings()?)
+    let model = a
+        .placement
+        .load(&a.model)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let load_s = t0.elapsed().as_secs_f64();
     let head = ids.len() - a.decode_tail;

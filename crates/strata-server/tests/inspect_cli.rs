@@ -225,3 +225,122 @@ fn tensors_of_a_safetensors_model_and_a_gguf() {
     assert_eq!(v["tensor_types"]["Q6_K"], 9);
     assert_eq!(v["num_layers"], 18);
 }
+
+/// A copy of the tiny Llama with one stored weight turned into NaN; returns the directory
+/// (kept alive by the guard) and the poisoned tensor's name.
+fn poisoned_llama() -> (tempfile::TempDir, PathBuf, String) {
+    let src = repo().join("tests/fixtures/tiny/llama-tiny");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let path = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let (name, entry) = header
+        .iter()
+        .find(|(k, v)| k.ends_with("down_proj.weight") && v["dtype"] != "I64")
+        .expect("a down projection");
+    let at = 8 + n + entry["data_offsets"][0].as_u64().unwrap() as usize;
+    let nan: &[u8] = match entry["dtype"].as_str().unwrap() {
+        "F32" => &[0x00, 0x00, 0xc0, 0x7f],
+        "BF16" | "F16" => &[0x00, 0x7e],
+        other => panic!("unexpected dtype {other}"),
+    };
+    bytes[at..at + nan.len()].copy_from_slice(nan);
+    std::fs::write(&path, bytes).unwrap();
+    let model = dir.path().to_path_buf();
+    (dir, model, name.clone())
+}
+
+/// `--check-weights` refuses a model with a NaN weight, naming the tensor; without it the
+/// file loads (which is why the scan exists).
+#[test]
+fn check_weights_names_a_nan_tensor() {
+    let (_guard, model, tensor) = poisoned_llama();
+    let model = model.to_str().unwrap();
+    let out = strata(&["inspect", "--model", model]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for args in [
+        vec!["inspect", "--model", model, "--check-weights"],
+        vec![
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "2",
+            "--check-weights",
+        ],
+    ] {
+        let out = strata(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} passed:\n{err}");
+        assert!(
+            err.contains(&tensor) && err.contains("NaN"),
+            "{args:?}:\n{err}"
+        );
+    }
+    let clean = repo().join("tests/fixtures/tiny/llama-tiny");
+    let out = strata(&[
+        "inspect",
+        "--model",
+        clean.to_str().unwrap(),
+        "--check-weights",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("finite"));
+}
+
+/// A configuration claiming a million layers is laid out in linear time: `inspect` answers
+/// (this once never finished; the bound below only guards against that, it measures
+/// nothing).
+#[test]
+fn a_million_layers_are_inspected_without_hanging() {
+    let mut config: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("examples/configs/gemma-4-e2b.json")).unwrap(),
+    )
+    .unwrap();
+    let n = 1_000_000;
+    let text = &mut config["text_config"];
+    text["num_hidden_layers"] = n.into();
+    text["layer_types"] = (0..n)
+        .map(|i| {
+            if i % 5 == 4 {
+                "full_attention"
+            } else {
+                "sliding_attention"
+            }
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["inspect", "--json", "--model", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("inspect of {n} layers did not finish in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success());
+}

@@ -19,6 +19,7 @@
 //! Qwen3 GGUFs are not permuted (they use NeoX-style RoPE in llama.cpp too).
 
 mod error;
+mod finite;
 mod gguf_model;
 pub mod inspect;
 mod model;
@@ -32,6 +33,7 @@ mod view;
 pub mod fuzzing;
 
 pub use error::{Result, WeightsError};
+pub use finite::{check_finite, FiniteScan};
 pub use gguf_model::GgufModel;
 pub use inspect::{inspect, WeightsSummary};
 pub use model::ModelWeights;

@@ -173,6 +173,23 @@ fn parse_header(path: &str, bytes: &[u8], shard: usize) -> Result<Header> {
             },
         ));
     }
+    let mut spans: Vec<(usize, usize, &str)> = entries
+        .iter()
+        .filter(|(_, e)| e.end > e.start)
+        .map(|(name, e)| (e.start, e.end, name.as_str()))
+        .collect();
+    spans.sort_unstable();
+    for pair in spans.windows(2) {
+        let ((a_start, a_end, a), (b_start, _, b)) = (pair[0], pair[1]);
+        if b_start < a_end {
+            return Err(bad(format!(
+                "tensors {a:?} (bytes {}..{}) and {b:?} (from byte {}) overlap",
+                a_start - base,
+                a_end - base,
+                b_start - base
+            )));
+        }
+    }
     Ok((entries, metadata))
 }
 

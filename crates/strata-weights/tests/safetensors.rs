@@ -248,3 +248,21 @@ fn model_weights_by_hf_name() {
         "not stale without sharing"
     );
 }
+
+#[test]
+fn overlapping_tensors_are_refused_naming_both() {
+    let data = f32_bytes(&[1.0; 4]);
+    let good = write_safetensors(&[("a", "F32", &[4], &data), ("b", "F32", &[4], &data)]);
+    assert!(SafetensorsModel::from_vec("good", good.clone()).is_ok());
+    // Point "b" at bytes 8..24, which "a" (0..16) holds in part; the header keeps its length.
+    let text = String::from_utf8_lossy(&good).into_owned();
+    let bad = text.replacen("[16,32]", "[8, 24]", 1);
+    assert_ne!(bad, text, "the header spells b's offsets as [16,32]");
+    let err = SafetensorsModel::from_vec("bad", bad.into_bytes())
+        .expect_err("overlapping tensors are refused")
+        .to_string();
+    assert!(
+        err.contains("overlap") && err.contains("\"a\"") && err.contains("\"b\""),
+        "{err}"
+    );
+}

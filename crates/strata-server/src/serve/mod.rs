@@ -19,7 +19,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use clap::Args;
-use strata_engine::{Engine, EngineOptions, LoadedModel, WarmUpShape};
+use strata_engine::{Engine, EngineOptions, WarmUpShape};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::{PromptLookup, SchedulerConfig};
 
@@ -182,7 +182,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         .cache_type
         .parse()
         .map_err(|e| anyhow::anyhow!("--cache-type: {e}"))?;
-    let settings = a.placement.settings()?;
+    // Flags are checked before the (slow) load.
+    a.placement.settings()?;
     if let Some(f) = a.mem_fraction {
         if !(f > 0.0 && f < 1.0) {
             anyhow::bail!("--mem-fraction must be between 0 and 1");
@@ -218,7 +219,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         a.placement.dtype,
         a.placement.embed_weights
     ));
-    let mut loaded = LoadedModel::load_with(&a.model, settings)
+    let mut loaded = a
+        .placement
+        .load(&a.model)
         .with_context(|| format!("loading {}", a.model.display()))?;
     log(format!(
         "loaded {} ({} layers, vocab {}) on {} in {:.1} s",
