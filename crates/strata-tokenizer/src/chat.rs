@@ -27,6 +27,11 @@ pub const GEMMA_TEMPLATE: &str = "{{ bos_token }}\
 {%- endfor -%}\
 {%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}";
 
+/// Template instructions one rendering may run: a bound on a hostile template (one that
+/// loops a billion times) far above what a real template spends on any conversation that
+/// fits in a request body (a test renders 20,000 turns within it).
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -44,6 +49,9 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // A template comes with the model file: one that loops without end must fail a
+        // request, not hold a worker forever.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| strftime_today(&fmt));
         env.add_template_owned("chat", source.to_string())
@@ -120,6 +128,26 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_endless_template_fails_and_real_ones_fit_the_fuel() {
+        // 10^12 iterations: a template that would never finish.
+        let endless = "{% for i in range(10000) %}{% for j in range(10000) %}\
+                       {% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(endless, "<s>", "</s>").unwrap();
+        let err = t.render(&[], false).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+        // A long conversation through Gemma's template stays within it.
+        let turns: Vec<ChatMessage> = (0..20_000)
+            .map(|i| ChatMessage {
+                role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+                content: format!("turn {i}"),
+            })
+            .collect();
+        let t = ChatTemplate::new(GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
+        let text = t.render(&turns, true).unwrap();
+        assert!(text.ends_with("<start_of_turn>model\n"));
+    }
+
     use super::*;
 
     #[test]
