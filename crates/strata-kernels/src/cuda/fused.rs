@@ -18,9 +18,6 @@ use crate::{
 /// gated and sliced).
 pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len() / 3;
 
-/// The default row limit of the GEMV path (measured on an H200: `docs/perf-notes.md`).
-pub(super) const GEMV_DEFAULT_MAX_ROWS: usize = 2;
-
 /// Output features each warp of `gemv_bf16_<t>` computes (`GEMV_ENTRY` in `gemv.cu`).
 const GEMV_FEATURES_PER_WARP: [u32; GEMV_MAX_ROWS] = [1, 1, 2, 2, 4, 4, 4, 4];
 
@@ -40,17 +37,9 @@ fn gemv_split(features: usize, groups_of: usize, k: usize) -> u32 {
 }
 
 /// Whether `matmul` takes the GEMV path for `t` rows of `k` against a weight of `dtype`,
-/// given the backend's row limit (`STRATA_GEMV_MAX_ROWS`, at most 8; 0 turns it off).
+/// given the backend's row limit (`CudaTuning::gemv_max_rows`, at most 8; 0 turns it off).
 pub(super) fn gemv_applies(dtype: DType, t: usize, k: usize, max_rows: usize) -> bool {
     dtype == DType::BF16 && t >= 1 && t <= max_rows.min(GEMV_MAX_ROWS) && k.is_multiple_of(8)
-}
-
-/// The GEMV row limit: `STRATA_GEMV_MAX_ROWS` if set and valid, else `default`.
-pub(super) fn gemv_max_rows_from_env(default: usize) -> usize {
-    std::env::var("STRATA_GEMV_MAX_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(default, |v| v.min(GEMV_MAX_ROWS))
 }
 
 /// Weights one GEMV launch reads (`GemvMats` in `gemv.cu`, same layout).

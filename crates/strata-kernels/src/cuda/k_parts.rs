@@ -12,7 +12,8 @@
 //! k").
 
 use super::fused::gemv_applies;
-use super::{env_usize, CudaBackend};
+use super::CudaBackend;
+use crate::tuning::defaults;
 use crate::{DType, DeviceBuffer, MatmulShape};
 
 use super::buffer::CudaBuffer;
@@ -31,8 +32,8 @@ impl KParts {
     /// The rows measured to gain (the decode graphs' buckets that go to cuBLAS, up to
     /// the largest, 256 rows), parts of at least 256 inputs.
     pub const DEFAULT: Self = Self {
-        min_rows: 3,
-        max_rows: 256,
+        min_rows: defaults::K_PARTS_MIN_ROWS,
+        max_rows: defaults::K_PARTS_MAX_ROWS,
         min_part: 256,
     };
 
@@ -43,15 +44,11 @@ impl KParts {
         min_part: usize::MAX,
     };
 
-    /// `STRATA_K_PARTS=0` turns the split off; `STRATA_K_PARTS_MIN_ROWS` and
-    /// `STRATA_K_PARTS_MAX_ROWS` move its row limits (for measuring them).
-    pub(super) fn from_env() -> Self {
-        if !super::env_on("STRATA_K_PARTS") {
-            return Self::OFF;
-        }
+    /// The row limits of [`crate::CudaTuning`] (`k_parts_max_rows` 0: never split).
+    pub(super) fn from_tuning(tuning: &crate::CudaTuning) -> Self {
         Self {
-            min_rows: env_usize("STRATA_K_PARTS_MIN_ROWS", Self::DEFAULT.min_rows),
-            max_rows: env_usize("STRATA_K_PARTS_MAX_ROWS", Self::DEFAULT.max_rows),
+            min_rows: tuning.k_parts_min_rows,
+            max_rows: tuning.k_parts_max_rows,
             ..Self::DEFAULT
         }
     }

@@ -525,9 +525,7 @@ impl CudaBackend {
         // (the CUDA-core kernel and the GEMM path do not write one).
         let twin = self.gemm_reads_bf16(rows)
             && (all_long || mma)
-            && (!any_long
-                || self.paged_mma.prefill_twin
-                    && self.paged_mma.prefill_applies(self.bf16_gemm, s.format, &p));
+            && (!any_long || self.paged_mma.prefill_applies(self.bf16_gemm, s.format, &p));
         let (os, mut ob) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
         let ob_addr = twin_addr(&self.stream, &mut ob);
         if all_long {
@@ -539,7 +537,7 @@ impl CudaBackend {
         // kernels take only the span of rows from the first short sequence to the last: a
         // grid over every row would size its splits by the prompts' rows, whose blocks find
         // no keys, and leave the decode rows one split each.
-        let (row0, span) = if mma && any_long && self.paged_mma.decode_span {
+        let (row0, span) = if mma && any_long {
             short_row_span(&batch.host_seqs, dense_min_q)
         } else {
             (0, rows)
@@ -552,8 +550,7 @@ impl CudaBackend {
         let (tpb, splits) = if mma {
             let resident = self.paged_mma.resident_blocks(d, s.format, self.sm_count);
             let most = if batch.capacity.is_some() {
-                let window = p.window.filter(|_| self.paged_mma.window_splits);
-                super::paged_mma::graph_split_cap(window, MAX_SPLITS)
+                super::paged_mma::graph_split_cap(p.window, MAX_SPLITS)
             } else {
                 batch
                     .max_keys()
@@ -565,10 +562,7 @@ impl CudaBackend {
             // fewer blocks, so only where they still fill a wave with the splits allowed:
             // at one request (E4B, depth 768) a block a token was 0.03-0.07 ms a step
             // faster.
-            let tpb = if self.paged_mma.verify_blocks
-                && mma_kernel != super::paged_mma::KERNEL
-                && span == rows
-            {
+            let tpb = if mma_kernel != super::paged_mma::KERNEL && span == rows {
                 tokens_per_block(
                     &batch.host_seqs,
                     p.n_heads / p.n_kv_heads,
@@ -717,7 +711,7 @@ impl CudaBackend {
             .filter(|(_, s)| s.q_len >= dense_min_q && s.k_len() > 0)
             .map(|(i, s)| (i, *s))
             .collect();
-        if mma && long.len() > 1 && self.prefill_together {
+        if mma && long.len() > 1 {
             // The step's prompts in one launch (up to MAX_RUNS at a time).
             for runs in long.chunks(super::prefill_attention::MAX_RUNS) {
                 self.prefill_attention_seqs(

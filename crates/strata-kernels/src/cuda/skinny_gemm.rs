@@ -55,8 +55,9 @@ const TILES: [Tile; 3] = [
     },
 ];
 
-/// The most rows any tile takes.
-pub(super) const SKINNY_MAX_ROWS: usize = 128;
+// The default row limit is the most rows any tile takes.
+const _: () =
+    assert!(crate::tuning::defaults::SKINNY_GEMM_MAX_ROWS == TILES[TILES.len() - 1].tokens);
 
 /// The most rows a launch of one weight takes the kernel for. Past 64 rows cuBLAS is
 /// faster on a single product (the 128-token tile's split-K blocks are short: an H200 step at
@@ -125,16 +126,12 @@ pub(super) struct SkinnyMat {
 
 /// The most rows the device runs the kernel for (0: none): 32 on sm_90 and later (clusters),
 /// 128 on sm_90 itself (wgmma), each tile's entry points loaded and granted their shared
-/// memory. `STRATA_SKINNY_GEMM=0` turns the kernel off; `STRATA_SKINNY_GEMM_MAX_ROWS` lowers
-/// the limit (32: cuBLAS past the mma.sync tile).
-pub(super) fn probe(arch: u32, kernels: &Kernels) -> usize {
-    if arch < 90 || !super::env_on("STRATA_SKINNY_GEMM") {
+/// memory, and no more than `cap` ([`crate::CudaTuning::skinny_gemm_max_rows`]: 0 turns
+/// the kernel off, 32 sends everything past the mma.sync tile to cuBLAS).
+pub(super) fn probe(arch: u32, kernels: &Kernels, cap: usize) -> usize {
+    if arch < 90 {
         return 0;
     }
-    let cap = std::env::var("STRATA_SKINNY_GEMM_MAX_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(SKINNY_MAX_ROWS);
     let per_tile = SKINNY_KERNELS.len() / TILES.len();
     max_rows(cap, |i, tile| {
         (!tile.wgmma || arch == 90)

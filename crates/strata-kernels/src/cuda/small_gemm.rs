@@ -23,7 +23,7 @@ const MAX_ELEMENTS: usize = 1 << 21;
 const WARPS_N16: usize = 8;
 const WARPS_N64: usize = 4;
 
-/// The row range the kernel takes (`STRATA_SMALL_GEMM=0`: none).
+/// The row range the kernel takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SmallRows {
     pub(super) min: usize,
@@ -33,16 +33,15 @@ pub(super) struct SmallRows {
 impl SmallRows {
     pub(super) const OFF: Self = Self { min: 1, max: 0 };
 
-    pub(super) fn from_env(arch: u32) -> Self {
-        let off = !super::env_on("STRATA_SMALL_GEMM");
-        if arch < 80 || off {
+    /// From [`crate::CudaTuning::small_gemm_min_rows`] to 128 rows on sm_80 and later.
+    pub(super) fn from_tuning(arch: u32, tuning: &crate::CudaTuning) -> Self {
+        if arch < 80 {
             return Self::OFF;
         }
-        let min = std::env::var("STRATA_SMALL_GEMM_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3);
-        Self { min, max: 128 }
+        Self {
+            min: tuning.small_gemm_min_rows,
+            max: 128,
+        }
     }
 }
 
