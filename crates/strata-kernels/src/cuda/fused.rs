@@ -6,6 +6,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buffer::{dtype_code, CudaBuffer, Storage};
+use super::matmul_path::{Form, MatmulPath};
 use super::sources::GEMV_KERNELS;
 use super::{device_err, CudaBackend, CudaIndex, CudaKvSlab};
 use crate::error::ensure;
@@ -34,12 +35,6 @@ fn gemv_split(features: usize, groups_of: usize, k: usize) -> u32 {
         split *= 2;
     }
     split as u32
-}
-
-/// Whether `matmul` takes the GEMV path for `t` rows of `k` against a weight of `dtype`,
-/// given the backend's row limit (`CudaTuning::gemv_max_rows`, at most 8; 0 turns it off).
-pub(super) fn gemv_applies(dtype: DType, t: usize, k: usize, max_rows: usize) -> bool {
-    dtype == DType::BF16 && t >= 1 && t <= max_rows.min(GEMV_MAX_ROWS) && k.is_multiple_of(8)
 }
 
 /// Weights one GEMV launch reads (`GemvMats` in `gemv.cu`, same layout).
@@ -555,14 +550,16 @@ impl CudaBackend {
             offset: s.offset as u64,
             stride: s.stride as u64,
         };
-        if self.small_gemm_applies(gate.dtype(), t, k, n) {
+        let bf16 = gate.dtype() == DType::BF16;
+        let path = self.matmul_path(Form::Slice, bf16, (t, k, n));
+        if path == MatmulPath::SmallGemm {
             let xb = self.bf16_operand(x, t * k)?;
             // The per-layer-input projection reads `out` next.
             let (y, yb) = f32_and_twin_ptrs_mut(self, out, self.gemm_reads_bf16(rows), OP)?;
             let mode = super::small_gemm::SmallOut::Slice(act, slice);
             return self.small_gemm_launch(&xb, buffer_ptr(self, gate), (t, k, n), y, yb, mode);
         }
-        if self.skinny_applies(gate.dtype(), t, k, false) {
+        if path == MatmulPath::Skinny {
             let xb = self.bf16_operand(x, t * k)?;
             // The per-layer-input projection reads `out` next.
             let (y, yb) = f32_and_twin_ptrs_mut(self, out, self.gemm_reads_bf16(rows), OP)?;
@@ -574,7 +571,7 @@ impl CudaBackend {
             };
             return self.skinny_launch(&xb, t, k, &[mat], GemvOut::Slice(act, slice));
         }
-        if !gemv_applies(gate.dtype(), t, k, self.gemv_max_rows) {
+        if path == MatmulPath::Separate {
             let mut g = self.scratch_impl(out.len(), crate::Backend::activation_dtype(self))?;
             self.matmul_impl(x, gate, shape, &mut g)?;
             return self.act_mul_slice_impl(act, &g, table, s, out);
@@ -703,17 +700,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn gemv_applies_to_bf16_rows_within_the_limit() {
-        assert!(gemv_applies(DType::BF16, 1, 1536, 2));
-        assert!(gemv_applies(DType::BF16, 2, 1536, 2));
-        assert!(!gemv_applies(DType::BF16, 3, 1536, 2));
-        assert!(gemv_applies(DType::BF16, 8, 1536, 8));
-        assert!(!gemv_applies(DType::BF16, 9, 1536, 9));
-        assert!(!gemv_applies(DType::BF16, 1, 1537, 2));
-        assert!(!gemv_applies(DType::F32, 1, 1536, 2));
-        assert!(!gemv_applies(DType::BF16, 1, 1536, 0));
     }
 }

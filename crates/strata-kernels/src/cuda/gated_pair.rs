@@ -55,17 +55,8 @@ impl CudaBackend {
         self
     }
 
-    /// Whether a gated product of bf16 weights over `t` rows with `n` features runs as the
-    /// pair: in the bf16 mode, within the rule's rows, `n` a multiple of 8 (the activation
-    /// pass's 16-byte vectors).
-    pub(super) fn gated_pair_applies(&self, t: usize, n: usize) -> bool {
-        self.bf16_gemm
-            && (self.gated_pair.min_rows..=self.gated_pair.max_rows).contains(&t)
-            && n.is_multiple_of(8)
-    }
-
     /// `out [t, n] = act(x gate^T) * (x up^T)` as the pair (callers check the shapes and
-    /// [`Self::gated_pair_applies`]); with `twin`, into `out`'s bf16 twin alone.
+    /// `PathLimits::gated_pair`); with `twin`, into `out`'s bf16 twin alone.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gated_pair(
         &self,

@@ -11,7 +11,7 @@
 //! 2.89 ms), so it takes them from 3 rows (`docs/perf-notes.md`, "Products split over
 //! k").
 
-use super::fused::gemv_applies;
+use super::matmul_path::{Form, MatmulPath};
 use super::CudaBackend;
 use crate::tuning::defaults;
 use crate::{DType, DeviceBuffer, MatmulShape};
@@ -53,6 +53,17 @@ impl KParts {
         }
     }
 
+    /// Whether a product over `rows` rows that would run as `path` is split: a bf16 GEMM,
+    /// or from `min_rows` a skinny GEMM, within `max_rows`.
+    pub(super) fn splits(&self, path: MatmulPath, rows: usize) -> bool {
+        let taken = match path {
+            MatmulPath::GemmBf16 => true,
+            MatmulPath::Skinny => rows >= self.min_rows,
+            _ => false,
+        };
+        taken && rows > 0 && rows <= self.max_rows
+    }
+
     /// The parts of a product of `k` inputs and `n` outputs: four below 2048 outputs
     /// (E2B's o and down, 1536), two from there (E4B's, 2560), as measured fastest; fewer
     /// where a part would fall under `min_part` inputs or start off a 16-byte boundary.
@@ -77,15 +88,9 @@ impl CudaBackend {
     /// within the rule's rows (from `min_rows` in place of the skinny GEMM, below it only
     /// where the product would run on cuBLAS).
     pub(super) fn k_parts_for(&self, w: &CudaBuffer, shape: MatmulShape, rows: usize) -> usize {
-        let (k, n, dtype) = (shape.in_features, shape.out_features, w.dtype());
-        let cublas = self.bf16_gemm
-            && dtype == DType::BF16
-            && rows > 0
-            && rows <= self.k_parts.max_rows
-            && !gemv_applies(dtype, rows, k, self.gemv_max_rows)
-            && !self.small_gemm_applies(dtype, rows, k, n)
-            && (rows >= self.k_parts.min_rows || !self.skinny_applies(dtype, rows, k, false));
-        if cublas {
+        let (k, n) = (shape.in_features, shape.out_features);
+        let path = self.matmul_path(Form::Single, w.dtype() == DType::BF16, (rows, k, n));
+        if self.k_parts.splits(path, rows) {
             self.k_parts.parts_for(k, n)
         } else {
             1
@@ -95,7 +100,28 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::KParts;
+    use super::{KParts, MatmulPath};
+
+    #[test]
+    fn splits_take_cublas_products_and_skinny_ones_from_min_rows() {
+        let r = KParts::DEFAULT;
+        let cases = [
+            // (path, rows, split)
+            (MatmulPath::GemmBf16, 1, true),
+            (MatmulPath::GemmBf16, 256, true),
+            (MatmulPath::GemmBf16, 257, false),
+            (MatmulPath::GemmBf16, 0, false),
+            (MatmulPath::Skinny, 2, false),
+            (MatmulPath::Skinny, 3, true),
+            (MatmulPath::Gemv, 2, false),
+            (MatmulPath::SmallGemm, 3, false),
+            (MatmulPath::Sgemm, 3, false),
+        ];
+        for (path, rows, want) in cases {
+            assert_eq!(r.splits(path, rows), want, "{path:?} at {rows} rows");
+        }
+        assert!(!KParts::OFF.splits(MatmulPath::GemmBf16, 100));
+    }
 
     #[test]
     fn parts_follow_the_output_width_and_the_shortest_part() {

@@ -19,6 +19,7 @@ mod gemm_plans;
 mod host_gaps;
 mod k_parts;
 mod matmul;
+mod matmul_path;
 mod memory;
 mod module;
 mod ops;

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::fused::{too_big, GemvSlice};
 use super::{device_err, CudaBackend};
 use crate::params::Activation;
-use crate::{DType, Result};
+use crate::Result;
 
 /// Rows of the kernel's token tile.
 const TOKENS: usize = 16;
@@ -67,17 +67,8 @@ pub(super) enum SmallOut {
 }
 
 impl CudaBackend {
-    /// Whether a bf16 product of `t` rows by a `[n, k]` weight runs as the small GEMM.
-    pub(super) fn small_gemm_applies(&self, dtype: DType, t: usize, k: usize, n: usize) -> bool {
-        self.bf16_gemm
-            && dtype == DType::BF16
-            && t >= self.small_rows.min
-            && t <= self.small_rows.max
-            && feature_tile(n, k).is_some()
-    }
-
     /// `y [t, n]` (and its bf16 copy `yb` when not 0) from `xb [t, k]` and the weight at
-    /// `w`; callers check the shapes and `small_gemm_applies`.
+    /// `w`; callers check the shapes and `PathLimits::small_gemm`.
     pub(super) fn small_gemm_launch(
         &self,
         xb: &CudaSlice<u16>,
