@@ -10,6 +10,7 @@
 //! buffers need no cross-stream tracking.
 
 mod attention;
+mod attention_plan;
 mod buffer;
 mod cache;
 mod dense_attention;
