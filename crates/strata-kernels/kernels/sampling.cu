@@ -54,22 +54,20 @@ __device__ __forceinline__ float capped_skip_below(float m, float cap) {
 // (an aligned buffer, rows of a multiple of four values) a thread issues ARGMAX_UNROLL
 // 16-byte loads before it uses the first: read one value at a time, a 112-row step's
 // logits went at 1.5 TB/s.
-// cap_mode: 0 raw values; 1 capped, every value's cap computed; 2 capped, where a whole
-// warp's loads are in range only the values above its raw maximum's `capped_skip_below`
-// are capped (a precise division and tanhf a value made the kernel arithmetic-bound:
-// about 29 M of each at 112 rows). Modes 1 and 2 choose the same ids.
+// has_cap: 0 raw values; 1 capped, where a whole warp's loads are in range only the values
+// above its raw maximum's `capped_skip_below` capped (a precise division and tanhf a value
+// made the kernel arithmetic-bound: about 29 M of each at 112 rows), the rest every value.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_rows(const float* logits, unsigned long long* keys, u64 vocab, int cap_mode, float cap) {
+argmax_rows(const float* logits, unsigned long long* keys, u64 vocab, int has_cap, float cap) {
     __shared__ u64 warp_best[ARGMAX_THREADS / 32];
     const float* row = logits + (u64)blockIdx.x * vocab;
-    const int has_cap = cap_mode != 0;
     u64 best = 0;
     const u64 stride = (u64)gridDim.y * blockDim.x;
     u64 i = (u64)blockIdx.y * blockDim.x + threadIdx.x;
     if (vocab % 4 == 0 && (u64)logits % 16 == 0) {
         const float4* row4 = reinterpret_cast<const float4*>(row);
         const u64 n4 = vocab / 4;
-        if (cap_mode == 2) {
+        if (has_cap) {
             // The loop runs while the warp's last lane is in range (blocks are whole
             // warps), so every lane takes part in the shuffles; the loops below finish.
             const u64 last = 31 - threadIdx.x % 32;

@@ -20,6 +20,7 @@ mod error;
 mod paged;
 mod params;
 mod quant;
+mod tuning;
 /// The host sampler (settings, seeded uniforms, the draw's definition), from
 /// `strata-types`, where the scheduler reads it too.
 pub use strata_types::sampling;
@@ -33,3 +34,4 @@ pub use params::{
     RopeParams, RopeStyle, StridedCopy, TableSlice,
 };
 pub use quant::{MatrixShape, RowDot};
+pub use tuning::{CudaTuning, DecodeGraphs, TuningVariable};

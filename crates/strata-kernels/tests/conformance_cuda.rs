@@ -74,9 +74,6 @@ gpu_check!(attention, check_attention);
 gpu_check!(sample, check_sample);
 gpu_check!(paged, check_paged);
 gpu_check!(argmax, check_argmax);
-gpu_check!(argmax_every_value_capped, |b: &CudaBackend| check_argmax(
-    &b.clone().with_argmax_skip(false)
-));
 gpu_check!(clustered_argmax, check_clustered_argmax);
 gpu_check!(feed_tokens, check_feed_tokens);
 gpu_check!(fused, check_fused);

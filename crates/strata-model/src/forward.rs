@@ -599,8 +599,9 @@ impl<B: Backend> Model<B> {
             q
         } else {
             // A layer that reads another's K/V computes q alone; its only reader is the head
-            // norm, which adds a product's parts as it loads them.
-            let split = self.shared_q_parts && lw.q_norm.is_some();
+            // norm, which adds a product's parts as it loads them (split over k where the
+            // backend gains from it, `Backend::matmul_k_parts`).
+            let split = lw.q_norm.is_some();
             let (mut qp, parts) = self.project(&lw.q, normed, t, split)?;
             match (&lw.q_norm, parts) {
                 (Some(qn), 2..) => {

@@ -31,11 +31,8 @@ pub struct Model<B: Backend> {
     /// Per-layer embedding multiplier (`sqrt(P)`).
     pub(crate) ple_scale: f32,
     /// Whether the KV-shared layers run only the rows whose logits are wanted (on unless
-    /// `STRATA_KV_SHARED_TRIM=0`; see `Model::set_kv_shared_trim`).
+    /// a test turns it off; see `Model::set_kv_shared_trim`).
     pub(crate) trim_shared_rows: bool,
-    /// Whether a KV-shared layer's q product may come in parts for its head norm to add
-    /// (on unless `STRATA_KV_SHARED_Q_PARTS=0`; see `Model::set_kv_shared_q_parts`).
-    pub(crate) shared_q_parts: bool,
 }
 
 /// `sqrt(n)` as the reference applies it: transformers casts the scale to the weight dtype;
@@ -111,8 +108,7 @@ impl<B: QuantUpload> Model<B> {
             tensors,
             embed_scale,
             ple_scale,
-            trim_shared_rows: std::env::var("STRATA_KV_SHARED_TRIM").as_deref() != Ok("0"),
-            shared_q_parts: std::env::var("STRATA_KV_SHARED_Q_PARTS").as_deref() != Ok("0"),
+            trim_shared_rows: true,
         })
     }
 }
@@ -135,18 +131,10 @@ impl<B: Backend> Model<B> {
     /// Whether a step runs its KV-shared layers (Gemma-4's top layers, which store no K/V)
     /// for the rows whose logits are wanted only: a prompt's last row instead of all of
     /// them, nothing for a prompt chunk that is not the last. The logits are the same
-    /// either way (nothing those layers compute for other rows is read again); on by
-    /// default, off to measure what it saves.
+    /// either way (nothing those layers compute for other rows is read again), which the
+    /// parity tests check by turning it off; on by default.
     pub fn set_kv_shared_trim(&mut self, on: bool) {
         self.trim_shared_rows = on;
-    }
-
-    /// Whether a KV-shared layer's q product (read only by its head norm with RoPE) may be
-    /// split over k where the backend gains from it ([`Backend::matmul_k_parts`]), the head
-    /// norm adding the parts ([`Backend::head_norm_rope_parts_idx`]). On by default; off
-    /// to measure what it saves.
-    pub fn set_kv_shared_q_parts(&mut self, on: bool) {
-        self.shared_q_parts = on;
     }
 
     /// The KV-shared layers a prompt's step runs for its last row only (none when the model

@@ -48,31 +48,9 @@ pub struct PagedStorage<B: Backend> {
     pub(crate) graph_mode: DecodeGraphs,
 }
 
-/// How decode-only steps (every sequence feeds one token) run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecodeGraphs {
-    /// Op by op, each step shaped by its own batch (split counts from its own depths).
-    Off,
-    /// Captured once per batch-size bucket, then replayed (the default where the backend
-    /// has graphs).
-    Replay,
-    /// The replayed step's exact shape (the padded bucket, the graph's tables and split
-    /// counts) run op by op without capture: the same kernels on the same inputs, so a
-    /// replay must give the same bits. Tells a capture or replay fault from a shape effect.
-    Unrecorded,
-}
-
-impl DecodeGraphs {
-    /// `STRATA_CUDA_GRAPHS`: `0` is `Off`, `unrecorded` is `Unrecorded`, anything else (or
-    /// unset) `Replay`.
-    fn from_env() -> Self {
-        match std::env::var("STRATA_CUDA_GRAPHS").as_deref() {
-            Ok("0") => Self::Off,
-            Ok("unrecorded") => Self::Unrecorded,
-            _ => Self::Replay,
-        }
-    }
-}
+/// How decode-only steps run: `STRATA_CUDA_GRAPHS` ([`strata_kernels::CudaTuning`]) or
+/// [`PagedStorage::set_graph_mode`].
+pub use strata_kernels::DecodeGraphs;
 
 impl<B: Backend> PagedStorage<B> {
     pub fn new(backend: B) -> Self {
@@ -86,7 +64,7 @@ impl<B: Backend> PagedStorage<B> {
             graphs: HashMap::new(),
             graph_logits: Vec::new(),
             draft_graphs: HashMap::new(),
-            graph_mode: DecodeGraphs::from_env(),
+            graph_mode: strata_kernels::CudaTuning::get().cuda_graphs,
         }
     }
 

@@ -2,7 +2,7 @@
 //!
 //! File: `<dir>/<family>-<source hash>-<target>-nvrtc<major>.<minor>.cubin` (target: `sm_90`,
 //! `sm_90a`, ...), where `<dir>` is
-//! `$STRATA_KERNEL_CACHE`, else `$XDG_CACHE_HOME/strata/kernels`, else
+//! `$STRATA_KERNEL_CACHE` ([`crate::CudaTuning::kernel_cache`]), else `$XDG_CACHE_HOME/strata/kernels`, else
 //! `~/.cache/strata/kernels`. Every failure here (no home, read-only directory, corrupt file)
 //! only means compiling again; the cache never turns into an error.
 
@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use super::sources::{target, KernelFile};
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("STRATA_KERNEL_CACHE") {
-        return Some(PathBuf::from(dir));
+    if let Some(dir) = &crate::CudaTuning::get().kernel_cache {
+        return Some(dir.clone());
     }
     let base = match std::env::var_os("XDG_CACHE_HOME") {
         Some(x) if !x.is_empty() => PathBuf::from(x),

@@ -14,19 +14,8 @@ use super::paged::CudaKvSlab;
 use super::{device_err, CudaBackend};
 use crate::{AttentionParams, KernelError, PagedSeq, Result};
 
-/// Query rows from which a sequence takes the dense path (0 turns it off), unless
-/// `STRATA_DENSE_ATTENTION_MIN_Q` says otherwise.
-pub(super) const DENSE_MIN_Q_DEFAULT: usize = 64;
-
 /// Bytes the score matrix of one query tile may take.
 const SCORE_BUDGET: usize = 512 << 20;
-
-pub(super) fn dense_min_q_from_env() -> usize {
-    std::env::var("STRATA_DENSE_ATTENTION_MIN_Q")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DENSE_MIN_Q_DEFAULT)
-}
 
 fn c_int(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| KernelError::Invalid {

@@ -6,6 +6,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buffer::{dtype_code, CudaBuffer, Storage};
+use super::matmul_path::{Form, MatmulPath};
 use super::sources::GEMV_KERNELS;
 use super::{device_err, CudaBackend, CudaIndex, CudaKvSlab};
 use crate::error::ensure;
@@ -17,9 +18,6 @@ use crate::{
 /// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count, plain,
 /// gated and sliced).
 pub(super) const GEMV_MAX_ROWS: usize = GEMV_KERNELS.len() / 3;
-
-/// The default row limit of the GEMV path (measured on an H200: `docs/perf-notes.md`).
-pub(super) const GEMV_DEFAULT_MAX_ROWS: usize = 2;
 
 /// Output features each warp of `gemv_bf16_<t>` computes (`GEMV_ENTRY` in `gemv.cu`).
 const GEMV_FEATURES_PER_WARP: [u32; GEMV_MAX_ROWS] = [1, 1, 2, 2, 4, 4, 4, 4];
@@ -37,20 +35,6 @@ fn gemv_split(features: usize, groups_of: usize, k: usize) -> u32 {
         split *= 2;
     }
     split as u32
-}
-
-/// Whether `matmul` takes the GEMV path for `t` rows of `k` against a weight of `dtype`,
-/// given the backend's row limit (`STRATA_GEMV_MAX_ROWS`, at most 8; 0 turns it off).
-pub(super) fn gemv_applies(dtype: DType, t: usize, k: usize, max_rows: usize) -> bool {
-    dtype == DType::BF16 && t >= 1 && t <= max_rows.min(GEMV_MAX_ROWS) && k.is_multiple_of(8)
-}
-
-/// The GEMV row limit: `STRATA_GEMV_MAX_ROWS` if set and valid, else `default`.
-pub(super) fn gemv_max_rows_from_env(default: usize) -> usize {
-    std::env::var("STRATA_GEMV_MAX_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(default, |v| v.min(GEMV_MAX_ROWS))
 }
 
 /// Weights one GEMV launch reads (`GemvMats` in `gemv.cu`, same layout).
@@ -566,14 +550,16 @@ impl CudaBackend {
             offset: s.offset as u64,
             stride: s.stride as u64,
         };
-        if self.small_gemm_applies(gate.dtype(), t, k, n) {
+        let bf16 = gate.dtype() == DType::BF16;
+        let path = self.matmul_path(Form::Slice, bf16, (t, k, n));
+        if path == MatmulPath::SmallGemm {
             let xb = self.bf16_operand(x, t * k)?;
             // The per-layer-input projection reads `out` next.
             let (y, yb) = f32_and_twin_ptrs_mut(self, out, self.gemm_reads_bf16(rows), OP)?;
             let mode = super::small_gemm::SmallOut::Slice(act, slice);
             return self.small_gemm_launch(&xb, buffer_ptr(self, gate), (t, k, n), y, yb, mode);
         }
-        if self.skinny_applies(gate.dtype(), t, k, false) {
+        if path == MatmulPath::Skinny {
             let xb = self.bf16_operand(x, t * k)?;
             // The per-layer-input projection reads `out` next.
             let (y, yb) = f32_and_twin_ptrs_mut(self, out, self.gemm_reads_bf16(rows), OP)?;
@@ -585,7 +571,7 @@ impl CudaBackend {
             };
             return self.skinny_launch(&xb, t, k, &[mat], GemvOut::Slice(act, slice));
         }
-        if !gemv_applies(gate.dtype(), t, k, self.gemv_max_rows) {
+        if path == MatmulPath::Separate {
             let mut g = self.scratch_impl(out.len(), crate::Backend::activation_dtype(self))?;
             self.matmul_impl(x, gate, shape, &mut g)?;
             return self.act_mul_slice_impl(act, &g, table, s, out);
@@ -714,17 +700,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn gemv_applies_to_bf16_rows_within_the_limit() {
-        assert!(gemv_applies(DType::BF16, 1, 1536, 2));
-        assert!(gemv_applies(DType::BF16, 2, 1536, 2));
-        assert!(!gemv_applies(DType::BF16, 3, 1536, 2));
-        assert!(gemv_applies(DType::BF16, 8, 1536, 8));
-        assert!(!gemv_applies(DType::BF16, 9, 1536, 9));
-        assert!(!gemv_applies(DType::BF16, 1, 1537, 2));
-        assert!(!gemv_applies(DType::F32, 1, 1536, 2));
-        assert!(!gemv_applies(DType::BF16, 1, 1536, 0));
     }
 }

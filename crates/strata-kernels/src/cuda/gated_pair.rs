@@ -14,7 +14,8 @@ use cudarc::driver::DevicePtrMut;
 
 use super::buffer::CudaBuffer;
 use super::matmul::GemmOut;
-use super::{device_err, env_usize, CudaBackend};
+use super::{device_err, CudaBackend};
+use crate::tuning::defaults;
 use crate::{Activation, Result};
 
 /// The rows at which a gated product over bf16 weights, in the bf16 mode, runs as the pair.
@@ -28,8 +29,8 @@ impl PairRows {
     /// Where it was measured to gain: past the 64-token tile, up to the largest decode
     /// graph (256 rows; the GEMM plans of a batched product cover decode row counts).
     pub const DEFAULT: Self = Self {
-        min_rows: 65,
-        max_rows: 256,
+        min_rows: defaults::GATED_PAIR_MIN_ROWS,
+        max_rows: defaults::GATED_PAIR_MAX_ROWS,
     };
 
     /// Never.
@@ -38,15 +39,11 @@ impl PairRows {
         max_rows: 0,
     };
 
-    /// `STRATA_GATED_PAIR=0` turns it off; `STRATA_GATED_PAIR_MIN_ROWS` and
-    /// `STRATA_GATED_PAIR_MAX_ROWS` move its limits (for measuring them).
-    pub(super) fn from_env() -> Self {
-        if !super::env_on("STRATA_GATED_PAIR") {
-            return Self::OFF;
-        }
+    /// The limits of [`crate::CudaTuning`] (`gated_pair_max_rows` 0: never).
+    pub(super) fn from_tuning(tuning: &crate::CudaTuning) -> Self {
         Self {
-            min_rows: env_usize("STRATA_GATED_PAIR_MIN_ROWS", Self::DEFAULT.min_rows),
-            max_rows: env_usize("STRATA_GATED_PAIR_MAX_ROWS", Self::DEFAULT.max_rows),
+            min_rows: tuning.gated_pair_min_rows,
+            max_rows: tuning.gated_pair_max_rows,
         }
     }
 }
@@ -58,17 +55,8 @@ impl CudaBackend {
         self
     }
 
-    /// Whether a gated product of bf16 weights over `t` rows with `n` features runs as the
-    /// pair: in the bf16 mode, within the rule's rows, `n` a multiple of 8 (the activation
-    /// pass's 16-byte vectors).
-    pub(super) fn gated_pair_applies(&self, t: usize, n: usize) -> bool {
-        self.bf16_gemm
-            && (self.gated_pair.min_rows..=self.gated_pair.max_rows).contains(&t)
-            && n.is_multiple_of(8)
-    }
-
     /// `out [t, n] = act(x gate^T) * (x up^T)` as the pair (callers check the shapes and
-    /// [`Self::gated_pair_applies`]); with `twin`, into `out`'s bf16 twin alone.
+    /// `PathLimits::gated_pair`); with `twin`, into `out`'s bf16 twin alone.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gated_pair(
         &self,

@@ -127,9 +127,7 @@ pub(super) struct GemmPlans {
     algos: HashMap<PlanKey, Option<sys::cublasLtMatmulAlgo_t>>,
     /// Shapes whose planned algorithms have each run once (see [`GemmPlans::warm`]).
     warmed: HashSet<Shape>,
-    /// Whether large weights' decode plans are timed (`STRATA_GEMM_TUNE=0`: not), and the
-    /// shapes done.
-    tune: bool,
+    /// The shapes whose large weights' decode plans have been timed.
     tuned: HashSet<Shape>,
     /// Made once a shape; a call sets their token count (two attribute writes) instead of
     /// making and destroying three descriptors.
@@ -312,7 +310,6 @@ impl GemmPlans {
             workspace,
             algos: HashMap::new(),
             warmed: HashSet::new(),
-            tune: super::env_on("STRATA_GEMM_TUNE"),
             tuned: HashSet::new(),
             layouts: HashMap::new(),
         }))
@@ -405,8 +402,7 @@ impl GemmPlans {
     /// stream over scratch rows. The heuristics' first guess for E2B's output projection
     /// was 8% slower than the best candidate in a survey; timing the candidates took E2B's
     /// 100-sequence step on an H200 from 3.69-3.70 to 3.68 ms (`docs/perf-notes.md`,
-    /// "Three decode-step changes at 65-256 rows"). `STRATA_GEMM_TUNE=0` keeps the first
-    /// guess.
+    /// "Three decode-step changes at 65-256 rows").
     ///
     /// # Safety
     /// `g`'s weight must be as [`GemmOperands`] lists (its rows and outputs are not used).
@@ -417,8 +413,7 @@ impl GemmPlans {
         key: PlanKey,
     ) -> Result<()> {
         let shape = key.shape();
-        if !self.tune
-            || key.parts != 1
+        if key.parts != 1
             || key.pair
             || key.n * key.k * 2 < TUNE_WEIGHT_BYTES
             || self.tuned.contains(&shape)

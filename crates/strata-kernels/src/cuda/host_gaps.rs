@@ -1,29 +1,21 @@
-//! `STRATA_HOST_GAPS_MS=T`: reports on stderr every gap of at least T ms between two
+//! `STRATA_HOST_GAPS_MS=T` ([`crate::CudaTuning::host_gaps_ms`]): reports on stderr every gap of at least T ms between two
 //! consecutive device calls of a thread (kernel launches and cuBLAS calls), with the calls
 //! on either side. A step's host time is the sum of its gaps, so the pairs that take the
 //! most say where the host stalls (a cuBLAS call that waits on its heuristics, a copy
 //! that waits on the device). Off, each call costs one read of a cached setting.
 
 use std::cell::Cell;
-use std::sync::OnceLock;
 use std::time::Instant;
 
 thread_local! {
     static LAST: Cell<Option<(Instant, &'static str)>> = const { Cell::new(None) };
 }
 
-fn threshold_ms() -> Option<f64> {
-    static T: OnceLock<Option<f64>> = OnceLock::new();
-    *T.get_or_init(|| {
-        std::env::var("STRATA_HOST_GAPS_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    })
-}
-
 /// Notes that the thread is about to make the device call `name`.
 pub(super) fn mark(name: &'static str) {
-    let Some(t) = threshold_ms() else { return };
+    let Some(t) = crate::CudaTuning::get().host_gaps_ms else {
+        return;
+    };
     let now = Instant::now();
     LAST.with(|last| {
         if let Some((at, prev)) = last.get() {

@@ -11,8 +11,9 @@
 //! 2.89 ms), so it takes them from 3 rows (`docs/perf-notes.md`, "Products split over
 //! k").
 
-use super::fused::gemv_applies;
-use super::{env_usize, CudaBackend};
+use super::matmul_path::{Form, MatmulPath};
+use super::CudaBackend;
+use crate::tuning::defaults;
 use crate::{DType, DeviceBuffer, MatmulShape};
 
 use super::buffer::CudaBuffer;
@@ -31,8 +32,8 @@ impl KParts {
     /// The rows measured to gain (the decode graphs' buckets that go to cuBLAS, up to
     /// the largest, 256 rows), parts of at least 256 inputs.
     pub const DEFAULT: Self = Self {
-        min_rows: 3,
-        max_rows: 256,
+        min_rows: defaults::K_PARTS_MIN_ROWS,
+        max_rows: defaults::K_PARTS_MAX_ROWS,
         min_part: 256,
     };
 
@@ -43,17 +44,24 @@ impl KParts {
         min_part: usize::MAX,
     };
 
-    /// `STRATA_K_PARTS=0` turns the split off; `STRATA_K_PARTS_MIN_ROWS` and
-    /// `STRATA_K_PARTS_MAX_ROWS` move its row limits (for measuring them).
-    pub(super) fn from_env() -> Self {
-        if !super::env_on("STRATA_K_PARTS") {
-            return Self::OFF;
-        }
+    /// The row limits of [`crate::CudaTuning`] (`k_parts_max_rows` 0: never split).
+    pub(super) fn from_tuning(tuning: &crate::CudaTuning) -> Self {
         Self {
-            min_rows: env_usize("STRATA_K_PARTS_MIN_ROWS", Self::DEFAULT.min_rows),
-            max_rows: env_usize("STRATA_K_PARTS_MAX_ROWS", Self::DEFAULT.max_rows),
+            min_rows: tuning.k_parts_min_rows,
+            max_rows: tuning.k_parts_max_rows,
             ..Self::DEFAULT
         }
+    }
+
+    /// Whether a product over `rows` rows that would run as `path` is split: a bf16 GEMM,
+    /// or from `min_rows` a skinny GEMM, within `max_rows`.
+    pub(super) fn splits(&self, path: MatmulPath, rows: usize) -> bool {
+        let taken = match path {
+            MatmulPath::GemmBf16 => true,
+            MatmulPath::Skinny => rows >= self.min_rows,
+            _ => false,
+        };
+        taken && rows > 0 && rows <= self.max_rows
     }
 
     /// The parts of a product of `k` inputs and `n` outputs: four below 2048 outputs
@@ -80,15 +88,9 @@ impl CudaBackend {
     /// within the rule's rows (from `min_rows` in place of the skinny GEMM, below it only
     /// where the product would run on cuBLAS).
     pub(super) fn k_parts_for(&self, w: &CudaBuffer, shape: MatmulShape, rows: usize) -> usize {
-        let (k, n, dtype) = (shape.in_features, shape.out_features, w.dtype());
-        let cublas = self.bf16_gemm
-            && dtype == DType::BF16
-            && rows > 0
-            && rows <= self.k_parts.max_rows
-            && !gemv_applies(dtype, rows, k, self.gemv_max_rows)
-            && !self.small_gemm_applies(dtype, rows, k, n)
-            && (rows >= self.k_parts.min_rows || !self.skinny_applies(dtype, rows, k, false));
-        if cublas {
+        let (k, n) = (shape.in_features, shape.out_features);
+        let path = self.matmul_path(Form::Single, w.dtype() == DType::BF16, (rows, k, n));
+        if self.k_parts.splits(path, rows) {
             self.k_parts.parts_for(k, n)
         } else {
             1
@@ -98,7 +100,28 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::KParts;
+    use super::{KParts, MatmulPath};
+
+    #[test]
+    fn splits_take_cublas_products_and_skinny_ones_from_min_rows() {
+        let r = KParts::DEFAULT;
+        let cases = [
+            // (path, rows, split)
+            (MatmulPath::GemmBf16, 1, true),
+            (MatmulPath::GemmBf16, 256, true),
+            (MatmulPath::GemmBf16, 257, false),
+            (MatmulPath::GemmBf16, 0, false),
+            (MatmulPath::Skinny, 2, false),
+            (MatmulPath::Skinny, 3, true),
+            (MatmulPath::Gemv, 2, false),
+            (MatmulPath::SmallGemm, 3, false),
+            (MatmulPath::Sgemm, 3, false),
+        ];
+        for (path, rows, want) in cases {
+            assert_eq!(r.splits(path, rows), want, "{path:?} at {rows} rows");
+        }
+        assert!(!KParts::OFF.splits(MatmulPath::GemmBf16, 100));
+    }
 
     #[test]
     fn parts_follow_the_output_width_and_the_shortest_part() {

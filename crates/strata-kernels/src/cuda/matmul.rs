@@ -11,7 +11,8 @@ use cudarc::cublas::{Gemm, GemmConfig};
 use cudarc::driver::CudaSlice;
 
 use super::buffer::{CudaBuffer, Storage};
-use super::skinny_gemm::{SkinnyMat, SKINNY_MAX_MATS};
+use super::matmul_path::{Form, MatmulPath};
+use super::skinny_gemm::SkinnyMat;
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::{
@@ -149,37 +150,41 @@ impl CudaBackend {
             return Ok(());
         }
         // The bf16 paths may read x's bf16 twin alone (an activation held only in bf16).
-        if super::fused::gemv_applies(w.dtype(), t, k, self.gemv_max_rows) {
-            return self.gemv_bf16(x.f32s(OP)?, w, t, k, n, out);
-        }
-        if self.small_gemm_applies(w.dtype(), t, k, n) {
-            let xb = self.bf16_operand(x, t * k)?;
-            let (w, y) = (
-                super::fused::buffer_ptr(self, w),
-                super::fused::f32_ptr_mut(self, out, OP)?,
-            );
-            return self.small_gemm_launch(
-                &xb,
-                w,
-                (t, k, n),
-                y,
-                0,
-                super::small_gemm::SmallOut::Plain,
-            );
-        }
-        if self.skinny_applies(w.dtype(), t, k, false) {
-            let xb = self.bf16_operand(x, t * k)?;
-            let mat = SkinnyMat {
-                w: super::fused::buffer_ptr(self, w),
-                n,
-                y: super::fused::f32_ptr_mut(self, out, OP)?,
-                yb: 0,
-            };
-            return self.skinny_launch(&xb, t, k, &[mat], super::fused::GemvOut::Plain);
-        }
-        if self.bf16_gemm && w.dtype() == DType::BF16 {
-            let xb = self.bf16_operand(x, t * k)?;
-            return self.gemm_bf16(&xb, w, t, k, n, out);
+        match self.matmul_path(Form::Single, w.dtype() == DType::BF16, (t, k, n)) {
+            MatmulPath::Gemv => return self.gemv_bf16(x.f32s(OP)?, w, t, k, n, out),
+            MatmulPath::SmallGemm => {
+                let xb = self.bf16_operand(x, t * k)?;
+                let (w, y) = (
+                    super::fused::buffer_ptr(self, w),
+                    super::fused::f32_ptr_mut(self, out, OP)?,
+                );
+                return self.small_gemm_launch(
+                    &xb,
+                    w,
+                    (t, k, n),
+                    y,
+                    0,
+                    super::small_gemm::SmallOut::Plain,
+                );
+            }
+            MatmulPath::Skinny => {
+                let xb = self.bf16_operand(x, t * k)?;
+                let mat = SkinnyMat {
+                    w: super::fused::buffer_ptr(self, w),
+                    n,
+                    y: super::fused::f32_ptr_mut(self, out, OP)?,
+                    yb: 0,
+                };
+                return self.skinny_launch(&xb, t, k, &[mat], super::fused::GemvOut::Plain);
+            }
+            MatmulPath::GemmBf16 => {
+                let xb = self.bf16_operand(x, t * k)?;
+                return self.gemm_bf16(&xb, w, t, k, n, out);
+            }
+            MatmulPath::Sgemm => {}
+            p @ (MatmulPath::GatedPair | MatmulPath::Separate) => {
+                unreachable!("{p:?} for one weight")
+            }
         }
         let xs = x.f32s(OP)?;
         let os = out.f32s_mut(OP)?;
@@ -530,14 +535,10 @@ impl CudaBackend {
         }
         let xs = x.f32s(OP)?;
         let all_bf16 = mats.iter().all(|m| m.w.dtype() == DType::BF16);
-        if t == 0 || !all_bf16 {
-            return mats
-                .iter_mut()
-                .try_for_each(|m| self.matmul_impl(x, m.w, m.shape, m.out));
-        }
-        if mats.len() <= super::fused::GEMV_MAX_MATS
-            && super::fused::gemv_applies(DType::BF16, t, k, self.gemv_max_rows)
-        {
+        // The shapes differ in n alone, which no shared path reads.
+        let n = first.shape.out_features;
+        let path = self.matmul_path(Form::Shared(mats.len()), all_bf16, (t, k, n));
+        if path == MatmulPath::Gemv {
             let mut list = Vec::with_capacity(mats.len());
             for m in mats.iter_mut() {
                 list.push(super::fused::GemvMat {
@@ -548,7 +549,7 @@ impl CudaBackend {
             }
             return self.gemv_launch(xs, t, k, &list, super::fused::GemvOut::Plain);
         }
-        if mats.len() <= SKINNY_MAX_MATS && self.skinny_applies(DType::BF16, t, k, mats.len() > 1) {
+        if path == MatmulPath::Skinny {
             let xb = self.bf16_operand(x, t * k)?;
             let mut list = Vec::with_capacity(mats.len());
             for m in mats.iter_mut() {
@@ -561,7 +562,7 @@ impl CudaBackend {
             }
             return self.skinny_launch(&xb, t, k, &list, super::fused::GemvOut::Plain);
         }
-        if self.bf16_gemm {
+        if path == MatmulPath::GemmBf16 {
             let xb = self.bf16_operand(x, t * k)?;
             return mats
                 .iter_mut()
@@ -593,7 +594,8 @@ impl CudaBackend {
         }
         let xs = x.f32s(OP)?;
         let bf16 = gate.dtype() == DType::BF16 && up.dtype() == DType::BF16;
-        if bf16 && super::fused::gemv_applies(DType::BF16, t, k, self.gemv_max_rows) {
+        let path = self.matmul_path(Form::Gated, bf16, (t, k, n));
+        if path == MatmulPath::Gemv {
             let y = super::fused::f32_ptr_mut(self, out, OP)?;
             let mats = [gate, up].map(|w| super::fused::GemvMat {
                 w: super::fused::buffer_ptr(self, w),
@@ -604,10 +606,10 @@ impl CudaBackend {
         }
         // The MLP's down projection reads `out` next.
         let twin = self.gemm_reads_bf16(t);
-        if bf16 && self.gated_pair_applies(t, n) {
+        if path == MatmulPath::GatedPair {
             return self.gated_pair(act, x, [gate, up], (t, k, n), out, twin);
         }
-        if bf16 && self.skinny_applies(DType::BF16, t, k, true) {
+        if path == MatmulPath::Skinny {
             let xb = self.bf16_operand(x, t * k)?;
             let (y, yb) = super::fused::f32_and_twin_ptrs_mut(self, out, twin, OP)?;
             let mats = [gate, up].map(|w| SkinnyMat {
@@ -618,7 +620,7 @@ impl CudaBackend {
             });
             return self.skinny_launch(&xb, t, k, &mats, super::fused::GemvOut::Gated(act));
         }
-        if bf16 && self.bf16_gemm {
+        if path == MatmulPath::GemmBf16 {
             // Both products in bf16: the activation pass reads half the bytes.
             let xb = self.bf16_operand(x, t * k)?;
             let err = device_err("allocating gated matmul scratch");

@@ -10,6 +10,7 @@
 //! buffers need no cross-stream tracking.
 
 mod attention;
+mod attention_plan;
 mod buffer;
 mod cache;
 mod dense_attention;
@@ -19,6 +20,7 @@ mod gemm_plans;
 mod host_gaps;
 mod k_parts;
 mod matmul;
+mod matmul_path;
 mod memory;
 mod module;
 mod ops;
@@ -30,6 +32,7 @@ mod skinny_gemm;
 mod small_gemm;
 mod sources;
 
+pub use crate::tuning::CudaTuning;
 pub use buffer::CudaBuffer;
 pub use gated_pair::PairRows;
 pub use k_parts::KParts;
@@ -67,7 +70,7 @@ pub struct CudaBackend {
     /// cuBLAS handles are not meant for concurrent calls from several threads.
     blas: Arc<Mutex<CudaBlas>>,
     /// cuBLASLt algorithms per bucket of row counts for the bf16 GEMMs (`None`: no
-    /// cuBLASLt library, or `STRATA_GEMM_PLANS=0`).
+    /// cuBLASLt library, or [`CudaTuning::gemm_plans`] off).
     gemm_plans: Option<Arc<Mutex<gemm_plans::GemmPlans>>>,
     kernels: Arc<Kernels>,
     arch: u32,
@@ -78,14 +81,12 @@ pub struct CudaBackend {
     bf16_gemm: bool,
     /// Multiprocessors, read once: attention sizes its key splits from it every call.
     sm_count: usize,
-    /// Row counts up to which a bf16 matmul runs as the GEMV kernel (`STRATA_GEMV_MAX_ROWS`).
+    /// Row counts up to which a bf16 matmul runs as the GEMV kernel
+    /// ([`CudaTuning::gemv_max_rows`]).
     gemv_max_rows: usize,
-    /// Query rows from which a sequence's attention runs as GEMMs (0: never), from
-    /// `STRATA_DENSE_ATTENTION_MIN_Q`.
+    /// Query rows from which a sequence's attention runs as a prefill (0: never), from
+    /// [`CudaTuning::dense_attention_min_q`].
     dense_min_q: usize,
-    /// Whether the long query runs of a batch share one prefill attention launch
-    /// (`STRATA_PREFILL_TOGETHER=0`: a launch each).
-    prefill_together: bool,
     /// What the device grants the tensor-core paged attention (nothing: not used).
     paged_mma: paged_mma::MmaSupport,
     /// The most rows (past the GEMV's) a bf16 product runs as `kernels/skinny_gemm.cu`
@@ -98,9 +99,6 @@ pub struct CudaBackend {
     small_rows: small_gemm::SmallRows,
     /// When a product whose reader adds parts is split over k (`k_parts.rs`).
     k_parts: k_parts::KParts,
-    /// Whether a capped argmax caps only the values near each warp's raw maximum
-    /// (`STRATA_ARGMAX_SKIP=0`: every value; `kernels/sampling.cu`).
-    argmax_skip: bool,
     /// Argmax keys and their page-locked host copies, kept for the next step.
     argmax_slots: Arc<picks::ArgmaxSlots>,
     draw_scratch: Arc<picks::DrawScratches>,
@@ -113,21 +111,6 @@ impl std::fmt::Debug for CudaBackend {
             .field("arch", &format_args!("sm_{}", self.arch))
             .finish()
     }
-}
-
-/// The environment variable `name` as a count, `default` when unset or not a number (the
-/// switches that move a speed path's limits for measuring them).
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Whether the switch `name` is on: on unless set to `0` (the switches that turn a speed
-/// path off for measuring it against the path before).
-fn env_on(name: &str) -> bool {
-    std::env::var(name).as_deref() != Ok("0")
 }
 
 fn device_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> KernelError + '_ {
@@ -193,13 +176,17 @@ impl CudaBackend {
             .map_or(100, |n| n.max(1) as usize);
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| KernelError::Device(format!("creating a cuBLAS handle: {e:?}")))?;
-        let gemm_plans = match std::env::var("STRATA_GEMM_PLANS").as_deref() {
-            Ok("0") => None,
-            _ => gemm_plans::GemmPlans::new(&stream)?.map(|p| Arc::new(Mutex::new(p))),
+        let tuning = CudaTuning::get();
+        static LOGGED: std::sync::Once = std::sync::Once::new();
+        LOGGED.call_once(|| eprintln!("strata: {}", tuning.summary()));
+        let gemm_plans = if tuning.gemm_plans {
+            gemm_plans::GemmPlans::new(&stream)?.map(|p| Arc::new(Mutex::new(p)))
+        } else {
+            None
         };
         let kernels = Kernels::load(&ctx, arch)?;
         let paged_mma = paged_mma::MmaSupport::probe(&ctx, arch, &kernels);
-        let skinny_max_rows = skinny_gemm::probe(arch, &kernels);
+        let skinny_max_rows = skinny_gemm::probe(arch, &kernels, tuning.skinny_gemm_max_rows);
         Ok(Self {
             ctx,
             stream,
@@ -210,15 +197,13 @@ impl CudaBackend {
             device_name,
             bf16_gemm: false,
             sm_count,
-            gemv_max_rows: fused::gemv_max_rows_from_env(fused::GEMV_DEFAULT_MAX_ROWS),
-            dense_min_q: dense_attention::dense_min_q_from_env(),
-            prefill_together: env_on("STRATA_PREFILL_TOGETHER"),
+            gemv_max_rows: tuning.gemv_max_rows.min(fused::GEMV_MAX_ROWS),
+            dense_min_q: tuning.dense_attention_min_q,
             paged_mma,
             skinny_max_rows,
-            gated_pair: gated_pair::PairRows::from_env(),
-            small_rows: small_gemm::SmallRows::from_env(arch),
-            k_parts: k_parts::KParts::from_env(),
-            argmax_skip: env_on("STRATA_ARGMAX_SKIP"),
+            gated_pair: gated_pair::PairRows::from_tuning(tuning),
+            small_rows: small_gemm::SmallRows::from_tuning(arch, tuning),
+            k_parts: k_parts::KParts::from_tuning(tuning),
             argmax_slots: Arc::default(),
             draw_scratch: Arc::default(),
         })
@@ -232,7 +217,7 @@ impl CudaBackend {
     }
 
     /// Drops cuBLASLt's per-bucket plans: every bf16 GEMM then runs as `cublasGemmEx`, as
-    /// where cuBLASLt is missing or `STRATA_GEMM_PLANS=0` (a pair as one call a weight, a
+    /// where cuBLASLt is missing or `STRATA_GEMM_PLANS=0` is set (a pair as one call a weight, a
     /// product in parts as one call a part); returns the backend for chaining.
     pub fn without_gemm_plans(mut self) -> Self {
         self.gemm_plans = None;
@@ -250,7 +235,7 @@ impl CudaBackend {
     }
 
     /// Sets the row count up to which bf16 matmuls run as the GEMV kernel (0 to 8; the
-    /// default is 2, or `STRATA_GEMV_MAX_ROWS`); returns the backend for chaining.
+    /// default is [`CudaTuning::gemv_max_rows`]); returns the backend for chaining.
     pub fn with_gemv_max_rows(mut self, rows: usize) -> Self {
         self.gemv_max_rows = rows.min(fused::GEMV_MAX_ROWS);
         self
@@ -264,7 +249,11 @@ impl CudaBackend {
     /// it; returns the backend for chaining.
     pub fn with_skinny_gemm(mut self, on: bool) -> Self {
         self.skinny_max_rows = if on {
-            skinny_gemm::probe(self.arch, &self.kernels)
+            skinny_gemm::probe(
+                self.arch,
+                &self.kernels,
+                CudaTuning::get().skinny_gemm_max_rows,
+            )
         } else {
             0
         };
@@ -281,7 +270,7 @@ impl CudaBackend {
     /// the device runs it; returns the backend for chaining.
     pub fn with_small_gemm(mut self, on: bool) -> Self {
         self.small_rows = if on {
-            small_gemm::SmallRows::from_env(self.arch)
+            small_gemm::SmallRows::from_tuning(self.arch, CudaTuning::get())
         } else {
             small_gemm::SmallRows::OFF
         };

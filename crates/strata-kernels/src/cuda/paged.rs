@@ -4,6 +4,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::attention_plan::{AttentionCall, AttentionLimits, AttentionPlan, DecodeLaunch};
 use super::buffer::{twin_addr, twin_at, CudaBuffer};
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
@@ -45,7 +46,7 @@ impl CudaKvSlab {
 
 /// The rows from the first sequence shorter than `dense_min_q` query rows to the end of the
 /// last: (first row, rows). (0, 0) when every sequence is long.
-fn short_row_span(seqs: &[PagedSeq], dense_min_q: usize) -> (usize, usize) {
+pub(super) fn short_row_span(seqs: &[PagedSeq], dense_min_q: usize) -> (usize, usize) {
     let mut short = seqs.iter().filter(|s| s.q_len < dense_min_q);
     let Some(first) = short.next() else {
         return (0, 0);
@@ -120,7 +121,7 @@ pub(super) fn format_code(f: KvFormat) -> i32 {
 /// token) fit the mma's rows (a verification's tokens), and the sequences' blocks with
 /// their key splits (`blocks_per_seq`: KV heads times the most splits allowed) still fill
 /// a wave of `resident` blocks; else 1 (a block a row).
-fn tokens_per_block(
+pub(super) fn tokens_per_block(
     seqs: &[PagedSeq],
     group: usize,
     blocks_per_seq: usize,
@@ -162,7 +163,7 @@ fn pack_seqs(seqs: &[PagedSeq]) -> Result<(Vec<u32>, Vec<u32>)> {
 const PA_MAX_D: usize = 512;
 const PA_THREADS: u32 = 128;
 /// Keys one split walks at least; below this, splitting costs more than it saves.
-const MIN_SPLIT_KEYS: usize = 256;
+pub(super) const MIN_SPLIT_KEYS: usize = 256;
 /// Must match `PA_MAX_SPLITS` in `kernels/paged.cu` (the combine kernel's weight array).
 pub(super) const MAX_SPLITS: usize = 64;
 /// Columns one combine block merges (`COMBINE_COLS`).
@@ -510,90 +511,39 @@ impl CudaBackend {
         if rows == 0 || p.n_heads == 0 {
             return Ok(());
         }
-        // Graph batches (made with a capacity) are decode steps: never the dense path.
-        let dense_min_q = if batch.capacity.is_some() {
-            0
-        } else {
-            self.dense_min_q
-        };
+        let plan = AttentionPlan::choose(
+            AttentionCall {
+                seqs: &batch.host_seqs,
+                rows,
+                graph: batch.capacity.is_some(),
+                format: s.format,
+                p: &p,
+            },
+            AttentionLimits {
+                bf16_gemm: self.bf16_gemm,
+                gemv_max_rows: self.gemv_max_rows,
+                dense_min_q: self.dense_min_q,
+                sm_count: self.sm_count,
+                mma: &self.paged_mma,
+            },
+        );
+        let dense_min_q = plan.dense_min_q;
         let qs = q.f32s(OP)?;
-        let mma = self.paged_mma.applies(self.bf16_gemm, s.format, &p);
-        let all_long = dense_min_q > 0 && batch.host_seqs.iter().all(|s| s.q_len >= dense_min_q);
-        let any_long = dense_min_q > 0 && batch.host_seqs.iter().any(|s| s.q_len >= dense_min_q);
-        // The o projection's bf16 GEMM reads the result next: the tensor-core kernels and
-        // the combine write its bf16 twin as well, if every path of this call is theirs
-        // (the CUDA-core kernel and the GEMM path do not write one).
-        let twin = self.gemm_reads_bf16(rows)
-            && (all_long || mma)
-            && (!any_long
-                || self.paged_mma.prefill_twin
-                    && self.paged_mma.prefill_applies(self.bf16_gemm, s.format, &p));
-        let (os, mut ob) = out.f32s_maybe_twin_mut(&self.stream, twin, OP)?;
+        let (os, mut ob) = out.f32s_maybe_twin_mut(&self.stream, plan.twin, OP)?;
         let ob_addr = twin_addr(&self.stream, &mut ob);
-        if all_long {
-            // Every row is a long query run's (a prefill): the paged kernel would only
-            // launch blocks that find no keys.
+        let Some(launch) = plan.decode else {
             return self.dense_sequences(qs, slab, batch, p, dense_min_q, os, ob_addr);
-        }
-        // Beside long runs (a step that admits prompts while others decode) the tensor-core
-        // kernels take only the span of rows from the first short sequence to the last: a
-        // grid over every row would size its splits by the prompts' rows, whose blocks find
-        // no keys, and leave the decode rows one split each.
-        let (row0, span) = if mma && any_long && self.paged_mma.decode_span {
-            short_row_span(&batch.host_seqs, dense_min_q)
-        } else {
-            (0, rows)
         };
+        let DecodeLaunch {
+            mma,
+            kernel: name,
+            smem: mma_smem,
+            row0,
+            span,
+            tokens_per_block: tpb,
+            splits,
+        } = launch;
         let tasks = span * p.n_heads;
-        let (mma_kernel, mma_smem) = self.paged_mma.decode_kernel(d, s.format);
-        // Split the keys when there are too few blocks to fill the GPU. The tensor-core
-        // kernel serves a KV head's whole query group per block and holds a multiprocessor's
-        // shared memory, so it sizes its grid to one wave of resident blocks.
-        let (tpb, splits) = if mma {
-            let resident = self.paged_mma.resident_blocks(d, s.format, self.sm_count);
-            let most = if batch.capacity.is_some() {
-                let window = p.window.filter(|_| self.paged_mma.window_splits);
-                super::paged_mma::graph_split_cap(window, MAX_SPLITS)
-            } else {
-                batch
-                    .max_keys()
-                    .div_ceil(MIN_SPLIT_KEYS)
-                    .clamp(1, MAX_SPLITS)
-            };
-            // The FlashAttention-2 layout's kernels can take a verification's tokens of a
-            // sequence in one block, which reads its keys once for all of them. That leaves
-            // fewer blocks, so only where they still fill a wave with the splits allowed:
-            // at one request (E4B, depth 768) a block a token was 0.03-0.07 ms a step
-            // faster.
-            let tpb = if self.paged_mma.verify_blocks
-                && mma_kernel != super::paged_mma::KERNEL
-                && span == rows
-            {
-                tokens_per_block(
-                    &batch.host_seqs,
-                    p.n_heads / p.n_kv_heads,
-                    p.n_kv_heads * most,
-                    resident,
-                )
-            } else {
-                1
-            };
-            let blocks = span / tpb * p.n_kv_heads;
-            (tpb, super::paged_mma::wave_splits(blocks, resident, most))
-        } else {
-            let target = 2 * self.sm_count;
-            let splits = if tasks >= target {
-                1
-            } else if batch.capacity.is_some() {
-                target.div_ceil(tasks).clamp(1, MAX_SPLITS)
-            } else {
-                target
-                    .div_ceil(tasks)
-                    .min(batch.max_keys().div_ceil(MIN_SPLIT_KEYS))
-                    .clamp(1, MAX_SPLITS)
-            };
-            (1, splits)
-        };
         let err = device_err("allocating attention workspace");
         // Every split block writes its whole part of the workspace (empty splits write a
         // zero sum), so it needs no zero fill.
@@ -617,7 +567,6 @@ impl CudaBackend {
         let has_cap = i32::from(p.softcap.is_some());
         let splits_i = splits as i32;
         let dense_min_q_i = i32::try_from(dense_min_q).unwrap_or(i32::MAX);
-        let name = if mma { mma_kernel } else { OP };
         let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(qs);
         // The bf16 tensor-core kernels take the codes alone; the others take all four arrays.
@@ -651,7 +600,7 @@ impl CudaBackend {
         let (stages_i, row0_i, tpb_i) = (stages as i32, row0 as i32, tpb as i32);
         let cfg = if mma {
             l.arg(&stages_i).arg(&row0_i);
-            if mma_kernel != super::paged_mma::KERNEL {
+            if name != super::paged_mma::KERNEL {
                 l.arg(&tpb_i);
             }
             LaunchConfig {
@@ -687,7 +636,7 @@ impl CudaBackend {
                 splits,
             )?;
         }
-        if any_long {
+        if plan.prefill {
             self.dense_sequences(qs, slab, batch, p, dense_min_q, os, ob_addr)?;
         }
         Ok(())
@@ -717,7 +666,7 @@ impl CudaBackend {
             .filter(|(_, s)| s.q_len >= dense_min_q && s.k_len() > 0)
             .map(|(i, s)| (i, *s))
             .collect();
-        if mma && long.len() > 1 && self.prefill_together {
+        if mma && long.len() > 1 {
             // The step's prompts in one launch (up to MAX_RUNS at a time).
             for runs in long.chunks(super::prefill_attention::MAX_RUNS) {
                 self.prefill_attention_seqs(

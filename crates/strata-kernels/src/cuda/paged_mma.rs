@@ -273,34 +273,22 @@ pub(super) struct MmaSupport {
     pub smem_per_sm: usize,
     /// The same for the prefill kernel (0: not used).
     pub prefill_smem_limit: usize,
-    /// Whether the prefill kernel writes its output's bf16 twin (`STRATA_PREFILL_TWIN=0`:
-    /// no, and the o projection narrows its input).
-    pub prefill_twin: bool,
-    /// Whether decode rows take the FlashAttention-2 layout kernels (`STRATA_DECODE_MMA=0`:
-    /// the original tensor-core kernel).
+    /// Whether decode rows take the FlashAttention-2 layout kernels (their shared memory
+    /// granted; else `KERNEL`).
     pub decode_fa: bool,
-    /// Whether decode rows over 8-bit slabs take the tensor-core kernels
-    /// (`STRATA_DECODE_SCALED_MMA=0`: the CUDA-core kernel).
+    /// Whether decode rows over 8-bit slabs take the tensor-core kernels (their shared
+    /// memory granted; else the CUDA-core kernel).
     pub decode_scaled: bool,
     /// Whether long query runs over 8-bit slabs take the tensor-core prefill kernels
-    /// (`STRATA_PREFILL_SCALED_MMA=0`: the GEMM path).
+    /// (granted; else the GEMM path).
     pub prefill_scaled: bool,
-    /// Whether a call with long runs beside short ones launches the decode kernel over the
-    /// short rows' span alone (`STRATA_DECODE_SPAN=0`: over every row, as before).
-    pub decode_span: bool,
-    /// Whether a captured step caps a windowed layer's key splits at the window's keys
-    /// over a tile a warp group (`STRATA_DECODE_WINDOW_SPLITS=0`: at `MAX_SPLITS`).
-    pub window_splits: bool,
-    /// Whether a verification's tokens of a sequence share a decode block
-    /// (`STRATA_DECODE_VERIFY_BLOCKS=0`: a block a token, each reading the keys again).
-    pub verify_blocks: bool,
 }
 
 impl MmaSupport {
     /// The GPU needs bf16 mma (sm_80+), and the block size for the largest head_dim is
-    /// granted up to the device's opt-in limit. `STRATA_PAGED_MMA=0` turns the kernel off.
+    /// granted up to the device's opt-in limit.
     pub(super) fn probe(ctx: &CudaContext, arch: u32, kernels: &Kernels) -> Self {
-        if arch < 80 || !super::env_on("STRATA_PAGED_MMA") {
+        if arch < 80 {
             return Self::default();
         }
         let attr = |a| ctx.attribute(a).map_or(0, |v: i32| v.max(0) as usize);
@@ -325,38 +313,26 @@ impl MmaSupport {
             .filter_map(|&(d, _, _)| prefill_smem_bytes(d, KvFormat::Bf16, MAX_STAGES))
             .max()
             .map_or(0, |most| optin.min(most));
-        let prefill_off = !super::env_on("STRATA_PREFILL_MMA");
         let granted = PREFILL_KERNELS
             .iter()
             .all(|&(_, one, seqs)| grant(one, prefill_limit) && grant(seqs, prefill_limit));
         // Granted as the bf16 entry points are; whether a head_dim's blocks fit the grant is
         // `prefill_applies`'s per-call check (on a 163 KB GPU d 64 and 128 fit, 256 does not).
-        let prefill_scaled = super::env_on("STRATA_PREFILL_SCALED_MMA")
-            && PREFILL_SCALED_KERNELS
-                .iter()
-                .all(|&(_, fp8, int8)| fp8.iter().chain(&int8).all(|&k| grant(k, prefill_limit)));
+        let prefill_scaled = PREFILL_SCALED_KERNELS
+            .iter()
+            .all(|&(_, fp8, int8)| fp8.iter().chain(&int8).all(|&k| grant(k, prefill_limit)));
         Self {
             smem_limit: limit,
             smem_per_sm: per_sm.max(limit),
-            prefill_smem_limit: if !prefill_off && granted {
-                prefill_limit
-            } else {
-                0
-            },
-            prefill_twin: super::env_on("STRATA_PREFILL_TWIN"),
-            decode_fa: super::env_on("STRATA_DECODE_MMA")
-                && DECODE_KERNELS.iter().all(|&(d, kernel)| {
-                    decode_smem_bytes(d) <= optin && grant(kernel, decode_smem_bytes(d))
-                }),
-            decode_scaled: super::env_on("STRATA_DECODE_SCALED_MMA")
-                && DECODE_SCALED_KERNELS.iter().all(|&(d, fp8, int8)| {
-                    let bytes = decode_scaled_smem_bytes(d);
-                    bytes <= optin && grant(fp8, bytes) && grant(int8, bytes)
-                }),
-            prefill_scaled: !prefill_off && granted && prefill_scaled,
-            decode_span: super::env_on("STRATA_DECODE_SPAN"),
-            window_splits: super::env_on("STRATA_DECODE_WINDOW_SPLITS"),
-            verify_blocks: super::env_on("STRATA_DECODE_VERIFY_BLOCKS"),
+            prefill_smem_limit: if granted { prefill_limit } else { 0 },
+            decode_fa: DECODE_KERNELS.iter().all(|&(d, kernel)| {
+                decode_smem_bytes(d) <= optin && grant(kernel, decode_smem_bytes(d))
+            }),
+            decode_scaled: DECODE_SCALED_KERNELS.iter().all(|&(d, fp8, int8)| {
+                let bytes = decode_scaled_smem_bytes(d);
+                bytes <= optin && grant(fp8, bytes) && grant(int8, bytes)
+            }),
+            prefill_scaled: granted && prefill_scaled,
         }
     }
 
@@ -487,13 +463,9 @@ mod tests {
             smem_limit: 227 * 1024,
             smem_per_sm: 228 * 1024,
             prefill_smem_limit: 227 * 1024,
-            prefill_twin: true,
             decode_fa: false,
             decode_scaled: false,
             prefill_scaled: false,
-            decode_span: true,
-            window_splits: true,
-            verify_blocks: true,
         };
         assert_eq!(hopper.stages(512), 3);
         assert_eq!(hopper.stages(256), 3);
@@ -542,13 +514,9 @@ mod tests {
             smem_limit: 163 * 1024,
             smem_per_sm: 164 * 1024,
             prefill_smem_limit: 163 * 1024,
-            prefill_twin: true,
             decode_fa: false,
             decode_scaled: false,
             prefill_scaled: false,
-            decode_span: true,
-            window_splits: true,
-            verify_blocks: true,
         };
         assert_eq!(ampere.stages(512), 2);
         // The prefill kernels: d 256 and 512 in two stages on Hopper; on A100 (163 KB) only
@@ -615,13 +583,9 @@ mod tests {
             smem_limit,
             smem_per_sm: 228 * 1024,
             prefill_smem_limit: 0,
-            prefill_twin: true,
             decode_fa: false,
             decode_scaled: false,
             prefill_scaled: false,
-            decode_span: true,
-            window_splits: true,
-            verify_blocks: true,
         }
     }
 

@@ -139,13 +139,6 @@ fn read_report(words: &[u64], n: usize, shift: u32, id: u32) -> Result<TokenLogp
 }
 
 impl CudaBackend {
-    /// Whether a capped argmax caps only the values that may win (the default) or every
-    /// value; both choose the same ids (`kernels/sampling.cu`, `capped_skip_below`).
-    pub fn with_argmax_skip(mut self, skip: bool) -> Self {
-        self.argmax_skip = skip;
-        self
-    }
-
     /// A slot of at least `rows` keys, zeroed on the stream (the kernel folds into them).
     fn argmax_slot(&self, rows: usize) -> Result<ArgmaxSlot> {
         let spare = {
@@ -205,16 +198,12 @@ impl CudaBackend {
             // Enough blocks a row that one row (batch 1) still spreads over the GPU.
             let parts = vocab.div_ceil(ARGMAX_PER_BLOCK).clamp(1, 64) as u32;
             let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
-            // 0: raw values; 1: every value capped; 2: only those that may win capped.
-            let cap_mode: i32 = match (softcap.is_some(), self.argmax_skip) {
-                (false, _) => 0,
-                (true, false) => 1,
-                (true, true) => 2,
-            };
+            // 0: raw values; 1: capped, only the values that may win computed.
+            let has_cap = i32::from(softcap.is_some());
             l.arg(xs)
                 .arg(&mut slot.keys)
                 .arg(&v)
-                .arg(&cap_mode)
+                .arg(&has_cap)
                 .arg(&cap);
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, parts, 1),

@@ -12,12 +12,12 @@ use super::module::Kernels;
 use super::sources::SKINNY_KERNELS;
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
-use crate::{DType, Result};
+use crate::Result;
 
 /// Weight rows a tile (`SG_BN`; a gated tile is half gate, half up).
 const TILE_ROWS: usize = 128;
 /// k a pipeline stage (`SG_BK`): k must be a multiple.
-const STAGE_K: usize = 64;
+pub(super) const STAGE_K: usize = 64;
 const THREADS: u32 = 256;
 /// Cluster sizes there are entry points for (`SG_KERNELS` in the kernel file).
 const CLUSTERS: [usize; 4] = [1, 2, 4, 8];
@@ -55,15 +55,16 @@ const TILES: [Tile; 3] = [
     },
 ];
 
-/// The most rows any tile takes.
-pub(super) const SKINNY_MAX_ROWS: usize = 128;
+// The default row limit is the most rows any tile takes.
+const _: () =
+    assert!(crate::tuning::defaults::SKINNY_GEMM_MAX_ROWS == TILES[TILES.len() - 1].tokens);
 
 /// The most rows a launch of one weight takes the kernel for. Past 64 rows cuBLAS is
 /// faster on a single product (the 128-token tile's split-K blocks are short: an H200 step at
 /// 128 rows took a layer's o projection in 9.0 us against cuBLAS's 7.6, the per-layer-input
 /// projection in 6.7 against 4.2), while a fused launch still wins (q / k / v 11.3 against
 /// 19.0 us in three launches; gate and up with the activation 18.9 against 22.0).
-const SINGLE_MAX_ROWS: usize = 64;
+pub(super) const SINGLE_MAX_ROWS: usize = 64;
 
 impl Tile {
     /// Dynamic shared memory: the stages of a weight tile and a token tile (bf16); the
@@ -125,16 +126,12 @@ pub(super) struct SkinnyMat {
 
 /// The most rows the device runs the kernel for (0: none): 32 on sm_90 and later (clusters),
 /// 128 on sm_90 itself (wgmma), each tile's entry points loaded and granted their shared
-/// memory. `STRATA_SKINNY_GEMM=0` turns the kernel off; `STRATA_SKINNY_GEMM_MAX_ROWS` lowers
-/// the limit (32: cuBLAS past the mma.sync tile).
-pub(super) fn probe(arch: u32, kernels: &Kernels) -> usize {
-    if arch < 90 || !super::env_on("STRATA_SKINNY_GEMM") {
+/// memory, and no more than `cap` ([`crate::CudaTuning::skinny_gemm_max_rows`]: 0 turns
+/// the kernel off, 32 sends everything past the mma.sync tile to cuBLAS).
+pub(super) fn probe(arch: u32, kernels: &Kernels, cap: usize) -> usize {
+    if arch < 90 {
         return 0;
     }
-    let cap = std::env::var("STRATA_SKINNY_GEMM_MAX_ROWS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(SKINNY_MAX_ROWS);
     let per_tile = SKINNY_KERNELS.len() / TILES.len();
     max_rows(cap, |i, tile| {
         (!tile.wgmma || arch == 90)
@@ -183,28 +180,10 @@ fn kernel_index(tile: usize, family: usize, cluster: usize) -> usize {
 }
 
 impl CudaBackend {
-    /// Whether a bf16 product over `t` rows of `k` takes the kernel; `fused`: the launch
-    /// covers several weights (q / k / v, or gate and up with their activation), which it
-    /// takes up to `skinny_max_rows`. A launch of one weight takes it up to
-    /// `SINGLE_MAX_ROWS` only.
-    pub(super) fn skinny_applies(&self, dtype: DType, t: usize, k: usize, fused: bool) -> bool {
-        let max_rows = if fused {
-            self.skinny_max_rows
-        } else {
-            self.skinny_max_rows.min(SINGLE_MAX_ROWS)
-        };
-        self.bf16_gemm
-            && dtype == DType::BF16
-            && t > self.gemv_max_rows
-            && t <= max_rows
-            && k >= STAGE_K
-            && k.is_multiple_of(STAGE_K)
-    }
-
     /// One launch over `mats` (1 to 3 bf16 weights `[n_i, k]` sharing `xb [t, k]`), or,
     /// gated, over an MLP's gate and up (`mats[0]`, `mats[1]`, one shape) writing
     /// `act(gate) * up` to `mats[0]`'s outputs, or, sliced, over one weight. Callers check
-    /// the shapes, the slice's reach and `skinny_applies`.
+    /// the shapes, the slice's reach and `PathLimits::skinny`.
     pub(super) fn skinny_launch(
         &self,
         xb: &CudaSlice<u16>,

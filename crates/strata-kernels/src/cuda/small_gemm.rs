@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::fused::{too_big, GemvSlice};
 use super::{device_err, CudaBackend};
 use crate::params::Activation;
-use crate::{DType, Result};
+use crate::Result;
 
 /// Rows of the kernel's token tile.
 const TOKENS: usize = 16;
@@ -23,7 +23,7 @@ const MAX_ELEMENTS: usize = 1 << 21;
 const WARPS_N16: usize = 8;
 const WARPS_N64: usize = 4;
 
-/// The row range the kernel takes (`STRATA_SMALL_GEMM=0`: none).
+/// The row range the kernel takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct SmallRows {
     pub(super) min: usize,
@@ -33,16 +33,15 @@ pub(super) struct SmallRows {
 impl SmallRows {
     pub(super) const OFF: Self = Self { min: 1, max: 0 };
 
-    pub(super) fn from_env(arch: u32) -> Self {
-        let off = !super::env_on("STRATA_SMALL_GEMM");
-        if arch < 80 || off {
+    /// From [`crate::CudaTuning::small_gemm_min_rows`] to 128 rows on sm_80 and later.
+    pub(super) fn from_tuning(arch: u32, tuning: &crate::CudaTuning) -> Self {
+        if arch < 80 {
             return Self::OFF;
         }
-        let min = std::env::var("STRATA_SMALL_GEMM_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3);
-        Self { min, max: 128 }
+        Self {
+            min: tuning.small_gemm_min_rows,
+            max: 128,
+        }
     }
 }
 
@@ -68,17 +67,8 @@ pub(super) enum SmallOut {
 }
 
 impl CudaBackend {
-    /// Whether a bf16 product of `t` rows by a `[n, k]` weight runs as the small GEMM.
-    pub(super) fn small_gemm_applies(&self, dtype: DType, t: usize, k: usize, n: usize) -> bool {
-        self.bf16_gemm
-            && dtype == DType::BF16
-            && t >= self.small_rows.min
-            && t <= self.small_rows.max
-            && feature_tile(n, k).is_some()
-    }
-
     /// `y [t, n]` (and its bf16 copy `yb` when not 0) from `xb [t, k]` and the weight at
-    /// `w`; callers check the shapes and `small_gemm_applies`.
+    /// `w`; callers check the shapes and `PathLimits::small_gemm`.
     pub(super) fn small_gemm_launch(
         &self,
         xb: &CudaSlice<u16>,

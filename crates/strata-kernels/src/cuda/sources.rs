@@ -42,11 +42,12 @@ impl KernelFile {
     }
 
     /// The text NVRTC compiles: the common helpers, then the file (with a `#line` so errors
-    /// point into the file itself). With `STRATA_KERNEL_DIR` set, `common.cuh` and
+    /// point into the file itself). With `STRATA_KERNEL_DIR` set
+    /// ([`crate::CudaTuning::kernel_dir`]), `common.cuh` and
     /// `<name>.cu` are read from that directory where present (kernel work: edit a file and
     /// rerun the same binary; the cache keys on the text, so each version compiles once).
     pub fn full_source(&self) -> String {
-        let dir = std::env::var_os("STRATA_KERNEL_DIR").map(std::path::PathBuf::from);
+        let dir = crate::CudaTuning::get().kernel_dir.as_ref();
         let read = |file: &str| {
             dir.as_ref()
                 .and_then(|d| std::fs::read_to_string(d.join(file)).ok())
