@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_draft;
+pub mod budget;
 mod engine;
 mod generate;
 mod load;
@@ -9,6 +10,7 @@ mod placed;
 
 pub use bench::{DecodeBench, DecodeShape, PrefillBench};
 pub use bench_draft::DraftBench;
+pub use budget::KvBudget;
 pub use engine::{
     Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
     RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,

@@ -37,6 +37,16 @@ impl FromStr for Device {
     }
 }
 
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Device::Auto => "auto",
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        })
+    }
+}
+
 /// The dtype dense weights compute in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightDtype {
@@ -61,6 +71,16 @@ impl FromStr for WeightDtype {
                 "unknown dtype {other:?} (auto, f32, bf16)"
             ))),
         }
+    }
+}
+
+impl std::fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WeightDtype::Auto => "auto",
+            WeightDtype::F32 => "f32",
+            WeightDtype::Bf16 => "bf16",
+        })
     }
 }
 

@@ -18,7 +18,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
     #[arg(long, default_value = "auto")]
-    pub kv_cache_dtype: String,
+    pub kv_cache_dtype: KvCacheDtype,
     /// Decode batch sizes.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128")]
     pub batches: Vec<usize>,
@@ -74,10 +74,7 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
-    let kv: KvCacheDtype = a
-        .kv_cache_dtype
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let kv = a.kv_cache_dtype;
     let mut model = a
         .placement
         .load(&a.model)

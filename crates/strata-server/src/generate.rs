@@ -36,7 +36,7 @@ pub struct GenerateArgs {
     pub chat: bool,
     /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
     #[arg(long, default_value = "auto")]
-    pub kv_cache_dtype: String,
+    pub kv_cache_dtype: KvCacheDtype,
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
     /// Keep generating past end-of-sequence tokens.
@@ -63,10 +63,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
-    let kv_cache_dtype: KvCacheDtype = a
-        .kv_cache_dtype
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let kv_cache_dtype = a.kv_cache_dtype;
     let sampling = a.sampling.params();
     let mut model = a
         .placement

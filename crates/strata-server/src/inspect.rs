@@ -20,7 +20,7 @@ pub struct InspectArgs {
     pub json: bool,
     /// KV format to price: auto, bf16, f16, f32, fp8_per_token_head, int8_per_token_head.
     #[arg(long, default_value = "auto")]
-    pub kv_cache_dtype: String,
+    pub kv_cache_dtype: KvCacheDtype,
     /// Report the pages this many bytes of KV memory hold.
     #[arg(long)]
     pub kv_budget_bytes: Option<u64>,
@@ -38,10 +38,7 @@ pub struct InspectArgs {
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let (config, source) = load_model_config(&args.model)
         .with_context(|| format!("cannot serve {}", args.model.display()))?;
-    let dtype: KvCacheDtype = args
-        .kv_cache_dtype
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let dtype = args.kv_cache_dtype;
     let layout = KvLayout::for_config(&config, dtype).context("laying out the KV pool")?;
     let pages = match args.kv_budget_bytes {
         Some(budget) => Some(

@@ -7,19 +7,26 @@ use anyhow::Context;
 use clap::Args;
 use strata_engine::{Device, LoadSettings, LoadedModel, WeightDtype};
 
+/// Where lookup-only embedding tables live.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmbedPlacement {
+    Device,
+    Host,
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct PlacementArgs {
     /// auto (CUDA when a GPU starts, else the CPU), cpu or cuda.
     #[arg(long, default_value = "auto")]
-    pub device: String,
+    pub device: Device,
     /// Dtype dense weights compute in: auto (as stored; bf16 GEMMs on CUDA), f32 (exact
     /// reference path) or bf16.
     #[arg(long, default_value = "auto")]
-    pub dtype: String,
+    pub dtype: WeightDtype,
     /// device, or host: lookup-only embedding tables (Gemma-4's per-layer embeddings, an
     /// untied token embedding) stay in host memory and only each step's rows are uploaded.
-    #[arg(long, default_value = "device")]
-    pub embed_weights: String,
+    #[arg(long, value_enum, default_value_t = EmbedPlacement::Device)]
+    pub embed_weights: EmbedPlacement,
     /// Decode every stored weight before loading and refuse the model if one is NaN or
     /// infinite, naming the tensor (a corrupt or badly converted file otherwise loads and
     /// generates garbage). Costs one pass over the weights.
@@ -38,17 +45,10 @@ impl PlacementArgs {
     }
 
     pub fn settings(&self) -> anyhow::Result<LoadSettings> {
-        let device: Device = self.device.parse()?;
-        let dtype: WeightDtype = self.dtype.parse()?;
-        let host_embeddings = match self.embed_weights.as_str() {
-            "device" => false,
-            "host" => true,
-            other => anyhow::bail!("--embed-weights: unknown placement {other:?} (host, device)"),
-        };
         Ok(LoadSettings {
-            device,
-            dtype,
-            host_embeddings,
+            device: self.device,
+            dtype: self.dtype,
+            host_embeddings: self.embed_weights == EmbedPlacement::Host,
         })
     }
 }

@@ -25,7 +25,7 @@ pub struct ScoreArgs {
     pub out: PathBuf,
     /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
     #[arg(long, default_value = "auto")]
-    pub kv_cache_dtype: String,
+    pub kv_cache_dtype: KvCacheDtype,
     /// Prompt tokens per prefill pass.
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
@@ -42,10 +42,7 @@ pub struct ScoreArgs {
 }
 
 pub fn run(a: &ScoreArgs) -> anyhow::Result<()> {
-    let kv: KvCacheDtype = a
-        .kv_cache_dtype
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
+    let kv = a.kv_cache_dtype;
     let text = std::fs::read_to_string(&a.ids).with_context(|| a.ids.display().to_string())?;
     let ids: Vec<u32> = serde_json::from_str(&text)
         .with_context(|| format!("{}: want a JSON array of token ids", a.ids.display()))?;

@@ -175,6 +175,8 @@ pub struct Engine {
     pub model_name: String,
     pub context_len: usize,
     pub vocab_size: usize,
+    /// Sliding-window pages per full page, to price a rebuild.
+    window_ratio: f64,
     /// Requests submitted and not yet ended (their guards alive), and how many may be.
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
@@ -298,6 +300,7 @@ impl Engine {
             .scheduler
             .max_running_requests
             .saturating_add(opts.max_waiting_requests.unwrap_or(usize::MAX));
+        let window_ratio = opts.window_ratio;
         let alive = Arc::new(AtomicBool::new(true));
         let (alive_tx, alive_watch) = watch::channel(true);
         let spawned = loaded.runtime.dispatch(SpawnWorker {
@@ -320,6 +323,7 @@ impl Engine {
             model_name,
             context_len,
             vocab_size,
+            window_ratio,
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             alive,
@@ -383,8 +387,12 @@ impl Engine {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Drains running requests, then resizes the pool; new requests wait meanwhile.
+    /// Drains running requests, then resizes the pool; new requests wait meanwhile. A pool
+    /// that cannot fit in memory is refused before anything drains.
     pub async fn rebuild(&self, full_pages: usize) -> Result<PagePlan> {
+        if let Some(kv) = self.status().kv {
+            crate::budget::check_pool_fits(&kv, full_pages, self.window_ratio)?;
+        }
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Rebuild { full_pages, reply })

@@ -19,7 +19,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::{middleware, Router};
 use clap::Args;
-use strata_engine::{Engine, EngineOptions, WarmUpShape};
+use strata_engine::{Engine, EngineOptions, KvBudget, WarmUpShape};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 use strata_sched::{PromptLookup, SchedulerConfig};
 
@@ -27,6 +27,26 @@ use crate::step_budget;
 
 /// Largest request body accepted.
 const MAX_BODY_BYTES: usize = 8 << 20;
+
+/// A feature that is on by default where it pays (on a GPU).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Switch {
+    /// On a GPU, off on the CPU.
+    Auto,
+    On,
+    Off,
+}
+
+impl Switch {
+    /// Whether the feature is on, for a model on a GPU or not.
+    pub fn on(self, on_gpu: bool) -> bool {
+        match self {
+            Switch::Auto => on_gpu,
+            Switch::On => true,
+            Switch::Off => false,
+        }
+    }
+}
 
 #[derive(Args, Clone)]
 pub struct ServeArgs {
@@ -54,10 +74,10 @@ pub struct ServeArgs {
     pub prefill_chunk: Option<usize>,
     /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
     #[arg(long, default_value = "auto")]
-    pub kv_cache_dtype: String,
+    pub kv_cache_dtype: KvCacheDtype,
     /// radix (reuse cached prefixes) or naive.
     #[arg(long, default_value = "radix")]
-    pub cache_type: String,
+    pub cache_type: CacheType,
     /// Bytes of KV memory (default: --mem-fraction of available memory).
     #[arg(long)]
     pub kv_budget_bytes: Option<u64>,
@@ -77,13 +97,13 @@ pub struct ServeArgs {
     pub enable_timings_report: bool,
     /// Run every decode batch size and a full prefill step once before listening (CUDA
     /// graphs captured, GEMM kernels loaded): auto (on a GPU), on or off.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
-    pub warmup: String,
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    pub warmup: Switch,
     /// Queue each decode step before reading the one ahead of it, its token ids fed
     /// from that step's output on the device, so the GPU does not wait for the host
     /// between steps: auto (on a GPU), on or off.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
-    pub overlap: String,
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    pub overlap: Switch,
     /// Write one CSV line for every engine step to this file (start and length in ms, the
     /// host's time queueing it, the rows and prompt tokens it queued, whether it was
     /// overlapped, requests running and waiting, tokens drafted): where a served run's
@@ -161,30 +181,17 @@ pub struct ServeArgs {
     pub placement: crate::placement::PlacementArgs,
 }
 
-/// Available memory from /proc/meminfo, when the platform has it.
-pub(crate) fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 fn log(msg: impl AsRef<str>) {
     eprintln!("[strata] {}", msg.as_ref());
 }
 
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
-    let kv_cache_dtype: KvCacheDtype = a
-        .kv_cache_dtype
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))?;
-    let cache_type: CacheType = a
-        .cache_type
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--cache-type: {e}"))?;
+    let kv_cache_dtype = a.kv_cache_dtype;
+    let cache_type = a.cache_type;
     // Flags are checked before the (slow) load.
     a.placement.settings()?;
     if let Some(f) = a.mem_fraction {
+        // Checked again with the model; here it fails before the (slow) load.
         if !(f > 0.0 && f < 1.0) {
             anyhow::bail!("--mem-fraction must be between 0 and 1");
         }
@@ -217,7 +224,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         a.model.display(),
         a.placement.device,
         a.placement.dtype,
-        a.placement.embed_weights
+        format!("{:?}", a.placement.embed_weights).to_lowercase()
     ));
     let mut loaded = a
         .placement
@@ -250,15 +257,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             a.draft_max_requests
         ));
     }
-    let budget = match (a.kv_budget_bytes, loaded.runtime.free_device_memory()) {
-        (Some(b), _) => b,
-        // Leave the rest of the GPU to activations, cuBLAS workspaces and the allocator.
-        (None, Some(free)) => (free as f64 * a.mem_fraction.unwrap_or(0.85)) as u64,
-        (None, None) => {
-            let avail = available_memory().unwrap_or(4 << 30);
-            (avail as f64 * a.mem_fraction.unwrap_or(0.1)) as u64
-        }
-    };
+    let budget = match a.kv_budget_bytes {
+        Some(b) => KvBudget::Bytes(b),
+        None => KvBudget::Fraction(a.mem_fraction),
+    }
+    .bytes(&loaded)
+    .context("--mem-fraction")?;
     let layout = KvLayout::for_config(loaded.config(), kv_cache_dtype)?;
     for g in layout.groups() {
         log(format!(
@@ -272,11 +276,6 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         ));
     }
     let on_gpu = loaded.runtime.on_gpu();
-    let switch = |v: &str| match v {
-        "on" => true,
-        "off" => false,
-        _ => on_gpu,
-    };
     let step_tokens = step_budget::step_tokens(a.max_batch_tokens, on_gpu);
     let chunk = step_budget::chunk_tokens(a.prefill_chunk, on_gpu, step_tokens);
     log(format!(
@@ -293,7 +292,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             max_running_requests: a.max_running_requests,
             max_batch_tokens: step_tokens,
             prefill_chunk: chunk,
-            overlap: switch(&a.overlap),
+            overlap: a.overlap.on(on_gpu),
             draft_max_requests: a.draft_max_requests,
             prompt_lookup: a
                 .prompt_lookup
@@ -307,7 +306,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         queue_timeout: optional_secs("--queue-timeout", a.queue_timeout)?,
         max_model_len: a.max_model_len,
     };
-    let warm = switch(&a.warmup);
+    let warm = a.warmup.on(on_gpu);
     let engine = Engine::start(loaded, name.clone(), opts)?;
     if let Some(plan) = engine.status().plan {
         log(format!(
@@ -329,7 +328,6 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| default_prompt_bytes(engine.context_len)),
         admin_api_key: a.admin_api_key.clone(),
         timings: a.enable_timings_report,
-        window_ratio: a.swa_ratio,
         ..AppState::new(engine.clone(), name.clone())
     });
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)

@@ -15,7 +15,6 @@ use futures_util::stream::{self, Stream};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use strata_engine::{Engine, GenerationRequest, RequestGuard, RequestTimings, Update, Usage};
-use strata_kv::PoolKind;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
@@ -33,8 +32,6 @@ pub struct AppState {
     pub timings: bool,
     pub next_id: AtomicU64,
     pub created: u64,
-    /// Sliding-window pages per full page (`--swa-ratio`), to price a rebuild.
-    pub window_ratio: f64,
     /// Tokenizations running at once on the blocking pool (see `tokenize`).
     pub tokenize_slots: tokio::sync::Semaphore,
     /// Bytes of prompt text a request may send (`--max-prompt-bytes`).
@@ -69,7 +66,6 @@ impl AppState {
             timings: false,
             next_id: AtomicU64::new(1),
             created: created_now(),
-            window_ratio: strata_kv::DEFAULT_WINDOW_RATIO,
             tokenize_slots: tokio::sync::Semaphore::new(TOKENIZE_SLOTS),
             max_prompt_bytes: super::default_prompt_bytes(engine_context),
             longest_request,
@@ -266,7 +262,6 @@ pub async fn cache_rebuild(
         ));
     }
     check_rebuild_floor(&st, body.num_pages)?;
-    check_rebuild_memory(&st, body.num_pages)?;
     let plan = st
         .engine
         .rebuild(body.num_pages)
@@ -291,40 +286,6 @@ fn check_rebuild_floor(st: &AppState, num_pages: usize) -> Result<(), ApiError> 
                 "{num_pages} pages hold {} tokens; the server accepted requests of {} tokens at start, which need at least {floor} pages (lower --max-model-len for smaller pools)",
                 num_pages * page,
                 st.longest_request
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses a pool that cannot fit in memory: the KV storage (host memory in this build)
-/// allocates it at once, and a failed allocation aborts the whole process.
-fn check_rebuild_memory(st: &AppState, num_pages: usize) -> Result<(), ApiError> {
-    let s = st.engine.status();
-    let Some(kv) = s.kv else { return Ok(()) };
-    let unit = |kind: PoolKind| {
-        kv.pools
-            .iter()
-            .find(|p| p.pool == kind)
-            .map(|p| p.unit_bytes as u128)
-    };
-    let window_pages = match unit(PoolKind::Window) {
-        Some(_) => ((num_pages as f64 * st.window_ratio).ceil() as u128).max(1),
-        None => 0,
-    };
-    let page = kv.page_size as u128;
-    let needed = num_pages as u128 * page * unit(PoolKind::Full).unwrap_or(0)
-        + window_pages * page * unit(PoolKind::Window).unwrap_or(0);
-    // What the pool holds now is given back before the new one is allocated.
-    let Some(available) = super::available_memory() else {
-        return Ok(());
-    };
-    let limit = available as u128 + kv.bytes_reserved as u128;
-    if needed > limit {
-        return Err(ApiError::invalid(
-            "num_pages",
-            format!(
-                "{num_pages} pages need {needed} bytes of KV memory; {limit} bytes are available"
             ),
         ));
     }
