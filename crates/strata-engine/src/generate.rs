@@ -204,7 +204,7 @@ fn run<M: StepModel<S>, S: KvStorage>(
         Some(FinishReason::Length) => "length",
         Some(FinishReason::Error(e)) => return Err(EngineError::Invalid(e)),
         Some(FinishReason::Cancelled) | None => {
-            return Err(EngineError::Invalid(
+            return Err(EngineError::Internal(
                 "the request ended without finishing".into(),
             ))
         }

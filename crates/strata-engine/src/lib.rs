@@ -1,5 +1,8 @@
 //! Loads a model with its tokenizer and runs generation.
 
+// A request must never take the server down: failures here are errors, not panics.
+#![warn(clippy::unwrap_used)]
+
 mod bench;
 mod bench_draft;
 pub mod budget;
@@ -34,8 +37,12 @@ pub enum EngineError {
     Kernel(#[from] strata_kernels::KernelError),
     #[error(transparent)]
     Gguf(#[from] strata_gguf::Error),
+    /// The caller's input or settings cannot be served (a server answers 400).
     #[error("{0}")]
     Invalid(String),
+    /// The engine failed on its own account (a server answers 500).
+    #[error("{0}")]
+    Internal(String),
     /// The engine holds as many requests as it may (running plus waiting).
     /// The engine thread has ended; nothing more can run.
     #[error("the engine has stopped")]

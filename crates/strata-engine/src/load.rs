@@ -357,14 +357,14 @@ impl Markers {
             pieces.push((&rest[..at], false));
             let after = &rest[at + self.open.len_utf8()..];
             let end = after.find(self.close).ok_or_else(|| {
-                EngineError::Invalid("the chat template altered a message's marker".into())
+                EngineError::Internal("the chat template altered a message's marker".into())
             })?;
             let literal = after[..end]
                 .parse::<usize>()
                 .ok()
                 .and_then(|i| literals.get(i))
                 .ok_or_else(|| {
-                    EngineError::Invalid("the chat template altered a message's marker".into())
+                    EngineError::Internal("the chat template altered a message's marker".into())
                 })?;
             pieces.push((literal.as_str(), true));
             rest = &after[end + self.close.len_utf8()..];

@@ -10,6 +10,9 @@
 //! pages run out, cached prefixes are evicted, then the youngest running request is
 //! preempted and later recomputed, never reported twice. There is no device code here.
 
+// A request must never take the server down: failures here are errors, not panics.
+#![warn(clippy::unwrap_used)]
+
 mod admission;
 mod config;
 mod error;

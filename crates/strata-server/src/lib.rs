@@ -2,6 +2,9 @@
 //! line and calls [`run`]; tests and other programs build the server's routes in process
 //! ([`serve::router`] over a [`serve::AppState`]).
 
+// A request must never take the server down: failures here are errors, not panics.
+#![warn(clippy::unwrap_used)]
+
 pub mod bench;
 pub mod generate;
 pub mod inspect;

@@ -312,7 +312,7 @@ impl Engine {
             alive: AliveGuard(alive.clone(), alive_tx),
         })?;
         spawned
-            .map_err(|e| EngineError::Invalid(format!("cannot start the engine thread: {e}")))?;
+            .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             tx,
             next_client: Arc::new(AtomicU64::new(1)),
@@ -400,7 +400,7 @@ impl Engine {
         match tokio::time::timeout(Duration::from_secs(600), rx).await {
             Ok(Ok(Ok(plan))) => Ok(plan),
             Ok(Ok(Err(e))) => Err(EngineError::Invalid(e)),
-            _ => Err(EngineError::Invalid(
+            _ => Err(EngineError::Internal(
                 "the engine did not answer the rebuild".into(),
             )),
         }
@@ -413,7 +413,7 @@ impl Engine {
             .send(Command::Flush(reply))
             .map_err(|_| EngineError::Stopped)?;
         rx.await
-            .map_err(|_| EngineError::Invalid("the engine did not answer the flush".into()))
+            .map_err(|_| EngineError::Internal("the engine did not answer the flush".into()))
     }
 
     /// Ends every request, queued or running: each finishes as cancelled with what it has

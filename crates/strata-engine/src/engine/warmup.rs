@@ -138,14 +138,14 @@ impl Engine {
                     Some(Update::Finished { reason, error, .. }) => {
                         guard.finished();
                         if let Some(e) = error {
-                            return Err(EngineError::Invalid(format!(
+                            return Err(EngineError::Internal(format!(
                                 "warm-up request ({reason}): {e}"
                             )));
                         }
                         break;
                     }
                     None => {
-                        return Err(EngineError::Invalid(
+                        return Err(EngineError::Internal(
                             "the engine stopped during the warm-up".into(),
                         ))
                     }

@@ -89,6 +89,19 @@ pub fn for_finish(reason: &str, error: Option<String>) -> Option<ApiError> {
     Some(ApiError::status(status, message))
 }
 
+/// An engine error about request field `param`: the caller's fault (400, naming the
+/// field) or the server's (its own status).
+pub fn about(param: &'static str, e: strata_engine::EngineError) -> ApiError {
+    use strata_engine::EngineError as E;
+    match e {
+        E::Invalid(m) => ApiError::invalid(param, m),
+        // Tokenizing or templating a request fails on what the request holds (text the
+        // pre-tokenizer gives up on, turns the template refuses).
+        E::Tokenizer(t) => ApiError::invalid(param, t.to_string()),
+        other => other.into(),
+    }
+}
+
 impl ApiError {
     /// The error as one event of a stream whose status line has already gone out.
     pub fn event_json(&self) -> serde_json::Value {
@@ -107,9 +120,44 @@ impl From<strata_engine::EngineError> for ApiError {
         let status = match &e {
             E::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            E::Invalid(_) => StatusCode::BAD_REQUEST,
             E::Tokenizer(strata_tokenizer::TokenizerError::Input(_)) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::status(status, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_engine::EngineError as E;
+    use strata_tokenizer::TokenizerError as T;
+
+    /// The caller's faults are 4xx naming the field; the server's are 5xx.
+    #[test]
+    fn engine_errors_map_to_their_status() {
+        let cases: [(E, u16, Option<&str>); 6] = [
+            (E::Invalid("bad".into()), 400, Some("prompt")),
+            (E::Tokenizer(T::Input("long".into())), 400, Some("prompt")),
+            (
+                E::Tokenizer(T::Template("turns".into())),
+                400,
+                Some("prompt"),
+            ),
+            (E::Internal("broke".into()), 500, None),
+            (E::QueueFull(8), 429, None),
+            (E::Stopped, 503, None),
+        ];
+        for (e, status, param) in cases {
+            let what = e.to_string();
+            let api = about("prompt", e);
+            assert_eq!(api.status.as_u16(), status, "{what}");
+            assert_eq!(api.param, param, "{what}");
+        }
+        assert_eq!(
+            ApiError::from(E::Invalid("x".into())).status,
+            StatusCode::BAD_REQUEST
+        );
     }
 }

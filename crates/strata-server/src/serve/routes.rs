@@ -266,7 +266,7 @@ pub async fn cache_rebuild(
         .engine
         .rebuild(body.num_pages)
         .await
-        .map_err(|e| ApiError::invalid("num_pages", e.to_string()))?;
+        .map_err(|e| super::error::about("num_pages", e))?;
     Ok(Json(
         json!({"num_pages": plan.full, "window_num_pages": plan.window, "page_size": plan.page_size}),
     ))
@@ -388,7 +388,7 @@ async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     let text = text.to_string();
     tokenize(st, move |p| p.encode_prompt(&text))
         .await
-        .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        .map_err(|e| super::error::about("prompt", e))
 }
 
 /// Refuses prompt text past `--max-prompt-bytes` before any tokenizing is spent on it.
@@ -411,14 +411,15 @@ async fn tokenize<T: Send + 'static>(
     st: &AppState,
     f: impl FnOnce(&strata_engine::Prompter) -> strata_engine::Result<T> + Send + 'static,
 ) -> strata_engine::Result<T> {
-    let _slot =
-        st.tokenize_slots.acquire().await.map_err(|_| {
-            strata_engine::EngineError::Invalid("the server is shutting down".into())
-        })?;
+    let _slot = st
+        .tokenize_slots
+        .acquire()
+        .await
+        .map_err(|_| strata_engine::EngineError::Stopped)?;
     let prompter = st.engine.prompter.clone();
     tokio::task::spawn_blocking(move || f(&prompter))
         .await
-        .map_err(|e| strata_engine::EngineError::Invalid(format!("tokenization failed: {e}")))?
+        .map_err(|e| strata_engine::EngineError::Internal(format!("tokenization failed: {e}")))?
 }
 
 pub async fn chat(
@@ -432,7 +433,7 @@ pub async fn chat(
     check_prompt_bytes(&st, "messages", bytes)?;
     let prompt = tokenize(&st, move |p| p.encode_chat(&messages))
         .await
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        .map_err(|e| super::error::about("messages", e))?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (true, n) => Some(n.unwrap_or(0) as usize),
         (false, Some(_)) => {
