@@ -215,6 +215,26 @@ impl OnBackend for SpawnWorker<'_> {
     where
         KvPool<B::Storage>: KvCache<B>,
     {
+        let storage = placed.kv_storage();
+        let model = placed.model.clone();
+        match placed.draft.clone().filter(|_| self.opts.draft_tokens > 0) {
+            Some(d) => {
+                let model = Drafting::new(model, d, self.opts.draft_tokens);
+                self.spawn(model, storage)
+            }
+            None => self.spawn(ModelRunner(model), storage),
+        }
+    }
+}
+
+impl SpawnWorker<'_> {
+    /// Builds the worker over `model` (plain or drafting) and runs it on the engine thread.
+    fn spawn<M, S>(self, model: M, storage: S) -> <Self as OnBackend>::Output
+    where
+        M: strata_sched::StepModel<S> + Send + 'static,
+        M::Launched: Send,
+        S: strata_kv::KvStorage + Send + 'static,
+    {
         let Self {
             loaded,
             opts,
@@ -223,29 +243,13 @@ impl OnBackend for SpawnWorker<'_> {
             rx,
             alive,
         } = self;
-        let thread = std::thread::Builder::new().name("strata-engine".into());
-        let storage = placed.kv_storage();
-        let model = placed.model.clone();
-        Ok(
-            match placed.draft.clone().filter(|_| opts.draft_tokens > 0) {
-                Some(d) => {
-                    let model = Drafting::new(model, d, opts.draft_tokens);
-                    let w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
-                    thread.spawn(move || {
-                        let _alive = alive;
-                        w.run(rx)
-                    })
-                }
-                None => {
-                    let model = ModelRunner(model);
-                    let w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
-                    thread.spawn(move || {
-                        let _alive = alive;
-                        w.run(rx)
-                    })
-                }
-            },
-        )
+        let w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
+        Ok(std::thread::Builder::new()
+            .name("strata-engine".into())
+            .spawn(move || {
+                let _alive = alive;
+                w.run(rx)
+            }))
     }
 }
 
