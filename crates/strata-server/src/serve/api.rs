@@ -11,6 +11,70 @@ use strata_tokenizer::ChatMessage;
 
 use super::error::ApiError;
 
+/// `null` for a field with a default: the default (OpenAI clients send explicit nulls).
+fn null_is_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Whether a JSON value says "nothing": null, false, an empty list, object or string.
+fn is_empty(v: &serde_json::Value) -> bool {
+    use serde_json::Value as V;
+    match v {
+        V::Null | V::Bool(false) => true,
+        V::Array(a) => a.is_empty(),
+        V::Object(o) => o.is_empty(),
+        V::String(s) => s.is_empty(),
+        V::Number(_) | V::Bool(true) => false,
+    }
+}
+
+/// A field Strata does not implement and that changes the output: refused with 400 naming
+/// it unless it holds its neutral value.
+fn unless_neutral(name: &'static str, neutral: bool, what: &str) -> Result<(), ApiError> {
+    if neutral {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            name,
+            format!("{name} is not supported ({what} only)"),
+        ))
+    }
+}
+
+/// The neutral-value checks both endpoints share.
+fn check_shared(
+    logit_bias: &Option<serde_json::Value>,
+    response_format: &Option<serde_json::Value>,
+    repetition_penalty: Option<f32>,
+    min_tokens: Option<u32>,
+    stop_token_ids: &Option<Vec<u32>>,
+) -> Result<(), ApiError> {
+    unless_neutral(
+        "logit_bias",
+        logit_bias.as_ref().is_none_or(is_empty),
+        "an empty map",
+    )?;
+    let text_format = response_format
+        .as_ref()
+        .is_none_or(|f| is_empty(f) || f.get("type").and_then(|t| t.as_str()) == Some("text"));
+    unless_neutral("response_format", text_format, "{\"type\": \"text\"}")?;
+    unless_neutral(
+        "repetition_penalty",
+        repetition_penalty.is_none_or(|p| p == 1.0),
+        "1",
+    )?;
+    unless_neutral("min_tokens", min_tokens.is_none_or(|n| n == 0), "0")?;
+    unless_neutral(
+        "stop_token_ids",
+        stop_token_ids.as_ref().is_none_or(Vec::is_empty),
+        "an empty list",
+    )
+}
+
 /// `stop` may be one string or a list.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
@@ -31,7 +95,7 @@ pub enum Prompt {
 #[derive(Deserialize, Debug, Clone, Default)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub include_usage: bool,
 }
 
@@ -62,6 +126,7 @@ pub struct CompletionRequest {
     pub logprobs: Option<u32>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
+    pub best_of: Option<u32>,
     // Flattened fields cannot be combined with deny_unknown_fields, so they are listed.
     pub model: Option<String>,
     pub max_tokens: Option<u32>,
@@ -72,16 +137,35 @@ pub struct CompletionRequest {
     pub seed: Option<u64>,
     pub stop: Option<OneOrMany>,
     pub n: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub ignore_eos: bool,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     /// Accepted for OpenAI compatibility; not used.
     #[allow(dead_code)]
     pub user: Option<String>,
+    // Sent by clients by default and without effect on the output: accepted, ignored.
+    #[allow(dead_code)]
+    pub store: Option<bool>,
+    #[allow(dead_code)]
+    pub metadata: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    pub service_tier: Option<String>,
+    #[allow(dead_code)]
+    pub prompt_cache_key: Option<String>,
+    #[allow(dead_code)]
+    pub safety_identifier: Option<String>,
+    #[allow(dead_code)]
+    pub parallel_tool_calls: Option<bool>,
+    // These change the output: accepted only at their neutral value (`Neutral::check`).
+    pub logit_bias: Option<serde_json::Value>,
+    pub response_format: Option<serde_json::Value>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<u32>,
+    pub stop_token_ids: Option<Vec<u32>>,
 }
 
 /// Message content: a string or a list of `{"type": "text", "text": ...}` parts.
@@ -112,10 +196,16 @@ pub struct Message {
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub logprobs: bool,
     pub top_logprobs: Option<u32>,
     pub max_completion_tokens: Option<u32>,
+    pub tools: Option<serde_json::Value>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub functions: Option<serde_json::Value>,
+    pub function_call: Option<serde_json::Value>,
+    pub modalities: Option<serde_json::Value>,
+    pub reasoning_effort: Option<String>,
     pub model: Option<String>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f32>,
@@ -125,19 +215,56 @@ pub struct ChatRequest {
     pub seed: Option<u64>,
     pub stop: Option<OneOrMany>,
     pub n: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub ignore_eos: bool,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     /// Accepted for OpenAI compatibility; not used.
     #[allow(dead_code)]
     pub user: Option<String>,
+    // Sent by clients by default and without effect on the output: accepted, ignored.
+    #[allow(dead_code)]
+    pub store: Option<bool>,
+    #[allow(dead_code)]
+    pub metadata: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    pub service_tier: Option<String>,
+    #[allow(dead_code)]
+    pub prompt_cache_key: Option<String>,
+    #[allow(dead_code)]
+    pub safety_identifier: Option<String>,
+    #[allow(dead_code)]
+    pub parallel_tool_calls: Option<bool>,
+    // These change the output: accepted only at their neutral value (`Neutral::check`).
+    pub logit_bias: Option<serde_json::Value>,
+    pub response_format: Option<serde_json::Value>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<u32>,
+    pub stop_token_ids: Option<Vec<u32>>,
 }
 
 impl CompletionRequest {
+    /// Refuses the fields that would change the output and that Strata cannot honour.
+    pub fn check_unsupported(&self) -> Result<(), ApiError> {
+        check_shared(
+            &self.logit_bias,
+            &self.response_format,
+            self.repetition_penalty,
+            self.min_tokens,
+            &self.stop_token_ids,
+        )?;
+        unless_neutral("best_of", self.best_of.is_none_or(|b| b == 1), "1")?;
+        unless_neutral("echo", self.echo != Some(true), "false")?;
+        unless_neutral(
+            "suffix",
+            self.suffix.as_deref().is_none_or(str::is_empty),
+            "none",
+        )
+    }
+
     pub fn common(&self) -> Common {
         Common {
             model: self.model.clone(),
@@ -159,6 +286,43 @@ impl CompletionRequest {
 }
 
 impl ChatRequest {
+    /// Refuses the fields that would change the output and that Strata cannot honour.
+    pub fn check_unsupported(&self) -> Result<(), ApiError> {
+        check_shared(
+            &self.logit_bias,
+            &self.response_format,
+            self.repetition_penalty,
+            self.min_tokens,
+            &self.stop_token_ids,
+        )?;
+        unless_neutral("tools", self.tools.as_ref().is_none_or(is_empty), "none")?;
+        unless_neutral(
+            "functions",
+            self.functions.as_ref().is_none_or(is_empty),
+            "none",
+        )?;
+        // "none" and "auto" with no tools both mean plain text.
+        let no_call = |c: &Option<serde_json::Value>| {
+            c.as_ref()
+                .is_none_or(|v| is_empty(v) || matches!(v.as_str(), Some("none" | "auto")))
+        };
+        unless_neutral(
+            "tool_choice",
+            no_call(&self.tool_choice),
+            "\"none\" or \"auto\"",
+        )?;
+        unless_neutral(
+            "function_call",
+            no_call(&self.function_call),
+            "\"none\" or \"auto\"",
+        )?;
+        let text_only = self.modalities.as_ref().is_none_or(|m| {
+            is_empty(m) || m.as_array().is_some_and(|a| a.iter().all(|x| x == "text"))
+        });
+        unless_neutral("modalities", text_only, "[\"text\"]")?;
+        unless_neutral("reasoning_effort", self.reasoning_effort.is_none(), "none")
+    }
+
     pub fn common(&self) -> Common {
         Common {
             model: self.model.clone(),
@@ -180,38 +344,53 @@ impl ChatRequest {
 
     /// The messages as plain text turns.
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid("messages", "messages must not be empty"));
-        }
-        self.messages
-            .iter()
-            .map(|m| {
-                if !matches!(m.role.as_str(), "system" | "user" | "assistant" | "developer") {
-                    return Err(ApiError::invalid("messages", format!("unknown role {:?}", m.role)));
-                }
-                let content = match &m.content {
-                    Content::Text(t) => t.clone(),
-                    Content::Parts(parts) => {
-                        let mut text = String::new();
-                        for p in parts {
-                            match (p.kind.as_str(), &p.text) {
-                                ("text", Some(t)) => text.push_str(t),
-                                (kind, _) => {
-                                    return Err(ApiError::invalid(
-                                        "messages",
-                                        format!("content part of type {kind:?} is not supported (text only)"),
-                                    ))
-                                }
-                            }
-                        }
-                        text
-                    }
-                };
-                let role = if m.role == "developer" { "system".to_string() } else { m.role.clone() };
-                Ok(ChatMessage { role, content })
-            })
-            .collect()
+        chat_messages(&self.messages)
     }
+}
+
+/// Messages as plain text turns (text parts joined; `developer` is a system turn).
+pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    }
+    messages
+        .iter()
+        .map(|m| {
+            if !matches!(
+                m.role.as_str(),
+                "system" | "user" | "assistant" | "developer"
+            ) {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("unknown role {:?}", m.role),
+                ));
+            }
+            let content = match &m.content {
+                Content::Text(t) => t.clone(),
+                Content::Parts(parts) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            (kind, _) => return Err(ApiError::invalid(
+                                "messages",
+                                format!(
+                                    "content part of type {kind:?} is not supported (text only)"
+                                ),
+                            )),
+                        }
+                    }
+                    text
+                }
+            };
+            let role = if m.role == "developer" {
+                "system".to_string()
+            } else {
+                m.role.clone()
+            };
+            Ok(ChatMessage { role, content })
+        })
+        .collect()
 }
 
 /// Limits the validation checks against.

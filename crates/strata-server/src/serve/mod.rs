@@ -5,6 +5,7 @@ mod error;
 mod listen;
 mod prom;
 mod routes;
+mod tokenize;
 
 pub use listen::{listen, serve as serve_on, ConnLimits};
 pub use routes::{AppState, Shared};
@@ -428,6 +429,9 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
         ));
     let v1 = Router::new()
         .route("/v1/models", get(routes::models))
+        .route("/v1/models/{id}", get(routes::model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/cache/status", get(routes::cache_status))

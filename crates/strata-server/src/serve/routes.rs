@@ -187,17 +187,27 @@ fn probe(st: &AppState, readiness: bool) -> Response {
     (status, Json(json!({"status": word}))).into_response()
 }
 
+fn model_card(st: &AppState) -> Value {
+    json!({
+        "id": st.model_name,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "strata",
+        "max_model_len": st.engine.context_len,
+    })
+}
+
 pub async fn models(State(st): State<Shared>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.model_name,
-            "object": "model",
-            "created": st.created,
-            "owned_by": "strata",
-            "max_model_len": st.engine.context_len,
-        }],
-    }))
+    Json(json!({"object": "list", "data": [model_card(&st)]}))
+}
+
+/// `GET /v1/models/{id}`: the served model, or 404 for any other id.
+pub async fn model(
+    State(st): State<Shared>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    check_model(&st, &Some(id))?;
+    Ok(Json(model_card(&st)))
 }
 
 pub async fn metrics(State(st): State<Shared>) -> Response {
@@ -318,7 +328,7 @@ fn limits(st: &AppState) -> Limits {
     }
 }
 
-fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+pub(super) fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     match model {
         Some(m) if m != &st.model_name => Err(ApiError::status(
             StatusCode::NOT_FOUND,
@@ -331,7 +341,7 @@ fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
     }
 }
 
-fn tokenizer(st: &AppState) -> Result<&strata_tokenizer::Tokenizer, ApiError> {
+pub(super) fn tokenizer(st: &AppState) -> Result<&strata_tokenizer::Tokenizer, ApiError> {
     st.engine.tokenizer.as_deref().ok_or_else(|| {
         ApiError::bad_request("this model has no tokenizer: send the prompt as token ids")
     })
@@ -350,12 +360,7 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let c = req.common();
     check_model(&st, &c.model)?;
-    if req.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "echo is not supported"));
-    }
-    if req.suffix.is_some() {
-        return Err(ApiError::invalid("suffix", "suffix is not supported"));
-    }
+    req.check_unsupported()?;
     let prompt = match &req.prompt {
         Prompt::Tokens(ids) => ids.clone(),
         Prompt::Text(t) => encode_text(&st, t).await?,
@@ -386,13 +391,17 @@ async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     tokenizer(st)?;
     check_prompt_bytes(st, "prompt", text.len())?;
     let text = text.to_string();
-    tokenize(st, move |p| p.encode_prompt(&text))
+    tokenize_on_pool(st, move |p| p.encode_prompt(&text))
         .await
         .map_err(|e| super::error::about("prompt", e))
 }
 
 /// Refuses prompt text past `--max-prompt-bytes` before any tokenizing is spent on it.
-fn check_prompt_bytes(st: &AppState, param: &'static str, bytes: usize) -> Result<(), ApiError> {
+pub(super) fn check_prompt_bytes(
+    st: &AppState,
+    param: &'static str,
+    bytes: usize,
+) -> Result<(), ApiError> {
     if bytes > st.max_prompt_bytes {
         return Err(ApiError::invalid(
             param,
@@ -407,7 +416,7 @@ fn check_prompt_bytes(st: &AppState, param: &'static str, bytes: usize) -> Resul
 
 /// Runs a tokenization on tokio's blocking pool, a bounded number at a time, so that a long
 /// prompt never holds an async worker (and with it `/health` and every stream it serves).
-async fn tokenize<T: Send + 'static>(
+pub(super) async fn tokenize_on_pool<T: Send + 'static>(
     st: &AppState,
     f: impl FnOnce(&strata_engine::Prompter) -> strata_engine::Result<T> + Send + 'static,
 ) -> strata_engine::Result<T> {
@@ -428,10 +437,11 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let c = req.common();
     check_model(&st, &c.model)?;
+    req.check_unsupported()?;
     let messages = req.messages()?;
     let bytes = messages.iter().map(|m| m.content.len()).sum();
     check_prompt_bytes(&st, "messages", bytes)?;
-    let prompt = tokenize(&st, move |p| p.encode_chat(&messages))
+    let prompt = tokenize_on_pool(&st, move |p| p.encode_chat(&messages))
         .await
         .map_err(|e| super::error::about("messages", e))?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
