@@ -33,11 +33,15 @@ pub struct InspectArgs {
     /// Also decode every stored weight and fail if one is NaN or infinite.
     #[arg(long)]
     pub check_weights: bool,
+    /// With --model ORG/NAME (a Hugging Face repo id): the branch, tag or commit.
+    #[arg(long)]
+    pub revision: Option<String>,
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
-    let (config, source) = load_model_config(&args.model)
-        .with_context(|| format!("cannot serve {}", args.model.display()))?;
+    let model = crate::hub::resolve(&args.model, args.revision.as_deref())?;
+    let (config, source) =
+        load_model_config(&model).with_context(|| format!("cannot serve {}", model.display()))?;
     let dtype = args.kv_cache_dtype;
     let layout = KvLayout::for_config(&config, dtype).context("laying out the KV pool")?;
     let pages = match args.kv_budget_bytes {
@@ -50,7 +54,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     };
     let weights = weights_summary(&source)?;
     if args.check_weights {
-        crate::placement::check_weights(&args.model)?;
+        crate::placement::check_weights(&model)?;
     }
     if args.json {
         let report = report(&config, &layout, pages.as_ref(), weights.as_ref());

@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod generate;
+pub mod hub;
 pub mod inspect;
 pub mod placement;
 pub mod sampling_args;

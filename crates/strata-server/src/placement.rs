@@ -32,16 +32,23 @@ pub struct PlacementArgs {
     /// generates garbage). Costs one pass over the weights.
     #[arg(long)]
     pub check_weights: bool,
+    /// With --model ORG/NAME (a Hugging Face repo id): the branch, tag or commit (default:
+    /// main).
+    #[arg(long)]
+    pub revision: Option<String>,
 }
 
 impl PlacementArgs {
     /// Loads `model` as these flags ask (after `--check-weights`' scan, when asked).
+    /// `model` may be a path or a Hugging Face repo id (found in the local cache, else
+    /// downloaded).
     pub fn load(&self, model: &Path) -> anyhow::Result<LoadedModel> {
         let settings = self.settings()?;
+        let model = crate::hub::resolve(model, self.revision.as_deref())?;
         if self.check_weights {
-            check_weights(model)?;
+            check_weights(&model)?;
         }
-        Ok(LoadedModel::load_with(model, settings)?)
+        Ok(LoadedModel::load_with(&model, settings)?)
     }
 
     pub fn settings(&self) -> anyhow::Result<LoadSettings> {

@@ -344,3 +344,54 @@ fn a_million_layers_are_inspected_without_hanging() {
     };
     assert!(status.success());
 }
+
+/// `--model org/name` finds the model in a Hugging Face cache laid out as `huggingface_hub`
+/// writes it (refs/main naming the snapshot), by branch or by commit; a repo the cache lacks
+/// is an error naming the repo id and where it looked (offline: nothing is downloaded).
+#[test]
+fn a_repo_id_is_found_in_the_hugging_face_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = cache.path().join("models--acme--tiny-llama");
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let src = repo_root_fixture("llama-tiny");
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), snapshot.join(f)).unwrap();
+    }
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .output()
+            .unwrap()
+    };
+    for extra in [&[][..], &["--revision", "main"], &["--revision", commit]] {
+        let mut args = vec!["inspect", "--json", "--model", "acme/tiny-llama"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["architecture"], "llama");
+    }
+    let out = run(&["inspect", "--model", "acme/absent"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("acme/absent") && err.contains("models--acme--absent"),
+        "{err}"
+    );
+    let out = run(&["inspect", "--model", "acme/tiny-llama", "--revision", "v9"]);
+    assert!(!out.status.success());
+}
+
+fn repo_root_fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures/tiny").join(name)
+}

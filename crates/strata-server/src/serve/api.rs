@@ -372,12 +372,14 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                     for p in parts {
                         match (p.kind.as_str(), &p.text) {
                             ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => return Err(ApiError::invalid(
-                                "messages",
-                                format!(
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    "messages",
+                                    format!(
                                     "content part of type {kind:?} is not supported (text only)"
                                 ),
-                            )),
+                                ))
+                            }
                         }
                     }
                     text

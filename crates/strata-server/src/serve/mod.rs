@@ -213,6 +213,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         anyhow::bail!("--prompt-lookup must be at least 1 (the longest suffix matched)");
     }
     let name = a.served_model_name.clone().unwrap_or_else(|| {
+        let arg = a.model.to_string_lossy();
+        // A repo id is the model's name, as clients of other servers know it.
+        if !a.model.exists() && crate::hub::is_repo_id(&arg) {
+            return arg.into_owned();
+        }
         a.model
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
