@@ -16,7 +16,9 @@ use crate::{Architecture, ConfigError, ModelConfig};
 /// size, of which the `top_k` nearest to the state are scored exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct CentroidHead {
+    /// Number of clusters (`num_centroids`); divides the vocabulary.
     pub count: usize,
+    /// Clusters scored exactly per step (`centroid_intermediate_top_k`).
     pub top_k: usize,
 }
 

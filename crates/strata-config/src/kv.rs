@@ -7,7 +7,9 @@ use crate::{AttentionType, ConfigError, LayerConfig, ModelConfig};
 /// The K/V shape of one KV-owning layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct KvShape {
+    /// KV heads of the layer.
     pub num_kv_heads: usize,
+    /// Width of one head's key (and value) vector, in elements.
     pub head_dim: usize,
 }
 
@@ -16,6 +18,7 @@ pub struct KvShape {
 /// (pool, model, draft view) reads this one list.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct KvGroupSpec {
+    /// The attention type all the group's layers share.
     pub attention: AttentionType,
     /// `Some(W)` for the sliding group.
     pub window: Option<usize>,

@@ -26,13 +26,18 @@ pub use rope::{RopeConfig, RopeKind, RopeStyle};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Architecture {
+    /// Gemma-4 (`gemma4`, `gemma4_text`).
     Gemma4,
+    /// Gemma-3 (`gemma3`, `gemma3_text`).
     Gemma3,
+    /// Llama (`llama`).
     Llama,
+    /// Qwen3.
     Qwen3,
 }
 
 impl Architecture {
+    /// The lowercase name (`"gemma4"`), as serialized.
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Gemma4 => "gemma4",
@@ -46,8 +51,10 @@ impl Architecture {
 /// The two attention types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum AttentionType {
+    /// Every earlier position is visible.
     #[serde(rename = "full_attention")]
     Full,
+    /// Only the last `window` positions are visible ([`LayerConfig::window`]).
     #[serde(rename = "sliding_attention")]
     Sliding,
 }
@@ -85,18 +92,24 @@ pub enum Activation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceFormat {
+    /// A Hugging Face directory with `config.json` (and safetensors).
     HuggingFace,
+    /// A single GGUF file.
     Gguf,
 }
 
 /// One decoder layer's resolved shape.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LayerConfig {
+    /// Full or sliding attention.
     pub attention: AttentionType,
+    /// Width of one attention head, in elements.
     pub head_dim: usize,
+    /// KV heads (grouped-query attention: fewer than the query heads).
     pub num_kv_heads: usize,
     /// `Some(W)` for sliding layers: a query at `t` sees keys `s` with `t - s < W`.
     pub window: Option<usize>,
+    /// Rotary embedding of the layer's queries and keys.
     pub rope: RopeConfig,
     /// MLP width (double for KV-shared layers when `use_double_wide_mlp`).
     pub intermediate_size: usize,
@@ -105,6 +118,7 @@ pub struct LayerConfig {
 }
 
 impl LayerConfig {
+    /// Whether the layer has KV of its own (is not KV-shared).
     pub fn owns_kv(&self) -> bool {
         self.kv_source.is_none()
     }
@@ -122,20 +136,32 @@ pub struct PerLayerInput {
 /// Everything the engine reads about a model's shape.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ModelConfig {
+    /// The model family.
     pub architecture: Architecture,
+    /// Whether the configuration came from `config.json` or GGUF metadata.
     pub source_format: SourceFormat,
+    /// Vocabulary size: rows of the embedding table and of the logits.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Query heads per layer.
     pub num_attention_heads: usize,
+    /// Every decoder layer's resolved shape, in order.
     pub layers: Vec<LayerConfig>,
+    /// Epsilon of every RMSNorm.
     pub rms_norm_eps: f64,
+    /// The MLP's gate activation.
     pub activation: Activation,
+    /// Longest context the model was trained for, in tokens.
     pub max_position_embeddings: usize,
+    /// The output head reuses the token embedding matrix.
     pub tie_word_embeddings: bool,
     /// Multiplier of q·k before softmax (1.0 for Gemma-4, `query_pre_attn_scalar^-1/2` for
     /// Gemma-3, `head_dim^-1/2` for Llama and Qwen3).
     pub attention_scale: f64,
+    /// `cap`: final logits become `cap * tanh(logits / cap)`; `None` for no cap.
     pub final_logit_softcapping: Option<f64>,
+    /// `cap`: attention scores become `cap * tanh(scores / cap)`; `None` for no cap.
     pub attn_logit_softcapping: Option<f64>,
     /// Added to every norm weight before multiplying: 1.0 for Gemma-3 HF checkpoints.
     pub norm_weight_offset: f32,
@@ -149,16 +175,22 @@ pub struct ModelConfig {
     pub sandwich_norms: bool,
     /// Each layer scales the residual stream by a loaded scalar (Gemma-4).
     pub layer_scalar: bool,
+    /// Gemma-4 per-layer input embeddings; `None` for models without them.
     pub per_layer_input: Option<PerLayerInput>,
+    /// How many of the last layers read an earlier layer's KV instead of owning their own.
     pub num_kv_shared_layers: usize,
+    /// Beginning-of-sequence token id, when the configuration gives one.
     pub bos_token_id: Option<u32>,
+    /// Ids that end generation (several: e.g. GGUF's EOS, EOT and EOM); may be empty.
     pub eos_token_ids: Vec<u32>,
+    /// Padding token id, when the configuration gives one.
     pub pad_token_id: Option<u32>,
     /// The checkpoint's declared dtype (`torch_dtype` / `dtype`), when given.
     pub dtype: Option<String>,
 }
 
 impl ModelConfig {
+    /// Number of decoder layers.
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }

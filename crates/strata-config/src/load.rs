@@ -8,7 +8,12 @@ use crate::{gguf, hf, ConfigError, ModelConfig};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelSource {
     /// A Hugging Face model: the directory holding `config.json` (and its weights).
-    HuggingFace { dir: PathBuf, config: PathBuf },
+    HuggingFace {
+        /// The model directory.
+        dir: PathBuf,
+        /// Its `config.json`.
+        config: PathBuf,
+    },
     /// A single GGUF file.
     Gguf(PathBuf),
 }

@@ -12,12 +12,21 @@ pub enum RopeKind {
     /// `partial_rotary_factor * head_dim / 2` pairs rotate, the rest pass through.
     Proportional,
     /// Frequencies divided by `factor`.
-    Linear { factor: f64 },
+    Linear {
+        /// The divisor.
+        factor: f64,
+    },
     /// Llama-3 long-context smoothing.
     Llama3 {
+        /// Divisor of the low frequencies (long wavelengths).
         factor: f64,
+        /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are
+        /// divided by `factor`.
         low_freq_factor: f64,
+        /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are
+        /// kept; those between are blended.
         high_freq_factor: f64,
+        /// The context length the model was first trained at, in tokens.
         original_max_position_embeddings: f64,
     },
 }
@@ -32,16 +41,21 @@ pub enum RopeStyle {
     Interleaved,
 }
 
+/// A layer's rotary position embedding: base, frequency scaling, rotated fraction, pairing.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct RopeConfig {
+    /// Base of the frequencies (`rope_theta`).
     pub theta: f64,
+    /// How the frequencies are derived from `theta`.
     pub kind: RopeKind,
     /// Fraction of the head dim that rotates (1.0 for all but Gemma-4 full layers).
     pub partial_rotary_factor: f64,
+    /// Which dimensions form a rotated pair.
     pub style: RopeStyle,
 }
 
 impl RopeConfig {
+    /// `theta` and `kind`, every dimension rotating, NeoX pairs.
     pub fn new(theta: f64, kind: RopeKind) -> Self {
         Self {
             theta,

@@ -60,10 +60,13 @@ pub fn e2b() -> Value {
     multimodal(gemma4_text(35, 1536, 6144, 1, 20, true, 5))
 }
 
+/// E4B text config as Google ships it, under a multimodal wrapper.
 pub fn e4b() -> Value {
     multimodal(gemma4_text(42, 2560, 10240, 2, 18, false, 6))
 }
 
+/// Wraps a text config the way Gemma-4's multimodal `config.json` does (`text_config`, with
+/// vision and audio siblings).
 pub fn multimodal(text: Value) -> Value {
     json!({
         "model_type": "gemma4",

@@ -1,3 +1,6 @@
+//! Gemma-4 configurations (E2B, E4B) in the forms Google ships and transformers re-saves,
+//! and the shapes the parser refuses.
+
 mod common;
 
 use strata_config::{AttentionType, ModelConfig, RopeKind};

@@ -26,28 +26,42 @@ pub const MAX_DIMS: usize = 4;
 /// Nesting limit for arrays of arrays (ggml writes none deeper than one).
 const MAX_ARRAY_DEPTH: usize = 4;
 
+/// Why a GGUF file could not be opened or parsed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The file could not be opened or mapped.
     #[error("{path}: {source}")]
     Io {
+        /// The file's path, as given.
         path: String,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The first four bytes are not `GGUF`; holds them as a little-endian u32.
     #[error("not a GGUF file (magic {0:#010x}, expected 0x46554747 \"GGUF\")")]
     BadMagic(u32),
+    /// A format version other than 2 or 3.
     #[error("GGUF version {0} is not supported (2 and 3 are)")]
     Version(u32),
+    /// A read would run past the end of the file.
     #[error("file truncated: {what} needs {needed} bytes at offset {offset}, file has {len}")]
     Truncated {
+        /// What was being read (a count, a key, a tensor's data).
         what: String,
+        /// Byte offset of the read.
         offset: u64,
+        /// Bytes the read needs.
         needed: u64,
+        /// Bytes in the whole file.
         len: u64,
     },
+    /// Anything else malformed: duplicate keys or tensor names, bad UTF-8, unknown types,
+    /// bad ranks, shapes, offsets or alignment.
     #[error("invalid GGUF: {0}")]
     Invalid(String),
 }
 
+/// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 fn invalid<T>(msg: impl Into<String>) -> Result<T> {
@@ -57,9 +71,11 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T> {
 /// One entry of the tensor directory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
+    /// The tensor's name in the file (GGUF naming, e.g. `blk.0.attn_q.weight`).
     pub name: String,
     /// Dimensions innermost first (ggml's `ne`): an HF `[out, in]` matrix is `[in, out]` here.
     pub dims: Vec<u64>,
+    /// How the data is stored (plain or a quantized block format).
     pub ggml_type: GgmlType,
     /// Offset of the data relative to the start of the data section.
     pub offset: u64,
@@ -98,11 +114,13 @@ impl std::ops::Deref for Bytes {
 /// A parsed GGUF file: header, metadata and tensor directory over the file's bytes.
 pub struct GgufFile {
     bytes: Bytes,
+    /// The GGUF format version (2 or 3).
     pub version: u32,
     metadata: Vec<(String, Value)>,
     index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    /// Alignment of tensor data in bytes (`general.alignment`, else [`DEFAULT_ALIGNMENT`]).
     pub alignment: u64,
     /// Absolute file offset where tensor data starts.
     pub data_offset: u64,
@@ -172,6 +190,7 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// The value of a metadata key.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.index.get(key).map(|&i| &self.metadata[i].1)
     }
@@ -181,10 +200,12 @@ impl GgufFile {
         self.get("general.architecture").and_then(Value::as_str)
     }
 
+    /// The tensor directory in file order.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors
     }
 
+    /// The directory entry of a tensor by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }

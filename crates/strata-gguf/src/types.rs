@@ -8,37 +8,71 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(non_camel_case_types)]
 pub enum GgmlType {
+    /// 32-bit float.
     F32,
+    /// IEEE 16-bit float.
     F16,
+    /// 4-bit, blocks of 32 with an f16 scale (4.5 bits per weight).
     Q4_0,
+    /// 4-bit, blocks of 32 with an f16 scale and minimum (5 bits per weight).
     Q4_1,
+    /// 5-bit, blocks of 32 with an f16 scale (5.5 bits per weight).
     Q5_0,
+    /// 5-bit, blocks of 32 with an f16 scale and minimum (6 bits per weight).
     Q5_1,
+    /// 8-bit, blocks of 32 with an f16 scale (8.5 bits per weight).
     Q8_0,
+    /// 8-bit, blocks of 32 with an f16 scale and the block's sum (9 bits per weight).
     Q8_1,
+    /// k-quant 2-bit, super-blocks of 256 (2.625 bits per weight).
     Q2_K,
+    /// k-quant 3-bit, super-blocks of 256 (3.4375 bits per weight).
     Q3_K,
+    /// k-quant 4-bit, super-blocks of 256 (4.5 bits per weight).
     Q4_K,
+    /// k-quant 5-bit, super-blocks of 256 (5.5 bits per weight).
     Q5_K,
+    /// k-quant 6-bit, super-blocks of 256 (6.5625 bits per weight).
     Q6_K,
+    /// k-quant 8-bit with an f32 scale and block sums, super-blocks of 256 (ggml's
+    /// intermediate for activations).
     Q8_K,
+    /// i-quant, super-blocks of 256 (2.0625 bits per weight).
     IQ2_XXS,
+    /// i-quant, super-blocks of 256 (2.3125 bits per weight).
     IQ2_XS,
+    /// i-quant, super-blocks of 256 (3.0625 bits per weight).
     IQ3_XXS,
+    /// i-quant, super-blocks of 256 (1.5625 bits per weight).
     IQ1_S,
+    /// Non-linear 4-bit codebook, blocks of 32 with an f16 scale (4.5 bits per weight).
     IQ4_NL,
+    /// i-quant, super-blocks of 256 (3.4375 bits per weight).
     IQ3_S,
+    /// i-quant, super-blocks of 256 (2.5625 bits per weight).
     IQ2_S,
+    /// Non-linear 4-bit codebook, super-blocks of 256 (4.25 bits per weight).
     IQ4_XS,
+    /// 8-bit integer.
     I8,
+    /// 16-bit integer.
     I16,
+    /// 32-bit integer.
     I32,
+    /// 64-bit integer.
     I64,
+    /// 64-bit float.
     F64,
+    /// i-quant, super-blocks of 256 (1.75 bits per weight).
     IQ1_M,
+    /// bfloat16.
     BF16,
+    /// Ternary, super-blocks of 256 (1.6875 bits per weight).
     TQ1_0,
+    /// Ternary, super-blocks of 256 (2.0625 bits per weight).
     TQ2_0,
+    /// Microscaling FP4 (E2M1), blocks of 32 with a shared 8-bit exponent (4.25 bits per
+    /// weight).
     MXFP4,
 }
 
@@ -99,6 +133,7 @@ impl GgmlType {
             .map(|r| r.0)
     }
 
+    /// The type's ggml id, as stored in the tensor directory.
     pub fn id(self) -> u32 {
         self.row().1
     }

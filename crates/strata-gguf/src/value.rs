@@ -20,18 +20,31 @@ pub(crate) mod kind {
 /// One metadata value. Arrays keep their element type so a writer can reproduce them.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// Unsigned 8-bit integer.
     U8(u8),
+    /// Signed 8-bit integer.
     I8(i8),
+    /// Unsigned 16-bit integer.
     U16(u16),
+    /// Signed 16-bit integer.
     I16(i16),
+    /// Unsigned 32-bit integer.
     U32(u32),
+    /// Signed 32-bit integer.
     I32(i32),
+    /// 32-bit float.
     F32(f32),
+    /// Boolean (one byte on disk).
     Bool(bool),
+    /// UTF-8 string.
     String(String),
+    /// Array of values of one type.
     Array(Array),
+    /// Unsigned 64-bit integer.
     U64(u64),
+    /// Signed 64-bit integer.
     I64(i64),
+    /// 64-bit float.
     F64(f64),
 }
 
@@ -40,6 +53,7 @@ pub enum Value {
 pub struct Array {
     /// The GGUF value type id of every element.
     pub elem_kind: u32,
+    /// The elements, in order.
     pub items: Vec<Value>,
 }
 
@@ -117,6 +131,7 @@ impl Value {
         }
     }
 
+    /// The value if it is a bool.
     pub fn as_bool(&self) -> Option<bool> {
         match *self {
             Value::Bool(v) => Some(v),
@@ -124,6 +139,7 @@ impl Value {
         }
     }
 
+    /// The value if it is a string.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::String(s) => Some(s),
@@ -131,6 +147,7 @@ impl Value {
         }
     }
 
+    /// The elements if the value is an array.
     pub fn as_array(&self) -> Option<&[Value]> {
         match self {
             Value::Array(a) => Some(&a.items),

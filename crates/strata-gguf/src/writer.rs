@@ -11,27 +11,34 @@ pub struct GgufWriter {
 }
 
 impl GgufWriter {
+    /// An empty file: no metadata, no tensors.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Appends a metadata entry.
     pub fn kv(&mut self, key: &str, value: Value) -> &mut Self {
         self.metadata.push((key.to_string(), value));
         self
     }
 
+    /// Appends a string metadata entry.
     pub fn str(&mut self, key: &str, value: &str) -> &mut Self {
         self.kv(key, Value::String(value.to_string()))
     }
 
+    /// Appends a u32 metadata entry.
     pub fn u32(&mut self, key: &str, value: u32) -> &mut Self {
         self.kv(key, Value::U32(value))
     }
 
+    /// Appends an f32 metadata entry.
     pub fn f32(&mut self, key: &str, value: f32) -> &mut Self {
         self.kv(key, Value::F32(value))
     }
 
+    /// Appends an array metadata entry; its element type is the first item's (u32 when
+    /// empty).
     pub fn array(&mut self, key: &str, items: Vec<Value>) -> &mut Self {
         let elem_kind = items.first().map_or(kind::U32, Value::kind);
         self.kv(key, Value::Array(Array { elem_kind, items }))

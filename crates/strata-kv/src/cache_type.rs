@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::KvError;
 
+/// The `--cache-type` choice: whether finished prefixes are kept for reuse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheType {
@@ -18,6 +19,7 @@ pub enum CacheType {
 }
 
 impl CacheType {
+    /// The canonical spelling, as accepted by `FromStr`.
     pub fn name(self) -> &'static str {
         match self {
             CacheType::Radix => "radix",

@@ -11,10 +11,14 @@ use crate::KvError;
 /// The `--kv-cache-dtype` choice. `Auto` follows the model's dtype.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KvCacheDtype {
+    /// Store what the model computes in ([`ModelDtype`]).
     #[default]
     Auto,
+    /// bfloat16 values, no scales.
     Bf16,
+    /// IEEE f16 values, no scales.
     F16,
+    /// f32 values, no scales.
     F32,
     /// OCP e4m3 values, one f32 scale per token and KV head (for K and for V).
     Fp8PerTokenHead,
@@ -23,6 +27,7 @@ pub enum KvCacheDtype {
 }
 
 impl KvCacheDtype {
+    /// Every choice; `FromStr` accepts their [`name`](Self::name)s.
     pub const ALL: [KvCacheDtype; 6] = [
         KvCacheDtype::Auto,
         KvCacheDtype::Bf16,
@@ -89,9 +94,12 @@ impl Serialize for KvCacheDtype {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelDtype {
+    /// bfloat16.
     #[default]
     Bf16,
+    /// IEEE f16.
     F16,
+    /// f32.
     F32,
 }
 
@@ -122,10 +130,15 @@ impl FromStr for ModelDtype {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KvFormat {
+    /// bfloat16, 2 bytes.
     Bf16,
+    /// IEEE f16, 2 bytes.
     F16,
+    /// f32, 4 bytes.
     F32,
+    /// OCP FP8 e4m3, 1 byte, with an f32 scale per token and KV head.
     Fp8E4m3PerTokenHead,
+    /// Symmetric int8, 1 byte, with an f32 scale per token and KV head.
     Int8PerTokenHead,
 }
 
@@ -148,6 +161,7 @@ impl KvFormat {
         }
     }
 
+    /// Whether an f32 scale per token and KV head sits beside the values.
     pub fn has_scales(self) -> bool {
         matches!(
             self,

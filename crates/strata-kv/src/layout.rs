@@ -13,11 +13,14 @@ use crate::{KvCacheDtype, KvError, KvFormat, ModelDtype};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolKind {
+    /// Full attention: every position of a request.
     Full,
+    /// Sliding attention: the last `window` positions of a request.
     Window,
 }
 
 impl PoolKind {
+    /// The pool that layers of this attention type use.
     pub fn of(attention: AttentionType) -> PoolKind {
         match attention {
             AttentionType::Full => PoolKind::Full,
@@ -25,6 +28,7 @@ impl PoolKind {
         }
     }
 
+    /// Lowercase name (`"full"`, `"window"`), as displayed.
     pub fn name(self) -> &'static str {
         match self {
             PoolKind::Full => "full",
@@ -46,12 +50,17 @@ pub struct SlabId(pub usize);
 /// One KV-owning layer's buffers: K and V values, and for 8-bit formats their scales.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SlabLayout {
+    /// Index of this slab in [`KvLayout::slabs`].
     pub id: SlabId,
+    /// The pool whose slots index this slab.
     pub pool: PoolKind,
     /// The layer that owns (writes) this slab.
     pub layer: usize,
+    /// KV heads of the owning layer.
     pub num_kv_heads: usize,
+    /// Width of one head's key (and value) vector, in elements.
     pub head_dim: usize,
+    /// How the elements are stored.
     pub format: KvFormat,
 }
 
@@ -90,8 +99,11 @@ pub fn slab_bytes_per_token(shape: KvShape, format: KvFormat) -> usize {
 /// One attention group's share of the pool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct KvGroupLayout {
+    /// The pool the group's layers use.
     pub pool: PoolKind,
+    /// The group's attention type.
     pub attention: AttentionType,
+    /// The sliding window in tokens; `None` for full attention.
     pub window: Option<usize>,
     /// Layers that own KV, ascending; one slab each.
     pub owner_layers: Vec<usize>,
@@ -109,6 +121,7 @@ pub struct KvGroupLayout {
 /// Where one layer's K/V lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct LayerKv {
+    /// The pool whose slots index the slab.
     pub pool: PoolKind,
     /// The slab the layer reads: its own, or its source's for a KV-shared layer.
     pub slab: SlabId,
@@ -227,6 +240,7 @@ impl KvLayout {
         KvLayout::new(cfg, dtype, ModelDtype::from_config(cfg)?)
     }
 
+    /// The stored K/V format of every slab.
     pub fn format(&self) -> KvFormat {
         self.format
     }
@@ -236,6 +250,7 @@ impl KvLayout {
         &self.groups
     }
 
+    /// The group using `pool`, if the model has one.
     pub fn group(&self, pool: PoolKind) -> Option<&KvGroupLayout> {
         self.groups.iter().find(|g| g.pool == pool)
     }
@@ -245,6 +260,7 @@ impl KvLayout {
         &self.slabs
     }
 
+    /// The slab with this id.
     pub fn slab(&self, id: SlabId) -> Option<&SlabLayout> {
         self.slabs.get(id.0)
     }

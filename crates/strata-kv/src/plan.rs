@@ -14,12 +14,16 @@ pub(crate) const MAX_SLOTS: usize = u32::MAX as usize;
 /// Pages per pool. A token slot is `page * page_size + offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct PagePlan {
+    /// Pages of the full pool.
     pub full: usize,
+    /// Pages of the window pool.
     pub window: usize,
+    /// Tokens per page (a power of two).
     pub page_size: usize,
 }
 
 impl PagePlan {
+    /// Pages in `pool`.
     pub fn pages(&self, pool: PoolKind) -> usize {
         match pool {
             PoolKind::Full => self.full,

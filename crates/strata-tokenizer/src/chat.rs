@@ -5,9 +5,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::TokenizerError;
 
+/// One message of a conversation, as the chat template receives it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// Who speaks: `system`, `user`, `assistant` (whatever roles the template knows).
     pub role: String,
+    /// The message's text.
     pub content: String,
 }
 

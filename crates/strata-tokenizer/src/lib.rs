@@ -17,21 +17,31 @@ pub use vocab::{TokenKind, Vocab};
 use special::Fragment;
 use strata_gguf::{GgufFile, Value};
 
+/// Why a tokenizer could not be loaded or could not encode, decode or render.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
+    /// Malformed tokenizer data: GGUF tokenizer keys out of shape or out of range, or a
+    /// pre-tokenizer regex that does not compile.
     #[error("invalid tokenizer data: {0}")]
     Invalid(String),
+    /// A tokenizer model or pre-tokenizer Strata does not implement.
     #[error("unsupported tokenizer: {0}")]
     Unsupported(String),
+    /// A file could not be read.
     #[error("{path}: {source}")]
     Io {
+        /// The file's path.
         path: String,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// `tokenizer.json` or `tokenizer_config.json` could not be loaded.
     #[error("tokenizer.json: {0}")]
     Hf(String),
+    /// The chat template failed to compile or render.
     #[error("chat template: {0}")]
     Template(String),
+    /// A token id past the end of the vocabulary.
     #[error("token id {0} is outside the vocabulary")]
     UnknownId(u32),
     /// The text itself cannot be tokenized (the caller's input, not the tokenizer's data).
@@ -106,6 +116,7 @@ impl Tokenizer {
         })
     }
 
+    /// Number of token ids.
     pub fn vocab_size(&self) -> usize {
         match &self.backend {
             Backend::Gguf { vocab, .. } => vocab.len(),
@@ -113,6 +124,7 @@ impl Tokenizer {
         }
     }
 
+    /// The beginning-of-sequence token id, if the tokenizer has one.
     pub fn bos_id(&self) -> Option<u32> {
         match &self.backend {
             Backend::Gguf { vocab, .. } => vocab.bos,
@@ -120,6 +132,7 @@ impl Tokenizer {
         }
     }
 
+    /// The end-of-sequence token id, if the tokenizer has one.
     pub fn eos_id(&self) -> Option<u32> {
         match &self.backend {
             Backend::Gguf { vocab, .. } => vocab.eos,
@@ -190,6 +203,7 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// The model's Jinja chat template, if its files carry one.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }

@@ -10,6 +10,7 @@ pub struct StreamDecoder {
 }
 
 impl StreamDecoder {
+    /// A decoder with nothing pending.
     pub fn new() -> Self {
         Self::default()
     }

@@ -9,11 +9,17 @@ use crate::TokenizerError;
 /// `tokenizer.ggml.token_type` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenKind {
+    /// An ordinary token (also any type id GGUF defines but this crate does not).
     Normal,
+    /// The unknown-token placeholder.
     Unknown,
+    /// A control token (`<start_of_turn>`, `<|im_end|>`), matched in text only on request.
     Control,
+    /// A user-defined token, always matched in raw text as written.
     UserDefined,
+    /// A reserved, unused id.
     Unused,
+    /// A byte-fallback token (`<0xNN>`).
     Byte,
 }
 
@@ -54,8 +60,11 @@ const END_OF_TURN_SPELLINGS: &[&str] = &[
 /// Token texts and their attributes, with the lookups both tokenizer algorithms need.
 #[derive(Debug)]
 pub struct Vocab {
+    /// Token texts, indexed by id.
     pub texts: Vec<String>,
+    /// SentencePiece merge scores, indexed by id (0 where the file has none).
     pub scores: Vec<f32>,
+    /// Token types, indexed by id (end-of-turn spellings forced to `Control`).
     pub kinds: Vec<TokenKind>,
     /// Text -> id; on duplicate texts the highest id wins.
     pub ids: HashMap<String, u32>,
@@ -64,11 +73,17 @@ pub struct Vocab {
     /// Control, unknown and user-defined tokens, longest text first: the ones matched in raw
     /// text before running the model's algorithm.
     pub specials: Vec<u32>,
+    /// Beginning-of-sequence id.
     pub bos: Option<u32>,
+    /// End-of-sequence id.
     pub eos: Option<u32>,
+    /// Unknown-token id.
     pub unk: Option<u32>,
+    /// Whether encoding with special tokens starts with BOS.
     pub add_bos: bool,
+    /// Whether encoding with special tokens ends with EOS.
     pub add_eos: bool,
+    /// Whether SentencePiece encoding puts a space before the text (its `▁` prefix).
     pub add_space_prefix: bool,
 }
 
@@ -89,6 +104,7 @@ fn strings(file: &GgufFile, key: &str) -> Result<Option<Vec<String>>, TokenizerE
 }
 
 impl Vocab {
+    /// Reads `tokenizer.ggml.*`: tokens, scores, types, merges, special ids and flags.
     pub fn from_gguf(file: &GgufFile) -> Result<Self, TokenizerError> {
         let texts = strings(file, "tokenizer.ggml.tokens")?
             .ok_or_else(|| TokenizerError::Invalid("GGUF has no tokenizer.ggml.tokens".into()))?;
@@ -154,6 +170,8 @@ impl Vocab {
         Ok(v)
     }
 
+    /// A vocabulary without special ids or flags; end-of-turn spellings become `Control` as
+    /// llama.cpp does.
     pub fn new(
         texts: Vec<String>,
         scores: Vec<f32>,
@@ -196,10 +214,12 @@ impl Vocab {
         }
     }
 
+    /// Number of tokens.
     pub fn len(&self) -> usize {
         self.texts.len()
     }
 
+    /// Whether the vocabulary has no tokens.
     pub fn is_empty(&self) -> bool {
         self.texts.is_empty()
     }

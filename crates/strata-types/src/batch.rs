@@ -20,8 +20,11 @@ pub enum LogitsMode {
     /// logits are, as for `Argmax`; with `logprobs`, also the token's logprob and that many
     /// top logprobs of the raw distribution (`strata_types::sampling::token_logprobs`).
     Draw {
+        /// The sampling settings of the draw.
         params: SamplingParams,
+        /// The draw's 64-bit uniform ([`crate::sampling::draw_uniform`]).
         uniform: u64,
+        /// How many top logprobs to return with the token; `None` returns no logprobs.
         logprobs: Option<usize>,
     },
 }
@@ -40,15 +43,18 @@ pub struct SeqChunk {
     /// The KV-pool request whose pages hold this sequence (already extended to cover
     /// `start + tokens.len()` positions).
     pub request: RequestId,
+    /// The token ids of this chunk, in order.
     pub tokens: Vec<u32>,
     /// Absolute position of `tokens[0]`.
     pub start: usize,
+    /// Which logits (or picked token) this chunk wants back.
     pub logits: LogitsMode,
 }
 
 /// Several sequences at different positions, computed in one pass.
 #[derive(Clone, Debug, Default)]
 pub struct ForwardBatch {
+    /// The sequences of this step, each with its own chunk.
     pub seqs: Vec<SeqChunk>,
 }
 
@@ -57,8 +63,12 @@ pub struct ForwardBatch {
 /// `Argmax` and `Draw` sequences the chosen token.
 #[derive(Clone, Debug)]
 pub struct ForwardOutput {
+    /// Vocabulary size: the length of one logits row.
     pub vocab: usize,
+    /// Per sequence, its logits rows concatenated (`rows x vocab` values; empty when it
+    /// asked for none).
     pub logits: Vec<Vec<f32>>,
+    /// Per sequence, the token picked for `Argmax` and `Draw` sequences; `None` for the others.
     pub tokens: Vec<Option<u32>>,
     /// The logprobs of the tokens of `Draw` sequences that asked for them.
     pub logprobs: Vec<Option<TokenLogprobs>>,

@@ -6,9 +6,19 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SamplingError {
     /// A setting out of its range (a negative temperature, `top_p` of 0).
-    Invalid { op: &'static str, detail: String },
+    Invalid {
+        /// The operation that refused it.
+        op: &'static str,
+        /// Which setting and why.
+        detail: String,
+    },
     /// Lengths that do not fit together (logits for fewer rows than asked).
-    Shape { op: &'static str, detail: String },
+    Shape {
+        /// The operation that refused it.
+        op: &'static str,
+        /// Which lengths, and what they were.
+        detail: String,
+    },
 }
 
 impl fmt::Display for SamplingError {

@@ -15,6 +15,7 @@ pub struct GgufModel {
 }
 
 impl GgufModel {
+    /// Memory-maps and parses a GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Ok(Self {
             file: GgufFile::open(path)?,

@@ -11,6 +11,7 @@ use crate::{WeightSource, Weights};
 pub struct WeightsSummary {
     /// `"gguf"` or `"safetensors"`.
     pub format: &'static str,
+    /// Number of tensors in the file(s).
     pub tensor_count: usize,
     /// Tensor type name (`"Q4_K"`, `"BF16"`, ...) -> number of tensors.
     pub types: BTreeMap<String, usize>,

@@ -15,6 +15,7 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
+    /// Pairs weights with a name table.
     pub fn new(weights: Weights, names: NameMap) -> Self {
         Self { weights, names }
     }
@@ -36,10 +37,12 @@ impl ModelWeights {
         Ok(Self::new(weights, NameMap::new(&arch, first_shared_layer)?))
     }
 
+    /// The underlying weight file(s).
     pub fn weights(&self) -> &Weights {
         &self.weights
     }
 
+    /// The HF <-> GGUF name table in use.
     pub fn names(&self) -> &NameMap {
         &self.names
     }

@@ -31,7 +31,9 @@ pub trait WeightSource {
 /// Either kind of weight file.
 #[derive(Debug)]
 pub enum Weights {
+    /// Safetensors file(s): one file or a sharded index.
     Safetensors(SafetensorsModel),
+    /// A GGUF file.
     Gguf(GgufModel),
 }
 

@@ -8,10 +8,13 @@ use strata_gguf::GgmlType;
 /// raw little-endian bytes, borrowed from the memory map.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorView<'a> {
+    /// The tensor's name in its file.
     pub name: &'a str,
     /// Outermost first: a linear layer is `[out_features, in_features]`.
     pub shape: Vec<usize>,
+    /// How the elements are stored.
     pub ty: GgmlType,
+    /// The raw little-endian bytes.
     pub bytes: &'a [u8],
 }
 

@@ -6,6 +6,7 @@ use crate::{HostSlab, HostStorage, KvError, KvStorage, LayerKv, PoolKind};
 /// What a write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvWrite {
+    /// The K/V was written to the layer's slab.
     Stored,
     /// The layer is KV-shared: its source wrote the K/V in the same forward.
     SkippedSharedLayer,

@@ -114,22 +114,27 @@ impl<S: KvStorage> KvPool<S> {
         Ok(())
     }
 
+    /// Which slabs exist and which slab each layer reads.
     pub fn layout(&self) -> &KvLayout {
         &self.layout
     }
 
+    /// Pages per pool and the page size.
     pub fn plan(&self) -> &PagePlan {
         &self.plan
     }
 
+    /// Tokens per page.
     pub fn page_size(&self) -> usize {
         self.plan.page_size
     }
 
+    /// Whether finished prefixes are kept for reuse.
     pub fn cache_type(&self) -> CacheType {
         self.cache_type
     }
 
+    /// The K/V buffers.
     pub fn storage(&self) -> &S {
         &self.storage
     }

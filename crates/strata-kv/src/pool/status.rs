@@ -9,12 +9,19 @@ use crate::{CacheType, KvCacheDtype, KvStorage, PoolKind};
 /// One pool's pages.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PoolStatus {
+    /// Which pool.
     pub pool: PoolKind,
+    /// The attention type of the layers using it.
     pub attention: AttentionType,
+    /// The sliding window in tokens; `None` for the full pool.
     pub window: Option<usize>,
+    /// Bytes one token costs across the pool's slabs.
     pub unit_bytes: usize,
+    /// Pages in the pool.
     pub pages_total: usize,
+    /// Pages no request or cached prefix holds.
     pub pages_free: usize,
+    /// Pages held by requests or the prefix cache.
     pub pages_used: usize,
     /// Pages held by the prefix cache (part of `pages_used`).
     pub pages_cached: usize,
@@ -23,22 +30,32 @@ pub struct PoolStatus {
 /// Pool-wide figures.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KvStatus {
+    /// The `--kv-cache-dtype` the stored format corresponds to.
     pub kv_cache_dtype: KvCacheDtype,
+    /// Whether finished prefixes are kept for reuse.
     pub cache_type: CacheType,
+    /// Tokens per page.
     pub page_size: usize,
+    /// One entry per pool the model uses.
     pub pools: Vec<PoolStatus>,
+    /// Requests holding pages.
     pub running_requests: usize,
     /// Tokens held by the prefix cache.
     pub cached_tokens: usize,
+    /// Prefix lookups that reused at least one token.
     pub cache_hits: u64,
+    /// Prefix lookups that reused nothing (every lookup when the cache is off).
     pub cache_misses: u64,
     /// Prompt tokens served from the cache, and prompt tokens looked up.
     pub hit_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache.
     pub lookup_tokens: u64,
+    /// Bytes the storage holds for the K/V buffers.
     pub bytes_reserved: u64,
 }
 
 impl<S: KvStorage> KvPool<S> {
+    /// The pool's current figures.
     pub fn status(&self) -> KvStatus {
         let (cached_full, cached_window) = self.tree.as_ref().map_or((0, 0), |t| {
             t.nodes().fold((0, 0), |(f, w), (_, n)| {

@@ -66,27 +66,42 @@ impl SlabBuffers {
 /// `k_scales[slot * num_kv_heads + h]`.
 #[derive(Clone, Copy, Debug)]
 pub struct HostSlab<'a> {
+    /// How the elements are stored.
     pub format: KvFormat,
+    /// KV heads of the owning layer.
     pub num_kv_heads: usize,
+    /// Width of one head's key (and value) vector, in elements.
     pub head_dim: usize,
+    /// Token slots the slab holds.
     pub slots: usize,
+    /// K values, `slots * num_kv_heads * head_dim` elements.
     pub k: &'a [u8],
+    /// V values, laid out as `k`.
     pub v: &'a [u8],
     /// Empty for formats without scales.
     pub k_scales: &'a [f32],
+    /// V scales, laid out as `k_scales`.
     pub v_scales: &'a [f32],
 }
 
 /// One slab's bytes, borrowed mutably (same layout as [`HostSlab`]).
 #[derive(Debug)]
 pub struct HostSlabMut<'a> {
+    /// How the elements are stored.
     pub format: KvFormat,
+    /// KV heads of the owning layer.
     pub num_kv_heads: usize,
+    /// Width of one head's key (and value) vector, in elements.
     pub head_dim: usize,
+    /// Token slots the slab holds.
     pub slots: usize,
+    /// K values, `slots * num_kv_heads * head_dim` elements.
     pub k: &'a mut [u8],
+    /// V values, laid out as `k`.
     pub v: &'a mut [u8],
+    /// K scales, one per slot and KV head; empty for formats without scales.
     pub k_scales: &'a mut [f32],
+    /// V scales, laid out as `k_scales`.
     pub v_scales: &'a mut [f32],
 }
 
@@ -97,10 +112,13 @@ pub struct HostStorage {
 }
 
 impl HostStorage {
+    /// Empty storage; the pool sizes it
+    /// ([`KvStorage::reserve`](crate::KvStorage::reserve)).
     pub fn new() -> Self {
         HostStorage::default()
     }
 
+    /// A slab's buffers to read, or `None` for an id the storage has not reserved.
     pub fn slab(&self, id: SlabId) -> Option<HostSlab<'_>> {
         self.slabs.get(id.0).map(|s| HostSlab {
             format: s.format,
@@ -114,6 +132,7 @@ impl HostStorage {
         })
     }
 
+    /// A slab's buffers to write, or `None` for an id the storage has not reserved.
     pub fn slab_mut(&mut self, id: SlabId) -> Option<HostSlabMut<'_>> {
         self.slabs.get_mut(id.0).map(|s| HostSlabMut {
             format: s.format,

@@ -21,7 +21,9 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// by ascending id).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprobs {
+    /// The logprob of the token drawn.
     pub logprob: f32,
+    /// The most likely tokens as `(id, logprob)`, most likely first.
     pub top: Vec<(u32, f32)>,
 }
 
@@ -30,7 +32,9 @@ pub struct TokenLogprobs {
 /// value is -inf or NaN).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowMass {
+    /// The row's largest value (NaN as -inf, -0 as +0).
     pub best: f32,
+    /// Sum of every value's fixed-point weight `floor(e^(x - best) * 2^shift)`.
     pub total: u64,
     /// The fixed-point bits of the weights: `weight_shift(vocab)`.
     pub shift: u32,

@@ -48,6 +48,7 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Greedy settings: temperature 0 and every filter off, no seed.
     pub fn greedy() -> Self {
         Self {
             temperature: 0.0,
@@ -58,6 +59,7 @@ impl SamplingParams {
         }
     }
 
+    /// Whether these settings always take the argmax (temperature 0 or `top_k` of 1).
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
@@ -98,8 +100,11 @@ impl SamplingParams {
 /// its index, settings and the draw's uniform.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowDraw {
+    /// Index of the row in the step's logits.
     pub row: usize,
+    /// The sampling settings of the draw.
     pub params: SamplingParams,
+    /// The draw's 64-bit uniform ([`draw_uniform`]).
     pub uniform: u64,
     /// Also the token's logprob and this many top logprobs ([`token_logprobs`]).
     pub logprobs: Option<usize>,
@@ -108,7 +113,9 @@ pub struct RowDraw {
 /// A row's token, with its logprobs where its [`RowDraw`] asked for them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Picked {
+    /// The token id picked.
     pub id: u32,
+    /// The token's logprobs, if the row's draw asked for them.
     pub logprobs: Option<TokenLogprobs>,
 }
 

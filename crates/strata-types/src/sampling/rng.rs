@@ -41,6 +41,7 @@ impl SamplerRng {
         }
     }
 
+    /// The next 64 bits of the xoshiro256** stream.
     pub fn next_u64(&mut self) -> u64 {
         let s = &mut self.s;
         let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);

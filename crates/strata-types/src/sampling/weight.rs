@@ -154,6 +154,7 @@ pub fn uniform_bits(uniform: u64) -> u64 {
 /// One row's settings in the form both the host and a device draw use.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DrawSettings {
+    /// Inverse temperature, `1 / temperature`, the logits are multiplied by.
     pub inv_t: f32,
     /// 0: no top-k.
     pub top_k: usize,
@@ -164,6 +165,7 @@ pub struct DrawSettings {
 }
 
 impl DrawSettings {
+    /// The draw settings of `p` (`top_p` of 1 and `min_p` of 0 become `None`).
     pub fn new(p: &SamplingParams) -> Self {
         Self {
             inv_t: 1.0 / p.temperature,

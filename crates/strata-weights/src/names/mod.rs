@@ -16,9 +16,13 @@ use crate::error::{Result, WeightsError};
 /// The architectures with a name table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
+    /// Gemma-4.
     Gemma4,
+    /// Gemma-3.
     Gemma3,
+    /// Llama.
     Llama,
+    /// Qwen3.
     Qwen3,
 }
 
@@ -99,6 +103,7 @@ impl NameMap {
         Ok(Self::for_arch(arch, first_shared_layer))
     }
 
+    /// The name table of `arch`; `first_shared_layer` as in [`NameMap::new`].
     pub fn for_arch(arch: Arch, first_shared_layer: Option<usize>) -> Self {
         Self {
             arch,
@@ -106,10 +111,13 @@ impl NameMap {
         }
     }
 
+    /// The architecture of the table.
     pub fn arch(&self) -> Arch {
         self.arch
     }
 
+    /// The first KV-shared layer (Gemma-4): its and later layers' stale K/V tensors are
+    /// never mapped.
     pub fn first_shared_layer(&self) -> Option<usize> {
         self.first_shared_layer
     }

@@ -8,6 +8,7 @@ use half::f16;
 pub struct F16Le(pub [u8; 2]);
 
 impl F16Le {
+    /// The value as f32 (exact).
     pub fn to_f32(self) -> f32 {
         f16::from_bits(u16::from_le_bytes(self.0)).to_f32()
     }

@@ -65,6 +65,7 @@ pub struct Q8Input {
 }
 
 impl Q8Input {
+    /// An empty buffer; [`Q8Input::quantize`] fills it.
     pub fn new() -> Self {
         Self::default()
     }

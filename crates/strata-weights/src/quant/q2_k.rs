@@ -12,9 +12,13 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ2K {
+    /// Per group: 4-bit scale (low nibble) and 4-bit min (high nibble).
     pub scales: [u8; 16],
+    /// The 2-bit codes.
     pub qs: [u8; 64],
+    /// Super-block scale of the group scales.
     pub d: F16Le,
+    /// Super-block scale of the group mins.
     pub dmin: F16Le,
 }
 

@@ -15,9 +15,13 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ3K {
+    /// High (third) bit of each code: clear means subtract 4.
     pub hmask: [u8; 32],
+    /// The low two bits of each code.
     pub qs: [u8; 64],
+    /// 16 packed 6-bit group scales, stored +32.
     pub scales: [u8; 12],
+    /// Super-block scale.
     pub d: F16Le,
 }
 

@@ -9,7 +9,9 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ4_0 {
+    /// Block scale.
     pub d: F16Le,
+    /// The 4-bit codes, two per byte.
     pub qs: [u8; 16],
 }
 

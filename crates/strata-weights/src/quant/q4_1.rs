@@ -8,8 +8,11 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ4_1 {
+    /// Block scale.
     pub d: F16Le,
+    /// Block minimum (added to every value).
     pub m: F16Le,
+    /// The 4-bit codes, two per byte.
     pub qs: [u8; 16],
 }
 

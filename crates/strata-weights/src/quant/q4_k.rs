@@ -13,9 +13,13 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ4K {
+    /// Super-block scale of the sub-block scales.
     pub d: F16Le,
+    /// Super-block scale of the sub-block mins.
     pub dmin: F16Le,
+    /// 8 packed 6-bit sub-block scales and 8 6-bit mins.
     pub scales: [u8; 12],
+    /// The 4-bit codes, two per byte.
     pub qs: [u8; 128],
 }
 

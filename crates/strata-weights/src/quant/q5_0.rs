@@ -9,8 +9,11 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ5_0 {
+    /// Block scale.
     pub d: F16Le,
+    /// The fifth bit of each code, as a little-endian u32.
     pub qh: [u8; 4],
+    /// The low 4 bits of each code, two per byte.
     pub qs: [u8; 16],
 }
 

@@ -9,9 +9,13 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ5_1 {
+    /// Block scale.
     pub d: F16Le,
+    /// Block minimum (added to every value).
     pub m: F16Le,
+    /// The fifth bit of each code, as a little-endian u32.
     pub qh: [u8; 4],
+    /// The low 4 bits of each code, two per byte.
     pub qs: [u8; 16],
 }
 

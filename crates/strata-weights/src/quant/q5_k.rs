@@ -10,10 +10,15 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ5K {
+    /// Super-block scale of the sub-block scales.
     pub d: F16Le,
+    /// Super-block scale of the sub-block mins.
     pub dmin: F16Le,
+    /// 8 packed 6-bit sub-block scales and 8 6-bit mins, as in Q4_K.
     pub scales: [u8; 12],
+    /// The fifth bit of each code.
     pub qh: [u8; 32],
+    /// The low 4 bits of each code, two per byte.
     pub qs: [u8; 128],
 }
 

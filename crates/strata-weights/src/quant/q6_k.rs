@@ -12,9 +12,13 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ6K {
+    /// The low 4 bits of each code.
     pub ql: [u8; 128],
+    /// The high 2 bits of each code.
     pub qh: [u8; 64],
+    /// Signed 8-bit group scales.
     pub scales: [i8; 16],
+    /// Super-block scale.
     pub d: F16Le,
 }
 

@@ -9,7 +9,9 @@ use strata_gguf::GgmlType;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ8_0 {
+    /// Block scale.
     pub d: F16Le,
+    /// The signed 8-bit codes.
     pub qs: [i8; 32],
 }
 

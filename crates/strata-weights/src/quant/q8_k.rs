@@ -8,8 +8,11 @@ use super::ActivationBlock;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockQ8K {
+    /// Block scale.
     pub d: f32,
+    /// The signed 8-bit codes.
     pub qs: [i8; 256],
+    /// Sum of the codes of each group of 16.
     pub bsums: [i16; 16],
 }
 
