@@ -53,8 +53,8 @@ pub const NOT_OPS: &[(&str, &str)] = &[
 ///
 /// `backend` is evaluated once a test, so a GPU file passes a helper that prints
 /// `skipped: no GPU` and returns `None` where none starts. `quant` turns the reference
-/// quantized matrix into the backend's quantized form. Tolerances are the checks' own
-/// (from the backend's activation dtype), the same on every backend.
+/// quantized matrix into the backend's quantized form. Each check picks its tolerance from
+/// the backend's activation dtype, so the macro sets none.
 ///
 /// The table below is the one list of cases: each line is the test name, whether the
 /// check takes the quantizer (`quant`) or not (`plain`), the check function in
