@@ -8,7 +8,9 @@
 //! - [`sampling`]: the host sampler (greedy / temperature / top-k / top-p / min-p, seeded)
 //!   and log-probabilities.
 //! - [`conformance`]: backend-agnostic checks of every op against scalar f64 references;
-//!   any backend runs the same checks.
+//!   any backend runs the same checks, one `#[test]` a case through
+//!   [`conformance_tests!`].
+//! - [`gpu_test`]: how GPU tests skip (and say so) where no GPU starts.
 
 mod backend;
 pub mod conformance;
@@ -17,6 +19,7 @@ pub mod cpu;
 pub mod cuda;
 mod dtype;
 mod error;
+pub mod gpu_test;
 mod paged;
 mod params;
 mod quant;

@@ -1,5 +1,6 @@
-//! The shared conformance checks, run on the CPU backend: the fixed shape lists and
-//! property tests over random shapes.
+//! The shared conformance checks, run on the CPU backend: one test a case of the shared
+//! list (`conformance_tests!`, the same list every backend runs), `check_all` on a
+//! single-thread pool, and property tests over random shapes.
 
 use proptest::prelude::*;
 use strata_kernels::conformance::{self, *};
@@ -14,74 +15,9 @@ fn boxed(q: &RowScaledQ8) -> Box<dyn RowDot> {
     Box::new(q.clone())
 }
 
-#[test]
-fn upload_download() {
-    check_upload_download(&cpu()).unwrap();
-}
-
-#[test]
-fn copy_strided() {
-    check_copy_strided(&cpu()).unwrap();
-}
-
-#[test]
-fn embedding() {
-    check_embedding(&cpu()).unwrap();
-}
-
-#[test]
-fn embedding_quant() {
-    check_embedding_quant(&cpu(), &boxed).unwrap();
-}
-
-#[test]
-fn rms_norm() {
-    check_rms_norm(&cpu()).unwrap();
-}
-
-#[test]
-fn rope() {
-    check_rope(&cpu()).unwrap();
-}
-
-#[test]
-fn matmul() {
-    check_matmul(&cpu()).unwrap();
-}
-
-#[test]
-fn matmul_quant() {
-    check_matmul_quant(&cpu(), &boxed).unwrap();
-}
-
-#[test]
-fn act_mul() {
-    check_act_mul(&cpu()).unwrap();
-}
-
-#[test]
-fn activation() {
-    check_activation(&cpu()).unwrap();
-}
-
-#[test]
-fn softcap() {
-    check_softcap(&cpu()).unwrap();
-}
-
-#[test]
-fn arith() {
-    check_arith(&cpu()).unwrap();
-}
-
-#[test]
-fn attention() {
-    check_attention(&cpu()).unwrap();
-}
-
-#[test]
-fn sample() {
-    check_sample(&cpu()).unwrap();
+strata_kernels::conformance_tests! {
+    backend: Some(cpu()),
+    quant: boxed,
 }
 
 #[test]
@@ -164,26 +100,6 @@ proptest! {
         let act = if silu { Activation::Silu } else { Activation::GeluTanh };
         check_act_mul_case(&cpu(), act, ElementwiseCase { len, spread, seed }).map_err(TestCaseError::fail)?;
     }
-}
-
-#[test]
-fn argmax() {
-    check_argmax(&cpu()).unwrap();
-}
-
-#[test]
-fn clustered_argmax() {
-    check_clustered_argmax(&cpu()).unwrap();
-}
-
-#[test]
-fn feed_tokens() {
-    check_feed_tokens(&cpu()).unwrap();
-}
-
-#[test]
-fn paged_kv() {
-    check_paged(&cpu()).unwrap();
 }
 
 fn kv_format() -> impl Strategy<Value = strata_kernels::KvFormat> {

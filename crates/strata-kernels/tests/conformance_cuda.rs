@@ -1,9 +1,14 @@
 //! The shared conformance checks on the CUDA backend (fixed shapes, property tests over
 //! random shapes) and a report of the largest CUDA-vs-CPU differences on model shapes.
 //!
-//! Without a usable GPU every test prints why and passes, so `cargo test` stays green on
-//! machines without CUDA; `STRATA_REQUIRE_GPU=1` (set by the GPU bundle's script) turns a
-//! missing GPU into a failure instead.
+//! The shared cases come from `conformance_tests!` (the same list the CPU file runs); the
+//! tests below it are CUDA's own modes (GEMV row counts, the bf16 tensor-core paths,
+//! cuBLASLt plans, bf16 twins) and the property tests.
+//!
+//! Without a usable GPU every test prints `<name>: skipped: no GPU` and passes, so `cargo
+//! test` stays green on machines without CUDA; `STRATA_REQUIRE_GPU=1` (set by the GPU
+//! bundle's script) turns a missing GPU into a failure instead
+//! (`strata_kernels::gpu_test`).
 #![cfg(feature = "cuda")]
 
 use std::sync::OnceLock;
@@ -12,32 +17,32 @@ use proptest::prelude::*;
 use strata_kernels::conformance::{self, *};
 use strata_kernels::cpu::CpuBackend;
 use strata_kernels::cuda::{CudaBackend, CudaQuantMatrix};
+use strata_kernels::gpu_test::gpu_or_skip;
 use strata_kernels::{
     Activation, AttentionParams, Backend, DType, DeviceBuffer, MatmulShape, RmsNormParams,
     RopeParams, RopeStyle, TableSlice,
 };
 
+/// The shared backend, or `None` after printing `skipped: no GPU` (a failure instead under
+/// `STRATA_REQUIRE_GPU`).
 fn gpu() -> Option<&'static CudaBackend> {
-    static GPU: OnceLock<Option<CudaBackend>> = OnceLock::new();
-    GPU.get_or_init(open_gpu).as_ref()
+    static GPU: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+    gpu_or_skip(
+        GPU.get_or_init(|| start().map_err(|e| e.to_string()))
+            .as_ref(),
+    )
 }
 
+/// A backend of its own (for tests that count what it plans), or `None` as [`gpu`].
 fn open_gpu() -> Option<CudaBackend> {
+    gpu_or_skip(start())
+}
+
+fn start() -> strata_kernels::Result<CudaBackend> {
     let t0 = std::time::Instant::now();
-    match CudaBackend::new(0) {
-        Ok(b) => {
-            eprintln!("CUDA backend on {b:?}, started in {:?}", t0.elapsed());
-            Some(b)
-        }
-        Err(e) => {
-            assert!(
-                std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
-                "STRATA_REQUIRE_GPU is set but the CUDA backend did not start: {e}"
-            );
-            eprintln!("note: no CUDA backend, GPU conformance skipped: {e}");
-            None
-        }
-    }
+    let b = CudaBackend::new(0)?;
+    eprintln!("CUDA backend on {b:?}, started in {:?}", t0.elapsed());
+    Ok(b)
 }
 
 /// The reference quantized matrix, dequantized exactly (f32) onto the device.
@@ -46,38 +51,11 @@ fn quant(q: &RowScaledQ8) -> Box<CudaQuantMatrix> {
     Box::new(CudaQuantMatrix::from_f32(b, q.rows, q.cols, &q.dequantized(), DType::F32).unwrap())
 }
 
-macro_rules! gpu_check {
-    ($name:ident, $check:expr) => {
-        #[test]
-        fn $name() {
-            if let Some(b) = gpu() {
-                let r: conformance::CheckResult = $check(b);
-                r.unwrap();
-            }
-        }
-    };
+strata_kernels::conformance_tests! {
+    // A clone shares the one started backend (its context, stream and kernels).
+    backend: gpu().cloned(),
+    quant: quant,
 }
-
-gpu_check!(upload_download, check_upload_download);
-gpu_check!(copy_strided, check_copy_strided);
-gpu_check!(embedding, check_embedding);
-gpu_check!(embedding_quant, |b| check_embedding_quant(b, &quant));
-gpu_check!(rms_norm, check_rms_norm);
-gpu_check!(rope, check_rope);
-gpu_check!(matmul, check_matmul);
-gpu_check!(matmul_quant, |b| check_matmul_quant(b, &quant));
-gpu_check!(act_mul, check_act_mul);
-gpu_check!(activation, check_activation);
-gpu_check!(softcap, check_softcap);
-gpu_check!(arith, check_arith);
-gpu_check!(attention, check_attention);
-gpu_check!(sample, check_sample);
-gpu_check!(paged, check_paged);
-gpu_check!(argmax, check_argmax);
-gpu_check!(clustered_argmax, check_clustered_argmax);
-gpu_check!(feed_tokens, check_feed_tokens);
-gpu_check!(fused, check_fused);
-gpu_check!(k_parts, check_k_parts);
 
 /// A buffer's length moves within its allocation (what the decode graphs' shared logits
 /// rely on): the values stay where they were, and a length past the allocation is refused.
@@ -102,7 +80,15 @@ fn gemv_every_row_count() {
         check_matmul(&b.clone().with_gemv_max_rows(8)).unwrap();
     }
 }
-gpu_check!(check_all, |b| conformance::check_all(b, &quant));
+
+/// Every case in one call, as a new backend's first run would (the cases above run them
+/// one a test).
+#[test]
+fn check_all() {
+    if let Some(b) = gpu() {
+        conformance::check_all(b, &quant).unwrap();
+    }
+}
 
 /// The shared-input and gated products at every GEMV row count, and in the bf16 mode (one
 /// narrowing of x for all GEMMs past the GEMV rows: bf16's tolerance).

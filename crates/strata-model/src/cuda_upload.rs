@@ -30,8 +30,9 @@ impl QuantUpload for CudaBackend {
 }
 
 /// The tiny transformers fixtures on the GPU: logits against the CPU backend and against
-/// transformers, and greedy generation token for token equal to the CPU's. Skipped (with a
-/// note) where no CUDA backend starts, unless `STRATA_REQUIRE_GPU` is set.
+/// transformers, and greedy generation token for token equal to the CPU's. Each prints
+/// `skipped: no GPU` and passes where no CUDA backend starts, unless `STRATA_REQUIRE_GPU`
+/// is set (`strata_kernels::gpu_test`).
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -68,17 +69,7 @@ mod tests {
     }
 
     fn gpu() -> Option<CudaBackend> {
-        match CudaBackend::new(0) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                assert!(
-                    std::env::var_os("STRATA_REQUIRE_GPU").is_none(),
-                    "STRATA_REQUIRE_GPU is set but the CUDA backend did not start: {e}"
-                );
-                eprintln!("note: no CUDA backend, GPU model test skipped: {e}");
-                None
-            }
-        }
+        strata_kernels::gpu_test::gpu_or_skip(CudaBackend::new(0))
     }
 
     const PLAN: PagePlan = PagePlan {

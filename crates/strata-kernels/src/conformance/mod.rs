@@ -9,10 +9,13 @@
 //! its arithmetic, not on input rounding. A failure is an `Err` describing the first bad
 //! element; nothing here panics on a mismatch.
 //!
-//! A new backend runs them all with [`check_all`].
+//! A new backend runs them all with [`check_all`], or one `#[test]` a case with
+//! [`crate::conformance_tests!`]; [`CASES`] lists the cases and the `Backend` methods each
+//! one checks.
 
 mod attention;
 mod elementwise;
+mod forms;
 mod fused;
 mod k_parts;
 mod matmul;
@@ -20,6 +23,7 @@ mod memory;
 mod norm;
 mod paged;
 pub mod reference;
+mod registry;
 mod rope;
 mod sampling;
 
@@ -28,6 +32,7 @@ pub use elementwise::{
     check_act_mul, check_act_mul_case, check_activation, check_arith, check_softcap,
     ElementwiseCase,
 };
+pub use forms::{check_host_pick, check_index_forms};
 pub use fused::{
     check_act_mul_slice, check_fused, check_fused_norms, check_head_norm_rope, check_qkv_norm_rope,
     check_qkv_norm_rope_store,
@@ -48,6 +53,7 @@ pub use paged::{
     paged_attention_cases, paged_attention_graph_cases, paged_attention_verification_cases,
     run_paged_attention_case, PagedCase, ALL_FORMATS,
 };
+pub use registry::{run_case, Case, CASES, NOT_OPS};
 pub use rope::{check_rope, check_rope_case, RopeCase};
 pub use sampling::{check_argmax, check_clustered_argmax, check_feed_tokens, check_sample};
 
@@ -174,32 +180,16 @@ pub(crate) fn ctx<T>(what: &str, r: crate::Result<T>) -> Result<T, String> {
     r.map_err(|e| format!("{what}: {e}"))
 }
 
-/// Runs every family. `prepare_quant` turns the reference quantized matrix into the
-/// backend's quantized form (CPU: `|q| Box::new(q.clone())`).
+/// Runs every case of [`CASES`], in order, stopping at the first failure (named in the
+/// error). `prepare_quant` turns the reference quantized matrix into the backend's
+/// quantized form (CPU: `|q| Box::new(q.clone())`).
 pub fn check_all<B: Backend>(
     b: &B,
     prepare_quant: &dyn Fn(&RowScaledQ8) -> Box<B::QuantMatrix>,
 ) -> CheckResult {
-    check_upload_download(b)?;
-    check_copy_strided(b)?;
-    check_embedding(b)?;
-    check_embedding_quant(b, prepare_quant)?;
-    check_rms_norm(b)?;
-    check_rope(b)?;
-    check_matmul(b)?;
-    check_fused_matmuls(b)?;
-    check_matmul_quant(b, prepare_quant)?;
-    check_act_mul(b)?;
-    check_activation(b)?;
-    check_softcap(b)?;
-    check_arith(b)?;
-    check_attention(b)?;
-    check_paged(b)?;
-    check_sample(b)?;
-    check_argmax(b)?;
-    check_clustered_argmax(b)?;
-    check_feed_tokens(b)?;
-    check_fused(b)?;
-    check_k_parts(b)?;
+    for case in CASES {
+        let r = run_case(case.name, b, prepare_quant).expect("every case in CASES runs");
+        r.map_err(|e| format!("{}: {e}", case.name))?;
+    }
     Ok(())
 }

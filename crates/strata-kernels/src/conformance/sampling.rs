@@ -101,7 +101,7 @@ pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
 }
 
 /// Picks equal to the bit (a row of -inf values has NaN logprobs on both sides).
-fn same_picks(a: &[Picked], b: &[Picked]) -> bool {
+pub(super) fn same_picks(a: &[Picked], b: &[Picked]) -> bool {
     let bits = |p: &Picked| {
         p.logprobs.as_ref().map(|l| {
             let top: Vec<(u32, u32)> = l.top.iter().map(|&(i, x)| (i, x.to_bits())).collect();
