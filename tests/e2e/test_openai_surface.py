@@ -121,3 +121,21 @@ def test_a_model_by_id(server, client):
     assert r.json()["id"] == name and r.json()["object"] == "model"
     assert client.models.retrieve(name).id == name
     assert_api_error(get(server, "/v1/models/not-this-one"), 404)
+
+
+def test_several_prompts_come_back_in_order(server, client):
+    """A list of prompts (texts or token-id lists, as evaluation harnesses send them): one
+    choice each, in prompt order, each what the prompt alone gives."""
+    prompts = ["The capital of France is", "One, two, three,", "Water is made of"]
+    alone = [post(server, "/v1/completions", {"prompt": p, "max_tokens": 5, "temperature": 0})
+             .json() for p in prompts]
+    r = client.completions.create(model=client_model(client), prompt=prompts, max_tokens=5,
+                                  temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [a["choices"][0]["text"] for a in alone]
+    assert r.usage.prompt_tokens == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert r.usage.completion_tokens == sum(a["usage"]["completion_tokens"] for a in alone)
+    ids = [post(server, "/tokenize", {"prompt": p}).json()["tokens"] for p in prompts]
+    r = post(server, "/v1/completions", {"prompt": ids, "max_tokens": 5, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert [c["text"] for c in r.json()["choices"]] == [a["choices"][0]["text"] for a in alone]

@@ -83,13 +83,14 @@ pub enum OneOrMany {
     Many(Vec<String>),
 }
 
-/// `prompt` may be text, a list of one text, or token ids.
+/// `prompt` may be text, a list of texts, token ids, or a list of token-id lists.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]

@@ -361,19 +361,41 @@ pub async fn completions(
     let c = req.common();
     check_model(&st, &c.model)?;
     req.check_unsupported()?;
-    let prompt = match &req.prompt {
-        Prompt::Tokens(ids) => ids.clone(),
-        Prompt::Text(t) => encode_text(&st, t).await?,
-        Prompt::Texts(v) if v.len() == 1 => encode_text(&st, &v[0]).await?,
-        Prompt::Texts(_) => return Err(ApiError::invalid("prompt", "send one prompt per request")),
+    let mut prompts = match &req.prompt {
+        Prompt::Tokens(ids) => vec![ids.clone()],
+        Prompt::Text(t) => vec![encode_text(&st, t).await?],
+        Prompt::Texts(v) => {
+            check_prompt_count(v.len())?;
+            let bytes = v.iter().map(String::len).sum();
+            check_prompt_bytes(&st, "prompt", bytes)?;
+            let mut ids = Vec::with_capacity(v.len());
+            for t in v {
+                ids.push(encode_text(&st, t).await?);
+            }
+            ids
+        }
+        Prompt::TokenLists(v) => {
+            check_prompt_count(v.len())?;
+            v.clone()
+        }
     };
-    let gen = api::build(
-        &c,
-        prompt,
-        req.logprobs.map(|n| n as usize),
-        None,
-        &limits(&st),
-    )?;
+    let logprobs = req.logprobs.map(|n| n as usize);
+    if prompts.len() > 1 {
+        if c.stream {
+            return Err(ApiError::invalid(
+                "stream",
+                "streaming answers one prompt at a time: send several prompts unstreamed",
+            ));
+        }
+        let lim = limits(&st);
+        let gens = prompts
+            .into_iter()
+            .map(|p| api::build(&c, p, logprobs, None, &lim))
+            .collect::<Result<Vec<_>, _>>()?;
+        return collect_many(st, gens, logprobs.is_some()).await;
+    }
+    let prompt = prompts.pop().unwrap_or_default();
+    let gen = api::build(&c, prompt, logprobs, None, &limits(&st))?;
     respond(
         st,
         gen,
@@ -394,6 +416,20 @@ async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
     tokenize_on_pool(st, move |p| p.encode_prompt(&text))
         .await
         .map_err(|e| super::error::about("prompt", e))
+}
+
+/// Prompts one completions request may carry: each is a request in the engine.
+pub const MAX_PROMPTS: usize = 256;
+
+fn check_prompt_count(n: usize) -> Result<(), ApiError> {
+    match n {
+        0 => Err(ApiError::invalid("prompt", "the list of prompts is empty")),
+        n if n > MAX_PROMPTS => Err(ApiError::invalid(
+            "prompt",
+            format!("{n} prompts in one request; at most {MAX_PROMPTS}"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses prompt text past `--max-prompt-bytes` before any tokenizing is spent on it.
@@ -557,14 +593,22 @@ fn timings_json(t: &RequestTimings) -> Value {
     })
 }
 
-async fn collect(
-    st: Shared,
+/// One finished choice: its JSON (at `index`), usage and timings.
+struct Choice {
+    json: Value,
+    usage: Usage,
+    timings: RequestTimings,
+}
+
+/// Reads one request's updates to its end and builds its choice.
+async fn collect_choice(
+    st: &AppState,
     mut rx: UnboundedReceiver<Update>,
     mut guard: RequestGuard,
     kind: Kind,
-    id: String,
+    index: usize,
     want_logprobs: bool,
-) -> Result<Response, ApiError> {
+) -> Result<Choice, ApiError> {
     let mut text = String::new();
     let mut entries = Vec::new();
     while let Some(update) = rx.recv().await {
@@ -578,7 +622,7 @@ async fn collect(
                 text.push_str(&piece);
                 if want_logprobs {
                     entries.push(logprob_entry(
-                        &st,
+                        st,
                         kind,
                         tok,
                         logprob.unwrap_or(f32::NAN),
@@ -608,29 +652,22 @@ async fn collect(
                     (true, Kind::Completion) => completion_logprobs(&entries, 0),
                     (true, Kind::Chat) => json!({"content": entries}),
                 };
-                let choice = match kind {
+                let json = match kind {
                     Kind::Completion => {
-                        json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish})
+                        json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
                     }
                     Kind::Chat => json!({
-                        "index": 0,
+                        "index": index,
                         "message": {"role": "assistant", "content": text},
                         "logprobs": logprobs,
                         "finish_reason": finish,
                     }),
                 };
-                let mut body = json!({
-                    "id": id,
-                    "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
-                    "created": now_secs(),
-                    "model": st.model_name,
-                    "choices": [choice],
-                    "usage": usage_json(&usage),
+                return Ok(Choice {
+                    json,
+                    usage,
+                    timings,
                 });
-                if st.timings {
-                    body["timings"] = timings_json(&timings);
-                }
-                return Ok(Json(body).into_response());
             }
         }
     }
@@ -638,6 +675,62 @@ async fn collect(
         StatusCode::INTERNAL_SERVER_ERROR,
         "the engine stopped before the request finished",
     ))
+}
+
+/// The response body around finished choices (usage summed over them).
+fn body(st: &AppState, kind: Kind, id: &str, choices: Vec<Choice>) -> Value {
+    let mut usage = Usage::default();
+    for c in &choices {
+        usage.prompt_tokens += c.usage.prompt_tokens;
+        usage.completion_tokens += c.usage.completion_tokens;
+        usage.cached_tokens += c.usage.cached_tokens;
+    }
+    let timings = (choices.len() == 1).then(|| choices[0].timings);
+    let mut body = json!({
+        "id": id,
+        "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+        "created": now_secs(),
+        "model": st.model_name,
+        "choices": choices.into_iter().map(|c| c.json).collect::<Vec<_>>(),
+        "usage": usage_json(&usage),
+    });
+    if let (true, Some(t)) = (st.timings, timings) {
+        body["timings"] = timings_json(&t);
+    }
+    body
+}
+
+async fn collect(
+    st: Shared,
+    rx: UnboundedReceiver<Update>,
+    guard: RequestGuard,
+    kind: Kind,
+    id: String,
+    want_logprobs: bool,
+) -> Result<Response, ApiError> {
+    let choice = collect_choice(&st, rx, guard, kind, 0, want_logprobs).await?;
+    Ok(Json(body(&st, kind, &id, vec![choice])).into_response())
+}
+
+/// Several prompts in one completions request: each runs as its own request in the engine
+/// (batched with everything else), and the choices come back in prompt order.
+async fn collect_many(
+    st: Shared,
+    gens: Vec<GenerationRequest>,
+    want_logprobs: bool,
+) -> Result<Response, ApiError> {
+    // Submitted together, so that they share steps; a refusal drops the guards taken so
+    // far, which cancels those requests.
+    let mut submitted = Vec::with_capacity(gens.len());
+    for gen in gens {
+        submitted.push(st.engine.submit(gen)?);
+    }
+    let id = format!("cmpl-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
+    let choices = futures_util::future::try_join_all(submitted.into_iter().enumerate().map(
+        |(i, (guard, rx))| collect_choice(&st, rx, guard, Kind::Completion, i, want_logprobs),
+    ))
+    .await?;
+    Ok(Json(body(&st, Kind::Completion, &id, choices)).into_response())
 }
 
 struct StreamState {
