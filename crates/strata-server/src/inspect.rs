@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use strata_config::{load_model_config, ModelConfig, ModelSource};
 use strata_kv::{KvCacheDtype, KvLayout, PagePlan, DEFAULT_WINDOW_RATIO};
 
+/// `strata inspect`'s flags.
 #[derive(Args)]
 pub struct InspectArgs {
     /// A `config.json`, a model directory, or a `.gguf` file.
@@ -35,6 +36,7 @@ pub struct InspectArgs {
     pub check_weights: bool,
 }
 
+/// Runs `strata inspect`: prints what the engine makes of the model.
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let (config, source) = load_model_config(&args.model)
         .with_context(|| format!("cannot serve {}", args.model.display()))?;
