@@ -19,18 +19,26 @@ const PAGE: usize = 16;
 /// One decode measurement.
 #[derive(Clone, Debug)]
 pub struct DecodeBench {
+    /// Sequences decoded together.
     pub batch: usize,
+    /// Context tokens of each sequence.
     pub depth: usize,
+    /// Timed steps.
     pub steps: usize,
+    /// Mean wall-clock seconds of a timed step.
     pub seconds_per_step: f64,
+    /// Generated tokens a second, all sequences together.
     pub tokens_per_second: f64,
 }
 
 /// One prefill measurement.
 #[derive(Clone, Debug)]
 pub struct PrefillBench {
+    /// Prompt length.
     pub tokens: usize,
+    /// Seconds of the best run.
     pub seconds: f64,
+    /// Prompt tokens a second in the best run.
     pub tokens_per_second: f64,
     /// How long the host took to queue the step (the best run's): near `seconds`, the step
     /// waits on the host's launches rather than on the device.
@@ -278,15 +286,23 @@ where
 /// `sampling`, each token with its logprob and `logprobs` top ones when set.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeShape {
+    /// Sequences decoded together.
     pub batch: usize,
+    /// Context tokens of each sequence (reserved, not computed).
     pub depth: usize,
+    /// Timed steps.
     pub steps: usize,
+    /// Untimed steps run first.
     pub warmup: usize,
+    /// Queue each step before reading the one ahead of it, as the scheduler's overlap does.
     pub overlap: bool,
+    /// Draw every token with these settings; `None` for greedy.
     pub sampling: Option<SamplingParams>,
+    /// Compute each token's logprob and this many top alternatives.
     pub logprobs: Option<usize>,
     /// Prompts of `mixed_len` tokens added to every step whole (0: decode rows only).
     pub mixed_prompts: usize,
+    /// Tokens of each added prompt on the first step.
     pub mixed_len: usize,
     /// Step n's prompts are `mixed_len + n * mixed_len_step` tokens long: with a step
     /// above 0 every step runs a row count not met before (cold shapes, as a server

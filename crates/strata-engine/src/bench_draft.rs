@@ -20,6 +20,7 @@ const PAGE: usize = 16;
 pub struct DraftBench {
     /// Requests in the round, each drafting `draft_tokens`.
     pub requests: usize,
+    /// Tokens each request drafts in the round.
     pub draft_tokens: usize,
     /// Context depth of the request.
     pub depth: usize,
@@ -33,6 +34,7 @@ pub struct DraftBench {
 }
 
 impl DraftBench {
+    /// Seconds of the whole round: drafting plus verification.
     pub fn round_seconds(&self) -> f64 {
         self.draft_seconds + self.verify_seconds
     }

@@ -15,10 +15,14 @@ use strata_sched::{
 use crate::placed::{OnOwnPool, OwnPool};
 use crate::{EngineError, LoadedModel, OnDevice, Placement, Result};
 
+/// Settings of one [`LoadedModel::generate`] call.
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
+    /// Completion tokens at most.
     pub max_tokens: usize,
+    /// How each token is chosen.
     pub sampling: SamplingParams,
+    /// Element type of the request's KV pool.
     pub kv_cache_dtype: KvCacheDtype,
     /// Stop at the model's end-of-sequence tokens.
     pub stop_at_eos: bool,
@@ -46,11 +50,16 @@ impl Default for GenerateParams {
     }
 }
 
+/// Where a generation's time went.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Timings {
+    /// Milliseconds from submitting the request to its first token.
     pub prompt_ms: f64,
+    /// Milliseconds from the first token to the end.
     pub predicted_ms: f64,
+    /// Prompt tokens a second over `prompt_ms`.
     pub prompt_per_second: f64,
+    /// Generated tokens a second over `predicted_ms`.
     pub predicted_per_second: f64,
 }
 
@@ -67,11 +76,14 @@ impl Timings {
     }
 }
 
+/// What [`LoadedModel::generate`] produced.
 #[derive(Clone, Debug)]
 pub struct GenerateResult {
+    /// The generated token ids (an EOS that ended generation included).
     pub tokens: Vec<u32>,
     /// Why generation ended: "stop" (an EOS token) or "length".
     pub finish_reason: &'static str,
+    /// Where the time went.
     pub timings: Timings,
     /// How the drafts fared, when a draft model or prompt lookup drafted.
     pub draft: Option<DraftStats>,

@@ -19,7 +19,9 @@ pub enum Device {
     /// CUDA when a GPU is present, else the CPU.
     #[default]
     Auto,
+    /// The CPU backend.
     Cpu,
+    /// The CUDA backend (fails to load without a GPU or in a build without it).
     Cuda,
 }
 
@@ -87,7 +89,9 @@ impl std::fmt::Display for WeightDtype {
 /// Where and how a model is placed.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LoadSettings {
+    /// Where the model runs.
     pub device: Device,
+    /// The dtype dense weights compute in.
     pub dtype: WeightDtype,
     /// `--embed-weights host`: lookup-only embedding tables stay in host memory.
     pub host_embeddings: bool,
@@ -98,6 +102,7 @@ pub struct LoadedModel {
     /// The model and its drafter, on the device they run on.
     pub runtime: Runtime,
     settings: LoadSettings,
+    /// The model's tokenizer; `None` for a model directory without `tokenizer.json`.
     pub tokenizer: Option<Arc<Tokenizer>>,
     /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
     pub stop_ids: Vec<u32>,
@@ -107,11 +112,14 @@ pub struct LoadedModel {
 /// Text -> prompt ids for one model: its tokenizer and chat template, shareable across threads.
 #[derive(Clone)]
 pub struct Prompter {
+    /// The model's tokenizer, if it has one.
     pub tokenizer: Option<Arc<Tokenizer>>,
     chat: Option<Arc<ChatTemplate>>,
 }
 
 impl LoadedModel {
+    /// Loads the model at `path` (a model directory, `config.json`'s directory, or a
+    /// `.gguf`) on `device`, with default settings otherwise.
     pub fn load(path: &Path, device: Device) -> Result<Self> {
         Self::load_with(
             path,
@@ -122,6 +130,8 @@ impl LoadedModel {
         )
     }
 
+    /// Loads the model at `path` with its tokenizer and chat template, placed as `settings`
+    /// asks.
     pub fn load_with(path: &Path, settings: LoadSettings) -> Result<Self> {
         let (config, source) = load_model_config(path)?;
         let tokenizer = match &source {
@@ -158,6 +168,7 @@ impl LoadedModel {
         })
     }
 
+    /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         self.runtime.config()
     }
@@ -177,14 +188,17 @@ impl LoadedModel {
         }
     }
 
+    /// See [`Prompter::encode_prompt`].
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
         self.prompter().encode_prompt(text)
     }
 
+    /// See [`Prompter::encode_chat`].
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
         self.prompter().encode_chat(messages)
     }
 
+    /// See [`Prompter::decode`].
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.prompter().decode(ids)
     }
@@ -236,6 +250,7 @@ impl Prompter {
         Ok(tok.encode_pieces(&pieces, !bos_in_text)?)
     }
 
+    /// Text of `ids`, special tokens left out; invalid UTF-8 becomes U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         Ok(self.tokenizer()?.decode(ids, false)?)
     }

@@ -42,6 +42,7 @@ impl Placement for CudaBackend {
 
 /// A model on one backend, and its drafter on the same one.
 pub struct OnDevice<B: Backend> {
+    /// The model.
     pub model: Arc<Model<B>>,
     /// The drafter for speculative decoding, once [`crate::LoadedModel::load_draft`] loaded
     /// one.
@@ -80,8 +81,10 @@ impl<B: Placement> OnDevice<B> {
 
 /// Work generic over the backend, run on the model's own by [`Runtime::dispatch`].
 pub trait OnBackend {
+    /// What the work returns.
     type Output;
 
+    /// Does the work on `placed`, whichever backend it is on.
     fn run<B: Placement>(self, placed: &OnDevice<B>) -> Self::Output
     where
         KvPool<B::Storage>: KvCache<B>;
@@ -128,7 +131,9 @@ impl<J: OnOwnPool> OnBackend for OwnPool<J> {
 /// The model on the backend it runs on.
 #[derive(Clone)]
 pub enum Runtime {
+    /// On the CPU.
     Cpu(OnDevice<CpuBackend>),
+    /// On a GPU through CUDA.
     #[cfg(feature = "cuda")]
     Cuda(OnDevice<CudaBackend>),
 }
@@ -152,6 +157,7 @@ impl Runtime {
         }
     }
 
+    /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         match self {
             Runtime::Cpu(p) => p.model.config(),

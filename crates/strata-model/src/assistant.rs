@@ -54,6 +54,7 @@ struct Clusters<B: Backend> {
     top_k: usize,
 }
 
+/// Gemma-4's assistant model (the MTP drafter), loaded for one target model.
 pub struct Assistant<B: Backend> {
     config: AssistantConfig,
     decoder: Model<B>,
@@ -146,6 +147,7 @@ fn token_ordering(view: &TensorView<'_>, vocab: usize) -> Result<Vec<u32>> {
 }
 
 impl<B: Backend> Assistant<B> {
+    /// The drafter's configuration.
     pub fn config(&self) -> &AssistantConfig {
         &self.config
     }

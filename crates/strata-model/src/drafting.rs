@@ -42,6 +42,7 @@ impl<H: ModelHandle> Drafting<H> {
         }
     }
 
+    /// The target model.
     pub fn target(&self) -> &H {
         &self.target.0
     }

@@ -15,11 +15,16 @@ use crate::error::{ModelError, Result};
 
 /// A `[rows, cols]` weight matrix (rows = output features) ready for `matmul`.
 pub enum Linear<B: Backend> {
+    /// A dense matrix in the backend's memory.
     Dense {
+        /// The `rows * cols` elements, row-major.
         w: B::Buffer,
+        /// Output features.
         rows: usize,
+        /// Input features.
         cols: usize,
     },
+    /// A GGUF block-quantized matrix, as the backend takes it (`QuantUpload`).
     Quant(Arc<B::QuantMatrix>),
     /// A table kept in host memory for row lookups only (`--embed-weights host`): each
     /// step's rows are gathered on the host and only they cross to the backend.
@@ -41,6 +46,8 @@ enum HostTableData {
 }
 
 impl HostTable {
+    /// Copies a stored tensor into host memory (f32, bf16 and f16 as they are; block formats
+    /// kept as blocks).
     pub fn new(view: &TensorView<'_>) -> Result<Self> {
         let (rows, cols) = (view.rows(), view.row_len());
         let data = match view.ty {
@@ -111,6 +118,7 @@ impl HostTable {
 }
 
 impl<B: Backend> Linear<B> {
+    /// Output features.
     pub fn rows(&self) -> usize {
         match self {
             Linear::Dense { rows, .. } => *rows,
@@ -119,6 +127,7 @@ impl<B: Backend> Linear<B> {
         }
     }
 
+    /// Input features.
     pub fn cols(&self) -> usize {
         match self {
             Linear::Dense { cols, .. } => *cols,
@@ -235,6 +244,7 @@ impl<B: Backend> Linear<B> {
         Ok(())
     }
 
+    /// Whether this is a host-memory lookup table ([`Linear::Host`]).
     pub fn is_host(&self) -> bool {
         matches!(self, Linear::Host(_))
     }
@@ -262,6 +272,8 @@ pub struct QuantWeight {
 }
 
 impl QuantWeight {
+    /// Copies a block-quantized tensor into host memory; fails if its format cannot be
+    /// decoded.
     pub fn new(view: &TensorView<'_>) -> Result<Self> {
         let (rows, cols) = (view.rows(), view.row_len());
         let row_bytes = view.row_bytes();
@@ -359,6 +371,8 @@ impl RowDot for QuantWeight {
 
 /// How a backend takes quantized weights.
 pub trait QuantUpload: Backend {
+    /// Uploads `w` as the backend's quantized matrix (a backend may convert the blocks on
+    /// the way, as CUDA dequantizes them to bf16).
     fn upload_quant(&self, w: QuantWeight) -> Result<Arc<Self::QuantMatrix>>;
 }
 

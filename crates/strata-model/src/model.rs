@@ -22,6 +22,7 @@ pub struct LoadOptions {
     pub host_embeddings: bool,
 }
 
+/// A decoder model: its configuration and its weights on backend `B`.
 pub struct Model<B: Backend> {
     pub(crate) backend: B,
     pub(crate) config: ModelConfig,
@@ -69,10 +70,12 @@ impl<B: QuantUpload> Model<B> {
         Self::from_weights_with(backend, config, &weights, opts)
     }
 
+    /// Builds the model from weights already opened, with default placement.
     pub fn from_weights(backend: B, config: ModelConfig, weights: &ModelWeights) -> Result<Self> {
         Self::from_weights_with(backend, config, weights, LoadOptions::default())
     }
 
+    /// [`Model::from_weights`] with placement options.
     pub fn from_weights_with(
         backend: B,
         config: ModelConfig,
@@ -114,10 +117,12 @@ impl<B: QuantUpload> Model<B> {
 }
 
 impl<B: Backend> Model<B> {
+    /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
+    /// The backend the weights live on.
     pub fn backend(&self) -> &B {
         &self.backend
     }

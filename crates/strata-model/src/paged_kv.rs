@@ -53,6 +53,8 @@ pub struct PagedStorage<B: Backend> {
 pub use strata_kernels::DecodeGraphs;
 
 impl<B: Backend> PagedStorage<B> {
+    /// Storage with no slabs yet (the pool sizes them); decode graphs as `STRATA_CUDA_GRAPHS`
+    /// says.
     pub fn new(backend: B) -> Self {
         Self {
             backend,
@@ -102,6 +104,7 @@ impl<B: Backend> PagedStorage<B> {
         self.slabs.get(i)
     }
 
+    /// The backend the slabs live on.
     pub fn backend(&self) -> &B {
         &self.backend
     }

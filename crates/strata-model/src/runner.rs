@@ -22,7 +22,9 @@ impl From<ModelError> for SchedError {
 /// The model behind a [`StepModel`] implementation: owned, or shared with other threads
 /// (the engine keeps its own handle for metadata).
 pub trait ModelHandle {
+    /// The backend the model runs on.
     type Backend: Backend;
+    /// The model.
     fn model(&self) -> &Model<Self::Backend>;
 }
 

@@ -10,25 +10,37 @@ use crate::model::LoadOptions;
 
 /// One decoder layer's weights.
 pub struct LayerTensors<B: Backend> {
+    /// RMS norm weight before attention (`[H]`).
     pub input_norm: B::Buffer,
     /// Gemma's norm of the attention output (sandwich norms); absent for Llama/Qwen3.
     pub post_attn_norm: Option<B::Buffer>,
     /// The norm before the MLP (`pre_feedforward_layernorm`, or Llama's
     /// `post_attention_layernorm`).
     pub pre_mlp_norm: B::Buffer,
+    /// Gemma's norm of the MLP output (sandwich norms); absent for Llama/Qwen3.
     pub post_mlp_norm: Option<B::Buffer>,
+    /// Query projection (`[heads * head_dim, H]`).
     pub q: Linear<B>,
     /// K/V projections: only for layers that own their KV.
     pub k: Option<Linear<B>>,
+    /// Value projection; present exactly when `k` is.
     pub v: Option<Linear<B>>,
+    /// Attention output projection (`[H, heads * head_dim]`).
     pub o: Linear<B>,
+    /// Per-head query RMS norm (`[head_dim]`), for models with QK norms.
     pub q_norm: Option<B::Buffer>,
+    /// Per-head key RMS norm (`[head_dim]`), for models with QK norms on layers that own
+    /// their KV.
     pub k_norm: Option<B::Buffer>,
+    /// MLP gate projection (`[intermediate, H]`).
     pub gate: Linear<B>,
+    /// MLP up projection (`[intermediate, H]`).
     pub up: Linear<B>,
+    /// MLP down projection (`[H, intermediate]`).
     pub down: Linear<B>,
     /// Gemma-4 per-layer-input gate `[P, H]`, projection `[H, P]` and norm `[H]`.
     pub ple: Option<(Linear<B>, Linear<B>, B::Buffer)>,
+    /// Gemma-4's per-layer output scale (`layer_scalar`); 1.0 where the model has none.
     pub layer_scalar: f32,
     /// RoPE inverse frequencies (`head_dim / 2`, f32; zeros pass through).
     pub inv_freq: B::Buffer,
@@ -44,16 +56,24 @@ pub struct PleTensors<B: Backend> {
     pub norm: B::Buffer,
 }
 
+/// All of a model's weights on a backend.
 pub struct ModelTensors<B: Backend> {
+    /// Token embedding table (`[V, H]`), in host memory when `LoadOptions::host_embeddings`
+    /// asks and it is not tied to the output projection.
     pub embed: Linear<B>,
+    /// Gemma-4's per-layer input embeddings.
     pub ple: Option<PleTensors<B>>,
+    /// The decoder layers, in order.
     pub layers: Vec<LayerTensors<B>>,
+    /// RMS norm weight after the last layer (`[H]`).
     pub final_norm: B::Buffer,
     /// `None` when tied to `embed`.
     pub lm_head: Option<Linear<B>>,
 }
 
 impl<B: QuantUpload> ModelTensors<B> {
+    /// Uploads `w`'s tensors to `b`, checking each against the shape `c` implies, in the
+    /// weight dtype `opts` asks for.
     pub fn load(b: &B, c: &ModelConfig, w: &ModelWeights, opts: &LoadOptions) -> Result<Self> {
         let h = c.hidden_size;
         let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {

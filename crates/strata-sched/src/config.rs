@@ -45,6 +45,9 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// Checks the settings can work (nonzero budgets, a batch token budget that covers
+    /// every running request, sane prompt-lookup n-grams); `SchedError::Config` names the
+    /// first that cannot.
     pub fn validate(&self) -> Result<(), SchedError> {
         let bad = |m: String| Err(SchedError::Config(m));
         if self.max_running_requests == 0 {

@@ -8,6 +8,7 @@
 pub struct PromptLookup {
     /// The longest suffix matched; shorter ones are tried down to `min_ngram`.
     pub max_ngram: usize,
+    /// The shortest suffix matched, in tokens (at least 1).
     pub min_ngram: usize,
     /// Tokens drafted a round at most.
     pub draft_tokens: usize,

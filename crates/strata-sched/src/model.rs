@@ -10,9 +10,13 @@ use crate::SchedError;
 /// allocated for `start..start + 1 + drafts`) and how many tokens to draft after it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DraftRow {
+    /// The sequence's request in the KV pool.
     pub request: RequestId,
+    /// Position of `token` in the sequence.
     pub start: usize,
+    /// The pending token (generated, its K/V not yet stored).
     pub token: u32,
+    /// Tokens to draft after `token`.
     pub drafts: usize,
     /// The checked rows (`0..=drafts`) whose token is drawn rather than greedy: a sampled
     /// request's rows, each with the uniform of the token it yields.
@@ -26,8 +30,12 @@ pub struct DraftRow {
 /// after them.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CheckedRow {
+    /// The drafted tokens.
     pub drafts: Vec<u32>,
+    /// The model's token after each checked input (`drafts.len() + 1` of them).
     pub picked: Vec<u32>,
+    /// Per entry of `picked`, its logprobs where a draw asked for them (empty when nothing
+    /// was drawn).
     pub logprobs: Vec<Option<TokenLogprobs>>,
 }
 
@@ -35,8 +43,11 @@ pub struct CheckedRow {
 /// drafts made by the caller (slots already allocated for all of them).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckRow {
+    /// The sequence's request in the KV pool.
     pub request: RequestId,
+    /// Position of `tokens[0]` in the sequence.
     pub start: usize,
+    /// The pending token, then the drafts.
     pub tokens: Vec<u32>,
     /// As [`DraftRow::draws`].
     pub draws: Vec<RowDraw>,
@@ -65,6 +76,7 @@ pub trait StepModel<S: KvStorage = HostStorage> {
     /// A step queued and not yet read.
     type Launched;
 
+    /// Logits a row (the vocabulary's size).
     fn vocab_size(&self) -> usize;
 
     /// Positions the model can compute (`max_position_embeddings`); `None` for no limit.
@@ -72,6 +84,8 @@ pub trait StepModel<S: KvStorage = HostStorage> {
         None
     }
 
+    /// Queues `batch`'s step, storing its K/V in `kv`; `fed` is the step still in flight
+    /// whose greedy tokens this one reads (only when [`StepModel::feeds`] allows it).
     fn launch(
         &mut self,
         kv: &mut KvPool<S>,

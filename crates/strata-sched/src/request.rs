@@ -17,13 +17,16 @@ pub type StopFn = Box<dyn FnMut(&[u32]) -> bool + Send>;
 
 /// One generation request.
 pub struct Request {
+    /// The prompt's token ids.
     pub prompt: Vec<u32>,
     /// Completion tokens at most.
     pub max_tokens: usize,
+    /// How each token is chosen (temperature, top-k, top-p, min-p, seed).
     pub sampling: SamplingParams,
     /// The model's end-of-sequence ids; generating one ends the request (it is still
     /// reported as a token). Ignored with `ignore_eos`.
     pub stop_ids: Vec<u32>,
+    /// Keep generating past `stop_ids` (up to `max_tokens`).
     pub ignore_eos: bool,
     /// Token sequences that end the request when the completion ends with one of them.
     pub stop_sequences: Vec<Vec<u32>>,

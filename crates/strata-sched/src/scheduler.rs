@@ -58,7 +58,9 @@ pub struct LaunchShape {
 /// Figures for `/metrics` and `/v1/cache/status`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchedStatus {
+    /// Requests admitted and generating (or computing their prompt).
     pub running: usize,
+    /// Requests queued for admission.
     pub waiting: usize,
     /// Preemptions since the start.
     pub preemptions: u64,
@@ -67,6 +69,7 @@ pub struct SchedStatus {
     pub overlapped_steps: u64,
     /// Speculative rounds and drafts since the start.
     pub drafts: DraftStats,
+    /// The KV pool's pages and prefix cache.
     pub kv: KvStatus,
 }
 
@@ -156,6 +159,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             || self.in_flight.is_some()
     }
 
+    /// Current figures: requests running and waiting, preemptions, overlapped steps, drafts
+    /// and the KV pool.
     pub fn status(&self) -> SchedStatus {
         SchedStatus {
             running: self.running.len(),
@@ -172,10 +177,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         self.last_launch
     }
 
+    /// The settings it was built with.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
 
+    /// The KV pool.
     pub fn pool(&self) -> &KvPool<S> {
         &self.pool
     }
@@ -186,6 +193,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         &mut self.pool
     }
 
+    /// The model it drives.
     pub fn model(&self) -> &M {
         &self.model
     }

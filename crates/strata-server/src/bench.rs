@@ -10,13 +10,16 @@ use serde_json::json;
 use strata_engine::DecodeShape;
 use strata_kv::{KvCacheDtype, KvLayout, DEFAULT_WINDOW_RATIO};
 
+/// `strata bench`'s flags.
 #[derive(Args)]
 pub struct BenchArgs {
     /// A model directory, `config.json`, or `.gguf` file.
     #[arg(long)]
     pub model: PathBuf,
+    /// Where and how the weights are placed.
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
+    /// KV cache format: auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
     /// Decode batch sizes.
@@ -28,8 +31,10 @@ pub struct BenchArgs {
     /// Prompt lengths for prefill (0: none).
     #[arg(long, value_delimiter = ',', default_value = "512,2048,4096,16384")]
     pub prefill: Vec<usize>,
+    /// Timed steps at each decode point (and timed rounds at each `--draft` point).
     #[arg(long, default_value_t = 8)]
     pub steps: usize,
+    /// Untimed decode steps before the timed ones.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
     /// Skip decode points whose KV would exceed this many tokens (batch x depth).
@@ -51,6 +56,7 @@ pub struct BenchArgs {
     /// requests while others decode), each of `--mixed-len` tokens wanting its first token.
     #[arg(long, default_value_t = 0)]
     pub mixed_prompts: usize,
+    /// Tokens of each `--mixed-prompts` prompt (on the first step; see `--mixed-len-step`).
     #[arg(long, default_value_t = 512)]
     pub mixed_len: usize,
     /// Each step's prompts are this many tokens longer than the step before's, so every
@@ -73,6 +79,7 @@ pub struct BenchArgs {
     pub draft_batches: Vec<usize>,
 }
 
+/// Runs `strata bench`: prints the results as a table and writes them as JSON when asked.
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let kv = a.kv_cache_dtype;
     let mut model = a

@@ -12,6 +12,7 @@ use strata_tokenizer::ChatMessage;
 
 use crate::step_budget;
 
+/// `strata generate`'s flags.
 #[derive(Args)]
 pub struct GenerateArgs {
     /// A model directory, `config.json`, or `.gguf` file.
@@ -27,8 +28,10 @@ pub struct GenerateArgs {
     /// The prompt as token ids, comma-separated (for models without a tokenizer).
     #[arg(long, value_delimiter = ',')]
     pub prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate at most.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
+    /// How each token is chosen.
     #[command(flatten)]
     pub sampling: crate::sampling_args::SamplingArgs,
     /// Wrap the prompt as a user turn of the model's chat template.
@@ -37,6 +40,7 @@ pub struct GenerateArgs {
     /// auto, bf16, f16, f32, fp8_per_token_head or int8_per_token_head.
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
+    /// Where and how the weights are placed.
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
     /// Keep generating past end-of-sequence tokens.
@@ -62,6 +66,7 @@ pub struct GenerateArgs {
     pub prefill_chunk: Option<usize>,
 }
 
+/// Runs `strata generate`: generates from the prompt and prints the text (or JSON).
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
     let kv_cache_dtype = a.kv_cache_dtype;
     let sampling = a.sampling.params();

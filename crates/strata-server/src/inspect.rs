@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use strata_config::{load_model_config, ModelConfig, ModelSource};
 use strata_kv::{KvCacheDtype, KvLayout, PagePlan, DEFAULT_WINDOW_RATIO};
 
+/// `strata inspect`'s flags.
 #[derive(Args)]
 pub struct InspectArgs {
     /// A `config.json`, a model directory, or a `.gguf` file.
@@ -38,6 +39,7 @@ pub struct InspectArgs {
     pub revision: Option<String>,
 }
 
+/// Runs `strata inspect`: prints what the engine makes of the model.
 pub fn run(args: &InspectArgs) -> anyhow::Result<()> {
     let model = crate::hub::resolve(&args.model, args.revision.as_deref())?;
     let (config, source) =

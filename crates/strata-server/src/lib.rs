@@ -27,6 +27,7 @@ use clap::{Parser, Subcommand};
     about = "Strata: a Gemma-4-first inference engine"
 )]
 pub struct Cli {
+    /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
 }

@@ -10,10 +10,13 @@ use strata_engine::{Device, LoadSettings, LoadedModel, WeightDtype};
 /// Where lookup-only embedding tables live.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EmbedPlacement {
+    /// With the other weights, in the model's device memory.
     Device,
+    /// In host memory; each step uploads only the rows it uses.
     Host,
 }
 
+/// The weight-placement flags.
 #[derive(Args, Clone, Debug)]
 pub struct PlacementArgs {
     /// auto (CUDA when a GPU starts, else the CPU), cpu or cuda.
@@ -51,6 +54,7 @@ impl PlacementArgs {
         Ok(LoadedModel::load_with(&model, settings)?)
     }
 
+    /// The engine's load settings for these flags.
     pub fn settings(&self) -> anyhow::Result<LoadSettings> {
         Ok(LoadSettings {
             device: self.device,

@@ -3,6 +3,7 @@
 use clap::Args;
 use strata_kernels::sampling::SamplingParams;
 
+/// The sampling flags.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// 0 is greedy.
@@ -23,6 +24,7 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The sampling parameters these flags ask for.
     pub fn params(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,

@@ -9,11 +9,13 @@ use anyhow::Context;
 use clap::Args;
 use strata_kv::KvCacheDtype;
 
+/// `strata score`'s flags.
 #[derive(Args)]
 pub struct ScoreArgs {
     /// A model directory, `config.json`, or `.gguf` file.
     #[arg(long)]
     pub model: PathBuf,
+    /// Where and how the weights are placed.
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
     /// Token ids: a JSON array of integers.
@@ -41,6 +43,7 @@ pub struct ScoreArgs {
     pub repeat: usize,
 }
 
+/// Runs `strata score`: computes the logits of the ids and writes them to `--out`.
 pub fn run(a: &ScoreArgs) -> anyhow::Result<()> {
     let kv = a.kv_cache_dtype;
     let text = std::fs::read_to_string(&a.ids).with_context(|| a.ids.display().to_string())?;

@@ -12,6 +12,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// An empty histogram with these bucket upper bounds (ascending, seconds).
     pub fn new(bounds: &'static [f64]) -> Self {
         Self {
             bounds,
@@ -20,6 +21,7 @@ impl Histogram {
         }
     }
 
+    /// Counts one value, in seconds.
     pub fn observe(&self, seconds: f64) {
         let i = self
             .bounds
@@ -67,14 +69,21 @@ const GAP_BOUNDS: &[f64] = &[
 
 /// Counters the engine thread and the server update.
 pub struct Metrics {
+    /// Requests finished, one counter per entry of [`FINISH_REASONS`].
     pub requests_finished: [AtomicU64; FINISH_REASONS.len()],
+    /// Requests refused with a 4xx before reaching the engine.
     pub requests_rejected: AtomicU64,
     /// Requests refused because the waiting queue was full.
     pub requests_queue_full: AtomicU64,
+    /// Prompt tokens of finished requests.
     pub prompt_tokens: AtomicU64,
+    /// Tokens generated.
     pub generation_tokens: AtomicU64,
+    /// Prompt tokens of finished requests served from the prefix cache.
     pub cached_tokens: AtomicU64,
+    /// Seconds from a request's arrival at the engine to its first token.
     pub ttft: Histogram,
+    /// Seconds between consecutive tokens of a request.
     pub inter_token: Histogram,
     /// One scheduler step: batch assembly, the forward pass, sampling.
     pub step: Histogram,
@@ -113,6 +122,8 @@ pub const FINISH_REASONS: [&str; 6] = [
 ];
 
 impl Metrics {
+    /// Counts a request finished with `reason` (one of [`FINISH_REASONS`]; others are not
+    /// counted).
     pub fn finished(&self, reason: &str) {
         if let Some(i) = FINISH_REASONS.iter().position(|&r| r == reason) {
             self.requests_finished[i].fetch_add(1, Ordering::Relaxed);

@@ -29,12 +29,17 @@ use strata_model::KvCache;
 /// How the engine sizes and runs the pool and the scheduler.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
+    /// Element type of the KV pool.
     pub kv_cache_dtype: KvCacheDtype,
+    /// Radix keeps finished prefixes for reuse; naive does not.
     pub cache_type: CacheType,
     /// Bytes of KV memory; the pool gets the pages this buys.
     pub kv_budget_bytes: u64,
+    /// Tokens a KV page holds.
     pub page_size: usize,
+    /// Sliding-window pages per full-attention page.
     pub window_ratio: f64,
+    /// The scheduler's budgets and policies.
     pub scheduler: SchedulerConfig,
     /// Write a CSV line for every engine step here (`trace.rs`).
     pub step_trace: Option<std::path::PathBuf>,
@@ -77,11 +82,15 @@ impl Default for EngineOptions {
 /// One generation request as the server hands it over (already tokenized and validated).
 #[derive(Clone, Debug)]
 pub struct GenerationRequest {
+    /// The prompt's token ids.
     pub prompt: Vec<u32>,
+    /// Completion tokens at most.
     pub max_tokens: usize,
+    /// How each token is chosen.
     pub sampling: SamplingParams,
     /// Text stop strings; the returned text ends before the first one found.
     pub stop: Vec<String>,
+    /// Keep generating past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
     /// Log-probability of each token plus this many alternatives.
     pub logprobs: Option<usize>,
@@ -90,58 +99,85 @@ pub struct GenerationRequest {
 /// What the client of one request receives, in order: tokens, then one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Update {
+    /// One generated token.
     Token {
+        /// The token id.
         id: u32,
         /// Text that became final with this token (may be empty: held-back bytes of a
         /// character or of a possible stop string).
         text: String,
+        /// The token's log-probability, when the request asked for logprobs.
         logprob: Option<f32>,
+        /// The most likely tokens with their log-probabilities, most likely first (empty
+        /// unless asked for).
         top_logprobs: Vec<(u32, f32)>,
     },
+    /// The request's last update.
     Finished {
         /// One of [`FINISH_REASONS`]: "stop", "length", "cancelled", "error", "timeout" or
         /// "queue_timeout".
         reason: &'static str,
         /// Remaining text (after a stop string is cut, or held-back bytes).
         text: String,
+        /// What went wrong, when `reason` is "error".
         error: Option<String>,
+        /// Token counts of the request.
         usage: Usage,
+        /// Where the request's time went.
         timings: RequestTimings,
     },
 }
 
+/// Token counts of one finished request.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Usage {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Tokens generated.
     pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
 }
 
 /// Per-request timings (`--enable-timings-report`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RequestTimings {
+    /// Prompt tokens computed (those not served from the prefix cache).
     pub prompt_n: usize,
+    /// Milliseconds from the request's arrival at the engine to its first token.
     pub prompt_ms: f64,
+    /// `prompt_n` a second over `prompt_ms`.
     pub prompt_per_second: f64,
+    /// Tokens generated.
     pub predicted_n: usize,
+    /// Milliseconds from the first token to the last.
     pub predicted_ms: f64,
+    /// Decoded tokens (all but the first) a second over `predicted_ms`.
     pub predicted_per_second: f64,
+    /// Prompt tokens served from the prefix cache.
     pub cached_n: usize,
 }
 
 /// The latest figures, refreshed by the engine thread after every step.
 #[derive(Clone, Debug, Default)]
 pub struct EngineStatus {
+    /// Requests the scheduler is running.
     pub running: usize,
+    /// Requests waiting for admission (those held back by a rebuild included).
     pub waiting: usize,
+    /// Preemptions since the start.
     pub preemptions: u64,
     /// Decode steps queued before the step ahead of them was read (`--overlap`).
     pub overlapped_steps: u64,
     /// Speculative rounds and their drafts (`--draft`).
     pub drafts: DraftStats,
+    /// The KV pool's pages and prefix cache; `None` until the engine thread first reports.
     pub kv: Option<KvStatus>,
+    /// Name of the KV pool's element type.
     pub kv_cache_dtype: String,
+    /// Tokens a KV page holds.
     pub page_size: usize,
+    /// Pages of the pool, by attention kind; `None` until the engine thread first reports.
     pub plan: Option<PagePlan>,
 }
 
@@ -169,11 +205,17 @@ pub struct Engine {
     tx: mpsc::Sender<Command>,
     next_client: Arc<AtomicU64>,
     status: Arc<Mutex<EngineStatus>>,
+    /// Serving counters and histograms, shared with the engine thread.
     pub metrics: Arc<Metrics>,
+    /// The model's tokenizer, if it has one.
     pub tokenizer: Option<Arc<Tokenizer>>,
+    /// The model's tokenizer and chat template, for preparing prompts.
     pub prompter: Prompter,
+    /// The name the model is served under.
     pub model_name: String,
+    /// The longest request (prompt and output) accepted, in tokens.
     pub context_len: usize,
+    /// The model's vocabulary size (token ids `0..vocab_size`).
     pub vocab_size: usize,
     /// Sliding-window pages per full page, to price a rebuild.
     window_ratio: f64,
@@ -383,10 +425,12 @@ impl Engine {
         self.prompter.encode_chat(messages)
     }
 
+    /// Ends request `client` early (its client went away); it finishes as cancelled.
     pub fn cancel(&self, client: u64) {
         let _ = self.tx.send(Command::Cancel(client));
     }
 
+    /// The latest figures the engine thread published (defaults if it never did).
     pub fn status(&self) -> EngineStatus {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
@@ -426,6 +470,7 @@ impl Engine {
         let _ = self.tx.send(Command::CancelAll);
     }
 
+    /// Asks the engine thread to stop.
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
     }

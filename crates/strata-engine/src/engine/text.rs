@@ -19,6 +19,7 @@ pub struct TextStream {
 }
 
 impl TextStream {
+    /// A stream decoding with `tokenizer` that ends its text before the first of `stops`.
     pub fn new(tokenizer: Arc<Tokenizer>, stops: Vec<String>) -> Self {
         Self {
             tokenizer,
@@ -30,6 +31,7 @@ impl TextStream {
         }
     }
 
+    /// Whether a stop string has been found (later tokens add no text).
     pub fn stopped(&self) -> bool {
         self.stopped_at.is_some()
     }

@@ -26,6 +26,7 @@ pub struct WarmUp {
     pub decode_batches: Vec<usize>,
     /// Prompts of each prefill round and their length.
     pub prefill: Vec<(usize, usize)>,
+    /// Wall-clock seconds the warm-up took.
     pub seconds: f64,
 }
 
@@ -42,6 +43,7 @@ pub struct WarmUpShape {
     /// holds: decode rounds up to that many requests run long enough to draft, so the
     /// draft and verification graphs are captured too.
     pub draft_tokens: usize,
+    /// The most requests a speculative round holds (`--draft-max-requests`).
     pub draft_max_requests: usize,
     /// The drafts come from prompt lookup: those rounds' prompts repeat themselves, so the
     /// lookup finds its drafts there.

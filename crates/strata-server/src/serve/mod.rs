@@ -34,7 +34,9 @@ const MAX_BODY_BYTES: usize = 8 << 20;
 pub enum Switch {
     /// On a GPU, off on the CPU.
     Auto,
+    /// On, on any device.
     On,
+    /// Off.
     Off,
 }
 
@@ -49,6 +51,7 @@ impl Switch {
     }
 }
 
+/// `strata serve`'s flags.
 #[derive(Args, Clone)]
 pub struct ServeArgs {
     /// A model directory, `config.json`, or `.gguf` file.
@@ -57,8 +60,10 @@ pub struct ServeArgs {
     /// The model name clients use (default: the file or directory name).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// TCP port to listen on.
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
     /// Requests holding KV at once (on a GPU, decode batches up to 256 replay captured
@@ -178,6 +183,7 @@ pub struct ServeArgs {
     /// Off by default: browsers then refuse cross-origin calls.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Where and how the weights are placed.
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
 }
@@ -186,6 +192,7 @@ fn log(msg: impl AsRef<str>) {
     eprintln!("[strata] {}", msg.as_ref());
 }
 
+/// Runs `strata serve`: loads the model, starts the engine and serves until shut down.
 pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     let kv_cache_dtype = a.kv_cache_dtype;
     let cache_type = a.cache_type;
@@ -424,6 +431,7 @@ pub struct HttpOptions {
     pub allowed_origins: Vec<String>,
 }
 
+/// The server's routes over `state`, with `http`'s body timeout and CORS origins.
 pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
     let admin = Router::new()
         .route("/v1/cache/rebuild", post(routes::cache_rebuild))

@@ -21,16 +21,25 @@ use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
 use super::error::ApiError;
 use super::prom;
 
+/// What every route shares.
 pub struct AppState {
+    /// The engine requests go to.
     pub engine: Engine,
+    /// The model's name in the API (`--served-model-name`); requests naming another are
+    /// refused.
     pub model_name: String,
+    /// Guards the `/v1` routes; `None` leaves them open.
     pub api_key: Option<String>,
     /// Guards the operator's routes; `None` turns them off.
     pub admin_api_key: Option<String>,
     /// Set once a shutdown began: readiness answers 503 from then on.
     pub draining: AtomicBool,
+    /// Add per-request `timings` to responses (`--enable-timings-report`).
     pub timings: bool,
+    /// The number in the next response's id (`cmpl-N`, `chatcmpl-N`).
     pub next_id: AtomicU64,
+    /// Unix seconds when the state was made (the server's start), reported as the model's
+    /// `created`.
     pub created: u64,
     /// Tokenizations running at once on the blocking pool (see `tokenize`).
     pub tokenize_slots: tokio::sync::Semaphore,
@@ -45,6 +54,7 @@ pub struct AppState {
 /// couple per core would only queue inside the blocking pool.
 pub const TOKENIZE_SLOTS: usize = 8;
 
+/// The state as the routes hold it.
 pub type Shared = Arc<AppState>;
 
 impl AppState {
@@ -79,6 +89,7 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The current time in Unix seconds.
 pub fn created_now() -> u64 {
     now_secs()
 }
