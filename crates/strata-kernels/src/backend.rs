@@ -13,7 +13,9 @@ use crate::{DType, HostSlice, Result};
 pub trait DeviceBuffer {
     /// Number of elements.
     fn len(&self) -> usize;
+    /// Element type of the stored values.
     fn dtype(&self) -> DType;
+    /// Whether [`DeviceBuffer::len`] is zero.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -42,6 +44,7 @@ pub trait DeviceBuffer {
 ///   them into staging buffers it owns.
 /// - Lengths are checked; a mismatch is `Err(KernelError::Shape)`, never a panic.
 pub trait Backend: Send + Sync {
+    /// An activation or weight buffer of one [`DType`] in this backend's memory.
     type Buffer: DeviceBuffer + Send + Sync;
     /// A quantized weight matrix in whatever form the backend computes with
     /// (CPU: `dyn RowDot`, implemented by the weights crate's tensors).
@@ -60,6 +63,7 @@ pub trait Backend: Send + Sync {
     /// ([`Backend::pick_start`]).
     type Tokens: Send + Sync;
 
+    /// Short backend name for logs and test output (`"cpu"`, `"cuda"`).
     fn name(&self) -> &'static str;
 
     /// The dtype activations are kept in (inputs and outputs of every op below).
@@ -363,6 +367,8 @@ pub trait Backend: Send + Sync {
     /// The slab's bytes and scales, copied to the host (waits for pending work).
     fn kv_slab_contents(&self, slab: &Self::KvSlab) -> Result<KvSlabContents>;
 
+    /// Copies a host u32 array (slot list, token ids, positions) into a new index of the
+    /// same length.
     fn upload_index(&self, index: &[u32]) -> Result<Self::Index>;
 
     /// Encodes row `t` of `k` and `v` (`[T, num_kv_heads, head_dim]`, activation dtype) into

@@ -6,12 +6,16 @@ use half::{bf16, f16};
 /// of these. A GPU backend may keep activations in `BF16`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE 754 single precision (4 bytes).
     F32,
+    /// bfloat16: f32's exponent range with an 8-bit significand (2 bytes).
     BF16,
+    /// IEEE 754 half precision (2 bytes).
     F16,
 }
 
 impl DType {
+    /// Bytes one element takes.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::F32 => 4,
@@ -42,12 +46,16 @@ impl DType {
 /// from a checkpoint go to the device without a detour through f32.
 #[derive(Clone, Copy, Debug)]
 pub enum HostSlice<'a> {
+    /// f32 values.
     F32(&'a [f32]),
+    /// bf16 values.
     BF16(&'a [bf16]),
+    /// f16 values.
     F16(&'a [f16]),
 }
 
 impl HostSlice<'_> {
+    /// The element type of the borrowed slice.
     pub fn dtype(&self) -> DType {
         match self {
             HostSlice::F32(_) => DType::F32,
@@ -56,6 +64,7 @@ impl HostSlice<'_> {
         }
     }
 
+    /// Number of elements (not bytes).
     pub fn len(&self) -> usize {
         match self {
             HostSlice::F32(s) => s.len(),
@@ -64,6 +73,7 @@ impl HostSlice<'_> {
         }
     }
 
+    /// Whether the slice holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -6,16 +6,37 @@ use crate::DType;
 /// backend whose device reported a failure (kept here so every backend shares one type).
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum KernelError {
+    /// Buffer lengths or dimensions that do not fit together.
     #[error("{op}: shape mismatch: {detail}")]
-    Shape { op: &'static str, detail: String },
+    Shape {
+        /// The op that refused.
+        op: &'static str,
+        /// Which lengths disagreed, and their values.
+        detail: String,
+    },
+    /// A buffer of a dtype the op does not take (in that argument, on this backend).
     #[error("{op}: dtype {dtype:?} not supported here")]
-    DType { op: &'static str, dtype: DType },
+    DType {
+        /// The op that refused.
+        op: &'static str,
+        /// The dtype it was given.
+        dtype: DType,
+    },
+    /// An argument out of its range (a token id past the table, a zero dimension, a bad
+    /// sampling setting, ...).
     #[error("{op}: invalid argument: {detail}")]
-    Invalid { op: &'static str, detail: String },
+    Invalid {
+        /// The op that refused.
+        op: &'static str,
+        /// Which argument, and why.
+        detail: String,
+    },
+    /// The device (driver, compiler, BLAS library) reported a failure; the message is its own.
     #[error("device error: {0}")]
     Device(String),
 }
 
+/// `std::result::Result` with [`KernelError`].
 pub type Result<T> = std::result::Result<T, KernelError>;
 
 impl From<strata_types::SamplingError> for KernelError {

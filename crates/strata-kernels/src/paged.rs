@@ -12,9 +12,13 @@ pub use strata_kv::KvFormat;
 /// One slab's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvSlabShape {
+    /// How K and V elements are stored (dtype, and whether a scale goes with each row).
     pub format: KvFormat,
+    /// KV heads of a token row.
     pub num_kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Token rows the slab holds.
     pub slots: usize,
 }
 
@@ -50,9 +54,13 @@ pub fn has_scales(format: KvFormat) -> bool {
 /// A slab's contents on the host, for checks: raw K/V bytes and scales.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSlabContents {
+    /// K's elements in the slab's format, as bytes (`elements() * element_bytes()`).
     pub k: Vec<u8>,
+    /// V's elements, laid out as `k`.
     pub v: Vec<u8>,
+    /// K's scales, one per `(slot, head)`; empty for formats without scales.
     pub k_scales: Vec<f32>,
+    /// V's scales, laid out as `k_scales`.
     pub v_scales: Vec<f32>,
 }
 
@@ -64,10 +72,15 @@ pub struct KvSlabContents {
 /// window are applied per query as in [`crate::AttentionParams`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PagedSeq {
+    /// First row of `q` (and `out`) that belongs to this sequence.
     pub q_offset: usize,
+    /// Query rows (tokens) of this sequence in the call.
     pub q_len: usize,
+    /// Absolute position of the first query.
     pub q_start: usize,
+    /// Absolute position of the first key read (later than 0 when a window lets older keys go).
     pub k_start: usize,
+    /// Index into the slot table of the slot holding key `k_start`.
     pub slot_offset: usize,
 }
 

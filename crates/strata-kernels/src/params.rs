@@ -23,7 +23,9 @@ pub enum Activation {
 /// `y = x * (mean(x^2) + eps)^(-1/2) * (w + weight_offset)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RmsNormParams {
+    /// Elements a row normalises over (hidden size, or head_dim for per-head norms).
     pub dim: usize,
+    /// Added to the mean square before the inverse square root.
     pub eps: f32,
     /// 0 for Gemma-4 / Llama / Qwen3 / GGUF (weights hold the final multiplier), 1 for HF
     /// Gemma-3 checkpoints, whose norms multiply by `1 + w`.
@@ -36,6 +38,7 @@ pub struct RmsNormParams {
 }
 
 impl RmsNormParams {
+    /// A norm over rows of `dim` with `weight_offset` 0 and a whole (one-part) input.
     pub fn new(dim: usize, eps: f32) -> Self {
         Self {
             dim,
@@ -59,8 +62,11 @@ impl RmsNormParams {
 /// Layout of a `[tokens, n_heads, head_dim]` activation that RoPE rotates in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RopeParams {
+    /// Heads per token.
     pub n_heads: usize,
+    /// Elements per head; the rotated pairs lie within a head.
     pub head_dim: usize,
+    /// Which dimensions pair up.
     pub style: RopeStyle,
 }
 
@@ -69,9 +75,13 @@ pub struct RopeParams {
 /// and k; k and v have `kv_heads` heads; v is normed only when `v_norm` (no weight).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct QkvPrep {
+    /// The per-head norm (`dim` = head_dim) of q, k and (when `v_norm`) v.
     pub norm: RmsNormParams,
+    /// RoPE of q (its head count) and k (same head_dim and style, `kv_heads` heads).
     pub rope: RopeParams,
+    /// Heads of k and v.
     pub kv_heads: usize,
+    /// Whether v is normed too (without a weight).
     pub v_norm: bool,
 }
 
@@ -79,15 +89,20 @@ pub struct QkvPrep {
 /// row-major (the HF and GGUF layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatmulShape {
+    /// Length of each input row (columns of `W`).
     pub in_features: usize,
+    /// Length of each output row (rows of `W`).
     pub out_features: usize,
 }
 
 /// One product of [`crate::Backend::matmul_shared_input`]: `out = x * w^T` for a dense
 /// `w` of `shape`.
 pub struct MatmulOut<'a, Buf> {
+    /// The weight, `[shape.out_features, shape.in_features]` row-major.
     pub w: &'a Buf,
+    /// The product's features.
     pub shape: MatmulShape,
+    /// Where the `[T, shape.out_features]` result goes.
     pub out: &'a mut Buf,
 }
 
@@ -97,13 +112,17 @@ pub struct MatmulOut<'a, Buf> {
 /// `None` or `q_pos[t] - k_pos[s] < W`). Query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionParams {
+    /// Query heads.
     pub n_heads: usize,
+    /// Key / value heads; divides `n_heads` (grouped-query attention when fewer).
     pub n_kv_heads: usize,
+    /// Elements per head, the same for q, k and v.
     pub head_dim: usize,
     /// Multiplies `q . k` (Gemma-4: exactly 1.0; most others `head_dim^-1/2`).
     pub scale: f32,
     /// Sliding window `W`: keys strictly less than `W` positions behind the query.
     pub window: Option<usize>,
+    /// Whether keys after the query's position are hidden.
     pub causal: bool,
     /// `cap * tanh(score / cap)` on the scaled scores before the mask (Gemma-2 style); None
     /// for the models served today.
@@ -123,9 +142,13 @@ impl AttentionParams {
 /// rows of `vocab` logits, `clusters` scores a row, the best `top_k` clusters searched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClusterPick {
+    /// Rows (tokens) to pick for.
     pub rows: usize,
+    /// Logits a row; a multiple of `clusters`.
     pub vocab: usize,
+    /// Cluster scores a row; each cluster holds `vocab / clusters` token ids.
     pub clusters: usize,
+    /// How many of the best-scoring clusters are searched for the largest logit.
     pub top_k: usize,
 }
 
@@ -133,8 +156,11 @@ pub struct ClusterPick {
 /// `t * stride + offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TableSlice {
+    /// Values taken from each row.
     pub cols: usize,
+    /// Column of the first value taken, in elements.
     pub offset: usize,
+    /// Elements from one row's start to the next.
     pub stride: usize,
 }
 
@@ -143,10 +169,16 @@ pub struct TableSlice {
 /// gathers per-layer slices without views into buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StridedCopy {
+    /// Rows copied.
     pub rows: usize,
+    /// Elements copied a row.
     pub cols: usize,
+    /// Element index in `src` of the first row's first element.
     pub src_offset: usize,
+    /// Elements between consecutive rows' starts in `src`.
     pub src_stride: usize,
+    /// Element index in `dst` of the first row's first element.
     pub dst_offset: usize,
+    /// Elements between consecutive rows' starts in `dst`.
     pub dst_stride: usize,
 }

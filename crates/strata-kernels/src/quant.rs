@@ -6,7 +6,9 @@ use std::ops::Range;
 
 /// Shape of a `[rows, cols]` weight matrix (rows = output features, cols = input features).
 pub trait MatrixShape {
+    /// Number of rows (output features).
     fn rows(&self) -> usize;
+    /// Number of columns (input features): the length of each row.
     fn cols(&self) -> usize;
 }
 

@@ -45,6 +45,7 @@ pub enum DecodeGraphs {
 /// One environment variable of [`CudaTuning`], for its table.
 #[derive(Clone, Copy, Debug)]
 pub struct TuningVariable {
+    /// The variable's name (`STRATA_...`).
     pub name: &'static str,
     /// The default as the table shows it.
     pub default: &'static str,

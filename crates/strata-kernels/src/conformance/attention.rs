@@ -4,6 +4,8 @@
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
 use crate::{AttentionParams, Backend};
 
+/// One attention check: random q / k / v of these shapes at consecutive positions,
+/// compared with the f64 reference.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionCase {
     /// Queries in this chunk: 1 = decode, all keys = prefill, otherwise extend.
@@ -12,15 +14,23 @@ pub struct AttentionCase {
     pub cached: usize,
     /// Absolute position of the first key (a window pool may have dropped older ones).
     pub first_position: u32,
+    /// Query heads ([`AttentionParams::n_heads`]).
     pub n_heads: usize,
+    /// KV heads ([`AttentionParams::n_kv_heads`]).
     pub n_kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Sliding window ([`AttentionParams::window`]).
     pub window: Option<usize>,
+    /// Causal mask ([`AttentionParams::causal`]).
     pub causal: bool,
+    /// Score scale ([`AttentionParams::scale`]).
     pub scale: f32,
+    /// Score softcap ([`AttentionParams::softcap`]).
     pub softcap: Option<f32>,
     /// Present the keys in a shuffled order.
     pub shuffle_keys: bool,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
@@ -38,6 +48,8 @@ impl AttentionCase {
     }
 }
 
+/// [`Backend::attention`] on case `c` against [`reference::attention`], within the
+/// activation dtype's [`Tolerance`].
 pub fn check_attention_case<B: Backend>(b: &B, c: AttentionCase) -> CheckResult {
     let act = b.activation_dtype();
     let mut data = TestData::new(c.seed);

@@ -3,11 +3,14 @@
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
 use crate::{Activation, Backend};
 
+/// One elementwise check: `len` random inputs.
 #[derive(Clone, Copy, Debug)]
 pub struct ElementwiseCase {
+    /// Elements of each input.
     pub len: usize,
     /// Inputs are `N(0, spread^2)`; large spreads reach the saturated tails.
     pub spread: f32,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
@@ -40,6 +43,7 @@ fn cases() -> Vec<ElementwiseCase> {
     .collect()
 }
 
+/// [`Backend::act_mul`] (`act(gate) * up`) on case `c` against the f64 reference.
 pub fn check_act_mul_case<B: Backend>(b: &B, act: Activation, c: ElementwiseCase) -> CheckResult {
     let dt = b.activation_dtype();
     let mut data = TestData::new(c.seed);
@@ -64,6 +68,8 @@ pub fn check_act_mul_case<B: Backend>(b: &B, act: Activation, c: ElementwiseCase
     compare(&what, &get(b, &out)?, &want, &mag, Tolerance::for_dtype(dt))
 }
 
+/// [`Backend::act_mul`] for both activations over every length and spread, and that it
+/// refuses gate and up of different lengths.
 pub fn check_act_mul<B: Backend>(b: &B) -> CheckResult {
     for act in ACTIVATIONS {
         for c in cases() {
@@ -85,6 +91,7 @@ pub fn check_act_mul<B: Backend>(b: &B) -> CheckResult {
     Ok(())
 }
 
+/// [`Backend::activation`] for both activations over every length and spread.
 pub fn check_activation<B: Backend>(b: &B) -> CheckResult {
     let dt = b.activation_dtype();
     for act in ACTIVATIONS {
@@ -104,6 +111,8 @@ pub fn check_activation<B: Backend>(b: &B) -> CheckResult {
     Ok(())
 }
 
+/// [`Backend::softcap`] (`cap * tanh(x / cap)`) for caps 30, 50 and 1, and that it refuses
+/// cap 0.
 pub fn check_softcap<B: Backend>(b: &B) -> CheckResult {
     let dt = b.activation_dtype();
     for cap in [30.0f32, 50.0, 1.0] {

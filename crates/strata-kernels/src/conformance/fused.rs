@@ -553,6 +553,8 @@ fn act_mul_slice<B: Backend>(
     Ok(out)
 }
 
+/// Every fused op in turn: the residual norms, `head_norm_rope_idx`, `qkv_norm_rope_idx`
+/// (alone and followed by the KV store) and `act_mul_slice`.
 pub fn check_fused<B: Backend>(b: &B) -> CheckResult {
     check_fused_norms(b)?;
     check_head_norm_rope(b)?;

@@ -8,9 +8,13 @@ use crate::{Activation, Backend, DType, MatmulOut, MatmulShape, MatrixShape, Row
 /// has to exercise the [`RowDot`] path.
 #[derive(Clone, Debug)]
 pub struct RowScaledQ8 {
+    /// Rows (output features).
     pub rows: usize,
+    /// Columns (input features).
     pub cols: usize,
+    /// One scale per row.
     pub scales: Vec<f32>,
+    /// The int8 values, `[rows, cols]` row-major.
     pub q: Vec<i8>,
 }
 
@@ -70,15 +74,23 @@ impl RowDot for RowScaledQ8 {
     }
 }
 
+/// One matmul check: random `x [tokens, in_features]` times a random weight
+/// `[out_features, in_features]` transposed.
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulCase {
+    /// Rows of `x`.
     pub tokens: usize,
+    /// Length of each row of `x` (columns of the weight).
     pub in_features: usize,
+    /// Rows of the weight (columns of the output).
     pub out_features: usize,
+    /// The weight's dtype (F32 only for the quantized checks, which quantize it).
     pub weight: DType,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
+/// [`Backend::matmul`] on case `c` against [`reference::matmul`].
 pub fn check_matmul_case<B: Backend>(b: &B, c: MatmulCase) -> CheckResult {
     let act = b.activation_dtype();
     let mut data = TestData::new(c.seed);
@@ -155,13 +167,20 @@ pub fn check_matmul<B: Backend>(b: &B) -> CheckResult {
 /// against one weight of each of `outs` output features, all of dtype `weight`.
 #[derive(Clone, Debug)]
 pub struct SharedMatmulCase {
+    /// Rows of `x`.
     pub tokens: usize,
+    /// Length of each row of `x` (columns of the weight).
     pub in_features: usize,
+    /// Output features of each weight, one product each.
     pub outs: Vec<usize>,
+    /// The weights' dtype.
     pub weight: DType,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
+/// [`Backend::matmul_shared_input`] on case `c`: each output against
+/// [`reference::matmul`], within `tol`.
 pub fn check_shared_matmul_case<B: Backend>(
     b: &B,
     c: &SharedMatmulCase,
@@ -218,14 +237,21 @@ pub fn check_shared_matmul_case<B: Backend>(
 /// The gated MLP product (`gated_matmul`): `act(x gate^T) * (x up^T)`.
 #[derive(Clone, Copy, Debug)]
 pub struct GatedMatmulCase {
+    /// Rows of `x`.
     pub tokens: usize,
+    /// Length of each row of `x` (columns of the weight).
     pub in_features: usize,
+    /// Rows of each of gate and up (columns of the output).
     pub out_features: usize,
+    /// Dtype of gate and up.
     pub weight: DType,
+    /// The activation applied to the gate product.
     pub act: Activation,
+    /// Seed of the [`TestData`] inputs; odd seeds upload up before gate.
     pub seed: u64,
 }
 
+/// [`Backend::gated_matmul`] on case `c` against the f64 definition, within `tol`.
 pub fn check_gated_matmul_case<B: Backend>(
     b: &B,
     c: GatedMatmulCase,
@@ -371,16 +397,25 @@ pub fn check_fused_matmuls_within<B: Backend>(b: &B, tol: Tolerance) -> CheckRes
     Ok(())
 }
 
+/// The gated product with a table slice as the up side (`gated_slice_matmul`):
+/// `act(x w^T) * table[t, layer slice]`.
 #[derive(Clone, Copy, Debug)]
 pub struct GatedSliceCase {
+    /// Rows of `x`.
     pub tokens: usize,
+    /// Length of each row of `x` (columns of the weight).
     pub in_features: usize,
+    /// Rows of the weight, and columns of each table slice and of the output.
     pub out_features: usize,
     /// The table holds `layers` slices of `out_features` columns a row; `layer` is used.
     pub layers: usize,
+    /// Which slice of each table row is read.
     pub layer: usize,
+    /// The weight's dtype.
     pub weight: DType,
+    /// The activation applied to the product.
     pub act: Activation,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
@@ -435,6 +470,8 @@ pub fn check_fused_matmuls<B: Backend>(b: &B) -> CheckResult {
     check_fused_matmuls_within(b, Tolerance::for_dtype(b.activation_dtype()))
 }
 
+/// [`Backend::matmul_quant`] on case `c` with a [`RowScaledQ8`] weight (turned into the
+/// backend's form by `prepare`) against [`reference::matmul`] of the dequantized weight.
 pub fn check_matmul_quant_case<B: Backend>(
     b: &B,
     c: MatmulCase,
@@ -460,6 +497,7 @@ pub fn check_matmul_quant_case<B: Backend>(
     )
 }
 
+/// [`check_matmul_quant_case`] on three shapes (1, 6 and 33 tokens).
 pub fn check_matmul_quant<B: Backend>(
     b: &B,
     prepare: &dyn Fn(&RowScaledQ8) -> Box<B::QuantMatrix>,
@@ -480,13 +518,20 @@ pub fn check_matmul_quant<B: Backend>(
     Ok(())
 }
 
+/// One embedding check: `tokens` random ids gathered from a `[vocab, hidden]` table.
 #[derive(Clone, Copy, Debug)]
 pub struct EmbeddingCase {
+    /// Rows of the table.
     pub vocab: usize,
+    /// Values a row.
     pub hidden: usize,
+    /// Ids looked up.
     pub tokens: usize,
+    /// The table's dtype.
     pub table: DType,
+    /// Multiplies every gathered value.
     pub scale: f32,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
@@ -501,6 +546,7 @@ fn gathered(table: &[f32], ids: &[u32], hidden: usize, scale: f32) -> Vec<f64> {
         .collect()
 }
 
+/// [`Backend::embedding`] on case `c`: the scaled rows of the ids.
 pub fn check_embedding_case<B: Backend>(b: &B, c: EmbeddingCase) -> CheckResult {
     let act = b.activation_dtype();
     let mut data = TestData::new(c.seed);
@@ -548,6 +594,7 @@ pub fn check_embedding<B: Backend>(b: &B) -> CheckResult {
     Ok(())
 }
 
+/// [`Backend::embedding_quant`] on a [`RowScaledQ8`] table: the scaled dequantized rows.
 pub fn check_embedding_quant<B: Backend>(
     b: &B,
     prepare: &dyn Fn(&RowScaledQ8) -> Box<B::QuantMatrix>,

@@ -3,6 +3,8 @@
 use super::{ctx, get, put, CheckResult, TestData};
 use crate::{Backend, DType, DeviceBuffer, StridedCopy};
 
+/// `upload` then `download` of each dtype at lengths 0, 1 and 1000 returns the values
+/// exactly with the right length and dtype, and `zeros` downloads as zeros.
 pub fn check_upload_download<B: Backend>(b: &B) -> CheckResult {
     let mut data = TestData::new(700);
     for dtype in [DType::F32, DType::BF16, DType::F16] {

@@ -68,8 +68,11 @@ pub type CheckResult = Result<(), String>;
 /// covers rounding during accumulation independent of cancellation in the result.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tolerance {
+    /// Absolute error allowed on every element.
     pub abs: f64,
+    /// Error allowed per unit of `|want|`.
     pub rel: f64,
+    /// Error allowed per unit of the op-specific accumulated magnitude.
     pub accum: f64,
 }
 
@@ -99,6 +102,8 @@ impl Tolerance {
         }
     }
 
+    /// Whether `got` is within the bound of `want`, given the element's accumulated
+    /// `magnitude` (0 for elementwise results); NaN or infinity never passes.
     pub fn allows(&self, got: f32, want: f64, magnitude: f64) -> bool {
         let err = (got as f64 - want).abs();
         // NaN/inf in `got` never pass: `err <= bound` is false for NaN.
@@ -140,12 +145,14 @@ pub struct TestData {
 }
 
 impl TestData {
+    /// A stream determined by `seed`: the same seed gives the same data.
     pub fn new(seed: u64) -> Self {
         Self {
             rng: SamplerRng::new(seed),
         }
     }
 
+    /// A uniform draw between `lo` and `hi` (from one f64 in `[0, 1)`, rounded to f32).
     pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
         lo + (hi - lo) * self.rng.next_f64() as f32
     }
@@ -162,6 +169,7 @@ impl TestData {
         (0..n).map(|_| dtype.round(self.normal() * std)).collect()
     }
 
+    /// An integer in `0..n` (the next u64 modulo `n`; panics for `n == 0`).
     pub fn below(&mut self, n: usize) -> usize {
         (self.rng.next_u64() % n as u64) as usize
     }

@@ -14,18 +14,27 @@ pub enum NormVariant {
     NormThenAdd,
 }
 
+/// One RMSNorm check: `rows` random rows of `dim`, through one of the three norm ops.
 #[derive(Clone, Copy, Debug)]
 pub struct RmsNormCase {
+    /// Rows normed (every third one tiny, so eps matters).
     pub rows: usize,
+    /// Elements a row ([`RmsNormParams::dim`]).
     pub dim: usize,
     /// Dtype of the weight, or None for the scale-free norm.
     pub weight: Option<DType>,
+    /// [`RmsNormParams::weight_offset`].
     pub weight_offset: f32,
+    /// [`RmsNormParams::eps`].
     pub eps: f32,
+    /// Which op runs.
     pub variant: NormVariant,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
+/// The case's norm op against [`reference::rms_norm`]: the output and, for the fused
+/// forms, the updated residual.
 pub fn check_rms_norm_case<B: Backend>(b: &B, c: RmsNormCase) -> CheckResult {
     let act = b.activation_dtype();
     let tol = Tolerance::for_dtype(act);

@@ -10,6 +10,7 @@ use crate::{
     has_scales, AttentionParams, Backend, KvFormat, KvSlabContents, KvSlabShape, PagedSeq,
 };
 
+/// Every KV format a slab may have, each checked by the paged cases.
 pub const ALL_FORMATS: [KvFormat; 5] = [
     KvFormat::F32,
     KvFormat::Bf16,
@@ -118,17 +119,27 @@ pub fn check_kv_store_case<B: Backend>(
 /// One paged attention call: sequences given as (cached keys, query tokens).
 #[derive(Clone, Debug)]
 pub struct PagedCase {
+    /// The slab's format.
     pub format: KvFormat,
+    /// Query heads.
     pub n_heads: usize,
+    /// KV heads.
     pub n_kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
+    /// Sliding window ([`AttentionParams::window`]); attention is always causal here.
     pub window: Option<usize>,
+    /// Score scale ([`AttentionParams::scale`]).
     pub scale: f32,
+    /// Score softcap ([`AttentionParams::softcap`]).
     pub softcap: Option<f32>,
+    /// Each sequence's `(cached keys, query tokens)`.
     pub seqs: Vec<(usize, usize)>,
+    /// Seed of the [`TestData`] inputs (values and slot order).
     pub seed: u64,
 }
 
+/// [`check_paged_attention_case_within`] at the activation dtype's tolerance.
 pub fn check_paged_attention_case<B: Backend>(b: &B, c: &PagedCase) -> CheckResult {
     check_paged_attention_case_within(b, c, Tolerance::for_dtype(b.activation_dtype()))
 }

@@ -6,6 +6,7 @@
 
 use crate::{AttentionParams, RopeStyle};
 
+/// RMSNorm of each `dim`-element row of `x`, times `w[i] + offset` when a weight is given.
 pub fn rms_norm(x: &[f32], w: Option<&[f32]>, offset: f32, eps: f32, dim: usize) -> Vec<f64> {
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(dim) {
@@ -73,11 +74,13 @@ pub fn matmul(x: &[f32], w: &[f32], k: usize, n: usize) -> (Vec<f64>, Vec<f64>) 
     (out, mag)
 }
 
+/// The tanh approximation of GELU, in f64.
 pub fn gelu_tanh(x: f64) -> f64 {
     let c = (2.0 / std::f64::consts::PI).sqrt();
     0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
 }
 
+/// `x * sigmoid(x)`, in f64.
 pub fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }

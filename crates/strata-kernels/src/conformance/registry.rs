@@ -13,7 +13,9 @@ use crate::Backend;
 /// [`Backend`] methods it calls directly, each checked against a reference.
 #[derive(Clone, Copy, Debug)]
 pub struct Case {
+    /// The case's name: its `#[test]` function and its key for [`run_case`].
     pub name: &'static str,
+    /// The [`Backend`] methods it calls and checks.
     pub methods: &'static [&'static str],
 }
 

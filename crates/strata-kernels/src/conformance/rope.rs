@@ -3,21 +3,30 @@
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
 use crate::{Backend, DType, RopeParams, RopeStyle};
 
+/// One RoPE check: `[tokens, n_heads, head_dim]` random values at random positions.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeCase {
+    /// Token rows rotated.
     pub tokens: usize,
+    /// Heads a token.
     pub n_heads: usize,
+    /// Elements a head.
     pub head_dim: usize,
     /// Pairs with a non-zero frequency (`theta^(-2i/head_dim)` for `i < rotated_pairs`);
     /// the rest must pass through unchanged.
     pub rotated_pairs: usize,
+    /// RoPE base of the frequency table.
     pub theta: f64,
+    /// Which dimensions pair up.
     pub style: RopeStyle,
     /// Positions are drawn from `0..max_position`.
     pub max_position: u32,
+    /// Seed of the [`TestData`] inputs.
     pub seed: u64,
 }
 
+/// [`Backend::rope`] on case `c` against [`reference::rope`], and the pass-through pairs
+/// unchanged to the bit.
 pub fn check_rope_case<B: Backend>(b: &B, c: RopeCase) -> CheckResult {
     let act = b.activation_dtype();
     let tol = Tolerance::for_dtype(act);

@@ -4,6 +4,9 @@ use super::{ctx, put, CheckResult, TestData};
 use crate::sampling::{draw_uniform, pick_rows, Picked, RowDraw, SamplingParams};
 use crate::Backend;
 
+/// `pick_start` / `pick_finish` against the host `pick_rows` over many vocabularies, row
+/// kinds (ties, NaN, -inf) and sampling settings, with and without a softcap: ids and
+/// log-probabilities equal to the bit.
 pub fn check_sample<B: Backend>(b: &B) -> CheckResult {
     let mut data = TestData::new(800);
     let warm = |temperature, top_k, top_p, min_p| SamplingParams {

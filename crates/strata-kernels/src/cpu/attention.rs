@@ -19,19 +19,27 @@ use rayon::prelude::*;
 /// Rows are `(key index, kv head)`; a reader either lends a stored f32 row or fills
 /// `scratch` (length `head_dim`) and returns it, e.g. after dequantizing bf16/fp8/int8.
 pub trait KvSource: Sync {
+    /// Keys (and values) available, indexed `0..num_keys()`.
     fn num_keys(&self) -> usize;
     /// Absolute position of key `i` (what the mask compares with query positions).
     fn position(&self, i: usize) -> u32;
+    /// Key `i`'s `head_dim` f32 values for `kv_head`.
     fn key<'a>(&'a self, i: usize, kv_head: usize, scratch: &'a mut [f32]) -> &'a [f32];
+    /// Value `i`'s `head_dim` f32 values for `kv_head`.
     fn value<'a>(&'a self, i: usize, kv_head: usize, scratch: &'a mut [f32]) -> &'a [f32];
 }
 
 /// Keys and values as contiguous `[S, n_kv_heads, head_dim]` f32 arrays.
 pub struct ContiguousKv<'a> {
+    /// Keys, `[S, n_kv_heads, head_dim]`.
     pub k: &'a [f32],
+    /// Values, `[S, n_kv_heads, head_dim]`.
     pub v: &'a [f32],
+    /// Absolute position of each of the `S` keys.
     pub positions: &'a [u32],
+    /// KV heads a key row holds.
     pub n_kv_heads: usize,
+    /// Elements per head.
     pub head_dim: usize,
 }
 

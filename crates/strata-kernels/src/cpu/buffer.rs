@@ -6,8 +6,11 @@ use half::{bf16, f16};
 /// Host memory buffer. Activations are `F32`; weights may be any variant.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CpuBuffer {
+    /// f32 values (every activation).
     F32(Vec<f32>),
+    /// bf16 values (weights).
     BF16(Vec<bf16>),
+    /// f16 values (weights).
     F16(Vec<f16>),
 }
 
@@ -62,6 +65,7 @@ impl CpuBuffer {
         }
     }
 
+    /// The f32 contents, mutable, or a dtype error naming `op`.
     pub fn f32s_mut(&mut self, op: &'static str) -> Result<&mut [f32]> {
         match self {
             CpuBuffer::F32(v) => Ok(v),

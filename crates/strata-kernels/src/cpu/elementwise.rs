@@ -10,6 +10,7 @@ use crate::{Activation, Result};
 /// `sqrt(2 / pi)`.
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, the tanh approximation of GELU.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())

@@ -63,6 +63,7 @@ impl CpuBackend {
         })
     }
 
+    /// Worker threads ops run on: the private pool's size, else the global pool's.
     pub fn threads(&self) -> usize {
         match &self.pool {
             Some(p) => p.current_num_threads(),

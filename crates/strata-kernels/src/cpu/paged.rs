@@ -12,6 +12,7 @@ use crate::{AttentionParams, KvSlabContents, KvSlabShape, PagedSeq, Result};
 /// A slab in host memory.
 #[derive(Clone, Debug)]
 pub struct CpuKvSlab {
+    /// The slab's format, heads, head_dim and slot count.
     pub shape: KvSlabShape,
     pub(crate) data: KvSlabContents,
 }

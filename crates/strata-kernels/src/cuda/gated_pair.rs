@@ -21,7 +21,9 @@ use crate::{Activation, Result};
 /// The rows at which a gated product over bf16 weights, in the bf16 mode, runs as the pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PairRows {
+    /// Fewest rows (tokens) that run as the pair.
     pub min_rows: usize,
+    /// Most rows that run as the pair.
     pub max_rows: usize,
 }
 

@@ -23,8 +23,11 @@ use super::buffer::CudaBuffer;
 /// (below it, only a product that would run on cuBLAS anyway is split).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KParts {
+    /// Rows from which a product that would run on the skinny GEMM is split instead.
     pub min_rows: usize,
+    /// Most rows of a product that is split.
     pub max_rows: usize,
+    /// Fewest inputs (k) a part may have.
     pub min_part: usize,
 }
 

@@ -60,10 +60,12 @@ impl CudaQuantMatrix {
         })
     }
 
+    /// The dtype the dense device matrix holds.
     pub fn dtype(&self) -> DType {
         self.w.dtype()
     }
 
+    /// The matrix in an `Arc`, to be shared without copying the device memory.
     pub fn into_arc(self) -> Arc<Self> {
         Arc::new(self)
     }
@@ -217,13 +219,15 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(device_err("binding the GPU context"))?;
-        // SAFETY: the three matrices hold n*k, t*k and t*n elements (checked above); the
-        // slices may be one element longer (empty-buffer placeholder), which cuBLAS ignores.
         let blas = self
             .blas
             .lock()
             .map_err(|_| KernelError::Device("the cuBLAS handle's lock is poisoned".into()))?;
         super::host_gaps::mark("cublasSgemm");
+        // SAFETY: the three matrices hold n*k, t*k and t*n elements (checked above); the
+        // slices may be one element longer (empty-buffer placeholder), which cuBLAS ignores.
+        // The handle runs on the backend's stream, so the GEMM is ordered after the writes
+        // of its inputs.
         unsafe { blas.gemm(cfg, ws, &xs.slice(..t * k), os) }
             .map_err(|e| KernelError::Device(format!("{OP}: cuBLAS SGEMM: {e:?}")))?;
         super::host_gaps::mark("cublasSgemm-returned");
@@ -626,6 +630,7 @@ impl CudaBackend {
             let err = device_err("allocating gated matmul scratch");
             // SAFETY: each GEMM writes all t*n values before act_mul reads them.
             let mut g = unsafe { self.stream.alloc::<u16>(t * n) }.map_err(&err)?;
+            // SAFETY: as for `g`.
             let mut u = unsafe { self.stream.alloc::<u16>(t * n) }.map_err(&err)?;
             self.gemm_bf16_out_bf16(&xb, gate, t, k, n, &mut g)?;
             self.gemm_bf16_out_bf16(&xb, up, t, k, n, &mut u)?;

@@ -58,12 +58,15 @@ impl CudaBackend {
         let storage = match (dtype, zero) {
             (DType::F32, true) => Storage::F32(self.stream.alloc_zeros::<f32>(n).map_err(&err)?),
             (DType::F32, false) => {
+                // SAFETY: see above; uninitialised device memory is only handed out as
+                // scratch, which is written before it is read.
                 Storage::F32(unsafe { self.stream.alloc::<f32>(n) }.map_err(&err)?)
             }
             (DType::BF16 | DType::F16, true) => {
                 Storage::Bits16(self.stream.alloc_zeros::<u16>(n).map_err(&err)?)
             }
             (DType::BF16 | DType::F16, false) => {
+                // SAFETY: as for the f32 case above.
                 Storage::Bits16(unsafe { self.stream.alloc::<u16>(n) }.map_err(&err)?)
             }
         };

@@ -59,6 +59,10 @@ pub struct CudaGraphExec(cudarc::driver::CudaGraph);
 // SAFETY: the graph is only launched on the backend's one stream; cudarc's handle types
 // are plain driver handles.
 unsafe impl Send for CudaGraphExec {}
+// SAFETY: the field is private and the only use through a shared reference is
+// `CudaGraph::launch` (in `launch_graph`), which binds the context and calls
+// `cuGraphLaunch` on the backend's stream; driver calls are thread-safe, and the driver
+// orders launches of one executable graph behind each other.
 unsafe impl Sync for CudaGraphExec {}
 
 /// One GPU, one stream, the loaded kernels and a cuBLAS handle. Cloning shares all of them
@@ -140,7 +144,9 @@ impl CudaBackend {
     }
 
     fn open(ordinal: usize) -> Result<Self> {
-        // SAFETY (all three): dlopen probes by the libraries' usual names.
+        // SAFETY: dlopen probes by the library's usual names (so too for libnvrtc and
+        // libcublas below); loading it runs only the vendor library's own initialisers,
+        // which any use of it runs too.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(KernelError::Device(
                 "libcuda not found: no NVIDIA driver on this machine".into(),
@@ -153,6 +159,7 @@ impl CudaBackend {
                     .into(),
             ));
         }
+        // SAFETY: as for libcuda above.
         if !unsafe { cudarc::cublas::sys::is_culib_present() } {
             return Err(KernelError::Device(
                 "libcublas not found: install cuBLAS and put it on LD_LIBRARY_PATH".into(),
@@ -230,6 +237,8 @@ impl CudaBackend {
         self
     }
 
+    /// Whether dense matmuls with a BF16 weight run the bf16 GEMM (activations rounded to
+    /// bf16) rather than the exact f32 path.
     pub fn bf16_gemm(&self) -> bool {
         self.bf16_gemm
     }
@@ -241,6 +250,7 @@ impl CudaBackend {
         self
     }
 
+    /// Row count up to which bf16 matmuls run as the GEMV kernel.
     pub fn gemv_max_rows(&self) -> usize {
         self.gemv_max_rows
     }

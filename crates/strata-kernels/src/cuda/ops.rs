@@ -504,7 +504,10 @@ impl CudaBackend {
             .arg(&heads)
             .arg(&d)
             .arg(&interleaved);
-        // SAFETY: shapes checked above.
+        // SAFETY: the arguments match `rope(float*, const u32*, const float*, int, int, int,
+        // int)`; x holds n_tokens x heads x head_dim values and inv_freq head_dim / 2
+        // (checked above), `pos` n_tokens (the caller's contract); the kernel's grid-stride
+        // loop touches only the `pairs` pairs.
         unsafe { l.launch(grid_for(pairs)) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -532,7 +535,9 @@ impl CudaBackend {
         l.arg(g).arg(u).arg(o);
         arg_twin(&mut l, ob);
         l.arg(&n64).arg(&code);
-        // SAFETY: equal lengths checked above.
+        // SAFETY: the arguments match `act_mul(const float*, const float*, float*, u16*, u64,
+        // int)` (the twin or a null pointer); gate, up and out (and its twin) hold n values
+        // (equal lengths checked above), and the grid-stride loop stops at n.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -651,7 +656,8 @@ impl CudaBackend {
         let (n64, code) = (n as u64, act_code(act));
         let mut l = self.stream.launch_builder(self.kernels.get("activation")?);
         l.arg(xs).arg(o).arg(&n64).arg(&code);
-        // SAFETY: equal lengths checked above.
+        // SAFETY: the arguments match `activation(const float*, float*, u64, int)`; x and
+        // out hold n values (equal lengths checked above), and the loop stops at n.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -672,7 +678,8 @@ impl CudaBackend {
         let n64 = n as u64;
         let mut l = self.stream.launch_builder(self.kernels.get("softcap")?);
         l.arg(xs).arg(&n64).arg(&cap);
-        // SAFETY: one element per index below n.
+        // SAFETY: the arguments match `softcap(float*, u64, float)`; x holds n values and
+        // the kernel touches one element per index below n.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -693,7 +700,8 @@ impl CudaBackend {
         let n64 = n as u64;
         let mut l = self.stream.launch_builder(self.kernels.get(op)?);
         l.arg(a).arg(xs).arg(&n64);
-        // SAFETY: equal lengths checked above.
+        // SAFETY: the arguments match `add` / `mul(float*, const float*, u64)`; acc and x
+        // hold n values (equal lengths checked above), and the loop stops at n.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(op))?;
         Ok(())
     }
@@ -708,7 +716,8 @@ impl CudaBackend {
         let n64 = n as u64;
         let mut l = self.stream.launch_builder(self.kernels.get("scale")?);
         l.arg(xs).arg(&n64).arg(&s);
-        // SAFETY: one element per index below n.
+        // SAFETY: the arguments match `scale(float*, u64, float)`; x holds n values and the
+        // kernel touches one element per index below n.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
     }
@@ -728,7 +737,9 @@ impl CudaBackend {
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
         arg_any(&mut l, src);
         l.arg(&code).arg(dst).arg(&n64);
-        // SAFETY: dst was allocated with at least n elements by the caller.
+        // SAFETY: the arguments match `widen_to_f32(const void*, int, float*, u64)`, the
+        // code naming src's dtype; src holds n values and dst at least n (allocated so by
+        // the caller), and the loop stops at n.
         unsafe { l.launch(grid_for(n)) }.map_err(device_err(OP))?;
         Ok(())
     }

@@ -16,6 +16,7 @@ use crate::{
 
 /// A slab in device memory.
 pub struct CudaKvSlab {
+    /// The slab's format, heads, head_dim and slot count.
     pub shape: KvSlabShape,
     pub(super) k: CudaSlice<u8>,
     pub(super) v: CudaSlice<u8>,
@@ -64,10 +65,12 @@ pub struct CudaIndex {
 }
 
 impl CudaIndex {
+    /// Number of u32 values.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the index holds no values.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -14,8 +14,10 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 /// One kernel file and the entry points the backend looks up in it.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelFile {
+    /// The file's name without `.cu` (`kernels/<name>.cu`).
     pub name: &'static str,
     source: &'static str,
+    /// The kernel entry points the backend looks up, by name, in the file's module.
     pub functions: &'static [&'static str],
     /// The oldest compute capability (major x 10 + minor) whose build holds the entry
     /// points; older GPUs compile the file to an empty module and the backend leaves it out.
@@ -354,8 +356,10 @@ pub fn compile_cubin(file: &KernelFile, arch: u32) -> Result<Vec<u8>, KernelErro
     // SAFETY: `prog` is a live program; it is destroyed exactly once below.
     let compiled = unsafe { result::compile_program(prog, &options) };
     let cubin = match compiled {
+        // SAFETY: the compile succeeded, as `read_cubin` requires; `prog` is still live.
         Ok(()) => unsafe { read_cubin(prog) }.map_err(nvrtc_err(&what)),
         Err(e) => {
+            // SAFETY: `prog` is still live (destroyed only below).
             let log = unsafe { result::get_program_log(prog) }
                 .map(|l| c_chars_to_string(&l))
                 .unwrap_or_default();
@@ -365,6 +369,7 @@ pub fn compile_cubin(file: &KernelFile, arch: u32) -> Result<Vec<u8>, KernelErro
         }
     };
     // A failed destroy leaks one program; the compile result is what matters.
+    // SAFETY: `prog` is live and is not used after this, its one destroy.
     let _ = unsafe { result::destroy_program(prog) };
     cubin
 }
