@@ -3,6 +3,34 @@
 
 use super::{BlockQ8_0, F16Le};
 
+/// Implements [`QuantBlock`](super::QuantBlock) for a 32-element `y = d * q` format, given
+/// its GGUF type and its 32 signed codes in element order (`|block| codes`).
+macro_rules! scaled_block {
+    ($block:ty, $ggml:ident, |$b:ident| $codes:expr) => {
+        impl QuantBlock for $block {
+            const TYPE: GgmlType = GgmlType::$ggml;
+            const ELEMS: usize = 32;
+            type Activation = BlockQ8_0;
+
+            fn dequantize(&self, out: &mut [f32]) {
+                let $b = self;
+                block32::dequantize(self.d, &$codes, out);
+            }
+
+            fn dot(&self, x: &[f32]) -> f32 {
+                let $b = self;
+                block32::dot(self.d, &$codes, x)
+            }
+
+            fn dot_q8(&self, a: &BlockQ8_0) -> f32 {
+                let $b = self;
+                block32::dot_q8(self.d, &$codes, a)
+            }
+        }
+    };
+}
+pub(super) use scaled_block;
+
 /// The 32 nibbles of a 16-byte field: element `i < 16` is the low nibble of `qs[i]`,
 /// element `16 + i` its high nibble.
 #[inline]

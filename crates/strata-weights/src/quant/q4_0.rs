@@ -25,20 +25,4 @@ impl BlockQ4_0 {
     }
 }
 
-impl QuantBlock for BlockQ4_0 {
-    const TYPE: GgmlType = GgmlType::Q4_0;
-    const ELEMS: usize = 32;
-    type Activation = BlockQ8_0;
-
-    fn dequantize(&self, out: &mut [f32]) {
-        block32::dequantize(self.d, &self.codes(), out);
-    }
-
-    fn dot(&self, x: &[f32]) -> f32 {
-        block32::dot(self.d, &self.codes(), x)
-    }
-
-    fn dot_q8(&self, a: &BlockQ8_0) -> f32 {
-        block32::dot_q8(self.d, &self.codes(), a)
-    }
-}
+block32::scaled_block!(BlockQ4_0, Q4_0, |b| b.codes());

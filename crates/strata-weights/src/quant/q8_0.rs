@@ -42,23 +42,7 @@ impl BlockQ8_0 {
     }
 }
 
-impl QuantBlock for BlockQ8_0 {
-    const TYPE: GgmlType = GgmlType::Q8_0;
-    const ELEMS: usize = 32;
-    type Activation = BlockQ8_0;
-
-    fn dequantize(&self, out: &mut [f32]) {
-        block32::dequantize(self.d, &self.qs, out);
-    }
-
-    fn dot(&self, x: &[f32]) -> f32 {
-        block32::dot(self.d, &self.qs, x)
-    }
-
-    fn dot_q8(&self, a: &BlockQ8_0) -> f32 {
-        block32::dot_q8(self.d, &self.qs, a)
-    }
-}
+block32::scaled_block!(BlockQ8_0, Q8_0, |b| b.qs);
 
 impl ActivationBlock for BlockQ8_0 {
     const ELEMS: usize = 32;
