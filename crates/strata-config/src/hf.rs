@@ -27,20 +27,26 @@ impl<'a> Fields<'a> {
         self.obj.get(key).filter(|v| !v.is_null())
     }
 
-    pub(crate) fn usize_opt(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+    /// The value as `pick` reads it; an error naming the field and what was `expected`
+    /// when `pick` finds none.
+    fn typed<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        pick: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<Option<T>, ConfigError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| {
-                    ConfigError::invalid(
-                        self.name(key),
-                        format!("expected a non-negative integer, found {v}"),
-                    )
-                }),
+            Some(v) => pick(v).map(Some).ok_or_else(|| {
+                ConfigError::invalid(self.name(key), format!("expected {expected}, found {v}"))
+            }),
         }
+    }
+
+    pub(crate) fn usize_opt(&self, key: &str) -> Result<Option<usize>, ConfigError> {
+        self.typed(key, "a non-negative integer", |v| {
+            v.as_u64().and_then(|n| usize::try_from(n).ok())
+        })
     }
 
     pub(crate) fn usize_or(&self, key: &str, default: usize) -> Result<usize, ConfigError> {
@@ -64,12 +70,7 @@ impl<'a> Fields<'a> {
     }
 
     pub(crate) fn f64_opt(&self, key: &str) -> Result<Option<f64>, ConfigError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                ConfigError::invalid(self.name(key), format!("expected a number, found {v}"))
-            }),
-        }
+        self.typed(key, "a number", Value::as_f64)
     }
 
     pub(crate) fn f64_or(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
@@ -77,36 +78,17 @@ impl<'a> Fields<'a> {
     }
 
     pub(crate) fn bool_or(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(ConfigError::invalid(
-                self.name(key),
-                format!("expected true or false, found {v}"),
-            )),
-        }
+        Ok(self
+            .typed(key, "true or false", Value::as_bool)?
+            .unwrap_or(default))
     }
 
     pub(crate) fn str_opt(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(ConfigError::invalid(
-                self.name(key),
-                format!("expected a string, found {v}"),
-            )),
-        }
+        self.typed(key, "a string", Value::as_str)
     }
 
     pub(crate) fn obj_opt(&self, key: &str) -> Result<Option<&'a Obj>, ConfigError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Object(o)) => Ok(Some(o)),
-            Some(v) => Err(ConfigError::invalid(
-                self.name(key),
-                format!("expected an object, found {v}"),
-            )),
-        }
+        self.typed(key, "an object", Value::as_object)
     }
 
     /// Token ids given as one integer or a list.

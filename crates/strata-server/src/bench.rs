@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use strata_engine::DecodeShape;
@@ -82,15 +81,7 @@ pub struct BenchArgs {
 /// Runs `strata bench`: prints the results as a table and writes them as JSON when asked.
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let kv = a.kv_cache_dtype;
-    let mut model = a
-        .placement
-        .load(&a.model)
-        .with_context(|| format!("loading {}", a.model.display()))?;
-    if let Some(d) = &a.draft {
-        model
-            .load_draft(d)
-            .with_context(|| format!("loading the draft model {}", d.display()))?;
-    }
+    let model = a.placement.load_with_draft(&a.model, a.draft.as_deref())?;
     let device = model.runtime.device_name();
     eprintln!("[bench] {} on {device}", a.model.display());
 

@@ -3,7 +3,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use strata_engine::GenerateParams;
@@ -70,15 +69,7 @@ pub struct GenerateArgs {
 pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
     let kv_cache_dtype = a.kv_cache_dtype;
     let sampling = a.sampling.params();
-    let mut model = a
-        .placement
-        .load(&a.model)
-        .with_context(|| format!("loading {}", a.model.display()))?;
-    if let Some(d) = &a.draft {
-        model
-            .load_draft(d)
-            .with_context(|| format!("loading the draft model {}", d.display()))?;
-    }
+    let model = a.placement.load_with_draft(&a.model, a.draft.as_deref())?;
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) if a.chat => model.encode_chat(&[ChatMessage {

@@ -54,6 +54,24 @@ impl PlacementArgs {
         Ok(LoadedModel::load_with(&model, settings)?)
     }
 
+    /// [`PlacementArgs::load`] with errors naming `model`, then the draft model `draft`
+    /// when one is given.
+    pub fn load_with_draft(
+        &self,
+        model: &Path,
+        draft: Option<&Path>,
+    ) -> anyhow::Result<LoadedModel> {
+        let mut loaded = self
+            .load(model)
+            .with_context(|| format!("loading {}", model.display()))?;
+        if let Some(d) = draft {
+            loaded
+                .load_draft(d)
+                .with_context(|| format!("loading the draft model {}", d.display()))?;
+        }
+        Ok(loaded)
+    }
+
     /// The engine's load settings for these flags.
     pub fn settings(&self) -> anyhow::Result<LoadSettings> {
         Ok(LoadSettings {

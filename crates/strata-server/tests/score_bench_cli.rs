@@ -19,6 +19,31 @@ fn strata(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `strata score --device cpu` of `model` on the ids in `ids`, logits to `out`, with `extra`.
+fn score(model: &Path, ids: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--ids",
+        ids.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    strata(&args)
+}
+
+/// Little-endian f32 values.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
 /// The fixture's token ids and transformers' logits for them.
 fn reference(dir: &Path) -> (Vec<u32>, Vec<f32>) {
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
@@ -30,14 +55,7 @@ fn reference(dir: &Path) -> (Vec<u32>, Vec<f32>) {
         .chunks_exact(8)
         .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
         .collect();
-    let logits = st
-        .tensor("logits")
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    (ids, logits)
+    (ids, f32s(st.tensor("logits").unwrap().data()))
 }
 
 /// Teacher-forced logits from `strata score` (prefill passes of 7, the last 4 tokens as
@@ -56,25 +74,11 @@ fn score_matches_transformers() {
         let ids_path = tmp.path().join("ids.json");
         std::fs::write(&ids_path, serde_json::to_string(&ids).unwrap()).unwrap();
         let out_path = tmp.path().join("logits.f32");
-        let mut args = vec![
-            "score",
-            "--model",
-            dir.to_str().unwrap(),
-            "--device",
-            "cpu",
-            "--ids",
-            ids_path.to_str().unwrap(),
-            "--out",
-            out_path.to_str().unwrap(),
-            "--prefill-chunk",
-            "7",
-            "--decode-tail",
-            "4",
-        ];
+        let mut extra = vec!["--prefill-chunk", "7", "--decode-tail", "4"];
         if last_rows {
-            args.push("--last-rows");
+            extra.push("--last-rows");
         }
-        let out = strata(&args);
+        let out = score(&dir, &ids_path, &out_path, &extra);
         assert!(
             out.status.success(),
             "{}",
@@ -96,11 +100,7 @@ fn score_matches_transformers() {
             .iter()
             .flat_map(|&r| all[r * vocab..(r + 1) * vocab].iter().copied())
             .collect();
-        let got: Vec<f32> = std::fs::read(&out_path)
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let got = f32s(&std::fs::read(&out_path).unwrap());
         assert_eq!(got.len(), want.len());
         let d = got
             .iter()
@@ -121,21 +121,7 @@ fn score_refuses_bad_input_with_a_reason() {
     let bad = tmp.path().join("bad.json");
     std::fs::write(&bad, "{\"not\": \"ids\"}").unwrap();
     let out_path = tmp.path().join("o.f32");
-    let run = |ids: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "score",
-            "--model",
-            dir.to_str().unwrap(),
-            "--device",
-            "cpu",
-            "--ids",
-            ids.to_str().unwrap(),
-            "--out",
-            out_path.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        strata(&args)
-    };
+    let run = |ids: &Path, extra: &[&str]| score(&dir, ids, &out_path, extra);
     let out = run(&bad, &[]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("JSON array of token ids"));

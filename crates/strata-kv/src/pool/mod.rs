@@ -34,6 +34,23 @@ struct RequestPages {
     locked_node: Option<NodeId>,
 }
 
+impl RequestPages {
+    /// Refuses (for `op`) a length `len` outside `committed..=len`: the lengths the
+    /// request's end may move to.
+    fn check_movable_end(&self, op: &'static str, len: usize) -> Result<(), KvError> {
+        if len < self.committed || len > self.len {
+            return Err(KvError::invalid(
+                op,
+                format!(
+                    "length {len} is outside the request's committed {}..={} tokens",
+                    self.committed, self.len
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Hits and misses of prefix reuse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct CacheStats {

@@ -137,15 +137,7 @@ impl<S: KvStorage> KvPool<S> {
             .requests
             .get_mut(&req.0)
             .ok_or(KvError::UnknownRequest(req.0))?;
-        if len < r.committed || len > r.len {
-            return Err(KvError::invalid(
-                "commit",
-                format!(
-                    "length {len} is outside the request's committed {}..={} tokens",
-                    r.committed, r.len
-                ),
-            ));
-        }
+        r.check_movable_end("commit", len)?;
         r.committed = len;
         if let Some(w) = window {
             let dead_pages = (len + 1).saturating_sub(w) / ps;
@@ -166,15 +158,7 @@ impl<S: KvStorage> KvPool<S> {
             .requests
             .get_mut(&req.0)
             .ok_or(KvError::UnknownRequest(req.0))?;
-        if len < r.committed || len > r.len {
-            return Err(KvError::invalid(
-                "truncate",
-                format!(
-                    "length {len} is outside the request's committed {}..={} tokens",
-                    r.committed, r.len
-                ),
-            ));
-        }
+        r.check_movable_end("truncate", len)?;
         let keep = len.div_ceil(ps);
         for p in r.pages.drain(keep..) {
             self.pools.free_page(p);

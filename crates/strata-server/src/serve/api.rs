@@ -1,7 +1,7 @@
 //! The OpenAI request bodies Strata accepts, and their validation into engine requests.
 //!
 //! Unknown fields are refused (a misspelt `max_tokns` should not silently become the
-//! default); known OpenAI fields that Strata does not implement are refused when set to
+//! default; [`NoOtherFields`]); known OpenAI fields that Strata does not implement are refused when set to
 //! anything but their neutral value.
 
 use serde::Deserialize;
@@ -45,36 +45,6 @@ fn unless_neutral(name: &'static str, neutral: bool, what: &str) -> Result<(), A
     }
 }
 
-/// The neutral-value checks both endpoints share.
-fn check_shared(
-    logit_bias: &Option<serde_json::Value>,
-    response_format: &Option<serde_json::Value>,
-    repetition_penalty: Option<f32>,
-    min_tokens: Option<u32>,
-    stop_token_ids: &Option<Vec<u32>>,
-) -> Result<(), ApiError> {
-    unless_neutral(
-        "logit_bias",
-        logit_bias.as_ref().is_none_or(is_empty),
-        "an empty map",
-    )?;
-    let text_format = response_format
-        .as_ref()
-        .is_none_or(|f| is_empty(f) || f.get("type").and_then(|t| t.as_str()) == Some("text"));
-    unless_neutral("response_format", text_format, "{\"type\": \"text\"}")?;
-    unless_neutral(
-        "repetition_penalty",
-        repetition_penalty.is_none_or(|p| p == 1.0),
-        "1",
-    )?;
-    unless_neutral("min_tokens", min_tokens.is_none_or(|n| n == 0), "0")?;
-    unless_neutral(
-        "stop_token_ids",
-        stop_token_ids.as_ref().is_none_or(Vec::is_empty),
-        "an empty list",
-    )
-}
-
 /// `stop` may be one string or a list.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(untagged)]
@@ -100,35 +70,40 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Sampling and length fields shared by both endpoints.
-#[derive(Debug, Clone, Default)]
-pub struct Common {
-    pub model: Option<String>,
-    pub max_tokens: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub seed: Option<u64>,
-    pub stop: Option<OneOrMany>,
-    pub n: Option<u32>,
-    pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
-    pub ignore_eos: bool,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
+/// Refuses, by name, the first field that no other part of the request took: flattened
+/// last into a request, it does what `deny_unknown_fields` does (which serde cannot combine
+/// with `flatten`).
+#[derive(Debug)]
+pub struct NoOtherFields;
+
+impl<'de> Deserialize<'de> for NoOtherFields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = NoOtherFields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("no other fields")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                match map.next_key::<String>()? {
+                    None => Ok(NoOtherFields),
+                    Some(k) => Err(serde::de::Error::custom(format_args!(
+                        "unknown field `{k}`"
+                    ))),
+                }
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
 }
 
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    pub prompt: Prompt,
-    /// Number of top alternatives per token (OpenAI completions style).
-    pub logprobs: Option<u32>,
-    pub echo: Option<bool>,
-    pub suffix: Option<String>,
-    pub best_of: Option<u32>,
-    // Flattened fields cannot be combined with deny_unknown_fields, so they are listed.
+/// The fields both endpoints take: sampling, length, streaming, and the OpenAI fields
+/// accepted without effect or only at their neutral value.
+#[derive(Deserialize, Debug, Clone, Default)]
+pub struct Common {
     pub model: Option<String>,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f32>,
@@ -161,12 +136,54 @@ pub struct CompletionRequest {
     pub safety_identifier: Option<String>,
     #[allow(dead_code)]
     pub parallel_tool_calls: Option<bool>,
-    // These change the output: accepted only at their neutral value (`Neutral::check`).
+    // These change the output: accepted only at their neutral value (`check_unsupported`).
     pub logit_bias: Option<serde_json::Value>,
     pub response_format: Option<serde_json::Value>,
     pub repetition_penalty: Option<f32>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+}
+
+impl Common {
+    /// Refuses the shared fields that would change the output and that Strata cannot
+    /// honour.
+    fn check_unsupported(&self) -> Result<(), ApiError> {
+        unless_neutral(
+            "logit_bias",
+            self.logit_bias.as_ref().is_none_or(is_empty),
+            "an empty map",
+        )?;
+        let text_format = self
+            .response_format
+            .as_ref()
+            .is_none_or(|f| is_empty(f) || f.get("type").and_then(|t| t.as_str()) == Some("text"));
+        unless_neutral("response_format", text_format, "{\"type\": \"text\"}")?;
+        unless_neutral(
+            "repetition_penalty",
+            self.repetition_penalty.is_none_or(|p| p == 1.0),
+            "1",
+        )?;
+        unless_neutral("min_tokens", self.min_tokens.is_none_or(|n| n == 0), "0")?;
+        unless_neutral(
+            "stop_token_ids",
+            self.stop_token_ids.as_ref().is_none_or(Vec::is_empty),
+            "an empty list",
+        )
+    }
+}
+
+#[derive(Deserialize, Debug)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    /// Number of top alternatives per token (OpenAI completions style).
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u32>,
+    #[serde(flatten)]
+    pub common: Common,
+    #[serde(flatten)]
+    _no_other_fields: NoOtherFields,
 }
 
 /// Message content: a string or a list of `{"type": "text", "text": ...}` parts.
@@ -194,7 +211,6 @@ pub struct Message {
 }
 
 #[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
     #[serde(default, deserialize_with = "null_is_default")]
@@ -207,56 +223,16 @@ pub struct ChatRequest {
     pub function_call: Option<serde_json::Value>,
     pub modalities: Option<serde_json::Value>,
     pub reasoning_effort: Option<String>,
-    pub model: Option<String>,
-    pub max_tokens: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub seed: Option<u64>,
-    pub stop: Option<OneOrMany>,
-    pub n: Option<u32>,
-    #[serde(default, deserialize_with = "null_is_default")]
-    pub stream: bool,
-    pub stream_options: Option<StreamOptions>,
-    #[serde(default, deserialize_with = "null_is_default")]
-    pub ignore_eos: bool,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    /// Accepted for OpenAI compatibility; not used.
-    #[allow(dead_code)]
-    pub user: Option<String>,
-    // Sent by clients by default and without effect on the output: accepted, ignored.
-    #[allow(dead_code)]
-    pub store: Option<bool>,
-    #[allow(dead_code)]
-    pub metadata: Option<serde_json::Value>,
-    #[allow(dead_code)]
-    pub service_tier: Option<String>,
-    #[allow(dead_code)]
-    pub prompt_cache_key: Option<String>,
-    #[allow(dead_code)]
-    pub safety_identifier: Option<String>,
-    #[allow(dead_code)]
-    pub parallel_tool_calls: Option<bool>,
-    // These change the output: accepted only at their neutral value (`Neutral::check`).
-    pub logit_bias: Option<serde_json::Value>,
-    pub response_format: Option<serde_json::Value>,
-    pub repetition_penalty: Option<f32>,
-    pub min_tokens: Option<u32>,
-    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(flatten)]
+    pub common: Common,
+    #[serde(flatten)]
+    _no_other_fields: NoOtherFields,
 }
 
 impl CompletionRequest {
     /// Refuses the fields that would change the output and that Strata cannot honour.
     pub fn check_unsupported(&self) -> Result<(), ApiError> {
-        check_shared(
-            &self.logit_bias,
-            &self.response_format,
-            self.repetition_penalty,
-            self.min_tokens,
-            &self.stop_token_ids,
-        )?;
+        self.common.check_unsupported()?;
         unless_neutral("best_of", self.best_of.is_none_or(|b| b == 1), "1")?;
         unless_neutral("echo", self.echo != Some(true), "false")?;
         unless_neutral(
@@ -267,35 +243,14 @@ impl CompletionRequest {
     }
 
     pub fn common(&self) -> Common {
-        Common {
-            model: self.model.clone(),
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            n: self.n,
-            stream: self.stream,
-            stream_options: self.stream_options.clone(),
-            ignore_eos: self.ignore_eos,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-        }
+        self.common.clone()
     }
 }
 
 impl ChatRequest {
     /// Refuses the fields that would change the output and that Strata cannot honour.
     pub fn check_unsupported(&self) -> Result<(), ApiError> {
-        check_shared(
-            &self.logit_bias,
-            &self.response_format,
-            self.repetition_penalty,
-            self.min_tokens,
-            &self.stop_token_ids,
-        )?;
+        self.common.check_unsupported()?;
         unless_neutral("tools", self.tools.as_ref().is_none_or(is_empty), "none")?;
         unless_neutral(
             "functions",
@@ -326,20 +281,8 @@ impl ChatRequest {
 
     pub fn common(&self) -> Common {
         Common {
-            model: self.model.clone(),
-            max_tokens: self.max_completion_tokens.or(self.max_tokens),
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            n: self.n,
-            stream: self.stream,
-            stream_options: self.stream_options.clone(),
-            ignore_eos: self.ignore_eos,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
+            max_tokens: self.max_completion_tokens.or(self.common.max_tokens),
+            ..self.common.clone()
         }
     }
 
@@ -541,4 +484,133 @@ pub fn build(
         ignore_eos: c.ignore_eos,
         logprobs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every field both endpoints share, set to `null`.
+    fn shared_nulls() -> serde_json::Map<String, serde_json::Value> {
+        [
+            "model",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "stop",
+            "n",
+            "stream",
+            "stream_options",
+            "ignore_eos",
+            "presence_penalty",
+            "frequency_penalty",
+            "user",
+            "store",
+            "metadata",
+            "service_tier",
+            "prompt_cache_key",
+            "safety_identifier",
+            "parallel_tool_calls",
+            "logit_bias",
+            "response_format",
+            "repetition_penalty",
+            "min_tokens",
+            "stop_token_ids",
+        ]
+        .into_iter()
+        .map(|k| (k.to_string(), serde_json::Value::Null))
+        .collect()
+    }
+
+    #[test]
+    fn null_is_accepted_for_every_optional_field() {
+        let mut body = shared_nulls();
+        body.insert("prompt".into(), json!("hi"));
+        for k in ["logprobs", "echo", "suffix", "best_of"] {
+            body.insert(k.into(), serde_json::Value::Null);
+        }
+        let req: CompletionRequest = serde_json::from_value(body.into()).unwrap();
+        assert!(!req.common().stream && req.common().max_tokens.is_none());
+        req.check_unsupported().unwrap();
+
+        let mut body = shared_nulls();
+        body.insert(
+            "messages".into(),
+            json!([{"role": "user", "content": "hi"}]),
+        );
+        for k in [
+            "logprobs",
+            "top_logprobs",
+            "max_completion_tokens",
+            "tools",
+            "tool_choice",
+            "functions",
+            "function_call",
+            "modalities",
+            "reasoning_effort",
+        ] {
+            body.insert(k.into(), serde_json::Value::Null);
+        }
+        let req: ChatRequest = serde_json::from_value(body.into()).unwrap();
+        assert!(!req.logprobs && !req.common().ignore_eos);
+        req.check_unsupported().unwrap();
+    }
+
+    #[test]
+    fn shared_fields_reach_common() {
+        let req: ChatRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "max_completion_tokens": 7,
+            "top_k": -1,
+            "stop": ["a", "b"],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        }))
+        .unwrap();
+        let c = req.common();
+        assert_eq!((c.max_tokens, c.top_k, c.stream), (Some(7), Some(-1), true));
+        assert!(c.stream_options.is_some_and(|o| o.include_usage));
+        let req: CompletionRequest =
+            serde_json::from_value(json!({"prompt": [1, 2], "max_tokens": 5, "seed": 3})).unwrap();
+        assert_eq!(
+            (req.common().max_tokens, req.common().seed),
+            (Some(5), Some(3))
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let err =
+            serde_json::from_value::<CompletionRequest>(json!({"prompt": "hi", "max_tokns": 4}))
+                .unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `max_tokns`"),
+            "{err}"
+        );
+        let err = serde_json::from_value::<ChatRequest>(json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "frobnicate": true,
+        }))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `frobnicate`"),
+            "{err}"
+        );
+        // A field of the other endpoint is unknown here.
+        let err = serde_json::from_value::<CompletionRequest>(
+            json!({"prompt": "hi", "max_completion_tokens": 4}),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("max_completion_tokens"), "{err}");
+        // Nested objects still refuse theirs.
+        assert!(serde_json::from_value::<CompletionRequest>(
+            json!({"prompt": "hi", "stream_options": {"include_usag": true}}),
+        )
+        .is_err());
+    }
 }

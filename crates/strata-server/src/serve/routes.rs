@@ -130,38 +130,37 @@ fn key_matches(given: Option<&str>, key: &str) -> bool {
     given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())))
 }
 
-/// Bearer-token check for the `/v1` routes when `--api-key` is set.
-pub async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.api_key {
-        if !key_matches(bearer(&req), key) {
-            return ApiError::status(
-                StatusCode::UNAUTHORIZED,
-                "missing or invalid API key (Authorization: Bearer ...)",
-            )
-            .into_response();
-        }
+/// Runs the request when its bearer token is `key`, else answers 401 (`what` names the key).
+async fn with_key(key: &str, what: &str, req: Request, next: Next) -> Response {
+    if !key_matches(bearer(&req), key) {
+        return ApiError::status(
+            StatusCode::UNAUTHORIZED,
+            format!("missing or invalid {what} (Authorization: Bearer ...)"),
+        )
+        .into_response();
     }
     next.run(req).await
+}
+
+/// Bearer-token check for the `/v1` routes when `--api-key` is set.
+pub async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    match &st.api_key {
+        Some(key) => with_key(key, "API key", req, next).await,
+        None => next.run(req).await,
+    }
 }
 
 /// The operator's routes: only with `--admin-api-key`, and only for that key (the
 /// inference key does not open them).
 pub async fn admin_auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
-    let Some(key) = &st.admin_api_key else {
-        return ApiError::status(
+    match &st.admin_api_key {
+        Some(key) => with_key(key, "admin key", req, next).await,
+        None => ApiError::status(
             StatusCode::NOT_FOUND,
             "this route is off: start the server with --admin-api-key to use it",
         )
-        .into_response();
-    };
-    if !key_matches(bearer(&req), key) {
-        return ApiError::status(
-            StatusCode::UNAUTHORIZED,
-            "missing or invalid admin key (Authorization: Bearer ...)",
-        )
-        .into_response();
+        .into_response(),
     }
-    next.run(req).await
 }
 
 /// Counts `/v1` requests answered with a 4xx (`strata_requests_rejected_total`).
@@ -407,14 +406,7 @@ pub async fn completions(
     }
     let prompt = prompts.pop().unwrap_or_default();
     let gen = api::build(&c, prompt, logprobs, None, &limits(&st))?;
-    respond(
-        st,
-        gen,
-        Kind::Completion,
-        c.stream,
-        c.stream_options.is_some_and(|o| o.include_usage),
-    )
-    .await
+    respond(st, gen, Kind::Completion, &c).await
 }
 
 async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -508,22 +500,15 @@ pub async fn chat(
         .saturating_sub(prompt.len());
     let default_max = Some(room.min(u32::MAX as usize) as u32);
     let gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
-    respond(
-        st,
-        gen,
-        Kind::Chat,
-        c.stream,
-        c.stream_options.is_some_and(|o| o.include_usage),
-    )
-    .await
+    respond(st, gen, Kind::Chat, &c).await
 }
 
+/// Submits `gen` and answers as `c` asks: streamed (with usage when asked) or whole.
 async fn respond(
     st: Shared,
     gen: GenerationRequest,
     kind: Kind,
-    stream: bool,
-    include_usage: bool,
+    c: &api::Common,
 ) -> Result<Response, ApiError> {
     let want_logprobs = gen.logprobs.is_some();
     let (guard, rx) = st.engine.submit(gen)?;
@@ -532,7 +517,8 @@ async fn respond(
         Kind::Completion => format!("cmpl-{id}"),
         Kind::Chat => format!("chatcmpl-{id}"),
     };
-    if stream {
+    if c.stream {
+        let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let s = sse_stream(st, rx, guard, kind, id, want_logprobs, include_usage);
         Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response())
     } else {

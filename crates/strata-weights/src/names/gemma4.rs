@@ -1,9 +1,11 @@
 //! Gemma-4 text decoder (`gemma4`). HF names after the `model.` / `model.language_model.`
 //! prefix. Norms are stored as-is in GGUF (no `+1`).
 
-pub(super) const GLOBALS: &[(&str, &str)] = &[
-    ("embed_tokens.weight", "token_embd.weight"),
-    ("norm.weight", "output_norm.weight"),
+use super::{shared, NameTable};
+
+pub(super) const GLOBALS: &[NameTable] = &[shared::GLOBALS, PER_LAYER_GLOBALS];
+
+const PER_LAYER_GLOBALS: NameTable = &[
     (
         "embed_tokens_per_layer.weight",
         "per_layer_token_embd.weight",
@@ -18,28 +20,24 @@ pub(super) const GLOBALS: &[(&str, &str)] = &[
     ),
 ];
 
-pub(super) const LAYER: &[(&str, &str)] = &[
-    ("input_layernorm.weight", "attn_norm.weight"),
-    (
-        "post_attention_layernorm.weight",
-        "post_attention_norm.weight",
-    ),
-    ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
-    ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
-    ("layer_scalar", "layer_output_scale.weight"),
-    ("self_attn.q_proj.weight", "attn_q.weight"),
-    ("self_attn.k_proj.weight", "attn_k.weight"),
-    ("self_attn.v_proj.weight", "attn_v.weight"),
-    ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    ("mlp.up_proj.weight", "ffn_up.weight"),
-    ("mlp.down_proj.weight", "ffn_down.weight"),
+pub(super) const LAYER: &[NameTable] = &[
+    shared::SANDWICH_NORMS,
+    &[("layer_scalar", "layer_output_scale.weight")],
+    shared::ATTN,
+    shared::QK_NORMS,
+    shared::MLP,
+    PER_LAYER,
+    MOE,
+];
+
+const PER_LAYER: NameTable = &[
     ("per_layer_input_gate.weight", "inp_gate.weight"),
     ("per_layer_projection.weight", "proj.weight"),
     ("post_per_layer_input_norm.weight", "post_norm.weight"),
-    // Mixture-of-experts variant only.
+];
+
+/// Mixture-of-experts variant only.
+const MOE: NameTable = &[
     ("router.proj.weight", "ffn_gate_inp.weight"),
     ("router.scale", "ffn_gate_inp.scale"),
     ("router.per_expert_scale", "ffn_down_exps.scale"),

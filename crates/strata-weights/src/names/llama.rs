@@ -1,19 +1,8 @@
 //! Llama (`llama`). GGUF `attn_q`/`attn_k` rows are permuted for interleaved RoPE by the
 //! converter (see the crate docs); the names map one to one regardless.
 
-pub(super) const GLOBALS: &[(&str, &str)] = &[
-    ("embed_tokens.weight", "token_embd.weight"),
-    ("norm.weight", "output_norm.weight"),
-];
+use super::{shared, NameTable};
 
-pub(super) const LAYER: &[(&str, &str)] = &[
-    ("input_layernorm.weight", "attn_norm.weight"),
-    ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    ("self_attn.q_proj.weight", "attn_q.weight"),
-    ("self_attn.k_proj.weight", "attn_k.weight"),
-    ("self_attn.v_proj.weight", "attn_v.weight"),
-    ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    ("mlp.up_proj.weight", "ffn_up.weight"),
-    ("mlp.down_proj.weight", "ffn_down.weight"),
-];
+pub(super) const GLOBALS: &[NameTable] = &[shared::GLOBALS];
+
+pub(super) const LAYER: &[NameTable] = &[shared::PRE_NORMS, shared::ATTN, shared::MLP];

@@ -10,6 +10,7 @@ mod gemma3;
 mod gemma4;
 mod llama;
 mod qwen3;
+mod shared;
 
 use crate::error::{Result, WeightsError};
 
@@ -48,8 +49,8 @@ impl Arch {
         }
     }
 
-    /// (global tensors, per-layer tensor suffixes), each as (HF, GGUF) pairs.
-    fn tables(self) -> (NameTable, NameTable) {
+    /// (global tensors, per-layer tensor suffixes), each as parts of (HF, GGUF) pairs.
+    fn tables(self) -> (&'static [NameTable], &'static [NameTable]) {
         match self {
             Arch::Gemma4 => (gemma4::GLOBALS, gemma4::LAYER),
             Arch::Gemma3 => (gemma3::GLOBALS, gemma3::LAYER),
@@ -71,6 +72,13 @@ impl Arch {
 
 /// (HF name, GGUF name) pairs.
 type NameTable = &'static [(&'static str, &'static str)];
+
+/// Every (HF, GGUF) pair of a table made of parts.
+fn entries(
+    parts: &'static [NameTable],
+) -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    parts.iter().flat_map(|t| t.iter())
+}
 
 /// Top-level HF components of multimodal checkpoints that are not the text decoder.
 const NON_TEXT: &[&str] = &[
@@ -166,11 +174,11 @@ impl NameMap {
             return Some(OUTPUT.to_string());
         }
         let (globals, layer) = self.arch.tables();
-        if let Some((_, g)) = globals.iter().find(|(h, _)| *h == rest) {
+        if let Some((_, g)) = entries(globals).find(|(h, _)| *h == rest) {
             return Some(g.to_string());
         }
         let (n, suffix) = split_layer("layers.", rest)?;
-        let (_, g) = layer.iter().find(|(h, _)| *h == suffix)?;
+        let (_, g) = entries(layer).find(|(h, _)| *h == suffix)?;
         Some(format!("blk.{n}.{g}"))
     }
 
@@ -181,11 +189,11 @@ impl NameMap {
             return Some(LM_HEAD.to_string());
         }
         let (globals, layer) = self.arch.tables();
-        if let Some((h, _)) = globals.iter().find(|(_, g)| *g == gguf) {
+        if let Some((h, _)) = entries(globals).find(|(_, g)| *g == gguf) {
             return Some(format!("model.{h}"));
         }
         let (n, suffix) = split_layer("blk.", gguf)?;
-        let (h, _) = layer.iter().find(|(_, g)| *g == suffix)?;
+        let (h, _) = entries(layer).find(|(_, g)| *g == suffix)?;
         Some(format!("model.layers.{n}.{h}"))
     }
 

@@ -137,8 +137,8 @@ fn reverse_mapping_round_trips_every_table_entry() {
     for arch in [Arch::Gemma4, Arch::Gemma3, Arch::Llama, Arch::Qwen3] {
         let m = NameMap::for_arch(arch, None);
         let (globals, layer) = arch.tables();
-        let mut all: Vec<String> = globals.iter().map(|(_, g)| g.to_string()).collect();
-        all.extend(layer.iter().map(|(_, g)| format!("blk.12.{g}")));
+        let mut all: Vec<String> = entries(globals).map(|(_, g)| g.to_string()).collect();
+        all.extend(entries(layer).map(|(_, g)| format!("blk.12.{g}")));
         all.push("output.weight".into());
         for g in all {
             let hf = m

@@ -12,6 +12,7 @@
 //! dequantized values within a tolerance. Dot products against quantized activations
 //! ([`QuantBlock::dot_q8`]) use integer sums per sub-block, the way a fast CPU kernel does.
 
+mod block32;
 mod f16le;
 mod fast;
 mod float;

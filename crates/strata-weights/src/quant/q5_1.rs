@@ -2,7 +2,7 @@
 //! Bit layout as in Q5_0.
 
 use super::q5_0::codes5;
-use super::{BlockQ8_0, F16Le, QuantBlock};
+use super::{block32, BlockQ8_0, F16Le, QuantBlock};
 use strata_gguf::GgmlType;
 
 /// 24 bytes: `d`, `m`, 4 bytes of high bits, 16 bytes of nibbles.
@@ -27,27 +27,14 @@ impl QuantBlock for BlockQ5_1 {
     type Activation = BlockQ8_0;
 
     fn dequantize(&self, out: &mut [f32]) {
-        let (d, m) = (self.d.to_f32(), self.m.to_f32());
-        for (o, q) in out[..32].iter_mut().zip(codes5(self.qh, &self.qs)) {
-            *o = d * f32::from(q) + m;
-        }
+        block32::dequantize_min(self.d, self.m, &codes5(self.qh, &self.qs), out);
     }
 
     fn dot(&self, x: &[f32]) -> f32 {
-        let x = &x[..32];
-        let codes = codes5(self.qh, &self.qs);
-        let qx: f32 = codes.iter().zip(x).map(|(&q, &x)| f32::from(q) * x).sum();
-        let sx: f32 = x.iter().sum();
-        self.d.to_f32() * qx + self.m.to_f32() * sx
+        block32::dot_min(self.d, self.m, &codes5(self.qh, &self.qs), x)
     }
 
     fn dot_q8(&self, a: &BlockQ8_0) -> f32 {
-        let s: i32 = codes5(self.qh, &self.qs)
-            .iter()
-            .zip(&a.qs)
-            .map(|(&w, &x)| i32::from(w) * i32::from(x))
-            .sum();
-        let da = a.d.to_f32();
-        da * (self.d.to_f32() * s as f32 + self.m.to_f32() * a.code_sum() as f32)
+        block32::dot_q8_min(self.d, self.m, &codes5(self.qh, &self.qs), a)
     }
 }

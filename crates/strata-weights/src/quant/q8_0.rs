@@ -2,7 +2,7 @@
 //!
 //! Also the activation format the 32-element weight formats pair with in [`QuantBlock::dot_q8`].
 
-use super::{ActivationBlock, F16Le, QuantBlock};
+use super::{block32, ActivationBlock, F16Le, QuantBlock};
 use strata_gguf::GgmlType;
 
 /// 34 bytes: `d`, then 32 codes.
@@ -42,38 +42,7 @@ impl BlockQ8_0 {
     }
 }
 
-impl QuantBlock for BlockQ8_0 {
-    const TYPE: GgmlType = GgmlType::Q8_0;
-    const ELEMS: usize = 32;
-    type Activation = BlockQ8_0;
-
-    fn dequantize(&self, out: &mut [f32]) {
-        let d = self.d.to_f32();
-        for (o, &q) in out[..32].iter_mut().zip(&self.qs) {
-            *o = f32::from(q) * d;
-        }
-    }
-
-    fn dot(&self, x: &[f32]) -> f32 {
-        let s: f32 = self
-            .qs
-            .iter()
-            .zip(&x[..32])
-            .map(|(&q, &x)| f32::from(q) * x)
-            .sum();
-        s * self.d.to_f32()
-    }
-
-    fn dot_q8(&self, a: &BlockQ8_0) -> f32 {
-        let s: i32 = self
-            .qs
-            .iter()
-            .zip(&a.qs)
-            .map(|(&w, &x)| i32::from(w) * i32::from(x))
-            .sum();
-        s as f32 * self.d.to_f32() * a.d.to_f32()
-    }
-}
+block32::scaled_block!(BlockQ8_0, Q8_0, |b| b.qs);
 
 impl ActivationBlock for BlockQ8_0 {
     const ELEMS: usize = 32;
