@@ -5,10 +5,7 @@
 use super::sampling::same_picks;
 use super::{ctx, get, put, CheckResult, RowScaledQ8, TestData};
 use crate::sampling::{draw_uniform, pick_rows, RowDraw, SamplingParams};
-use crate::{
-    AttentionParams, Backend, DType, KvFormat, KvSlabShape, PagedSeq, RopeParams, RopeStyle,
-    StridedCopy,
-};
+use crate::{AttentionParams, Backend, DType, PagedSeq, RopeParams, RopeStyle, StridedCopy};
 
 /// Bit-for-bit equality of two downloads.
 fn same_bits(what: &str, got: &[f32], want: &[f32]) -> CheckResult {
@@ -88,21 +85,7 @@ fn check_update_by_slots<B: Backend>(b: &B, data: &mut TestData) -> CheckResult 
     const WHAT: &str = "paged_batch_update";
     let act = b.activation_dtype();
     let d = 64;
-    let shape = KvSlabShape {
-        format: KvFormat::F32,
-        num_kv_heads: 1,
-        head_dim: d,
-        slots: 64,
-    };
-    let mut slab = ctx(WHAT, b.kv_slab(shape))?;
-    let all: Vec<u32> = (0..shape.slots as u32).collect();
-    let k = data.normals(shape.slots * d, 0.3, act);
-    let v = data.normals(shape.slots * d, 1.0, act);
-    let idx = ctx(WHAT, b.upload_index(&all))?;
-    ctx(
-        WHAT,
-        b.kv_store(&mut slab, &put(b, &k, act)?, &put(b, &v, act)?, &idx),
-    )?;
+    let slab = super::paged::random_slab(b, data, WHAT, 64, d)?;
     // Sequence 0: 20 keys, one query row, a window of 8 (keys 12..20); sequence 1: 10
     // keys, 3 query rows.
     let seqs = [

@@ -604,6 +604,34 @@ pub fn check_paged<B: Backend>(b: &B) -> CheckResult {
     check_update_by_pages(b)
 }
 
+/// An F32 slab of one KV head (`head_dim` `d`) with random keys and values in all `slots`
+/// slots, for checks that read the same keys two ways.
+pub(super) fn random_slab<B: Backend>(
+    b: &B,
+    data: &mut TestData,
+    what: &str,
+    slots: usize,
+    d: usize,
+) -> Result<B::KvSlab, String> {
+    let act = b.activation_dtype();
+    let shape = KvSlabShape {
+        format: KvFormat::F32,
+        num_kv_heads: 1,
+        head_dim: d,
+        slots,
+    };
+    let mut slab = ctx(what, b.kv_slab(shape))?;
+    let all: Vec<u32> = (0..slots as u32).collect();
+    let k = data.normals(slots * d, 0.3, act);
+    let v = data.normals(slots * d, 1.0, act);
+    let idx = ctx(what, b.upload_index(&all))?;
+    ctx(
+        what,
+        b.kv_store(&mut slab, &put(b, &k, act)?, &put(b, &v, act)?, &idx),
+    )?;
+    Ok(slab)
+}
+
 /// A graph batch rewritten by pages ([`Backend::paged_batch_update_pages`]) attends exactly
 /// as one made from the slots they expand to ([`crate::expand_page_slots`]): decode rows
 /// over scattered pages with and without a window, a multi-row chunk, and a pad row on the
@@ -614,21 +642,7 @@ fn check_update_by_pages<B: Backend>(b: &B) -> CheckResult {
     let (ps, n_pages, d) = (16usize, 48usize, 64usize);
     let act = b.activation_dtype();
     let mut data = TestData::new(760);
-    let shape = KvSlabShape {
-        format: KvFormat::F32,
-        num_kv_heads: 1,
-        head_dim: d,
-        slots: n_pages * ps + 1,
-    };
-    let mut slab = ctx(WHAT, b.kv_slab(shape))?;
-    let all: Vec<u32> = (0..shape.slots as u32).collect();
-    let k = data.normals(shape.slots * d, 0.3, act);
-    let v = data.normals(shape.slots * d, 1.0, act);
-    let idx = ctx(WHAT, b.upload_index(&all))?;
-    ctx(
-        WHAT,
-        b.kv_store(&mut slab, &put(b, &k, act)?, &put(b, &v, act)?, &idx),
-    )?;
+    let slab = random_slab(b, &mut data, WHAT, n_pages * ps + 1, d)?;
     // (cached keys, query rows, window) a sequence; its pages drawn from a shuffled list.
     let shapes = [
         (100, 1, None),
