@@ -112,7 +112,7 @@ def start_server(log_dir: Path, *extra: str, api_key: str | None = None, name: s
     while time.monotonic() < deadline:
         try:
             if requests.get(base + "/health", timeout=2).status_code == 200:
-                served = MODEL_NAME
+                served = (model or MODEL).stem
                 for i, a in enumerate(extra):
                     if a == "--served-model-name":
                         served = extra[i + 1]
@@ -144,6 +144,22 @@ def server(log_dir):
     assert s.proc.returncode in (0, -signal.SIGINT, 130), f"server exited with {s.proc.returncode}:\n{s.log_tail()}"
 
 
+SMOL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smol(log_dir):
+    """A server on SmolLM2-135M (a byte-level BPE model with a small vocabulary)."""
+    if not SMOL.is_file():
+        pytest.skip(f"{SMOL} is absent: run scripts/fetch-models.sh")
+    # Past the default prompt-byte limit (64 bytes a token of context), so that the hardening
+    # tests' megabyte prompt reaches the tokenizer.
+    s = start_server(log_dir, "--max-prompt-bytes", "4000000", name="smol", model=SMOL)
+    yield s
+    s.stop()
+    assert s.proc.returncode in (0, -signal.SIGINT, 130), s.log_tail()
+
+
 @pytest.fixture(scope="session")
 def auth_server(log_dir):
     """A second server with --api-key, a custom model name and no timings report."""
@@ -163,7 +179,7 @@ def client(server):
 def _server_still_up(request):
     """After every test that used a server, that server must still be running."""
     yield
-    for name in ("server", "auth_server"):
+    for name in ("server", "auth_server", "smol"):
         if name in request.fixturenames:
             s = request.getfixturevalue(name)
             assert s.alive(), f"{name} died during {request.node.name}:\n{s.log_tail()}"

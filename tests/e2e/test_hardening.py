@@ -12,23 +12,8 @@ import time
 import pytest
 import requests
 
-from conftest import MAX_MODEL_LEN, REPO, start_server
+from conftest import MAX_MODEL_LEN, REPO, SMOL, start_server
 from helpers import assert_api_error, get, post
-
-SMOL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@pytest.fixture(scope="module")
-def smol(log_dir):
-    if not SMOL.is_file():
-        pytest.skip(f"{SMOL} is absent: run scripts/fetch-models.sh")
-    # Past the default prompt-byte limit (64 bytes a token of context), so that the megabyte
-    # prompt below reaches the tokenizer.
-    s = start_server(log_dir, "--max-prompt-bytes", "4000000", name="smol", model=SMOL)
-    yield s
-    s.stop()
-    assert s.proc.returncode in (0, -2, 130), s.log_tail()
-
 
 def test_a_megabyte_word_is_refused_quickly_and_the_server_lives(smol):
     """A prompt of a million letters once put an async worker into an endless loop (the

@@ -26,12 +26,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         stop: vec![],
         ignore_eos: true,
         logprobs: None,
+        prompt_logprobs: None,
     };
     // Dropping the guard would cancel the request (a client that went away).
     let (_guard, mut updates) = engine.submit(request)?;
     while let Some(update) = updates.recv().await {
         match update {
             Update::Token { id, .. } => println!("token {id}"),
+            Update::PromptLogprobs { .. } => {}
             Update::Finished { reason, usage, .. } => {
                 println!(
                     "finished: {reason} ({} prompt, {} completion tokens)",

@@ -207,6 +207,7 @@ fn run<M: StepModel<S>, S: KvStorage>(
                     tokens.push(token);
                 }
                 EventKind::Finished { reason, .. } => finish = Some(reason),
+                EventKind::PromptLogprobs { .. } => {}
             }
         }
     }

@@ -207,6 +207,7 @@ fn serve(
                 stop: vec![],
                 ignore_eos: true,
                 logprobs: None,
+                prompt_logprobs: None,
             };
             engine.submit(req).unwrap()
         })
@@ -217,6 +218,7 @@ fn serve(
         loop {
             match rx.blocking_recv().expect("the engine answers") {
                 Update::Token { id, .. } => tokens.push(id),
+                Update::PromptLogprobs { .. } => {}
                 Update::Finished { reason, error, .. } => {
                     assert_eq!((reason, error), ("length", None));
                     guard.finished();

@@ -182,6 +182,7 @@ fn generate<M: StepModel<S>, S: strata_kv::KvStorage>(
                 EventKind::Finished { reason, .. } => {
                     assert_eq!(reason, FinishReason::Length, "{:?}", e.id)
                 }
+                EventKind::PromptLogprobs { .. } => panic!("no request asked for them"),
             }
         }
         sched.pool().audit().unwrap();

@@ -53,7 +53,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             return true;
         }
         let ps = self.pool.page_size();
-        let matched = self.pool.match_prefix(&seq.tokens[..seq.tokens.len() - 1]);
+        let matched = if seq.scores_prompt() {
+            0
+        } else {
+            self.pool.match_prefix(&seq.tokens[..seq.tokens.len() - 1])
+        };
         let need = seq.tokens.len().div_ceil(ps) - matched / ps;
         let headroom = self.running.len();
         // Pages running requests pin in the cache cannot be evicted; the largest pin is a
@@ -96,7 +100,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// set; returns its index there.
     pub(crate) fn admit(&mut self, mut seq: Seq) -> usize {
         let kv = self.pool.alloc_request();
-        let matched = if seq.restarted_alone {
+        // A prompt-scoring request needs the logits of every prompt position, which a cached
+        // prefix does not keep.
+        let matched = if seq.restarted_alone || seq.scores_prompt() {
             0
         } else {
             let reusable = &seq.tokens[..seq.tokens.len() - 1];

@@ -1,5 +1,7 @@
 //! What a step reports back, per request.
 
+use strata_types::sampling::TokenLogprobs;
+
 use crate::SeqId;
 
 /// Something that happened to one request during a step.
@@ -25,6 +27,16 @@ pub enum EventKind {
         /// The most likely tokens with their log-probabilities, most likely first (empty
         /// unless asked for).
         top_logprobs: Vec<(u32, f32)>,
+    },
+    /// Log-probabilities of prompt tokens (requests with `prompt_logprobs`), in order
+    /// across events: `scores[i]` is that of prompt token `start + i` given the tokens
+    /// before it. Token 0 has none, so the first event starts at 1; all come before the
+    /// first `Token`.
+    PromptLogprobs {
+        /// Position of the first prompt token scored here.
+        start: usize,
+        /// Each token's logprob and its request's number of top alternatives.
+        scores: Vec<TokenLogprobs>,
     },
     /// The request's last event.
     Finished {

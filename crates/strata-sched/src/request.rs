@@ -34,6 +34,11 @@ pub struct Request {
     pub stop_fn: Option<StopFn>,
     /// Report the sampled token's log-probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Also score the prompt: each prompt token's log-probability given the tokens before
+    /// it, with this many top alternatives (the first token has none), reported as
+    /// [`EventKind::PromptLogprobs`](crate::EventKind::PromptLogprobs). Such a request
+    /// computes its whole prompt (no prefix-cache hit) and may ask for `max_tokens` 0.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Request {
@@ -48,6 +53,7 @@ impl Request {
             stop_sequences: Vec::new(),
             stop_fn: None,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -63,6 +69,7 @@ impl fmt::Debug for Request {
             .field("stop_sequences", &self.stop_sequences)
             .field("stop_fn", &self.stop_fn.as_ref().map(|_| "<fn>"))
             .field("logprobs", &self.logprobs)
+            .field("prompt_logprobs", &self.prompt_logprobs)
             .finish()
     }
 }

@@ -35,7 +35,15 @@ pub(crate) struct Seq {
     pub restarted_alone: bool,
     /// How its drafts fare, and whether it drafts now (speculative rounds).
     pub pace: DraftPace,
+    /// Prompt positions below this have had their logprobs reported (requests with
+    /// `prompt_logprobs`; position 0 has none). Kept across preemptions, so a recomputed
+    /// prompt reports nothing twice.
+    pub prompt_scored: usize,
 }
+
+/// Bytes of logits rows a prompt-scoring chunk may return: its chunk is cut so that its
+/// `rows x vocab` f32 values stay within this (at Gemma's 262,144 ids, 64 rows).
+const PROMPT_SCORE_BYTES: usize = 64 << 20;
 
 /// Drafting that does not pay is paused: a request whose recent drafts the target mostly
 /// rejects costs a verification step a round for nothing, so it decodes plainly for a
@@ -110,7 +118,33 @@ impl Seq {
             chunk: None,
             restarted_alone: false,
             pace: DraftPace::default(),
+            prompt_scored: 1,
         }
+    }
+
+    /// Whether prompt tokens remain whose logprobs the request asked for.
+    pub fn scores_prompt(&self) -> bool {
+        self.req.prompt_logprobs.is_some() && self.prompt_scored < self.prompt_len
+    }
+
+    /// The most tokens to compute in one chunk: `chunk`, or fewer for a prompt-scoring
+    /// request, whose chunk returns a row of `vocab` logits per token.
+    pub fn chunk_cap(&self, chunk: usize, vocab: usize) -> usize {
+        if self.scores_prompt() {
+            chunk.min((PROMPT_SCORE_BYTES / (vocab.max(1) * 4)).max(1))
+        } else {
+            chunk
+        }
+    }
+
+    /// The prompt positions whose logprobs a chunk of `n` tokens from `start` yields (row
+    /// `j` predicts token `start + j + 1`), not yet reported.
+    pub fn scored_by(&self, start: usize, n: usize) -> std::ops::Range<usize> {
+        if self.req.prompt_logprobs.is_none() {
+            return 0..0;
+        }
+        let from = self.prompt_scored.max(start + 1);
+        from..(start + n + 1).min(self.prompt_len).max(from)
     }
 
     /// What a step computing this request's last token up to position `index` asks of the

@@ -121,11 +121,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             i += 1;
         }
         let chunk = self.config.prefill_chunk;
+        let vocab = self.model.vocab_size();
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let pending = self.running[i].pending();
             if pending > 1 {
-                match self.reserve(i, pending.min(chunk).min(budget), events) {
+                let cap = self.running[i].chunk_cap(chunk, vocab);
+                match self.reserve(i, pending.min(cap).min(budget), events) {
                     Reserved::Tokens(n) => budget -= n,
                     Reserved::Skipped => {}
                     Reserved::Removed => continue,
@@ -147,7 +149,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             };
             if front.cached_tokens.is_none() {
                 let refusal = self.refusal(front);
-                let empty = front.req.max_tokens == 0;
+                let empty = front.req.max_tokens == 0 && !front.scores_prompt();
                 if refusal.is_some() || empty {
                     let seq = self.waiting.pop_front().expect("front exists");
                     let reason = refusal.map_or(FinishReason::Length, FinishReason::Error);
@@ -160,10 +162,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             }
             let seq = self.waiting.pop_front().expect("front exists");
             let at = self.admit(seq);
-            let want = self.running[at]
-                .pending()
-                .min(self.config.prefill_chunk)
-                .min(*budget);
+            let seq = &self.running[at];
+            let cap = seq.chunk_cap(self.config.prefill_chunk, self.model.vocab_size());
+            let want = seq.pending().min(cap).min(*budget);
             match self.reserve(at, want, events) {
                 Reserved::Tokens(n) => *budget -= n,
                 Reserved::Skipped | Reserved::Removed => break,
@@ -183,7 +184,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     request: s.kv.expect("scheduled requests hold a pool request"),
                     tokens: s.tokens[s.computed..end].to_vec(),
                     start: s.computed,
-                    logits: if end == s.tokens.len() {
+                    logits: if !s.scored_by(s.computed, n).is_empty() {
+                        // Prompt logprobs need every row (the last one is drawn from
+                        // on the host when the chunk ends the prompt).
+                        LogitsMode::All
+                    } else if end == s.tokens.len() {
                         // A request needs only its token (and its logprobs), which the
                         // model computes where the logits are.
                         s.token_mode(end)
@@ -214,6 +219,14 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             };
             let seq = &mut self.running[i];
             let kv = seq.kv.expect("scheduled requests hold a pool request");
+            match score_prompt(seq, n, &out.logits[b], out.vocab) {
+                Ok(Some(kind)) => events.push(Event { id, kind }),
+                Ok(None) => {}
+                Err(e) => {
+                    done.push((seq.id, FinishReason::Error(e)));
+                    continue;
+                }
+            }
             seq.computed += n;
             // Committing lets the pool release window pages that fell out of the sliding
             // window. Whole pages only: the cache keeps whole pages, and a prefix ending at
@@ -236,6 +249,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                         seq.pinned = held;
                     }
                 }
+            }
+            if seq.completion().len() >= seq.req.max_tokens {
+                // Only a prompt-scoring request gets here (with `max_tokens` 0): others stop
+                // on their last token.
+                done.push((seq.id, FinishReason::Length));
+                continue;
             }
             if let Some((token, scores)) = model_pick(out, b, seq) {
                 seq.tokens.push(token);
@@ -306,7 +325,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             let seq = &self.running[i];
             let picked = model_pick(out, b, seq);
             let logits = out.last(b).filter(|l| l.len() == out.vocab);
-            if seq.computed + n >= seq.tokens.len() && picked.is_none() && logits.is_some() {
+            let wants_token = seq.completion().len() < seq.req.max_tokens;
+            if seq.computed + n >= seq.tokens.len()
+                && wants_token
+                && picked.is_none()
+                && logits.is_some()
+            {
                 row_of[i] = Some(b);
                 rows += 1;
             }
@@ -371,4 +395,43 @@ fn model_pick<'a>(
     let token = out.token(b).filter(|&t| (t as usize) < out.vocab)?;
     let scores = out.token_logprobs(b);
     (seq.req.logprobs.is_none() || scores.is_some()).then_some((token, scores))
+}
+
+/// The prompt logprobs that a chunk of `n` tokens of `seq` (from `seq.computed`) yields
+/// from its `logits` rows, as an event, recorded as reported; `None` when it yields none.
+fn score_prompt(
+    seq: &mut Seq,
+    n: usize,
+    logits: &[f32],
+    vocab: usize,
+) -> Result<Option<EventKind>, String> {
+    let start = seq.computed;
+    let positions = seq.scored_by(start, n);
+    if positions.is_empty() {
+        return Ok(None);
+    }
+    if logits.len() != n * vocab {
+        return Err(format!(
+            "the model returned {} logits for a scored chunk of {n} tokens",
+            logits.len()
+        ));
+    }
+    let top = seq.req.prompt_logprobs.unwrap_or(0);
+    let tokens = &seq.tokens;
+    let first = positions.start;
+    // Row `p - 1 - start` predicts token `p`. Rows are independent: score them in parallel
+    // (each is a log-softmax over the vocabulary).
+    let scores: Vec<TokenLogprobs> = positions
+        .clone()
+        .into_par_iter()
+        .map(|p| {
+            let row = p - 1 - start;
+            token_logprobs(&logits[row * vocab..(row + 1) * vocab], tokens[p], top)
+        })
+        .collect();
+    seq.prompt_scored = positions.end;
+    Ok(Some(EventKind::PromptLogprobs {
+        start: first,
+        scores,
+    }))
 }

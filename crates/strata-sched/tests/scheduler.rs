@@ -12,7 +12,9 @@ use strata_kv::{CacheType, HostStorage, KvPool, PoolKind};
 use strata_sched::{
     EventKind, FinishReason, Request, SchedError, Scheduler, SchedulerConfig, SeqId, StepModel,
 };
-use strata_types::sampling::{logprob_of, top_logprobs, SamplingParams, MAX_TOP_LOGPROBS};
+use strata_types::sampling::{
+    logprob_of, token_logprobs, top_logprobs, SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS,
+};
 use strata_types::{ForwardBatch, ForwardOutput};
 
 fn config(max_running: usize, batch: usize, chunk: usize) -> SchedulerConfig {
@@ -599,6 +601,89 @@ fn a_failed_overlapped_launch_is_planned_again() {
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(out[id].tokens, run_alone(true, 4, request(i as u32)).tokens);
         assert_eq!(out[id].reason, Some(FinishReason::Length));
+    }
+    assert_pool_clean(sched.pool_mut());
+}
+
+/// Each prompt token's logprob given the tokens before it, from the fake's logits.
+fn expected_prompt_scores(prompt: &[u32], top: usize) -> Vec<TokenLogprobs> {
+    (1..prompt.len())
+        .map(|i| token_logprobs(&logits_for(&prompt[..i]), prompt[i], top))
+        .collect()
+}
+
+#[test]
+fn prompt_logprobs_score_every_prompt_token_once() {
+    for (chunk, cache) in [
+        (64, CacheType::Radix),
+        (3, CacheType::Radix),
+        (5, CacheType::Naive),
+    ] {
+        let cfg = fake_config(true);
+        let kv = pool(&cfg, 64, 64, 4, cache);
+        let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(4, 64, chunk)).unwrap();
+        let p = prompt(21, 2);
+        // Cached first: a scoring request must compute its prompt all the same.
+        run_all(&mut sched, vec![Request::new(p.clone(), 2)]);
+        let mut echo_only = Request::new(p.clone(), 0);
+        echo_only.prompt_logprobs = Some(3);
+        let mut echo_and_one = Request::new(p.clone(), 1);
+        echo_and_one.prompt_logprobs = Some(0);
+        echo_and_one.logprobs = Some(1);
+        let (ids, out) = run_all(&mut sched, vec![echo_only, echo_and_one]);
+        let (a, b) = (&out[&ids[0]], &out[&ids[1]]);
+        assert_eq!(
+            a.prompt_scores,
+            expected_prompt_scores(&p, 3),
+            "chunk {chunk}"
+        );
+        assert_eq!(
+            b.prompt_scores,
+            expected_prompt_scores(&p, 0),
+            "chunk {chunk}"
+        );
+        assert_eq!(
+            (a.tokens.len(), a.reason.clone()),
+            (0, Some(FinishReason::Length))
+        );
+        assert_eq!((a.prompt_tokens, a.cached_tokens), (21, 0));
+        let greedy = SamplingParams::greedy();
+        assert_eq!(b.tokens, reference_tokens(&p, 1, &greedy, 7, true));
+        assert_eq!(
+            b.logprobs,
+            vec![Some(logprob_of(&logits_for(&p), b.tokens[0]))]
+        );
+        assert_pool_clean(sched.pool_mut());
+    }
+}
+
+#[test]
+fn prompt_logprobs_survive_preemption() {
+    let cfg = fake_config(true);
+    let kv = pool(&cfg, 16, 16, 4, CacheType::Radix);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(6, 32, 8)).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(8 + 2 * i, i as u32)).collect();
+    let reqs = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = Request::new(p.clone(), 40 - 3 * i);
+            r.ignore_eos = true;
+            r.prompt_logprobs = Some(2);
+            r
+        })
+        .collect();
+    let (ids, out) = run_all(&mut sched, reqs);
+    assert!(
+        sched.status().preemptions > 0,
+        "the pool was meant to run out"
+    );
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            out[id].prompt_scores,
+            expected_prompt_scores(&prompts[i], 2)
+        );
+        assert_eq!(out[id].completion_tokens, 40 - 3 * i);
     }
     assert_pool_clean(sched.pool_mut());
 }

@@ -94,11 +94,24 @@ pub struct GenerationRequest {
     pub ignore_eos: bool,
     /// Log-probability of each token plus this many alternatives.
     pub logprobs: Option<usize>,
+    /// Also each prompt token's log-probability given the tokens before it, with this many
+    /// alternatives ([`Update::PromptLogprobs`]); the prompt is then computed whole (no
+    /// prefix-cache hit), and `max_tokens` may be 0.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// What the client of one request receives, in order: tokens, then one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Update {
+    /// Log-probabilities of prompt tokens `start..start + scores.len()` (requests with
+    /// `prompt_logprobs`), each given the tokens before it; they come before any token, in
+    /// order, starting at 1 (the first token has none).
+    PromptLogprobs {
+        /// Position of the first prompt token scored here.
+        start: usize,
+        /// Each token's logprob and top alternatives.
+        scores: Vec<strata_kernels::sampling::TokenLogprobs>,
+    },
     /// One generated token.
     Token {
         /// The token id.

@@ -130,13 +130,14 @@ impl Engine {
                 stop: vec![],
                 ignore_eos: true,
                 logprobs: None,
+                prompt_logprobs: None,
             };
             pending.push(self.submit(req)?);
         }
         for (mut guard, mut rx) in pending {
             loop {
                 match rx.recv().await {
-                    Some(Update::Token { .. }) => {}
+                    Some(Update::Token { .. } | Update::PromptLogprobs { .. }) => {}
                     Some(Update::Finished { reason, error, .. }) => {
                         guard.finished();
                         if let Some(e) = error {

@@ -221,6 +221,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             stop_sequences: Vec::new(),
             stop_fn,
             logprobs: req.logprobs,
+            prompt_logprobs: req.prompt_logprobs,
         });
         self.by_client.insert(client, id);
         self.live.insert(
@@ -273,6 +274,15 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 });
                 if sent.is_err() {
                     // The client is gone; its Finished event comes with the next step.
+                    self.sched.cancel(id);
+                }
+            }
+            EventKind::PromptLogprobs { start, scores } => {
+                if live
+                    .updates
+                    .send(Update::PromptLogprobs { start, scores })
+                    .is_err()
+                {
                     self.sched.cancel(id);
                 }
             }

@@ -5,7 +5,9 @@
 use serde_json::json;
 use std::collections::HashMap;
 use strata_config::ModelConfig;
-use strata_types::sampling::{draw_uniform, sample, token_logprobs, RowDraw, SamplingParams};
+use strata_types::sampling::{
+    draw_uniform, sample, token_logprobs, RowDraw, SamplingParams, TokenLogprobs,
+};
 
 use strata_kv::{
     CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, ModelDtype, PagePlan, RequestId,
@@ -455,6 +457,8 @@ pub struct Outcome {
     pub completion_tokens: usize,
     pub cached_tokens: usize,
     pub logprobs: Vec<Option<f32>>,
+    /// Prompt logprobs, from position 1 on.
+    pub prompt_scores: Vec<TokenLogprobs>,
 }
 
 impl Outcome {
@@ -466,6 +470,7 @@ impl Outcome {
             completion_tokens: 0,
             cached_tokens: 0,
             logprobs: Vec::new(),
+            prompt_scores: Vec::new(),
         }
     }
 }
@@ -479,6 +484,15 @@ pub fn record(outcomes: &mut HashMap<SeqId, Outcome>, events: Vec<Event>) {
             EventKind::Token { token, logprob, .. } => {
                 o.tokens.push(token);
                 o.logprobs.push(logprob);
+            }
+            EventKind::PromptLogprobs { start, scores } => {
+                assert!(o.tokens.is_empty(), "prompt logprobs after a token");
+                assert_eq!(
+                    start,
+                    o.prompt_scores.len() + 1,
+                    "prompt logprobs out of order"
+                );
+                o.prompt_scores.extend(scores);
             }
             EventKind::Finished {
                 reason,

@@ -234,7 +234,6 @@ impl CompletionRequest {
     pub fn check_unsupported(&self) -> Result<(), ApiError> {
         self.common.check_unsupported()?;
         unless_neutral("best_of", self.best_of.is_none_or(|b| b == 1), "1")?;
-        unless_neutral("echo", self.echo != Some(true), "false")?;
         unless_neutral(
             "suffix",
             self.suffix.as_deref().is_none_or(str::is_empty),
@@ -245,6 +244,35 @@ impl CompletionRequest {
     pub fn common(&self) -> Common {
         self.common.clone()
     }
+
+    /// Whether the prompt comes back ahead of the completion (`echo`).
+    pub fn echo(&self) -> bool {
+        self.echo == Some(true)
+    }
+}
+
+/// Checks the fields and builds the engine request of one completions prompt. With `echo`,
+/// `max_tokens` may be 0 (the prompt alone), and `logprobs` also scores the prompt.
+pub fn build_completion(
+    c: &Common,
+    prompt: Vec<u32>,
+    logprobs: Option<usize>,
+    echo: bool,
+    limits: &Limits,
+) -> Result<GenerationRequest, ApiError> {
+    let prompt_only = echo && c.max_tokens == Some(0);
+    let mut gen = if prompt_only {
+        // Checked as one token (every other bound holds the same), then asked for none.
+        let mut one = c.clone();
+        one.max_tokens = Some(1);
+        let mut gen = build(&one, prompt, logprobs, None, limits)?;
+        gen.max_tokens = 0;
+        gen
+    } else {
+        build(c, prompt, logprobs, None, limits)?
+    };
+    gen.prompt_logprobs = if echo { logprobs } else { None };
+    Ok(gen)
 }
 
 impl ChatRequest {
@@ -483,6 +511,7 @@ pub fn build(
         stop,
         ignore_eos: c.ignore_eos,
         logprobs,
+        prompt_logprobs: None,
     })
 }
 

@@ -1,6 +1,7 @@
 //! `strata serve`: the OpenAI-compatible HTTP server.
 
 mod api;
+mod echo;
 mod error;
 mod listen;
 mod prom;
@@ -445,6 +446,7 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
         .route("/v1/models/{id}", get(routes::model))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/cache/status", get(routes::cache_status))

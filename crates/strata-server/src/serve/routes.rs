@@ -18,6 +18,7 @@ use strata_engine::{Engine, GenerationRequest, RequestGuard, RequestTimings, Upd
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
+use super::echo::Echo;
 use super::error::ApiError;
 use super::prom;
 
@@ -359,7 +360,7 @@ pub(super) fn tokenizer(st: &AppState) -> Result<&strata_tokenizer::Tokenizer, A
 
 /// Which OpenAI response shape to produce.
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     Completion,
     Chat,
 }
@@ -390,6 +391,35 @@ pub async fn completions(
         }
     };
     let logprobs = req.logprobs.map(|n| n as usize);
+    let echo = req.echo();
+    super::echo::check_not_streamed(echo, c.stream)?;
+    if echo {
+        let texts: Vec<Option<String>> = match &req.prompt {
+            Prompt::Text(t) => vec![Some(t.clone())],
+            Prompt::Texts(v) => v.iter().cloned().map(Some).collect(),
+            Prompt::Tokens(_) | Prompt::TokenLists(_) => vec![None; prompts.len()],
+        };
+        let lim = limits(&st);
+        let mut gens = Vec::with_capacity(prompts.len());
+        let mut echoes = Vec::with_capacity(prompts.len());
+        for (ids, text) in prompts.into_iter().zip(texts) {
+            let text = match text {
+                Some(t) => t,
+                None => tokenizer(&st)?
+                    .decode(&ids, false)
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+            };
+            gens.push(api::build_completion(
+                &c,
+                ids.clone(),
+                logprobs,
+                true,
+                &lim,
+            )?);
+            echoes.push(Some(Echo { text, ids }));
+        }
+        return collect_many(st, gens, echoes, logprobs.is_some()).await;
+    }
     if prompts.len() > 1 {
         if c.stream {
             return Err(ApiError::invalid(
@@ -400,12 +430,13 @@ pub async fn completions(
         let lim = limits(&st);
         let gens = prompts
             .into_iter()
-            .map(|p| api::build(&c, p, logprobs, None, &lim))
+            .map(|p| api::build_completion(&c, p, logprobs, false, &lim))
             .collect::<Result<Vec<_>, _>>()?;
-        return collect_many(st, gens, logprobs.is_some()).await;
+        let echoes = gens.iter().map(|_| None).collect();
+        return collect_many(st, gens, echoes, logprobs.is_some()).await;
     }
     let prompt = prompts.pop().unwrap_or_default();
-    let gen = api::build(&c, prompt, logprobs, None, &limits(&st))?;
+    let gen = api::build_completion(&c, prompt, logprobs, false, &limits(&st))?;
     respond(st, gen, Kind::Completion, &c).await
 }
 
@@ -527,7 +558,13 @@ async fn respond(
 }
 
 /// One token's logprob entry in the endpoint's format.
-fn logprob_entry(st: &AppState, kind: Kind, id: u32, lp: f32, top: &[(u32, f32)]) -> Value {
+pub(super) fn logprob_entry(
+    st: &AppState,
+    kind: Kind,
+    id: u32,
+    lp: f32,
+    top: &[(u32, f32)],
+) -> Value {
     let piece = |t: u32| {
         st.engine
             .tokenizer
@@ -605,11 +642,14 @@ async fn collect_choice(
     kind: Kind,
     index: usize,
     want_logprobs: bool,
+    echo: Option<Echo>,
 ) -> Result<Choice, ApiError> {
     let mut text = String::new();
     let mut entries = Vec::new();
+    let mut prompt_scores = Vec::new();
     while let Some(update) = rx.recv().await {
         match update {
+            Update::PromptLogprobs { scores, .. } => prompt_scores.extend(scores),
             Update::Token {
                 id: tok,
                 text: piece,
@@ -639,6 +679,14 @@ async fn collect_choice(
                     return Err(e);
                 }
                 text.push_str(&rest);
+                if let Some(echo) = &echo {
+                    text.insert_str(0, &echo.text);
+                    if want_logprobs {
+                        let mut all = super::echo::prompt_entries(st, echo, &prompt_scores)?;
+                        all.append(&mut entries);
+                        entries = all;
+                    }
+                }
                 let finish = if reason == "cancelled" {
                     "abort"
                 } else {
@@ -705,15 +753,17 @@ async fn collect(
     id: String,
     want_logprobs: bool,
 ) -> Result<Response, ApiError> {
-    let choice = collect_choice(&st, rx, guard, kind, 0, want_logprobs).await?;
+    let choice = collect_choice(&st, rx, guard, kind, 0, want_logprobs, None).await?;
     Ok(Json(body(&st, kind, &id, vec![choice])).into_response())
 }
 
-/// Several prompts in one completions request: each runs as its own request in the engine
-/// (batched with everything else), and the choices come back in prompt order.
+/// Several prompts in one completions request (or any with `echo`): each runs as its own
+/// request in the engine (batched with everything else), and the choices come back in
+/// prompt order, each led by its prompt where `echoes` has it.
 async fn collect_many(
     st: Shared,
     gens: Vec<GenerationRequest>,
+    echoes: Vec<Option<Echo>>,
     want_logprobs: bool,
 ) -> Result<Response, ApiError> {
     // Submitted together, so that they share steps; a refusal drops the guards taken so
@@ -723,10 +773,13 @@ async fn collect_many(
         submitted.push(st.engine.submit(gen)?);
     }
     let id = format!("cmpl-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
-    let choices = futures_util::future::try_join_all(submitted.into_iter().enumerate().map(
-        |(i, (guard, rx))| collect_choice(&st, rx, guard, Kind::Completion, i, want_logprobs),
-    ))
-    .await?;
+    let choices =
+        futures_util::future::try_join_all(submitted.into_iter().zip(echoes).enumerate().map(
+            |(i, ((guard, rx), echo))| {
+                collect_choice(&st, rx, guard, Kind::Completion, i, want_logprobs, echo)
+            },
+        ))
+        .await?;
     Ok(Json(body(&st, Kind::Completion, &id, choices)).into_response())
 }
 
@@ -782,6 +835,8 @@ impl StreamState {
             self.queue.push_back(Self::data(&first));
         }
         match update {
+            // Prompt logprobs come only with `echo`, which is not streamed.
+            Update::PromptLogprobs { .. } => {}
             Update::Token {
                 id,
                 text,

@@ -125,3 +125,21 @@ pub async fn detokenize(
         .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
     Ok(Json(json!({ "prompt": text })))
 }
+
+/// `GET /tokenizer_info`, in vLLM's shape: the special tokens' text and the chat template,
+/// what a client with no tokenizer of its own (lm-evaluation-harness's remote tokenizer)
+/// needs besides `/tokenize` and `/detokenize`.
+pub async fn tokenizer_info(State(st): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let tok = super::routes::tokenizer(&st)?;
+    // A special token's own text, as `/detokenize` writes it.
+    let text = |id: Option<u32>| id.and_then(|id| tok.decode(&[id], true).ok());
+    Ok(Json(json!({
+        "tokenizer_class": "strata",
+        "bos_token": text(tok.bos_id()),
+        "eos_token": text(tok.eos_id()),
+        "pad_token": Value::Null,
+        "chat_template": tok.chat_template(),
+        "model_max_length": st.engine.context_len,
+        "vocab_size": st.engine.vocab_size,
+    })))
+}
