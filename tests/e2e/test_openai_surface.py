@@ -30,7 +30,7 @@ NEUTRAL_COMPLETION = {**NEUTRAL, "best_of": 1, "echo": False, "suffix": None, "l
 
 # Each would change the output; Strata cannot honour it yet.
 REFUSED = {
-    "logit_bias": {"5": 10}, "response_format": {"type": "json_object"},
+    "logit_bias": {"5": 10},
     "repetition_penalty": 1.3, "min_tokens": 3, "stop_token_ids": [7],
 }
 REFUSED_CHAT = {**REFUSED, "tools": [{"type": "function", "function": {"name": "f"}}],

@@ -27,6 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ignore_eos: true,
         logprobs: None,
         prompt_logprobs: None,
+        constraint: None,
     };
     // Dropping the guard would cancel the request (a client that went away).
     let (_guard, mut updates) = engine.submit(request)?;

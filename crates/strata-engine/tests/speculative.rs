@@ -208,6 +208,7 @@ fn serve(
                 ignore_eos: true,
                 logprobs: None,
                 prompt_logprobs: None,
+                constraint: None,
             };
             engine.submit(req).unwrap()
         })

@@ -15,6 +15,7 @@
 
 mod admission;
 mod config;
+mod constraint;
 mod error;
 mod event;
 mod lookup;
@@ -28,6 +29,7 @@ mod speculate;
 mod step;
 
 pub use config::SchedulerConfig;
+pub use constraint::{Constraint, TokenConstraint};
 pub use error::SchedError;
 pub use event::{Event, EventKind, FinishReason};
 pub use lookup::PromptLookup;

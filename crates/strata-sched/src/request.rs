@@ -39,6 +39,9 @@ pub struct Request {
     /// [`EventKind::PromptLogprobs`](crate::EventKind::PromptLogprobs). Such a request
     /// computes its whole prompt (no prefix-cache hit) and may ask for `max_tokens` 0.
     pub prompt_logprobs: Option<usize>,
+    /// What the request may generate (a grammar): its logits are masked before each draw,
+    /// which then happens on the host, and it ends when the constraint is complete.
+    pub constraint: Option<crate::Constraint>,
 }
 
 impl Request {
@@ -54,6 +57,7 @@ impl Request {
             stop_fn: None,
             logprobs: None,
             prompt_logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -70,6 +74,7 @@ impl fmt::Debug for Request {
             .field("stop_fn", &self.stop_fn.as_ref().map(|_| "<fn>"))
             .field("logprobs", &self.logprobs)
             .field("prompt_logprobs", &self.prompt_logprobs)
+            .field("constraint", &self.constraint)
             .finish()
     }
 }

@@ -153,6 +153,10 @@ impl Seq {
     /// for more top logprobs than a backend reports (drawn and scored on the host).
     pub fn token_mode(&self, index: usize) -> LogitsMode {
         let sampling = &self.req.sampling;
+        if self.req.constraint.is_some() {
+            // The mask is applied on the host, to the logits.
+            return LogitsMode::Last;
+        }
         match self.req.logprobs {
             Some(n) if n > MAX_TOP_LOGPROBS => LogitsMode::Last,
             None if sampling.is_greedy() => LogitsMode::Argmax,

@@ -294,8 +294,18 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     top_logprobs: top,
                 },
             });
-            if let Some(reason) = seq.stop_reason(context_len) {
-                done.push((seq.id, reason));
+            let complete = match &mut seq.req.constraint {
+                Some(c) => c.0.commit(token),
+                None => Ok(false),
+            };
+            match complete {
+                Ok(true) => done.push((seq.id, FinishReason::Stop)),
+                Err(e) => done.push((seq.id, FinishReason::Error(e))),
+                Ok(false) => {
+                    if let Some(reason) = seq.stop_reason(context_len) {
+                        done.push((seq.id, reason));
+                    }
+                }
             }
         }
         for (id, reason) in done {
@@ -337,17 +347,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
         let draw = |(seq, b): (&mut Seq, usize)| {
             let logits = out.last(b).expect("checked above");
-            let uniform = draw_uniform(seq.seed, seq.tokens.len() as u64);
-            let d = sample(logits, &seq.req.sampling, uniform)
-                .map(|token| match seq.req.logprobs {
-                    Some(k) => {
-                        let scores = token_logprobs(logits, token, k);
-                        (token, Some(scores.logprob), scores.top)
-                    }
-                    None => (token, None, Vec::new()),
-                })
-                .map_err(|e| e.to_string());
-            (b, d)
+            (b, draw_row(seq, logits))
         };
         let picked = self.running.iter_mut().zip(&row_of);
         let drawn: Vec<(usize, Draw)> = if rows > 1 {
@@ -395,6 +395,30 @@ fn model_pick<'a>(
     let token = out.token(b).filter(|&t| (t as usize) < out.vocab)?;
     let scores = out.token_logprobs(b);
     (seq.req.logprobs.is_none() || scores.is_some()).then_some((token, scores))
+}
+
+/// Draws `seq`'s next token from its row of `logits`, masked by its constraint if it has
+/// one; the logprobs (when asked for) are of the raw distribution, as for every request.
+fn draw_row(seq: &mut Seq, logits: &[f32]) -> Draw {
+    let uniform = draw_uniform(seq.seed, seq.tokens.len() as u64);
+    let masked;
+    let from = match &mut seq.req.constraint {
+        Some(c) => {
+            let mut m = logits.to_vec();
+            c.0.mask(&mut m)?;
+            masked = m;
+            &masked[..]
+        }
+        None => logits,
+    };
+    let token = sample(from, &seq.req.sampling, uniform).map_err(|e| e.to_string())?;
+    Ok(match seq.req.logprobs {
+        Some(k) => {
+            let scores = token_logprobs(logits, token, k);
+            (token, Some(scores.logprob), scores.top)
+        }
+        None => (token, None, Vec::new()),
+    })
 }
 
 /// The prompt logprobs that a chunk of `n` tokens of `seq` (from `seq.computed`) yields

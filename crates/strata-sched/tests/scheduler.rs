@@ -687,3 +687,68 @@ fn prompt_logprobs_survive_preemption() {
     }
     assert_pool_clean(sched.pool_mut());
 }
+
+/// Allows only even ids and is complete after `left` tokens.
+struct EvenIds {
+    left: usize,
+}
+
+impl strata_sched::TokenConstraint for EvenIds {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        for (id, l) in logits.iter_mut().enumerate() {
+            if id % 2 == 1 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> Result<bool, String> {
+        if token % 2 == 1 {
+            return Err(format!("{token} was not allowed"));
+        }
+        self.left -= 1;
+        Ok(self.left == 0)
+    }
+    fn fork(&self) -> Box<dyn strata_sched::TokenConstraint> {
+        Box::new(EvenIds { left: self.left })
+    }
+}
+
+#[test]
+fn a_constraint_masks_every_draw_and_ends_the_request() {
+    let cfg = fake_config(true);
+    let kv = pool(&cfg, 64, 64, 4, CacheType::Radix);
+    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config(4, 64, 8)).unwrap();
+    let p = prompt(11, 4);
+    let reqs = [SamplingParams::greedy(), sampled(3)].map(|sampling| {
+        let mut r = Request::new(p.clone(), 20);
+        r.ignore_eos = true;
+        r.sampling = sampling;
+        r.logprobs = Some(0);
+        r.constraint = Some(strata_sched::Constraint::new(EvenIds { left: 6 }));
+        r
+    });
+    let (ids, out) = run_all(&mut sched, reqs.into());
+    for (id, params) in ids.iter().zip([SamplingParams::greedy(), sampled(3)]) {
+        let o = &out[id];
+        assert_eq!(o.reason, Some(FinishReason::Stop));
+        // The plain loop over masked logits; logprobs stay those of the raw distribution.
+        let mut tokens = p.clone();
+        for (i, &t) in o.tokens.iter().enumerate() {
+            let raw = logits_for(&tokens);
+            let mut masked = raw.clone();
+            strata_sched::TokenConstraint::mask(&mut EvenIds { left: 1 }, &mut masked).unwrap();
+            let uniform =
+                strata_types::sampling::draw_uniform(params.seed_or(7), tokens.len() as u64);
+            assert_eq!(
+                t,
+                strata_types::sampling::sample(&masked, &params, uniform).unwrap(),
+                "token {i}"
+            );
+            assert_eq!(o.logprobs[i], Some(logprob_of(&raw, t)));
+            tokens.push(t);
+        }
+        assert_eq!(o.tokens.len(), 6);
+    }
+    assert_pool_clean(sched.pool_mut());
+}

@@ -1,6 +1,7 @@
 //! The serving engine: a scheduler loop on its own thread, fed through a command channel,
 //! streaming each request's tokens and text back over a channel of its own.
 
+mod grammar;
 mod metrics;
 mod text;
 mod trace;
@@ -98,6 +99,8 @@ pub struct GenerationRequest {
     /// alternatives ([`Update::PromptLogprobs`]); the prompt is then computed whole (no
     /// prefix-cache hit), and `max_tokens` may be 0.
     pub prompt_logprobs: Option<usize>,
+    /// What the output may be ([`Engine::constraint`]); `None` for free text.
+    pub constraint: Option<strata_sched::Constraint>,
 }
 
 /// What the client of one request receives, in order: tokens, then one `Finished`.
@@ -230,6 +233,10 @@ pub struct Engine {
     pub context_len: usize,
     /// The model's vocabulary size (token ids `0..vocab_size`).
     pub vocab_size: usize,
+    /// The id a constrained output ends with once its grammar is complete.
+    grammar_eos: Option<u32>,
+    /// Structured-output grammars over the model's vocabulary, built on first use.
+    grammars: grammar::LazyGrammars,
     /// Sliding-window pages per full page, to price a rebuild.
     window_ratio: f64,
     /// Requests submitted and not yet ended (their guards alive), and how many may be.
@@ -355,6 +362,7 @@ impl Engine {
             None => model_len,
         };
         let vocab_size = loaded.config().vocab_size;
+        let grammar_eos = loaded.stop_ids.first().copied();
         let max_in_flight = opts
             .scheduler
             .max_running_requests
@@ -382,12 +390,31 @@ impl Engine {
             model_name,
             context_len,
             vocab_size,
+            grammar_eos,
+            grammars: Default::default(),
             window_ratio,
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             alive,
             alive_watch,
         })
+    }
+
+    /// The constraint that keeps an output to `spec` (a JSON Schema, a regular expression,
+    /// choices or a Lark grammar), compiled over the model's vocabulary; why not, when the
+    /// grammar does not compile or the model has no tokenizer.
+    pub fn constraint(
+        &self,
+        spec: &strata_structured::Spec,
+    ) -> std::result::Result<strata_sched::Constraint, String> {
+        let tokenizer = self
+            .tokenizer
+            .as_ref()
+            .ok_or("structured outputs need the model's tokenizer")?;
+        let eos = self
+            .grammar_eos
+            .ok_or("structured outputs need an end-of-sequence token")?;
+        self.grammars.constraint(tokenizer, eos, spec)
     }
 
     /// Whether the engine thread is still running.

@@ -131,6 +131,7 @@ impl Engine {
                 ignore_eos: true,
                 logprobs: None,
                 prompt_logprobs: None,
+                constraint: None,
             };
             pending.push(self.submit(req)?);
         }

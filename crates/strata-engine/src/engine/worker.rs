@@ -222,6 +222,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             stop_fn,
             logprobs: req.logprobs,
             prompt_logprobs: req.prompt_logprobs,
+            constraint: req.constraint,
         });
         self.by_client.insert(client, id);
         self.live.insert(

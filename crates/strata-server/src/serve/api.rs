@@ -138,7 +138,12 @@ pub struct Common {
     pub parallel_tool_calls: Option<bool>,
     // These change the output: accepted only at their neutral value (`check_unsupported`).
     pub logit_bias: Option<serde_json::Value>,
+    // Structured outputs (`structured.rs`).
     pub response_format: Option<serde_json::Value>,
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
     pub repetition_penalty: Option<f32>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
@@ -153,11 +158,6 @@ impl Common {
             self.logit_bias.as_ref().is_none_or(is_empty),
             "an empty map",
         )?;
-        let text_format = self
-            .response_format
-            .as_ref()
-            .is_none_or(|f| is_empty(f) || f.get("type").and_then(|t| t.as_str()) == Some("text"));
-        unless_neutral("response_format", text_format, "{\"type\": \"text\"}")?;
         unless_neutral(
             "repetition_penalty",
             self.repetition_penalty.is_none_or(|p| p == 1.0),
@@ -512,6 +512,7 @@ pub fn build(
         ignore_eos: c.ignore_eos,
         logprobs,
         prompt_logprobs: None,
+        constraint: None,
     })
 }
 

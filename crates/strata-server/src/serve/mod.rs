@@ -6,6 +6,7 @@ mod error;
 mod listen;
 mod prom;
 mod routes;
+mod structured;
 mod tokenize;
 
 pub use listen::{listen, serve as serve_on, ConnLimits};

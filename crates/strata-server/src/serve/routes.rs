@@ -418,6 +418,7 @@ pub async fn completions(
             )?);
             echoes.push(Some(Echo { text, ids }));
         }
+        super::structured::constrain(&st, &c, &mut gens).await?;
         return collect_many(st, gens, echoes, logprobs.is_some()).await;
     }
     if prompts.len() > 1 {
@@ -428,15 +429,19 @@ pub async fn completions(
             ));
         }
         let lim = limits(&st);
-        let gens = prompts
+        let mut gens = prompts
             .into_iter()
             .map(|p| api::build_completion(&c, p, logprobs, false, &lim))
             .collect::<Result<Vec<_>, _>>()?;
+        super::structured::constrain(&st, &c, &mut gens).await?;
         let echoes = gens.iter().map(|_| None).collect();
         return collect_many(st, gens, echoes, logprobs.is_some()).await;
     }
     let prompt = prompts.pop().unwrap_or_default();
     let gen = api::build_completion(&c, prompt, logprobs, false, &limits(&st))?;
+    let mut gens = [gen];
+    super::structured::constrain(&st, &c, &mut gens).await?;
+    let [gen] = gens;
     respond(st, gen, Kind::Completion, &c).await
 }
 
@@ -531,6 +536,9 @@ pub async fn chat(
         .saturating_sub(prompt.len());
     let default_max = Some(room.min(u32::MAX as usize) as u32);
     let gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
+    let mut gens = [gen];
+    super::structured::constrain(&st, &c, &mut gens).await?;
+    let [gen] = gens;
     respond(st, gen, Kind::Chat, &c).await
 }
 

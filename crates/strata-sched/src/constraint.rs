@@ -1,0 +1,39 @@
+//! Constraints on what a request may generate (a grammar, a JSON Schema): the scheduler
+//! masks a constrained request's logits before each draw and tells the constraint each
+//! token drawn. The constraint itself lives elsewhere (`strata-structured` builds one with
+//! llguidance); the scheduler only needs this trait.
+
+use std::fmt;
+
+/// A request's token constraint, asked before each of its draws.
+pub trait TokenConstraint: Send {
+    /// Sets the logit of every token not allowed next to negative infinity.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// Records the token drawn; `Ok(true)` when the constraint is complete (nothing more
+    /// may follow), which ends the request with `FinishReason::Stop`.
+    fn commit(&mut self, token: u32) -> Result<bool, String>;
+    /// An independent copy in the same state (a sample of its own, a retried request).
+    fn fork(&self) -> Box<dyn TokenConstraint>;
+}
+
+/// A boxed [`TokenConstraint`]; cloning forks it.
+pub struct Constraint(pub Box<dyn TokenConstraint>);
+
+impl Constraint {
+    /// Wraps a constraint.
+    pub fn new(c: impl TokenConstraint + 'static) -> Self {
+        Self(Box::new(c))
+    }
+}
+
+impl Clone for Constraint {
+    fn clone(&self) -> Self {
+        Self(self.0.fork())
+    }
+}
+
+impl fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Constraint")
+    }
+}

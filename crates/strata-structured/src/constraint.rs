@@ -1,0 +1,55 @@
+//! An llguidance matcher as the scheduler's token constraint.
+
+use llguidance::Matcher;
+use strata_sched::TokenConstraint;
+
+/// One request's grammar state: the tokens it may draw next.
+pub struct GrammarConstraint {
+    matcher: Matcher,
+}
+
+impl GrammarConstraint {
+    pub(crate) fn new(matcher: Matcher) -> Self {
+        Self { matcher }
+    }
+}
+
+impl TokenConstraint for GrammarConstraint {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        // Once the grammar is complete only the end of sequence is allowed.
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| format!("grammar: {e}"))?;
+        let mut any = false;
+        for (id, l) in logits.iter_mut().enumerate() {
+            if allowed.is_allowed(id as u32) {
+                any |= *l != f32::NEG_INFINITY;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        if any {
+            Ok(())
+        } else {
+            Err("the grammar allows no token the model can produce".into())
+        }
+    }
+
+    fn commit(&mut self, token: u32) -> Result<bool, String> {
+        if self.matcher.is_stopped() {
+            // The end of sequence after a complete grammar: nothing left to check.
+            return Ok(true);
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| format!("grammar: {e}"))?;
+        Ok(self.matcher.is_stopped())
+    }
+
+    fn fork(&self) -> Box<dyn TokenConstraint> {
+        Box::new(Self {
+            matcher: self.matcher.deep_clone(),
+        })
+    }
+}
