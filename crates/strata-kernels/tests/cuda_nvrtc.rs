@@ -11,7 +11,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use strata_kernels::cuda::{compile_cubin, nvrtc_available, nvrtc_version, KERNEL_FILES};
+use rayon::prelude::*;
+use strata_kernels::cuda::{
+    compile_cubin, nvrtc_available, nvrtc_version, KernelFile, KERNEL_FILES,
+};
 
 const LIB_NAMES: &[&str] = &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
 
@@ -105,32 +108,40 @@ fn every_kernel_file_compiles_for_sm80_sm90_and_sm100() {
     }
     let (major, minor) = nvrtc_version().expect("nvrtc version");
     eprintln!("NVRTC {major}.{minor}");
-    for arch in [80, 90, 100] {
-        for file in KERNEL_FILES {
-            let cubin = compile_cubin(file, arch).unwrap_or_else(|e| panic!("{e}"));
+    // One program per (arch, file), compiled on every core: NVRTC compiles separate
+    // programs concurrently, and one at a time this test takes minutes.
+    let jobs: Vec<(u32, &KernelFile)> = [80, 90, 100]
+        .into_iter()
+        .flat_map(|arch| KERNEL_FILES.iter().map(move |f| (arch, f)))
+        .collect();
+    let built: Vec<_> = jobs
+        .par_iter()
+        .map(|&(arch, file)| (arch, file, compile_cubin(file, arch)))
+        .collect();
+    for (arch, file, cubin) in built {
+        let cubin = cubin.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            cubin.starts_with(b"\x7fELF"),
+            "{}.cu sm_{arch}: not a CUBIN",
+            file.name
+        );
+        // Every entry point the backend looks up must be in the symbol table (a file
+        // for newer GPUs builds empty below its `min_arch`; the backend skips it).
+        let expected = if arch >= file.min_arch {
+            file.functions
+        } else {
+            &[]
+        };
+        for f in expected {
             assert!(
-                cubin.starts_with(b"\x7fELF"),
-                "{}.cu sm_{arch}: not a CUBIN",
+                cubin
+                    .windows(f.len() + 1)
+                    .any(|w| &w[..f.len()] == f.as_bytes() && w[f.len()] == 0),
+                "{}.cu sm_{arch}: no symbol {f}",
                 file.name
             );
-            // Every entry point the backend looks up must be in the symbol table (a file
-            // for newer GPUs builds empty below its `min_arch`; the backend skips it).
-            let expected = if arch >= file.min_arch {
-                file.functions
-            } else {
-                &[]
-            };
-            for f in expected {
-                assert!(
-                    cubin
-                        .windows(f.len() + 1)
-                        .any(|w| &w[..f.len()] == f.as_bytes() && w[f.len()] == 0),
-                    "{}.cu sm_{arch}: no symbol {f}",
-                    file.name
-                );
-            }
-            eprintln!("{}.cu sm_{arch}: {} bytes", file.name, cubin.len());
         }
+        eprintln!("{}.cu sm_{arch}: {} bytes", file.name, cubin.len());
     }
 }
 
