@@ -255,7 +255,7 @@ def test_completion_box_on_a_base_model(browser, server):
     card = requests.get(server.v1 + "/models", timeout=10).json()["data"][0]
     # Gemma-3 GGUFs carry no template; the server falls back to Gemma's turn format, so chat
     # is offered too and the completion box is chosen by hand.
-    assert browser.find_element("id", "mode-chat").is_enabled() == card["chat_template"]
+    assert browser.find_element("id", "mode-chat").is_enabled() == card["has_chat_template"]
     browser.find_element("id", "mode-completion").click()
     assert browser.find_element("id", "chat-pane").get_attribute("hidden")
     prompt = "The capital of France is"

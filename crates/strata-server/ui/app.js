@@ -439,7 +439,7 @@ async function start() {
     const models = await getJson("/v1/models");
     const card = models.data[0];
     state.model = card.id;
-    state.chatTemplate = card.chat_template === true;
+    state.chatTemplate = card.has_chat_template === true;
     $("model-name").textContent = card.id + " · context " + card.max_model_len;
     $("mode-chat").disabled = !state.chatTemplate;
     $("mode-note").textContent = state.chatTemplate ? "" : "(this model has no chat template)";

@@ -205,7 +205,7 @@ fn model_card(st: &AppState) -> Value {
         "created": st.created,
         "owned_by": "strata",
         "max_model_len": st.engine.context_len,
-        "chat_template": st.engine.prompter.has_chat_template(),
+        "has_chat_template": st.engine.prompter.has_chat_template(),
     })
 }
 
