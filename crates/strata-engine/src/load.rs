@@ -213,6 +213,12 @@ impl Prompter {
         })
     }
 
+    /// Whether chat requests can be rendered: the model has a chat template (its own, or
+    /// Gemma's turn format for Gemma files that carry none).
+    pub fn has_chat_template(&self) -> bool {
+        self.chat.is_some()
+    }
+
     /// Token ids of a raw prompt, with BOS added the way the model's tokenizer is configured.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self.tokenizer()?.encode(text, true, true)?)

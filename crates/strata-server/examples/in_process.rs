@@ -25,6 +25,7 @@ async fn main() -> anyhow::Result<()> {
     let http = HttpOptions {
         body_timeout: Duration::from_secs(10),
         allowed_origins: Vec::new(),
+        ui: true,
     };
     let app = router(state, &http)?;
 

@@ -21,7 +21,12 @@ fn fixture(name: &str) -> PathBuf {
 
 /// The routes over the tiny Llama (no tokenizer: prompts are token ids).
 fn app(admin_key: Option<&str>) -> Router {
-    let loaded = LoadedModel::load(&fixture("llama-tiny"), Device::Cpu).expect("fixture loads");
+    app_over("llama-tiny", admin_key, true)
+}
+
+/// The routes over fixture `model`, with the page at `/` when `ui`.
+fn app_over(model: &str, admin_key: Option<&str>, ui: bool) -> Router {
+    let loaded = LoadedModel::load(&fixture(model), Device::Cpu).expect("fixture loads");
     let opts = EngineOptions {
         kv_budget_bytes: 8 << 20,
         ..Default::default()
@@ -34,6 +39,7 @@ fn app(admin_key: Option<&str>) -> Router {
     let http = HttpOptions {
         body_timeout: Duration::from_secs(10),
         allowed_origins: Vec::new(),
+        ui,
     };
     router(Arc::new(state), &http).expect("router builds")
 }
@@ -76,6 +82,93 @@ async fn probes_answer() {
         call(&app, "GET", "/ready", None, None).await,
         (StatusCode::OK, json!({"status": "ready"}))
     );
+}
+
+/// The page and its files are served with `--ui on`, under a policy that runs only the
+/// server's own scripts; with `--ui off` `/` is not found.
+#[tokio::test]
+async fn the_page_is_served_only_with_ui_on() {
+    let on = app_over("llama-tiny", None, true);
+    for (path, kind) in [
+        ("/", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/app.css", "text/css"),
+    ] {
+        let req = Request::get(path).body(Body::empty()).unwrap();
+        let resp = on.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        let h = resp.headers();
+        assert!(h[header::CONTENT_TYPE].to_str().unwrap().starts_with(kind));
+        let csp = h[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        assert!(csp.contains("script-src 'self'"), "{csp}");
+        let body = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        assert!(!body.is_empty(), "{path}");
+    }
+    let off = app_over("llama-tiny", None, false);
+    for path in ["/", "/ui/app.js"] {
+        let (status, v) = call(&off, "GET", path, None, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {v}");
+    }
+    // The API is the same either way.
+    let (status, _) = call(&off, "GET", "/v1/kv/layout", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// `/v1/kv/layout` on the tiny Gemma-4 against the rule transformers applies, computed here
+/// from its config.json: the last `num_kv_shared_layers` layers read the KV of the last
+/// earlier layer of their attention type, and only owning layers cost bytes.
+#[tokio::test]
+async fn the_kv_layout_follows_the_config() {
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(fixture("gemma4-tiny").join("config.json")).unwrap())
+            .unwrap();
+    let types: Vec<&str> = config["layer_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().trim_end_matches("_attention"))
+        .collect();
+    let first_shared = types.len() - config["num_kv_shared_layers"].as_u64().unwrap() as usize;
+    let head_dim = |i: usize| {
+        config["per_layer_config"][i.to_string()]["head_dim"]
+            .as_u64()
+            .unwrap_or(config["head_dim"].as_u64().unwrap())
+    };
+    let kv_heads = config["num_key_value_heads"].as_u64().unwrap();
+
+    let app = app_over("gemma4-tiny", None, true);
+    let (status, v) = call(&app, "GET", "/v1/kv/layout", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let elem_bytes = match v["kv_cache_dtype"].as_str().unwrap() {
+        "f32" => 4,
+        "bf16" | "f16" => 2,
+        other => panic!("unexpected KV dtype {other}"),
+    };
+    assert_eq!(v["num_layers"], types.len());
+    let (mut owned, mut all) = (0, 0);
+    for (i, kind) in types.iter().enumerate() {
+        let source = if i < first_shared {
+            i
+        } else {
+            (0..first_shared)
+                .rev()
+                .find(|&j| types[j] == *kind)
+                .unwrap()
+        };
+        let layer = &v["layers"][i];
+        assert_eq!(layer["layer"], i);
+        assert_eq!(layer["attention"], *kind, "layer {i}");
+        assert_eq!(layer["owns_kv"], source == i, "layer {i}");
+        assert_eq!(layer["kv_source"], source, "layer {i}");
+        let bytes = 2 * kv_heads * head_dim(i) * elem_bytes;
+        all += bytes;
+        if source == i {
+            owned += bytes;
+        }
+    }
+    assert_eq!(v["kv_cost"], owned);
+    assert_eq!(v["kv_cost_unshared"], all);
+    assert!(owned < all, "the fixture shares KV");
 }
 
 #[tokio::test]
@@ -128,6 +221,7 @@ async fn the_server_stops_with_an_error_when_its_engine_thread_ends() {
     let http = HttpOptions {
         body_timeout: Duration::from_secs(10),
         allowed_origins: Vec::new(),
+        ui: true,
     };
     let app = router(state.clone(), &http).unwrap();
     let (listener, _) = listen(([127, 0, 0, 1], 0).into()).await.unwrap();

@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use strata_kernels::sampling::SamplingParams;
-use strata_kv::{CacheType, KvCacheDtype, KvStatus, PagePlan};
+use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvStatus, PagePlan};
 use strata_model::{Drafting, ModelRunner};
 use strata_sched::{DraftStats, SchedulerConfig};
 use strata_tokenizer::Tokenizer;
@@ -237,6 +237,9 @@ pub struct Engine {
     grammar_eos: Option<u32>,
     /// Structured-output grammars over the model's vocabulary, built on first use.
     grammars: grammar::LazyGrammars,
+    /// The KV pool's layout: which layers own KV, which read a source's, what a token
+    /// costs (the same layout the engine thread allocates).
+    pub kv_layout: Arc<KvLayout>,
     /// Sliding-window pages per full page, to price a rebuild.
     window_ratio: f64,
     /// Requests submitted and not yet ended (their guards alive), and how many may be.
@@ -363,6 +366,7 @@ impl Engine {
         };
         let vocab_size = loaded.config().vocab_size;
         let grammar_eos = loaded.stop_ids.first().copied();
+        let kv_layout = Arc::new(KvLayout::for_config(loaded.config(), opts.kv_cache_dtype)?);
         let max_in_flight = opts
             .scheduler
             .max_running_requests
@@ -392,6 +396,7 @@ impl Engine {
             vocab_size,
             grammar_eos,
             grammars: Default::default(),
+            kv_layout,
             window_ratio,
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,

@@ -3,11 +3,13 @@
 mod api;
 mod echo;
 mod error;
+mod layout;
 mod listen;
 mod prom;
 mod routes;
 mod structured;
 mod tokenize;
+mod ui;
 
 pub use listen::{listen, serve as serve_on, ConnLimits};
 pub use routes::{AppState, Shared};
@@ -51,6 +53,15 @@ impl Switch {
             Switch::Off => false,
         }
     }
+}
+
+/// A feature that is on or off whatever the device.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
 }
 
 /// `strata serve`'s flags.
@@ -185,6 +196,10 @@ pub struct ServeArgs {
     /// Off by default: browsers then refuse cross-origin calls.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Serve the page at `/`: a chat with the model and a live view of its KV pool
+    /// (on or off; off: `/` answers 404).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub ui: OnOff,
     /// Where and how the weights are placed.
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
@@ -365,7 +380,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     let http = HttpOptions {
         body_timeout: secs("--body-timeout", a.body_timeout)?,
         allowed_origins: a.allowed_origins.clone(),
+        ui: a.ui == OnOff::On,
     };
+    let ui = http.ui;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -397,6 +414,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         }
         let (listener, bound) = listen::listen(addr).await?;
         log(format!("listening on http://{bound}"));
+        if ui {
+            println!("page: http://{bound}/ (chat and the KV pool, in a browser)");
+        }
         println!(
             "ready: curl http://{bound}/v1/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}}'"
         );
@@ -431,6 +451,8 @@ pub struct HttpOptions {
     pub body_timeout: Duration,
     /// CORS origins (`*` for any); empty: no CORS headers.
     pub allowed_origins: Vec<String>,
+    /// Serve the page at `/` (`--ui`).
+    pub ui: bool,
 }
 
 /// The server's routes over `state`, with `http`'s body timeout and CORS origins.
@@ -451,13 +473,16 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat))
         .route("/v1/cache/status", get(routes::cache_status))
+        .route("/v1/kv/layout", get(layout::kv_layout))
         .route_layer(middleware::from_fn_with_state(state.clone(), routes::auth))
         .merge(admin)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             routes::count_rejections,
         ));
+    let page = if http.ui { ui::routes() } else { Router::new() };
     let router = Router::new()
+        .merge(page)
         .route("/health", get(routes::health))
         .route("/ready", get(routes::ready))
         .route("/metrics", get(routes::metrics))

@@ -205,6 +205,7 @@ fn model_card(st: &AppState) -> Value {
         "created": st.created,
         "owned_by": "strata",
         "max_model_len": st.engine.context_len,
+        "has_chat_template": st.engine.prompter.has_chat_template(),
     })
 }
 
@@ -252,6 +253,7 @@ pub async fn cache_status(State(st): State<Shared>) -> Result<Json<Value>, ApiEr
         "used_pages": full.map_or(0, |p| p.pages_used),
         "window_used_pages": window.map_or(0, |p| p.pages_used),
         "cached_pages": full.map_or(0, |p| p.pages_cached),
+        "window_cached_pages": window.map_or(0, |p| p.pages_cached),
         "unit_bytes": unit_bytes,
         "kv_cache_dtype": kv.kv_cache_dtype,
         "cache_type": kv.cache_type,
