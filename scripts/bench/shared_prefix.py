@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Shared-prefix serving benchmark: N requests (default 20) share one long document (about
-2,000 tokens) and each asks a different question, sent one after another (streamed, greedy,
+2,000 tokens) and each asks a different question of about 50 tokens, sent one after another (streamed, greedy,
 a few output tokens). For each binary given it starts `strata serve` on the model, runs the
 workload and reports the mean and median time to first token of requests 2..N, the prompt
 tokens computed (prompt - cached) and the share of the shareable tokens (document prefix of
@@ -100,7 +100,11 @@ def run(name: str, binary: str, args, extra: list[str]) -> dict:
         proc, base = start(binary, args.model, extra, log)
     try:
         ask(base, "Warm-up.", "Say hi.", 1)  # first-request costs stay out of the figures
-        questions = [f"Which region surveyed the most sites of kind {i}?"
+        # Questions of a few pages (about 50 tokens), as users write them: the requests
+        # diverge well before the end of the first one's prompt.
+        questions = [f"I am preparing a field trip for group {i} and we can only visit places "
+                     f"rated grade {i % 5} or better. Which region surveyed the most sites of "
+                     f"kind {TOPICS[i % len(TOPICS)]}, and how many sites did it count?"
                      for i in range(args.requests)]
         ids = [tokens(base, messages(doc, q)) for q in questions]
         # What a perfect cache could serve: each request's prefix shared with an earlier one.
