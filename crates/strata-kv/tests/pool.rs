@@ -88,12 +88,19 @@ fn slabs_are_sized_for_owning_layers_only() {
 #[test]
 fn window_slots_of_old_positions_are_released() {
     let cfg = common::tiny(8);
-    let mut pool = common::host_pool(&cfg, KvCacheDtype::F32, plan(16, 12, 2));
+    let mut pool = KvPool::new(
+        KvLayout::new(&cfg, KvCacheDtype::F32, ModelDtype::F32).unwrap(),
+        plan(16, 12, 2),
+        CacheType::Naive,
+        HostStorage::new(),
+    )
+    .unwrap();
     let req = pool.alloc_request();
     pool.extend(req, 20).unwrap();
     assert_eq!(pool.free_pages(PoolKind::Window), 2);
     pool.commit(req, 20).unwrap();
-    // The query at 20 sees 13..=19: pages 0..=5 (positions 0..=11) are dead.
+    // The query at 20 sees 13..=19: pages 0..=5 (positions 0..=11) are dead, and without
+    // the radix cache nobody could reuse them.
     assert_eq!(pool.free_pages(PoolKind::Window), 8);
     let sliding = 0;
     let full = 4;
@@ -116,6 +123,49 @@ fn window_slots_of_old_positions_are_released() {
 }
 
 #[test]
+fn out_of_window_slots_stay_idle_until_needed() {
+    let cfg = common::tiny(8);
+    let mut pool = common::host_pool(&cfg, KvCacheDtype::F32, plan(32, 12, 2));
+    let req = pool.alloc_request();
+    pool.extend(req, 20).unwrap();
+    pool.commit(req, 20).unwrap();
+    // Pages 0..=5 left the window: still mapped, but idle and evictable.
+    let window = |p: &KvPool<HostStorage>| p.status().pools[1].clone();
+    assert_eq!(window(&pool).pages_free, 2);
+    assert_eq!(window(&pool).pages_evictable, 6);
+    assert_eq!(pool.status().window_pages_past_window, 6);
+    let s1 = pool.slot(req, 1).unwrap();
+    let s11 = pool.slot(req, 11).unwrap();
+    assert!(pool.window_slot(s11).is_some());
+    // Another request needs 4 window pages: the 2 free ones, then the 2 read longest ago
+    // (the oldest positions).
+    let other = pool.alloc_request();
+    pool.extend(other, 8).unwrap();
+    assert_eq!(window(&pool).pages_evictable, 4);
+    assert_eq!(pool.status().window_pages_evicted, 2);
+    assert_eq!(pool.window_slot(s1), None);
+    assert!(pool.window_slot(s11).is_some());
+    // Nothing the running requests read can go (4 + 4 read pages, 4 idle): 8 more pages
+    // cannot fit, and a request that cannot fit evicts nothing.
+    let err = pool.extend(other, 16).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KvError::OutOfPages {
+                pool: PoolKind::Window,
+                needed: 8,
+                available: 0
+            }
+        ),
+        "{err}"
+    );
+    assert!(pool.window_slot(s11).is_some());
+    pool.extend(other, 8).unwrap();
+    assert_eq!(pool.window_slot(s11), None);
+    pool.audit().unwrap();
+}
+
+#[test]
 fn long_generation_does_not_exhaust_the_window_pool() {
     let cfg = common::tiny(8);
     // 12 window slots per request are enough: 7 past positions + a chunk of 4 (+ page slack).
@@ -132,7 +182,8 @@ fn long_generation_does_not_exhaust_the_window_pool() {
         pool.commit(req, r.end).unwrap();
     }
     assert_eq!(pool.seq_len(req).unwrap(), 4000);
-    assert!(pool.free_pages(PoolKind::Window) >= 1);
+    let window = pool.status().pools[1].clone();
+    assert!(window.pages_free + window.pages_evictable >= 1);
     pool.audit().unwrap();
 }
 

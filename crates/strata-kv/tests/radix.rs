@@ -125,7 +125,7 @@ fn prefill(
 }
 
 #[test]
-fn sliding_layers_reuse_only_where_the_window_survives() {
+fn sliding_layers_reuse_wherever_the_window_pages_survive() {
     let window = 8;
     let cfg = common::tiny(window);
     let mut p = pool(&cfg, 256, 64, 1, HostStorage::new());
@@ -156,11 +156,29 @@ fn sliding_layers_reuse_only_where_the_window_survives() {
     prefill(&mut p, &cfg, rb, &b, 40, 4);
     p.release(rb).unwrap();
 
-    // Diverging after 20 tokens: A's window slots for 13..=19 were released during its
-    // prefill, so the only safe prefix is the empty one.
+    // Diverging after 20 tokens: A's window slots for 13..=19 left A's window during its
+    // prefill but stayed cached (idle), so C reuses all 20 and reads A's K/V there.
     let mut c = a[..20].to_vec();
     c.extend([5, 6]);
-    assert_eq!(p.match_prefix(&c), 0);
+    assert_eq!(p.match_prefix(&c), 20);
+    let hits = p.status().window_hits;
+    let rc = p.alloc_request();
+    assert_eq!(p.reuse_prefix(rc, &c).unwrap(), 20);
+    assert_eq!(p.status().window_hits, hits + 1);
+    for (pos, &token) in a.iter().enumerate().take(20).skip(13) {
+        let slot = p.slot(rc, pos).unwrap();
+        for (l, layer) in cfg.layers.iter().enumerate() {
+            let n = layer.num_kv_heads * layer.head_dim;
+            let (mut k, mut v) = (vec![0.0; n], vec![0.0; n]);
+            p.read_kv(l, slot, &mut k, &mut v).unwrap();
+            assert_eq!(
+                k,
+                value(token, pos, cfg.kv_layer_for(l), n),
+                "layer {l} pos {pos}"
+            );
+        }
+    }
+    p.release(rc).unwrap();
     p.audit().unwrap();
 }
 

@@ -1,6 +1,10 @@
 //! Random sequences of pool operations: the bookkeeping audit passes after every step, every
-//! readable slot holds the K/V of the token and position it claims, and once everything is
-//! released the pool is full again.
+//! readable slot holds the K/V of the token and position it claims (so no page is read
+//! after being freed and handed to another request), the window pool's pages add up
+//! (free + read by running requests + idle == total, the read ones recomputed here from the
+//! page tables), a request diverging from a cached prefix before any eviction hits at the
+//! last page boundary before the divergence, and once everything is released the pool is
+//! full again.
 
 mod common;
 
@@ -47,6 +51,20 @@ enum Op {
     Evict {
         pages: usize,
     },
+    /// A request sharing the first `at` tokens of an earlier cached sequence, then
+    /// different ones (a shared system prompt, then another question).
+    Diverge {
+        earlier: usize,
+        at: usize,
+        extra: usize,
+    },
+    Flush,
+    /// Computes the rest of a request's prompt in chunks, committing after each (as the
+    /// scheduler's chunked prefill does), if the pool has room.
+    Prefill {
+        req: usize,
+        chunk: usize,
+    },
     Rebuild {
         full: usize,
         window: usize,
@@ -58,7 +76,7 @@ fn op() -> impl Strategy<Value = Op> {
     // Few conversations, so prompts share long prefixes with what earlier requests cached.
     let start = (
         0u32..3,
-        0usize..32,
+        0usize..48,
         prop::collection::vec(0u32..3, 0..3),
         any::<bool>(),
     );
@@ -71,6 +89,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..4).prop_map(|req| Op::Cache { req }),
         3 => (0usize..4, any::<bool>()).prop_map(|(req, cache)| Op::Release { req, cache }),
         1 => (0usize..12).prop_map(|pages| Op::Evict { pages }),
+        3 => (0usize..8, 0usize..40, 1usize..4)
+            .prop_map(|(earlier, at, extra)| Op::Diverge { earlier, at, extra }),
+        1 => Just(Op::Flush),
+        3 => (0usize..4, 1usize..12).prop_map(|(req, chunk)| Op::Prefill { req, chunk }),
         1 => (6usize..40, 4usize..24, 0u32..3)
             .prop_map(|(full, window, page_size_log2)| Op::Rebuild { full, window, page_size_log2 }),
     ]
@@ -101,15 +123,21 @@ struct Harness {
     running: Vec<Running>,
     /// Token sequences handed to the cache, for later turns.
     history: Vec<(u32, Vec<u32>)>,
+    /// Whether anything was ever evicted or dropped from the cache (full or window pages,
+    /// a flush, a rebuild): until then every cached page keeps its window page.
+    evicted: bool,
+    /// Tokens no conversation uses, so a diverging request shares exactly what it copies.
+    fresh_token: u32,
 }
 
 impl Harness {
-    fn new(window: usize, page_size: usize, cache: CacheType) -> Self {
+    fn new(window: usize, page_size: usize, cache: CacheType, roomy: bool) -> Self {
         let cfg = common::tiny(window);
         let layout = KvLayout::new(&cfg, KvCacheDtype::F32, ModelDtype::F32).unwrap();
+        let scale = if roomy { 8 } else { 1 };
         let plan = PagePlan {
-            full: 32,
-            window: 24,
+            full: 32 * scale,
+            window: 24 * scale,
             page_size,
         };
         let pool = KvPool::new(layout, plan, cache, HostStorage::new()).unwrap();
@@ -118,6 +146,8 @@ impl Harness {
             pool,
             running: Vec::new(),
             history: Vec::new(),
+            evicted: false,
+            fresh_token: 1000,
         }
     }
 
@@ -130,7 +160,7 @@ impl Harness {
         }
     }
 
-    fn start(&mut self, base: u32, prompt: Vec<u32>, reuse: bool) {
+    fn start(&mut self, base: u32, prompt: Vec<u32>, reuse: bool) -> usize {
         let id = self.pool.alloc_request();
         let reused = if reuse {
             self.pool.reuse_prefix(id, &prompt).unwrap()
@@ -145,10 +175,61 @@ impl Harness {
             tokens: prompt[..reused].to_vec(),
             pending: prompt[reused..].to_vec(),
         });
+        reused
     }
 
     fn apply(&mut self, op: Op) {
+        let before = self.pool.status();
+        self.apply_op(op);
+        let after = self.pool.status();
+        if after.cached_tokens < before.cached_tokens
+            || after.window_pages_evicted > before.window_pages_evicted
+        {
+            self.evicted = true;
+        }
+    }
+
+    fn apply_op(&mut self, op: Op) {
         match op {
+            Op::Diverge { earlier, at, extra } => {
+                if self.history.is_empty() {
+                    return;
+                }
+                let (base, cached) = self.history[earlier % self.history.len()].clone();
+                let at = at.min(cached.len());
+                let mut prompt = cached[..at].to_vec();
+                for _ in 0..extra {
+                    prompt.push(self.fresh_token);
+                    self.fresh_token += 1;
+                }
+                let exact = self.pool.cache_type() == CacheType::Radix && !self.evicted;
+                let reused = self.start(base, prompt, true);
+                if exact {
+                    // Every window page of the cached prefix is still there: the hit
+                    // ends at the last page boundary before the divergence.
+                    let ps = self.pool.page_size();
+                    assert_eq!(reused, at / ps * ps, "diverging at {at} of {cached:?}");
+                }
+            }
+            Op::Prefill { req, chunk } => {
+                let idx = req % self.running.len().max(1);
+                while self.running.get(idx).is_some_and(|r| !r.pending.is_empty()) {
+                    let r = &mut self.running[idx];
+                    let n = chunk.min(r.pending.len());
+                    let Ok(range) = self.pool.extend(r.id, n) else {
+                        return;
+                    };
+                    r.tokens.extend(r.pending.drain(..n));
+                    for pos in range.clone() {
+                        self.write(idx, pos);
+                    }
+                    self.pool.commit(self.running[idx].id, range.end).unwrap();
+                }
+            }
+            Op::Flush => {
+                self.pool.flush_cache();
+                self.evicted = true;
+            }
             Op::NextTurn { earlier, extra } => {
                 if self.history.is_empty() {
                     return;
@@ -242,6 +323,7 @@ impl Harness {
                     page_size: 1 << page_size_log2,
                 };
                 let result = self.pool.rebuild(plan);
+                self.evicted |= result.is_ok();
                 if self.running.is_empty() {
                     result.unwrap();
                     assert_eq!(self.pool.free_pages(PoolKind::Full), full);
@@ -278,6 +360,32 @@ impl Harness {
         }
     }
 
+    /// Window pages: free + read + idle == total, where the read ones are recomputed from
+    /// the running requests' page tables: a request reads the pages holding positions its
+    /// next query can see (`> committed - window`) and every page after them.
+    fn check_window_accounting(&self) {
+        let window = self.pool.layout().window().unwrap();
+        let ps = self.pool.page_size();
+        let mut read = std::collections::HashSet::new();
+        for r in &self.running {
+            let committed = self.pool.committed_len(r.id).unwrap();
+            let floor = (committed + 1).saturating_sub(window) / ps;
+            read.extend(self.pool.page_table(r.id).unwrap()[floor..].iter().copied());
+        }
+        let status = self.pool.status();
+        let w = &status.pools[1];
+        assert_eq!(w.pool, PoolKind::Window);
+        assert_eq!(
+            w.pages_free + w.pages_evictable + read.len(),
+            w.pages_total,
+            "{w:?}"
+        );
+        assert!(w.pages_cached <= w.pages_used);
+        if self.pool.cache_type() == CacheType::Naive {
+            assert_eq!(w.pages_evictable, 0);
+        }
+    }
+
     fn drain(&mut self) {
         for r in std::mem::take(&mut self.running) {
             self.pool.release(r.id).unwrap();
@@ -291,14 +399,15 @@ impl Harness {
     }
 }
 
-fn run(window: usize, page_size_log2: u32, cache: CacheType, ops: Vec<Op>) {
-    let mut h = Harness::new(window, 1 << page_size_log2, cache);
+fn run(window: usize, page_size_log2: u32, cache: CacheType, roomy: bool, ops: Vec<Op>) {
+    let mut h = Harness::new(window, 1 << page_size_log2, cache, roomy);
     for op in ops {
         h.apply(op.clone());
         if let Err(e) = h.pool.audit() {
             panic!("after {op:?}: {e}");
         }
         h.check_contents();
+        h.check_window_accounting();
     }
     h.drain();
 }
@@ -310,9 +419,10 @@ proptest! {
     fn radix_pool_never_leaks_or_double_owns(
         window in 2usize..24,
         page_size_log2 in 0u32..3,
+        roomy in any::<bool>(),
         ops in prop::collection::vec(op(), 1..80),
     ) {
-        run(window, page_size_log2, CacheType::Radix, ops);
+        run(window, page_size_log2, CacheType::Radix, roomy, ops);
     }
 
     #[test]
@@ -321,6 +431,6 @@ proptest! {
         page_size_log2 in 0u32..3,
         ops in prop::collection::vec(op(), 1..60),
     ) {
-        run(window, page_size_log2, CacheType::Naive, ops);
+        run(window, page_size_log2, CacheType::Naive, false, ops);
     }
 }

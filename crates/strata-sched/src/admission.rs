@@ -46,8 +46,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     }
 
     /// Whether the pool can probably take `seq` now: pages for the rest of its prompt plus
-    /// one page of growth per running request, counting cached pages as free (the pool
-    /// evicts them on demand). A guess erring towards admitting: preemption corrects it.
+    /// one page of growth per running request, counting evictable pages as free (cached
+    /// prefixes, idle window pages: the pool evicts them on demand). A guess erring towards
+    /// admitting: preemption corrects it.
     pub(crate) fn fits_now(&self, seq: &Seq) -> bool {
         if self.running.is_empty() {
             return true;
@@ -74,7 +75,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 .pools
                 .iter()
                 .find(|p| p.pool == kind)
-                .map(|p| p.pages_free + p.pages_cached)
+                .map(|p| p.pages_free + p.pages_evictable)
         };
         let full = available(PoolKind::Full)
             .unwrap_or(0)
@@ -84,9 +85,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
         match (available(PoolKind::Window), self.pool.layout().window()) {
             (Some(window_pages), Some(w)) => {
-                // A request holds window pages only for its last `w` positions plus the
-                // chunk being computed, and (pinned in the cache) for the last `w` of its
-                // prompt.
+                // A request reads window pages only for its last `w` positions plus the
+                // chunk being computed, and at admission the `w` before its cached prefix's
+                // end (idle pages it takes out of the evictable count).
                 let own = need.min((w + self.config.prefill_chunk).div_ceil(ps) + 1);
                 let need_w = own + if self.caching() { w.div_ceil(ps) } else { 0 };
                 window_pages >= need_w + headroom

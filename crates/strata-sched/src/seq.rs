@@ -30,8 +30,8 @@ pub(crate) struct Seq {
     /// Tokens scheduled for the forward pass being built (from `computed`).
     pub chunk: Option<usize>,
     /// Set once the request ran out of pages while running alone. It was restarted on an
-    /// empty cache and from then on stays out of the cache (a cached prefix pins window
-    /// pages that decoding would otherwise release); a second time means it cannot fit.
+    /// empty cache and from then on stays out of the cache (what it would cache, it would
+    /// also pin); a second time means it cannot fit.
     pub restarted_alone: bool,
     /// How its drafts fare, and whether it drafts now (speculative rounds).
     pub pace: DraftPace,

@@ -29,7 +29,8 @@ struct RequestPages {
     /// after this position.
     committed: usize,
     borrowed: usize,
-    /// Owned pages below this index already gave their window page back.
+    /// The first page whose window page the request still reads (holds a position its
+    /// next query can see); it reads every page from here to its end.
     window_floor: usize,
     locked_node: Option<NodeId>,
 }
@@ -58,6 +59,9 @@ struct CacheStats {
     misses: u64,
     hit_tokens: u64,
     lookup_tokens: u64,
+    /// Hits that read a window page kept past a request's window.
+    window_hits: u64,
+    window_hit_tokens: u64,
 }
 
 /// Paged KV pool over a storage `S`.
@@ -192,8 +196,8 @@ fn fresh_books(
     cache_type: CacheType,
 ) -> (SlotPools, Option<RadixTree>) {
     let has_window = layout.group(PoolKind::Window).is_some();
-    let pools = SlotPools::new(plan.full, plan.window, has_window);
-    let tree =
-        (cache_type == CacheType::Radix).then(|| RadixTree::new(plan.page_size, layout.window()));
+    let radix = cache_type == CacheType::Radix;
+    let pools = SlotPools::new(plan.full, plan.window, has_window, radix);
+    let tree = radix.then(|| RadixTree::new(plan.page_size, layout.window(), plan.full));
     (pools, tree)
 }

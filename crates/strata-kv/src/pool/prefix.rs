@@ -37,9 +37,19 @@ impl<S: KvStorage> KvPool<S> {
         }
         self.stats.hits += 1;
         self.stats.hit_tokens += m.tokens as u64;
+        // The next query, at `m.tokens`, reads the window pages of `[m.tokens - W, m.tokens)`.
+        let floor = self.window_floor_at(m.tokens);
+        let read = &m.pages[floor.min(m.pages.len())..];
+        if read.iter().any(|&p| self.pools.is_past_window(p)) {
+            self.stats.window_hits += 1;
+            self.stats.window_hit_tokens += m.tokens as u64;
+        }
+        for &p in read {
+            self.pools.add_reader(p);
+        }
         let r = self.request_mut(req)?;
         r.borrowed = m.pages.len();
-        r.window_floor = r.borrowed;
+        r.window_floor = floor;
         r.pages = m.pages;
         r.len = m.tokens;
         r.committed = m.tokens;
@@ -77,14 +87,30 @@ impl<S: KvStorage> KvPool<S> {
         if keep <= r.borrowed {
             return Ok(r.borrowed * ps);
         }
+        // The insert may swap the request's pages for cached duplicates: it reads the
+        // window pages of the pages it ends up with.
+        let read = r.window_floor.min(keep)..keep;
+        for &p in &r.pages[read.clone()] {
+            pools.drop_reader(p, false);
+        }
         let node = tree.insert(&tokens[..keep * ps], &mut r.pages[..keep], pools);
+        for &p in &r.pages[read] {
+            pools.add_reader(p);
+        }
         tree.lock(node);
         if let Some(old) = r.locked_node.replace(node) {
             tree.unlock(old);
         }
         r.borrowed = keep;
-        r.window_floor = r.window_floor.max(keep);
         Ok(keep * ps)
+    }
+
+    /// The first page a query at position `len` reads in sliding layers (0 without them).
+    fn window_floor_at(&self, len: usize) -> usize {
+        match self.layout.window().filter(|_| self.pools.has_window_pool) {
+            Some(w) => (len + 1).saturating_sub(w) / self.plan.page_size,
+            None => 0,
+        }
     }
 
     /// Evicts unused cached prefixes (least recently used first) until `pages` full pages

@@ -1,5 +1,5 @@
 //! A request's life in the pool: slots for new tokens, committing written tokens (which
-//! lets window pages go), rolling back unverified tokens, release.
+//! stops the request reading old window pages), rolling back unverified tokens, release.
 
 use std::ops::Range;
 
@@ -93,7 +93,7 @@ impl<S: KvStorage> KvPool<S> {
     }
 
     /// Ensures `pages` full pages (and as many window pages, with sliding layers) are free,
-    /// evicting cached prefixes if needed.
+    /// evicting cached prefixes (and idle window pages) if needed.
     fn make_room(&mut self, pages: usize) -> Result<(), KvError> {
         if let Some(tree) = &mut self.tree {
             let free = self.pools.full.available();
@@ -101,7 +101,11 @@ impl<S: KvStorage> KvPool<S> {
                 tree.evict_full(pages - free, &mut self.pools);
             }
             let free = self.pools.window.available();
-            if self.pools.has_window_pool && free < pages {
+            // Evict windows only for a request that will then fit: idle pages are cheap to
+            // keep and costly to recompute.
+            let full_ok = self.pools.full.available() >= pages;
+            let window_ok = free + self.pools.idle_pages() >= pages;
+            if self.pools.has_window_pool && free < pages && full_ok && window_ok {
                 tree.evict_window(pages - free, &mut self.pools);
             }
         }
@@ -127,9 +131,10 @@ impl<S: KvStorage> KvPool<S> {
         }
     }
 
-    /// Marks the first `len` tokens of `req` as written and final, and gives back the window
-    /// pages of positions no later query can see: with window `W`, the query at `len` (and
-    /// every later one) sees only positions `> len - W`.
+    /// Marks the first `len` tokens of `req` as written and final, and stops the request
+    /// reading the window pages of positions no later query can see: with window `W`, the
+    /// query at `len` (and every later one) sees only positions `> len - W`. With the radix
+    /// cache those pages stay mapped, idle and evictable; without it they are freed.
     pub fn commit(&mut self, req: RequestId, len: usize) -> Result<(), KvError> {
         let window = self.layout.window().filter(|_| self.pools.has_window_pool);
         let ps = self.plan.page_size;
@@ -141,9 +146,8 @@ impl<S: KvStorage> KvPool<S> {
         r.committed = len;
         if let Some(w) = window {
             let dead_pages = (len + 1).saturating_sub(w) / ps;
-            let from = r.window_floor.max(r.borrowed);
-            for &p in r.pages.get(from..dead_pages).unwrap_or(&[]) {
-                self.pools.release_window(p);
+            for &p in r.pages.get(r.window_floor..dead_pages).unwrap_or(&[]) {
+                self.pools.drop_reader(p, true);
             }
             r.window_floor = r.window_floor.max(dead_pages);
         }
@@ -160,7 +164,9 @@ impl<S: KvStorage> KvPool<S> {
             .ok_or(KvError::UnknownRequest(req.0))?;
         r.check_movable_end("truncate", len)?;
         let keep = len.div_ceil(ps);
+        // Uncommitted pages are the request's own and above its window floor.
         for p in r.pages.drain(keep..) {
+            self.pools.drop_reader(p, false);
             self.pools.free_page(p);
         }
         r.len = len;
@@ -174,6 +180,9 @@ impl<S: KvStorage> KvPool<S> {
             .requests
             .remove(&req.0)
             .ok_or(KvError::UnknownRequest(req.0))?;
+        for &p in r.pages.get(r.window_floor..).unwrap_or(&[]) {
+            self.pools.drop_reader(p, false);
+        }
         if let (Some(node), Some(tree)) = (r.locked_node, &mut self.tree) {
             tree.unlock(node);
         }

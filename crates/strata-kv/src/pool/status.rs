@@ -23,8 +23,14 @@ pub struct PoolStatus {
     pub pages_free: usize,
     /// Pages held by requests or the prefix cache.
     pub pages_used: usize,
-    /// Pages held by the prefix cache (part of `pages_used`).
+    /// Pages held by the prefix cache (part of `pages_used`). For the window pool: the
+    /// window pages of cached prefixes, out-of-window ones included.
     pub pages_cached: usize,
+    /// Pages the pool can take back on demand without touching a running request's
+    /// window: for the window pool, the idle window pages (of cached prefixes and of
+    /// positions running requests have moved past); for the full pool, `pages_cached`
+    /// (an upper bound: pinned prefixes are counted too).
+    pub pages_evictable: usize,
 }
 
 /// Pool-wide figures.
@@ -50,6 +56,16 @@ pub struct KvStatus {
     pub hit_tokens: u64,
     /// Prompt tokens looked up in the prefix cache.
     pub lookup_tokens: u64,
+    /// Window pages kept after their positions left a running request's window (cached
+    /// prefixes' and running requests' alike): what lets a request diverging from a
+    /// cached prompt well before its end still hit.
+    pub window_pages_past_window: usize,
+    /// Hits that read at least one of those pages.
+    pub window_hits: u64,
+    /// Tokens those hits served.
+    pub window_hit_tokens: u64,
+    /// Idle window pages evicted to make room.
+    pub window_pages_evicted: u64,
     /// Bytes the storage holds for the K/V buffers.
     pub bytes_reserved: u64,
 }
@@ -67,12 +83,18 @@ impl<S: KvStorage> KvPool<S> {
             .groups()
             .iter()
             .map(|g| {
-                let (total, free, cached) = match g.pool {
-                    PoolKind::Full => (self.plan.full, self.pools.full.available(), cached_full),
+                let (total, free, cached, evictable) = match g.pool {
+                    PoolKind::Full => (
+                        self.plan.full,
+                        self.pools.full.available(),
+                        cached_full,
+                        cached_full,
+                    ),
                     PoolKind::Window => (
                         self.plan.window,
                         self.pools.window.available(),
                         cached_window,
+                        self.pools.idle_pages(),
                     ),
                 };
                 PoolStatus {
@@ -84,6 +106,7 @@ impl<S: KvStorage> KvPool<S> {
                     pages_free: free,
                     pages_used: total - free,
                     pages_cached: cached,
+                    pages_evictable: evictable,
                 }
             })
             .collect();
@@ -98,6 +121,10 @@ impl<S: KvStorage> KvPool<S> {
             cache_misses: self.stats.misses,
             hit_tokens: self.stats.hit_tokens,
             lookup_tokens: self.stats.lookup_tokens,
+            window_pages_past_window: self.pools.past_window_pages(),
+            window_hits: self.stats.window_hits,
+            window_hit_tokens: self.stats.window_hit_tokens,
+            window_pages_evicted: self.pools.evicted_pages(),
             bytes_reserved: self.storage.bytes_reserved(),
         }
     }

@@ -1,11 +1,11 @@
 //! Eviction, least recently used first.
 //!
-//! Full eviction removes whole leaves (their full and window pages). Window eviction takes
-//! the window pages of the least recently used node holding any; a leaf left without window
-//! pages can serve no match (every endpoint in it needs its own last pages), so it is removed
-//! as well. Because a node is touched whenever any request passes through it, parents are
-//! never older than their children: the sessions that lose their windows are the ones used
-//! longest ago, never every cached prefix at once.
+//! Full eviction removes whole leaves (their full and window pages); because a node is
+//! touched whenever any request passes through it, parents are never older than their
+//! children. Window eviction takes idle window pages one at a time, least recently read
+//! first, from cached prefixes and running requests alike (`SlotPools`); a leaf left without
+//! window pages can serve no match (every endpoint in it needs its own last pages), so it is
+//! removed as well.
 
 use super::{NodeId, RadixTree, ROOT};
 use crate::window_map::SlotPools;
@@ -23,20 +23,22 @@ impl RadixTree {
         freed
     }
 
-    /// Frees at least `need` window pages if unlocked nodes allow; returns how many.
+    /// Frees at least `need` window pages if idle ones allow, least recently read first;
+    /// returns how many. A node's page losing its window page is counted off the node, and
+    /// an unlocked leaf left with no window page (it can serve no match) is removed.
     pub fn evict_window(&mut self, need: usize, pools: &mut SlotPools) -> usize {
         let mut freed = 0;
         while freed < need {
-            let Some(&(_, _, id)) = self.window_holders.first() else {
+            let Some(page) = pools.evict_idle() else {
                 break;
             };
-            let pages = std::mem::take(&mut self.node_mut(id).pages);
-            freed += pages.iter().filter(|&&p| pools.release_window(p)).count();
+            freed += 1;
+            let Some(id) = self.owner_of(page) else {
+                continue;
+            };
             let n = self.node_mut(id);
-            n.pages = pages;
-            n.window_pages = 0;
-            self.refresh(id);
-            if self.node(id).is_leaf() {
+            n.window_pages -= 1;
+            if n.window_pages == 0 && n.is_leaf() && n.lock_ref == 0 {
                 self.remove_leaf(id, pools);
             }
         }
@@ -50,18 +52,15 @@ impl RadixTree {
         loop {
             let n = self.node(id);
             debug_assert!(id != ROOT && n.is_leaf() && n.lock_ref == 0);
-            let (leaf_key, window_key) = (n.leaf_key, n.window_key);
-            if let Some(k) = leaf_key {
+            if let Some(k) = n.leaf_key {
                 self.leaves.remove(&k);
-            }
-            if let Some(k) = window_key {
-                self.window_holders.remove(&k);
             }
             let Some(node) = self.nodes[id as usize].take() else {
                 break;
             };
             self.free_ids.push(id);
             for &p in &node.pages {
+                self.page_owner[p as usize] = super::NO_NODE;
                 pools.free_page(p);
             }
             freed += node.pages.len();

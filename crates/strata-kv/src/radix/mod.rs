@@ -4,8 +4,9 @@
 //!
 //! Sliding-window layers make reuse conditional: a prefix of `n` tokens is only reusable if
 //! the window slots of positions `n - window + 1 .. n` still exist, because the next token
-//! attends to them. Matching therefore returns the longest *usable* prefix, and every leaf
-//! is kept ending at a usable point (a leaf that loses its window pages is removed).
+//! attends to them. Matching therefore returns the longest *usable* prefix (any page
+//! boundary, not only a cached prefix's end). Window pages nobody reads are evicted one by
+//! one, least recently read first (`SlotPools`); a leaf left with none is removed.
 
 mod evict;
 mod hash;
@@ -39,13 +40,17 @@ pub(crate) struct RadixTree {
     clock: u64,
     /// Unlocked leaves, oldest first: candidates for full eviction.
     leaves: BTreeSet<LruKey>,
-    /// Unlocked nodes holding window pages, oldest first: candidates for window eviction.
-    window_holders: BTreeSet<LruKey>,
+    /// The node owning each full page, `NO_NODE` for pages the tree does not hold: window
+    /// eviction works per page and must find the node whose count it changes.
+    page_owner: Vec<NodeId>,
     cached_tokens: usize,
 }
 
+/// "No node" in `page_owner`.
+const NO_NODE: NodeId = NodeId::MAX;
+
 impl RadixTree {
-    pub fn new(page_size: usize, window: Option<usize>) -> Self {
+    pub fn new(page_size: usize, window: Option<usize>, full_pages: usize) -> Self {
         RadixTree {
             page_size,
             window,
@@ -53,13 +58,27 @@ impl RadixTree {
             free_ids: Vec::new(),
             clock: 0,
             leaves: BTreeSet::new(),
-            window_holders: BTreeSet::new(),
+            page_owner: vec![NO_NODE; full_pages],
             cached_tokens: 0,
         }
     }
 
     pub fn cached_tokens(&self) -> usize {
         self.cached_tokens
+    }
+
+    /// The node holding full page `page`, if the tree holds it.
+    pub fn owner_of(&self, page: u32) -> Option<NodeId> {
+        match self.page_owner.get(page as usize) {
+            Some(&n) if n != NO_NODE => Some(n),
+            _ => None,
+        }
+    }
+
+    fn set_owner(&mut self, pages: &[u32], node: NodeId) {
+        for &p in pages {
+            self.page_owner[p as usize] = node;
+        }
     }
 
     pub fn node(&self, id: NodeId) -> &Node {
@@ -104,11 +123,7 @@ impl RadixTree {
         let unlocked = id != ROOT && n.lock_ref == 0;
         // Leaves: a parent is touched whenever a child is, so age alone orders them.
         let leaf_key = (unlocked && n.is_leaf()).then_some((n.last_access, false, id));
-        // Window holders: by when their window pages last served an endpoint; at equal
-        // age a leaf goes first, since losing its window frees its full pages too.
-        let window_key =
-            (unlocked && n.window_pages > 0).then_some((n.window_access, !n.is_leaf(), id));
-        let (old_leaf, old_window) = (n.leaf_key, n.window_key);
+        let old_leaf = n.leaf_key;
         if old_leaf != leaf_key {
             if let Some(k) = old_leaf {
                 self.leaves.remove(&k);
@@ -117,17 +132,7 @@ impl RadixTree {
                 self.leaves.insert(k);
             }
         }
-        if old_window != window_key {
-            if let Some(k) = old_window {
-                self.window_holders.remove(&k);
-            }
-            if let Some(k) = window_key {
-                self.window_holders.insert(k);
-            }
-        }
-        let n = self.node_mut(id);
-        n.leaf_key = leaf_key;
-        n.window_key = window_key;
+        self.node_mut(id).leaf_key = leaf_key;
     }
 
     fn touch(&mut self, id: NodeId, now: u64) {
@@ -203,7 +208,6 @@ impl RadixTree {
             depth += take;
         }
         self.touch_up(target, now);
-        self.touch_window(target, usable, now);
         self.lock(target);
         PrefixMatch {
             tokens: usable * self.page_size,
@@ -223,23 +227,6 @@ impl RadixTree {
         }
     }
 
-    /// Stamps the nodes holding the window pages an endpoint at `end` pages (ending in
-    /// node `id`) reads: pages `first_needed(end) .. end`.
-    fn touch_window(&mut self, mut id: NodeId, mut end: usize, now: u64) {
-        let Some(window) = self.window else {
-            return;
-        };
-        let lo = (end * self.page_size + 1).saturating_sub(window) / self.page_size;
-        while id != ROOT && end > lo {
-            let n = self.node_mut(id);
-            n.window_access = now;
-            end -= n.pages.len();
-            let parent = n.parent;
-            self.refresh(id);
-            id = parent;
-        }
-    }
-
     /// Splits node `id` after its first `k` pages (0 < k < len); returns the new upper node.
     fn split(&mut self, id: NodeId, k: usize, pools: &SlotPools) -> NodeId {
         let ps = self.page_size;
@@ -248,16 +235,16 @@ impl RadixTree {
         let head_tokens: Vec<u32> = n.tokens.drain(..k * ps).collect();
         let head_pages: Vec<u32> = n.pages.drain(..k).collect();
         let (parent, lock_ref, last_access) = (n.parent, n.lock_ref, n.last_access);
-        let window_access = n.window_access;
         let rest_key: Box<[u32]> = n.tokens[..ps].into();
         let head_key: Box<[u32]> = head_tokens[..ps].into();
         let head_window = head_pages.iter().filter(|&&p| pools.has_window(p)).count();
         let mut mid = Node::new(parent, head_tokens, head_pages, last_access);
         mid.lock_ref = lock_ref;
         mid.window_pages = head_window;
-        mid.window_access = window_access;
         mid.children.insert(rest_key, id);
+        let head_pages = mid.pages.clone();
         let mid_id = self.add_node(mid);
+        self.set_owner(&head_pages, mid_id);
         let n = self.node_mut(id);
         n.parent = mid_id;
         n.window_pages -= head_window;
@@ -285,12 +272,12 @@ impl RadixTree {
                 leaf.window_pages = pages[i..].iter().filter(|&&p| pools.has_window(p)).count();
                 self.cached_tokens += tokens.len() - at;
                 let leaf_id = self.add_node(leaf);
+                self.set_owner(&pages[i..], leaf_id);
                 self.node_mut(node)
                     .children
                     .insert(tokens[at..at + ps].into(), leaf_id);
                 self.refresh(node);
                 self.refresh(leaf_id);
-                self.touch_window(leaf_id, pages.len(), now);
                 return leaf_id;
             };
             let c = self.node(child);
@@ -313,7 +300,6 @@ impl RadixTree {
             node = child;
             i += matched;
         }
-        self.touch_window(node, pages.len(), now);
         node
     }
 

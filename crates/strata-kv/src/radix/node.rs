@@ -24,14 +24,8 @@ pub(crate) struct Node {
     /// Running requests whose reused prefix passes through this node.
     pub lock_ref: u32,
     pub last_access: u64,
-    /// Last time a match or insert ended where this node's window pages were needed.
-    /// Passing through a node does not count: only an endpoint reads window pages, so a
-    /// session's older turn boundaries age while its latest one stays fresh.
-    pub window_access: u64,
     /// Key under which the node sits in the evictable-leaf index, if it does.
     pub leaf_key: Option<LruKey>,
-    /// Key under which it sits in the window-holder index, if it does.
-    pub window_key: Option<LruKey>,
 }
 
 impl Node {
@@ -44,9 +38,7 @@ impl Node {
             window_pages: 0,
             lock_ref: 0,
             last_access: now,
-            window_access: now,
             leaf_key: None,
-            window_key: None,
         }
     }
 

@@ -137,6 +137,11 @@ pub fn render(engine: &Engine) -> String {
                 "KV pages held by the prefix cache per pool.",
                 |p| p.pages_cached,
             ),
+            (
+                "strata_kv_pages_evictable",
+                "KV pages the pool can take back on demand per pool (window: idle pages).",
+                |p| p.pages_evictable,
+            ),
         ] {
             let samples: Vec<(String, f64)> = kv
                 .pools
@@ -166,6 +171,38 @@ pub fn render(engine: &Engine) -> String {
             "Tokens held by the prefix cache.",
             &[(String::new(), kv.cached_tokens as f64)],
         );
+        series(
+            &mut out,
+            "strata_kv_window_pages_past_window",
+            "gauge",
+            "Window pages kept after their positions left a running request's window.",
+            &[(String::new(), kv.window_pages_past_window as f64)],
+        );
+        for (name, help, value) in [
+            (
+                "strata_prefix_cache_window_hits_total",
+                "Prefix-cache hits that read window pages kept past a request's window.",
+                kv.window_hits,
+            ),
+            (
+                "strata_prefix_cache_window_hit_tokens_total",
+                "Prompt tokens served by those hits.",
+                kv.window_hit_tokens,
+            ),
+            (
+                "strata_kv_window_pages_evicted_total",
+                "Idle window pages evicted to make room.",
+                kv.window_pages_evicted,
+            ),
+        ] {
+            series(
+                &mut out,
+                name,
+                "counter",
+                help,
+                &[(String::new(), value as f64)],
+            );
+        }
     }
     m.ttft.render(
         "strata_time_to_first_token_seconds",
