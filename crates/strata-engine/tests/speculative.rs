@@ -207,6 +207,8 @@ fn serve(
                 stop: vec![],
                 ignore_eos: true,
                 logprobs: None,
+                controls: Default::default(),
+                stop_token_ids: Vec::new(),
             };
             engine.submit(req).unwrap()
         })

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use strata_types::sampling::SamplingParams;
+use strata_types::sampling::{LogitControls, SamplingParams};
 
 /// A request's id in the scheduler, given by [`Scheduler::submit`](crate::Scheduler::submit).
 /// Ids grow in submission order, which is also the order of priority (older first).
@@ -34,6 +34,11 @@ pub struct Request {
     pub stop_fn: Option<StopFn>,
     /// Report the sampled token's log-probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Bias, penalties and `min_tokens`, applied to the logits before each draw. A request
+    /// whose controls are not neutral is drawn on the host from its logits.
+    pub controls: LogitControls,
+    /// Ids that end the request like `stop_ids`, also with `ignore_eos` (`stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
 }
 
 impl Request {
@@ -48,6 +53,8 @@ impl Request {
             stop_sequences: Vec::new(),
             stop_fn: None,
             logprobs: None,
+            controls: LogitControls::default(),
+            stop_token_ids: Vec::new(),
         }
     }
 }
@@ -63,6 +70,8 @@ impl fmt::Debug for Request {
             .field("stop_sequences", &self.stop_sequences)
             .field("stop_fn", &self.stop_fn.as_ref().map(|_| "<fn>"))
             .field("logprobs", &self.logprobs)
+            .field("controls", &self.controls)
+            .field("stop_token_ids", &self.stop_token_ids)
             .finish()
     }
 }

@@ -1,7 +1,7 @@
 //! A request's state inside the scheduler, across admissions and preemptions.
 
 use strata_kv::RequestId;
-use strata_types::sampling::{draw_uniform, MAX_TOP_LOGPROBS};
+use strata_types::sampling::{draw_uniform, RowAdjust, TokenCounts, MAX_TOP_LOGPROBS};
 use strata_types::LogitsMode;
 
 use crate::{FinishReason, Request, SeqId};
@@ -35,6 +35,8 @@ pub(crate) struct Seq {
     pub restarted_alone: bool,
     /// How its drafts fare, and whether it drafts now (speculative rounds).
     pub pace: DraftPace,
+    /// Its tokens counted for the penalties (kept only for a request with logit controls).
+    pub counts: TokenCounts,
 }
 
 /// Drafting that does not pay is paused: a request whose recent drafts the target mostly
@@ -110,15 +112,20 @@ impl Seq {
             chunk: None,
             restarted_alone: false,
             pace: DraftPace::default(),
+            counts: TokenCounts::default(),
         }
     }
 
     /// What a step computing this request's last token up to position `index` asks of the
     /// model: only the greedy token, or a token drawn where the logits are (the draw of token
     /// `index`), with its logprobs when the request wants them; the logits themselves only
-    /// for more top logprobs than a backend reports (drawn and scored on the host).
+    /// for more top logprobs than a backend reports, or for logit controls (bias,
+    /// penalties, `min_tokens`), which the host applies before its draw.
     pub fn token_mode(&self, index: usize) -> LogitsMode {
         let sampling = &self.req.sampling;
+        if !self.req.controls.is_neutral() {
+            return LogitsMode::Last;
+        }
         match self.req.logprobs {
             Some(n) if n > MAX_TOP_LOGPROBS => LogitsMode::Last,
             None if sampling.is_greedy() => LogitsMode::Argmax,
@@ -128,6 +135,23 @@ impl Seq {
                 logprobs,
             },
         }
+    }
+
+    /// The logit adjustment of this request's next draw (`None` when its controls are
+    /// neutral), its token counts first brought up to date.
+    pub fn logit_adjust(&mut self) -> Option<RowAdjust> {
+        let controls = &self.req.controls;
+        if controls.is_neutral() {
+            return None;
+        }
+        self.counts.update(&self.tokens, self.prompt_len);
+        // `min_tokens` holds back every id that would end the request.
+        let mut end_ids = self.req.stop_token_ids.clone();
+        if !self.req.ignore_eos {
+            end_ids.extend_from_slice(&self.req.stop_ids);
+        }
+        let completion = self.tokens.len() - self.prompt_len;
+        Some(self.counts.row_adjust(0, controls, completion, &end_ids))
     }
 
     pub fn completion(&self) -> &[u32] {
@@ -153,6 +177,9 @@ impl Seq {
     pub fn stop_reason(&mut self, context_len: Option<usize>) -> Option<FinishReason> {
         let last = *self.tokens.last()?;
         if !self.req.ignore_eos && self.req.stop_ids.contains(&last) {
+            return Some(FinishReason::Stop);
+        }
+        if self.req.stop_token_ids.contains(&last) {
             return Some(FinishReason::Stop);
         }
         let completion = &self.tokens[self.prompt_len..];

@@ -1,7 +1,7 @@
 //! One scheduling iteration: plan the batch, run the model, sample, report.
 
 use strata_kv::KvStorage;
-use strata_types::sampling::{draw_uniform, sample, token_logprobs, TokenLogprobs};
+use strata_types::sampling::{adjust_logits, draw_uniform, sample, token_logprobs, TokenLogprobs};
 use strata_types::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
 use std::time::Instant;
@@ -314,15 +314,26 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let draw = |(seq, b): (&mut Seq, usize)| {
             let logits = out.last(b).expect("checked above");
             let uniform = draw_uniform(seq.seed, seq.tokens.len() as u64);
-            let d = sample(logits, &seq.req.sampling, uniform)
-                .map(|token| match seq.req.logprobs {
-                    Some(k) => {
-                        let scores = token_logprobs(logits, token, k);
-                        (token, Some(scores.logprob), scores.top)
-                    }
-                    None => (token, None, Vec::new()),
-                })
-                .map_err(|e| e.to_string());
+            // Logit controls change the draw, not the reported logprobs: those stay the
+            // raw model's, as vLLM reports them by default.
+            let adjusted = seq.logit_adjust().map(|a| {
+                let mut row = logits.to_vec();
+                adjust_logits(&mut row, &a);
+                row
+            });
+            let d = sample(
+                adjusted.as_deref().unwrap_or(logits),
+                &seq.req.sampling,
+                uniform,
+            )
+            .map(|token| match seq.req.logprobs {
+                Some(k) => {
+                    let scores = token_logprobs(logits, token, k);
+                    (token, Some(scores.logprob), scores.top)
+                }
+                None => (token, None, Vec::new()),
+            })
+            .map_err(|e| e.to_string());
             (b, d)
         };
         let picked = self.running.iter_mut().zip(&row_of);

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use strata_kernels::sampling::SamplingParams;
+use strata_kernels::sampling::{LogitControls, SamplingParams};
 use strata_kv::{CacheType, KvCacheDtype, KvStatus, PagePlan};
 use strata_model::{Drafting, ModelRunner};
 use strata_sched::{DraftStats, SchedulerConfig};
@@ -94,6 +94,10 @@ pub struct GenerationRequest {
     pub ignore_eos: bool,
     /// Log-probability of each token plus this many alternatives.
     pub logprobs: Option<usize>,
+    /// Bias, penalties and `min_tokens`, applied to the logits before each draw.
+    pub controls: LogitControls,
+    /// Token ids that end the request (finish reason "stop"), also with `ignore_eos`.
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// What the client of one request receives, in order: tokens, then one `Finished`.

@@ -130,6 +130,8 @@ impl Engine {
                 stop: vec![],
                 ignore_eos: true,
                 logprobs: None,
+                controls: Default::default(),
+                stop_token_ids: Vec::new(),
             };
             pending.push(self.submit(req)?);
         }

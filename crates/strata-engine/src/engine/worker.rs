@@ -221,6 +221,8 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             stop_sequences: Vec::new(),
             stop_fn,
             logprobs: req.logprobs,
+            controls: req.controls,
+            stop_token_ids: req.stop_token_ids,
         });
         self.by_client.insert(client, id);
         self.live.insert(

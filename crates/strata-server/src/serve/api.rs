@@ -136,39 +136,24 @@ pub struct Common {
     pub safety_identifier: Option<String>,
     #[allow(dead_code)]
     pub parallel_tool_calls: Option<bool>,
-    // These change the output: accepted only at their neutral value (`check_unsupported`).
+    // Logit controls and stop ids (`controls.rs`).
     pub logit_bias: Option<serde_json::Value>,
-    pub response_format: Option<serde_json::Value>,
     pub repetition_penalty: Option<f32>,
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    // Changes the output: accepted only at its neutral value (`check_unsupported`).
+    pub response_format: Option<serde_json::Value>,
 }
 
 impl Common {
     /// Refuses the shared fields that would change the output and that Strata cannot
     /// honour.
     fn check_unsupported(&self) -> Result<(), ApiError> {
-        unless_neutral(
-            "logit_bias",
-            self.logit_bias.as_ref().is_none_or(is_empty),
-            "an empty map",
-        )?;
         let text_format = self
             .response_format
             .as_ref()
             .is_none_or(|f| is_empty(f) || f.get("type").and_then(|t| t.as_str()) == Some("text"));
-        unless_neutral("response_format", text_format, "{\"type\": \"text\"}")?;
-        unless_neutral(
-            "repetition_penalty",
-            self.repetition_penalty.is_none_or(|p| p == 1.0),
-            "1",
-        )?;
-        unless_neutral("min_tokens", self.min_tokens.is_none_or(|n| n == 0), "0")?;
-        unless_neutral(
-            "stop_token_ids",
-            self.stop_token_ids.as_ref().is_none_or(Vec::is_empty),
-            "an empty list",
-        )
+        unless_neutral("response_format", text_format, "{\"type\": \"text\"}")
     }
 }
 
@@ -368,18 +353,6 @@ pub fn build(
             return Err(ApiError::invalid("n", "only n = 1 is supported"));
         }
     }
-    if c.presence_penalty.is_some_and(|x| x != 0.0) {
-        return Err(ApiError::invalid(
-            "presence_penalty",
-            "presence_penalty is not supported (only 0)",
-        ));
-    }
-    if c.frequency_penalty.is_some_and(|x| x != 0.0) {
-        return Err(ApiError::invalid(
-            "frequency_penalty",
-            "frequency_penalty is not supported (only 0)",
-        ));
-    }
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
@@ -470,6 +443,7 @@ pub fn build(
             ),
         ));
     }
+    let (controls, stop_token_ids) = super::controls::parse(c, max_tokens, limits.vocab_size)?;
     Ok(GenerationRequest {
         prompt,
         max_tokens,
@@ -483,6 +457,8 @@ pub fn build(
         stop,
         ignore_eos: c.ignore_eos,
         logprobs,
+        controls,
+        stop_token_ids,
     })
 }
 
