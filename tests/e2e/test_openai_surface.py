@@ -29,10 +29,7 @@ NEUTRAL_CHAT = {**NEUTRAL, "tools": None, "tool_choice": "none", "functions": []
 NEUTRAL_COMPLETION = {**NEUTRAL, "best_of": 1, "echo": False, "suffix": None, "logprobs": None}
 
 # Each would change the output; Strata cannot honour it yet.
-REFUSED = {
-    "logit_bias": {"5": 10},
-    "repetition_penalty": 1.3, "min_tokens": 3, "stop_token_ids": [7],
-}
+REFUSED = {}
 REFUSED_CHAT = {**REFUSED, "tools": [{"type": "function", "function": {"name": "f"}}],
                 "tool_choice": "required", "modalities": ["text", "audio"],
                 "reasoning_effort": "high"}

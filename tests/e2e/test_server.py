@@ -349,7 +349,7 @@ BAD_COMPLETIONS = {
     "long_stop": ({"prompt": "hi", "max_tokens": 4, "stop": ["x" * 1025]}, 400),
     "many_stops": ({"prompt": "hi", "max_tokens": 4, "stop": [str(i) for i in range(17)]}, 400),
     "echo_streamed": ({"prompt": "hi", "max_tokens": 4, "echo": True, "stream": True}, 400),
-    "presence_penalty": ({"prompt": "hi", "max_tokens": 4, "presence_penalty": 1.0}, 400),
+    "presence_penalty": ({"prompt": "hi", "max_tokens": 4, "presence_penalty": 2.5}, 400),
     "stream_options_unknown": ({"prompt": "hi", "max_tokens": 4, "stream": True,
                                 "stream_options": {"bogus": 1}}, 400),
     "wrong_model": ({"model": "no-such-model", "prompt": "hi", "max_tokens": 4}, 404),

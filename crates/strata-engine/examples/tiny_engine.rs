@@ -28,6 +28,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         logprobs: None,
         prompt_logprobs: None,
         constraint: None,
+        controls: Default::default(),
+        stop_token_ids: Vec::new(),
     };
     // Dropping the guard would cancel the request (a client that went away).
     let (_guard, mut updates) = engine.submit(request)?;

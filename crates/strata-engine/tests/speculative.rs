@@ -209,6 +209,8 @@ fn serve(
                 logprobs: None,
                 prompt_logprobs: None,
                 constraint: None,
+                controls: Default::default(),
+                stop_token_ids: Vec::new(),
             };
             engine.submit(req).unwrap()
         })

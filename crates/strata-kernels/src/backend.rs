@@ -708,6 +708,17 @@ pub trait Backend: Send + Sync {
     /// ([`sampling::feed_tokens`] is the definition; a mark past the rows becomes 0).
     fn feed_tokens(&self, ids: &mut Self::Index, tokens: &Self::Tokens) -> Result<()>;
 
+    /// Applies each row's logit adjustment (`logit_bias`, then the penalties, then the
+    /// `min_tokens` mask) to `logits [.., vocab]` (f32) in place, in order with the ops
+    /// around it, so that a later [`Backend::pick_start`] draws from the adjusted rows
+    /// ([`sampling::adjust_rows`] is the definition, to the bit).
+    fn adjust_logits(
+        &self,
+        logits: &mut Self::Buffer,
+        vocab: usize,
+        rows: &[sampling::RowAdjust],
+    ) -> Result<()>;
+
     /// For each row `r` of `c.rows`: [`sampling::clustered_argmax`] of row `r` of `logits`
     /// (`[rows, vocab]`), row `r` of the cluster `scores` (`[rows, clusters]`) and `ordering`
     /// (token ids cluster by cluster), into `out[r]`, in backend memory (a captured draft

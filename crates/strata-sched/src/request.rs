@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use strata_types::sampling::SamplingParams;
+use strata_types::sampling::{LogitControls, SamplingParams};
 
 /// A request's id in the scheduler, given by [`Scheduler::submit`](crate::Scheduler::submit).
 /// Ids grow in submission order, which is also the order of priority (older first).
@@ -42,6 +42,11 @@ pub struct Request {
     /// What the request may generate (a grammar): its logits are masked before each draw,
     /// which then happens on the host, and it ends when the constraint is complete.
     pub constraint: Option<crate::Constraint>,
+    /// Bias, penalties and `min_tokens`, applied to the logits before each draw. A request
+    /// whose controls are not neutral is drawn on the host from its logits.
+    pub controls: LogitControls,
+    /// Ids that end the request like `stop_ids`, also with `ignore_eos` (`stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
 }
 
 impl Request {
@@ -58,6 +63,8 @@ impl Request {
             logprobs: None,
             prompt_logprobs: None,
             constraint: None,
+            controls: LogitControls::default(),
+            stop_token_ids: Vec::new(),
         }
     }
 }
@@ -75,6 +82,8 @@ impl fmt::Debug for Request {
             .field("logprobs", &self.logprobs)
             .field("prompt_logprobs", &self.prompt_logprobs)
             .field("constraint", &self.constraint)
+            .field("controls", &self.controls)
+            .field("stop_token_ids", &self.stop_token_ids)
             .finish()
     }
 }

@@ -1,7 +1,7 @@
 //! A request's state inside the scheduler, across admissions and preemptions.
 
 use strata_kv::RequestId;
-use strata_types::sampling::{draw_uniform, MAX_TOP_LOGPROBS};
+use strata_types::sampling::{draw_uniform, RowAdjust, TokenCounts, MAX_TOP_LOGPROBS};
 use strata_types::LogitsMode;
 
 use crate::{FinishReason, Request, SeqId};
@@ -39,6 +39,8 @@ pub(crate) struct Seq {
     /// `prompt_logprobs`; position 0 has none). Kept across preemptions, so a recomputed
     /// prompt reports nothing twice.
     pub prompt_scored: usize,
+    /// Its tokens counted for the penalties (kept only for a request with logit controls).
+    pub counts: TokenCounts,
 }
 
 /// Bytes of logits rows a prompt-scoring chunk may return: its chunk is cut so that its
@@ -119,6 +121,7 @@ impl Seq {
             restarted_alone: false,
             pace: DraftPace::default(),
             prompt_scored: 1,
+            counts: TokenCounts::default(),
         }
     }
 
@@ -150,11 +153,12 @@ impl Seq {
     /// What a step computing this request's last token up to position `index` asks of the
     /// model: only the greedy token, or a token drawn where the logits are (the draw of token
     /// `index`), with its logprobs when the request wants them; the logits themselves only
-    /// for more top logprobs than a backend reports (drawn and scored on the host).
+    /// for more top logprobs than a backend reports, or for logit controls (bias,
+    /// penalties, `min_tokens`), which the host applies before its draw.
     pub fn token_mode(&self, index: usize) -> LogitsMode {
         let sampling = &self.req.sampling;
-        if self.req.constraint.is_some() {
-            // The mask is applied on the host, to the logits.
+        if self.req.constraint.is_some() || !self.req.controls.is_neutral() {
+            // Masks and controls are applied on the host, to the logits.
             return LogitsMode::Last;
         }
         match self.req.logprobs {
@@ -166,6 +170,23 @@ impl Seq {
                 logprobs,
             },
         }
+    }
+
+    /// The logit adjustment of this request's next draw (`None` when its controls are
+    /// neutral), its token counts first brought up to date.
+    pub fn logit_adjust(&mut self) -> Option<RowAdjust> {
+        let controls = &self.req.controls;
+        if controls.is_neutral() {
+            return None;
+        }
+        self.counts.update(&self.tokens, self.prompt_len);
+        // `min_tokens` holds back every id that would end the request.
+        let mut end_ids = self.req.stop_token_ids.clone();
+        if !self.req.ignore_eos {
+            end_ids.extend_from_slice(&self.req.stop_ids);
+        }
+        let completion = self.tokens.len() - self.prompt_len;
+        Some(self.counts.row_adjust(0, controls, completion, &end_ids))
     }
 
     pub fn completion(&self) -> &[u32] {
@@ -191,6 +212,9 @@ impl Seq {
     pub fn stop_reason(&mut self, context_len: Option<usize>) -> Option<FinishReason> {
         let last = *self.tokens.last()?;
         if !self.req.ignore_eos && self.req.stop_ids.contains(&last) {
+            return Some(FinishReason::Stop);
+        }
+        if self.req.stop_token_ids.contains(&last) {
             return Some(FinishReason::Stop);
         }
         let completion = &self.tokens[self.prompt_len..];

@@ -1,7 +1,7 @@
 //! One scheduling iteration: plan the batch, run the model, sample, report.
 
 use strata_kv::KvStorage;
-use strata_types::sampling::{draw_uniform, sample, token_logprobs, TokenLogprobs};
+use strata_types::sampling::{adjust_logits, draw_uniform, sample, token_logprobs, TokenLogprobs};
 use strata_types::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
 use std::time::Instant;
@@ -401,17 +401,19 @@ fn model_pick<'a>(
 /// one; the logprobs (when asked for) are of the raw distribution, as for every request.
 fn draw_row(seq: &mut Seq, logits: &[f32]) -> Draw {
     let uniform = draw_uniform(seq.seed, seq.tokens.len() as u64);
-    let masked;
-    let from = match &mut seq.req.constraint {
-        Some(c) => {
-            let mut m = logits.to_vec();
-            c.0.mask(&mut m)?;
-            masked = m;
-            &masked[..]
-        }
-        None => logits,
-    };
-    let token = sample(from, &seq.req.sampling, uniform).map_err(|e| e.to_string())?;
+    // Logit controls (bias, penalties, `min_tokens`) first, then the grammar's mask: they
+    // change the draw, not the reported logprobs, which stay the raw model's (as vLLM
+    // reports them by default).
+    let mut row = seq.logit_adjust().map(|a| {
+        let mut row = logits.to_vec();
+        adjust_logits(&mut row, &a);
+        row
+    });
+    if let Some(c) = &mut seq.req.constraint {
+        c.0.mask(row.get_or_insert_with(|| logits.to_vec()))?;
+    }
+    let token = sample(row.as_deref().unwrap_or(logits), &seq.req.sampling, uniform)
+        .map_err(|e| e.to_string())?;
     Ok(match seq.req.logprobs {
         Some(k) => {
             let scores = token_logprobs(logits, token, k);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use strata_kernels::sampling::SamplingParams;
+use strata_kernels::sampling::{LogitControls, SamplingParams};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvStatus, PagePlan};
 use strata_model::{Drafting, ModelRunner};
 use strata_sched::{DraftStats, SchedulerConfig};
@@ -101,6 +101,10 @@ pub struct GenerationRequest {
     pub prompt_logprobs: Option<usize>,
     /// What the output may be ([`Engine::constraint`]); `None` for free text.
     pub constraint: Option<strata_sched::Constraint>,
+    /// Bias, penalties and `min_tokens`, applied to the logits before each draw.
+    pub controls: LogitControls,
+    /// Token ids that end the request (finish reason "stop"), also with `ignore_eos`.
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// What the client of one request receives, in order: tokens, then one `Finished`.
@@ -200,7 +204,8 @@ pub struct EngineStatus {
 pub(crate) enum Command {
     Submit {
         client: u64,
-        req: GenerationRequest,
+        // Boxed: a request (with its logit controls) is far larger than the other commands.
+        req: Box<GenerationRequest>,
         updates: tmpsc::UnboundedSender<Update>,
     },
     Cancel(u64),
@@ -458,7 +463,7 @@ impl Engine {
         self.tx
             .send(Command::Submit {
                 client,
-                req,
+                req: Box::new(req),
                 updates,
             })
             .map_err(|_| EngineError::Stopped)?;

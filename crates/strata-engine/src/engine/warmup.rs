@@ -132,6 +132,8 @@ impl Engine {
                 logprobs: None,
                 prompt_logprobs: None,
                 constraint: None,
+                controls: Default::default(),
+                stop_token_ids: Vec::new(),
             };
             pending.push(self.submit(req)?);
         }

@@ -163,7 +163,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 client,
                 req,
                 updates,
-            } => self.submit(client, req, updates),
+            } => self.submit(client, *req, updates),
             Command::Cancel(client) => {
                 if let Some(id) = self.by_client.get(&client) {
                     self.sched.cancel(*id);
@@ -223,6 +223,8 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             logprobs: req.logprobs,
             prompt_logprobs: req.prompt_logprobs,
             constraint: req.constraint,
+            controls: req.controls,
+            stop_token_ids: req.stop_token_ids,
         });
         self.by_client.insert(client, id);
         self.live.insert(

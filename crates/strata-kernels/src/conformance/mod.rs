@@ -13,6 +13,7 @@
 //! [`crate::conformance_tests!`]; [`CASES`] lists the cases and the `Backend` methods each
 //! one checks.
 
+mod adjust;
 mod attention;
 mod elementwise;
 mod forms;
@@ -27,6 +28,7 @@ mod registry;
 mod rope;
 mod sampling;
 
+pub use adjust::check_adjust_logits;
 pub use attention::{check_attention, check_attention_case, AttentionCase};
 pub use elementwise::{
     check_act_mul, check_act_mul_case, check_activation, check_arith, check_softcap,

@@ -87,6 +87,7 @@ macro_rules! conformance_tests {
             argmax plain check_argmax ["argmax_rows"];
             clustered_argmax plain check_clustered_argmax ["clustered_argmax", "download_index"];
             feed_tokens plain check_feed_tokens ["feed_tokens", "embedding_idx", "write_index"];
+            adjust_logits plain check_adjust_logits ["adjust_logits"];
             fused plain check_fused ["rms_norm_add_norm", "rms_norm_add_scale", "rms_norm_add_scale_norm", "head_norm_rope_idx", "qkv_norm_rope_idx", "qkv_norm_rope_store_idx", "act_mul_slice"];
             k_parts plain check_k_parts ["matmul_parts", "head_norm_rope_parts_idx"];
             index_forms quant check_index_forms ["rope_idx", "embedding_quant_idx", "paged_batch_update"];

@@ -322,6 +322,16 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn adjust_logits(
+        &self,
+        logits: &mut CpuBuffer,
+        vocab: usize,
+        rows: &[crate::sampling::RowAdjust],
+    ) -> Result<()> {
+        let logits = logits.f32s_mut("adjust_logits")?;
+        Ok(crate::sampling::adjust_rows(logits, vocab, rows)?)
+    }
+
     fn clustered_argmax(
         &self,
         logits: &CpuBuffer,

@@ -9,6 +9,7 @@
 //! Everything runs in order on one stream: downloads wait for the work before them, and
 //! buffers need no cross-stream tracking.
 
+mod adjust;
 mod attention;
 mod attention_plan;
 mod buffer;
@@ -844,6 +845,15 @@ impl Backend for CudaBackend {
 
     fn feed_tokens(&self, ids: &mut CudaIndex, tokens: &CudaTokens) -> Result<()> {
         self.feed_tokens_impl(ids, tokens)
+    }
+
+    fn adjust_logits(
+        &self,
+        logits: &mut CudaBuffer,
+        vocab: usize,
+        rows: &[crate::sampling::RowAdjust],
+    ) -> Result<()> {
+        self.adjust_logits_impl(logits, vocab, rows)
     }
 
     fn clustered_argmax(

@@ -221,6 +221,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         &["argmax_rows", "feed_tokens", "clustered_argmax"],
     ),
     KernelFile::any_gpu(
+        "adjust",
+        include_str!("../../kernels/adjust.cu"),
+        &["adjust_logits"],
+    ),
+    KernelFile::any_gpu(
         "draw",
         include_str!("../../kernels/draw.cu"),
         &["draw_first_pass", "draw_rows", "logprob_rows"],

@@ -136,40 +136,17 @@ pub struct Common {
     pub safety_identifier: Option<String>,
     #[allow(dead_code)]
     pub parallel_tool_calls: Option<bool>,
-    // These change the output: accepted only at their neutral value (`check_unsupported`).
+    // Logit controls and stop ids (`controls.rs`).
     pub logit_bias: Option<serde_json::Value>,
+    pub repetition_penalty: Option<f32>,
+    pub min_tokens: Option<u32>,
+    pub stop_token_ids: Option<Vec<u32>>,
     // Structured outputs (`structured.rs`).
     pub response_format: Option<serde_json::Value>,
     pub guided_json: Option<serde_json::Value>,
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
-    pub repetition_penalty: Option<f32>,
-    pub min_tokens: Option<u32>,
-    pub stop_token_ids: Option<Vec<u32>>,
-}
-
-impl Common {
-    /// Refuses the shared fields that would change the output and that Strata cannot
-    /// honour.
-    fn check_unsupported(&self) -> Result<(), ApiError> {
-        unless_neutral(
-            "logit_bias",
-            self.logit_bias.as_ref().is_none_or(is_empty),
-            "an empty map",
-        )?;
-        unless_neutral(
-            "repetition_penalty",
-            self.repetition_penalty.is_none_or(|p| p == 1.0),
-            "1",
-        )?;
-        unless_neutral("min_tokens", self.min_tokens.is_none_or(|n| n == 0), "0")?;
-        unless_neutral(
-            "stop_token_ids",
-            self.stop_token_ids.as_ref().is_none_or(Vec::is_empty),
-            "an empty list",
-        )
-    }
 }
 
 #[derive(Deserialize, Debug)]
@@ -232,7 +209,6 @@ pub struct ChatRequest {
 impl CompletionRequest {
     /// Refuses the fields that would change the output and that Strata cannot honour.
     pub fn check_unsupported(&self) -> Result<(), ApiError> {
-        self.common.check_unsupported()?;
         unless_neutral("best_of", self.best_of.is_none_or(|b| b == 1), "1")?;
         unless_neutral(
             "suffix",
@@ -278,7 +254,6 @@ pub fn build_completion(
 impl ChatRequest {
     /// Refuses the fields that would change the output and that Strata cannot honour.
     pub fn check_unsupported(&self) -> Result<(), ApiError> {
-        self.common.check_unsupported()?;
         unless_neutral("tools", self.tools.as_ref().is_none_or(is_empty), "none")?;
         unless_neutral(
             "functions",
@@ -396,18 +371,6 @@ pub fn build(
             return Err(ApiError::invalid("n", "only n = 1 is supported"));
         }
     }
-    if c.presence_penalty.is_some_and(|x| x != 0.0) {
-        return Err(ApiError::invalid(
-            "presence_penalty",
-            "presence_penalty is not supported (only 0)",
-        ));
-    }
-    if c.frequency_penalty.is_some_and(|x| x != 0.0) {
-        return Err(ApiError::invalid(
-            "frequency_penalty",
-            "frequency_penalty is not supported (only 0)",
-        ));
-    }
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
@@ -498,6 +461,7 @@ pub fn build(
             ),
         ));
     }
+    let (controls, stop_token_ids) = super::controls::parse(c, max_tokens, limits.vocab_size)?;
     Ok(GenerationRequest {
         prompt,
         max_tokens,
@@ -513,6 +477,8 @@ pub fn build(
         logprobs,
         prompt_logprobs: None,
         constraint: None,
+        controls,
+        stop_token_ids,
     })
 }
 

@@ -1,6 +1,7 @@
 //! `strata serve`: the OpenAI-compatible HTTP server.
 
 mod api;
+mod controls;
 mod echo;
 mod error;
 mod layout;

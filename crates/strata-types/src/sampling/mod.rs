@@ -11,11 +11,13 @@
 //! [`draw_uniform`] by the index of the token drawn, so a token depends on the request's
 //! seed and its position alone (not on batching, preemption or steps planned ahead).
 
+pub mod adjust;
 mod draw;
 mod logprobs;
 mod rng;
 pub mod weight;
 
+pub use adjust::{adjust_logits, adjust_rows, LogitControls, RowAdjust, TokenCounts};
 pub use draw::sample;
 pub use logprobs::{
     log_softmax, logprob_of, logprob_value, token_logprobs, top_logprobs, top_values, RowMass,

@@ -1,0 +1,119 @@
+//! The backend's logit adjustments against the host definition
+//! ([`crate::sampling::adjust_rows`]).
+
+use super::{ctx, put, CheckResult, TestData};
+use crate::sampling::{adjust_rows, pick_rows, RowAdjust, RowDraw, SamplingParams};
+use crate::{Backend, DType};
+
+/// `adjust_logits` against the host `adjust_rows`, to the bit: rows adjusted out of order
+/// and one left alone, every list empty or long (more entries than a block has threads),
+/// positive and negative logits under a repetition penalty above and below 1, negative
+/// penalties, counts of 0 (prompt-only tokens), biases of ±100, masks; then a greedy pick of
+/// the adjusted rows, queued behind the adjustment, against the host's.
+pub fn check_adjust_logits<B: Backend>(b: &B) -> CheckResult {
+    let mut data = TestData::new(802);
+    for vocab in [7usize, 1000, 262_144] {
+        let rows = 4;
+        let logits: Vec<f32> = (0..rows * vocab).map(|_| data.normal() * 4.0).collect();
+        let mut distinct = |n: usize| {
+            let mut ids: Vec<u32> = (0..n.min(vocab))
+                .map(|_| data.below(vocab) as u32)
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let long = 600;
+        let bias: Vec<(u32, f32)> = distinct(long)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (t, [100.0, -100.0, 0.5, -3.25][i % 4]))
+            .collect();
+        let seen: Vec<(u32, u32)> = distinct(long)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (t, (i % 5) as u32))
+            .collect();
+        let adjusts = [
+            RowAdjust {
+                row: 3,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.3,
+                repetition_penalty: 1.3,
+                bias: bias.clone(),
+                seen: seen.clone(),
+                masked: distinct(3),
+            },
+            RowAdjust {
+                row: 0,
+                presence_penalty: -2.0,
+                frequency_penalty: -0.7,
+                repetition_penalty: 0.6,
+                bias: Vec::new(),
+                seen,
+                masked: Vec::new(),
+            },
+            RowAdjust {
+                row: 1,
+                repetition_penalty: 1.0,
+                bias,
+                masked: distinct(2),
+                ..RowAdjust::default()
+            },
+        ];
+        let mut buf = put(b, &logits, DType::F32)?;
+        let mut want = b.download(&buf).map_err(|e| e.to_string())?;
+        adjust_rows(&mut want, vocab, &adjusts).map_err(|e| e.to_string())?;
+        ctx("adjust_logits", b.adjust_logits(&mut buf, vocab, &adjusts))?;
+        let greedy: Vec<RowDraw> = (0..rows)
+            .map(|row| RowDraw {
+                row,
+                params: SamplingParams::greedy(),
+                uniform: 0,
+                logprobs: Some(2),
+            })
+            .collect();
+        let picked = ctx("pick_start", b.pick_start(&buf, vocab, rows, None, &greedy))?;
+        let picked = ctx("pick_finish", b.pick_finish(picked))?;
+        let got = b.download(&buf).map_err(|e| e.to_string())?;
+        if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            return Err(format!(
+                "adjust_logits vocab {vocab}: row {} id {}: got {}, want {}",
+                i / vocab,
+                i % vocab,
+                got[i],
+                want[i]
+            ));
+        }
+        let want_picks = pick_rows(&want, vocab, rows, &greedy).map_err(|e| e.to_string())?;
+        if !super::sampling::same_picks(&picked, &want_picks) {
+            return Err(format!(
+                "a pick after adjust_logits, vocab {vocab}: got {picked:?}, want {want_picks:?}"
+            ));
+        }
+    }
+    // Refused: an id past the vocabulary, an id biased twice, a row past the logits.
+    let mut buf = put(b, &[0.0; 8], DType::F32)?;
+    let bad = [
+        RowAdjust {
+            masked: vec![4],
+            ..RowAdjust::default()
+        },
+        RowAdjust {
+            bias: vec![(1, 1.0), (1, 2.0)],
+            ..RowAdjust::default()
+        },
+        RowAdjust {
+            row: 2,
+            ..RowAdjust::default()
+        },
+    ];
+    for a in bad {
+        if b.adjust_logits(&mut buf, 4, std::slice::from_ref(&a))
+            .is_ok()
+        {
+            return Err(format!("adjust_logits accepted {a:?}"));
+        }
+    }
+    Ok(())
+}

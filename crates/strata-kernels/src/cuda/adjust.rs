@@ -1,0 +1,109 @@
+//! Logit adjustments on the GPU (`kernels/adjust.cu`): bias, penalties and mask applied to
+//! the rows of a step's logits in place, before the draw reads them.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::{device_err, CudaBackend, CudaBuffer};
+use crate::error::ensure;
+use crate::sampling::RowAdjust;
+use crate::{DeviceBuffer, Result};
+
+/// Threads of a block (`ADJUST_THREADS` in `kernels/adjust.cu`).
+const THREADS: u32 = 256;
+
+/// The rows' lists laid out flat, as the kernel reads them.
+#[derive(Default)]
+struct Flat {
+    meta: Vec<u32>,
+    params: Vec<f32>,
+    bias_ids: Vec<u32>,
+    bias: Vec<f32>,
+    seen_ids: Vec<u32>,
+    seen_counts: Vec<u32>,
+    masked: Vec<u32>,
+}
+
+impl Flat {
+    fn new(rows: &[RowAdjust]) -> Self {
+        let mut f = Flat::default();
+        for a in rows {
+            let at = |n: usize| n as u32;
+            f.meta.push(a.row as u32);
+            f.meta.push(at(f.bias_ids.len()));
+            f.bias_ids.extend(a.bias.iter().map(|b| b.0));
+            f.bias.extend(a.bias.iter().map(|b| b.1));
+            f.meta.push(at(f.bias_ids.len()));
+            f.meta.push(at(f.seen_ids.len()));
+            f.seen_ids.extend(a.seen.iter().map(|s| s.0));
+            f.seen_counts.extend(a.seen.iter().map(|s| s.1));
+            f.meta.push(at(f.seen_ids.len()));
+            f.meta.push(at(f.masked.len()));
+            f.masked.extend_from_slice(&a.masked);
+            f.meta.push(at(f.masked.len()));
+            f.params.extend([
+                a.presence_penalty,
+                a.frequency_penalty,
+                a.repetition_penalty,
+            ]);
+        }
+        f
+    }
+}
+
+impl CudaBackend {
+    pub(super) fn adjust_logits_impl(
+        &self,
+        logits: &mut CudaBuffer,
+        vocab: usize,
+        rows: &[RowAdjust],
+    ) -> Result<()> {
+        const OP: &str = "adjust_logits";
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let n = logits.len();
+        ensure(vocab > 0, OP, || "a vocabulary of 0".into())?;
+        for a in rows {
+            ensure((a.row + 1) * vocab <= n, OP, || {
+                format!("row {} of {vocab} past {n} logits", a.row)
+            })?;
+            a.check(vocab)
+                .map_err(|detail| crate::KernelError::Invalid { op: OP, detail })?;
+        }
+        // One block a row: rows listed twice would race on their logits.
+        let mut seen_rows: Vec<usize> = rows.iter().map(|a| a.row).collect();
+        seen_rows.sort_unstable();
+        ensure(seen_rows.windows(2).all(|w| w[0] != w[1]), OP, || {
+            "a row adjusted twice".into()
+        })?;
+        let flat = Flat::new(rows);
+        let (meta, params) = (self.to_device(&flat.meta)?, self.to_device(&flat.params)?);
+        let bias_ids = self.to_device(&flat.bias_ids)?;
+        let bias = self.to_device(&flat.bias)?;
+        let seen_ids = self.to_device(&flat.seen_ids)?;
+        let seen_counts = self.to_device(&flat.seen_counts)?;
+        let masked = self.to_device(&flat.masked)?;
+        let vocab64 = vocab as u64;
+        let xs = logits.f32s_mut(OP)?;
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        l.arg(xs)
+            .arg(&vocab64)
+            .arg(&meta)
+            .arg(&params)
+            .arg(&bias_ids)
+            .arg(&bias)
+            .arg(&seen_ids)
+            .arg(&seen_counts)
+            .arg(&masked);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.len() as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match `adjust_logits` in adjust.cu; every row is inside the
+        // logits and every id below `vocab` (checked above); the lists hold the entries
+        // `meta` points at (empty lists get a placeholder element, never read).
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+}
