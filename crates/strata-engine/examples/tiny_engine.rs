@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use strata_engine::{Device, Engine, EngineOptions, GenerationRequest, LoadedModel, Update};
-use strata_kernels::sampling::SamplingParams;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,16 +19,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("pool: {} pages of {} tokens", plan.full, plan.page_size);
 
     let request = GenerationRequest {
-        prompt: vec![1, 5, 9, 13],
-        max_tokens: 6,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
         ignore_eos: true,
-        logprobs: None,
-        prompt_logprobs: None,
-        constraint: None,
-        controls: Default::default(),
-        stop_token_ids: Vec::new(),
+        ..GenerationRequest::new(vec![1, 5, 9, 13], 6)
     };
     // Dropping the guard would cancel the request (a client that went away).
     let (_guard, mut updates) = engine.submit(request)?;

@@ -201,16 +201,8 @@ fn serve(
         .iter()
         .map(|p| {
             let req = GenerationRequest {
-                prompt: p.clone(),
-                max_tokens,
-                sampling: SamplingParams::greedy(),
-                stop: vec![],
                 ignore_eos: true,
-                logprobs: None,
-                prompt_logprobs: None,
-                constraint: None,
-                controls: Default::default(),
-                stop_token_ids: Vec::new(),
+                ..GenerationRequest::new(p.clone(), max_tokens)
             };
             engine.submit(req).unwrap()
         })

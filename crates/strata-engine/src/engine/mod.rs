@@ -107,6 +107,25 @@ pub struct GenerationRequest {
     pub stop_token_ids: Vec<u32>,
 }
 
+impl GenerationRequest {
+    /// Greedy generation of up to `max_tokens` after `prompt`, ending at the model's
+    /// end-of-sequence ids, with no stop strings, logprobs, controls or constraint.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            prompt_logprobs: None,
+            constraint: None,
+            controls: LogitControls::default(),
+            stop_token_ids: Vec::new(),
+        }
+    }
+}
+
 /// What the client of one request receives, in order: tokens, then one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Update {

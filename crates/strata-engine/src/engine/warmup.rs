@@ -9,8 +9,6 @@
 
 use std::time::Instant;
 
-use strata_kernels::sampling::SamplingParams;
-
 use super::{Engine, GenerationRequest, Update};
 use crate::{EngineError, Result};
 
@@ -124,16 +122,8 @@ impl Engine {
                 .map(|i| (1 + (start + (i % cycle) * 7919) % (vocab - 1)) as u32)
                 .collect();
             let req = GenerationRequest {
-                prompt,
-                max_tokens: out,
-                sampling: SamplingParams::greedy(),
-                stop: vec![],
                 ignore_eos: true,
-                logprobs: None,
-                prompt_logprobs: None,
-                constraint: None,
-                controls: Default::default(),
-                stop_token_ids: Vec::new(),
+                ..GenerationRequest::new(prompt, out)
             };
             pending.push(self.submit(req)?);
         }
