@@ -400,7 +400,15 @@ pub async fn completions(
     let logprobs = req.logprobs.map(|n| n as usize);
     let echo = req.echo();
     super::echo::check_not_streamed(echo, c.stream)?;
-    if echo {
+    if echo || prompts.len() > 1 {
+        // `echo` with `stream` is refused above: here the stream asked for several prompts.
+        if c.stream {
+            return Err(ApiError::invalid(
+                "stream",
+                "streaming answers one prompt at a time: send several prompts unstreamed",
+            ));
+        }
+        // The prompts as sent, for `echo` (token ids are decoded).
         let texts: Vec<Option<String>> = match &req.prompt {
             Prompt::Text(t) => vec![Some(t.clone())],
             Prompt::Texts(v) => v.iter().cloned().map(Some).collect(),
@@ -410,45 +418,28 @@ pub async fn completions(
         let mut gens = Vec::with_capacity(prompts.len());
         let mut echoes = Vec::with_capacity(prompts.len());
         for (ids, text) in prompts.into_iter().zip(texts) {
-            let text = match text {
-                Some(t) => t,
-                None => tokenizer(&st)?
-                    .decode(&ids, false)
-                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+            let shown = match (echo, text) {
+                (false, _) => None,
+                (true, Some(text)) => Some(Echo {
+                    text,
+                    ids: ids.clone(),
+                }),
+                (true, None) => Some(Echo {
+                    text: tokenizer(&st)?
+                        .decode(&ids, false)
+                        .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+                    ids: ids.clone(),
+                }),
             };
-            gens.push(api::build_completion(
-                &c,
-                ids.clone(),
-                logprobs,
-                true,
-                &lim,
-            )?);
-            echoes.push(Some(Echo { text, ids }));
+            gens.push(api::build_completion(&c, ids, logprobs, echo, &lim)?);
+            echoes.push(shown);
         }
         super::structured::constrain(&st, &c, &mut gens).await?;
-        return collect_many(st, gens, echoes, logprobs.is_some()).await;
-    }
-    if prompts.len() > 1 {
-        if c.stream {
-            return Err(ApiError::invalid(
-                "stream",
-                "streaming answers one prompt at a time: send several prompts unstreamed",
-            ));
-        }
-        let lim = limits(&st);
-        let mut gens = prompts
-            .into_iter()
-            .map(|p| api::build_completion(&c, p, logprobs, false, &lim))
-            .collect::<Result<Vec<_>, _>>()?;
-        super::structured::constrain(&st, &c, &mut gens).await?;
-        let echoes = gens.iter().map(|_| None).collect();
         return collect_many(st, gens, echoes, logprobs.is_some()).await;
     }
     let prompt = prompts.pop().unwrap_or_default();
-    let gen = api::build_completion(&c, prompt, logprobs, false, &limits(&st))?;
-    let mut gens = [gen];
-    super::structured::constrain(&st, &c, &mut gens).await?;
-    let [gen] = gens;
+    let mut gen = api::build_completion(&c, prompt, logprobs, false, &limits(&st))?;
+    super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?;
     respond(st, gen, Kind::Completion, &c).await
 }
 
@@ -542,10 +533,8 @@ pub async fn chat(
         .min(limits(&st).pool_tokens)
         .saturating_sub(prompt.len());
     let default_max = Some(room.min(u32::MAX as usize) as u32);
-    let gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
-    let mut gens = [gen];
-    super::structured::constrain(&st, &c, &mut gens).await?;
-    let [gen] = gens;
+    let mut gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
+    super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?;
     respond(st, gen, Kind::Chat, &c).await
 }
 
