@@ -31,6 +31,17 @@ const TEST_BINARIES: &[(&[&str], &str)] = &[
         "cuda_nvrtc",
     ),
     (
+        &[
+            "-p",
+            "strata-kernels",
+            "--features",
+            "cuda",
+            "--test",
+            "quant_cuda",
+        ],
+        "quant_cuda",
+    ),
+    (
         &["-p", "strata-model", "--features", "cuda", "--lib"],
         "strata_model_tests",
     ),
@@ -75,6 +86,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 check cold_start "$here/conformance_cuda" upload_download --nocapture
 check nvrtc "$here/cuda_nvrtc" --nocapture
 check conformance "$here/conformance_cuda" --nocapture --test-threads=4
+check quant "$here/quant_cuda" --nocapture
 check model "$here/strata_model_tests" cuda_upload --nocapture
 check scheduler "$here/strata_sched_tiny" gpu --nocapture
 if [ -x "$here/strata" ]; then

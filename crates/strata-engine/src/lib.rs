@@ -21,6 +21,7 @@ pub use engine::{
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadSettings, LoadedModel, Prompter, WeightDtype};
 pub use placed::{OnBackend, OnDevice, Placement, Runtime};
+pub use strata_model::quantize::LOAD_QUANT_TYPES;
 pub use strata_sched::DraftStats;
 
 /// Why the engine could not load a model or serve a request.

@@ -52,13 +52,16 @@ impl std::fmt::Display for Device {
 /// The dtype dense weights compute in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightDtype {
-    /// As stored on the CPU. On CUDA: 16-bit and quantized weights as bf16 with bf16 GEMMs
-    /// (f32 accumulation), f32 checkpoints as f32.
+    /// As stored on the CPU. On CUDA: 16-bit weights as bf16 with bf16 GEMMs (f32
+    /// accumulation), f32 checkpoints as f32, GGUF blocks kept as blocks (Q4_0, Q5_0, Q8_0,
+    /// Q4_K, Q5_K, Q6_K; other block formats as bf16).
     #[default]
     Auto,
-    /// Every dense weight widened to f32 and f32 GEMMs (the reference path).
+    /// Every dense weight widened to f32 and f32 GEMMs (the reference path); GGUF blocks
+    /// stay blocks, their products exact in f32.
     F32,
-    /// Every dense weight as bf16 (bf16 GEMMs on CUDA).
+    /// Every dense weight as bf16 (bf16 GEMMs on CUDA); on CUDA, GGUF blocks decoded to bf16
+    /// at load (2 bytes a weight).
     Bf16,
 }
 
@@ -95,6 +98,8 @@ pub struct LoadSettings {
     pub dtype: WeightDtype,
     /// `--embed-weights host`: lookup-only embedding tables stay in host memory.
     pub host_embeddings: bool,
+    /// `--quantize`: dense matrices quantized to this GGUF block format as they load.
+    pub quantize: Option<strata_gguf::GgmlType>,
 }
 
 /// A model ready to run, with its tokenizer.
@@ -306,6 +311,7 @@ fn load_options(settings: LoadSettings) -> LoadOptions {
     LoadOptions {
         weight_dtype,
         host_embeddings: settings.host_embeddings,
+        quantize: settings.quantize,
     }
 }
 

@@ -1,20 +1,25 @@
-//! Quantized weights on the CUDA backend: GGUF block formats are dequantized on upload to a
-//! dense bf16 device matrix, which the backend's matmul and embedding read like any bf16
-//! weight. Costs 2 bytes a weight on the GPU; a kernel that reads the blocks directly can
-//! replace it without changing callers.
+//! Quantized weights on the CUDA backend: the GGUF block formats the GPU computes with
+//! (`strata_kernels::cuda::BlockFormat`) stay in device memory as the file's blocks; other
+//! block formats, and every format when bf16 is asked for (`--dtype bf16`), are decoded on
+//! upload to a dense bf16 matrix (2 bytes a weight).
 
 use std::sync::Arc;
 
 use half::bf16;
-use strata_kernels::cuda::{CudaBackend, CudaQuantMatrix};
-use strata_kernels::{HostSlice, MatrixShape, RowDot};
+use strata_kernels::cuda::{BlockFormat, CudaBackend, CudaQuantMatrix};
+use strata_kernels::{DType, HostSlice, MatrixShape, RowDot};
 
 use crate::error::Result;
 use crate::linear::{QuantUpload, QuantWeight};
 
 impl QuantUpload for CudaBackend {
-    fn upload_quant(&self, w: QuantWeight) -> Result<Arc<Self::QuantMatrix>> {
+    fn upload_quant(&self, w: QuantWeight, dense: Option<DType>) -> Result<Arc<Self::QuantMatrix>> {
         let (rows, cols) = (w.rows(), w.cols());
+        let format = BlockFormat::from_ggml_name(w.ggml_type().name());
+        if let (Some(format), false) = (format, dense == Some(DType::BF16)) {
+            let m = CudaQuantMatrix::blocks(self, format, rows, cols, w.raw_bytes())?;
+            return Ok(Arc::new(m));
+        }
         let mut host = vec![bf16::ZERO; rows * cols];
         let mut row = vec![0.0f32; cols];
         for (r, out) in host.chunks_exact_mut(cols.max(1)).enumerate().take(rows) {
@@ -450,7 +455,7 @@ mod tests {
         let Some(gpu) = gpu() else { return };
         let opts = crate::LoadOptions {
             weight_dtype: Some(strata_kernels::DType::BF16),
-            host_embeddings: false,
+            ..Default::default()
         };
         for (name, bound) in [("gemma4-tiny", 0.3), ("llama-tiny", 0.03)] {
             let dir = fixtures().join(name);
@@ -482,6 +487,50 @@ mod tests {
         }
     }
 
+    /// Weights quantized to Q8_0 at load (`LoadOptions::quantize`) stay blocks on the GPU
+    /// (`quant_gemv_*` for the decode rows, the decoded path for the prompt): every
+    /// position's logits, a prompt then single-token steps, against the CPU backend on the
+    /// same blocks. The CPU's products use 8-bit activations and the GPU's f32 ones, so the
+    /// logits differ by that rounding; the top token must agree wherever the CPU's margin
+    /// is at least 0.5.
+    #[test]
+    fn weights_quantized_at_load_match_the_cpu_on_the_same_blocks() {
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let opts = crate::LoadOptions {
+            quantize: Some(strata_weights::GgmlType::Q8_0),
+            ..Default::default()
+        };
+        for name in ["gemma3-tiny", "gemma4-tiny", "llama-tiny", "qwen3-tiny"] {
+            let dir = fixtures().join(name);
+            let (ids, _) = reference(&dir);
+            let n = ids.len();
+            let chunks = [n - 3, 1, 1, 1];
+            let cpu = Model::load_with(CpuBackend::new(), &dir, opts).unwrap();
+            let cuda = Model::load_with(gpu.clone(), &dir, opts).unwrap();
+            let want = logits(&cpu, &ids, &chunks);
+            let got = logits(&cuda, &ids, &chunks);
+            let vocab = cpu.config().vocab_size;
+            let mut decisive = 0;
+            for (p, (w, g)) in want.chunks(vocab).zip(got.chunks(vocab)).enumerate() {
+                let mut order: Vec<usize> = (0..vocab).collect();
+                order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+                if w[order[0]] - w[order[1]] < 0.5 {
+                    continue;
+                }
+                decisive += 1;
+                let top = (0..vocab).max_by(|&a, &b| g[a].total_cmp(&g[b])).unwrap();
+                assert_eq!(top, order[0], "{name}: position {p}'s top token");
+            }
+            let d = max_abs_diff(&want, &got);
+            eprintln!(
+                "{name}: Q8_0 blocks, GPU vs CPU max |diff| {d:.3e}, {decisive} decisive positions"
+            );
+            assert!(decisive > 0, "{name}: no decisive position");
+            assert!(d < 0.1, "{name}: GPU {d} from the CPU on the same blocks");
+        }
+    }
+
     /// The o and down products split over k, their parts added by the residual norms
     /// (`Backend::matmul_parts`): with the skinny and small GEMMs off, the tiny models'
     /// products at 3 to 13 rows go to cuBLAS, and parts as short as their 16 inputs are
@@ -495,7 +544,7 @@ mod tests {
         let Some(gpu) = gpu() else { return };
         let opts = crate::LoadOptions {
             weight_dtype: Some(strata_kernels::DType::BF16),
-            host_embeddings: false,
+            ..Default::default()
         };
         let short = KParts {
             min_rows: 3,

@@ -14,6 +14,7 @@ mod launch;
 mod linear;
 mod model;
 mod paged_kv;
+pub mod quantize;
 mod runner;
 mod tensors;
 

@@ -6,8 +6,8 @@ use std::ops::Range;
 
 use strata_kernels::cpu::{CpuBackend, PreparedInput};
 use strata_kernels::{
-    Activation, Backend, DeviceBuffer, HostSlice, MatmulOut, MatmulShape, MatrixShape, RowDot,
-    TableSlice,
+    Activation, Backend, DType, DeviceBuffer, HostSlice, MatmulOut, MatmulShape, MatrixShape,
+    RowDot, TableSlice,
 };
 use strata_weights::{quant, GgmlType, TensorView};
 
@@ -292,6 +292,30 @@ impl QuantWeight {
     }
 }
 
+impl QuantWeight {
+    /// Blocks made on the host (`quantize::at_load`): `bytes` holds `rows` rows of `cols`
+    /// values in `ty`.
+    pub(crate) fn from_blocks(ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Self {
+        Self {
+            ty,
+            rows,
+            cols,
+            row_bytes: bytes.len() / rows.max(1),
+            bytes,
+        }
+    }
+
+    /// The block format.
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The blocks of every row, as the file stores them.
+    pub fn raw_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 impl MatrixShape for QuantWeight {
     fn rows(&self) -> usize {
         self.rows
@@ -371,13 +395,18 @@ impl RowDot for QuantWeight {
 
 /// How a backend takes quantized weights.
 pub trait QuantUpload: Backend {
-    /// Uploads `w` as the backend's quantized matrix (a backend may convert the blocks on
-    /// the way, as CUDA dequantizes them to bf16).
-    fn upload_quant(&self, w: QuantWeight) -> Result<Arc<Self::QuantMatrix>>;
+    /// Uploads `w` as the backend's quantized matrix. `dense` asks for the weight as a dense
+    /// matrix of that dtype where the backend has the choice (CUDA keeps the blocks unless
+    /// asked for bf16; the CPU always computes on the blocks).
+    fn upload_quant(&self, w: QuantWeight, dense: Option<DType>) -> Result<Arc<Self::QuantMatrix>>;
 }
 
 impl QuantUpload for CpuBackend {
-    fn upload_quant(&self, w: QuantWeight) -> Result<Arc<Self::QuantMatrix>> {
+    fn upload_quant(
+        &self,
+        w: QuantWeight,
+        _dense: Option<DType>,
+    ) -> Result<Arc<Self::QuantMatrix>> {
         Ok(Arc::new(w))
     }
 }
@@ -434,7 +463,9 @@ pub fn upload_linear_as<B: QuantUpload>(
                 dense(b.upload(HostSlice::F16(&v))?)
             }
         },
-        _ => Ok(Linear::Quant(b.upload_quant(QuantWeight::new(view)?)?)),
+        _ => Ok(Linear::Quant(
+            b.upload_quant(QuantWeight::new(view)?, dtype)?,
+        )),
     }
 }
 

@@ -20,6 +20,9 @@ pub struct LoadOptions {
     /// when it is not tied to the output projection) in host memory; each step's rows are
     /// gathered there and uploaded.
     pub host_embeddings: bool,
+    /// Dense matrices quantized to this GGUF block format as they load
+    /// (`quantize::LOAD_QUANT_TYPES`); `None` keeps them dense.
+    pub quantize: Option<strata_weights::GgmlType>,
 }
 
 /// A decoder model: its configuration and its weights on backend `B`.

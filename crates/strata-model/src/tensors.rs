@@ -77,7 +77,11 @@ impl<B: QuantUpload> ModelTensors<B> {
     pub fn load(b: &B, c: &ModelConfig, w: &ModelWeights, opts: &LoadOptions) -> Result<Self> {
         let h = c.hidden_size;
         let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
-            upload_linear_as(b, &w.require(name, shape)?, opts.weight_dtype)
+            let view = w.require(name, shape)?;
+            if let Some(q) = crate::quantize::at_load(&view, opts.quantize)? {
+                return Ok(Linear::Quant(b.upload_quant(q, opts.weight_dtype)?));
+            }
+            upload_linear_as(b, &view, opts.weight_dtype)
         };
         // A table for lookups only, in host memory when asked.
         let table = |name: &str, shape: &[usize], host: bool| -> Result<Linear<B>> {

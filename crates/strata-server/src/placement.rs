@@ -22,14 +22,20 @@ pub struct PlacementArgs {
     /// auto (CUDA when a GPU starts, else the CPU), cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub device: Device,
-    /// Dtype dense weights compute in: auto (as stored; bf16 GEMMs on CUDA), f32 (exact
-    /// reference path) or bf16.
+    /// Dtype dense weights compute in: auto (as stored; bf16 GEMMs on CUDA, GGUF blocks
+    /// kept as blocks), f32 (exact reference path) or bf16 (on CUDA, GGUF blocks decoded
+    /// to bf16 at load).
     #[arg(long, default_value = "auto")]
     pub dtype: WeightDtype,
     /// device, or host: lookup-only embedding tables (Gemma-4's per-layer embeddings, an
     /// untied token embedding) stay in host memory and only each step's rows are uploaded.
     #[arg(long, value_enum, default_value_t = EmbedPlacement::Device)]
     pub embed_weights: EmbedPlacement,
+    /// Quantize a dense checkpoint's matrices at load to a GGUF block format: q8_0, q6_k or
+    /// q4_k (stored block formats and matrices whose rows are not whole blocks stay as
+    /// they are). Off by default.
+    #[arg(long, value_parser = parse_load_quant)]
+    pub quantize: Option<strata_weights::GgmlType>,
     /// Decode every stored weight before loading and refuse the model if one is NaN or
     /// infinite, naming the tensor (a corrupt or badly converted file otherwise loads and
     /// generates garbage). Costs one pass over the weights.
@@ -78,8 +84,20 @@ impl PlacementArgs {
             device: self.device,
             dtype: self.dtype,
             host_embeddings: self.embed_weights == EmbedPlacement::Host,
+            quantize: self.quantize,
         })
     }
+}
+
+/// `--quantize`'s value: one of the formats weights are quantized to at load.
+fn parse_load_quant(s: &str) -> Result<strata_weights::GgmlType, String> {
+    let ok = strata_engine::LOAD_QUANT_TYPES;
+    strata_weights::GgmlType::from_name(s)
+        .filter(|t| ok.contains(t))
+        .ok_or_else(|| {
+            let names: Vec<_> = ok.iter().map(|t| t.name().to_lowercase()).collect();
+            format!("{s:?}: expected one of {}", names.join(", "))
+        })
 }
 
 /// `--check-weights`: every stored value of the model's weights decoded and found finite.

@@ -2,9 +2,8 @@
 //! one or two rows (`fused.rs`); in the bf16 mode, the few-row tensor-core GEMM for 3 to 32
 //! rows (`skinny_gemm.rs`) and a bf16 cuBLAS GEMM past that. Otherwise (the exact path)
 //! the activations stay f32 and, since cuBLAS has no f32 x bf16 product, a BF16 / F16
-//! weight is first widened exactly to an f32 scratch matrix for SGEMM.
-
-use std::sync::Arc;
+//! weight is first widened exactly to an f32 scratch matrix for SGEMM. Block-quantized
+//! weights have their own products (`quant.rs`).
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{Gemm, GemmConfig};
@@ -16,69 +15,8 @@ use super::skinny_gemm::SkinnyMat;
 use super::{device_err, CudaBackend};
 use crate::error::ensure;
 use crate::{
-    Activation, Backend, DType, DeviceBuffer, HostSlice, KernelError, MatmulOut, MatmulShape,
-    MatrixShape, Result,
+    Activation, Backend, DType, DeviceBuffer, KernelError, MatmulOut, MatmulShape, Result,
 };
-
-/// A quantized weight as CUDA computes with it: the matrix dequantized on upload to a dense
-/// device matrix (BF16 for GGUF block formats; F32 where exactness matters, as in the
-/// conformance checks). `[rows, cols]`, rows = output features.
-pub struct CudaQuantMatrix {
-    pub(super) w: CudaBuffer,
-    pub(super) rows: usize,
-    pub(super) cols: usize,
-}
-
-impl CudaQuantMatrix {
-    /// Uploads a dense `[rows, cols]` host matrix of any dtype.
-    pub fn upload(b: &CudaBackend, rows: usize, cols: usize, data: HostSlice<'_>) -> Result<Self> {
-        ensure(data.len() == rows * cols, "CudaQuantMatrix", || {
-            format!("{} values for {rows} x {cols}", data.len())
-        })?;
-        Ok(Self {
-            w: b.upload(data)?,
-            rows,
-            cols,
-        })
-    }
-
-    /// Uploads f32 host values rounded to `dtype`.
-    pub fn from_f32(
-        b: &CudaBackend,
-        rows: usize,
-        cols: usize,
-        data: &[f32],
-        dtype: DType,
-    ) -> Result<Self> {
-        ensure(data.len() == rows * cols, "CudaQuantMatrix", || {
-            format!("{} values for {rows} x {cols}", data.len())
-        })?;
-        Ok(Self {
-            w: b.upload_f32_as(data, dtype)?,
-            rows,
-            cols,
-        })
-    }
-
-    /// The dtype the dense device matrix holds.
-    pub fn dtype(&self) -> DType {
-        self.w.dtype()
-    }
-
-    /// The matrix in an `Arc`, to be shared without copying the device memory.
-    pub fn into_arc(self) -> Arc<Self> {
-        Arc::new(self)
-    }
-}
-
-impl MatrixShape for CudaQuantMatrix {
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-}
 
 fn as_c_int(op: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| KernelError::Invalid {

@@ -29,6 +29,7 @@ mod paged;
 mod paged_mma;
 mod picks;
 mod prefill_attention;
+mod quant;
 mod skinny_gemm;
 mod small_gemm;
 mod sources;
@@ -37,9 +38,9 @@ pub use crate::tuning::CudaTuning;
 pub use buffer::CudaBuffer;
 pub use gated_pair::PairRows;
 pub use k_parts::KParts;
-pub use matmul::CudaQuantMatrix;
 pub use paged::{CudaIndex, CudaKvSlab, CudaPagedBatch};
 pub use picks::CudaTokens;
+pub use quant::{BlockFormat, CudaQuantMatrix, DEQUANT_SLICE_VALUES, QUANT_GEMV_MAX_ROWS};
 pub use sources::{compile_cubin, nvrtc_available, nvrtc_version, KernelFile, KERNEL_FILES};
 
 use std::sync::{Arc, Mutex};
@@ -437,7 +438,7 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        self.embedding_impl(ids, &table.w, table.cols, scale, out)
+        self.embedding_quant_host(ids, table, scale, out)
     }
 
     fn rms_norm(
@@ -580,11 +581,7 @@ impl Backend for CudaBackend {
         w: &CudaQuantMatrix,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        let shape = MatmulShape {
-            in_features: w.cols,
-            out_features: w.rows,
-        };
-        self.matmul_impl(x, &w.w, shape, out)
+        self.matmul_quant_impl(x, w, out)
     }
 
     fn act_mul(
@@ -718,7 +715,7 @@ impl Backend for CudaBackend {
         scale: f32,
         out: &mut CudaBuffer,
     ) -> Result<()> {
-        self.embedding_dev(ids.len(), ids.data(), &table.w, table.cols, scale, out)
+        self.embedding_quant_dev(ids.len(), ids.data(), table, scale, out)
     }
 
     fn rope_idx(

@@ -231,6 +231,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         &["draw_first_pass", "draw_rows", "logprob_rows"],
     ),
     KernelFile::any_gpu("gemv", include_str!("../../kernels/gemv.cu"), &GEMV_KERNELS),
+    KernelFile::any_gpu(
+        "quant",
+        include_str!("../../kernels/quant.cu"),
+        &super::quant::QUANT_KERNELS,
+    ),
     KernelFile {
         min_arch: 90,
         sm90a: true,

@@ -1,0 +1,196 @@
+// Products and lookups of block-quantized weights kept on the device in their GGUF layout
+// (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), row after row as the file stores them.
+//
+// Every kernel decodes a weight row 32 values at a time ("a sub-block": a whole block of the
+// 32-value formats, an eighth of a K-quant super-block) into registers, with the host
+// decoder's f32 arithmetic rounded operation by operation (no fused multiply-add), so a
+// decoded value is bit for bit the host's `dequantize`.
+//
+// Floor of the GEMV: each weight byte read once (4.5 bits a weight for Q4_K), so a decode
+// step's products take (weight bytes) / (memory bandwidth). A lane decodes one sub-block
+// (16 to 34 bytes) and dots it with the T rows of x it covers; x (f32) stays in L1/L2.
+
+#define QF_Q4_0 0
+#define QF_Q5_0 1
+#define QF_Q8_0 2
+#define QF_Q4_K 3
+#define QF_Q5_K 4
+#define QF_Q6_K 5
+
+typedef unsigned char u8;
+
+__device__ __forceinline__ float f16_at(const u8* p) {
+    return f16_to_f32((u16)p[0] | ((u16)p[1] << 8));
+}
+
+// A K-quant's 6-bit scale and min of sub-block j (0..8) from its 12 packed bytes.
+__device__ __forceinline__ void k_scale_min(const u8* s, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// The 32 values of sub-block `s` of a row starting at `row`.
+template <int F>
+__device__ __forceinline__ void decode32(const u8* __restrict__ row, int s, float* v) {
+    if (F == QF_Q4_0) {
+        const u8* b = row + (u64)s * 18;
+        const float d = f16_at(b);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            v[i] = __fmul_rn(d, (float)((int)(b[2 + i] & 15) - 8));
+            v[i + 16] = __fmul_rn(d, (float)((int)(b[2 + i] >> 4) - 8));
+        }
+    } else if (F == QF_Q5_0) {
+        const u8* b = row + (u64)s * 22;
+        const float d = f16_at(b);
+        const u32 h = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int lo = (b[6 + i] & 15) | (((h >> i) & 1) << 4);
+            const int hi = (b[6 + i] >> 4) | (((h >> (i + 16)) & 1) << 4);
+            v[i] = __fmul_rn(d, (float)(lo - 16));
+            v[i + 16] = __fmul_rn(d, (float)(hi - 16));
+        }
+    } else if (F == QF_Q8_0) {
+        const u8* b = row + (u64)s * 34;
+        const float d = f16_at(b);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(d, (float)(signed char)b[2 + i]);
+    } else if (F == QF_Q4_K || F == QF_Q5_K) {
+        constexpr int BYTES = F == QF_Q4_K ? 144 : 176;
+        constexpr int QS = F == QF_Q4_K ? 16 : 48;
+        const int j = s & 7;
+        const u8* b = row + (u64)(s >> 3) * BYTES;
+        int sc, mn;
+        k_scale_min(b + 4, j, sc, mn);
+        const float dj = __fmul_rn(f16_at(b), (float)sc);
+        const float mj = __fmul_rn(f16_at(b + 2), (float)mn);
+        const u8* qs = b + QS + 32 * (j >> 1);
+        const int shift = 4 * (j & 1);
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+            int q = (qs[l] >> shift) & 15;
+            if (F == QF_Q5_K) q |= ((b[16 + l] >> j) & 1) << 4;
+            v[l] = __fsub_rn(__fmul_rn(dj, (float)q), mj);
+        }
+    } else {  // QF_Q6_K: ql[128], qh[64], scales[16] (int8), d
+        const int j = s & 7;
+        const u8* b = row + (u64)(s >> 3) * 210;
+        const float d = f16_at(b + 208);
+        const int h = j >> 2, c = j & 3;
+        const u8* ql = b + 64 * h + 32 * (c & 1);
+        const u8* qh = b + 128 + 32 * h;
+        const int nshift = 4 * (c >> 1), hshift = 2 * c;
+        const float d0 = __fmul_rn(d, (float)(signed char)b[192 + 2 * j]);
+        const float d1 = __fmul_rn(d, (float)(signed char)b[192 + 2 * j + 1]);
+#pragma unroll
+        for (int l = 0; l < 32; ++l) {
+            const int q = (((ql[l] >> nshift) & 15) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+            v[l] = __fmul_rn(l < 16 ? d0 : d1, (float)q);
+        }
+    }
+}
+
+// y[t, i] = x[t, :] . W[i, :] for the `rows` (<= T) rows of x; one warp an output feature,
+// QUANT_GEMV_WARPS warps a block.
+#define QUANT_GEMV_WARPS 4
+
+template <int F, int T>
+__device__ __forceinline__ void quant_gemv(const u8* __restrict__ w, u64 row_bytes, int k, int n,
+                                           const float* __restrict__ x, int rows,
+                                           float* __restrict__ y) {
+    const int lane = threadIdx.x & 31;
+    const int feature = blockIdx.x * QUANT_GEMV_WARPS + (threadIdx.x >> 5);
+    if (feature >= n) return;
+    const u8* row = w + (u64)feature * row_bytes;
+    float acc[T];
+#pragma unroll
+    for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+    const int subs = k >> 5;
+    for (int s = lane; s < subs; s += 32) {
+        float v[32];
+        decode32<F>(row, s, v);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            if (t < rows) {
+                const float4* xp = reinterpret_cast<const float4*>(x + (u64)t * k + s * 32);
+#pragma unroll
+                for (int q = 0; q < 8; ++q) {
+                    const float4 a = xp[q];
+                    acc[t] += v[4 * q] * a.x + v[4 * q + 1] * a.y + v[4 * q + 2] * a.z +
+                              v[4 * q + 3] * a.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+        const float total = warp_sum_f32(acc[t]);
+        if (lane == 0 && t < rows) y[(u64)t * n + feature] = total;
+    }
+}
+
+// Rows of W decoded to a dense matrix: out row i = W[ids ? ids[i] : first + i] * scale, as
+// f32 or bf16 (rounded to nearest even), `out_stride` values apart. One thread a sub-block;
+// grid (rows, ceil(subs / blockDim.x)).
+template <int F>
+__device__ __forceinline__ void quant_rows(const u8* __restrict__ w, u64 row_bytes, int k,
+                                           const u32* __restrict__ ids, u64 first, float scale,
+                                           void* out, int out_bf16, u64 out_stride) {
+    const int s = blockIdx.y * blockDim.x + threadIdx.x;
+    if (s >= (k >> 5)) return;
+    const u64 i = blockIdx.x;
+    const u64 src = ids ? (u64)ids[i] : first + i;
+    float v[32];
+    decode32<F>(w + src * row_bytes, s, v);
+    const u64 at = i * out_stride + (u64)s * 32;
+    if (out_bf16) {
+        u16* o = (u16*)out + at;
+#pragma unroll
+        for (int l = 0; l < 32; ++l) o[l] = f32_to_bf16_rne(__fmul_rn(v[l], scale));
+    } else {
+        float* o = (float*)out + at;
+#pragma unroll
+        for (int l = 0; l < 32; ++l) o[l] = __fmul_rn(v[l], scale);
+    }
+}
+
+#define QUANT_GEMV_ENTRY(NAME, F, T)                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_GEMV_WARPS * 32)                     \
+        quant_gemv_##NAME##_##T(const u8* w, u64 row_bytes, int k, int n, const float* x,   \
+                                int rows, float* y) {                                       \
+        quant_gemv<F, T>(w, row_bytes, k, n, x, rows, y);                                   \
+    }
+
+#define QUANT_ENTRIES(NAME, F)                                                              \
+    QUANT_GEMV_ENTRY(NAME, F, 1)                                                            \
+    QUANT_GEMV_ENTRY(NAME, F, 2)                                                            \
+    QUANT_GEMV_ENTRY(NAME, F, 4)                                                            \
+    QUANT_GEMV_ENTRY(NAME, F, 8)                                                            \
+    extern "C" __global__ void quant_rows_##NAME(const u8* w, u64 row_bytes, int k,          \
+                                                 const u32* ids, u64 first, float scale,    \
+                                                 void* out, int out_bf16, u64 out_stride) { \
+        quant_rows<F>(w, row_bytes, k, ids, first, scale, out, out_bf16, out_stride);       \
+    }
+
+QUANT_ENTRIES(q4_0, QF_Q4_0)
+QUANT_ENTRIES(q5_0, QF_Q5_0)
+QUANT_ENTRIES(q8_0, QF_Q8_0)
+QUANT_ENTRIES(q4_k, QF_Q4_K)
+QUANT_ENTRIES(q5_k, QF_Q5_K)
+QUANT_ENTRIES(q6_k, QF_Q6_K)
+
+// dst[t, first + j] = src[t, j] for j < cols: a product computed for a slice of the weight's
+// rows written into its columns of the full output.
+extern "C" __global__ void quant_scatter_cols(const float* src, u64 rows, u64 cols, float* dst,
+                                              u64 dst_cols, u64 first) {
+    FOR_EACH_INDEX(i, rows * cols) {
+        const u64 t = i / cols, j = i % cols;
+        dst[t * dst_cols + first + j] = src[i];
+    }
+}
