@@ -216,16 +216,30 @@ impl Runtime {
         }
     }
 
+    /// Bytes of the backend's memory the weight matrices take (GGUF blocks at their own
+    /// size; host-resident tables and the small vectors not counted).
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Runtime::Cpu(p) => p.model.weight_bytes().0,
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(p) => p.model.weight_bytes().0,
+        }
+    }
+
     /// What bounds a decode step from below: the bytes of matmul weights it reads, and on
     /// a GPU the device's measured copy bandwidth (bytes/s) and its free memory.
     pub fn decode_roofline(&self) -> crate::Result<(f64, Option<f64>, Option<u64>)> {
         match self {
-            Runtime::Cpu(p) => Ok((p.model.matmul_elements() as f64 * 4.0, None, None)),
+            Runtime::Cpu(p) => Ok((p.model.weight_bytes().1 as f64, None, None)),
             #[cfg(feature = "cuda")]
             Runtime::Cuda(p) => {
                 let b = p.model.backend();
-                let width = if b.bf16_gemm() { 2.0 } else { 4.0 };
-                let bytes = p.model.matmul_elements() as f64 * width;
+                // The exact mode widens dense weights to f32 before its GEMMs.
+                let bytes = if b.bf16_gemm() {
+                    p.model.weight_bytes().1 as f64
+                } else {
+                    p.model.matmul_elements() as f64 * 4.0
+                };
                 let bw = b.measure_copy_bandwidth(2 << 30)?;
                 let free = b.memory_info()?.0 as u64;
                 Ok((bytes, Some(bw), Some(free)))

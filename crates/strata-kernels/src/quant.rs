@@ -39,6 +39,12 @@ pub trait RowDot: MatrixShape + Send + Sync {
     /// Writes the `cols()` values of `row` as f32 into `out`.
     fn dequant_row(&self, row: usize, out: &mut [f32]);
 
+    /// Bytes the matrix's stored form takes (a product reads them all once). The default
+    /// counts f32 values.
+    fn stored_bytes(&self) -> usize {
+        self.rows() * self.cols() * 4
+    }
+
     /// Dots `row` with several inputs at once: `xs` holds `out.len()` vectors of `cols()`
     /// values back to back. Formats can override it to decode each block once for all
     /// inputs; the default calls [`RowDot::dot_row`] per input.

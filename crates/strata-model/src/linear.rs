@@ -31,6 +31,17 @@ pub enum Linear<B: Backend> {
     Host(HostTable),
 }
 
+impl<B: QuantUpload> Linear<B> {
+    /// Bytes of the backend's memory the matrix takes (0 for a host table).
+    pub fn backend_bytes(&self) -> usize {
+        match self {
+            Linear::Dense { w, .. } => w.len() * w.dtype().size_bytes(),
+            Linear::Quant(q) => B::quant_bytes(q),
+            Linear::Host(_) => 0,
+        }
+    }
+}
+
 /// A `[rows, cols]` table in host memory, rows decoded to f32 on lookup.
 pub struct HostTable {
     rows: usize,
@@ -326,6 +337,10 @@ impl MatrixShape for QuantWeight {
 }
 
 impl RowDot for QuantWeight {
+    fn stored_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
     fn dot_row(&self, row: usize, x: &[f32]) -> f32 {
         let r = &self.bytes[row * self.row_bytes..(row + 1) * self.row_bytes];
         quant::dot_bytes(self.ty, r, x).unwrap_or(f32::NAN)
@@ -399,6 +414,9 @@ pub trait QuantUpload: Backend {
     /// matrix of that dtype where the backend has the choice (CUDA keeps the blocks unless
     /// asked for bf16; the CPU always computes on the blocks).
     fn upload_quant(&self, w: QuantWeight, dense: Option<DType>) -> Result<Arc<Self::QuantMatrix>>;
+
+    /// Bytes of the backend's memory a quantized matrix takes.
+    fn quant_bytes(m: &Self::QuantMatrix) -> usize;
 }
 
 impl QuantUpload for CpuBackend {
@@ -408,6 +426,10 @@ impl QuantUpload for CpuBackend {
         _dense: Option<DType>,
     ) -> Result<Arc<Self::QuantMatrix>> {
         Ok(Arc::new(w))
+    }
+
+    fn quant_bytes(m: &Self::QuantMatrix) -> usize {
+        m.stored_bytes()
     }
 }
 

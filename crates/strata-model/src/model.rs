@@ -165,3 +165,11 @@ impl<B: Backend> Model<B> {
         self.tensors.matmul_elements()
     }
 }
+
+impl<B: QuantUpload> Model<B> {
+    /// See [`ModelTensors::weight_bytes`]: (bytes of the backend's memory the weights take,
+    /// bytes a decode step's products read).
+    pub fn weight_bytes(&self) -> (usize, usize) {
+        self.tensors.weight_bytes()
+    }
+}

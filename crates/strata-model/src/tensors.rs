@@ -219,3 +219,30 @@ impl<B: Backend> ModelTensors<B> {
         n
     }
 }
+
+impl<B: QuantUpload> ModelTensors<B> {
+    /// Bytes of the backend's memory the weight matrices take (lookup tables included,
+    /// host tables and the small vectors not), and the bytes of those a decode step's
+    /// products read (the matrices of [`ModelTensors::matmul_elements`]).
+    pub fn weight_bytes(&self) -> (usize, usize) {
+        let size = |l: &Linear<B>| l.backend_bytes();
+        let mut step = size(self.lm_head.as_ref().unwrap_or(&self.embed));
+        let mut lookups = if self.lm_head.is_some() {
+            size(&self.embed)
+        } else {
+            0
+        };
+        if let Some(p) = &self.ple {
+            step += size(&p.projection);
+            lookups += size(&p.table);
+        }
+        for l in &self.layers {
+            step += size(&l.q) + size(&l.o) + size(&l.gate) + size(&l.up) + size(&l.down);
+            step += l.k.as_ref().map_or(0, size) + l.v.as_ref().map_or(0, size);
+            if let Some((g, p, _)) = &l.ple {
+                step += size(g) + size(p);
+            }
+        }
+        (step + lookups, step)
+    }
+}

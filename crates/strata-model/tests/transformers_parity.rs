@@ -213,6 +213,61 @@ fn quantized_kv_within_bounds() {
 /// `paged_attention` through per-step slot tables) gives bit-for-bit the logits of the host
 /// pool on the CPU backend, for every fixture and KV format, over prefill, chunked prefill
 /// across the window and decode with two sequences interleaved in one batch.
+/// Weights quantized to Q8_0 at load (`LoadOptions::quantize`) against transformers' f32
+/// logits: not bit-exact (the matrices did change), the same top token wherever
+/// transformers' margin is at least 0.5, and a max difference within 8 times that of the
+/// same model with its weights merely rounded to bf16 (Q8_0 keeps about 7 bits a weight
+/// and the CPU's products also round activations to 8 bits; the tiny Gemma-4, which scales
+/// no attention logits, amplifies both alike).
+#[test]
+fn weights_quantized_at_load_stay_close_to_transformers() {
+    let load = |dir: &Path, opts| Model::load_with(CpuBackend::new(), dir, opts).unwrap();
+    let q8 = strata_model::LoadOptions {
+        quantize: Some(strata_weights::GgmlType::Q8_0),
+        ..Default::default()
+    };
+    let bf16 = strata_model::LoadOptions {
+        weight_dtype: Some(strata_kernels::DType::BF16),
+        ..Default::default()
+    };
+    let mut decisive = 0;
+    for name in ["gemma3-tiny", "gemma4-tiny", "llama-tiny", "qwen3-tiny"] {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let n = r.ids.len();
+        let chunks = [n - 3, 1, 1, 1];
+        let logits = |opts| {
+            let model = load(&dir, opts);
+            let mut kv = pool(&model, KvCacheDtype::F32);
+            run_chunked(&model, &mut kv, &r.ids, &chunks)
+        };
+        let (out, rounded) = (logits(q8), logits(bf16));
+        let (d, d_bf16) = (
+            max_abs_diff(&out, &r.logits),
+            max_abs_diff(&rounded, &r.logits),
+        );
+        eprintln!("{name}: max |diff| Q8_0 at load {d:.3e}, bf16 weights {d_bf16:.3e}");
+        assert!(d > 0.0 && d < 8.0 * d_bf16, "{name}: Q8_0 max |diff| {d}");
+        for (p, (got, want)) in out
+            .chunks(r.vocab)
+            .zip(r.logits.chunks(r.vocab))
+            .enumerate()
+        {
+            let mut order: Vec<usize> = (0..r.vocab).collect();
+            order.sort_by(|&a, &b| want[b].total_cmp(&want[a]));
+            if want[order[0]] - want[order[1]] < 0.5 {
+                continue;
+            }
+            decisive += 1;
+            let top = (0..r.vocab)
+                .max_by(|&a, &b| got[a].total_cmp(&got[b]))
+                .unwrap();
+            assert_eq!(top, order[0], "{name}: position {p}");
+        }
+    }
+    assert!(decisive > 0, "no decisive position in any fixture");
+}
+
 #[test]
 fn paged_storage_equals_host_storage() {
     for name in [

@@ -183,6 +183,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         "decode_sampling": {"temperature": a.sampling.temperature, "top_k": a.sampling.top_k,
             "top_p": a.sampling.top_p, "min_p": a.sampling.min_p, "logprobs": a.logprobs},
         "weight_bytes_per_step": weight_bytes,
+        "weight_bytes_resident": model.runtime.weight_bytes(),
         "copy_bandwidth_bytes_per_s": bandwidth,
         "decode_roofline_tok_s_batch1": roofline,
         "prefill_last_row_only_layers": trimmed,
@@ -203,6 +204,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
     }
     println!("\n| figure | value |\n|---|---|");
+    println!(
+        "| weights in the model's memory | {:.2} GB |",
+        model.runtime.weight_bytes() as f64 / 1e9
+    );
     if let (Some(bw), Some(rf)) = (bandwidth, roofline) {
         println!("| copy bandwidth | {:.2} TB/s |", bw / 1e12);
         println!(
