@@ -138,3 +138,21 @@ fn a_draft_model_that_does_not_fit_is_refused_naming_the_field() {
     let err = refused("llama-tiny", &[]);
     assert!(err.contains("model_type") && err.contains("draft"), "{err}");
 }
+
+/// `--quantize`: a dense checkpoint quantized at load generates (its accuracy against
+/// transformers is `strata-model`'s `weights_quantized_at_load_stay_close_to_transformers`);
+/// a format weights are not quantized to at load is refused, naming the choices.
+#[test]
+fn quantize_at_load_generates_and_other_formats_are_refused() {
+    let v = json_of(&generate_with(
+        "llama-tiny",
+        "5,9,300,17",
+        6,
+        &["--quantize", "q8_0"],
+    ));
+    assert_eq!(v["tokens"].as_array().map(Vec::len), Some(6), "{v}");
+    let out = generate_with("llama-tiny", "5,9", 2, &["--quantize", "q3_k"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("q8_0, q6_k, q4_k"), "{err}");
+}
