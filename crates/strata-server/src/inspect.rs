@@ -132,6 +132,10 @@ fn report(
     });
     if let Some(p) = pages {
         v["pages"] = json!({ "full": p.full, "window": p.window, "page_size": p.page_size });
+        if let Some((share, per_request)) = window_share(layout, p) {
+            v["pages"]["window_share_of_bytes"] = json!(share);
+            v["pages"]["window_pages_per_request"] = json!(per_request);
+        }
     }
     if let Some(w) = weights {
         v["tensors"] = json!(w.tensor_count);
@@ -139,6 +143,27 @@ fn report(
         v["parameters"] = json!(w.parameters);
     }
     v
+}
+
+/// The window pool's share of the KV bytes and the pages one running request's window
+/// holds at most (`None` for a model without sliding-window layers).
+fn window_share(layout: &KvLayout, p: &PagePlan) -> Option<(f64, usize)> {
+    let window = layout.groups().iter().find_map(|g| g.window)?;
+    let bytes = |windowed: bool| -> usize {
+        layout
+            .groups()
+            .iter()
+            .filter(|g| g.window.is_some() == windowed)
+            .map(|g| g.unit_bytes)
+            .sum()
+    };
+    let (full, win) = (
+        p.full * p.page_size * bytes(false),
+        p.window * p.page_size * bytes(true),
+    );
+    // A window of W positions spans at most W / page + 1 pages (a partial page at each end).
+    let per_request = window.div_ceil(p.page_size) + 1;
+    Some((win as f64 / (full + win).max(1) as f64, per_request))
 }
 
 fn ranges(ids: &[usize]) -> String {
@@ -233,6 +258,16 @@ fn human(
             "pages             full {} + window {} of {} tokens",
             p.full, p.window, p.page_size
         );
+        if let Some((share, per_request)) = window_share(layout, p) {
+            let _ = writeln!(
+                s,
+                "window pool       {:.0}% of the KV bytes: up to {per_request} pages per running \
+                 request's window ({} requests fill it); pages no running request reads keep \
+                 cached prefixes' window K/V, evicted least recently used first",
+                100.0 * share,
+                p.window / per_request
+            );
+        }
     }
     if let Some(w) = weights {
         let types: Vec<String> = w.types.iter().map(|(t, n)| format!("{t} {n}")).collect();

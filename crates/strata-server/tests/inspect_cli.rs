@@ -186,6 +186,11 @@ fn kv_prices_and_pages_for_every_format() {
     assert_eq!(v["pages"]["page_size"], 16);
     assert!(full * 16 * 6144 + window * 16 * 12288 <= 1 << 30);
     assert!(window > 0 && window < full);
+    // The window pool's share of the bytes, and a 512-position window over 16-token pages.
+    let share = (window * 16 * 12288) as f64 / (full * 16 * 6144 + window * 16 * 12288) as f64;
+    let got = v["pages"]["window_share_of_bytes"].as_f64().unwrap();
+    assert!((got - share).abs() < 1e-9, "{got} vs {share}");
+    assert_eq!(v["pages"]["window_pages_per_request"], 33);
 
     let bad = strata(&[
         "inspect",
