@@ -445,3 +445,62 @@ fn row_kernels_refuse_mismatched_inputs() {
     assert_eq!(input.tokens(), 2);
     assert!(has_q8_path(GgmlType::Q6_K) && !has_q8_path(GgmlType::BF16));
 }
+
+/// Batch invariance of the row kernels: a token's dot products have the same bits whether it
+/// is dotted alone or in a pass with other tokens (any count, any offset), so a request's
+/// logits do not depend on what else is in its batch or on how its prompt was chunked.
+fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
+    let mut rng = Rng(B::TYPE.id() as u64 + 7);
+    let (rows, blocks_per_row, tokens) = (3, 2, 11);
+    let cols = blocks_per_row * B::ELEMS;
+    let blocks: Vec<B> = random_blocks(&mut rng, rows * blocks_per_row, f16_offsets);
+    let bytes: &[u8] = bytemuck::cast_slice(&blocks);
+    let row_bytes = bytes.len() / rows;
+    let xs = rng.values(tokens * cols, 3.0);
+    let mut input = Q8Input::new();
+    assert!(input.quantize(B::TYPE, &xs, cols));
+    let dots = |range: std::ops::Range<usize>| {
+        let mut out = vec![0f32; rows * range.len()];
+        let n = range.len();
+        dot_rows_q8(
+            B::TYPE,
+            bytes,
+            row_bytes,
+            0..rows,
+            &input,
+            range,
+            &mut out,
+            n,
+        );
+        out
+    };
+    let alone: Vec<Vec<f32>> = (0..tokens).map(|t| dots(t..t + 1)).collect();
+    for range in [0..tokens, 1..tokens, 2..9, 3..7, 5..6, 0..8] {
+        let n = range.len();
+        let together = dots(range.clone());
+        for r in 0..rows {
+            for (j, t) in range.clone().enumerate() {
+                assert_eq!(
+                    together[r * n + j].to_bits(),
+                    alone[t][r].to_bits(),
+                    "{}: row {r} token {t} in tokens {range:?}",
+                    B::TYPE
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn row_kernels_are_batch_invariant() {
+    check_batch_invariance::<BlockQ4_0>(&[0]);
+    check_batch_invariance::<BlockQ4_1>(&[0, 2]);
+    check_batch_invariance::<BlockQ5_0>(&[0]);
+    check_batch_invariance::<BlockQ5_1>(&[0, 2]);
+    check_batch_invariance::<BlockQ8_0>(&[0]);
+    check_batch_invariance::<BlockQ2K>(&[80, 82]);
+    check_batch_invariance::<BlockQ3K>(&[108]);
+    check_batch_invariance::<BlockQ4K>(&[0, 2]);
+    check_batch_invariance::<BlockQ5K>(&[0, 2]);
+    check_batch_invariance::<BlockQ6K>(&[208]);
+}

@@ -98,21 +98,6 @@ fn dot_us(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
-/// The horizontal sums of four i32x8 vectors, as one i32x4 `[sum a, sum b, sum c, sum d]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn hsum4_epi32(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
-    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
-}
-
-/// `[v[0][i], v[1][i], v[2][i], v[3][i]]`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn gather4(v: &[&[f32]], i: usize) -> __m128 {
-    _mm_setr_ps(v[0][i], v[1][i], v[2][i], v[3][i])
-}
-
 /// The Q8_0-family activations of `N` consecutive tokens: blocks, scales, scale * code sum.
 struct Acts8<'a, const N: usize> {
     a: [&'a [BlockQ8_0]; N],
@@ -146,32 +131,6 @@ fn small_n<B, const N: usize, const SIGNED: bool, const CORR: bool>(
     scale: impl Fn(&B) -> f32,
     corr: impl Fn(&B) -> f32,
 ) -> [f32; N] {
-    if N == 4 {
-        // Four tokens: reduce the four integer sums of a block into one vector and do the
-        // f32 scaling once for all of them.
-        let mut acc = _mm_setzero_ps();
-        let mut c = _mm_setzero_ps();
-        for (i, b) in w.iter().enumerate() {
-            let q = codes(b);
-            let u = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
-            let p: [__m256i; 4] = std::array::from_fn(|k| {
-                // SAFETY: `qs` is 32 bytes.
-                let av = unsafe { load32(acts.a[k][i].qs.as_ptr() as *const u8) };
-                let sv = if SIGNED { _mm256_sign_epi8(av, q) } else { av };
-                dot_us(u, sv)
-            });
-            let sums = _mm_cvtepi32_ps(hsum4_epi32(p[0], p[1], p[2], p[3]));
-            let d = _mm_mul_ps(_mm_set1_ps(scale(b)), gather4(&acts.d, i));
-            acc = _mm_fmadd_ps(sums, d, acc);
-            if CORR {
-                c = _mm_fmadd_ps(_mm_set1_ps(corr(b)), gather4(&acts.dsum, i), c);
-            }
-        }
-        let mut r = [0f32; 4];
-        // SAFETY: `r` holds 4 f32.
-        unsafe { _mm_storeu_ps(r.as_mut_ptr(), _mm_add_ps(acc, c)) };
-        return std::array::from_fn(|k| r[k]);
-    }
     let mut acc = [_mm256_setzero_ps(); N];
     let mut c = [0f32; N];
     for (i, b) in w.iter().enumerate() {
@@ -377,11 +336,12 @@ fn q6_k_n<const N: usize>(w: &[BlockQ6K], input: &Q8Input, t0: usize) -> [f32; N
     std::array::from_fn(|t| hsum(acc[t]) - corr[t])
 }
 
-/// Tokens dotted per pass over a weight row in prefill: each block is decoded once for
-/// all of them. Kept at 1: a multi-token pass rounds differently from a single-token one,
-/// which would make a request's tokens depend on what else is in its batch (and on how its
-/// prompt was chunked). Batch-invariant outputs are worth more than the prefill speed.
-const TOKENS_PER_PASS: usize = 1;
+/// Tokens dotted per pass over a weight row in prefill and batched decode: each block is
+/// decoded once for all of them. Every kernel keeps one accumulator per token and does each
+/// token's arithmetic in the same order whatever `N` is, so a token's result has the same
+/// bits in a pass of 4 as alone (`row_kernels_are_batch_invariant`): a request's tokens do
+/// not depend on what else is in its batch or on how its prompt was chunked.
+const TOKENS_PER_PASS: usize = 4;
 
 /// Generates a row-range driver for one format: the loops run inside the AVX2 context so
 /// the kernel inlines.
