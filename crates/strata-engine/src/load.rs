@@ -9,7 +9,7 @@ use strata_gguf::GgufFile;
 use strata_kernels::cpu::CpuBackend;
 use strata_kernels::DType;
 use strata_model::{LoadOptions, Model};
-use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
+use strata_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
 
 use crate::{EngineError, Result, Runtime};
 
@@ -226,24 +226,23 @@ impl Prompter {
 
     /// Token ids of a chat conversation, rendered with the model's chat template.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode_chat_with(messages, &ChatOptions::default())
+    }
+
+    /// The model's chat template, when it has one (its source tells which tool-call
+    /// format the model speaks).
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.as_deref()
+    }
+
+    /// [`Self::encode_chat`] with tools and template variables.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<Vec<u32>> {
         let tok = self.tokenizer()?;
-        let chat = self
-            .chat
-            .as_ref()
-            .ok_or_else(|| EngineError::Invalid("this model has no chat template".into()))?;
-        // A control token's text inside a message (a user writing `<end_of_turn>`) stays
-        // text: only the template's own markup yields control tokens. Such texts are
-        // swapped for markers before rendering and tokenized as text after.
-        let marks = Markers::unused_in(messages);
-        let mut literals = Vec::new();
-        let marked: Vec<ChatMessage> = messages
-            .iter()
-            .map(|m| ChatMessage {
-                role: m.role.clone(),
-                content: marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals),
-            })
-            .collect();
-        let text = chat.render(&marked, true)?;
+        let (text, literals) = self.render_marked(tok, messages, options)?;
         // The template writes BOS itself when the model wants one.
         let bos_in_text = tok
             .bos_id()
@@ -252,8 +251,43 @@ impl Prompter {
         if literals.is_empty() {
             return Ok(tok.encode(&text, !bos_in_text, true)?);
         }
+        let marks = Markers::unused_in(messages);
         let pieces = marks.split(&text, &literals)?;
         Ok(tok.encode_pieces(&pieces, !bos_in_text)?)
+    }
+
+    /// The prompt text the chat template renders for `messages` (the assistant's turn
+    /// opened), as [`Self::encode_chat_with`] tokenizes it.
+    pub fn render_chat(&self, messages: &[ChatMessage], options: &ChatOptions) -> Result<String> {
+        Ok(self.chat()?.render_with(messages, true, options)?)
+    }
+
+    fn chat(&self) -> Result<&ChatTemplate> {
+        self.chat
+            .as_deref()
+            .ok_or_else(|| EngineError::Invalid("this model has no chat template".into()))
+    }
+
+    /// Renders with each control token's text inside a message (a user writing
+    /// `<end_of_turn>`) swapped for a marker, so that it stays text: only the template's
+    /// own markup yields control tokens. Returns the text and the hidden literals.
+    fn render_marked(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<(String, Vec<String>)> {
+        let chat = self.chat()?;
+        let marks = Markers::unused_in(messages);
+        let mut literals = Vec::new();
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage {
+                content: marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals),
+                ..m.clone()
+            })
+            .collect();
+        Ok((chat.render_with(&marked, true, options)?, literals))
     }
 
     /// Text of `ids`, special tokens left out; invalid UTF-8 becomes U+FFFD.
