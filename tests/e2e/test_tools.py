@@ -6,9 +6,11 @@ stream reassembles to the same calls; tool turns are accepted; bad tools are ref
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
+import requests
 
 from helpers import assert_api_error, post
 
@@ -86,6 +88,41 @@ def test_streamed_calls_equal_the_whole_answer(smol, smol_client):
     check_calls(whole.message.tool_calls, {"get_weather"})
 
 
+# An output fixed with guided_choice (the 135M model does not call tools on its own): what
+# `auto` reads from it is known beforehand.
+SAID = "Let me add.\n"
+CALLED = {"name": "add", "arguments": {"a": 2, "b": 40}}
+FIXED = SAID + "<tool_call>\n" + json.dumps(CALLED) + "\n</tool_call>"
+
+
+@pytest.mark.parametrize("output,content,calls", [
+    (FIXED, SAID, [CALLED]),
+    ("2 <tool 3", "2 <tool 3", []),  # held back as a possible call, then sent as text
+])
+def test_auto_reads_calls_streamed_or_not(smol, smol_client, output, content, calls):
+    kw = dict(model=smol.model_name, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=60,
+              extra_body={"guided_choice": [output]})
+    whole = smol_client.chat.completions.create(**kw).choices[0]
+    assert whole.message.content == content
+    got = [{"name": t.function.name, "arguments": json.loads(t.function.arguments)}
+           for t in whole.message.tool_calls or []]
+    assert got == calls
+    assert whole.finish_reason == ("tool_calls" if calls else "stop")
+    text, streamed = "", {}
+    for chunk in smol_client.chat.completions.create(stream=True, **kw):
+        d = chunk.choices[0].delta if chunk.choices else None
+        if d is None:
+            continue
+        assert "<tool_call>" not in (d.content or "")
+        text += d.content or ""
+        for tc in d.tool_calls or []:
+            c = streamed.setdefault(tc.index, {"name": "", "arguments": ""})
+            c["name"] += tc.function.name or ""
+            c["arguments"] += tc.function.arguments or ""
+    assert text == content
+    assert [{"name": c["name"], "arguments": json.loads(c["arguments"])} for c in streamed.values()] == calls
+
+
 def test_tool_turns_are_accepted(smol, smol_client):
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [
@@ -130,3 +167,79 @@ def test_bad_tool_turns_and_templates_without_tools(smol, server):
     r = post(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, "tools": TOOLS})
     assert_api_error(r, 400)
     assert r.json()["error"]["param"] == "tools" and "--tool-call-parser" in r.json()["error"]["message"]
+
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
+
+
+@pytest.fixture(scope="module")
+def qwen_template_server(log_dir):
+    """SmolLM2 (whose tokens include Qwen's `<|im_start|>` turn markers) with the Qwen3
+    template by --chat-template: tools rendered by the template, the format told from it."""
+    from conftest import SMOL, start_server
+
+    if not SMOL.is_file():
+        pytest.skip(f"{SMOL} is absent")
+    s = start_server(log_dir, "--chat-template", str(TEMPLATES / "qwen3.jinja"), name="qwen-template", model=SMOL)
+    yield s
+    s.stop()
+
+
+def as_sent(messages):
+    """The reference conversation as an OpenAI client sends it: a call turn's content null,
+    its arguments as JSON text."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if "tool_calls" in m:
+            m["content"] = None
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                               for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def test_template_renders_tools_as_transformers_does(qwen_template_server):
+    """Through HTTP: the prompt Strata renders (tools and tool turns) tokenizes to the ids of
+    transformers' rendering of the same conversation (tests/fixtures/templates)."""
+    s = qwen_template_server
+    ref = json.loads((TEMPLATES / "tools-reference.json").read_text())
+    cases = [c for c in ref["cases"] if c["template"] == "qwen3.jinja"]
+    assert len(cases) == 4
+    for c in cases:
+        body = {"messages": as_sent(ref["conversations"][c["conversation"]])}
+        if c["tools"]:
+            body["tools"] = ref["tools"]
+        got = post(s, "/tokenize", body).json()
+        want = post(s, "/tokenize", {"prompt": c["text"], "add_special_tokens": False}).json()
+        assert got["tokens"] == want["tokens"], (c["conversation"], c["tools"])
+    info = requests.get(s.base + "/tokenizer_info", timeout=10).json()
+    assert info["chat_template"] == (TEMPLATES / "qwen3.jinja").read_text()
+
+
+def test_chat_template_kwargs(qwen_template_server):
+    s = qwen_template_server
+    plain = post(s, "/tokenize", {"messages": ASK, "return_token_strs": True}).json()
+    off = post(s, "/tokenize", {"messages": ASK, "return_token_strs": True,
+                                "chat_template_kwargs": {"enable_thinking": False}}).json()
+    # Qwen3's switch closes an empty thinking block after the assistant's turn opener.
+    assert off["tokens"][:plain["count"]] == plain["tokens"]
+    assert "".join(off["token_strs"][plain["count"]:]) == "<think>\n\n</think>\n\n"
+    r = post(s, "/v1/chat/completions", {"messages": ASK, "max_tokens": 1,
+                                         "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.json()["usage"]["prompt_tokens"] == off["count"]
+    for bad in ({"messages": []}, {f"k{i}": i for i in range(33)}, {"x": "y" * 20000}):
+        r = post(s, "/v1/chat/completions", {"messages": ASK, "max_tokens": 1, "chat_template_kwargs": bad})
+        assert_api_error(r, 400)
+        assert r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_calls_with_the_templates_own_tools(qwen_template_server):
+    from openai import OpenAI
+
+    s = qwen_template_server
+    c = OpenAI(base_url=s.v1, api_key="unused", max_retries=0, timeout=120)
+    r = c.chat.completions.create(model=s.model_name, messages=ASK, tools=TOOLS, tool_choice="required",
+                                  max_tokens=80, temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    check_calls(r.choices[0].message.tool_calls, {"get_weather", "add"})

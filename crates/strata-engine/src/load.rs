@@ -180,6 +180,17 @@ impl LoadedModel {
         self.runtime.load_draft(path, load_options(self.settings))
     }
 
+    /// Replaces the model's chat template with `source` (`--chat-template`); refused when
+    /// it does not compile or the model has no tokenizer to render with.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<()> {
+        let tok = self.tokenizer.as_deref().ok_or_else(|| {
+            EngineError::Invalid("a chat template needs the model's tokenizer".into())
+        })?;
+        let (bos, eos) = special_texts(tok);
+        self.chat = Some(Arc::new(ChatTemplate::new(source, &bos, &eos)?));
+        Ok(())
+    }
+
     /// The tokenizer and chat template, for threads that prepare prompts.
     pub fn prompter(&self) -> Prompter {
         Prompter {
@@ -345,11 +356,7 @@ fn load_options(settings: LoadSettings) -> LoadOptions {
 
 /// The model's own template, or Gemma's turn format for Gemma files that carry none.
 fn chat_template(config: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
-    let text = |id: Option<u32>| {
-        id.and_then(|i| tok.decode(&[i], true).ok())
-            .unwrap_or_default()
-    };
-    let (bos, eos) = (text(tok.bos_id()), text(tok.eos_id()));
+    let (bos, eos) = special_texts(tok);
     let source = match tok.chat_template() {
         Some(t) => t,
         None if matches!(
@@ -362,6 +369,15 @@ fn chat_template(config: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTem
         None => return Ok(None),
     };
     Ok(Some(ChatTemplate::new(source, &bos, &eos)?))
+}
+
+/// The texts of BOS and EOS, which templates print.
+fn special_texts(tok: &Tokenizer) -> (String, String) {
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tok.decode(&[i], true).ok())
+            .unwrap_or_default()
+    };
+    (text(tok.bos_id()), text(tok.eos_id()))
 }
 
 /// Two characters that appear in no message, to mark where a control token's text stood

@@ -204,6 +204,9 @@ pub struct ChatRequest {
     pub function_call: Option<serde_json::Value>,
     pub modalities: Option<serde_json::Value>,
     pub reasoning_effort: Option<String>,
+    /// More variables for the chat template (`enable_thinking`, ...); checked in
+    /// [`ChatRequest::template_kwargs`].
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(flatten)]
     pub common: Common,
     #[serde(flatten)]
@@ -287,10 +290,42 @@ impl ChatRequest {
         }
     }
 
+    /// `chat_template_kwargs`, bounded: the template's own variables (`messages`, `tools`,
+    /// `add_generation_prompt`) cannot be replaced.
+    pub fn template_kwargs(&self) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+        check_template_kwargs(self.chat_template_kwargs.as_ref())
+    }
+
     /// The messages as plain text turns.
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
         chat_messages(&self.messages)
     }
+}
+
+/// `chat_template_kwargs` checked: bounded, and not replacing the request's own variables.
+pub fn check_template_kwargs(
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    let Some(kwargs) = kwargs else {
+        return Ok(Default::default());
+    };
+    let bytes = serde_json::Value::Object(kwargs.clone()).to_string().len();
+    if kwargs.len() > MAX_TEMPLATE_KWARGS || bytes > MAX_TEMPLATE_KWARGS_BYTES {
+        return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!("at most {MAX_TEMPLATE_KWARGS} variables in {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON"),
+            ));
+    }
+    if let Some(k) = kwargs
+        .keys()
+        .find(|k| matches!(k.as_str(), "messages" | "tools" | "add_generation_prompt"))
+    {
+        return Err(ApiError::invalid(
+            "chat_template_kwargs",
+            format!("{k} is set by the request itself"),
+        ));
+    }
+    Ok(kwargs.clone())
 }
 
 /// Messages as the template's turns (text parts joined; `developer` is a system turn; tool
@@ -371,6 +406,11 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
         })
         .collect()
 }
+
+/// Variables `chat_template_kwargs` may set, and the bytes of their JSON.
+pub const MAX_TEMPLATE_KWARGS: usize = 32;
+/// See [`MAX_TEMPLATE_KWARGS`].
+pub const MAX_TEMPLATE_KWARGS_BYTES: usize = 16 * 1024;
 
 /// Limits the validation checks against.
 pub struct Limits {

@@ -207,6 +207,9 @@ pub struct ServeArgs {
     /// Strata describe them in the system turn in this format.
     #[arg(long, value_name = "FORMAT")]
     pub tool_call_parser: Option<String>,
+    /// A Jinja chat template file that replaces the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// Where and how the weights are placed.
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
@@ -275,6 +278,14 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         loaded.runtime.device_name(),
         t0.elapsed().as_secs_f64()
     ));
+    if let Some(path) = &a.chat_template {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+        loaded
+            .set_chat_template(&source)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+        log(format!("chat template from {}", path.display()));
+    }
     if let Some(draft) = &a.draft {
         loaded
             .load_draft(draft)

@@ -516,6 +516,7 @@ pub async fn chat(
     check_model(&st, &c.model)?;
     req.check_unsupported()?;
     let messages = req.messages()?;
+    let kwargs = req.template_kwargs()?;
     let bytes = messages
         .iter()
         .map(|m| {
@@ -542,10 +543,11 @@ pub async fn chat(
             ));
         }
     }
-    let (messages, options) = match &plan {
+    let (messages, mut options) = match &plan {
         Some(p) => super::tools::render_input(p, messages),
-        None => (messages, Default::default()),
+        None => (messages, strata_tokenizer::ChatOptions::default()),
     };
+    options.kwargs = kwargs;
     let prompt = tokenize_on_pool(&st, move |p| p.encode_chat_with(&messages, &options))
         .await
         .map_err(|e| super::error::about("messages", e))?;

@@ -84,8 +84,25 @@ pub fn plan(
     template: Option<&strata_tokenizer::ChatTemplate>,
     parser: Option<&'static dyn ToolFormat>,
 ) -> Result<Option<ToolPlan>, ApiError> {
-    let tools = parse_tools(req.tools.as_ref())?;
-    let choice = parse_choice(req.tool_choice.as_ref(), &tools)?;
+    plan_of(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.common.parallel_tool_calls,
+        template,
+        parser,
+    )
+}
+
+/// [`plan`] from the fields themselves (`/tokenize` takes `tools` too).
+pub fn plan_of(
+    tools_field: Option<&Value>,
+    choice_field: Option<&Value>,
+    parallel: Option<bool>,
+    template: Option<&strata_tokenizer::ChatTemplate>,
+    parser: Option<&'static dyn ToolFormat>,
+) -> Result<Option<ToolPlan>, ApiError> {
+    let tools = parse_tools(tools_field)?;
+    let choice = parse_choice(choice_field, &tools)?;
     if tools.is_empty() {
         return Ok(None);
     }
@@ -105,9 +122,7 @@ pub fn plan(
             ))
         }
     };
-    let tools_json = req
-        .tools
-        .as_ref()
+    let tools_json = tools_field
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
@@ -115,7 +130,7 @@ pub fn plan(
         tools_json,
         tools,
         choice,
-        parallel: req.common.parallel_tool_calls.unwrap_or(true),
+        parallel: parallel.unwrap_or(true),
         format,
         written_by_strata: !takes_tools,
     }))
