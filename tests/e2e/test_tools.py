@@ -232,14 +232,3 @@ def test_chat_template_kwargs(qwen_template_server):
         r = post(s, "/v1/chat/completions", {"messages": ASK, "max_tokens": 1, "chat_template_kwargs": bad})
         assert_api_error(r, 400)
         assert r.json()["error"]["param"] == "chat_template_kwargs"
-
-
-def test_calls_with_the_templates_own_tools(qwen_template_server):
-    from openai import OpenAI
-
-    s = qwen_template_server
-    c = OpenAI(base_url=s.v1, api_key="unused", max_retries=0, timeout=120)
-    r = c.chat.completions.create(model=s.model_name, messages=ASK, tools=TOOLS, tool_choice="required",
-                                  max_tokens=80, temperature=0)
-    assert r.choices[0].finish_reason == "tool_calls"
-    check_calls(r.choices[0].message.tool_calls, {"get_weather", "add"})

@@ -549,6 +549,7 @@ pub fn build(
         constraint: None,
         controls,
         stop_token_ids,
+        shown_controls: Vec::new(),
     })
 }
 

@@ -574,7 +574,18 @@ pub async fn chat(
         }
         None => super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?,
     }
-    // Calls are read from the output unless tool_choice is "none".
+    // Calls are read from the output unless tool_choice is "none"; the format's markers
+    // that are control tokens keep their text for that.
+    if let (Some(p), Some(tok)) = (&plan, st.engine.tokenizer.as_deref()) {
+        if p.choice != super::tools::Choice::None {
+            gen.shown_controls = p
+                .format
+                .control_markers()
+                .iter()
+                .filter_map(|m| tok.token_id(m))
+                .collect();
+        }
+    }
     let tools = plan
         .filter(|p| p.choice != super::tools::Choice::None)
         .map(|p| ToolOutput { format: p.format });

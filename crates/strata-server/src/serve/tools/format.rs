@@ -35,6 +35,12 @@ pub trait ToolFormat: Send + Sync {
     /// the format cannot be forced this way.
     fn grammar(&self, tools: &[Tool], parallel: bool) -> Option<String>;
 
+    /// Texts of the format's markers that are control tokens in its models' vocabularies:
+    /// the output must keep their text for the calls to be found.
+    fn control_markers(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// How a call is written, for the instructions of a template that cannot show tools.
     fn example(&self) -> &'static str;
 

@@ -51,6 +51,10 @@ impl ToolFormat for Gemma4 {
         None
     }
 
+    fn control_markers(&self) -> &'static [&'static str] {
+        &["<|tool_call>", "<tool_call|>", QUOTE]
+    }
+
     fn example(&self) -> &'static str {
         "To call a function, write <|tool_call>call:NAME{key:value,...}<tool_call|>, strings between <|\"|> marks."
     }

@@ -474,6 +474,28 @@ mod tests {
 mod reference {
     use super::*;
 
+    /// Each fixture template is told as its family's format.
+    #[test]
+    fn formats_are_told_from_templates() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/templates/"
+        );
+        for (file, format) in [
+            ("qwen3.jinja", "hermes"),
+            ("llama3.jinja", "llama3_json"),
+            ("gemma4.jinja", "gemma4"),
+        ] {
+            let source = std::fs::read_to_string(format!("{dir}{file}")).unwrap();
+            assert_eq!(
+                format::detect(&source).map(|f| f.name()),
+                Some(format),
+                "{file}"
+            );
+        }
+        assert!(format::detect(strata_tokenizer::GEMMA_TEMPLATE).is_none());
+    }
+
     /// Each family's parser reads back the call its model's own template writes, as
     /// transformers rendered it (tests/fixtures/templates/tools-reference.json).
     #[test]
