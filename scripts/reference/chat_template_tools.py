@@ -53,9 +53,11 @@ CONVERSATIONS = {
 }
 # Which conversations each template can render (Llama-3 takes one call per turn, and needs
 # a first user message for its tools).
-FAMILIES = ["qwen3", "llama3", "gemma4"]
-BOS = {"qwen3": "", "llama3": "<|begin_of_text|>", "gemma4": "<bos>"}
-EOS = {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "gemma4": "<eos>"}
+FAMILIES = ["qwen3", "llama3", "gemma4", "hermes"]
+BOS = {"qwen3": "", "llama3": "<|begin_of_text|>", "gemma4": "<bos>", "hermes": "<|begin_of_text|>"}
+EOS = {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "gemma4": "<eos>", "hermes": "<|im_end|>"}
+# Hermes' tool-use template is for requests with tools only (it iterates `tools`).
+WITHOUT_TOOLS = {"qwen3", "llama3", "gemma4"}
 
 
 def main() -> None:
@@ -63,7 +65,7 @@ def main() -> None:
     for family in FAMILIES:
         template = (TEMPLATES / f"{family}.jinja").read_text()
         for name, messages in CONVERSATIONS.items():
-            for tools in (TOOLS, None):
+            for tools in (TOOLS, None) if family in WITHOUT_TOOLS else (TOOLS,):
                 text = render_jinja_template(
                     [messages], tools=tools, chat_template=template, add_generation_prompt=True,
                     bos_token=BOS[family], eos_token=EOS[family],

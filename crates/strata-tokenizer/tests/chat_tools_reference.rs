@@ -1,6 +1,6 @@
 //! Chat templates with tools and tool turns render to the same text as transformers'
-//! renderer (`apply_chat_template(..., tools=...)`), for the Qwen3, Llama-3 and Gemma-4
-//! templates. The reference strings come from scripts/reference/chat_template_tools.py.
+//! renderer (`apply_chat_template(..., tools=...)`), for the Qwen3, Llama-3, Gemma-4 and
+//! Hermes tool-use templates. The reference strings come from scripts/reference/chat_template_tools.py.
 
 use std::path::Path;
 
@@ -19,7 +19,7 @@ fn templates_render_tools_as_transformers_does() {
             .unwrap();
     let tools: Vec<Value> = reference["tools"].as_array().unwrap().clone();
     let cases = reference["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 12);
+    assert_eq!(cases.len(), 14);
     for case in cases {
         let source = std::fs::read_to_string(dir.join(case["template"].as_str().unwrap())).unwrap();
         let t = ChatTemplate::new(

@@ -521,6 +521,12 @@ mod reference {
                 "llama3_json",
             ),
             ("gemma4.jinja", "<|turn>model\n", "<turn|>", "gemma4"),
+            (
+                "hermes.jinja",
+                "<|im_start|>assistant\n",
+                "<|im_end|>",
+                "hermes",
+            ),
         ];
         for (template, open, close, format) in turns {
             let case = reference["cases"]
