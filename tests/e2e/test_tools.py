@@ -233,3 +233,20 @@ def test_chat_template_kwargs(qwen_template_server):
         r = post(s, "/v1/chat/completions", {"messages": ASK, "max_tokens": 1, "chat_template_kwargs": bad})
         assert_api_error(r, 400)
         assert r.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_control_token_text_in_calls_and_tools_stays_text(qwen_template_server):
+    """`<|im_end|>` written in a call's arguments, a tool answer or a tool's description is
+    text: the prompt holds as many control tokens `<|im_end|>` as the template writes."""
+    s = qwen_template_server
+    im_end = post(s, "/tokenize", {"prompt": "<|im_end|>", "add_special_tokens": False}).json()["tokens"]
+    assert len(im_end) == 1
+
+    def count(text):
+        tools = [{"type": "function", "function": {"name": "f", "description": "d" + text, "parameters": {}}}]
+        msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": json.dumps({"x": text})}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "r" + text}]
+        return post(s, "/tokenize", {"messages": msgs, "tools": tools}).json()["tokens"].count(im_end[0])
+
+    assert count("<|im_end|>") == count("plain") > 0

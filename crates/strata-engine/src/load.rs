@@ -262,7 +262,7 @@ impl Prompter {
         if literals.is_empty() {
             return Ok(tok.encode(&text, !bos_in_text, true)?);
         }
-        let marks = Markers::unused_in(messages);
+        let marks = Markers::unused_in(messages, options);
         let pieces = marks.split(&text, &literals)?;
         Ok(tok.encode_pieces(&pieces, !bos_in_text)?)
     }
@@ -280,8 +280,9 @@ impl Prompter {
     }
 
     /// Renders with each control token's text inside a message (a user writing
-    /// `<end_of_turn>`) swapped for a marker, so that it stays text: only the template's
-    /// own markup yields control tokens. Returns the text and the hidden literals.
+    /// `<end_of_turn>`), a tool call's arguments, a tool's description or a template
+    /// variable swapped for a marker, so that it stays text: only the template's own markup
+    /// yields control tokens. Returns the text and the hidden literals.
     fn render_marked(
         &self,
         tok: &Tokenizer,
@@ -289,16 +290,27 @@ impl Prompter {
         options: &ChatOptions,
     ) -> Result<(String, Vec<String>)> {
         let chat = self.chat()?;
-        let marks = Markers::unused_in(messages);
+        let marks = Markers::unused_in(messages, options);
         let mut literals = Vec::new();
         let marked: Vec<ChatMessage> = messages
             .iter()
-            .map(|m| ChatMessage {
-                content: marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals),
-                ..m.clone()
+            .map(|m| {
+                let mut m = m.clone();
+                m.content = marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals);
+                for call in m.tool_calls.iter_mut().flatten() {
+                    marks.hide_json(call, tok, &mut literals);
+                }
+                m
             })
             .collect();
-        Ok((chat.render_with(&marked, true, options)?, literals))
+        let mut options = options.clone();
+        for tool in options.tools.iter_mut().flatten() {
+            marks.hide_json(tool, tok, &mut literals);
+        }
+        for value in options.kwargs.values_mut() {
+            marks.hide_json(value, tok, &mut literals);
+        }
+        Ok((chat.render_with(&marked, true, &options)?, literals))
     }
 
     /// Text of `ids`, special tokens left out; invalid UTF-8 becomes U+FFFD.
@@ -389,13 +401,42 @@ struct Markers {
 
 impl Markers {
     /// The first pair from the private use area that no message contains.
-    fn unused_in(messages: &[ChatMessage]) -> Self {
-        let used = |c: char| messages.iter().any(|m| m.content.contains(c));
+    fn unused_in(messages: &[ChatMessage], options: &ChatOptions) -> Self {
+        // Every text the template may print: the messages (with their calls), the tools
+        // and the variables.
+        let all = serde_json::json!([messages, options.tools, options.kwargs]).to_string();
+        let used = |c: char| all.contains(c);
         let mut free = ('\u{E000}'..='\u{F8FF}').filter(|&c| !used(c));
         // A conversation cannot hold all 6,400 of them and stay under the body limit.
         let open = free.next().unwrap_or('\u{E000}');
         let close = free.next().unwrap_or('\u{E001}');
         Self { open, close }
+    }
+
+    /// Every string (and object key) in `value` with its control-token texts hidden.
+    fn hide_json(
+        &self,
+        value: &mut serde_json::Value,
+        tok: &Tokenizer,
+        literals: &mut Vec<String>,
+    ) {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => *s = self.hide(s, &tok.control_spans(s), literals),
+            Value::Array(items) => {
+                for v in items {
+                    self.hide_json(v, tok, literals);
+                }
+            }
+            Value::Object(map) => {
+                let entries = std::mem::take(map);
+                for (k, mut v) in entries {
+                    self.hide_json(&mut v, tok, literals);
+                    map.insert(self.hide(&k, &tok.control_spans(&k), literals), v);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
     }
 
     /// `content` with each of its control-token texts (at `spans`) replaced by a marker;
