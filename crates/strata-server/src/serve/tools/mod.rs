@@ -107,6 +107,10 @@ pub fn plan_of(
         return Ok(None);
     }
     let takes_tools = template.is_some_and(|t| t.takes_tools());
+    if choice == Choice::None && !takes_tools && parser.is_none() {
+        // Nothing would show the tools and no call is asked for: plain text, as without.
+        return Ok(None);
+    }
     let format = match (parser, template) {
         (Some(p), _) => p,
         (None, Some(t)) if takes_tools => format::detect(t.source()).ok_or_else(|| {
@@ -456,6 +460,27 @@ mod tests {
             .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
             .collect();
         assert!(parse_tools(Some(&Value::Array(many))).is_err());
+    }
+
+    #[test]
+    fn templates_without_tools_refuse_them_unless_told_a_format() {
+        let t =
+            strata_tokenizer::ChatTemplate::new(strata_tokenizer::GEMMA_TEMPLATE, "", "").unwrap();
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let err = plan_of(Some(&tools), None, None, Some(&t), None)
+            .err()
+            .unwrap();
+        assert_eq!(err.param, Some("tools"));
+        // tool_choice "none" asks for text: the tools are left out.
+        assert!(
+            plan_of(Some(&tools), Some(&json!("none")), None, Some(&t), None)
+                .unwrap()
+                .is_none()
+        );
+        let told = plan_of(Some(&tools), None, None, Some(&t), named("hermes"))
+            .unwrap()
+            .unwrap();
+        assert!(told.written_by_strata && told.choice == Choice::Auto);
     }
 
     #[test]
