@@ -81,6 +81,25 @@ pub fn hold_at_marker(text: &str, marker: &str) -> usize {
         .map_or(text.len(), |k| text.len() - k)
 }
 
+/// JSON as Python's `json.dumps` writes it (`", "` and `": "`), as chat templates print
+/// calls and as the forcing grammars spell them.
+pub fn python_json(v: &Value) -> String {
+    match v {
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(python_json).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::Object(map) => {
+            let items: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{}: {}", Value::from(k.clone()), python_json(v)))
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        scalar => scalar.to_string(),
+    }
+}
+
 /// A Lark string literal of `text` (Lark takes JSON's escapes).
 pub fn lark_literal(text: &str) -> String {
     Value::String(text.to_string()).to_string()
@@ -98,6 +117,9 @@ pub fn lark_json(schema: &Value) -> String {
     format!("%json {schema}")
 }
 
+/// Calls a forced answer may hold with `parallel_tool_calls`.
+pub const MAX_PARALLEL_CALLS: usize = 8;
+
 /// `start` over per-tool alternatives `call_i`, each built by `call(i, tool)`; with
 /// `parallel`, one or more calls joined by `sep`.
 pub fn alternatives(
@@ -109,11 +131,12 @@ pub fn alternatives(
     let names: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
     let mut g = String::from("start: calls\n");
     g += &format!("one: {}\n", names.join(" | "));
-    if parallel {
-        g += &format!("calls: one ({} one)*\n", lark_literal(sep));
-    } else {
-        g += "calls: one\n";
-    }
+    // 1 to MAX_PARALLEL_CALLS calls, spelled out: a model that keeps calling stops there.
+    let most = if parallel { MAX_PARALLEL_CALLS } else { 1 };
+    let counts: Vec<String> = (1..=most)
+        .map(|n| vec!["one"; n].join(&format!(" {} ", lark_literal(sep))))
+        .collect();
+    g += &format!("calls: {}\n", counts.join(" | "));
     for (i, t) in tools.iter().enumerate() {
         g += &format!("call_{i}: {}\n", call(i, t));
         g += &format!("args_{i}: {}\n", lark_json(&t.parameters));
@@ -124,6 +147,73 @@ pub fn alternatives(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use strata_structured::{Grammars, Spec, Vocab};
+
+    /// Grammars over a byte vocabulary: ids 0..256 are the bytes, 256 the end.
+    fn byte_grammars() -> Grammars {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.push(b"</s>".to_vec());
+        let special = [vec![false; 256], vec![true]].concat();
+        Grammars::new(Vocab::new(words, special, 256), |t: &[u8]| {
+            t.iter().map(|&b| u32::from(b)).collect()
+        })
+        .unwrap()
+    }
+
+    /// Whether `lark` takes `text` whole and may end after it.
+    fn accepts(g: &Grammars, lark: &str, text: &str) -> bool {
+        let mut c = g.constraint(&Spec::Lark(lark.into())).unwrap();
+        for &b in text.as_bytes() {
+            let mut logits = vec![0.0f32; 257];
+            if c.0.mask(&mut logits).is_err() || logits[b as usize] == f32::NEG_INFINITY {
+                return false;
+            }
+            c.0.commit(u32::from(b)).unwrap();
+        }
+        let mut logits = vec![0.0f32; 257];
+        c.0.mask(&mut logits).is_ok() && logits[256] == 0.0
+    }
+
+    #[test]
+    fn forcing_grammars_take_what_the_formats_parse() {
+        let g = byte_grammars();
+        let add = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                         "additionalProperties": false});
+        let tools = [
+            Tool {
+                name: "add".into(),
+                parameters: add,
+            },
+            Tool {
+                name: "now".into(),
+                parameters: json!({"type": "object", "properties": {}}),
+            },
+        ];
+        let args = json!({"a": 1});
+        for format in all() {
+            let Some(lark) = format.grammar(&tools, false) else {
+                continue;
+            };
+            let one = format.write_call("add", &args);
+            assert!(accepts(&g, &lark, &one), "{}: {one}", format.name());
+            assert_eq!(format.parse(&one).unwrap().1[0].arguments, args);
+            // Arguments outside the schema, or an unknown tool, are not taken.
+            assert!(!accepts(
+                &g,
+                &lark,
+                &format.write_call("add", &json!({"a": "x"}))
+            ));
+            assert!(!accepts(&g, &lark, &format.write_call("sub", &args)));
+        }
+        // Parallel calls, at most MAX_PARALLEL_CALLS of them.
+        let lark = super::super::hermes::Hermes.grammar(&tools, true).unwrap();
+        let call = super::super::hermes::Hermes.write_call("add", &args);
+        let calls = |n: usize| vec![call.as_str(); n].join("\n");
+        assert!(accepts(&g, &lark, &calls(2)));
+        assert!(accepts(&g, &lark, &calls(MAX_PARALLEL_CALLS)));
+        assert!(!accepts(&g, &lark, &calls(MAX_PARALLEL_CALLS + 1)));
+    }
 
     #[test]
     fn holds_from_a_partial_marker() {

@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use super::format::{alternatives, hold_at_marker, lark_literal, ParsedCall, ToolFormat};
+use super::format::{
+    alternatives, hold_at_marker, lark_literal, python_json, ParsedCall, ToolFormat,
+};
 use super::Tool;
 
 const OPEN: &str = "<tool_call>";
@@ -61,7 +63,7 @@ impl ToolFormat for Hermes {
     }
 
     fn write_call(&self, name: &str, arguments: &Value) -> String {
-        let call = serde_json::json!({"name": name, "arguments": arguments});
+        let call = python_json(&serde_json::json!({"name": name, "arguments": arguments}));
         format!("{OPEN}\n{call}\n{CLOSE}")
     }
 }

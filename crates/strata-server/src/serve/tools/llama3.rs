@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::format::{alternatives, lark_literal, ParsedCall, ToolFormat};
+use super::format::{alternatives, lark_literal, python_json, ParsedCall, ToolFormat};
 use super::hermes::call_of;
 use super::Tool;
 
@@ -67,7 +67,7 @@ impl ToolFormat for Llama3 {
     }
 
     fn write_call(&self, name: &str, arguments: &Value) -> String {
-        serde_json::json!({"name": name, "parameters": arguments}).to_string()
+        python_json(&serde_json::json!({"name": name, "parameters": arguments}))
     }
 }
 
