@@ -51,6 +51,7 @@ fuzz_target!(|input: Input| {
         .map(|(r, content)| ChatMessage {
             role: roles[r as usize % roles.len()].to_string(),
             content,
+            ..ChatMessage::default()
         })
         .collect();
     if let Ok(text) = template.render(&messages, input.add_generation_prompt) {

@@ -154,7 +154,9 @@ def smol(log_dir):
         pytest.skip(f"{SMOL} is absent: run scripts/fetch-models.sh")
     # Past the default prompt-byte limit (64 bytes a token of context), so that the hardening
     # tests' megabyte prompt reaches the tokenizer.
-    s = start_server(log_dir, "--max-prompt-bytes", "4000000", name="smol", model=SMOL)
+    # Its template cannot show tools: --tool-call-parser has Strata describe them (Hermes).
+    s = start_server(log_dir, "--max-prompt-bytes", "4000000", "--tool-call-parser", "hermes",
+                     name="smol", model=SMOL)
     yield s
     s.stop()
     assert s.proc.returncode in (0, -signal.SIGINT, 130), s.log_tail()

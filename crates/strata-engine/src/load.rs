@@ -9,7 +9,7 @@ use strata_gguf::GgufFile;
 use strata_kernels::cpu::CpuBackend;
 use strata_kernels::DType;
 use strata_model::{LoadOptions, Model};
-use strata_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
+use strata_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
 
 use crate::{EngineError, Result, Runtime};
 
@@ -185,6 +185,17 @@ impl LoadedModel {
         self.runtime.load_draft(path, load_options(self.settings))
     }
 
+    /// Replaces the model's chat template with `source` (`--chat-template`); refused when
+    /// it does not compile or the model has no tokenizer to render with.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<()> {
+        let tok = self.tokenizer.as_deref().ok_or_else(|| {
+            EngineError::Invalid("a chat template needs the model's tokenizer".into())
+        })?;
+        let (bos, eos) = special_texts(tok);
+        self.chat = Some(Arc::new(ChatTemplate::new(source, &bos, &eos)?));
+        Ok(())
+    }
+
     /// The tokenizer and chat template, for threads that prepare prompts.
     pub fn prompter(&self) -> Prompter {
         Prompter {
@@ -231,24 +242,23 @@ impl Prompter {
 
     /// Token ids of a chat conversation, rendered with the model's chat template.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode_chat_with(messages, &ChatOptions::default())
+    }
+
+    /// The model's chat template, when it has one (its source tells which tool-call
+    /// format the model speaks).
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.as_deref()
+    }
+
+    /// [`Self::encode_chat`] with tools and template variables.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<Vec<u32>> {
         let tok = self.tokenizer()?;
-        let chat = self
-            .chat
-            .as_ref()
-            .ok_or_else(|| EngineError::Invalid("this model has no chat template".into()))?;
-        // A control token's text inside a message (a user writing `<end_of_turn>`) stays
-        // text: only the template's own markup yields control tokens. Such texts are
-        // swapped for markers before rendering and tokenized as text after.
-        let marks = Markers::unused_in(messages);
-        let mut literals = Vec::new();
-        let marked: Vec<ChatMessage> = messages
-            .iter()
-            .map(|m| ChatMessage {
-                role: m.role.clone(),
-                content: marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals),
-            })
-            .collect();
-        let text = chat.render(&marked, true)?;
+        let (text, literals) = self.render_marked(tok, messages, options)?;
         // The template writes BOS itself when the model wants one.
         let bos_in_text = tok
             .bos_id()
@@ -257,8 +267,55 @@ impl Prompter {
         if literals.is_empty() {
             return Ok(tok.encode(&text, !bos_in_text, true)?);
         }
+        let marks = Markers::unused_in(messages, options);
         let pieces = marks.split(&text, &literals)?;
         Ok(tok.encode_pieces(&pieces, !bos_in_text)?)
+    }
+
+    /// The prompt text the chat template renders for `messages` (the assistant's turn
+    /// opened), as [`Self::encode_chat_with`] tokenizes it.
+    pub fn render_chat(&self, messages: &[ChatMessage], options: &ChatOptions) -> Result<String> {
+        Ok(self.chat()?.render_with(messages, true, options)?)
+    }
+
+    fn chat(&self) -> Result<&ChatTemplate> {
+        self.chat
+            .as_deref()
+            .ok_or_else(|| EngineError::Invalid("this model has no chat template".into()))
+    }
+
+    /// Renders with each control token's text inside a message (a user writing
+    /// `<end_of_turn>`), a tool call's arguments, a tool's description or a template
+    /// variable swapped for a marker, so that it stays text: only the template's own markup
+    /// yields control tokens. Returns the text and the hidden literals.
+    fn render_marked(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<(String, Vec<String>)> {
+        let chat = self.chat()?;
+        let marks = Markers::unused_in(messages, options);
+        let mut literals = Vec::new();
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                m.content = marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals);
+                for call in m.tool_calls.iter_mut().flatten() {
+                    marks.hide_json(call, tok, &mut literals);
+                }
+                m
+            })
+            .collect();
+        let mut options = options.clone();
+        for tool in options.tools.iter_mut().flatten() {
+            marks.hide_json(tool, tok, &mut literals);
+        }
+        for value in options.kwargs.values_mut() {
+            marks.hide_json(value, tok, &mut literals);
+        }
+        Ok((chat.render_with(&marked, true, &options)?, literals))
     }
 
     /// Text of `ids`, special tokens left out; invalid UTF-8 becomes U+FFFD.
@@ -317,11 +374,7 @@ fn load_options(settings: LoadSettings) -> LoadOptions {
 
 /// The model's own template, or Gemma's turn format for Gemma files that carry none.
 fn chat_template(config: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
-    let text = |id: Option<u32>| {
-        id.and_then(|i| tok.decode(&[i], true).ok())
-            .unwrap_or_default()
-    };
-    let (bos, eos) = (text(tok.bos_id()), text(tok.eos_id()));
+    let (bos, eos) = special_texts(tok);
     let source = match tok.chat_template() {
         Some(t) => t,
         None if matches!(
@@ -336,6 +389,15 @@ fn chat_template(config: &ModelConfig, tok: &Tokenizer) -> Result<Option<ChatTem
     Ok(Some(ChatTemplate::new(source, &bos, &eos)?))
 }
 
+/// The texts of BOS and EOS, which templates print.
+fn special_texts(tok: &Tokenizer) -> (String, String) {
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tok.decode(&[i], true).ok())
+            .unwrap_or_default()
+    };
+    (text(tok.bos_id()), text(tok.eos_id()))
+}
+
 /// Two characters that appear in no message, to mark where a control token's text stood
 /// in a message: `open`, the literal's index, `close`.
 struct Markers {
@@ -345,13 +407,42 @@ struct Markers {
 
 impl Markers {
     /// The first pair from the private use area that no message contains.
-    fn unused_in(messages: &[ChatMessage]) -> Self {
-        let used = |c: char| messages.iter().any(|m| m.content.contains(c));
+    fn unused_in(messages: &[ChatMessage], options: &ChatOptions) -> Self {
+        // Every text the template may print: the messages (with their calls), the tools
+        // and the variables.
+        let all = serde_json::json!([messages, options.tools, options.kwargs]).to_string();
+        let used = |c: char| all.contains(c);
         let mut free = ('\u{E000}'..='\u{F8FF}').filter(|&c| !used(c));
         // A conversation cannot hold all 6,400 of them and stay under the body limit.
         let open = free.next().unwrap_or('\u{E000}');
         let close = free.next().unwrap_or('\u{E001}');
         Self { open, close }
+    }
+
+    /// Every string (and object key) in `value` with its control-token texts hidden.
+    fn hide_json(
+        &self,
+        value: &mut serde_json::Value,
+        tok: &Tokenizer,
+        literals: &mut Vec<String>,
+    ) {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => *s = self.hide(s, &tok.control_spans(s), literals),
+            Value::Array(items) => {
+                for v in items {
+                    self.hide_json(v, tok, literals);
+                }
+            }
+            Value::Object(map) => {
+                let entries = std::mem::take(map);
+                for (k, mut v) in entries {
+                    self.hide_json(&mut v, tok, literals);
+                    map.insert(self.hide(&k, &tok.control_spans(&k), literals), v);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
     }
 
     /// `content` with each of its control-token texts (at `spans`) replaced by a marker;

@@ -92,3 +92,16 @@ fn split_utf8_characters_wait_for_their_last_byte() {
     assert_eq!(s.push(id("<0xC3>")), "");
     assert_eq!(s.finish(), "\u{fffd}");
 }
+
+#[test]
+fn listed_control_tokens_keep_their_text() {
+    // `</s>` is a control token: left out of text unless the request lists it (a tool-call
+    // format's markers are, for Gemma-4).
+    let ids = [id("\u{2581}Hello"), id("</s>"), id("!")];
+    let mut plain = TextStream::new(tokenizer(), vec![]);
+    let text: String = ids.iter().map(|&t| plain.push(t)).collect::<String>() + &plain.finish();
+    assert_eq!(text, " Hello!");
+    let mut shown = TextStream::new(tokenizer(), vec![]).showing_controls(vec![id("</s>")]);
+    let text: String = ids.iter().map(|&t| shown.push(t)).collect::<String>() + &shown.finish();
+    assert_eq!(text, " Hello</s>!");
+}

@@ -72,10 +72,7 @@ pub fn run(a: &GenerateArgs) -> anyhow::Result<()> {
     let model = a.placement.load_with_draft(&a.model, a.draft.as_deref())?;
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
-        (None, Some(text)) if a.chat => model.encode_chat(&[ChatMessage {
-            role: "user".into(),
-            content: text.clone(),
-        }])?,
+        (None, Some(text)) if a.chat => model.encode_chat(&[ChatMessage::text("user", text)])?,
         (None, Some(text)) => model.encode_prompt(text)?,
         (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };

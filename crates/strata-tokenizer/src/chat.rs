@@ -1,17 +1,52 @@
 //! Chat prompts from message lists, with the model's own Jinja template.
 
+use minijinja::value::{Kwargs, Value as JinjaValue};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::TokenizerError;
 
-/// One message of a conversation, as the chat template receives it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One message of a conversation, as the chat template receives it (Hugging Face's chat
+/// format: the optional fields are left out of the template's view when absent, since
+/// templates test `'tool_calls' in message`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// Who speaks: `system`, `user`, `assistant` (whatever roles the template knows).
+    /// Who speaks: `system`, `user`, `assistant`, `tool` (whatever roles the template knows).
     pub role: String,
     /// The message's text.
     pub content: String,
+    /// An assistant turn's calls: `{"id", "type": "function", "function": {"name",
+    /// "arguments"}}` with the arguments as an object, as templates print them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool turn's answer to this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The speaker's name (for a tool turn: the function's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// A plain text turn.
+    pub fn text(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// What a template receives beside the messages.
+#[derive(Clone, Debug, Default)]
+pub struct ChatOptions {
+    /// The functions the model may call, as the `tools` variable (`None` renders as none,
+    /// as transformers passes it).
+    pub tools: Option<Vec<Value>>,
+    /// More variables (`chat_template_kwargs`, such as `enable_thinking`).
+    pub kwargs: serde_json::Map<String, Value>,
 }
 
 /// Gemma's turn format, used for Gemma models whose files carry no template (the Gemma-3
@@ -38,6 +73,7 @@ pub const TEMPLATE_FUEL: u64 = 50_000_000;
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
 }
@@ -57,10 +93,16 @@ impl ChatTemplate {
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| strftime_today(&fmt));
+        // Templates are written for Python's Jinja: string methods (`startswith`, `split`,
+        // `strip`) and transformers' `tojson` (json.dumps: `", "` and `": "`, keys in order,
+        // no HTML escaping) must behave as there.
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", python_tojson);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
         Ok(Self {
             env,
+            source: source.to_string(),
             bos: bos.to_string(),
             eos: eos.to_string(),
         })
@@ -73,17 +115,107 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with(messages, add_generation_prompt, &ChatOptions::default())
+    }
+
+    /// [`Self::render`] with tools and more variables. The variables come first, as
+    /// transformers passes them: they may replace `bos_token`, not the messages.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<String, TokenizerError> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let mut vars = serde_json::Map::new();
+        vars.insert("bos_token".into(), Value::from(self.bos.clone()));
+        vars.insert("eos_token".into(), Value::from(self.eos.clone()));
+        vars.extend(options.kwargs.clone());
         tmpl.render(context! {
             messages => messages,
+            tools => options.tools,
             add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos,
-            eos_token => self.eos,
+            ..JinjaValue::from_serialize(&vars)
         })
         .map_err(|e| TokenizerError::Template(e.to_string()))
+    }
+
+    /// The template's source text (to tell which tool-call format a model speaks).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the template reads a `tools` variable at all: one that does not cannot show
+    /// the model its functions.
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+}
+
+/// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=indent)`, keys in
+/// their order, `", "` and `": "` between items (`","` before a newline when indented).
+fn python_tojson(value: JinjaValue, kwargs: Kwargs) -> Result<JinjaValue, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    // Accepted as Python's json.dumps takes them; keys are always kept in order.
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let _: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = Vec::new();
+    let result = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let mut ser = serde_json::Serializer::with_formatter(
+                &mut out,
+                serde_json::ser::PrettyFormatter::with_indent(&pad),
+            );
+            json.serialize(&mut ser)
+        }
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonCompact);
+            json.serialize(&mut ser)
+        }
+    };
+    result.map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(JinjaValue::from_safe_string(
+        String::from_utf8_lossy(&out).into_owned(),
+    ))
+}
+
+/// Python's default JSON separators: `", "` between items, `": "` after keys.
+struct PythonCompact;
+
+impl serde_json::ser::Formatter for PythonCompact {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
     }
 }
 
@@ -141,9 +273,11 @@ mod tests {
         assert!(err.contains("fuel"), "{err}");
         // A long conversation through Gemma's template stays within it.
         let turns: Vec<ChatMessage> = (0..20_000)
-            .map(|i| ChatMessage {
-                role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
-                content: format!("turn {i}"),
+            .map(|i| {
+                ChatMessage::text(
+                    if i % 2 == 0 { "user" } else { "assistant" },
+                    &format!("turn {i}"),
+                )
             })
             .collect();
         let t = ChatTemplate::new(GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
@@ -164,23 +298,14 @@ mod tests {
     fn gemma_template_folds_system_and_opens_model_turn() {
         let t = ChatTemplate::new(GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
         let msgs = [
-            ChatMessage {
-                role: "system".into(),
-                content: "Be brief.".into(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: "Hi".into(),
-            },
+            ChatMessage::text("system", "Be brief."),
+            ChatMessage::text("user", "Hi"),
         ];
         assert_eq!(
             t.render(&msgs, true).unwrap(),
             "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
         );
-        let bad = [ChatMessage {
-            role: "assistant".into(),
-            content: "x".into(),
-        }];
+        let bad = [ChatMessage::text("assistant", "x")];
         assert!(t
             .render(&bad, true)
             .unwrap_err()

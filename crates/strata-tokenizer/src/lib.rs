@@ -10,7 +10,7 @@ mod vocab;
 
 use std::path::Path;
 
-pub use chat::{ChatMessage, ChatTemplate, GEMMA_TEMPLATE};
+pub use chat::{ChatMessage, ChatOptions, ChatTemplate, GEMMA_TEMPLATE};
 pub use stream::StreamDecoder;
 pub use vocab::{TokenKind, Vocab};
 

@@ -7,6 +7,8 @@ use crate::{Tokenizer, TokenizerError};
 #[derive(Default)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
+    /// Control tokens whose text is written out (others decode to nothing).
+    shown: Vec<u32>,
 }
 
 impl StreamDecoder {
@@ -15,9 +17,19 @@ impl StreamDecoder {
         Self::default()
     }
 
+    /// A decoder that writes out the text of the control tokens `shown` (a tool-call
+    /// format's markers, such as Gemma-4's `<|tool_call>`).
+    pub fn showing(shown: Vec<u32>) -> Self {
+        Self {
+            pending: Vec::new(),
+            shown,
+        }
+    }
+
     /// Adds one token; returns the text that became complete (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
-        self.pending.extend(tok.token_bytes(id, false)?);
+        self.pending
+            .extend(tok.token_bytes(id, self.shown.contains(&id))?);
         Ok(self.take_valid())
     }
 

@@ -105,6 +105,10 @@ pub struct GenerationRequest {
     pub controls: LogitControls,
     /// Token ids that end the request (finish reason "stop"), also with `ignore_eos`.
     pub stop_token_ids: Vec<u32>,
+    /// Control tokens whose text goes into the output, which otherwise leaves control
+    /// tokens out: a tool-call format's markers (Gemma-4's `<|tool_call>`), for the server
+    /// to find the calls in the text.
+    pub shown_controls: Vec<u32>,
 }
 
 impl GenerationRequest {
@@ -122,6 +126,7 @@ impl GenerationRequest {
             constraint: None,
             controls: LogitControls::default(),
             stop_token_ids: Vec::new(),
+            shown_controls: Vec::new(),
         }
     }
 }

@@ -31,6 +31,13 @@ impl TextStream {
         }
     }
 
+    /// The stream writing out the text of the control tokens `shown`, which text normally
+    /// leaves out (a tool-call format's markers).
+    pub fn showing_controls(mut self, shown: Vec<u32>) -> Self {
+        self.decoder = StreamDecoder::showing(shown);
+        self
+    }
+
     /// Whether a stop string has been found (later tokens add no text).
     pub fn stopped(&self) -> bool {
         self.stopped_at.is_some()

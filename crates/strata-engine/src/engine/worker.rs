@@ -204,10 +204,10 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
         req: GenerationRequest,
         updates: tmpsc::UnboundedSender<Update>,
     ) {
-        let text = self
-            .tokenizer
-            .as_ref()
-            .map(|t| TextStream::new(t.clone(), req.stop.clone()));
+        let text = self.tokenizer.as_ref().map(|t| {
+            TextStream::new(t.clone(), req.stop.clone())
+                .showing_controls(req.shown_controls.clone())
+        });
         let stop_fn: Option<strata_sched::StopFn> = match (&self.tokenizer, req.stop.is_empty()) {
             (Some(t), false) => Some(Box::new(stop_string_test(t.clone(), req.stop.clone()))),
             _ => None,

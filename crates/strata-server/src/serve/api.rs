@@ -134,7 +134,7 @@ pub struct Common {
     pub prompt_cache_key: Option<String>,
     #[allow(dead_code)]
     pub safety_identifier: Option<String>,
-    #[allow(dead_code)]
+    /// Whether the model may call several tools in one answer (`tools.rs`).
     pub parallel_tool_calls: Option<bool>,
     // Logit controls and stop ids (`controls.rs`).
     pub logit_bias: Option<serde_json::Value>,
@@ -181,10 +181,14 @@ pub struct ContentPart {
 #[derive(Deserialize, Debug, Clone)]
 pub struct Message {
     pub role: String,
-    pub content: Content,
-    /// Accepted for OpenAI compatibility; not used.
-    #[allow(dead_code)]
+    /// Null (or absent) on an assistant turn that only calls tools.
+    #[serde(default)]
+    pub content: Option<Content>,
     pub name: Option<String>,
+    /// An assistant turn's calls (`tools.rs` checks and converts them).
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool turn's call id.
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -200,6 +204,9 @@ pub struct ChatRequest {
     pub function_call: Option<serde_json::Value>,
     pub modalities: Option<serde_json::Value>,
     pub reasoning_effort: Option<String>,
+    /// More variables for the chat template (`enable_thinking`, ...); checked in
+    /// [`ChatRequest::template_kwargs`].
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(flatten)]
     pub common: Common,
     #[serde(flatten)]
@@ -254,22 +261,16 @@ pub fn build_completion(
 impl ChatRequest {
     /// Refuses the fields that would change the output and that Strata cannot honour.
     pub fn check_unsupported(&self) -> Result<(), ApiError> {
-        unless_neutral("tools", self.tools.as_ref().is_none_or(is_empty), "none")?;
         unless_neutral(
             "functions",
             self.functions.as_ref().is_none_or(is_empty),
             "none",
         )?;
-        // "none" and "auto" with no tools both mean plain text.
+        // `tools` and `tool_choice` are read in `tools.rs`; the legacy `functions` are not.
         let no_call = |c: &Option<serde_json::Value>| {
             c.as_ref()
                 .is_none_or(|v| is_empty(v) || matches!(v.as_str(), Some("none" | "auto")))
         };
-        unless_neutral(
-            "tool_choice",
-            no_call(&self.tool_choice),
-            "\"none\" or \"auto\"",
-        )?;
         unless_neutral(
             "function_call",
             no_call(&self.function_call),
@@ -289,13 +290,46 @@ impl ChatRequest {
         }
     }
 
+    /// `chat_template_kwargs`, bounded: the template's own variables (`messages`, `tools`,
+    /// `add_generation_prompt`) cannot be replaced.
+    pub fn template_kwargs(&self) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+        check_template_kwargs(self.chat_template_kwargs.as_ref())
+    }
+
     /// The messages as plain text turns.
     pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
         chat_messages(&self.messages)
     }
 }
 
-/// Messages as plain text turns (text parts joined; `developer` is a system turn).
+/// `chat_template_kwargs` checked: bounded, and not replacing the request's own variables.
+pub fn check_template_kwargs(
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    let Some(kwargs) = kwargs else {
+        return Ok(Default::default());
+    };
+    let bytes = serde_json::Value::Object(kwargs.clone()).to_string().len();
+    if kwargs.len() > MAX_TEMPLATE_KWARGS || bytes > MAX_TEMPLATE_KWARGS_BYTES {
+        return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!("at most {MAX_TEMPLATE_KWARGS} variables in {MAX_TEMPLATE_KWARGS_BYTES} bytes of JSON"),
+            ));
+    }
+    if let Some(k) = kwargs
+        .keys()
+        .find(|k| matches!(k.as_str(), "messages" | "tools" | "add_generation_prompt"))
+    {
+        return Err(ApiError::invalid(
+            "chat_template_kwargs",
+            format!("{k} is set by the request itself"),
+        ));
+    }
+    Ok(kwargs.clone())
+}
+
+/// Messages as the template's turns (text parts joined; `developer` is a system turn; tool
+/// calls and tool answers in Hugging Face's chat format).
 pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
@@ -305,7 +339,7 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
         .map(|m| {
             if !matches!(
                 m.role.as_str(),
-                "system" | "user" | "assistant" | "developer"
+                "system" | "user" | "assistant" | "developer" | "tool"
             ) {
                 return Err(ApiError::invalid(
                     "messages",
@@ -313,8 +347,17 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                 ));
             }
             let content = match &m.content {
-                Content::Text(t) => t.clone(),
-                Content::Parts(parts) => {
+                // A null content is an empty text, as vLLM renders it: templates test
+                // `message.content` as a string.
+                None if m.role == "assistant" && m.tool_calls.is_some() => String::new(),
+                None => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        format!("a {} message needs content", m.role),
+                    ))
+                }
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
                     let mut text = String::new();
                     for p in parts {
                         match (p.kind.as_str(), &p.text) {
@@ -337,10 +380,37 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
             } else {
                 m.role.clone()
             };
-            Ok(ChatMessage { role, content })
+            let tool_calls = match &m.tool_calls {
+                Some(calls) if m.role == "assistant" => Some(super::tools::history_calls(calls)?),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        "only assistant messages carry tool_calls",
+                    ))
+                }
+                None => None,
+            };
+            if m.role == "tool" && m.tool_call_id.is_none() {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "a tool message needs tool_call_id",
+                ));
+            }
+            Ok(ChatMessage {
+                role,
+                content,
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
+                name: m.name.clone(),
+            })
         })
         .collect()
 }
+
+/// Variables `chat_template_kwargs` may set, and the bytes of their JSON.
+pub const MAX_TEMPLATE_KWARGS: usize = 32;
+/// See [`MAX_TEMPLATE_KWARGS`].
+pub const MAX_TEMPLATE_KWARGS_BYTES: usize = 16 * 1024;
 
 /// Limits the validation checks against.
 pub struct Limits {
@@ -479,6 +549,7 @@ pub fn build(
         constraint: None,
         controls,
         stop_token_ids,
+        shown_controls: Vec::new(),
     })
 }
 

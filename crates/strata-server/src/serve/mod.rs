@@ -10,6 +10,7 @@ mod prom;
 mod routes;
 mod structured;
 mod tokenize;
+mod tools;
 mod ui;
 
 pub use listen::{listen, serve as serve_on, ConnLimits};
@@ -201,6 +202,14 @@ pub struct ServeArgs {
     /// (on or off; off: `/` answers 404).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub ui: OnOff,
+    /// The tool-call format the model's output is read in (hermes, llama3_json, gemma4).
+    /// Default: told from the chat template; a template that cannot show tools then has
+    /// Strata describe them in the system turn in this format.
+    #[arg(long, value_name = "FORMAT")]
+    pub tool_call_parser: Option<String>,
+    /// A Jinja chat template file that replaces the model's own.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// Where and how the weights are placed.
     #[command(flatten)]
     pub placement: crate::placement::PlacementArgs,
@@ -269,6 +278,14 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         loaded.runtime.device_name(),
         t0.elapsed().as_secs_f64()
     ));
+    if let Some(path) = &a.chat_template {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+        loaded
+            .set_chat_template(&source)
+            .with_context(|| format!("--chat-template {}", path.display()))?;
+        log(format!("chat template from {}", path.display()));
+    }
     if let Some(draft) = &a.draft {
         loaded
             .load_draft(draft)
@@ -352,6 +369,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
     if a.max_prompt_bytes == Some(0) {
         anyhow::bail!("--max-prompt-bytes must be at least 1");
     }
+    let tool_parser = match &a.tool_call_parser {
+        None => None,
+        Some(n) => Some(tools::named(n).ok_or_else(|| {
+            anyhow::anyhow!("--tool-call-parser {n:?}: not one of hermes, llama3_json, gemma4")
+        })?),
+    };
     let state: Shared = Arc::new(AppState {
         api_key: a.api_key.clone(),
         max_prompt_bytes: a
@@ -359,6 +382,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| default_prompt_bytes(engine.context_len)),
         admin_api_key: a.admin_api_key.clone(),
         timings: a.enable_timings_report,
+        tool_parser,
         ..AppState::new(engine.clone(), name.clone())
     });
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)

@@ -21,6 +21,7 @@ use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
 use super::echo::Echo;
 use super::error::ApiError;
 use super::prom;
+use super::tools::ToolOutput;
 
 /// What every route shares.
 pub struct AppState {
@@ -49,6 +50,8 @@ pub struct AppState {
     /// The longest request the server accepted at start (its context, or its pool where
     /// that holds less): a rebuild may not leave less room than this.
     pub longest_request: usize,
+    /// The tool-call format `--tool-call-parser` names (default: told from the template).
+    pub tool_parser: Option<&'static dyn super::tools::ToolFormat>,
 }
 
 /// Tokenizations allowed at once: a long prompt takes its core for a while, and more than a
@@ -80,6 +83,7 @@ impl AppState {
             tokenize_slots: tokio::sync::Semaphore::new(TOKENIZE_SLOTS),
             max_prompt_bytes: super::default_prompt_bytes(engine_context),
             longest_request,
+            tool_parser: None,
         }
     }
 }
@@ -440,7 +444,7 @@ pub async fn completions(
     let prompt = prompts.pop().unwrap_or_default();
     let mut gen = api::build_completion(&c, prompt, logprobs, false, &limits(&st))?;
     super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?;
-    respond(st, gen, Kind::Completion, &c).await
+    respond(st, gen, Kind::Completion, &c, None).await
 }
 
 async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -512,9 +516,39 @@ pub async fn chat(
     check_model(&st, &c.model)?;
     req.check_unsupported()?;
     let messages = req.messages()?;
-    let bytes = messages.iter().map(|m| m.content.len()).sum();
+    let kwargs = req.template_kwargs()?;
+    let bytes = messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .as_ref()
+                    .map_or(0, |c| Value::from(c.clone()).to_string().len())
+        })
+        .sum();
     check_prompt_bytes(&st, "messages", bytes)?;
-    let prompt = tokenize_on_pool(&st, move |p| p.encode_chat(&messages))
+    let plan = super::tools::plan(&req, st.engine.prompter.chat_template(), st.tool_parser)?;
+    let forced = match &plan {
+        Some(p) => {
+            super::tools::check_schemas(&st, &p.tools).await?;
+            super::tools::forced(p)?
+        }
+        None => None,
+    };
+    if forced.is_some() {
+        if let Some((field, _)) = super::structured::requested(&c)? {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} and tool_choice both constrain the output: send one"),
+            ));
+        }
+    }
+    let (messages, mut options) = match &plan {
+        Some(p) => super::tools::render_input(p, messages),
+        None => (messages, strata_tokenizer::ChatOptions::default()),
+    };
+    options.kwargs = kwargs;
+    let prompt = tokenize_on_pool(&st, move |p| p.encode_chat_with(&messages, &options))
         .await
         .map_err(|e| super::error::about("messages", e))?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
@@ -534,31 +568,87 @@ pub async fn chat(
         .saturating_sub(prompt.len());
     let default_max = Some(room.min(u32::MAX as usize) as u32);
     let mut gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
-    super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?;
-    respond(st, gen, Kind::Chat, &c).await
+    match forced {
+        Some(spec) => {
+            gen.constraint = Some(super::structured::compile(&st, "tool_choice", spec).await?)
+        }
+        None => super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?,
+    }
+    // Calls are read from the output unless tool_choice is "none"; the format's markers
+    // that are control tokens keep their text for that.
+    if let (Some(p), Some(tok)) = (&plan, st.engine.tokenizer.as_deref()) {
+        if p.choice != super::tools::Choice::None {
+            gen.shown_controls = p
+                .format
+                .control_markers()
+                .iter()
+                .filter_map(|m| tok.token_id(m))
+                .collect();
+        }
+    }
+    let tools = plan
+        .filter(|p| p.choice != super::tools::Choice::None)
+        .map(|p| ToolOutput { format: p.format });
+    respond(st, gen, Kind::Chat, &c, tools).await
 }
 
 /// Submits `gen` and answers as `c` asks: streamed (with usage when asked) or whole.
+/// With `tools`, calls in a chat's output become `tool_calls`.
 async fn respond(
     st: Shared,
     gen: GenerationRequest,
     kind: Kind,
     c: &api::Common,
+    tools: Option<ToolOutput>,
 ) -> Result<Response, ApiError> {
     let want_logprobs = gen.logprobs.is_some();
     let (guard, rx) = st.engine.submit(gen)?;
-    let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+    let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let id = match kind {
-        Kind::Completion => format!("cmpl-{id}"),
-        Kind::Chat => format!("chatcmpl-{id}"),
+        Kind::Completion => format!("cmpl-{n}"),
+        Kind::Chat => format!("chatcmpl-{n}"),
     };
+    let tools = tools.map(|t| (t, n.to_string()));
     if c.stream {
         let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let s = sse_stream(st, rx, guard, kind, id, want_logprobs, include_usage);
+        let s = sse_stream(st, rx, guard, kind, id, want_logprobs, include_usage, tools);
         Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response())
     } else {
-        collect(st, rx, guard, kind, id, want_logprobs).await
+        collect(st, rx, guard, kind, id, want_logprobs, tools).await
     }
+}
+
+/// A chat's message and finish reason: the calls found in `text` (when tools are read)
+/// as `tool_calls`, the text before them as content (null when none).
+fn chat_message(
+    text: String,
+    finish: &str,
+    tools: Option<&(ToolOutput, String)>,
+) -> (Value, String) {
+    if let Some((t, call_id)) = tools {
+        if let Some((before, calls)) = t.format.parse(&text) {
+            let content = if before.is_empty() {
+                Value::Null
+            } else {
+                Value::from(before)
+            };
+            let finish = if finish == "stop" {
+                "tool_calls"
+            } else {
+                finish
+            };
+            let message = json!({
+                "role": "assistant",
+                "content": content,
+                "tool_calls": super::tools::calls_json(&calls, call_id),
+            });
+            return (message, finish.to_string());
+        }
+    }
+    (
+        json!({"role": "assistant", "content": text}),
+        finish.to_string(),
+    )
 }
 
 /// One token's logprob entry in the endpoint's format.
@@ -639,6 +729,7 @@ struct Choice {
 }
 
 /// Reads one request's updates to its end and builds its choice.
+#[allow(clippy::too_many_arguments)]
 async fn collect_choice(
     st: &AppState,
     mut rx: UnboundedReceiver<Update>,
@@ -647,6 +738,7 @@ async fn collect_choice(
     index: usize,
     want_logprobs: bool,
     echo: Option<Echo>,
+    tools: Option<&(ToolOutput, String)>,
 ) -> Result<Choice, ApiError> {
     let mut text = String::new();
     let mut entries = Vec::new();
@@ -705,12 +797,15 @@ async fn collect_choice(
                     Kind::Completion => {
                         json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
                     }
-                    Kind::Chat => json!({
-                        "index": index,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": logprobs,
-                        "finish_reason": finish,
-                    }),
+                    Kind::Chat => {
+                        let (message, finish) = chat_message(text, finish, tools);
+                        json!({
+                            "index": index,
+                            "message": message,
+                            "logprobs": logprobs,
+                            "finish_reason": finish,
+                        })
+                    }
                 };
                 return Ok(Choice {
                     json,
@@ -756,8 +851,10 @@ async fn collect(
     kind: Kind,
     id: String,
     want_logprobs: bool,
+    tools: Option<(ToolOutput, String)>,
 ) -> Result<Response, ApiError> {
-    let choice = collect_choice(&st, rx, guard, kind, 0, want_logprobs, None).await?;
+    let choice =
+        collect_choice(&st, rx, guard, kind, 0, want_logprobs, None, tools.as_ref()).await?;
     Ok(Json(body(&st, kind, &id, vec![choice])).into_response())
 }
 
@@ -780,7 +877,16 @@ async fn collect_many(
     let choices =
         futures_util::future::try_join_all(submitted.into_iter().zip(echoes).enumerate().map(
             |(i, ((guard, rx), echo))| {
-                collect_choice(&st, rx, guard, Kind::Completion, i, want_logprobs, echo)
+                collect_choice(
+                    &st,
+                    rx,
+                    guard,
+                    Kind::Completion,
+                    i,
+                    want_logprobs,
+                    echo,
+                    None,
+                )
             },
         ))
         .await?;
@@ -801,6 +907,10 @@ struct StreamState {
     /// Events still to send before reading the next update.
     queue: std::collections::VecDeque<Event>,
     done: bool,
+    /// The tool-call format and call-id prefix, when calls are read from the output.
+    tools: Option<(ToolOutput, String)>,
+    /// Text held back because it may be (the start of) a call.
+    held: String,
 }
 
 impl StreamState {
@@ -829,6 +939,44 @@ impl StreamState {
 
     fn data(v: &Value) -> Event {
         Event::default().data(v.to_string())
+    }
+
+    /// At the end of a stream that reads tool calls: the held text with the rest, parsed.
+    /// Calls go out as OpenAI sends them (per call: its index, id, type and name, then its
+    /// arguments), after any text before them; returns the text left for the last chunk
+    /// and the finish reason.
+    fn tool_call_chunks<'a>(&mut self, rest: String, finish: &'a str) -> (String, &'a str) {
+        let Some((t, call_id)) = self.tools.clone() else {
+            return (rest, finish);
+        };
+        let text = std::mem::take(&mut self.held) + &rest;
+        let Some((before, calls)) = t.format.parse(&text) else {
+            return (text, finish);
+        };
+        if !before.is_empty() {
+            let c = self.chunk(&before, Value::Null, None);
+            self.queue.push_back(Self::data(&c));
+        }
+        for (i, call) in super::tools::calls_json(&calls, &call_id)
+            .into_iter()
+            .enumerate()
+        {
+            let head = json!({"index": i, "id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""}});
+            let args =
+                json!({"index": i, "function": {"arguments": call["function"]["arguments"]}});
+            for part in [head, args] {
+                let mut c = self.chunk("", Value::Null, None);
+                c["choices"][0]["delta"] = json!({"tool_calls": [part]});
+                self.queue.push_back(Self::data(&c));
+            }
+        }
+        let finish = if finish == "stop" {
+            "tool_calls"
+        } else {
+            finish
+        };
+        (String::new(), finish)
     }
 
     fn handle(&mut self, update: Update) {
@@ -863,6 +1011,14 @@ impl StreamState {
                     Value::Null
                 };
                 self.text_offset += text.len();
+                let text = match &self.tools {
+                    Some((t, _)) => {
+                        self.held.push_str(&text);
+                        let plain = t.format.plain_prefix(&self.held);
+                        self.held.drain(..plain).collect()
+                    }
+                    None => text,
+                };
                 // A model without a tokenizer has no text to stream: one (empty) chunk per
                 // token still tells the client a token was generated.
                 let no_text = self.st.engine.tokenizer.is_none();
@@ -888,6 +1044,7 @@ impl StreamState {
                     } else {
                         reason
                     };
+                    let (text, finish) = self.tool_call_chunks(text, finish);
                     let mut c = self.chunk(&text, Value::Null, Some(finish));
                     if self.st.timings {
                         c["timings"] = timings_json(&timings);
@@ -906,6 +1063,7 @@ impl StreamState {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn sse_stream(
     st: Shared,
     rx: UnboundedReceiver<Update>,
@@ -914,6 +1072,7 @@ fn sse_stream(
     id: String,
     want_logprobs: bool,
     include_usage: bool,
+    tools: Option<(ToolOutput, String)>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let state = StreamState {
         st,
@@ -928,6 +1087,8 @@ fn sse_stream(
         text_offset: 0,
         queue: Default::default(),
         done: false,
+        tools,
+        held: String::new(),
     };
     // Dropping the stream (client gone) drops the guard, which cancels the request.
     stream::unfold(state, |mut s| async move {

@@ -100,13 +100,23 @@ pub async fn constrain(
     let Some((field, spec)) = requested(c)? else {
         return Ok(());
     };
-    let engine = st.engine.clone();
-    let constraint = tokio::task::spawn_blocking(move || engine.constraint(&spec))
-        .await
-        .map_err(|e| ApiError::invalid(field, format!("compiling the grammar failed: {e}")))?
-        .map_err(|e| ApiError::invalid(field, e))?;
+    let constraint = compile(st, field, spec).await?;
     for g in gens.iter_mut() {
         g.constraint = Some(constraint.clone());
     }
     Ok(())
+}
+
+/// Compiles `spec` off the async workers; a grammar that does not compile is a 400 naming
+/// `field`.
+pub async fn compile(
+    st: &AppState,
+    field: &'static str,
+    spec: Spec,
+) -> Result<strata_sched::Constraint, ApiError> {
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || engine.constraint(&spec))
+        .await
+        .map_err(|e| ApiError::invalid(field, format!("compiling the grammar failed: {e}")))?
+        .map_err(|e| ApiError::invalid(field, e))
 }

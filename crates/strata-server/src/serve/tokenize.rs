@@ -26,6 +26,10 @@ pub struct TokenizeRequest {
     add_generation_prompt: Option<bool>,
     /// Also return each token's text.
     return_token_strs: Option<bool>,
+    /// Tools shown to the template, as the chat endpoint shows them.
+    tools: Option<Value>,
+    /// More template variables, as the chat endpoint takes them.
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 pub async fn tokenize(
@@ -62,7 +66,20 @@ pub async fn tokenize(
             let messages = chat_messages(&messages)?;
             let bytes = messages.iter().map(|m| m.content.len()).sum();
             super::routes::check_prompt_bytes(&st, "messages", bytes)?;
-            tokenize_on_pool(&st, move |p| p.encode_chat(&messages))
+            let kwargs = super::api::check_template_kwargs(req.chat_template_kwargs.as_ref())?;
+            let plan = super::tools::plan_of(
+                req.tools.as_ref(),
+                None,
+                None,
+                st.engine.prompter.chat_template(),
+                st.tool_parser,
+            )?;
+            let (messages, mut options) = match &plan {
+                Some(p) => super::tools::render_input(p, messages),
+                None => (messages, Default::default()),
+            };
+            options.kwargs = kwargs;
+            tokenize_on_pool(&st, move |p| p.encode_chat_with(&messages, &options))
                 .await
                 .map_err(|e| about("messages", e))?
         }
@@ -138,7 +155,8 @@ pub async fn tokenizer_info(State(st): State<Shared>) -> Result<Json<Value>, Api
         "bos_token": text(tok.bos_id()),
         "eos_token": text(tok.eos_id()),
         "pad_token": Value::Null,
-        "chat_template": tok.chat_template(),
+        // The template in use (`--chat-template` replaces the model's).
+        "chat_template": st.engine.prompter.chat_template().map(|t| t.source()),
         "model_max_length": st.engine.context_len,
         "vocab_size": st.engine.vocab_size,
     })))
