@@ -11,7 +11,7 @@
 #     has `weight_bytes_resident` and `weight_bytes_per_step`;
 #   - `strata serve --kv-budget-bytes 1e9` and nvidia-smi's memory.used while it idles
 #     (weights + 1 GB of KV + the CUDA context and scratch), and the serving client at
-#     concurrency 1 (3 requests, 512 ids in, 512 out).
+#     concurrency 1 (3 requests, 512 ids in, 512 out); SERVE=0 skips this part.
 # Results land in OUT_DIR as text and JSON; a summary table is printed last.
 set -u
 out=${1:?usage: quant-gpu.sh OUT_DIR [MODELS] [FORMATS]}
@@ -33,6 +33,7 @@ for m in ${models//,/ }; do
         timeout 300 "$strata" bench --model "$ckpt" --device cuda "${q[@]}" --batches 1,8,32,64 \
             --depths 128 --prefill 512,2048 --json "$out/$m-$f-bench.json" \
             >"$out/$m-$f-bench.txt" 2>&1
+        [ "${SERVE:-1}" = 0 ] && continue
         "$strata" serve --model "$ckpt" --served-model-name bench --device cuda --port $port \
             --kv-budget-bytes 1000000000 "${q[@]}" >"$out/$m-$f-serve.log" 2>&1 &
         pid=$!
