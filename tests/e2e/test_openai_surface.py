@@ -33,7 +33,7 @@ REFUSED = {}
 REFUSED_CHAT = {**REFUSED, "tools": [{"type": "function", "function": {"name": "f"}}],
                 "tool_choice": "required", "modalities": ["text", "audio"],
                 "reasoning_effort": "high"}
-REFUSED_COMPLETION = {**REFUSED, "best_of": 3, "suffix": "end"}
+REFUSED_COMPLETION = {**REFUSED, "suffix": "end"}
 
 
 def test_neutral_fields_are_accepted_and_change_nothing(server):
