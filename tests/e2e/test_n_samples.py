@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import requests
 
 from helpers import assert_api_error, get, post
 
@@ -41,14 +42,13 @@ def test_samples_are_indexed_and_each_is_the_single_request_of_its_seed(api):
     texts = [c.text for c in r.choices]
     # The documented rule, checked against independent single requests: sample i draws
     # with seed + i.
-    singles = [api.completion(temperature=1.0, seed=42 + i).choices[0].text for i in range(3)]
-    assert texts == singles
+    singles = [api.completion(temperature=1.0, seed=42 + i) for i in range(3)]
+    assert texts == [one.choices[0].text for one in singles]
     assert len(set(texts)) > 1, texts
     again = api.completion(n=3, temperature=1.0, seed=42, logprobs=1)
     assert [c.text for c in again.choices] == texts
     # Usage: the prompt once, every sample's tokens.
-    one = api.completion(temperature=1.0, seed=42)
-    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens
     assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r.choices)
 
 
@@ -137,6 +137,32 @@ def test_samples_share_the_prompt_pages(server, api):
     assert peak[0] - before["used_pages"] < 2 * prompt_pages, (peak, prompt_pages)
     print(f"prompt {n_prompt} tokens ({prompt_pages} pages of {page}); peak pages used "
           f"{peak[0] - before['used_pages']}; hit tokens {after['hit_tokens'] - before['hit_tokens']}")
+
+
+CANCELLED = 'strata_requests_finished_total{reason="cancelled"}'
+
+
+def cancelled_total(server) -> float:
+    text = get(server, "/metrics").text
+    return float(next(l for l in text.splitlines() if l.startswith(CANCELLED)).split()[-1])
+
+
+def test_dropping_the_stream_cancels_every_sample(server):
+    before = cancelled_total(server)
+    body = {"model": server.model_name, "prompt": PROMPT, "n": 3, "max_tokens": 400,
+            "ignore_eos": True, "temperature": 1.0, "stream": True}
+    with requests.post(server.v1 + "/completions", json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        seen = 0
+        while seen < 3:
+            seen += bool(next(lines))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cancelled_total(server) < before + 3:
+        time.sleep(0.05)
+    assert cancelled_total(server) == before + 3
+    status = get(server, "/v1/cache/status").json()
+    assert status["running_requests"] == 0 and status["waiting_requests"] == 0
 
 
 @pytest.mark.parametrize("path,body,param", [
