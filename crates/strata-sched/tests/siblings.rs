@@ -82,6 +82,10 @@ fn sample_request(i: u64, max_tokens: usize) -> Request {
 fn siblings_reuse_the_prompt_pages_and_sample_as_if_alone() {
     let (shared_pages, shared_computed, shared) = run(CacheType::Radix, true);
     let (apart_pages, apart_computed, apart) = run(CacheType::Radix, false);
+    println!(
+        "peak full pages: siblings {shared_pages}, apart {apart_pages}; tokens computed: \
+         siblings {shared_computed}, apart {apart_computed}"
+    );
     // Each sample equals the reference generation of its own seed.
     for (i, o) in shared.iter().enumerate() {
         let want = reference_tokens(&prompt(), 6, &sampled(100 + i as u64), 0, false);
