@@ -336,7 +336,7 @@ BAD_COMPLETIONS = {
     "two_prompts_streamed": ({"prompt": ["a", "b"], "max_tokens": 4, "stream": True}, 400),
     "too_many_prompts": ({"prompt": ["a"] * 257, "max_tokens": 1}, 400),
     "empty_prompt_in_list": ({"prompt": ["a", ""], "max_tokens": 1}, 400),
-    "n_2": ({"prompt": "hi", "max_tokens": 4, "n": 2}, 400),
+    "n_over_cap": ({"prompt": "hi", "max_tokens": 4, "n": 17}, 400),
     "temperature_5": ({"prompt": "hi", "max_tokens": 4, "temperature": 5}, 400),
     "temperature_negative": ({"prompt": "hi", "max_tokens": 4, "temperature": -0.5}, 400),
     "top_p_0": ({"prompt": "hi", "max_tokens": 4, "top_p": 0}, 400),
@@ -363,7 +363,7 @@ BAD_CHAT = {
     "top_logprobs_without_logprobs": ({"messages": CHAT, "max_tokens": 4, "top_logprobs": 2}, 400),
     "unknown_field": ({"messages": CHAT, "max_tokens": 4, "frobnicate": True}, 400),
     "wrong_type_messages": ({"messages": "hi", "max_tokens": 4}, 400),
-    "n_2": ({"messages": CHAT, "max_tokens": 4, "n": 2}, 400),
+    "n_over_cap": ({"messages": CHAT, "max_tokens": 4, "n": 17}, 400),
     "max_tokens_beyond_context": ({"messages": CHAT, "max_tokens": 10_000_000}, 400),
     "wrong_model": ({"model": "gpt-4", "messages": CHAT, "max_tokens": 4}, 404),
 }
@@ -391,7 +391,7 @@ def test_bad_chat_request(server, case):
 
 def test_bad_request_through_openai_client(server, client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=server.model_name, prompt="hi", max_tokens=4, n=2)
+        client.completions.create(model=server.model_name, prompt="hi", max_tokens=4, n=17)
     assert e.value.status_code == 400 and "n" in str(e.value)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=server.model_name, messages=CHAT, max_tokens=4, temperature=5)
@@ -435,7 +435,7 @@ def test_rejections_counted_in_metrics(server):
         return float(line.split()[-1])
 
     before = rejected()
-    assert_api_error(post(server, "/v1/completions", {"prompt": "hi", "n": 2}), 400)
+    assert_api_error(post(server, "/v1/completions", {"prompt": "hi", "n": 17}), 400)
     assert rejected() == before + 1
 
 

@@ -26,7 +26,7 @@ MALFORMED = [
     (json.dumps({"prompt": 42, "max_tokens": 4}).encode(), "application/json"),
     (json.dumps({"prompt": "hi", "temperature": "hot"}).encode(), "application/json"),
     (json.dumps({"prompt": "hi", "max_tokens": 4}).encode(), "text/plain"),
-    (json.dumps({"prompt": "hi", "max_tokens": 4, "n": 3}).encode(), "application/json"),
+    (json.dumps({"prompt": "hi", "max_tokens": 4, "n": 17}).encode(), "application/json"),
     (json.dumps({"messages": [], "max_tokens": 4}).encode(), "application/json"),
 ]
 

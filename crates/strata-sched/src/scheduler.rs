@@ -121,6 +121,34 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         id
     }
 
+    /// Queues `req`, another sample of the prompt of `leader` (a request submitted
+    /// before it, with the same prompt): it is first admitted only after `leader`'s prompt
+    /// is computed and handed to the prefix cache, so that it reuses the prompt's whole
+    /// pages (shared, pinned, never copied) and computes only the prompt's last partial
+    /// page and last token into pages of its own. If `leader` has ended or has not started
+    /// its prompt by then, this one runs as any other request. Without the radix cache
+    /// (`naive`) nothing is shared.
+    pub fn submit_sibling(&mut self, req: Request, leader: SeqId) -> SeqId {
+        let id = self.submit(req);
+        if let Some(seq) = self.waiting.back_mut() {
+            seq.follows = Some(leader);
+        }
+        id
+    }
+
+    /// Whether `seq` waits for the request it follows to finish its prompt: only before its
+    /// first admission, and only while that request runs without having finished its prompt
+    /// (a request that is queued, preempted or gone does not hold it back, so nothing can
+    /// wait on itself in a cycle).
+    pub(crate) fn held_for_sibling(&self, seq: &Seq) -> bool {
+        let Some(leader) = seq.follows.filter(|_| seq.cached_tokens.is_none()) else {
+            return false;
+        };
+        self.running
+            .binary_search_by_key(&leader, |s| s.id)
+            .is_ok_and(|i| !self.running[i].prefilled)
+    }
+
     /// Ends request `id` (the client went away): its pages are freed now and its
     /// `Finished { reason: Cancelled }` comes with the next step. Returns false if the
     /// request is unknown or already finished.

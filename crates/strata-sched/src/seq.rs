@@ -41,6 +41,11 @@ pub(crate) struct Seq {
     pub prompt_scored: usize,
     /// Its tokens counted for the penalties (kept only for a request with logit controls).
     pub counts: TokenCounts,
+    /// Another sample of the same prompt, submitted before it
+    /// ([`Scheduler::submit_sibling`](crate::Scheduler::submit_sibling)): this one is first
+    /// admitted only once that one's prompt is in the prefix cache, so it reuses the
+    /// prompt's whole pages instead of computing them again.
+    pub follows: Option<SeqId>,
 }
 
 /// Bytes of logits rows a prompt-scoring chunk may return: its chunk is cut so that its
@@ -122,6 +127,7 @@ impl Seq {
             pace: DraftPace::default(),
             prompt_scored: 1,
             counts: TokenCounts::default(),
+            follows: None,
         }
     }
 

@@ -157,7 +157,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     continue;
                 }
             }
-            if !self.fits_now(front) {
+            // A sibling sample waits (one step or a few) for its prompt's pages to be
+            // cached; the queue stays FIFO behind it.
+            if self.held_for_sibling(front) || !self.fits_now(front) {
                 break;
             }
             let seq = self.waiting.pop_front().expect("front exists");

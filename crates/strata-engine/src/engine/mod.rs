@@ -231,6 +231,8 @@ pub(crate) enum Command {
         // Boxed: a request (with its logit controls) is far larger than the other commands.
         req: Box<GenerationRequest>,
         updates: tmpsc::UnboundedSender<Update>,
+        /// The client whose request this one is another sample of (same prompt).
+        follows: Option<u64>,
     },
     Cancel(u64),
     /// Resize the pool to this many full-attention pages once no request holds pages.
@@ -469,6 +471,26 @@ impl Engine {
         &self,
         req: GenerationRequest,
     ) -> Result<(RequestGuard, tmpsc::UnboundedReceiver<Update>)> {
+        self.submit_following(req, None)
+    }
+
+    /// Queues `req` as another sample of the prompt of `leader` (a request submitted
+    /// before it with the same prompt, `n` > 1): it starts once `leader`'s prompt is
+    /// computed and reuses its cached whole pages instead of computing them again
+    /// ([`strata_sched::Scheduler::submit_sibling`]). Otherwise as [`submit`](Self::submit).
+    pub fn submit_sibling(
+        &self,
+        req: GenerationRequest,
+        leader: &RequestGuard,
+    ) -> Result<(RequestGuard, tmpsc::UnboundedReceiver<Update>)> {
+        self.submit_following(req, Some(leader.client))
+    }
+
+    fn submit_following(
+        &self,
+        req: GenerationRequest,
+        follows: Option<u64>,
+    ) -> Result<(RequestGuard, tmpsc::UnboundedReceiver<Update>)> {
         if self.in_flight.fetch_add(1, Ordering::SeqCst) >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             self.metrics
@@ -489,6 +511,7 @@ impl Engine {
                 client,
                 req: Box::new(req),
                 updates,
+                follows,
             })
             .map_err(|_| EngineError::Stopped)?;
         Ok((guard, rx))

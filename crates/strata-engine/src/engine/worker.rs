@@ -163,7 +163,8 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 client,
                 req,
                 updates,
-            } => self.submit(client, *req, updates),
+                follows,
+            } => self.submit(client, *req, updates, follows),
             Command::Cancel(client) => {
                 if let Some(id) = self.by_client.get(&client) {
                     self.sched.cancel(*id);
@@ -203,6 +204,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
         client: u64,
         req: GenerationRequest,
         updates: tmpsc::UnboundedSender<Update>,
+        follows: Option<u64>,
     ) {
         let text = self.tokenizer.as_ref().map(|t| {
             TextStream::new(t.clone(), req.stop.clone())
@@ -212,7 +214,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             (Some(t), false) => Some(Box::new(stop_string_test(t.clone(), req.stop.clone()))),
             _ => None,
         };
-        let id = self.sched.submit(Request {
+        let request = Request {
             prompt: req.prompt,
             max_tokens: req.max_tokens,
             sampling: req.sampling,
@@ -225,7 +227,12 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             constraint: req.constraint,
             controls: req.controls,
             stop_token_ids: req.stop_token_ids,
-        });
+        };
+        // A sibling sample whose leader has already ended runs on its own.
+        let id = match follows.and_then(|c| self.by_client.get(&c)) {
+            Some(&leader) => self.sched.submit_sibling(request, leader),
+            None => self.sched.submit(request),
+        };
         self.by_client.insert(client, id);
         self.live.insert(
             id,

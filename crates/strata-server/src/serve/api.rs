@@ -216,7 +216,6 @@ pub struct ChatRequest {
 impl CompletionRequest {
     /// Refuses the fields that would change the output and that Strata cannot honour.
     pub fn check_unsupported(&self) -> Result<(), ApiError> {
-        unless_neutral("best_of", self.best_of.is_none_or(|b| b == 1), "1")?;
         unless_neutral(
             "suffix",
             self.suffix.as_deref().is_none_or(str::is_empty),
@@ -428,7 +427,8 @@ const MAX_STOP_STRINGS: usize = 16;
 /// the held-back tail, so their length is engine time per token.
 const MAX_STOP_BYTES: usize = 1024;
 
-/// Checks the shared fields and builds the engine request for `prompt`.
+/// Checks the shared fields and builds the engine request for `prompt` (one sample: `n`
+/// and `best_of` are checked and applied by `samples.rs`).
 pub fn build(
     c: &Common,
     prompt: Vec<u32>,
@@ -436,11 +436,6 @@ pub fn build(
     default_max: Option<u32>,
     limits: &Limits,
 ) -> Result<GenerationRequest, ApiError> {
-    if let Some(n) = c.n {
-        if n != 1 {
-            return Err(ApiError::invalid("n", "only n = 1 is supported"));
-        }
-    }
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }

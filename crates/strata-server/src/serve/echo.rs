@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::routes::{logprob_entry, AppState, Kind};
 
 /// What a choice echoes: the prompt as the client sent it (or its ids decoded) and its ids.
+#[derive(Clone)]
 pub struct Echo {
     /// Text put before the completion's.
     pub text: String,

@@ -8,6 +8,7 @@ mod layout;
 mod listen;
 mod prom;
 mod routes;
+mod samples;
 mod structured;
 mod tokenize;
 mod tools;

@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use strata_engine::{Engine, GenerationRequest, RequestGuard, RequestTimings, Update, Usage};
@@ -21,6 +21,7 @@ use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
 use super::echo::Echo;
 use super::error::ApiError;
 use super::prom;
+use super::samples::{self, Samples, Submitted};
 use super::tools::ToolOutput;
 
 /// What every route shares.
@@ -404,6 +405,7 @@ pub async fn completions(
     let logprobs = req.logprobs.map(|n| n as usize);
     let echo = req.echo();
     super::echo::check_not_streamed(echo, c.stream)?;
+    let samples = Samples::parse(c.n, req.best_of, c.stream, prompts.len(), MAX_PROMPTS)?;
     if echo || prompts.len() > 1 {
         // `echo` with `stream` is refused above: here the stream asked for several prompts.
         if c.stream {
@@ -439,12 +441,12 @@ pub async fn completions(
             echoes.push(shown);
         }
         super::structured::constrain(&st, &c, &mut gens).await?;
-        return collect_many(st, gens, echoes, logprobs.is_some()).await;
+        return collect_many(st, gens, echoes, logprobs.is_some(), samples).await;
     }
     let prompt = prompts.pop().unwrap_or_default();
     let mut gen = api::build_completion(&c, prompt, logprobs, false, &limits(&st))?;
     super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?;
-    respond(st, gen, Kind::Completion, &c, None).await
+    respond(st, gen, Kind::Completion, &c, samples, None).await
 }
 
 async fn encode_text(st: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -567,6 +569,7 @@ pub async fn chat(
         .min(limits(&st).pool_tokens)
         .saturating_sub(prompt.len());
     let default_max = Some(room.min(u32::MAX as usize) as u32);
+    let samples = Samples::parse(c.n, None, c.stream, 1, MAX_PROMPTS)?;
     let mut gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
     match forced {
         Some(spec) => {
@@ -589,20 +592,21 @@ pub async fn chat(
     let tools = plan
         .filter(|p| p.choice != super::tools::Choice::None)
         .map(|p| ToolOutput { format: p.format });
-    respond(st, gen, Kind::Chat, &c, tools).await
+    respond(st, gen, Kind::Chat, &c, samples, tools).await
 }
 
-/// Submits `gen` and answers as `c` asks: streamed (with usage when asked) or whole.
-/// With `tools`, calls in a chat's output become `tool_calls`.
+/// Submits `gen`'s samples and answers as `c` asks: streamed (with usage when asked) or
+/// whole. With `tools`, calls in a chat's output become `tool_calls`.
 async fn respond(
     st: Shared,
     gen: GenerationRequest,
     kind: Kind,
     c: &api::Common,
+    samples: Samples,
     tools: Option<ToolOutput>,
 ) -> Result<Response, ApiError> {
     let want_logprobs = gen.logprobs.is_some();
-    let (guard, rx) = st.engine.submit(gen)?;
+    let submitted = samples::submit_samples(&st.engine, samples.expand(gen))?;
     let n = st.next_id.fetch_add(1, Ordering::Relaxed);
     let id = match kind {
         Kind::Completion => format!("cmpl-{n}"),
@@ -611,10 +615,13 @@ async fn respond(
     let tools = tools.map(|t| (t, n.to_string()));
     if c.stream {
         let include_usage = c.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let s = sse_stream(st, rx, guard, kind, id, want_logprobs, include_usage, tools);
+        let s = sse_stream(st, submitted, kind, id, want_logprobs, include_usage, tools);
         Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response())
     } else {
-        collect(st, rx, guard, kind, id, want_logprobs, tools).await
+        let group = vec![(submitted, None)];
+        let (choices, usage, timings) =
+            collect_groups(&st, kind, group, want_logprobs, samples, tools.as_ref()).await?;
+        Ok(Json(body(&st, kind, &id, choices, usage, timings)).into_response())
     }
 }
 
@@ -721,11 +728,13 @@ fn timings_json(t: &RequestTimings) -> Value {
     })
 }
 
-/// One finished choice: its JSON (at `index`), usage and timings.
+/// One finished choice: its JSON (at `index`), usage, timings, and the sum of its tokens'
+/// logprobs (for `best_of`; 0 when they were not asked for).
 struct Choice {
     json: Value,
     usage: Usage,
     timings: RequestTimings,
+    cumulative_logprob: f64,
 }
 
 /// Reads one request's updates to its end and builds its choice.
@@ -743,6 +752,7 @@ async fn collect_choice(
     let mut text = String::new();
     let mut entries = Vec::new();
     let mut prompt_scores = Vec::new();
+    let mut cumulative_logprob = 0.0f64;
     while let Some(update) = rx.recv().await {
         match update {
             Update::PromptLogprobs { scores, .. } => prompt_scores.extend(scores),
@@ -753,6 +763,7 @@ async fn collect_choice(
                 top_logprobs,
             } => {
                 text.push_str(&piece);
+                cumulative_logprob += f64::from(logprob.unwrap_or(0.0));
                 if want_logprobs {
                     entries.push(logprob_entry(
                         st,
@@ -811,6 +822,7 @@ async fn collect_choice(
                     json,
                     usage,
                     timings,
+                    cumulative_logprob,
                 });
             }
         }
@@ -821,21 +833,21 @@ async fn collect_choice(
     ))
 }
 
-/// The response body around finished choices (usage summed over them).
-fn body(st: &AppState, kind: Kind, id: &str, choices: Vec<Choice>) -> Value {
-    let mut usage = Usage::default();
-    for c in &choices {
-        usage.prompt_tokens += c.usage.prompt_tokens;
-        usage.completion_tokens += c.usage.completion_tokens;
-        usage.cached_tokens += c.usage.cached_tokens;
-    }
-    let timings = (choices.len() == 1).then(|| choices[0].timings);
+/// The response body around finished choices.
+fn body(
+    st: &AppState,
+    kind: Kind,
+    id: &str,
+    choices: Vec<Value>,
+    usage: Usage,
+    timings: Option<RequestTimings>,
+) -> Value {
     let mut body = json!({
         "id": id,
         "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
         "created": now_secs(),
         "model": st.model_name,
-        "choices": choices.into_iter().map(|c| c.json).collect::<Vec<_>>(),
+        "choices": choices,
         "usage": usage_json(&usage),
     });
     if let (true, Some(t)) = (st.timings, timings) {
@@ -844,80 +856,133 @@ fn body(st: &AppState, kind: Kind, id: &str, choices: Vec<Choice>) -> Value {
     body
 }
 
-async fn collect(
-    st: Shared,
-    rx: UnboundedReceiver<Update>,
-    guard: RequestGuard,
+/// Reads every prompt's samples to their ends and returns the choices in order (prompt
+/// `p`'s `j`-th choice at index `p * n + j`; with `best_of`, the `n` samples with the
+/// highest cumulative logprob, highest first), the usage (each prompt counted once, every
+/// generated token counted, those of samples left out too), and the timings when there
+/// is one sample.
+async fn collect_groups(
+    st: &AppState,
     kind: Kind,
-    id: String,
+    groups: Vec<(Vec<Submitted>, Option<Echo>)>,
     want_logprobs: bool,
-    tools: Option<(ToolOutput, String)>,
-) -> Result<Response, ApiError> {
-    let choice =
-        collect_choice(&st, rx, guard, kind, 0, want_logprobs, None, tools.as_ref()).await?;
-    Ok(Json(body(&st, kind, &id, vec![choice])).into_response())
+    samples: Samples,
+    tools: Option<&(ToolOutput, String)>,
+) -> Result<(Vec<Value>, Usage, Option<RequestTimings>), ApiError> {
+    let collected =
+        futures_util::future::try_join_all(groups.into_iter().map(|(submitted, echo)| {
+            let many = submitted.len() > 1;
+            futures_util::future::try_join_all(submitted.into_iter().enumerate().map(
+                move |(j, (guard, rx))| {
+                    // Each sample's calls get ids of their own.
+                    let tools = tools.map(|(t, id)| {
+                        let id = if many {
+                            format!("{id}_{j}")
+                        } else {
+                            id.clone()
+                        };
+                        (t.clone(), id)
+                    });
+                    let echo = echo.clone();
+                    async move {
+                        let tools = tools.as_ref();
+                        collect_choice(st, rx, guard, kind, 0, want_logprobs, echo, tools).await
+                    }
+                },
+            ))
+        }))
+        .await?;
+    let single = collected.len() == 1 && collected[0].len() == 1;
+    let timings = single.then(|| collected[0][0].timings);
+    let mut usage = Usage::default();
+    let mut choices = Vec::new();
+    for (p, mut group) in collected.into_iter().enumerate() {
+        if let Some(first) = group.first() {
+            usage.prompt_tokens += first.usage.prompt_tokens;
+            usage.cached_tokens += first.usage.cached_tokens;
+        }
+        usage.completion_tokens += group
+            .iter()
+            .map(|c| c.usage.completion_tokens)
+            .sum::<usize>();
+        if samples.ranks() {
+            // Stable: equal sums keep the samples' order.
+            group.sort_by(|a, b| b.cumulative_logprob.total_cmp(&a.cumulative_logprob));
+            group.truncate(samples.n);
+        }
+        for (j, mut c) in group.into_iter().enumerate() {
+            c.json["index"] = json!(p * samples.n + j);
+            choices.push(c.json);
+        }
+    }
+    Ok((choices, usage, timings))
 }
 
-/// Several prompts in one completions request (or any with `echo`): each runs as its own
-/// request in the engine (batched with everything else), and the choices come back in
-/// prompt order, each led by its prompt where `echoes` has it.
+/// Several prompts in one completions request (or any with `echo`): each sample runs as
+/// its own request in the engine (batched with everything else), and the choices come
+/// back in prompt order, each led by its prompt where `echoes` has it.
 async fn collect_many(
     st: Shared,
     gens: Vec<GenerationRequest>,
     echoes: Vec<Option<Echo>>,
     want_logprobs: bool,
+    samples: Samples,
 ) -> Result<Response, ApiError> {
     // Submitted together, so that they share steps; a refusal drops the guards taken so
     // far, which cancels those requests.
-    let mut submitted = Vec::with_capacity(gens.len());
-    for gen in gens {
-        submitted.push(st.engine.submit(gen)?);
+    let mut groups = Vec::with_capacity(gens.len());
+    for (gen, echo) in gens.into_iter().zip(echoes) {
+        groups.push((
+            samples::submit_samples(&st.engine, samples.expand(gen))?,
+            echo,
+        ));
     }
     let id = format!("cmpl-{}", st.next_id.fetch_add(1, Ordering::Relaxed));
-    let choices =
-        futures_util::future::try_join_all(submitted.into_iter().zip(echoes).enumerate().map(
-            |(i, ((guard, rx), echo))| {
-                collect_choice(
-                    &st,
-                    rx,
-                    guard,
-                    Kind::Completion,
-                    i,
-                    want_logprobs,
-                    echo,
-                    None,
-                )
-            },
-        ))
-        .await?;
-    Ok(Json(body(&st, Kind::Completion, &id, choices)).into_response())
+    let (choices, usage, timings) =
+        collect_groups(&st, Kind::Completion, groups, want_logprobs, samples, None).await?;
+    Ok(Json(body(&st, Kind::Completion, &id, choices, usage, timings)).into_response())
 }
+
+/// One sample's updates, tagged with its choice index.
+type Tagged = std::pin::Pin<Box<dyn Stream<Item = (usize, Update)> + Send>>;
 
 struct StreamState {
     st: Shared,
-    rx: UnboundedReceiver<Update>,
-    guard: RequestGuard,
+    /// Every sample's updates, merged as they come.
+    updates: stream::SelectAll<Tagged>,
+    /// One per sample: dropping the stream (client gone) drops them, cancelling all.
+    guards: Vec<RequestGuard>,
     kind: Kind,
     id: String,
     want_logprobs: bool,
     include_usage: bool,
     created: u64,
-    sent_role: bool,
-    text_offset: usize,
+    /// Per choice: whether its role chunk went out (chat), and its text offset.
+    sent_role: Vec<bool>,
+    text_offset: Vec<usize>,
+    /// Choices finished so far, and their usage (the prompt counted once).
+    finished: usize,
+    usage: Usage,
     /// Events still to send before reading the next update.
     queue: std::collections::VecDeque<Event>,
     done: bool,
     /// The tool-call format and call-id prefix, when calls are read from the output.
     tools: Option<(ToolOutput, String)>,
-    /// Text held back because it may be (the start of) a call.
-    held: String,
+    /// Per choice, text held back because it may be (the start of) a call.
+    held: Vec<String>,
 }
 
 impl StreamState {
-    fn chunk(&self, delta_text: &str, logprobs: Value, finish: Option<&str>) -> Value {
+    fn chunk(
+        &self,
+        index: usize,
+        delta_text: &str,
+        logprobs: Value,
+        finish: Option<&str>,
+    ) -> Value {
         let choice = match self.kind {
             Kind::Completion => {
-                json!({"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "text": delta_text, "logprobs": logprobs, "finish_reason": finish})
             }
             Kind::Chat => {
                 let delta = if finish.is_some() && delta_text.is_empty() {
@@ -925,7 +990,7 @@ impl StreamState {
                 } else {
                     json!({"content": delta_text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         json!({
@@ -941,20 +1006,31 @@ impl StreamState {
         Event::default().data(v.to_string())
     }
 
-    /// At the end of a stream that reads tool calls: the held text with the rest, parsed.
-    /// Calls go out as OpenAI sends them (per call: its index, id, type and name, then its
-    /// arguments), after any text before them; returns the text left for the last chunk
-    /// and the finish reason.
-    fn tool_call_chunks<'a>(&mut self, rest: String, finish: &'a str) -> (String, &'a str) {
+    /// At the end of choice `index`'s stream when tool calls are read: its held text with
+    /// the rest, parsed. Calls go out as OpenAI sends them (per call: its index, id, type
+    /// and name, then its arguments), after any text before them; returns the text left for
+    /// the last chunk and the finish reason.
+    fn tool_call_chunks<'a>(
+        &mut self,
+        index: usize,
+        rest: String,
+        finish: &'a str,
+    ) -> (String, &'a str) {
         let Some((t, call_id)) = self.tools.clone() else {
             return (rest, finish);
         };
-        let text = std::mem::take(&mut self.held) + &rest;
+        // Each sample's calls get ids of their own.
+        let call_id = if self.guards.len() > 1 {
+            format!("{call_id}_{index}")
+        } else {
+            call_id
+        };
+        let text = std::mem::take(&mut self.held[index]) + &rest;
         let Some((before, calls)) = t.format.parse(&text) else {
             return (text, finish);
         };
         if !before.is_empty() {
-            let c = self.chunk(&before, Value::Null, None);
+            let c = self.chunk(index, &before, Value::Null, None);
             self.queue.push_back(Self::data(&c));
         }
         for (i, call) in super::tools::calls_json(&calls, &call_id)
@@ -966,7 +1042,7 @@ impl StreamState {
             let args =
                 json!({"index": i, "function": {"arguments": call["function"]["arguments"]}});
             for part in [head, args] {
-                let mut c = self.chunk("", Value::Null, None);
+                let mut c = self.chunk(index, "", Value::Null, None);
                 c["choices"][0]["delta"] = json!({"tool_calls": [part]});
                 self.queue.push_back(Self::data(&c));
             }
@@ -979,10 +1055,10 @@ impl StreamState {
         (String::new(), finish)
     }
 
-    fn handle(&mut self, update: Update) {
-        if self.kind == Kind::Chat && !self.sent_role {
-            self.sent_role = true;
-            let mut first = self.chunk("", Value::Null, None);
+    fn handle(&mut self, index: usize, update: Update) {
+        if self.kind == Kind::Chat && !self.sent_role[index] {
+            self.sent_role[index] = true;
+            let mut first = self.chunk(index, "", Value::Null, None);
             first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
             self.queue.push_back(Self::data(&first));
         }
@@ -1004,18 +1080,19 @@ impl StreamState {
                         &top_logprobs,
                     );
                     match self.kind {
-                        Kind::Completion => completion_logprobs(&[e], self.text_offset),
+                        Kind::Completion => completion_logprobs(&[e], self.text_offset[index]),
                         Kind::Chat => json!({"content": [e]}),
                     }
                 } else {
                     Value::Null
                 };
-                self.text_offset += text.len();
+                self.text_offset[index] += text.len();
                 let text = match &self.tools {
                     Some((t, _)) => {
-                        self.held.push_str(&text);
-                        let plain = t.format.plain_prefix(&self.held);
-                        self.held.drain(..plain).collect()
+                        let held = &mut self.held[index];
+                        held.push_str(&text);
+                        let plain = t.format.plain_prefix(held);
+                        held.drain(..plain).collect()
                     }
                     None => text,
                 };
@@ -1023,7 +1100,7 @@ impl StreamState {
                 // token still tells the client a token was generated.
                 let no_text = self.st.engine.tokenizer.is_none();
                 if !text.is_empty() || self.want_logprobs || no_text {
-                    let c = self.chunk(&text, logprobs, None);
+                    let c = self.chunk(index, &text, logprobs, None);
                     self.queue.push_back(Self::data(&c));
                 }
             }
@@ -1034,28 +1111,40 @@ impl StreamState {
                 usage,
                 timings,
             } => {
-                self.guard.finished();
-                self.done = true;
+                self.guards[index].finished();
+                self.finished += 1;
                 if let Some(e) = super::error::for_finish(reason, error) {
+                    // The stream ends here; dropping it cancels the other samples.
                     self.queue.push_back(Self::data(&e.event_json()));
+                    self.queue.push_back(Event::default().data("[DONE]"));
+                    self.done = true;
+                    return;
+                }
+                let finish = if reason == "cancelled" {
+                    "abort"
                 } else {
-                    let finish = if reason == "cancelled" {
-                        "abort"
-                    } else {
-                        reason
-                    };
-                    let (text, finish) = self.tool_call_chunks(text, finish);
-                    let mut c = self.chunk(&text, Value::Null, Some(finish));
-                    if self.st.timings {
-                        c["timings"] = timings_json(&timings);
-                    }
-                    self.queue.push_back(Self::data(&c));
-                    if self.include_usage {
-                        let mut u = self.chunk("", Value::Null, None);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage_json(&usage);
-                        self.queue.push_back(Self::data(&u));
-                    }
+                    reason
+                };
+                let (text, finish) = self.tool_call_chunks(index, text, finish);
+                let mut c = self.chunk(index, &text, Value::Null, Some(finish));
+                if self.st.timings {
+                    c["timings"] = timings_json(&timings);
+                }
+                self.queue.push_back(Self::data(&c));
+                if index == 0 {
+                    self.usage.prompt_tokens = usage.prompt_tokens;
+                    self.usage.cached_tokens = usage.cached_tokens;
+                }
+                self.usage.completion_tokens += usage.completion_tokens;
+                if self.finished < self.guards.len() {
+                    return;
+                }
+                self.done = true;
+                if self.include_usage {
+                    let mut u = self.chunk(0, "", Value::Null, None);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage_json(&self.usage);
+                    self.queue.push_back(Self::data(&u));
                 }
                 self.queue.push_back(Event::default().data("[DONE]"));
             }
@@ -1063,34 +1152,49 @@ impl StreamState {
     }
 }
 
+/// Streams the samples of one prompt, each chunk carrying its choice's index; `[DONE]`
+/// follows the last choice's end. With `tools`, calls in a chat's output become
+/// `tool_calls` deltas.
 #[allow(clippy::too_many_arguments)]
 fn sse_stream(
     st: Shared,
-    rx: UnboundedReceiver<Update>,
-    guard: RequestGuard,
+    submitted: Vec<Submitted>,
     kind: Kind,
     id: String,
     want_logprobs: bool,
     include_usage: bool,
     tools: Option<(ToolOutput, String)>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
+    let count = submitted.len();
+    let mut guards = Vec::with_capacity(count);
+    let mut updates = stream::SelectAll::new();
+    for (index, (guard, rx)) in submitted.into_iter().enumerate() {
+        guards.push(guard);
+        let tagged = stream::unfold(rx, move |mut rx| async move {
+            let update = rx.recv().await?;
+            Some(((index, update), rx))
+        });
+        updates.push(Box::pin(tagged) as Tagged);
+    }
     let state = StreamState {
         st,
-        rx,
-        guard,
+        updates,
+        guards,
         kind,
         id,
         want_logprobs,
         include_usage,
         created: now_secs(),
-        sent_role: false,
-        text_offset: 0,
+        sent_role: vec![false; count],
+        text_offset: vec![0; count],
+        finished: 0,
+        usage: Usage::default(),
         queue: Default::default(),
         done: false,
         tools,
-        held: String::new(),
+        held: vec![String::new(); count],
     };
-    // Dropping the stream (client gone) drops the guard, which cancels the request.
+    // Dropping the stream (client gone) drops the guards, which cancels the samples.
     stream::unfold(state, |mut s| async move {
         loop {
             if let Some(e) = s.queue.pop_front() {
@@ -1099,9 +1203,9 @@ fn sse_stream(
             if s.done {
                 return None;
             }
-            match s.rx.recv().await {
-                Some(update) => s.handle(update),
-                // The engine thread ended without finishing this request: say so, rather
+            match s.updates.next().await {
+                Some((index, update)) => s.handle(index, update),
+                // The engine thread ended without finishing every sample: say so, rather
                 // than end the stream as if it had.
                 None => {
                     s.done = true;
