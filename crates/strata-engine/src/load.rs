@@ -53,15 +53,13 @@ impl std::fmt::Display for Device {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightDtype {
     /// As stored on the CPU. On CUDA: 16-bit weights as bf16 with bf16 GEMMs (f32
-    /// accumulation), f32 checkpoints as f32, GGUF blocks kept as blocks (Q4_0, Q5_0, Q8_0,
-    /// Q4_K, Q5_K, Q6_K; other block formats as bf16).
+    /// accumulation), f32 checkpoints as f32, GGUF blocks decoded to bf16 at load (kept as
+    /// blocks with `--gguf-weights blocks`).
     #[default]
     Auto,
-    /// Every dense weight widened to f32 and f32 GEMMs (the reference path); GGUF blocks
-    /// stay blocks, their products exact in f32.
+    /// Every dense weight widened to f32 and f32 GEMMs (the reference path).
     F32,
-    /// Every dense weight as bf16 (bf16 GEMMs on CUDA); on CUDA, GGUF blocks decoded to bf16
-    /// at load (2 bytes a weight).
+    /// Every dense weight as bf16 (bf16 GEMMs on CUDA).
     Bf16,
 }
 
@@ -100,6 +98,8 @@ pub struct LoadSettings {
     pub host_embeddings: bool,
     /// `--quantize`: dense matrices quantized to this GGUF block format as they load.
     pub quantize: Option<strata_gguf::GgmlType>,
+    /// `--gguf-weights blocks`: a GGUF's block-quantized matrices stay blocks on the GPU.
+    pub keep_blocks: bool,
 }
 
 /// A model ready to run, with its tokenizer.
@@ -369,6 +369,7 @@ fn load_options(settings: LoadSettings) -> LoadOptions {
         weight_dtype,
         host_embeddings: settings.host_embeddings,
         quantize: settings.quantize,
+        keep_blocks: settings.keep_blocks,
     }
 }
 

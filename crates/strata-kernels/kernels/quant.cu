@@ -34,33 +34,61 @@ __device__ __forceinline__ void k_scale_min(const u8* s, int j, int& sc, int& mn
     }
 }
 
-// The 32 values of sub-block `s` of a row starting at `row`.
+// The 32 values of sub-block `s` of a row starting at `row`. The code bytes are read in
+// the widest loads the format's alignment allows (16 bytes for Q4_K / Q5_K, whose blocks are
+// whole 16-byte units; 2 bytes for the others), not byte by byte: the GEMV is bound by
+// instructions as much as by bytes.
+__device__ __forceinline__ void load16x2(const u8* p, u32* w) {
+    const uint4 a = reinterpret_cast<const uint4*>(p)[0];
+    const uint4 b = reinterpret_cast<const uint4*>(p)[1];
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+
+// `n` bytes (a multiple of 4) from a 2-byte aligned address, as little-endian words.
+template <int N>
+__device__ __forceinline__ void load_even(const u8* p, u32* w) {
+    const u16* h = reinterpret_cast<const u16*>(p);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) w[i] = (u32)h[2 * i] | ((u32)h[2 * i + 1] << 16);
+}
+
+__device__ __forceinline__ int byte_of(const u32* w, int i) { return (w[i >> 2] >> (8 * (i & 3))) & 255; }
+
 template <int F>
 __device__ __forceinline__ void decode32(const u8* __restrict__ row, int s, float* v) {
     if (F == QF_Q4_0) {
         const u8* b = row + (u64)s * 18;
         const float d = f16_at(b);
+        u32 q[4];
+        load_even<16>(b + 2, q);
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-            v[i] = __fmul_rn(d, (float)((int)(b[2 + i] & 15) - 8));
-            v[i + 16] = __fmul_rn(d, (float)((int)(b[2 + i] >> 4) - 8));
+            const int c = byte_of(q, i);
+            v[i] = __fmul_rn(d, (float)((c & 15) - 8));
+            v[i + 16] = __fmul_rn(d, (float)((c >> 4) - 8));
         }
     } else if (F == QF_Q5_0) {
         const u8* b = row + (u64)s * 22;
         const float d = f16_at(b);
-        const u32 h = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+        u32 hq[5];
+        load_even<20>(b + 2, hq);  // qh (4 bytes), then qs (16)
+        const u32 h = hq[0];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-            const int lo = (b[6 + i] & 15) | (((h >> i) & 1) << 4);
-            const int hi = (b[6 + i] >> 4) | (((h >> (i + 16)) & 1) << 4);
+            const int c = byte_of(hq + 1, i);
+            const int lo = (c & 15) | (((h >> i) & 1) << 4);
+            const int hi = (c >> 4) | (((h >> (i + 16)) & 1) << 4);
             v[i] = __fmul_rn(d, (float)(lo - 16));
             v[i + 16] = __fmul_rn(d, (float)(hi - 16));
         }
     } else if (F == QF_Q8_0) {
         const u8* b = row + (u64)s * 34;
         const float d = f16_at(b);
+        u32 q[8];
+        load_even<32>(b + 2, q);
 #pragma unroll
-        for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(d, (float)(signed char)b[2 + i]);
+        for (int i = 0; i < 32; ++i) v[i] = __fmul_rn(d, (float)(signed char)byte_of(q, i));
     } else if (F == QF_Q4_K || F == QF_Q5_K) {
         constexpr int BYTES = F == QF_Q4_K ? 144 : 176;
         constexpr int QS = F == QF_Q4_K ? 16 : 48;
@@ -70,27 +98,31 @@ __device__ __forceinline__ void decode32(const u8* __restrict__ row, int s, floa
         k_scale_min(b + 4, j, sc, mn);
         const float dj = __fmul_rn(f16_at(b), (float)sc);
         const float mj = __fmul_rn(f16_at(b + 2), (float)mn);
-        const u8* qs = b + QS + 32 * (j >> 1);
+        u32 q[8];
+        load16x2(b + QS + 32 * (j >> 1), q);
         const int shift = 4 * (j & 1);
+        u32 h[8];
+        if (F == QF_Q5_K) load16x2(b + 16, h);
 #pragma unroll
         for (int l = 0; l < 32; ++l) {
-            int q = (qs[l] >> shift) & 15;
-            if (F == QF_Q5_K) q |= ((b[16 + l] >> j) & 1) << 4;
-            v[l] = __fsub_rn(__fmul_rn(dj, (float)q), mj);
+            int c = (byte_of(q, l) >> shift) & 15;
+            if (F == QF_Q5_K) c |= ((byte_of(h, l) >> j) & 1) << 4;
+            v[l] = __fsub_rn(__fmul_rn(dj, (float)c), mj);
         }
     } else {  // QF_Q6_K: ql[128], qh[64], scales[16] (int8), d
         const int j = s & 7;
         const u8* b = row + (u64)(s >> 3) * 210;
         const float d = f16_at(b + 208);
         const int h = j >> 2, c = j & 3;
-        const u8* ql = b + 64 * h + 32 * (c & 1);
-        const u8* qh = b + 128 + 32 * h;
+        u32 ql[8], qh[8];
+        load_even<32>(b + 64 * h + 32 * (c & 1), ql);
+        load_even<32>(b + 128 + 32 * h, qh);
         const int nshift = 4 * (c >> 1), hshift = 2 * c;
         const float d0 = __fmul_rn(d, (float)(signed char)b[192 + 2 * j]);
         const float d1 = __fmul_rn(d, (float)(signed char)b[192 + 2 * j + 1]);
 #pragma unroll
         for (int l = 0; l < 32; ++l) {
-            const int q = (((ql[l] >> nshift) & 15) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+            const int q = (((byte_of(ql, l) >> nshift) & 15) | (((byte_of(qh, l) >> hshift) & 3) << 4)) - 32;
             v[l] = __fmul_rn(l < 16 ? d0 : d1, (float)q);
         }
     }

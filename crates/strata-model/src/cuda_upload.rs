@@ -1,7 +1,7 @@
 //! Quantized weights on the CUDA backend: the GGUF block formats the GPU computes with
-//! (`strata_kernels::cuda::BlockFormat`) stay in device memory as the file's blocks; other
-//! block formats, and every format when bf16 is asked for (`--dtype bf16`), are decoded on
-//! upload to a dense bf16 matrix (2 bytes a weight).
+//! (`strata_kernels::cuda::BlockFormat`) stay in device memory as the file's blocks when
+//! asked (`--gguf-weights blocks`, and weights quantized at load); otherwise, and for other
+//! block formats, they are decoded on upload to a dense bf16 matrix (2 bytes a weight).
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ impl QuantUpload for CudaBackend {
     fn upload_quant(&self, w: QuantWeight, dense: Option<DType>) -> Result<Arc<Self::QuantMatrix>> {
         let (rows, cols) = (w.rows(), w.cols());
         let format = BlockFormat::from_ggml_name(w.ggml_type().name());
-        if let (Some(format), false) = (format, dense == Some(DType::BF16)) {
+        if let (Some(format), None) = (format, dense) {
             let m = CudaQuantMatrix::blocks(self, format, rows, cols, w.raw_bytes())?;
             return Ok(Arc::new(m));
         }

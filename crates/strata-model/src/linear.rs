@@ -410,9 +410,9 @@ impl RowDot for QuantWeight {
 
 /// How a backend takes quantized weights.
 pub trait QuantUpload: Backend {
-    /// Uploads `w` as the backend's quantized matrix. `dense` asks for the weight as a dense
-    /// matrix of that dtype where the backend has the choice (CUDA keeps the blocks unless
-    /// asked for bf16; the CPU always computes on the blocks).
+    /// Uploads `w` as the backend's quantized matrix. `None` keeps the blocks where the
+    /// backend computes with them (CUDA, for its formats); `Some(dtype)` asks for a dense
+    /// matrix there (CUDA decodes to bf16). The CPU always computes on the blocks.
     fn upload_quant(&self, w: QuantWeight, dense: Option<DType>) -> Result<Arc<Self::QuantMatrix>>;
 
     /// Bytes of the backend's memory a quantized matrix takes.
@@ -433,7 +433,13 @@ impl QuantUpload for CpuBackend {
     }
 }
 
-/// Uploads a stored matrix: dense types as they are, block formats through `QuantUpload`.
+/// Whether `ty` is a block-quantized format (not F32 / BF16 / F16).
+pub fn is_block_format(ty: GgmlType) -> bool {
+    !matches!(ty, GgmlType::F32 | GgmlType::BF16 | GgmlType::F16)
+}
+
+/// Uploads a stored matrix: dense types as they are, block formats through `QuantUpload`
+/// (decoded to a dense matrix where the backend has the choice).
 pub fn upload_linear<B: QuantUpload>(b: &B, view: &TensorView<'_>) -> Result<Linear<B>> {
     upload_linear_as(b, view, None)
 }

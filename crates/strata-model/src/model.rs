@@ -23,6 +23,10 @@ pub struct LoadOptions {
     /// Dense matrices quantized to this GGUF block format as they load
     /// (`quantize::LOAD_QUANT_TYPES`); `None` keeps them dense.
     pub quantize: Option<strata_weights::GgmlType>,
+    /// A GGUF's block-quantized matrices stay blocks on a backend that can compute with
+    /// them (CUDA); otherwise they are decoded to bf16 there at load. The CPU always
+    /// computes on the blocks. Weights quantized at load (`quantize`) always stay blocks.
+    pub keep_blocks: bool,
 }
 
 /// A decoder model: its configuration and its weights on backend `B`.

@@ -5,7 +5,7 @@ use strata_kernels::{Backend, HostSlice};
 use strata_weights::ModelWeights;
 
 use crate::error::Result;
-use crate::linear::{upload_linear_as, upload_vector, HostTable, Linear, QuantUpload};
+use crate::linear::{upload_linear_as, upload_vector, HostTable, Linear, QuantUpload, QuantWeight};
 use crate::model::LoadOptions;
 
 /// One decoder layer's weights.
@@ -79,7 +79,12 @@ impl<B: QuantUpload> ModelTensors<B> {
         let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
             let view = w.require(name, shape)?;
             if let Some(q) = crate::quantize::at_load(&view, opts.quantize)? {
-                return Ok(Linear::Quant(b.upload_quant(q, opts.weight_dtype)?));
+                return Ok(Linear::Quant(b.upload_quant(q, None)?));
+            }
+            if crate::linear::is_block_format(view.ty) && opts.keep_blocks {
+                return Ok(Linear::Quant(
+                    b.upload_quant(QuantWeight::new(&view)?, None)?,
+                ));
             }
             upload_linear_as(b, &view, opts.weight_dtype)
         };

@@ -22,15 +22,19 @@ pub struct PlacementArgs {
     /// auto (CUDA when a GPU starts, else the CPU), cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub device: Device,
-    /// Dtype dense weights compute in: auto (as stored; bf16 GEMMs on CUDA, GGUF blocks
-    /// kept as blocks), f32 (exact reference path) or bf16 (on CUDA, GGUF blocks decoded
-    /// to bf16 at load).
+    /// Dtype dense weights compute in: auto (as stored; bf16 GEMMs on CUDA), f32 (exact
+    /// reference path) or bf16.
     #[arg(long, default_value = "auto")]
     pub dtype: WeightDtype,
     /// device, or host: lookup-only embedding tables (Gemma-4's per-layer embeddings, an
     /// untied token embedding) stay in host memory and only each step's rows are uploaded.
     #[arg(long, value_enum, default_value_t = EmbedPlacement::Device)]
     pub embed_weights: EmbedPlacement,
+    /// How a GGUF's block-quantized matrices sit on a GPU: bf16 (decoded at load, 2 bytes
+    /// a weight: the faster decode today) or blocks (the file's Q4_0 / Q5_0 / Q8_0 / Q4_K /
+    /// Q5_K / Q6_K blocks, 4.5 to 8.5 bits a weight). The CPU always computes on the blocks.
+    #[arg(long, value_enum, default_value_t = GgufWeights::Bf16)]
+    pub gguf_weights: GgufWeights,
     /// Quantize a dense checkpoint's matrices at load to a GGUF block format: q8_0, q6_k or
     /// q4_k (stored block formats and matrices whose rows are not whole blocks stay as
     /// they are). Off by default.
@@ -85,8 +89,18 @@ impl PlacementArgs {
             dtype: self.dtype,
             host_embeddings: self.embed_weights == EmbedPlacement::Host,
             quantize: self.quantize,
+            keep_blocks: self.gguf_weights == GgufWeights::Blocks,
         })
     }
+}
+
+/// `--gguf-weights`: how a GGUF's block-quantized matrices sit on a GPU.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgufWeights {
+    /// Decoded to bf16 at load.
+    Bf16,
+    /// Kept as the file's blocks.
+    Blocks,
 }
 
 /// `--quantize`'s value: one of the formats weights are quantized to at load.
