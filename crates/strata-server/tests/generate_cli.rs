@@ -151,6 +151,10 @@ fn quantize_at_load_generates_and_other_formats_are_refused() {
         &["--quantize", "q8_0"],
     ));
     assert_eq!(v["tokens"].as_array().map(Vec::len), Some(6), "{v}");
+    // The CPU computes on blocks whatever `--gguf-weights` says: the same tokens.
+    let blocks = ["--quantize", "q8_0", "--gguf-weights", "blocks"];
+    let w = json_of(&generate_with("llama-tiny", "5,9,300,17", 6, &blocks));
+    assert_eq!(w["tokens"], v["tokens"]);
     let out = generate_with("llama-tiny", "5,9", 2, &["--quantize", "q3_k"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
