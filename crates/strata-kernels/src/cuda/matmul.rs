@@ -62,15 +62,27 @@ fn matmul_rows_in_parts(
     out: &CudaBuffer,
 ) -> Result<usize> {
     let (k, n) = (shape.in_features, shape.out_features);
+    ensure(w.len() == n * k, op, || {
+        format!("weight has {}, want {n} x {k}", w.len())
+    })?;
+    product_rows(op, x, k, out, parts * n)
+}
+
+/// Checks that `x` holds whole rows of `k` values and `out` `cols` values for each of them;
+/// returns the rows.
+pub(super) fn product_rows(
+    op: &'static str,
+    x: &CudaBuffer,
+    k: usize,
+    out: &CudaBuffer,
+    cols: usize,
+) -> Result<usize> {
     ensure(k > 0 && x.len().is_multiple_of(k), op, || {
         format!("x of {} is not rows of {k}", x.len())
     })?;
     let t = x.len() / k;
-    ensure(w.len() == n * k, op, || {
-        format!("weight has {}, want {n} x {k}", w.len())
-    })?;
-    ensure(out.len() == t * parts * n, op, || {
-        format!("out has {}, want {t} x {parts} x {n}", out.len())
+    ensure(out.len() == t * cols, op, || {
+        format!("out has {}, want {t} x {cols}", out.len())
     })?;
     Ok(t)
 }

@@ -131,6 +131,18 @@ fn norm_threads(dim: usize) -> u32 {
     (dim.div_ceil(per_thread).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
+/// Every id below `vocab`, the rows of the table it looks up (checked on the host, before
+/// the ids go to the device).
+pub(super) fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(&bad) => Err(KernelError::Invalid {
+            op,
+            detail: format!("id {bad} outside a vocabulary of {vocab}"),
+        }),
+        None => Ok(()),
+    }
+}
+
 impl CudaBackend {
     pub(super) fn embedding_impl(
         &self,
@@ -144,13 +156,7 @@ impl CudaBackend {
         ensure(hidden > 0 && table.len().is_multiple_of(hidden), OP, || {
             format!("table of {} is not rows of {hidden}", table.len())
         })?;
-        let vocab = table.len() / hidden;
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(KernelError::Invalid {
-                op: OP,
-                detail: format!("id {bad} outside a vocabulary of {vocab}"),
-            });
-        }
+        check_ids(OP, ids, table.len() / hidden)?;
         ensure(out.len() == ids.len() * hidden, OP, || {
             format!("out has {}, want {} x {hidden}", out.len(), ids.len())
         })?;

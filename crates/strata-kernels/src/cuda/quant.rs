@@ -285,13 +285,7 @@ impl CudaBackend {
             } => (*format, data, *row_bytes),
         };
         let (k, n) = (w.cols, w.rows);
-        ensure(k > 0 && x.len().is_multiple_of(k), OP, || {
-            format!("x has {} values, rows of {k}", x.len())
-        })?;
-        let t = x.len() / k;
-        ensure(out.len() == t * n, OP, || {
-            format!("out has {}, want {t} x {n}", out.len())
-        })?;
+        let t = super::matmul::product_rows(OP, x, k, out, n)?;
         if t == 0 || n == 0 {
             return Ok(());
         }
@@ -513,12 +507,7 @@ impl CudaBackend {
         if let QuantStore::Dense(d) = &table.store {
             return self.embedding_impl(ids, d, table.cols, scale, out);
         }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table.rows) {
-            return Err(KernelError::Invalid {
-                op: "embedding",
-                detail: format!("token id {bad} past {} rows", table.rows),
-            });
-        }
+        super::ops::check_ids("embedding", ids, table.rows)?;
         let dev = self.to_device(ids)?;
         self.embedding_quant_dev(ids.len(), &dev, table, scale, out)
     }
