@@ -16,7 +16,7 @@ pub const LOAD_QUANT_TYPES: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q6_K, Ggm
 /// block format, or rows that are not whole blocks.
 pub fn at_load(view: &TensorView<'_>, to: Option<GgmlType>) -> Result<Option<QuantWeight>> {
     let Some(to) = to else { return Ok(None) };
-    let dense = matches!(view.ty, GgmlType::F32 | GgmlType::BF16 | GgmlType::F16);
+    let dense = !crate::linear::is_block_format(view.ty);
     let block = to.block_size() as usize;
     let (rows, cols) = (view.rows(), view.row_len());
     if !dense || rows < 2 || cols == 0 || !cols.is_multiple_of(block) {

@@ -205,23 +205,40 @@ impl<B: QuantUpload> ModelTensors<B> {
 }
 
 impl<B: Backend> ModelTensors<B> {
-    /// Weight elements one decode step multiplies through (every matmul matrix, the output
-    /// projection included; lookup tables count only when they are also the output
-    /// projection): the bytes a step must read are this times the weight dtype's size.
-    pub fn matmul_elements(&self) -> usize {
-        let size = |l: &Linear<B>| l.rows() * l.cols();
-        let mut n = size(self.lm_head.as_ref().unwrap_or(&self.embed));
+    /// The matrices one decode step multiplies through: every matmul matrix, the output
+    /// projection included (the token embedding when it is tied).
+    fn step_matrices(&self) -> Vec<&Linear<B>> {
+        let mut m = vec![self.lm_head.as_ref().unwrap_or(&self.embed)];
         if let Some(p) = &self.ple {
-            n += size(&p.projection);
+            m.push(&p.projection);
         }
         for l in &self.layers {
-            n += size(&l.q) + size(&l.o) + size(&l.gate) + size(&l.up) + size(&l.down);
-            n += l.k.as_ref().map_or(0, size) + l.v.as_ref().map_or(0, size);
+            m.extend([&l.q, &l.o, &l.gate, &l.up, &l.down]);
+            m.extend(l.k.iter().chain(&l.v));
             if let Some((g, p, _)) = &l.ple {
-                n += size(g) + size(p);
+                m.extend([g, p]);
             }
         }
-        n
+        m
+    }
+
+    /// The tables used for lookups only: the token embedding when it is not the output
+    /// projection, and Gemma-4's per-layer embeddings.
+    fn lookup_tables(&self) -> Vec<&Linear<B>> {
+        let embed = self.lm_head.is_some().then_some(&self.embed);
+        embed
+            .into_iter()
+            .chain(self.ple.as_ref().map(|p| &p.table))
+            .collect()
+    }
+
+    /// Weight elements one decode step multiplies through (`step_matrices`): the bytes a
+    /// step must read are this times the weight dtype's size.
+    pub fn matmul_elements(&self) -> usize {
+        self.step_matrices()
+            .iter()
+            .map(|l| l.rows() * l.cols())
+            .sum()
     }
 }
 
@@ -230,24 +247,8 @@ impl<B: QuantUpload> ModelTensors<B> {
     /// host tables and the small vectors not), and the bytes of those a decode step's
     /// products read (the matrices of [`ModelTensors::matmul_elements`]).
     pub fn weight_bytes(&self) -> (usize, usize) {
-        let size = |l: &Linear<B>| l.backend_bytes();
-        let mut step = size(self.lm_head.as_ref().unwrap_or(&self.embed));
-        let mut lookups = if self.lm_head.is_some() {
-            size(&self.embed)
-        } else {
-            0
-        };
-        if let Some(p) = &self.ple {
-            step += size(&p.projection);
-            lookups += size(&p.table);
-        }
-        for l in &self.layers {
-            step += size(&l.q) + size(&l.o) + size(&l.gate) + size(&l.up) + size(&l.down);
-            step += l.k.as_ref().map_or(0, size) + l.v.as_ref().map_or(0, size);
-            if let Some((g, p, _)) = &l.ple {
-                step += size(g) + size(p);
-            }
-        }
-        (step + lookups, step)
+        let bytes = |m: Vec<&Linear<B>>| m.iter().map(|l| l.backend_bytes()).sum::<usize>();
+        let step = bytes(self.step_matrices());
+        (step + bytes(self.lookup_tables()), step)
     }
 }
