@@ -195,11 +195,7 @@ impl serde_json::ser::Formatter for PythonCompact {
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        item_separator(w, first)
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(
@@ -207,15 +203,20 @@ impl serde_json::ser::Formatter for PythonCompact {
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        item_separator(w, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
+    }
+}
+
+/// `", "` before every array item and object key but the first.
+fn item_separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
     }
 }
 
