@@ -8,7 +8,7 @@
 //
 // Floor of the GEMV: each weight byte read once (4.5 bits a weight for Q4_K), so a decode
 // step's products take (weight bytes) / (memory bandwidth). A lane decodes one sub-block
-// (16 to 34 bytes) and dots it with the T rows of x it covers; x (f32) stays in L1/L2.
+// (16 to 34 bytes) and dots it with the T rows of x it covers, read from shared memory.
 
 #define QF_Q4_0 0
 #define QF_Q5_0 1
@@ -130,36 +130,62 @@ __device__ __forceinline__ void decode32(const u8* __restrict__ row, int s, floa
 
 // y[t, i] = x[t, :] . W[i, :] for the `rows` (<= T) rows of x; one warp an output feature,
 // QUANT_GEMV_WARPS warps a block.
+//
+// Lane l decodes sub-block l of each run of 32, so it needs x's 32 values of that sub-block.
+// Read straight from global memory, the 32 lanes' float4 loads fall 128 bytes apart, 32
+// separate L1 wavefronts a load where a contiguous one takes 4: at one row of x that, not the
+// weight bytes, bounded the kernel. So the block first copies the run's x (every warp of the
+// block dots the same x) into shared memory with contiguous loads, a sub-block every
+// QUANT_GEMV_PAD floats: the 4-float pad puts 8 lanes' float4 reads on 8 distinct bank
+// groups, so each read is 4 wavefronts.
 #define QUANT_GEMV_WARPS 4
+#define QUANT_GEMV_PAD 36
 
 template <int F, int T>
 __device__ __forceinline__ void quant_gemv(const u8* __restrict__ w, u64 row_bytes, int k, int n,
                                            const float* __restrict__ x, int rows,
                                            float* __restrict__ y) {
+    __shared__ __align__(16) float xs[T][32 * QUANT_GEMV_PAD];
     const int lane = threadIdx.x & 31;
     const int feature = blockIdx.x * QUANT_GEMV_WARPS + (threadIdx.x >> 5);
-    if (feature >= n) return;
-    const u8* row = w + (u64)feature * row_bytes;
+    // A warp past the last feature still stages x and meets the barriers.
+    const bool active = feature < n;
+    const u8* row = w + (u64)(active ? feature : 0) * row_bytes;
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[t] = 0.0f;
     const int subs = k >> 5;
-    for (int s = lane; s < subs; s += 32) {
-        float v[32];
-        decode32<F>(row, s, v);
+    for (int s0 = 0; s0 < subs; s0 += 32) {
+        const int run = min(32, subs - s0);
 #pragma unroll
         for (int t = 0; t < T; ++t) {
             if (t < rows) {
-                const float4* xp = reinterpret_cast<const float4*>(x + (u64)t * k + s * 32);
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const float4 a = xp[q];
-                    acc[t] += v[4 * q] * a.x + v[4 * q + 1] * a.y + v[4 * q + 2] * a.z +
-                              v[4 * q + 3] * a.w;
+                const float4* src = reinterpret_cast<const float4*>(x + (u64)t * k + (u64)s0 * 32);
+                for (int i = threadIdx.x; i < run * 8; i += QUANT_GEMV_WARPS * 32) {
+                    *reinterpret_cast<float4*>(&xs[t][(i >> 3) * QUANT_GEMV_PAD + (i & 7) * 4]) = src[i];
                 }
             }
         }
+        __syncthreads();
+        if (active && lane < run) {
+            float v[32];
+            decode32<F>(row, s0 + lane, v);
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                if (t < rows) {
+                    const float4* xp = reinterpret_cast<const float4*>(&xs[t][lane * QUANT_GEMV_PAD]);
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) {
+                        const float4 a = xp[q];
+                        acc[t] += v[4 * q] * a.x + v[4 * q + 1] * a.y + v[4 * q + 2] * a.z +
+                                  v[4 * q + 3] * a.w;
+                    }
+                }
+            }
+        }
+        __syncthreads();
     }
+    if (!active) return;
 #pragma unroll
     for (int t = 0; t < T; ++t) {
         const float total = warp_sum_f32(acc[t]);
