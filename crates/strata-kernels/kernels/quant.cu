@@ -131,13 +131,16 @@ __device__ __forceinline__ void decode32(const u8* __restrict__ row, int s, floa
 // y[t, i] = x[t, :] . W[i, :] for the `rows` (<= T) rows of x; one warp an output feature,
 // QUANT_GEMV_WARPS warps a block.
 //
-// Lane l decodes sub-block l of each run of 32, so it needs x's 32 values of that sub-block.
-// Read straight from global memory, the 32 lanes' float4 loads fall 128 bytes apart, 32
-// separate L1 wavefronts a load where a contiguous one takes 4: at one row of x that, not the
-// weight bytes, bounded the kernel. So the block first copies the run's x (every warp of the
-// block dots the same x) into shared memory with contiguous loads, a sub-block every
-// QUANT_GEMV_PAD floats: the 4-float pad puts 8 lanes' float4 reads on 8 distinct bank
-// groups, so each read is 4 wavefronts.
+// Lane l decodes sub-block l of each stretch of 32, so it needs x's 32 values of that
+// sub-block. Read straight from global memory, the 32 lanes' float4 loads fall 128 bytes
+// apart, 32 separate L1 wavefronts a load where a contiguous one takes 4. So the block first
+// copies a run of x (every warp of the block dots the same x) into shared memory with
+// contiguous loads, a sub-block every QUANT_GEMV_PAD floats: the 4-float pad puts 8 lanes'
+// float4 reads on 8 distinct bank groups, so each read is 4 wavefronts.
+//
+// At one request the kernel waits on load latency more than on bandwidth (a row of E2B's q is
+// under 1 KB), so a warp's whole row is first requested into L2, and at one or two rows of x
+// a lane takes 4 or 2 sub-blocks a run, their loads in flight together.
 #define QUANT_GEMV_WARPS 4
 #define QUANT_GEMV_PAD 36
 
@@ -145,18 +148,26 @@ template <int F, int T>
 __device__ __forceinline__ void quant_gemv(const u8* __restrict__ w, u64 row_bytes, int k, int n,
                                            const float* __restrict__ x, int rows,
                                            float* __restrict__ y) {
-    __shared__ __align__(16) float xs[T][32 * QUANT_GEMV_PAD];
+    // Sub-blocks a lane takes a run (shared memory: T * RUN * 144 bytes, at most 36 KB).
+    constexpr int SPL = T == 1 ? 4 : (T == 2 ? 2 : 1);
+    constexpr int RUN = 32 * SPL;
+    __shared__ __align__(16) float xs[T][RUN * QUANT_GEMV_PAD];
     const int lane = threadIdx.x & 31;
     const int feature = blockIdx.x * QUANT_GEMV_WARPS + (threadIdx.x >> 5);
     // A warp past the last feature still stages x and meets the barriers.
     const bool active = feature < n;
     const u8* row = w + (u64)(active ? feature : 0) * row_bytes;
+    if (active) {
+        for (u64 off = (u64)lane * 128; off < row_bytes; off += 32 * 128) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+        }
+    }
     float acc[T];
 #pragma unroll
     for (int t = 0; t < T; ++t) acc[t] = 0.0f;
     const int subs = k >> 5;
-    for (int s0 = 0; s0 < subs; s0 += 32) {
-        const int run = min(32, subs - s0);
+    for (int s0 = 0; s0 < subs; s0 += RUN) {
+        const int run = min(RUN, subs - s0);
 #pragma unroll
         for (int t = 0; t < T; ++t) {
             if (t < rows) {
@@ -167,18 +178,22 @@ __device__ __forceinline__ void quant_gemv(const u8* __restrict__ w, u64 row_byt
             }
         }
         __syncthreads();
-        if (active && lane < run) {
-            float v[32];
-            decode32<F>(row, s0 + lane, v);
 #pragma unroll
-            for (int t = 0; t < T; ++t) {
-                if (t < rows) {
-                    const float4* xp = reinterpret_cast<const float4*>(&xs[t][lane * QUANT_GEMV_PAD]);
+        for (int j = 0; j < SPL; ++j) {
+            const int sub = lane + 32 * j;
+            if (active && sub < run) {
+                float v[32];
+                decode32<F>(row, s0 + sub, v);
 #pragma unroll
-                    for (int q = 0; q < 8; ++q) {
-                        const float4 a = xp[q];
-                        acc[t] += v[4 * q] * a.x + v[4 * q + 1] * a.y + v[4 * q + 2] * a.z +
-                                  v[4 * q + 3] * a.w;
+                for (int t = 0; t < T; ++t) {
+                    if (t < rows) {
+                        const float4* xp = reinterpret_cast<const float4*>(&xs[t][sub * QUANT_GEMV_PAD]);
+#pragma unroll
+                        for (int q = 0; q < 8; ++q) {
+                            const float4 a = xp[q];
+                            acc[t] += v[4 * q] * a.x + v[4 * q + 1] * a.y + v[4 * q + 2] * a.z +
+                                      v[4 * q + 3] * a.w;
+                        }
                     }
                 }
             }

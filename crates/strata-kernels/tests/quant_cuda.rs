@@ -208,6 +208,24 @@ fn block_products_match_the_decoded_weights_at_every_row_count() {
 }
 
 #[test]
+fn long_rows_take_several_runs_of_x() {
+    let Some(b) = gpu() else { return };
+    // 144 sub-blocks: at every tile the GEMV stages x in more than one run, the last partial.
+    let k = 18 * 256;
+    for (i, f) in BlockFormat::ALL.into_iter().enumerate() {
+        let n = 37;
+        let (bytes, w) = random_blocks(f, n, k, 300 + i as u64);
+        let m = CudaQuantMatrix::blocks(b, f, n, k, &bytes).unwrap();
+        for t in [1, 2, 3, 8] {
+            let x = random_vec(t * k, 11 * t as u64 + i as u64);
+            let out = matmul(b, &m, &x, t);
+            let what = format!("{f:?} k={k} t={t}");
+            check_product(&what, &out, &x, &w, (t, k, n), 0..n, f64::from, 3e-5);
+        }
+    }
+}
+
+#[test]
 fn a_large_weight_is_decoded_in_slices() {
     let Some(b) = gpu() else { return };
     let f = BlockFormat::Q8_0;
