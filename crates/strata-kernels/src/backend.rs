@@ -2,12 +2,29 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, ClusterPick, MatmulOut, MatmulShape, QkvPrep, RmsNormParams,
-    RopeParams, StridedCopy, TableSlice,
+    Activation, AttentionParams, ClusterPick, MatmulOut, MatmulShape, QkvPrep, ResidualStep,
+    RmsNormParams, RopeParams, StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, RowDraw};
 use crate::{DType, HostSlice, Result};
+
+/// Where RoPE reads its positions and frequencies: token `t` sits at `positions[t]` (in
+/// backend memory); `inv_freq` is an F32 buffer of `head_dim / 2` frequencies.
+pub struct RopeAt<'a, B: Backend + ?Sized> {
+    /// One position a token.
+    pub positions: &'a B::Index,
+    /// The rotation frequencies (a zero leaves its pair unchanged).
+    pub inv_freq: &'a B::Buffer,
+}
+
+impl<B: Backend + ?Sized> Clone for RopeAt<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend + ?Sized> Copy for RopeAt<'_, B> {}
 
 /// A buffer owned by a backend (host memory for the CPU backend, device memory for CUDA).
 pub trait DeviceBuffer {
@@ -144,69 +161,16 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buffer,
     ) -> Result<()>;
 
-    /// Pre-norm residual step: `residual += x; out = rms_norm(residual)`.
-    fn add_rms_norm(
+    /// One residual step around an RMSNorm over rows of `p.dim` (`p.parts` applies to `x`
+    /// only); [`ResidualStep`] says which: the pre-norm add, or Gemma's sandwich norm with
+    /// its layer scalar and the next pre-norm folded in.
+    fn residual_norm(
         &self,
         residual: &mut Self::Buffer,
         x: &Self::Buffer,
-        weight: Option<&Self::Buffer>,
         p: RmsNormParams,
-        out: &mut Self::Buffer,
+        step: ResidualStep<'_, Self::Buffer>,
     ) -> Result<()>;
-
-    /// Post-norm residual step (Gemma's sandwich norms): `residual += rms_norm(x)`.
-    fn rms_norm_add(
-        &self,
-        residual: &mut Self::Buffer,
-        x: &Self::Buffer,
-        weight: Option<&Self::Buffer>,
-        p: RmsNormParams,
-    ) -> Result<()>;
-
-    /// Sandwich-norm residual step followed by the next pre-norm:
-    /// `residual += rms_norm(x, weight); out = rms_norm(residual, next_weight)`.
-    fn rms_norm_add_norm(
-        &self,
-        residual: &mut Self::Buffer,
-        x: &Self::Buffer,
-        weight: Option<&Self::Buffer>,
-        next_weight: Option<&Self::Buffer>,
-        p: RmsNormParams,
-        out: &mut Self::Buffer,
-    ) -> Result<()> {
-        self.rms_norm_add(residual, x, weight, p)?;
-        self.rms_norm(residual, next_weight, p.whole(), out)
-    }
-
-    /// [`Backend::rms_norm_add`] then the residual scaled: `residual = (residual +
-    /// rms_norm(x)) * scale` (Gemma-4's layer scalar).
-    fn rms_norm_add_scale(
-        &self,
-        residual: &mut Self::Buffer,
-        x: &Self::Buffer,
-        weight: Option<&Self::Buffer>,
-        p: RmsNormParams,
-        scale: f32,
-    ) -> Result<()> {
-        self.rms_norm_add(residual, x, weight, p)?;
-        self.scale(residual, scale)
-    }
-
-    /// The end of one Gemma-4 layer and the start of the next in one step:
-    /// `residual = (residual + rms_norm(x, weights[0])) * scale;
-    /// out = rms_norm(residual, weights[1])`.
-    fn rms_norm_add_scale_norm(
-        &self,
-        residual: &mut Self::Buffer,
-        x: &Self::Buffer,
-        weights: [Option<&Self::Buffer>; 2],
-        p: RmsNormParams,
-        scale: f32,
-        out: &mut Self::Buffer,
-    ) -> Result<()> {
-        self.rms_norm_add_scale(residual, x, weights[0], p, scale)?;
-        self.rms_norm(residual, weights[1], p.whole(), out)
-    }
 
     // ---- RoPE ---------------------------------------------------------------------------
 
@@ -469,34 +433,30 @@ pub trait Backend: Send + Sync {
         x: &mut Self::Buffer,
         weight: Option<&Self::Buffer>,
         norm: RmsNormParams,
-        positions: &Self::Index,
-        inv_freq: &Self::Buffer,
+        at: RopeAt<'_, Self>,
         rope: RopeParams,
     ) -> Result<()> {
         let mut normed = self.scratch(x.len(), x.dtype())?;
         self.rms_norm(x, weight, norm, &mut normed)?;
-        self.rope_idx(&mut normed, positions, inv_freq, rope)?;
+        self.rope_idx(&mut normed, at.positions, at.inv_freq, rope)?;
         *x = normed;
         Ok(())
     }
 
-    /// [`Backend::head_norm_rope_idx`] on a product in parts: `x [T, parts, n_heads *
-    /// head_dim]` (a [`Backend::matmul_parts`] result, a row's input its parts added in
-    /// order in f32 as [`RmsNormParams::parts`] has it), the result into `out [T, n_heads,
-    /// head_dim]`. The norm's `parts` field is not read: `parts` says it.
-    #[allow(clippy::too_many_arguments)]
+    /// [`Backend::head_norm_rope_idx`] on a product in `norm.parts` parts: `x [T, parts,
+    /// n_heads * head_dim]` (a [`Backend::matmul_parts`] result, a row's input its parts
+    /// added in order in f32 as [`RmsNormParams::parts`] has it), the result into `out [T,
+    /// n_heads, head_dim]`.
     fn head_norm_rope_parts_idx(
         &self,
         x: &Self::Buffer,
-        parts: usize,
         out: &mut Self::Buffer,
         weight: Option<&Self::Buffer>,
         norm: RmsNormParams,
-        positions: &Self::Index,
-        inv_freq: &Self::Buffer,
+        at: RopeAt<'_, Self>,
         rope: RopeParams,
     ) -> Result<()> {
-        head_norm_rope_parts_composed(self, x, parts, out, weight, norm, positions, inv_freq, rope)
+        head_norm_rope_parts_composed(self, x, out, weight, norm, at, rope)
     }
 
     /// A layer's q, k and v after their projections, in place: q and k through
@@ -507,16 +467,15 @@ pub trait Backend: Send + Sync {
         &self,
         [q, k, v]: [&mut Self::Buffer; 3],
         norms: [&Self::Buffer; 2],
-        positions: &Self::Index,
-        inv_freq: &Self::Buffer,
+        at: RopeAt<'_, Self>,
         p: QkvPrep,
     ) -> Result<()> {
-        self.head_norm_rope_idx(q, Some(norms[0]), p.norm, positions, inv_freq, p.rope)?;
+        self.head_norm_rope_idx(q, Some(norms[0]), p.norm, at, p.rope)?;
         let k_rope = RopeParams {
             n_heads: p.kv_heads,
             ..p.rope
         };
-        self.head_norm_rope_idx(k, Some(norms[1]), p.norm, positions, inv_freq, k_rope)?;
+        self.head_norm_rope_idx(k, Some(norms[1]), p.norm, at, k_rope)?;
         if p.v_norm {
             let mut normed = self.scratch(v.len(), v.dtype())?;
             self.rms_norm(v, None, p.norm, &mut normed)?;
@@ -528,17 +487,15 @@ pub trait Backend: Send + Sync {
     /// [`Backend::qkv_norm_rope_idx`], then k and v into `slab` at `slots` (one a token) as
     /// [`Backend::kv_store`] writes them: one call, so a backend can store from the launch
     /// that prepares them (a KV-owning layer's step).
-    #[allow(clippy::too_many_arguments)]
     fn qkv_norm_rope_store_idx(
         &self,
         [q, k, v]: [&mut Self::Buffer; 3],
         norms: [&Self::Buffer; 2],
-        positions: &Self::Index,
-        inv_freq: &Self::Buffer,
+        at: RopeAt<'_, Self>,
         p: QkvPrep,
         (slab, slots): (&mut Self::KvSlab, &Self::Index),
     ) -> Result<()> {
-        self.qkv_norm_rope_idx([q, &mut *k, &mut *v], norms, positions, inv_freq, p)?;
+        self.qkv_norm_rope_idx([q, &mut *k, &mut *v], norms, at, p)?;
         self.kv_store(slab, k, v, slots)
     }
 
@@ -739,18 +696,16 @@ pub trait Backend: Send + Sync {
 /// [`Backend::head_norm_rope_parts_idx`] as the composition of other ops: the parts added
 /// into `out` in order (strided copies and adds), then [`Backend::head_norm_rope_idx`] in
 /// place. The default, and a backend's fallback where its fused form does not apply.
-#[allow(clippy::too_many_arguments)]
 pub fn head_norm_rope_parts_composed<B: Backend + ?Sized>(
     b: &B,
     x: &B::Buffer,
-    parts: usize,
     out: &mut B::Buffer,
     weight: Option<&B::Buffer>,
     norm: RmsNormParams,
-    positions: &B::Index,
-    inv_freq: &B::Buffer,
+    at: RopeAt<'_, B>,
     rope: RopeParams,
 ) -> Result<()> {
+    let parts = norm.parts;
     let width = rope.n_heads * rope.head_dim;
     let rows = out.len().checked_div(width).unwrap_or(0);
     crate::error::ensure(
@@ -786,5 +741,5 @@ pub fn head_norm_rope_parts_composed<B: Backend + ?Sized>(
             b.add(out, &next)?;
         }
     }
-    b.head_norm_rope_idx(out, weight, norm.whole(), positions, inv_freq, rope)
+    b.head_norm_rope_idx(out, weight, norm.whole(), at, rope)
 }

@@ -28,13 +28,13 @@ mod tuning;
 /// `strata-types`, where the scheduler reads it too.
 pub use strata_types::sampling;
 
-pub use backend::{Backend, DeviceBuffer};
+pub use backend::{Backend, DeviceBuffer, RopeAt};
 pub use dtype::{DType, HostSlice};
 pub use error::{KernelError, Result};
 pub use paged::{expand_page_slots, has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
 pub use params::{
-    Activation, AttentionParams, ClusterPick, MatmulOut, MatmulShape, QkvPrep, RmsNormParams,
-    RopeParams, RopeStyle, StridedCopy, TableSlice,
+    Activation, AttentionParams, ClusterPick, MatmulOut, MatmulShape, NextNorm, QkvPrep,
+    ResidualStep, RmsNormParams, RopeParams, RopeStyle, StridedCopy, TableSlice,
 };
 pub use quant::{MatrixShape, RowDot};
 pub use tuning::{CudaTuning, DecodeGraphs, TuningVariable};

@@ -59,6 +59,71 @@ impl RmsNormParams {
     }
 }
 
+/// The residual step [`crate::Backend::residual_norm`] runs around an RMSNorm; `B` is the
+/// backend's buffer. A `None` weight is the scale-free norm.
+pub enum ResidualStep<'a, B> {
+    /// Pre-norm (Llama, Qwen3, and Gemma where a layer has no post-norm):
+    /// `residual += x; out = rms_norm(residual, weight)`.
+    AddThenNorm {
+        /// The norm's weight.
+        weight: Option<&'a B>,
+        /// Receives the normed residual.
+        out: &'a mut B,
+    },
+    /// Post-norm (Gemma's sandwich norms): `residual = (residual + rms_norm(x, weight)) *
+    /// scale`, then with `next` the next pre-norm, `next.out = rms_norm(residual,
+    /// next.weight)`, in the same pass where the backend can.
+    NormThenAdd {
+        /// The weight of the norm of `x`.
+        weight: Option<&'a B>,
+        /// Gemma-4's layer scalar; 1 elsewhere.
+        scale: f32,
+        /// The next norm of the residual, if one follows at once.
+        next: Option<NextNorm<'a, B>>,
+    },
+}
+
+impl<'a, B> ResidualStep<'a, B> {
+    /// `residual += x; out = rms_norm(residual, weight)`.
+    pub fn add_then_norm(weight: Option<&'a B>, out: &'a mut B) -> Self {
+        Self::AddThenNorm { weight, out }
+    }
+
+    /// `residual = (residual + rms_norm(x, weight)) * scale`.
+    pub fn norm_then_add(weight: Option<&'a B>, scale: f32) -> Self {
+        Self::NormThenAdd {
+            weight,
+            scale,
+            next: None,
+        }
+    }
+
+    /// [`Self::norm_then_add`], then `out = rms_norm(residual, next_weight)`.
+    pub fn norm_add_norm(
+        weight: Option<&'a B>,
+        scale: f32,
+        next_weight: Option<&'a B>,
+        out: &'a mut B,
+    ) -> Self {
+        Self::NormThenAdd {
+            weight,
+            scale,
+            next: Some(NextNorm {
+                weight: next_weight,
+                out,
+            }),
+        }
+    }
+}
+
+/// The norm of the updated residual that ends a [`ResidualStep::NormThenAdd`].
+pub struct NextNorm<'a, B> {
+    /// The norm's weight.
+    pub weight: Option<&'a B>,
+    /// Receives the normed residual.
+    pub out: &'a mut B,
+}
+
 /// Layout of a `[tokens, n_heads, head_dim]` activation that RoPE rotates in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RopeParams {

@@ -19,8 +19,8 @@ use strata_kernels::cpu::CpuBackend;
 use strata_kernels::cuda::{CudaBackend, CudaQuantMatrix};
 use strata_kernels::gpu_test::gpu_or_skip;
 use strata_kernels::{
-    Activation, AttentionParams, Backend, DType, DeviceBuffer, MatmulShape, RmsNormParams,
-    RopeParams, RopeStyle, TableSlice,
+    Activation, AttentionParams, Backend, DType, DeviceBuffer, MatmulShape, ResidualStep,
+    RmsNormParams, RopeParams, RopeStyle, TableSlice,
 };
 
 /// The shared backend, or `None` after printing `skipped: no GPU` (a failure instead under
@@ -728,8 +728,13 @@ fn bf16_twin_matches_narrowing_and_goes_stale() {
     assert_ne!(y_scaled, y, "the scale changed the product");
 
     let mut residual = up(&vals(rows * dim, 7), DType::F32);
-    fast.rms_norm_add(&mut residual, &x, Some(&norm_w), p)
-        .unwrap();
+    fast.residual_norm(
+        &mut residual,
+        &x,
+        p,
+        ResidualStep::norm_then_add(Some(&norm_w), 1.0),
+    )
+    .unwrap();
     let (y, want) = both(&residual, &w, shape);
     assert_eq!(y, want, "the post-norm add's residual twin");
 

@@ -4,8 +4,8 @@
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::sampling::{RowDraw, FED_TOKEN};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, RmsNormParams, RopeParams,
-    RopeStyle, TableSlice,
+    Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, ResidualStep, RmsNormParams,
+    RopeAt, RopeParams, RopeStyle, TableSlice,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
@@ -98,16 +98,12 @@ impl<B: Backend> Model<B> {
     ) -> Result<()> {
         let b = &self.backend;
         let p = self.norm(self.config.hidden_size).with_parts(parts);
-        let w = Some(weight);
-        match (scale, next) {
-            (Some(s), Some(n)) => {
-                b.rms_norm_add_scale_norm(residual, y, [w, Some(n)], p, s, normed)?
-            }
-            (None, Some(n)) => b.rms_norm_add_norm(residual, y, w, Some(n), p, normed)?,
-            (Some(s), None) => b.rms_norm_add_scale(residual, y, w, p, s)?,
-            (None, None) => b.rms_norm_add(residual, y, w, p)?,
-        }
-        Ok(())
+        let (w, s) = (Some(weight), scale.unwrap_or(1.0));
+        let step = match next {
+            Some(n) => ResidualStep::norm_add_norm(w, s, Some(n), normed),
+            None => ResidualStep::norm_then_add(w, s),
+        };
+        Ok(b.residual_norm(residual, y, p, step)?)
     }
 
     /// As [`Self::norm_add`] for a layer without a post-norm: `residual += y` (then scaled).
@@ -123,7 +119,8 @@ impl<B: Backend> Model<B> {
     ) -> Result<()> {
         let (b, p) = (&self.backend, self.norm(self.config.hidden_size));
         if let (None, Some(n)) = (scale, next) {
-            b.add_rms_norm(residual, y, Some(n), p.with_parts(parts), normed)?;
+            let step = ResidualStep::add_then_norm(Some(n), normed);
+            b.residual_norm(residual, y, p.with_parts(parts), step)?;
             return Ok(());
         }
         if parts != 1 {
@@ -335,12 +332,12 @@ impl<B: Backend> Model<B> {
         // The o and down products go only into a residual norm, which can add their parts.
         let (attn, parts) = self.attention(l, lc, lw, normed, t, positions, batch, kv)?;
         let p = self.norm(h).with_parts(parts);
-        match &lw.post_attn_norm {
-            Some(post) => {
-                b.rms_norm_add_norm(x, &attn, Some(post), Some(&lw.pre_mlp_norm), p, normed)?
-            }
-            None => b.add_rms_norm(x, &attn, Some(&lw.pre_mlp_norm), p, normed)?,
-        }
+        let pre_mlp = Some(&lw.pre_mlp_norm);
+        let step = match &lw.post_attn_norm {
+            Some(post) => ResidualStep::norm_add_norm(Some(post), 1.0, pre_mlp, normed),
+            None => ResidualStep::add_then_norm(pre_mlp, normed),
+        };
+        b.residual_norm(x, &attn, p, step)?;
         // The layer scalar multiplies the residual after the layer's last add; it is
         // folded into that add's kernel where there is a norm to fold it into.
         let scalar = c.layer_scalar.then_some(lw.layer_scalar);
@@ -476,13 +473,8 @@ impl<B: Backend> Model<B> {
         b.scale(&mut ctx, (self.config.hidden_size as f32).powf(-0.5))?;
         // tok = (tok + norm(ctx)) / sqrt(2): one fused pass instead of a norm, an add and a
         // scale over [T, L * P] (the sum's operands commute, so the bits are the chain's).
-        b.rms_norm_add_scale(
-            &mut tok,
-            &ctx,
-            Some(&ple.norm),
-            self.norm(p),
-            std::f32::consts::FRAC_1_SQRT_2,
-        )?;
+        let step = ResidualStep::norm_then_add(Some(&ple.norm), std::f32::consts::FRAC_1_SQRT_2);
+        b.residual_norm(&mut tok, &ctx, self.norm(p), step)?;
         Ok(tok)
     }
 
@@ -510,14 +502,13 @@ impl<B: Backend> Model<B> {
         let b = &self.backend;
         let rope = self.rope_params(lc, n_heads);
         match norm {
-            Some(w) => b.head_norm_rope_idx(
-                x,
-                Some(w),
-                self.norm(lc.head_dim),
-                positions,
-                inv_freq,
-                rope,
-            )?,
+            Some(w) => {
+                let at = RopeAt {
+                    positions,
+                    inv_freq,
+                };
+                b.head_norm_rope_idx(x, Some(w), self.norm(lc.head_dim), at, rope)?
+            }
             None => b.rope_idx(x, positions, inv_freq, rope)?,
         }
         Ok(())
@@ -607,17 +598,12 @@ impl<B: Backend> Model<B> {
                 (Some(qn), 2..) => {
                     let mut q = self.scratch(t * nh * d)?;
                     let rope = self.rope_params(lc, nh);
-                    let freqs = &lw.inv_freq;
-                    b.head_norm_rope_parts_idx(
-                        &qp,
-                        parts,
-                        &mut q,
-                        Some(qn),
-                        head_norm,
+                    let at = RopeAt {
                         positions,
-                        freqs,
-                        rope,
-                    )?;
+                        inv_freq: &lw.inv_freq,
+                    };
+                    let norm = head_norm.with_parts(parts);
+                    b.head_norm_rope_parts_idx(&qp, &mut q, Some(qn), norm, at, rope)?;
                     q
                 }
                 _ => {

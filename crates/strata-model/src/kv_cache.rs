@@ -7,7 +7,7 @@
 //! - `KvPool<PagedStorage<B>>`: slabs in the backend's memory; the backend's `kv_store` and
 //!   `paged_attention` address them through slot tables built once per step (the GPU path).
 
-use strata_kernels::{AttentionParams, Backend, HostSlice, QkvPrep, StridedCopy};
+use strata_kernels::{AttentionParams, Backend, HostSlice, QkvPrep, RopeAt, StridedCopy};
 use strata_kv::{HostStorage, KvPool};
 
 use crate::assistant::{Assistant, DraftSeq};
@@ -93,7 +93,11 @@ pub trait KvCache<B: Backend> {
         (positions, inv_freq): (&B::Index, &B::Buffer),
         prep: QkvPrep,
     ) -> Result<()> {
-        b.qkv_norm_rope_idx([q, &mut *k, &mut *v], norms, positions, inv_freq, prep)?;
+        let at = RopeAt {
+            positions,
+            inv_freq,
+        };
+        b.qkv_norm_rope_idx([q, &mut *k, &mut *v], norms, at, prep)?;
         self.store(b, layer, batch, k, v)
     }
 

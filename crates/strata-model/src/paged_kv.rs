@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use strata_kernels::{expand_page_slots, AttentionParams, Backend, KvSlabShape, PagedSeq, QkvPrep};
+use strata_kernels::{
+    expand_page_slots, AttentionParams, Backend, KvSlabShape, PagedSeq, QkvPrep, RopeAt,
+};
 use strata_kv::{KvError, KvLayout, KvPool, KvStorage, PagePlan, PoolKind, NO_PAGE};
 
 use crate::batch::ForwardBatch;
@@ -419,11 +421,13 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         (positions, inv_freq): (&B::Index, &B::Buffer),
         prep: QkvPrep,
     ) -> Result<()> {
+        let at = RopeAt {
+            positions,
+            inv_freq,
+        };
         match self.store_target(layer)? {
-            Some(target) => {
-                b.qkv_norm_rope_store_idx([q, k, v], norms, positions, inv_freq, prep, target)?
-            }
-            None => b.qkv_norm_rope_idx([q, k, v], norms, positions, inv_freq, prep)?,
+            Some(target) => b.qkv_norm_rope_store_idx([q, k, v], norms, at, prep, target)?,
+            None => b.qkv_norm_rope_idx([q, k, v], norms, at, prep)?,
         }
         Ok(())
     }

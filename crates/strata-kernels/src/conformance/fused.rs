@@ -5,8 +5,8 @@
 use super::{compare, ctx, get, put, CheckResult, TestData, Tolerance};
 use crate::cpu::CpuBackend;
 use crate::{
-    Activation, Backend, DType, KvFormat, KvSlabContents, KvSlabShape, QkvPrep, RmsNormParams,
-    RopeParams, RopeStyle, TableSlice,
+    Activation, Backend, DType, KvFormat, KvSlabContents, KvSlabShape, QkvPrep, ResidualStep,
+    RmsNormParams, RopeAt, RopeParams, RopeStyle, TableSlice,
 };
 
 /// Runs `op` on `b` and on the CPU backend with the same host inputs and compares the
@@ -34,8 +34,8 @@ fn norm_params(dim: usize, offset: f32) -> RmsNormParams {
     }
 }
 
-/// `rms_norm_add_norm` (with and without the layer scalar) and `rms_norm_add_scale`: both
-/// the residual and the output.
+/// `residual_norm`'s post-norm step, with the next norm (with and without the layer scalar)
+/// and without it: both the residual and the output.
 pub fn check_fused_norms<B: Backend>(b: &B) -> CheckResult {
     for (seed, &(rows, dim, w_dtype, offset)) in [
         (1usize, 1536usize, DType::BF16, 0.0f32),
@@ -97,8 +97,8 @@ struct NormAddNormInputs<'a> {
     scale: Option<f32>,
 }
 
-/// `rms_norm_add_norm`, or with a scale `rms_norm_add_scale_norm`; returns the residual or
-/// the output.
+/// `residual_norm`'s post-norm step with the next norm (scale 1 without `i.scale`); returns
+/// the residual or the output.
 fn fused_norm_add_norm<B: Backend>(
     b: &B,
     i: &NormAddNormInputs<'_>,
@@ -110,12 +110,9 @@ fn fused_norm_add_norm<B: Backend>(
     let w1b = b.upload_f32_as(i.w1, i.w_dtype)?;
     let w2b = b.upload_f32_as(i.w2, i.w_dtype)?;
     let mut out = b.zeros(i.x.len(), DType::F32)?;
-    match i.scale {
-        Some(s) => {
-            b.rms_norm_add_scale_norm(&mut rb, &xb, [Some(&w1b), Some(&w2b)], p, s, &mut out)?
-        }
-        None => b.rms_norm_add_norm(&mut rb, &xb, Some(&w1b), Some(&w2b), p, &mut out)?,
-    }
+    let scale = i.scale.unwrap_or(1.0);
+    let step = ResidualStep::norm_add_norm(Some(&w1b), scale, Some(&w2b), &mut out);
+    b.residual_norm(&mut rb, &xb, p, step)?;
     Ok(if residual_out { rb } else { out })
 }
 
@@ -131,7 +128,12 @@ fn fused_norm_add_scale<B: Backend>(
     let mut rb = b.upload_f32_as(r, DType::F32)?;
     let xb = b.upload_f32_as(x, DType::F32)?;
     let wb = b.upload_f32_as(w, w_dtype)?;
-    b.rms_norm_add_scale(&mut rb, &xb, Some(&wb), p, scale)?;
+    b.residual_norm(
+        &mut rb,
+        &xb,
+        p,
+        ResidualStep::norm_then_add(Some(&wb), scale),
+    )?;
     Ok(rb)
 }
 
@@ -223,7 +225,11 @@ fn head_norm_rope<B: Backend>(
     };
     let pos = b.upload_index(positions)?;
     let freqs = b.upload_f32_as(inv_freq, DType::F32)?;
-    b.head_norm_rope_idx(&mut xb, wb.as_ref(), norm, &pos, &freqs, rope)?;
+    let at = RopeAt {
+        positions: &pos,
+        inv_freq: &freqs,
+    };
+    b.head_norm_rope_idx(&mut xb, wb.as_ref(), norm, at, rope)?;
     Ok(xb)
 }
 
@@ -356,7 +362,11 @@ fn qkv_norm_rope<B: Backend>(b: &B, i: &QkvInputs, which: usize) -> crate::Resul
         pos,
         freqs,
     } = i.upload(b)?;
-    b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [&qn, &kn], &pos, &freqs, i.p)?;
+    let at = RopeAt {
+        positions: &pos,
+        inv_freq: &freqs,
+    };
+    b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [&qn, &kn], at, i.p)?;
     Ok([q, k, v].into_iter().nth(which).expect("which < 3"))
 }
 
@@ -424,12 +434,16 @@ fn prepare_and_store<B: Backend>(
         slots: 2 * slots.len() + 3,
     })?;
     let idx = b.upload_index(slots)?;
+    let at = RopeAt {
+        positions: &pos,
+        inv_freq: &freqs,
+    };
     let qkv = [&mut q, &mut k, &mut v];
     if fused {
         let store = (&mut slab, &idx);
-        b.qkv_norm_rope_store_idx(qkv, [&qn, &kn], &pos, &freqs, i.p, store)?;
+        b.qkv_norm_rope_store_idx(qkv, [&qn, &kn], at, i.p, store)?;
     } else {
-        b.qkv_norm_rope_idx(qkv, [&qn, &kn], &pos, &freqs, i.p)?;
+        b.qkv_norm_rope_idx(qkv, [&qn, &kn], at, i.p)?;
         b.kv_store(&mut slab, &k, &v, &idx)?;
     }
     Ok(Prepared {

@@ -5,7 +5,9 @@
 use super::fused::inv_freq_with_zero_tail;
 use super::{compare, ctx, get, CheckResult, TestData, Tolerance};
 use crate::cpu::CpuBackend;
-use crate::{Backend, DType, MatmulShape, RmsNormParams, RopeParams, RopeStyle};
+use crate::{
+    Backend, DType, MatmulShape, ResidualStep as Step, RmsNormParams, RopeAt, RopeParams, RopeStyle,
+};
 
 /// Each part against its f64 definition, at decode row counts (the parts' lengths of
 /// E2B's and E4B's products, fewer outputs to keep the f64 reference quick) and a small
@@ -159,12 +161,16 @@ impl NormForm {
         let mut out = b.zeros(i.r.len(), DType::F32)?;
         let (w1, w2) = (Some(&w1), Some(&w2));
         match self {
-            Self::AddNorm => b.rms_norm_add_norm(&mut rb, &yb, w1, w2, p, &mut out)?,
-            Self::AddScaleNorm => {
-                b.rms_norm_add_scale_norm(&mut rb, &yb, [w1, w2], p, 0.37, &mut out)?
+            Self::AddNorm => {
+                b.residual_norm(&mut rb, &yb, p, Step::norm_add_norm(w1, 1.0, w2, &mut out))?
             }
-            Self::NormAdd => b.rms_norm_add_scale(&mut rb, &yb, w1, p, 0.61)?,
-            Self::AddThenNorm => b.add_rms_norm(&mut rb, &yb, w1, p, &mut out)?,
+            Self::AddScaleNorm => {
+                b.residual_norm(&mut rb, &yb, p, Step::norm_add_norm(w1, 0.37, w2, &mut out))?
+            }
+            Self::NormAdd => b.residual_norm(&mut rb, &yb, p, Step::norm_then_add(w1, 0.61))?,
+            Self::AddThenNorm => {
+                b.residual_norm(&mut rb, &yb, p, Step::add_then_norm(w1, &mut out))?
+            }
             Self::Plain => b.rms_norm(&yb, w1, p, &mut out)?,
         }
         let writes_residual = !matches!(self, Self::Plain);
@@ -250,22 +256,18 @@ impl HeadIns<'_> {
         let pos = b.upload_index(self.positions)?;
         let freqs = b.upload_f32_as(self.inv_freq, DType::F32)?;
         let (norm, rope) = (self.norm, self.rope);
+        let at = RopeAt {
+            positions: &pos,
+            inv_freq: &freqs,
+        };
         let out = if parts > 1 {
             let mut out = b.zeros(input.len() / parts, DType::F32)?;
-            b.head_norm_rope_parts_idx(
-                &xb,
-                parts,
-                &mut out,
-                wb.as_ref(),
-                norm,
-                &pos,
-                &freqs,
-                rope,
-            )?;
+            let norm = norm.with_parts(parts);
+            b.head_norm_rope_parts_idx(&xb, &mut out, wb.as_ref(), norm, at, rope)?;
             out
         } else {
             let mut xb = xb;
-            b.head_norm_rope_idx(&mut xb, wb.as_ref(), norm, &pos, &freqs, rope)?;
+            b.head_norm_rope_idx(&mut xb, wb.as_ref(), norm, at, rope)?;
             xb
         };
         b.download(&out)

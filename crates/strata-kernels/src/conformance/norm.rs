@@ -1,7 +1,7 @@
 //! RMSNorm and its fused residual forms.
 
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
-use crate::{Backend, DType, RmsNormParams};
+use crate::{Backend, DType, ResidualStep, RmsNormParams};
 
 /// Which of the three norm ops to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +85,12 @@ pub fn check_rms_norm_case<B: Backend>(b: &B, c: RmsNormCase) -> CheckResult {
             let mut out = ctx(&what, b.zeros(n, act))?;
             ctx(
                 &what,
-                b.add_rms_norm(&mut rb, &xb, wb.as_ref(), p, &mut out),
+                b.residual_norm(
+                    &mut rb,
+                    &xb,
+                    p,
+                    ResidualStep::add_then_norm(wb.as_ref(), &mut out),
+                ),
             )?;
             // The updated residual is stored in the activation dtype; the norm reads that.
             let summed: Vec<f32> = residual
@@ -112,7 +117,8 @@ pub fn check_rms_norm_case<B: Backend>(b: &B, c: RmsNormCase) -> CheckResult {
         }
         NormVariant::NormThenAdd => {
             let mut rb = put(b, &residual, act)?;
-            ctx(&what, b.rms_norm_add(&mut rb, &xb, wb.as_ref(), p))?;
+            let step = ResidualStep::norm_then_add(wb.as_ref(), 1.0);
+            ctx(&what, b.residual_norm(&mut rb, &xb, p, step))?;
             let normed = norm(&x);
             let want: Vec<f64> = residual
                 .iter()

@@ -72,7 +72,7 @@ macro_rules! conformance_tests {
             copy_strided plain check_copy_strided ["copy_strided"];
             embedding plain check_embedding ["embedding"];
             embedding_quant quant check_embedding_quant ["embedding_quant"];
-            rms_norm plain check_rms_norm ["rms_norm", "add_rms_norm", "rms_norm_add"];
+            rms_norm plain check_rms_norm ["rms_norm", "residual_norm"];
             rope plain check_rope ["rope"];
             matmul plain check_matmul ["matmul"];
             fused_matmuls plain check_fused_matmuls ["matmul_shared_input", "gated_matmul", "gated_slice_matmul"];
@@ -88,7 +88,7 @@ macro_rules! conformance_tests {
             clustered_argmax plain check_clustered_argmax ["clustered_argmax", "download_index"];
             feed_tokens plain check_feed_tokens ["feed_tokens", "embedding_idx", "write_index"];
             adjust_logits plain check_adjust_logits ["adjust_logits"];
-            fused plain check_fused ["rms_norm_add_norm", "rms_norm_add_scale", "rms_norm_add_scale_norm", "head_norm_rope_idx", "qkv_norm_rope_idx", "qkv_norm_rope_store_idx", "act_mul_slice"];
+            fused plain check_fused ["residual_norm", "head_norm_rope_idx", "qkv_norm_rope_idx", "qkv_norm_rope_store_idx", "act_mul_slice"];
             k_parts plain check_k_parts ["matmul_parts", "head_norm_rope_parts_idx"];
             index_forms quant check_index_forms ["rope_idx", "embedding_quant_idx", "paged_batch_update"];
             host_pick plain check_host_pick ["capped_rows", "pick_on_host"];

@@ -25,7 +25,7 @@ use crate::sampling::{Picked, RowDraw};
 use crate::Result;
 use crate::{
     Activation, AttentionParams, Backend, ClusterPick, DType, HostSlice, KernelError, MatmulShape,
-    RmsNormParams, RopeParams, StridedCopy,
+    ResidualStep, RmsNormParams, RopeParams, StridedCopy,
 };
 use std::sync::Arc;
 
@@ -166,25 +166,33 @@ impl Backend for CpuBackend {
         self.install(|| norm::rms_norm(x, weight, p, out))
     }
 
-    fn add_rms_norm(
+    fn residual_norm(
         &self,
         residual: &mut CpuBuffer,
         x: &CpuBuffer,
-        weight: Option<&CpuBuffer>,
         p: RmsNormParams,
-        out: &mut CpuBuffer,
+        step: ResidualStep<'_, CpuBuffer>,
     ) -> Result<()> {
-        self.install(|| norm::add_rms_norm(residual, x, weight, p, out))
-    }
-
-    fn rms_norm_add(
-        &self,
-        residual: &mut CpuBuffer,
-        x: &CpuBuffer,
-        weight: Option<&CpuBuffer>,
-        p: RmsNormParams,
-    ) -> Result<()> {
-        self.install(|| norm::rms_norm_add(residual, x, weight, p))
+        match step {
+            ResidualStep::AddThenNorm { weight, out } => {
+                self.install(|| norm::add_rms_norm(residual, x, weight, p, out))
+            }
+            // The post-norm chain op by op: the CPU has no fused pass to gain from.
+            ResidualStep::NormThenAdd {
+                weight,
+                scale,
+                next,
+            } => {
+                self.install(|| norm::rms_norm_add(residual, x, weight, p))?;
+                if scale != 1.0 {
+                    self.scale(residual, scale)?;
+                }
+                match next {
+                    Some(n) => self.rms_norm(residual, n.weight, p.whole(), n.out),
+                    None => Ok(()),
+                }
+            }
+        }
     }
 
     fn rope(

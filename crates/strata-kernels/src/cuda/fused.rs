@@ -12,7 +12,7 @@ use super::{device_err, CudaBackend, CudaIndex, CudaKvSlab};
 use crate::error::ensure;
 use crate::{
     Activation, DType, DeviceBuffer, KernelError, KvFormat, MatmulShape, Result, RmsNormParams,
-    RopeParams, RopeStyle, TableSlice,
+    RopeAt, RopeParams, RopeStyle, TableSlice,
 };
 
 /// Rows of x up to which a bf16 matmul runs as a GEMV (one kernel per row count, plain,
@@ -342,20 +342,17 @@ impl CudaBackend {
 
     /// [`crate::Backend::head_norm_rope_parts_idx`]: one launch that adds the parts as it
     /// loads them where the register path's f32 case applies, else the composed ops.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn head_norm_rope_parts_impl(
         &self,
         x: &CudaBuffer,
-        parts: usize,
         out: &mut CudaBuffer,
         weight: Option<&CudaBuffer>,
         norm: RmsNormParams,
-        positions: &CudaIndex,
-        inv_freq: &CudaBuffer,
+        at: RopeAt<'_, Self>,
         rope: RopeParams,
     ) -> Result<()> {
         const OP: &str = "head_norm_rope_parts";
-        let n = positions.len();
+        let (n, parts, inv_freq) = (at.positions.len(), norm.parts, at.inv_freq);
         ensure(
             parts > 0 && x.len() == n * parts * rope.n_heads * rope.head_dim,
             OP,
@@ -368,13 +365,11 @@ impl CudaBackend {
             rope: true,
         };
         let extra = SegsExtra::FromParts(x.f32s(OP)?, parts);
-        let pos = positions.data();
+        let pos = at.positions.data();
         if self.head_norm_rope_segs(vec![seg], norm.whole(), n, pos, inv_freq, rope, extra)? {
             return Ok(());
         }
-        crate::backend::head_norm_rope_parts_composed(
-            self, x, parts, out, weight, norm, positions, inv_freq, rope,
-        )
+        crate::backend::head_norm_rope_parts_composed(self, x, out, weight, norm, at, rope)
     }
 
     /// `kernels/rope.cu`'s `head_norm_rope` over up to three tensors of `n_tokens` tokens

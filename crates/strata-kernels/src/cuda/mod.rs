@@ -49,10 +49,11 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
 
 use crate::params::{
-    Activation, AttentionParams, MatmulShape, RmsNormParams, RopeParams, StridedCopy, TableSlice,
+    Activation, AttentionParams, MatmulShape, ResidualStep, RmsNormParams, RopeParams, StridedCopy,
+    TableSlice,
 };
 use crate::sampling::RowDraw;
-use crate::{Backend, DType, HostSlice, KernelError, Result};
+use crate::{Backend, DType, HostSlice, KernelError, Result, RopeAt};
 use module::Kernels;
 
 /// A captured, instantiated CUDA graph.
@@ -451,60 +452,28 @@ impl Backend for CudaBackend {
         self.rms_norm_plain(x, weight, p, out)
     }
 
-    fn add_rms_norm(
+    fn residual_norm(
         &self,
         residual: &mut CudaBuffer,
         x: &CudaBuffer,
-        weight: Option<&CudaBuffer>,
         p: RmsNormParams,
-        out: &mut CudaBuffer,
+        step: ResidualStep<'_, CudaBuffer>,
     ) -> Result<()> {
-        self.add_then_rms_norm(residual, x, weight, p, out)
-    }
-
-    fn rms_norm_add(
-        &self,
-        residual: &mut CudaBuffer,
-        x: &CudaBuffer,
-        weight: Option<&CudaBuffer>,
-        p: RmsNormParams,
-    ) -> Result<()> {
-        self.rms_norm_then_add(residual, x, weight, p, 1.0)
-    }
-
-    fn rms_norm_add_norm(
-        &self,
-        residual: &mut CudaBuffer,
-        x: &CudaBuffer,
-        weight: Option<&CudaBuffer>,
-        next_weight: Option<&CudaBuffer>,
-        p: RmsNormParams,
-        out: &mut CudaBuffer,
-    ) -> Result<()> {
-        self.rms_norm_add_then_norm(residual, x, weight, next_weight, p, 1.0, out)
-    }
-
-    fn rms_norm_add_scale_norm(
-        &self,
-        residual: &mut CudaBuffer,
-        x: &CudaBuffer,
-        weights: [Option<&CudaBuffer>; 2],
-        p: RmsNormParams,
-        scale: f32,
-        out: &mut CudaBuffer,
-    ) -> Result<()> {
-        self.rms_norm_add_then_norm(residual, x, weights[0], weights[1], p, scale, out)
-    }
-
-    fn rms_norm_add_scale(
-        &self,
-        residual: &mut CudaBuffer,
-        x: &CudaBuffer,
-        weight: Option<&CudaBuffer>,
-        p: RmsNormParams,
-        scale: f32,
-    ) -> Result<()> {
-        self.rms_norm_then_add(residual, x, weight, p, scale)
+        match step {
+            ResidualStep::AddThenNorm { weight, out } => {
+                self.add_then_rms_norm(residual, x, weight, p, out)
+            }
+            ResidualStep::NormThenAdd {
+                weight,
+                scale,
+                next: None,
+            } => self.rms_norm_then_add(residual, x, weight, p, scale),
+            ResidualStep::NormThenAdd {
+                weight,
+                scale,
+                next: Some(next),
+            } => self.rms_norm_add_then_norm(residual, x, weight, p, scale, next),
+        }
     }
 
     fn rope(
@@ -731,15 +700,13 @@ impl Backend for CudaBackend {
     fn head_norm_rope_parts_idx(
         &self,
         x: &CudaBuffer,
-        parts: usize,
         out: &mut CudaBuffer,
         weight: Option<&CudaBuffer>,
         norm: RmsNormParams,
-        positions: &CudaIndex,
-        inv_freq: &CudaBuffer,
+        at: RopeAt<'_, Self>,
         rope: RopeParams,
     ) -> Result<()> {
-        self.head_norm_rope_parts_impl(x, parts, out, weight, norm, positions, inv_freq, rope)
+        self.head_norm_rope_parts_impl(x, out, weight, norm, at, rope)
     }
 
     fn head_norm_rope_idx(
@@ -747,35 +714,33 @@ impl Backend for CudaBackend {
         x: &mut CudaBuffer,
         weight: Option<&CudaBuffer>,
         norm: RmsNormParams,
-        positions: &CudaIndex,
-        inv_freq: &CudaBuffer,
+        at: RopeAt<'_, Self>,
         rope: RopeParams,
     ) -> Result<()> {
-        let n = positions.len();
-        self.head_norm_rope_dev(x, weight, norm, n, positions.data(), inv_freq, rope)
+        let (n, pos) = (at.positions.len(), at.positions.data());
+        self.head_norm_rope_dev(x, weight, norm, n, pos, at.inv_freq, rope)
     }
 
     fn qkv_norm_rope_idx(
         &self,
         qkv: [&mut CudaBuffer; 3],
         norms: [&CudaBuffer; 2],
-        positions: &CudaIndex,
-        inv_freq: &CudaBuffer,
+        at: RopeAt<'_, Self>,
         p: crate::QkvPrep,
     ) -> Result<()> {
-        self.qkv_norm_rope_impl(qkv, norms, positions, inv_freq, p, None)
+        self.qkv_norm_rope_impl(qkv, norms, at.positions, at.inv_freq, p, None)
     }
 
     fn qkv_norm_rope_store_idx(
         &self,
         qkv: [&mut CudaBuffer; 3],
         norms: [&CudaBuffer; 2],
-        positions: &CudaIndex,
-        inv_freq: &CudaBuffer,
+        at: RopeAt<'_, Self>,
         p: crate::QkvPrep,
         (slab, slots): (&mut CudaKvSlab, &CudaIndex),
     ) -> Result<()> {
-        self.qkv_norm_rope_impl(qkv, norms, positions, inv_freq, p, Some((slab, slots)))
+        let store = Some((slab, slots));
+        self.qkv_norm_rope_impl(qkv, norms, at.positions, at.inv_freq, p, store)
     }
 
     fn act_mul_slice(

@@ -8,7 +8,9 @@ use super::buffer::{arg_twin, dtype_code, CudaBuffer, Storage, NULL_PTR};
 use super::{device_err, grid_for, CudaBackend};
 use crate::error::ensure;
 use crate::RopeStyle;
-use crate::{Activation, DType, DeviceBuffer, KernelError, Result, RmsNormParams, RopeParams};
+use crate::{
+    Activation, DType, DeviceBuffer, KernelError, NextNorm, Result, RmsNormParams, RopeParams,
+};
 
 /// Pushes a buffer of any dtype as a `const void*` argument.
 fn arg_any<'a>(l: &mut LaunchArgs<'a>, buf: &'a CudaBuffer) {
@@ -403,18 +405,17 @@ impl CudaBackend {
     }
 
     /// `residual = (residual + rms_norm(x, weight)) * post_scale;
-    /// out = rms_norm(residual, weight2)`.
-    #[allow(clippy::too_many_arguments)]
+    /// next.out = rms_norm(residual, next.weight)`.
     pub(super) fn rms_norm_add_then_norm(
         &self,
         residual: &mut CudaBuffer,
         x: &CudaBuffer,
         weight: Option<&CudaBuffer>,
-        weight2: Option<&CudaBuffer>,
         p: RmsNormParams,
         post_scale: f32,
-        out: &mut CudaBuffer,
+        next: NextNorm<'_, CudaBuffer>,
     ) -> Result<()> {
+        let (weight2, out) = (next.weight, next.out);
         const OP: &str = "rms_norm_add_norm";
         self.norm_checks(OP, x, weight, &p)?;
         self.norm_checks(OP, x, weight2, &p)?;
