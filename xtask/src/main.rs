@@ -63,15 +63,7 @@ fn inspect(rest: &[String]) -> anyhow::Result<()> {
         "examples/configs/gemma-4-e2b.json".to_string(),
     ];
     let rest = if rest.is_empty() { &default[..] } else { rest };
-    let mut args = vec![
-        "run",
-        "--release",
-        "--quiet",
-        "--bin",
-        "strata",
-        "--",
-        "inspect",
-    ];
+    let mut args = strata_run("inspect");
     args.extend(rest.iter().map(String::as_str));
     cargo(&args)
 }
@@ -87,4 +79,17 @@ fn ci() -> anyhow::Result<()> {
         "warnings",
     ])?;
     cargo(&["test", "--workspace"])
+}
+
+/// `cargo` arguments that run the release `strata` binary's `subcommand`.
+pub(crate) fn strata_run(subcommand: &str) -> Vec<&str> {
+    vec![
+        "run",
+        "--release",
+        "--quiet",
+        "--bin",
+        "strata",
+        "--",
+        subcommand,
+    ]
 }

@@ -20,15 +20,7 @@ pub fn serve(rest: &[String]) -> anyhow::Result<()> {
             .status()?;
         anyhow::ensure!(status.success(), "scripts/fetch-models.sh failed");
     }
-    let mut args = vec![
-        "run",
-        "--release",
-        "--quiet",
-        "--bin",
-        "strata",
-        "--",
-        "serve",
-    ];
+    let mut args = crate::strata_run("serve");
     if !has_model {
         args.extend(["--model", DEFAULT_MODEL]);
     }

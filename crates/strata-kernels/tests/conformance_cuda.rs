@@ -1155,7 +1155,6 @@ fn run_matmul<B: Backend>(b: &B, x: &[f32], w: &[f32], wdt: DType, k: usize, n: 
     b.download(&out).unwrap()
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_attention<B: Backend>(
     b: &B,
     q: &[f32],

@@ -161,7 +161,6 @@ impl<B: Backend> Assistant<B> {
     /// `steps` draft steps for each of `seqs` from `tokens` and `hidden` (as
     /// [`Assistant::step`]), each step's tokens feeding the next: per step, each
     /// sequence's draft. A pool that keeps graphs replays the round as one.
-    #[allow(clippy::too_many_arguments)]
     pub fn draft<K: KvCache<B>>(
         &self,
         target: &Model<B>,

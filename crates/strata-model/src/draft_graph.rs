@@ -43,7 +43,6 @@ pub(crate) struct DraftGraph<B: Backend> {
 /// dropped). `None` when the round cannot be a graph (graphs off,
 /// host-resident tables, a drafter without a centroid head, more sequences than a graph
 /// takes); then the caller runs it op by op.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn draft_round<B: Backend>(
     pool: &mut KvPool<PagedStorage<B>>,
     assistant: &Assistant<B>,

@@ -574,7 +574,10 @@ impl<B: Backend> Model<B> {
                     kv_heads: nkv,
                     v_norm: c.v_norm,
                 };
-                let at = (positions, &lw.inv_freq);
+                let at = RopeAt {
+                    positions,
+                    inv_freq: &lw.inv_freq,
+                };
                 let qkv = [&mut q, &mut k, &mut v];
                 kv.prepare_and_store(b, l, batch, qkv, [qn, kn], at, prep)?;
             } else {

@@ -55,7 +55,6 @@ pub trait KvCache<B: Backend> {
 
     /// A round of `steps` draft steps replayed as a captured graph, if this cache keeps
     /// graphs and the round can be one ([`Assistant::draft`]); `None` runs it op by op.
-    #[allow(clippy::too_many_arguments)]
     fn draft_round(
         &mut self,
         _assistant: &Assistant<B>,
@@ -90,13 +89,9 @@ pub trait KvCache<B: Backend> {
         batch: &ForwardBatch,
         [q, k, v]: [&mut B::Buffer; 3],
         norms: [&B::Buffer; 2],
-        (positions, inv_freq): (&B::Index, &B::Buffer),
+        at: RopeAt<'_, B>,
         prep: QkvPrep,
     ) -> Result<()> {
-        let at = RopeAt {
-            positions,
-            inv_freq,
-        };
         b.qkv_norm_rope_idx([q, &mut *k, &mut *v], norms, at, prep)?;
         self.store(b, layer, batch, k, v)
     }

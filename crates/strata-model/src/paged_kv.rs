@@ -418,13 +418,9 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         _batch: &ForwardBatch,
         [q, k, v]: [&mut B::Buffer; 3],
         norms: [&B::Buffer; 2],
-        (positions, inv_freq): (&B::Index, &B::Buffer),
+        at: RopeAt<'_, B>,
         prep: QkvPrep,
     ) -> Result<()> {
-        let at = RopeAt {
-            positions,
-            inv_freq,
-        };
         match self.store_target(layer)? {
             Some(target) => b.qkv_norm_rope_store_idx([q, k, v], norms, at, prep, target)?,
             None => b.qkv_norm_rope_idx([q, k, v], norms, at, prep)?,

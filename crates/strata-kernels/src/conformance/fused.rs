@@ -2,6 +2,7 @@
 //! that chain (the trait's default bodies, themselves checked against the f64 references
 //! by the other families), within f32 rounding.
 
+use super::k_parts::HeadIns;
 use super::{compare, ctx, get, put, CheckResult, TestData, Tolerance};
 use crate::cpu::CpuBackend;
 use crate::{
@@ -20,9 +21,14 @@ fn same_as_cpu<B: Backend>(
     let cpu = CpuBackend::new();
     let got = get(b, &ctx(what, run_b(b))?)?;
     let want = ctx(what, cpu.download(&ctx(what, run_cpu(&cpu))?))?;
+    matches_cpu(what, &got, &want)
+}
+
+/// A backend's result against the CPU backend's, at f32 tolerance.
+fn matches_cpu(what: &str, got: &[f32], want: &[f32]) -> CheckResult {
     let want64: Vec<f64> = want.iter().map(|&v| v as f64).collect();
     let mag: Vec<f64> = want64.iter().map(|v| v.abs()).collect();
-    compare(what, &got, &want64, &mag, Tolerance::for_dtype(DType::F32))
+    compare(what, got, &want64, &mag, Tolerance::for_dtype(DType::F32))
 }
 
 fn norm_params(dim: usize, offset: f32) -> RmsNormParams {
@@ -175,62 +181,18 @@ pub fn check_head_norm_rope<B: Backend>(b: &B) -> CheckResult {
         };
         let norm = norm_params(d, 0.0);
         let what = format!("head_norm_rope {tokens}x{heads}x{d} {style:?} weight={w_dtype:?}");
-        same_as_cpu(
-            &what,
-            b,
-            |b| {
-                head_norm_rope(
-                    b,
-                    &x,
-                    w.as_deref(),
-                    w_dtype,
-                    &positions,
-                    &inv_freq,
-                    norm,
-                    rope,
-                )
-            },
-            |c| {
-                head_norm_rope(
-                    c,
-                    &x,
-                    w.as_deref(),
-                    w_dtype,
-                    &positions,
-                    &inv_freq,
-                    norm,
-                    rope,
-                )
-            },
-        )?;
+        let case = HeadIns {
+            w: w.as_deref().zip(w_dtype),
+            positions: &positions,
+            inv_freq: &inv_freq,
+            norm,
+            rope,
+        };
+        let got = ctx(&what, case.run(b, &x, 1))?;
+        let want = ctx(&what, case.run(&CpuBackend::new(), &x, 1))?;
+        matches_cpu(&what, &got, &want)?;
     }
     Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn head_norm_rope<B: Backend>(
-    b: &B,
-    x: &[f32],
-    w: Option<&[f32]>,
-    w_dtype: Option<DType>,
-    positions: &[u32],
-    inv_freq: &[f32],
-    norm: RmsNormParams,
-    rope: RopeParams,
-) -> crate::Result<B::Buffer> {
-    let mut xb = b.upload_f32_as(x, DType::F32)?;
-    let wb = match (w, w_dtype) {
-        (Some(w), Some(dt)) => Some(b.upload_f32_as(w, dt)?),
-        _ => None,
-    };
-    let pos = b.upload_index(positions)?;
-    let freqs = b.upload_f32_as(inv_freq, DType::F32)?;
-    let at = RopeAt {
-        positions: &pos,
-        inv_freq: &freqs,
-    };
-    b.head_norm_rope_idx(&mut xb, wb.as_ref(), norm, at, rope)?;
-    Ok(xb)
 }
 
 /// Frequencies `10000^(-2i/d)` with the last `zero_tail` of the `d / 2` set to zero
@@ -354,20 +316,32 @@ impl QkvInputs {
     }
 }
 
+impl<B: Backend> QkvBuffers<B> {
+    /// `qkv_norm_rope_idx` in place, or with `store` `qkv_norm_rope_store_idx`.
+    fn prepare(
+        &mut self,
+        b: &B,
+        p: QkvPrep,
+        store: Option<(&mut B::KvSlab, &B::Index)>,
+    ) -> crate::Result<()> {
+        let [q, k, v] = &mut self.qkv;
+        let [qn, kn] = &self.norms;
+        let at = RopeAt {
+            positions: &self.pos,
+            inv_freq: &self.freqs,
+        };
+        match store {
+            Some(s) => b.qkv_norm_rope_store_idx([q, k, v], [qn, kn], at, p, s),
+            None => b.qkv_norm_rope_idx([q, k, v], [qn, kn], at, p),
+        }
+    }
+}
+
 /// Runs `qkv_norm_rope_idx` and returns q, k or v (`which` 0, 1, 2).
 fn qkv_norm_rope<B: Backend>(b: &B, i: &QkvInputs, which: usize) -> crate::Result<B::Buffer> {
-    let QkvBuffers {
-        qkv: [mut q, mut k, mut v],
-        norms: [qn, kn],
-        pos,
-        freqs,
-    } = i.upload(b)?;
-    let at = RopeAt {
-        positions: &pos,
-        inv_freq: &freqs,
-    };
-    b.qkv_norm_rope_idx([&mut q, &mut k, &mut v], [&qn, &kn], at, i.p)?;
-    Ok([q, k, v].into_iter().nth(which).expect("which < 3"))
+    let mut u = i.upload(b)?;
+    u.prepare(b, i.p, None)?;
+    Ok(u.qkv.into_iter().nth(which).expect("which < 3"))
 }
 
 /// `qkv_norm_rope_idx` on Gemma-4's layer shapes (8 query heads over one KV head at 256,
@@ -421,12 +395,7 @@ fn prepare_and_store<B: Backend>(
     slots: &[u32],
     fused: bool,
 ) -> crate::Result<Prepared> {
-    let QkvBuffers {
-        qkv: [mut q, mut k, mut v],
-        norms: [qn, kn],
-        pos,
-        freqs,
-    } = i.upload(b)?;
+    let mut u = i.upload(b)?;
     let mut slab = b.kv_slab(KvSlabShape {
         format,
         num_kv_heads: i.p.kv_heads,
@@ -434,20 +403,15 @@ fn prepare_and_store<B: Backend>(
         slots: 2 * slots.len() + 3,
     })?;
     let idx = b.upload_index(slots)?;
-    let at = RopeAt {
-        positions: &pos,
-        inv_freq: &freqs,
-    };
-    let qkv = [&mut q, &mut k, &mut v];
     if fused {
-        let store = (&mut slab, &idx);
-        b.qkv_norm_rope_store_idx(qkv, [&qn, &kn], at, i.p, store)?;
+        u.prepare(b, i.p, Some((&mut slab, &idx)))?;
     } else {
-        b.qkv_norm_rope_idx(qkv, [&qn, &kn], at, i.p)?;
-        b.kv_store(&mut slab, &k, &v, &idx)?;
+        u.prepare(b, i.p, None)?;
+        b.kv_store(&mut slab, &u.qkv[1], &u.qkv[2], &idx)?;
     }
+    let [q, k, v] = &u.qkv;
     Ok(Prepared {
-        qkv: vec![b.download(&q)?, b.download(&k)?, b.download(&v)?],
+        qkv: vec![b.download(q)?, b.download(k)?, b.download(v)?],
         slab: b.kv_slab_contents(&slab)?,
     })
 }

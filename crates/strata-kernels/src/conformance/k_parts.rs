@@ -239,18 +239,24 @@ fn check_head_norm_rope_of_parts<B: Backend>(b: &B) -> CheckResult {
 }
 
 /// A head norm check's inputs besides the normed one.
-struct HeadIns<'a> {
-    w: Option<(&'a [f32], DType)>,
-    positions: &'a [u32],
-    inv_freq: &'a [f32],
-    norm: RmsNormParams,
-    rope: RopeParams,
+pub(super) struct HeadIns<'a> {
+    /// The norm's weight and the dtype it is uploaded as.
+    pub(super) w: Option<(&'a [f32], DType)>,
+    pub(super) positions: &'a [u32],
+    pub(super) inv_freq: &'a [f32],
+    pub(super) norm: RmsNormParams,
+    pub(super) rope: RopeParams,
 }
 
 impl HeadIns<'_> {
     /// The op over `input` in `parts` parts (`head_norm_rope_parts_idx`), or over a whole
     /// input (`head_norm_rope_idx`) when `parts` is 1.
-    fn run<B: Backend>(&self, b: &B, input: &[f32], parts: usize) -> crate::Result<Vec<f32>> {
+    pub(super) fn run<B: Backend>(
+        &self,
+        b: &B,
+        input: &[f32],
+        parts: usize,
+    ) -> crate::Result<Vec<f32>> {
         let xb = b.upload_f32_as(input, DType::F32)?;
         let wb = self.w.map(|(w, dt)| b.upload_f32_as(w, dt)).transpose()?;
         let pos = b.upload_index(self.positions)?;

@@ -59,7 +59,6 @@ impl CudaBackend {
 
     /// `out [t, n] = act(x gate^T) * (x up^T)` as the pair (callers check the shapes and
     /// `PathLimits::gated_pair`); with `twin`, into `out`'s bf16 twin alone.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn gated_pair(
         &self,
         act: Activation,

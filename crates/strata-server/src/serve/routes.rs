@@ -1155,7 +1155,6 @@ impl StreamState {
 /// Streams the samples of one prompt, each chunk carrying its choice's index; `[DONE]`
 /// follows the last choice's end. With `tools`, calls in a chat's output become
 /// `tool_calls` deltas.
-#[allow(clippy::too_many_arguments)]
 fn sse_stream(
     st: Shared,
     submitted: Vec<Submitted>,

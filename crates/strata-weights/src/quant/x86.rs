@@ -348,7 +348,6 @@ const TOKENS_PER_PASS: usize = 4;
 macro_rules! rows_fn {
     ($name:ident, $B:ty, $kernel:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        #[allow(clippy::too_many_arguments)]
         fn $name(
             bytes: &[u8],
             row_bytes: usize,
