@@ -8,7 +8,14 @@ requests 2..N) served from the cache. Binaries run one after another in the same
 invocation, so their ratios are comparable even on a shared, noisy machine.
 
     python3 scripts/bench/shared_prefix.py --bin before=PATH --bin after=PATH \\
-        [--model models/gemma-3-270m-q4_k_m.gguf] [--requests 20] [-- EXTRA SERVE FLAGS]
+        [--model models/gemma-3-270m-q4_k_m.gguf] [--requests 20] [--concurrency 1] \\
+        [-- EXTRA SERVE FLAGS]
+
+With --concurrency C the first request goes alone (it puts the document in the cache, as
+the first user of a system prompt does) and requests 2..N then go C at a time, a thread
+each. A binary given as
+NAME=PATH@FLAGS gets FLAGS (space-separated) after the common EXTRA flags: one binary under
+several settings, such as --swa-ratio, in one invocation.
 
 Only the standard library is used.
 """
@@ -16,6 +23,7 @@ Only the standard library is used.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import re
 import statistics
@@ -110,7 +118,11 @@ def run(name: str, binary: str, args, extra: list[str]) -> dict:
         # What a perfect cache could serve: each request's prefix shared with an earlier one.
         shareable = sum(max(common_prefix(ids[i], ids[j]) for j in range(i))
                         for i in range(1, len(ids)))
-        rows = [ask(base, doc, q, args.max_tokens) for q in questions]
+        rows = [ask(base, doc, questions[0], args.max_tokens)]
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+            rows += pool.map(lambda q: ask(base, doc, q, args.max_tokens), questions[1:])
+        elapsed = time.monotonic() - t0
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -127,6 +139,7 @@ def run(name: str, binary: str, args, extra: list[str]) -> dict:
         "cached_tokens_2_to_n": sum(cached[1:]),
         "shareable_tokens": shareable,
         "prompt_tokens_each": prompt[0],
+        "elapsed_s": elapsed,
     }
 
 
@@ -137,18 +150,24 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=20)
     p.add_argument("--rules", type=int, default=62, help="document sections (~32 tokens each)")
     p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     p.add_argument("extra", nargs="*", help="flags for strata serve (after --)")
     args = p.parse_args()
-    results = [run(*b.split("=", 1), args, args.extra) for b in args.bin]
+    results = []
+    for b in args.bin:
+        name, spec = b.split("=", 1)
+        path, _, flags = spec.partition("@")
+        results.append(run(name, path, args, args.extra + flags.split()))
     print(json.dumps(results, indent=1))
     base = results[0]
     print(f"\n| binary | TTFT mean 2..N (s) | TTFT median 2..N (s) | prompt tokens computed "
-          f"| cached / shareable (2..N) | TTFT mean vs {base['name']} |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"| cached / shareable (2..N) | requests 2..N (s) | TTFT mean vs {base['name']} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         share = r["cached_tokens_2_to_n"] / max(1, r["shareable_tokens"])
         print(f"| {r['name']} | {r['ttft_mean_s']:.3f} | {r['ttft_median_s']:.3f} "
               f"| {r['computed_tokens']} of {r['prompt_tokens']} | {share:.1%} "
+              f"| {r['elapsed_s']:.2f} "
               f"| {r['ttft_mean_s'] / base['ttft_mean_s']:.3f}x |")
 
 
