@@ -10,6 +10,7 @@ mod engine;
 mod generate;
 mod load;
 mod placed;
+mod progress;
 
 pub use bench::{DecodeBench, DecodeShape, PrefillBench};
 pub use bench_draft::DraftBench;

@@ -100,6 +100,9 @@ pub struct LoadSettings {
     pub quantize: Option<strata_gguf::GgmlType>,
     /// `--gguf-weights blocks`: a GGUF's block-quantized matrices stay blocks on the GPU.
     pub keep_blocks: bool,
+    /// Report a load that takes more than a second on stderr (a bar on a terminal, plain
+    /// lines otherwise).
+    pub progress: bool,
 }
 
 /// A model ready to run, with its tokenizer.
@@ -370,6 +373,7 @@ fn load_options(settings: LoadSettings) -> LoadOptions {
         host_embeddings: settings.host_embeddings,
         quantize: settings.quantize,
         keep_blocks: settings.keep_blocks,
+        progress: settings.progress.then(crate::progress::on_stderr),
     }
 }
 

@@ -77,6 +77,7 @@ impl<B: QuantUpload + Clone> Assistant<B> {
             path.parent().unwrap_or(Path::new("."))
         };
         let weights = ModelWeights::open(dir, Some("gemma4"), Some(0))?;
+        let weight_dtype = opts.weight_dtype;
         let decoder = Model::from_weights_with(backend, config.decoder.clone(), &weights, opts)?;
         let b = &decoder.backend;
         let (ha, hb) = (config.decoder.hidden_size, config.backbone_hidden_size);
@@ -85,7 +86,7 @@ impl<B: QuantUpload + Clone> Assistant<B> {
             Ok(weights.weights().require(name, shape)?)
         };
         let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
-            upload_linear_as(b, &top(name, shape)?, opts.weight_dtype)
+            upload_linear_as(b, &top(name, shape)?, weight_dtype)
         };
         let pre_projection = lin("pre_projection.weight", &[ha, 2 * hb])?;
         let post_projection = lin("post_projection.weight", &[hb, ha])?;

@@ -466,7 +466,7 @@ mod tests {
             let (ids, _) = reference(&dir);
             let exact = Model::load(gpu.clone(), &dir).unwrap();
             let (want, _) = decode_three(&exact, &ids, DecodeGraphs::Replay, KvCacheDtype::F32);
-            let load = |b: CudaBackend| Model::load_with(b, &dir, opts).unwrap();
+            let load = |b: CudaBackend| Model::load_with(b, &dir, opts.clone()).unwrap();
             let fast = gpu.clone().with_bf16_gemm(true);
             let skinny = load(fast.clone());
             let cublas = load(fast.with_skinny_gemm(false));
@@ -515,8 +515,8 @@ mod tests {
             let (ids, want) = reference(&dir);
             let n = ids.len();
             let chunks = [n - 3, 1, 1, 1];
-            let rounded = Model::load_with(CpuBackend::new(), &dir, bf16).unwrap();
-            let cuda = Model::load_with(gpu.clone(), &dir, q8).unwrap();
+            let rounded = Model::load_with(CpuBackend::new(), &dir, bf16.clone()).unwrap();
+            let cuda = Model::load_with(gpu.clone(), &dir, q8.clone()).unwrap();
             let (all, step) = cuda.weight_bytes();
             assert!(
                 step > 0 && all >= step,
@@ -575,7 +575,7 @@ mod tests {
                 .with_bf16_gemm(true)
                 .with_skinny_gemm(false)
                 .with_small_gemm(false);
-            let load = |b: CudaBackend| Model::load_with(b, &dir, opts).unwrap();
+            let load = |b: CudaBackend| Model::load_with(b, &dir, opts.clone()).unwrap();
             let whole = load(cublas.clone().with_k_parts(KParts::OFF));
             let split = load(cublas.with_k_parts(short));
             let o = &split.tensors.layers[0].o;

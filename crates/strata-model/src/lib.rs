@@ -26,7 +26,7 @@ pub use greedy_rows::GreedyRows;
 pub use kv_cache::{DecodeGraphs, KvCache, PagedStorage};
 pub use launch::Launched;
 pub use linear::{upload_linear, upload_linear_as, HostTable, Linear, QuantUpload, QuantWeight};
-pub use model::{LoadOptions, Model};
+pub use model::{LoadOptions, LoadProgress, Model};
 pub use runner::{ModelHandle, ModelRunner};
 pub use strata_kernels::sampling::FED_TOKEN;
 pub use strata_types::batch::{self, ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};

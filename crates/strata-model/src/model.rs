@@ -1,6 +1,7 @@
 //! A model: configuration plus weights on a backend.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use strata_config::{load_model_config, ModelConfig, ModelSource, SourceFormat};
 use strata_kernels::{Backend, DType};
@@ -10,8 +11,25 @@ use crate::error::Result;
 use crate::linear::QuantUpload;
 use crate::tensors::ModelTensors;
 
+/// Called as a model's weights load: `(done, total)` in steps of the load (the embeddings,
+/// each layer, the output projection), `done` rising to `total`.
+#[derive(Clone)]
+pub struct LoadProgress(pub Arc<dyn Fn(usize, usize) + Send + Sync>);
+
+impl LoadProgress {
+    pub(crate) fn report(&self, done: usize, total: usize) {
+        (self.0)(done, total)
+    }
+}
+
+impl std::fmt::Debug for LoadProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoadProgress")
+    }
+}
+
 /// How weights are placed on the backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     /// Dense (F32/BF16/F16) weights are converted to this dtype on upload; `None` keeps the
     /// stored dtype. GGUF block formats follow the backend's `QuantUpload`.
@@ -27,6 +45,8 @@ pub struct LoadOptions {
     /// them (CUDA); otherwise they are decoded to bf16 there at load. The CPU always
     /// computes on the blocks. Weights quantized at load (`quantize`) always stay blocks.
     pub keep_blocks: bool,
+    /// Told of the load's progress.
+    pub progress: Option<LoadProgress>,
 }
 
 /// A decoder model: its configuration and its weights on backend `B`.

@@ -121,6 +121,14 @@ impl<B: QuantUpload> ModelTensors<B> {
                 })
             }
         };
+        // Steps: the embeddings, each layer, the output projection.
+        let steps = c.num_layers() + 2;
+        let progress = |done: usize| {
+            if let Some(p) = &opts.progress {
+                p.report(done, steps);
+            }
+        };
+        progress(1);
         let mut layers = Vec::with_capacity(c.num_layers());
         for (l, lc) in c.layers.iter().enumerate() {
             let n = |s: &str| format!("layers.{l}.{s}");
@@ -188,12 +196,14 @@ impl<B: QuantUpload> ModelTensors<B> {
                 layer_scalar,
                 inv_freq: b.upload(HostSlice::F32(&inv))?,
             });
+            progress(l + 2);
         }
         let lm_head = if tied {
             None
         } else {
             Some(lin("lm_head.weight", &[c.vocab_size, h])?)
         };
+        progress(steps);
         Ok(Self {
             embed,
             ple,

@@ -241,7 +241,7 @@ fn weights_quantized_at_load_stay_close_to_transformers() {
             let mut kv = pool(&model, KvCacheDtype::F32);
             run_chunked(&model, &mut kv, &r.ids, &chunks)
         };
-        let (out, rounded) = (logits(q8), logits(bf16));
+        let (out, rounded) = (logits(q8.clone()), logits(bf16.clone()));
         let (d, d_bf16) = (
             max_abs_diff(&out, &r.logits),
             max_abs_diff(&rounded, &r.logits),

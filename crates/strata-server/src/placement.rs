@@ -90,6 +90,7 @@ impl PlacementArgs {
             host_embeddings: self.embed_weights == EmbedPlacement::Host,
             quantize: self.quantize,
             keep_blocks: self.gguf_weights == GgufWeights::Blocks,
+            progress: true,
         })
     }
 }
