@@ -291,6 +291,25 @@ def test_a_rebuild_during_traffic_completes_when_the_pool_drains(server):
     assert post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
+def test_rebuilds_sent_together_are_each_answered(server):
+    """A rebuild that arrives while another waits for the pool to drain runs after it."""
+    s0 = get(server, "/v1/cache/status").json()
+    threads, _ = _start_streams(server, 1, 48)
+    answers: list = []
+
+    def rebuild():
+        answers.append(post(server, "/v1/cache/rebuild", {"num_pages": s0["num_pages"]},
+                            timeout=60))
+
+    rebuilds = [threading.Thread(target=rebuild) for _ in range(3)]
+    for t in rebuilds:
+        t.start()
+    for t in threads + rebuilds:
+        t.join(60)
+    assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
+    assert get(server, "/v1/cache/status").json()["num_pages"] == s0["num_pages"]
+
+
 def test_a_rebuild_below_one_longest_request_is_refused(server):
     """The shared server takes requests of --max-model-len tokens: no rebuild may leave a pool
     that could not hold one."""

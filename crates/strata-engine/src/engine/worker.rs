@@ -170,6 +170,9 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                     self.sched.cancel(*id);
                 }
             }
+            // One rebuild at a time: a later one waits with the held requests and runs
+            // after it, so every rebuild is answered.
+            Command::Rebuild { .. } if self.rebuild.is_some() => self.held.push(cmd),
             Command::Rebuild { .. } => self.rebuild = Some(cmd),
             Command::Flush(reply) => {
                 let freed = self.sched.pool_mut().flush_cache();
@@ -393,21 +396,22 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
         }
     }
 
-    /// Runs a pending rebuild once no request holds pages.
+    /// Runs a pending rebuild once no request holds pages. Replaying the held commands can
+    /// make a later rebuild pending (they keep their order), which runs at once too: the
+    /// loop may next block on the channel.
     fn try_rebuild(&mut self) {
-        if self.rebuild.is_none() || self.sched.has_work() {
-            return;
+        while self.rebuild.is_some() && !self.sched.has_work() {
+            let Some(Command::Rebuild { full_pages, reply }) = self.rebuild.take() else {
+                return;
+            };
+            let result = self.resize(full_pages);
+            self.publish_status();
+            let _ = reply.send(result);
+            for cmd in std::mem::take(&mut self.held) {
+                self.command(cmd);
+            }
+            self.publish_status();
         }
-        let Some(Command::Rebuild { full_pages, reply }) = self.rebuild.take() else {
-            return;
-        };
-        let result = self.resize(full_pages);
-        self.publish_status();
-        let _ = reply.send(result);
-        for cmd in std::mem::take(&mut self.held) {
-            self.command(cmd);
-        }
-        self.publish_status();
     }
 
     fn resize(&mut self, full_pages: usize) -> std::result::Result<PagePlan, String> {
