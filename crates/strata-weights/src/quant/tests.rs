@@ -47,6 +47,23 @@ fn dequantized<B: QuantBlock>(blocks: &[B]) -> Vec<f32> {
     out
 }
 
+/// Runs `check::<B>(f16 field offsets)` for every block type with a dot-product kernel (the
+/// offsets are where its f16 scales sit, which the random blocks must keep finite).
+macro_rules! for_each_block_type {
+    ($check:ident) => {
+        $check::<BlockQ4_0>(&[0]);
+        $check::<BlockQ4_1>(&[0, 2]);
+        $check::<BlockQ5_0>(&[0]);
+        $check::<BlockQ5_1>(&[0, 2]);
+        $check::<BlockQ8_0>(&[0]);
+        $check::<BlockQ2K>(&[80, 82]);
+        $check::<BlockQ3K>(&[108]);
+        $check::<BlockQ4K>(&[0, 2]);
+        $check::<BlockQ5K>(&[0, 2]);
+        $check::<BlockQ6K>(&[208]);
+    };
+}
+
 /// f32 and quantized-activation dot products agree with the f64 dot of the dequantized
 /// weights: tightly for f32 activations, within the activation quantization error for Q8.
 fn check_dots<B: QuantBlock>(f16_offsets: &[usize]) {
@@ -88,16 +105,7 @@ fn check_dots<B: QuantBlock>(f16_offsets: &[usize]) {
 
 #[test]
 fn dot_products_match_dequantization() {
-    check_dots::<BlockQ4_0>(&[0]);
-    check_dots::<BlockQ4_1>(&[0, 2]);
-    check_dots::<BlockQ5_0>(&[0]);
-    check_dots::<BlockQ5_1>(&[0, 2]);
-    check_dots::<BlockQ8_0>(&[0]);
-    check_dots::<BlockQ2K>(&[80, 82]);
-    check_dots::<BlockQ3K>(&[108]);
-    check_dots::<BlockQ4K>(&[0, 2]);
-    check_dots::<BlockQ5K>(&[0, 2]);
-    check_dots::<BlockQ6K>(&[208]);
+    for_each_block_type!(check_dots);
 }
 
 #[test]
@@ -423,16 +431,7 @@ fn check_row_kernels<B: QuantBlock>(f16_offsets: &[usize]) {
 
 #[test]
 fn row_kernels_match_portable_and_f32_within_bound() {
-    check_row_kernels::<BlockQ4_0>(&[0]);
-    check_row_kernels::<BlockQ4_1>(&[0, 2]);
-    check_row_kernels::<BlockQ5_0>(&[0]);
-    check_row_kernels::<BlockQ5_1>(&[0, 2]);
-    check_row_kernels::<BlockQ8_0>(&[0]);
-    check_row_kernels::<BlockQ2K>(&[80, 82]);
-    check_row_kernels::<BlockQ3K>(&[108]);
-    check_row_kernels::<BlockQ4K>(&[0, 2]);
-    check_row_kernels::<BlockQ5K>(&[0, 2]);
-    check_row_kernels::<BlockQ6K>(&[208]);
+    for_each_block_type!(check_row_kernels);
 }
 
 #[test]
@@ -493,14 +492,5 @@ fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
 
 #[test]
 fn row_kernels_are_batch_invariant() {
-    check_batch_invariance::<BlockQ4_0>(&[0]);
-    check_batch_invariance::<BlockQ4_1>(&[0, 2]);
-    check_batch_invariance::<BlockQ5_0>(&[0]);
-    check_batch_invariance::<BlockQ5_1>(&[0, 2]);
-    check_batch_invariance::<BlockQ8_0>(&[0]);
-    check_batch_invariance::<BlockQ2K>(&[80, 82]);
-    check_batch_invariance::<BlockQ3K>(&[108]);
-    check_batch_invariance::<BlockQ4K>(&[0, 2]);
-    check_batch_invariance::<BlockQ5K>(&[0, 2]);
-    check_batch_invariance::<BlockQ6K>(&[208]);
+    for_each_block_type!(check_batch_invariance);
 }
