@@ -17,6 +17,10 @@ each. A binary given as
 NAME=PATH@FLAGS gets FLAGS (space-separated) after the common EXTRA flags: one binary under
 several settings, such as --swa-ratio, in one invocation.
 
+With --prefix-tokens N the prompts are token ids sent to /v1/completions: a document of N
+ids and questions of 50, drawn from a seeded generator. That serves a checkpoint without a
+tokenizer (random weights at a real shape) and fixes the prefix length exactly.
+
 Only the standard library is used.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -75,15 +80,20 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def ask(base: str, doc: str, question: str, max_tokens: int) -> tuple[float, dict]:
+def ask(base: str, doc, question, max_tokens: int) -> tuple[float, dict]:
     body = {
-        "messages": messages(doc, question),
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
+    if isinstance(doc, str):
+        body["messages"] = messages(doc, question)
+        path = "/v1/chat/completions"
+    else:  # token ids
+        body["prompt"] = doc + question
+        path = "/v1/completions"
+    req = urllib.request.Request(base + path, json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     t0 = time.monotonic()
     ttft, usage = None, None
@@ -101,20 +111,33 @@ def ask(base: str, doc: str, question: str, max_tokens: int) -> tuple[float, dic
     return ttft, usage
 
 
+def id_workload(prefix: int, requests: int, vocab_low: int = 1000, vocab_high: int = 200_000):
+    """A document of `prefix` token ids and a question of 50 ids per request."""
+    rng = random.Random(0)
+    doc = [rng.randrange(vocab_low, vocab_high) for _ in range(prefix)]
+    questions = [[rng.randrange(vocab_low, vocab_high) for _ in range(50)] for _ in range(requests)]
+    return doc, questions
+
+
 def run(name: str, binary: str, args, extra: list[str]) -> dict:
-    doc = document(args.rules)
     with tempfile.NamedTemporaryFile("w", prefix=f"shared-prefix-{name}-", suffix=".log",
                                      delete=False) as log:
         proc, base = start(binary, args.model, extra, log)
     try:
-        ask(base, "Warm-up.", "Say hi.", 1)  # first-request costs stay out of the figures
-        # Questions of a few pages (about 50 tokens), as users write them: the requests
-        # diverge well before the end of the first one's prompt.
-        questions = [f"I am preparing a field trip for group {i} and we can only visit places "
-                     f"rated grade {i % 5} or better. Which region surveyed the most sites of "
-                     f"kind {TOPICS[i % len(TOPICS)]}, and how many sites did it count?"
-                     for i in range(args.requests)]
-        ids = [tokens(base, messages(doc, q)) for q in questions]
+        if args.prefix_tokens:
+            doc, questions = id_workload(args.prefix_tokens, args.requests)
+            ask(base, [7, 8, 9], [10], 1)  # first-request costs stay out of the figures
+            ids = [doc + q for q in questions]
+        else:
+            doc = document(args.rules)
+            ask(base, "Warm-up.", "Say hi.", 1)
+            # Questions of a few pages (about 50 tokens), as users write them: the requests
+            # diverge well before the end of the first one's prompt.
+            questions = [f"I am preparing a field trip for group {i} and we can only visit "
+                         f"places rated grade {i % 5} or better. Which region surveyed the "
+                         f"most sites of kind {TOPICS[i % len(TOPICS)]}, and how many sites "
+                         f"did it count?" for i in range(args.requests)]
+            ids = [tokens(base, messages(doc, q)) for q in questions]
         # What a perfect cache could serve: each request's prefix shared with an earlier one.
         shareable = sum(max(common_prefix(ids[i], ids[j]) for j in range(i))
                         for i in range(1, len(ids)))
@@ -150,6 +173,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=20)
     p.add_argument("--rules", type=int, default=62, help="document sections (~32 tokens each)")
     p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--prefix-tokens", type=int, default=0,
+                   help="token-id prompts: a document of this many ids (no tokenizer needed)")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     p.add_argument("extra", nargs="*", help="flags for strata serve (after --)")
     args = p.parse_args()
