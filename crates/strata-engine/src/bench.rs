@@ -260,7 +260,10 @@ where
         }
         let launched = model.launch(
             &mut kv,
-            &ForwardBatch { seqs },
+            &ForwardBatch {
+                seqs,
+                adjust: Vec::new(),
+            },
             queued.as_ref().map(|q| &q.0),
         )?;
         if let Some(q) = queued.take() {
@@ -338,6 +341,7 @@ where
             start: 0,
             logits: LogitsMode::Argmax,
         }],
+        adjust: Vec::new(),
     };
     let t = Instant::now();
     let step = model.launch(&mut kv, &batch, None)?;

@@ -170,7 +170,10 @@ where
                 logits,
             });
         }
-        let batch = ForwardBatch { seqs };
+        let batch = ForwardBatch {
+            seqs,
+            adjust: Vec::new(),
+        };
         match logits {
             LogitsMode::All => drop(model.forward_greedy_rows(kv, &batch)?),
             _ => drop(model.forward(kv, &batch)?),

@@ -320,6 +320,7 @@ where
                     LogitsMode::All
                 },
             }],
+            adjust: Vec::new(),
         };
         out.extend(model.forward(&mut kv, &batch)?.logits.remove(0));
         kv.commit(req, start + n)?;

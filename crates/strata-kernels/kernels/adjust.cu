@@ -3,18 +3,37 @@
 // One block a row; each list's ids are distinct within a row (checked by the launcher), so
 // the threads of a phase touch distinct logits, and the phases are ordered by barriers.
 //
-// meta holds 7 words a row: the logits row, then [start, end) of its bias, seen and masked
-// entries in the flat lists; params holds 3 floats a row: presence, frequency, repetition.
+// meta holds 9 words a row: the logits row, then [start, end) of its bias, seen, masked and
+// pending entries in the flat lists; params holds 3 floats a row: presence, frequency,
+// repetition. A pending entry is one more completion occurrence of an id, or of the token
+// of row r of an earlier step's picks (`FED_TOKEN | r`, read from its argmax keys as
+// feed_tokens reads them): the overlapped step after it is queued before the host knows it.
 // The arithmetic is rounded operation by operation (no contraction into fused multiply-adds)
 // so that it equals the host's f32 expressions.
 
-#define ADJUST_META 7
+#define ADJUST_META 9
 #define ADJUST_THREADS 256
+#define ADJUST_FED 0x80000000u
+
+__device__ __forceinline__ u32 adjust_resolve(u32 id, const unsigned long long* keys, u32 rows) {
+    if (!(id & ADJUST_FED)) return id;
+    const u32 r = id & ~ADJUST_FED;
+    return r < rows ? 0xffffffffu - (u32)keys[r] : 0u;
+}
+
+__device__ __forceinline__ float adjust_penalised(float x, u32 count, float presence,
+                                                  float frequency, float repetition) {
+    const float r = x > 0.0f ? __fdiv_rn(x, repetition) : __fmul_rn(x, repetition);
+    const float present = count > 0 ? presence : 0.0f;
+    return __fsub_rn(__fsub_rn(r, __fmul_rn(frequency, (float)count)), present);
+}
 
 extern "C" __global__ void adjust_logits(float* logits, u64 vocab, const u32* meta,
                                          const float* params, const u32* bias_ids,
                                          const float* bias, const u32* seen_ids,
-                                         const u32* seen_counts, const u32* masked_ids) {
+                                         const u32* seen_counts, const u32* masked_ids,
+                                         const u32* pending, const unsigned long long* keys,
+                                         u32 key_rows) {
     const u32* m = meta + (u64)blockIdx.x * ADJUST_META;
     float* row = logits + (u64)m[0] * vocab;
     const float presence = params[blockIdx.x * 3];
@@ -24,12 +43,28 @@ extern "C" __global__ void adjust_logits(float* logits, u64 vocab, const u32* me
         row[bias_ids[j]] = __fadd_rn(row[bias_ids[j]], bias[j]);
     }
     __syncthreads();
+    // Pending tokens count only with a penalty on (the host's `RowAdjust::resolved`).
+    const bool penalises = presence != 0.0f || frequency != 0.0f || repetition != 1.0f;
+    const u32 p0 = m[7], p1 = penalises ? m[8] : m[7];
     for (u32 j = m[3] + threadIdx.x; j < m[4]; j += blockDim.x) {
-        const u32 count = seen_counts[j];
-        const float x = row[seen_ids[j]];
-        const float r = x > 0.0f ? __fdiv_rn(x, repetition) : __fmul_rn(x, repetition);
-        const float present = count > 0 ? presence : 0.0f;
-        row[seen_ids[j]] = __fsub_rn(__fsub_rn(r, __fmul_rn(frequency, (float)count)), present);
+        const u32 id = seen_ids[j];
+        u32 count = seen_counts[j];
+        for (u32 k = p0; k < p1; k++) count += adjust_resolve(pending[k], keys, key_rows) == id;
+        row[id] = adjust_penalised(row[id], count, presence, frequency, repetition);
+    }
+    // A pending id not in `seen`: its first entry penalises it by its count among them. The
+    // ids differ from every seen one, so this touches other logits than the loop above.
+    for (u32 i = p0 + threadIdx.x; i < p1; i += blockDim.x) {
+        const u32 id = adjust_resolve(pending[i], keys, key_rows);
+        bool first = true;
+        u32 count = 0;
+        for (u32 k = p0; k < p1; k++) {
+            const bool same = adjust_resolve(pending[k], keys, key_rows) == id;
+            first = first && !(same && k < i);
+            count += same;
+        }
+        for (u32 j = m[3]; first && j < m[4]; j++) first = seen_ids[j] != id;
+        if (first) row[id] = adjust_penalised(row[id], count, presence, frequency, repetition);
     }
     __syncthreads();
     for (u32 j = m[5] + threadIdx.x; j < m[6]; j += blockDim.x) {

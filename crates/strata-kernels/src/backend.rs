@@ -668,12 +668,15 @@ pub trait Backend: Send + Sync {
     /// Applies each row's logit adjustment (`logit_bias`, then the penalties, then the
     /// `min_tokens` mask) to `logits [.., vocab]` (f32) in place, in order with the ops
     /// around it, so that a later [`Backend::pick_start`] draws from the adjusted rows
-    /// ([`sampling::adjust_rows`] is the definition, to the bit).
+    /// ([`sampling::adjust_rows`] is the definition, to the bit). Marked pending tokens
+    /// read `fed` (an earlier step's picks, still on the backend), as
+    /// [`Backend::feed_tokens`] does.
     fn adjust_logits(
         &self,
         logits: &mut Self::Buffer,
         vocab: usize,
         rows: &[sampling::RowAdjust],
+        fed: Option<&Self::Tokens>,
     ) -> Result<()>;
 
     /// For each row `r` of `c.rows`: [`sampling::clustered_argmax`] of row `r` of `logits`

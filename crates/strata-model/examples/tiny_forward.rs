@@ -39,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 start,
                 logits: LogitsMode::Last,
             }],
+            adjust: Vec::new(),
         };
         let out = model.forward(&mut kv, &batch)?;
         let last = out.last(0).ok_or("no logits")?;

@@ -397,5 +397,6 @@ pub(crate) fn draft_batch(seqs: &[DraftSeq], tokens: &[u32]) -> ForwardBatch {
                 logits: LogitsMode::None,
             })
             .collect(),
+        adjust: Vec::new(),
     }
 }

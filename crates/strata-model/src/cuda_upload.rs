@@ -145,6 +145,7 @@ mod tests {
                     start,
                     logits: mode,
                 }],
+                adjust: Vec::new(),
             };
             out.extend(model.forward(&mut kv, &batch).unwrap().logits.remove(0));
             start += n;
@@ -178,6 +179,7 @@ mod tests {
                     start: fed,
                     logits: LogitsMode::Last,
                 }],
+                adjust: Vec::new(),
             };
             let out = model.forward(&mut kv, &batch).unwrap();
             let last = out.last(0).unwrap();
@@ -387,6 +389,7 @@ mod tests {
                     start: 0,
                     logits: LogitsMode::None,
                 }],
+                adjust: Vec::new(),
             };
             cuda.forward(&mut kv, &batch).unwrap();
         }
@@ -406,7 +409,15 @@ mod tests {
                     }
                 })
                 .collect();
-            let o = cuda.forward(&mut kv, &ForwardBatch { seqs }).unwrap();
+            let o = cuda
+                .forward(
+                    &mut kv,
+                    &ForwardBatch {
+                        seqs,
+                        adjust: Vec::new(),
+                    },
+                )
+                .unwrap();
             for l in o.logits {
                 out.extend(l);
             }
@@ -749,7 +760,14 @@ mod tests {
                 })
                 .collect();
             let launched = cuda
-                .launch(&mut kv, &ForwardBatch { seqs }, queued.as_ref())
+                .launch(
+                    &mut kv,
+                    &ForwardBatch {
+                        seqs,
+                        adjust: Vec::new(),
+                    },
+                    queued.as_ref(),
+                )
                 .unwrap();
             if let Some(q) = queued.take() {
                 read(q, &mut next);
@@ -855,6 +873,7 @@ mod tests {
                 start: 0,
                 logits: LogitsMode::Last,
             }],
+            adjust: Vec::new(),
         };
         let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
         let (mut token, mut hidden) = (out.tokens[0][0], out.hidden.unwrap());
@@ -892,6 +911,7 @@ mod tests {
                     start: 0,
                     logits: LogitsMode::Last,
                 }],
+                adjust: Vec::new(),
             };
             let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
             let seq = crate::DraftSeq {
@@ -968,6 +988,7 @@ mod tests {
                 start: 0,
                 logits: LogitsMode::None,
             }],
+            adjust: Vec::new(),
         };
         cuda.forward(&mut kv, &prompt).unwrap();
         for run in 0..2 {
@@ -980,6 +1001,7 @@ mod tests {
                     start,
                     logits: LogitsMode::All,
                 }],
+                adjust: Vec::new(),
             };
             let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
             let want = &decoded[6 * run..6 * run + 6];
@@ -998,6 +1020,7 @@ mod tests {
                     start,
                     logits: LogitsMode::All,
                 }],
+                adjust: Vec::new(),
             };
             let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
             assert_eq!(
@@ -1044,6 +1067,7 @@ mod tests {
                         logits: LogitsMode::Last,
                     })
                     .collect(),
+                adjust: Vec::new(),
             };
             let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
             let seqs: Vec<crate::DraftSeq> = reqs
@@ -1105,6 +1129,7 @@ mod tests {
                         logits: LogitsMode::None,
                     })
                     .collect(),
+                adjust: Vec::new(),
             };
             cuda.forward(&mut kv, &prompt).unwrap();
             let mut out = Vec::new();
@@ -1126,7 +1151,13 @@ mod tests {
                     })
                     .collect();
                 let checked = cuda
-                    .forward_greedy_rows(&mut kv, &ForwardBatch { seqs })
+                    .forward_greedy_rows(
+                        &mut kv,
+                        &ForwardBatch {
+                            seqs,
+                            adjust: Vec::new(),
+                        },
+                    )
                     .unwrap();
                 assert_eq!(checked.hidden.unwrap().len(), 9 * cuda.config().hidden_size);
                 out.push(checked.tokens);

@@ -196,7 +196,10 @@ pub(crate) fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch 
         start: 0,
         logits,
     }));
-    ForwardBatch { seqs }
+    ForwardBatch {
+        seqs,
+        adjust: Vec::new(),
+    }
 }
 
 fn padded_prep(p: &Padded, q: usize) -> Prepared {
@@ -327,7 +330,7 @@ fn graph_logits<'a, B: Backend>(
     pool: &'a mut KvPool<PagedStorage<B>>,
     vocab: usize,
     key: &GraphKey,
-) -> Result<&'a B::Buffer> {
+) -> Result<&'a mut B::Buffer> {
     let st = pool.storage_mut();
     let g = &st.graphs[key];
     let (i, rows) = (g.logits, g.rows);
@@ -497,11 +500,11 @@ pub(crate) fn replay<B: Backend>(
         let st = pool.storage_mut();
         (st.full, st.window) = (None, None);
         ran?;
-        return step_output(model, batch, &logits).map(Some);
+        return step_output(model, batch, &mut logits, fed).map(Some);
     }
     let key = replay_graph(pool, model, batch, (&p, fed), bucket)?;
     let vocab = model.config().vocab_size;
-    step_output(model, batch, graph_logits(pool, vocab, &key)?).map(Some)
+    step_output(model, batch, graph_logits(pool, vocab, &key)?, fed).map(Some)
 }
 
 /// A verification step (every sequence the same number of tokens, every row's logits)
@@ -524,7 +527,7 @@ pub(crate) fn replay_rows<B: Backend>(
     let p = padded(pool, batch, prep, bucket)?;
     let key = replay_graph(pool, model, batch, (&p, None), bucket)?;
     let logits = graph_logits(pool, model.config().vocab_size, &key)?;
-    let (tokens, logprobs) = pick_rows(model, logits, &vec![q; n], draws)?;
+    let (tokens, logprobs) = pick_rows(model, logits, &vec![q; n], (draws, &batch.adjust))?;
     let rows = n * q;
     let kept = pool.storage().graphs[&key]
         .hidden
@@ -546,15 +549,16 @@ pub(crate) fn replay_rows<B: Backend>(
 fn step_output<B: Backend>(
     model: &Model<B>,
     batch: &ForwardBatch,
-    logits: &B::Buffer,
+    logits: &mut B::Buffer,
+    fed: Option<&B::Tokens>,
 ) -> Result<Launched<B>> {
     let b = model.backend();
     let n = batch.seqs.len();
     let vocab = model.config().vocab_size;
     if all_picked(batch) {
         // Steps of tokens (greedy or drawn) read back one id per sequence from the graph's
-        // logits.
-        return model.start_picks(logits, batch);
+        // logits (adjusted there first where the batch asks: the next replay rewrites them).
+        return model.start_picks(logits, batch, fed);
     }
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
     copy_prefix(b, logits, &mut rows, n * vocab)?;
@@ -562,6 +566,7 @@ fn step_output<B: Backend>(
         Some(rows),
         &vec![1; n],
         batch,
+        fed,
     )?))
 }
 

@@ -178,6 +178,7 @@ where
                 start: r.start,
                 tokens: std::iter::once(r.token).chain(d).collect(),
                 draws: r.draws.clone(),
+                adjust: r.adjust.clone(),
             })
             .collect();
         let (checked, hidden) = check_runs(self.target.0.model(), kv, &runs)?;

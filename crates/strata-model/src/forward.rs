@@ -2,7 +2,7 @@
 //! architecture's switches read from `ModelConfig`.
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
-use strata_kernels::sampling::{RowDraw, FED_TOKEN};
+use strata_kernels::sampling::{RowAdjust, RowDraw, FED_TOKEN};
 use strata_kernels::{
     Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, ResidualStep, RmsNormParams,
     RopeAt, RopeParams, RopeStyle, TableSlice,
@@ -179,28 +179,50 @@ impl<B: Backend> Model<B> {
         }
         let (logits, counts) = self.run(kv, batch, &prep, &inputs, None, None)?;
         match logits {
-            Some(logits) if all_picked(batch) => self.start_picks(&logits, batch),
+            Some(mut logits) if all_picked(batch) => self.start_picks(&mut logits, batch, fed),
             logits => Ok(Launched::done(
-                self.download_logits(logits, &counts, batch)?,
+                self.download_logits(logits, &counts, batch, fed)?,
             )),
         }
     }
 
     /// The tokens of a step whose sequences all want one (greedy or drawn), from the first
-    /// rows of `logits` (one a sequence), left on the backend with their copy to the host
-    /// started.
+    /// rows of `logits` (one a sequence; adjusted in place where `batch.adjust` asks),
+    /// left on the backend with their copy to the host started.
     pub(crate) fn start_picks(
         &self,
-        logits: &B::Buffer,
+        logits: &mut B::Buffer,
         batch: &ForwardBatch,
+        fed: Option<&B::Tokens>,
     ) -> Result<Launched<B>> {
         let vocab = self.config.vocab_size;
         let rows = batch.seqs.len();
         let draws = row_draws(batch);
-        let tokens = self
-            .backend
-            .pick_start(logits, vocab, rows, self.final_softcap(), &draws)?;
+        let cap = self.adjust_picked(logits, batch.adjust.clone(), fed)?;
+        let tokens = self.backend.pick_start(logits, vocab, rows, cap, &draws)?;
         Ok(Launched::picked(tokens, vocab, rows))
+    }
+
+    /// Applies `adjust` (rows of `logits`) after the final softcap, in place; returns the
+    /// softcap the pick must still apply (none once the rows are capped here). Capping
+    /// with the same op as the host path, then adjusting and picking uncapped, draws
+    /// what the host draws from the downloaded row.
+    pub(crate) fn adjust_picked(
+        &self,
+        logits: &mut B::Buffer,
+        adjust: Vec<RowAdjust>,
+        fed: Option<&B::Tokens>,
+    ) -> Result<Option<f32>> {
+        let cap = self.final_softcap();
+        if adjust.is_empty() {
+            return Ok(cap);
+        }
+        if let Some(c) = cap {
+            self.backend.softcap(logits, c)?;
+        }
+        let vocab = self.config.vocab_size;
+        self.backend.adjust_logits(logits, vocab, &adjust, fed)?;
+        Ok(None)
     }
 
     /// Checks `batch` and flattens its ids and positions.
@@ -427,7 +449,10 @@ impl<B: Backend> Model<B> {
             .collect();
         let positions: Vec<u32> = keep.iter().map(|&r| prep.positions[r]).collect();
         Ok(Trimmed {
-            batch: ForwardBatch { seqs },
+            batch: ForwardBatch {
+                seqs,
+                adjust: Vec::new(),
+            },
             positions: b.upload_index(&positions)?,
         })
     }
@@ -713,6 +738,7 @@ impl<B: Backend> Model<B> {
         logits: Option<B::Buffer>,
         counts: &[usize],
         batch: &ForwardBatch,
+        fed: Option<&B::Tokens>,
     ) -> Result<ForwardOutput> {
         let vocab = self.config.vocab_size;
         let mut out = ForwardOutput::empty(vocab, counts.len());
@@ -720,7 +746,8 @@ impl<B: Backend> Model<B> {
             return Ok(out);
         };
         let rows: usize = counts.iter().sum();
-        let cap = self.final_softcap();
+        // Once adjusted, every row is softcapped already.
+        let cap = self.adjust_picked(&mut logits, batch.adjust.clone(), fed)?;
         let picks: Vec<bool> = batch.seqs.iter().map(|s| s.logits.picks()).collect();
         if picks.iter().any(|&p| p) {
             // Each picking sequence's last row; the rows of the others take their argmax,
@@ -852,7 +879,10 @@ mod trim_tests {
         let mut model =
             Model::load(CpuBackend::new(), format!("{fixtures}gemma4-tiny").as_ref()).unwrap();
         let plan = |m: &Model<CpuBackend>, seqs: Vec<SeqChunk>| {
-            let batch = ForwardBatch { seqs };
+            let batch = ForwardBatch {
+                seqs,
+                adjust: Vec::new(),
+            };
             m.trim_plan(&batch, &m.prepare(&batch).unwrap())
         };
         let mixed = || {

@@ -2,7 +2,7 @@
 //! keeps those rows' hidden states: what speculative decoding needs from the target (the
 //! verification of a run of drafts, and the state the drafter starts from).
 
-use strata_kernels::sampling::{RowDraw, TokenLogprobs};
+use strata_kernels::sampling::{RowAdjust, RowDraw, TokenLogprobs};
 use strata_kernels::Backend;
 
 use crate::batch::{ForwardBatch, LogitsMode};
@@ -67,7 +67,7 @@ impl<B: Backend> Model<B> {
             positions: b.upload_index(&prep.positions)?,
         };
         let mut hidden = None;
-        let (logits, counts) = self.run(
+        let (mut logits, counts) = self.run(
             kv,
             batch,
             &prep,
@@ -75,8 +75,8 @@ impl<B: Backend> Model<B> {
             None,
             Some(HiddenOut::Keep(&mut hidden)),
         )?;
-        let (tokens, logprobs) = match &logits {
-            Some(l) => pick_rows(self, l, &counts, draws)?,
+        let (tokens, logprobs) = match &mut logits {
+            Some(l) => pick_rows(self, l, &counts, (draws, &batch.adjust))?,
             None => (counts.iter().map(|_| Vec::new()).collect(), Vec::new()),
         };
         Ok(GreedyRows {
@@ -92,17 +92,17 @@ pub(crate) type RowPicks = (Vec<Vec<u32>>, Vec<Vec<Option<TokenLogprobs>>>);
 
 /// The tokens of the first `counts.iter().sum()` rows of `logits`, split per sequence
 /// (`counts` rows each): the argmax, or for the rows of `draws` the draw (with the logprobs
-/// it asks for).
+/// it asks for); the rows of `adjust` adjusted first.
 pub(crate) fn pick_rows<B: Backend>(
     model: &Model<B>,
-    logits: &B::Buffer,
+    logits: &mut B::Buffer,
     counts: &[usize],
-    draws: &[RowDraw],
+    (draws, adjust): (&[RowDraw], &[RowAdjust]),
 ) -> Result<RowPicks> {
     let b = model.backend();
     let vocab = model.config().vocab_size;
     let rows: usize = counts.iter().sum();
-    let cap = model.final_softcap();
+    let cap = model.adjust_picked(logits, adjust.to_vec(), None)?;
     let (ids, scores): (Vec<u32>, Vec<Option<TokenLogprobs>>) = if draws.is_empty() {
         (b.argmax_rows(logits, vocab, rows, cap)?, Vec::new())
     } else {

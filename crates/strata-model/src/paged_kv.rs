@@ -521,6 +521,7 @@ mod tests {
         };
         let batch = ForwardBatch {
             seqs: vec![chunk(a, 1300, 1), chunk(b, 30, 15), chunk(c, 0, 1)],
+            adjust: Vec::new(),
         };
         let groups: Vec<_> = pool
             .layout()
@@ -552,6 +553,7 @@ mod tests {
         }
         let past = ForwardBatch {
             seqs: vec![chunk(b, 40, 6)],
+            adjust: Vec::new(),
         };
         assert!(host_tables(&pool, PoolKind::Full, None, &past).is_err());
         assert!(host_pages(&pool, PoolKind::Full, None, &past).is_err());

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use strata_kernels::sampling::RowDraw;
+use strata_kernels::sampling::{RowAdjust, RowDraw};
 use strata_kernels::Backend;
 use strata_kv::{KvPool, KvStorage};
 use strata_sched::{CheckRow, CheckedRow, SchedError, StepModel};
@@ -107,15 +107,34 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
                 logits: LogitsMode::All,
             })
             .collect(),
+        adjust: Vec::new(),
     };
-    // The draws' rows, counted over the whole step.
+    // The draws' and adjustments' rows, counted over the whole step; row j of a run
+    // counts the j drafts before it as pending tokens.
     let mut draws = Vec::new();
+    let mut batch = batch;
     let mut offset = 0;
     for r in rows {
         draws.extend(r.draws.iter().map(|d| RowDraw {
             row: offset + d.row,
             ..*d
         }));
+        for a in &r.adjust {
+            let drafts = r.tokens.get(1..=a.row).ok_or_else(|| {
+                SchedError::Other(format!(
+                    "an adjustment of row {} of a run of {} tokens",
+                    a.row,
+                    r.tokens.len()
+                ))
+            })?;
+            let mut pending = a.pending.clone();
+            pending.extend_from_slice(drafts);
+            batch.adjust.push(RowAdjust {
+                row: offset + a.row,
+                pending,
+                ..a.clone()
+            });
+        }
         offset += r.tokens.len();
     }
     let out = model.forward_picked_rows(kv, &batch, &draws)?;

@@ -107,6 +107,7 @@ where
             start: 0,
             logits: LogitsMode::Last,
         }],
+        adjust: Vec::new(),
     };
     let out = target.forward_greedy_rows(&mut kv, &prompt).unwrap();
     assert_eq!(out.tokens, vec![vec![r.bonus]]);

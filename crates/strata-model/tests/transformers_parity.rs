@@ -110,6 +110,7 @@ where
                 start,
                 logits: LogitsMode::All,
             }],
+            adjust: Vec::new(),
         };
         out.extend(model.forward(kv, &batch).unwrap().logits.remove(0));
         start += n;
@@ -325,6 +326,7 @@ fn paged_storage_equals_host_storage() {
                         logits: LogitsMode::All,
                     },
                 ],
+                adjust: Vec::new(),
             };
             let out = model.forward(&mut paged, &batch).unwrap();
             let solo = run_chunked(&model, &mut pool(&model, dtype), &r.ids, &[n]);
@@ -364,6 +366,7 @@ where
     kv.extend(a, 11).unwrap();
     let first = ForwardBatch {
         seqs: vec![chunk(a, 0, 10, LogitsMode::None)],
+        adjust: Vec::new(),
     };
     assert!(model.forward(kv, &first).unwrap().logits[0].is_empty());
     kv.extend(b, 13).unwrap();
@@ -374,6 +377,7 @@ where
             chunk(b, 0, 12, LogitsMode::None),
             chunk(c, 0, 9, LogitsMode::Last),
         ],
+        adjust: Vec::new(),
     };
     let mut out = model.forward(kv, &mixed).unwrap().logits;
     assert!(out[1].is_empty(), "a chunk wanting no logits got some");
@@ -382,6 +386,7 @@ where
             chunk(b, 12, 13, LogitsMode::Last),
             chunk(c, 9, n, LogitsMode::Argmax),
         ],
+        adjust: Vec::new(),
     };
     let more = model.forward(kv, &next).unwrap();
     for r in [a, b, c] {

@@ -1,7 +1,7 @@
 //! The one trait the scheduler drives a model through.
 
 use strata_kv::{HostStorage, KvPool, KvStorage, RequestId};
-use strata_types::sampling::{RowDraw, TokenLogprobs};
+use strata_types::sampling::{RowAdjust, RowDraw, TokenLogprobs};
 use strata_types::{ForwardBatch, ForwardOutput};
 
 use crate::SchedError;
@@ -21,6 +21,10 @@ pub struct DraftRow {
     /// The checked rows (`0..=drafts`) whose token is drawn rather than greedy: a sampled
     /// request's rows, each with the uniform of the token it yields.
     pub draws: Vec<RowDraw>,
+    /// The logit adjustments of the checked rows (`row` = `0..=drafts`) as they stand
+    /// before the drafts: the model counts the drafts ahead of row `j` (`j` of them) as
+    /// its pending tokens.
+    pub adjust: Vec<RowAdjust>,
 }
 
 /// What a round computed for one row: the drafts, and the model's token after each
@@ -51,6 +55,8 @@ pub struct CheckRow {
     pub tokens: Vec<u32>,
     /// As [`DraftRow::draws`].
     pub draws: Vec<RowDraw>,
+    /// As [`DraftRow::adjust`]: row `j` counts `tokens[1..=j]` as pending.
+    pub adjust: Vec<RowAdjust>,
 }
 
 impl CheckedRow {

@@ -78,6 +78,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let mut seqs = Vec::with_capacity(rows.len());
         let mut batch = ForwardBatch {
             seqs: Vec::with_capacity(rows.len()),
+            adjust: Vec::new(),
         };
         let mut grown = Vec::with_capacity(rows.len());
         let mut ok = true;
@@ -100,12 +101,24 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 break;
             }
             seqs.push((id, 1));
+            let seq = &mut self.running[i];
+            // This step computes the request's token number start + 1.
+            let logits = seq.token_mode(start + 1);
+            if logits.picks() && seq.adjusts_with_pick() {
+                // `prev`'s token, not yet read, counts for the penalties from the device.
+                let at = batch.seqs.len();
+                batch
+                    .adjust
+                    .extend(seq.logit_adjust_ahead(at, 1).map(|mut a| {
+                        a.pending.push(FED_TOKEN | row as u32);
+                        a
+                    }));
+            }
             batch.seqs.push(SeqChunk {
                 request: kv,
                 tokens: vec![FED_TOKEN | row as u32],
                 start,
-                // This step computes the request's token number start + 1.
-                logits: self.running[i].token_mode(start + 1),
+                logits,
             });
         }
         if ok {

@@ -159,12 +159,16 @@ impl Seq {
     /// What a step computing this request's last token up to position `index` asks of the
     /// model: only the greedy token, or a token drawn where the logits are (the draw of token
     /// `index`), with its logprobs when the request wants them; the logits themselves only
-    /// for more top logprobs than a backend reports, or for logit controls (bias,
-    /// penalties, `min_tokens`), which the host applies before its draw.
+    /// for more top logprobs than a backend reports, for a constraint's mask, or for logit
+    /// controls (bias, penalties, `min_tokens`) with logprobs, which stay the raw
+    /// distribution's. Controls without logprobs go with the pick
+    /// ([`Seq::adjusts_with_pick`]).
     pub fn token_mode(&self, index: usize) -> LogitsMode {
         let sampling = &self.req.sampling;
-        if self.req.constraint.is_some() || !self.req.controls.is_neutral() {
-            // Masks and controls are applied on the host, to the logits.
+        if self.req.constraint.is_some()
+            || (!self.req.controls.is_neutral() && self.req.logprobs.is_some())
+        {
+            // Masks, and controls beside logprobs, are applied on the host, to the logits.
             return LogitsMode::Last;
         }
         match self.req.logprobs {
@@ -178,9 +182,25 @@ impl Seq {
         }
     }
 
+    /// Whether this request's logit controls are applied where the logits are, right
+    /// before the model picks its token (`ForwardBatch::adjust`): controls with no
+    /// constraint and no logprobs.
+    pub fn adjusts_with_pick(&self) -> bool {
+        !self.req.controls.is_neutral()
+            && self.req.constraint.is_none()
+            && self.req.logprobs.is_none()
+    }
+
     /// The logit adjustment of this request's next draw (`None` when its controls are
     /// neutral), its token counts first brought up to date.
     pub fn logit_adjust(&mut self) -> Option<RowAdjust> {
+        self.logit_adjust_ahead(0, 0)
+    }
+
+    /// The logit adjustment, at logits row `row`, of the draw `ahead` tokens past this
+    /// request's known ones: a step queued before the host read the tokens in between,
+    /// which the caller lists as pending (they count for `min_tokens` here).
+    pub fn logit_adjust_ahead(&mut self, row: usize, ahead: usize) -> Option<RowAdjust> {
         let controls = &self.req.controls;
         if controls.is_neutral() {
             return None;
@@ -191,8 +211,8 @@ impl Seq {
         if !self.req.ignore_eos {
             end_ids.extend_from_slice(&self.req.stop_ids);
         }
-        let completion = self.tokens.len() - self.prompt_len;
-        Some(self.counts.row_adjust(0, controls, completion, &end_ids))
+        let completion = self.tokens.len() - self.prompt_len + ahead;
+        Some(self.counts.row_adjust(row, controls, completion, &end_ids))
     }
 
     pub fn completion(&self) -> &[u32] {

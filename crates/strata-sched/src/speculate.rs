@@ -107,12 +107,18 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     .take(n - 1)
                     .collect::<Vec<u32>>(),
             );
+            // Row j draws the token after j drafts, which the model counts as pending.
+            let adjust = match s.adjusts_with_pick() {
+                true => (0..n).filter_map(|j| s.logit_adjust_ahead(j, j)).collect(),
+                false => Vec::new(),
+            };
             rows.push(DraftRow {
                 request: s.kv.expect("running requests hold a pool request"),
                 start: s.computed,
                 token: s.tokens[s.computed],
                 drafts: n - 1,
                 draws: row_draws(s, n),
+                adjust,
             });
         }
         if rows.is_empty() {
@@ -162,6 +168,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 start: r.start,
                 tokens: std::iter::once(r.token).chain(p.iter().copied()).collect(),
                 draws: r.draws.clone(),
+                adjust: r.adjust.clone(),
             })
             .collect();
         self.model.verify(&mut self.pool, &check)

@@ -174,33 +174,42 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
     }
 
-    /// The forward input: the scheduled requests in running order.
-    fn batch(&self) -> ForwardBatch {
-        let seqs = self
-            .running
-            .iter()
-            .filter_map(|s| {
-                let n = s.chunk?;
-                let end = s.computed + n;
-                Some(SeqChunk {
-                    request: s.kv.expect("scheduled requests hold a pool request"),
-                    tokens: s.tokens[s.computed..end].to_vec(),
-                    start: s.computed,
-                    logits: if !s.scored_by(s.computed, n).is_empty() {
-                        // Prompt logprobs need every row (the last one is drawn from
-                        // on the host when the chunk ends the prompt).
-                        LogitsMode::All
-                    } else if end == s.tokens.len() {
-                        // A request needs only its token (and its logprobs), which the
-                        // model computes where the logits are.
-                        s.token_mode(end)
-                    } else {
-                        LogitsMode::None
-                    },
-                })
-            })
-            .collect();
-        ForwardBatch { seqs }
+    /// The forward input: the scheduled requests in running order, with the logit
+    /// adjustments of those whose token the model picks.
+    fn batch(&mut self) -> ForwardBatch {
+        let mut batch = ForwardBatch::default();
+        // The step's logits rows so far (what `ForwardBatch::adjust` rows count).
+        let mut rows = 0;
+        for s in &mut self.running {
+            let Some(n) = s.chunk else { continue };
+            let end = s.computed + n;
+            let logits = if !s.scored_by(s.computed, n).is_empty() {
+                // Prompt logprobs need every row (the last one is drawn from on the host
+                // when the chunk ends the prompt).
+                LogitsMode::All
+            } else if end == s.tokens.len() {
+                // A request needs only its token (and its logprobs), which the model
+                // computes where the logits are.
+                s.token_mode(end)
+            } else {
+                LogitsMode::None
+            };
+            if logits.picks() && s.adjusts_with_pick() {
+                batch.adjust.extend(s.logit_adjust_ahead(rows, 0));
+            }
+            rows += match logits {
+                LogitsMode::None => 0,
+                LogitsMode::All => n,
+                _ => 1,
+            };
+            batch.seqs.push(SeqChunk {
+                request: s.kv.expect("scheduled requests hold a pool request"),
+                tokens: s.tokens[s.computed..end].to_vec(),
+                start: s.computed,
+                logits,
+            });
+        }
+        batch
     }
 
     /// Commits the computed tokens of a step over `seqs` (requests and token counts in

@@ -1,27 +1,29 @@
 //! Logit controls through the scheduler over the fake model: every token follows the rules
 //! written out here over the request's own tokens (bias, repetition over prompt and
 //! completion, frequency and presence over the completion, the `min_tokens` mask), with
-//! `stop_token_ids` ending the request; alone, batched with others, and with prompt lookup
-//! configured (such a request is never drafted for).
+//! `stop_token_ids` ending the request; alone, batched with others, and with prompt lookup.
+//! The controls go with the model's pick (`ForwardBatch::adjust`), in overlapped steps (the
+//! token ahead counted from the feeding step) and in speculative rounds (each checked row
+//! counting the drafts before it); a draft is kept only where it equals the adjusted draw.
 
 mod common;
 
 use std::collections::HashMap;
 
-use common::{drain, fake_config, logits_for, pool, FakeModel, Outcome, EOS};
+use common::{drain, fake_config, pool, FakeModel, Outcome, EOS};
 use strata_kv::CacheType;
 use strata_sched::{FinishReason, PromptLookup, Request, Scheduler, SchedulerConfig};
 use strata_types::sampling::{draw_uniform, sample, LogitControls, SamplingParams};
 
 const SEED: u64 = 7;
 
-/// The generation loop with the controls written out over `logits_for`.
-fn reference(req: &Request) -> (Vec<u32>, FinishReason) {
+/// The generation loop with the controls written out over `model`'s logits.
+fn reference(req: &Request, model: &FakeModel) -> (Vec<u32>, FinishReason) {
     let c = &req.controls;
     let mut tokens = req.prompt.clone();
     let mut out: Vec<u32> = Vec::new();
     loop {
-        let mut l = logits_for(&tokens);
+        let mut l = model.next_logits(&tokens);
         for &(t, b) in &c.logit_bias {
             l[t as usize] += b;
         }
@@ -107,11 +109,27 @@ fn requests() -> Vec<Request> {
     stopped.ignore_eos = true;
     stopped.stop_ids.clear();
     let plain = request(vec![2, 9, 4], 12, LogitControls::default());
-    vec![penalised, held, stopped, plain]
+    // Greedy and penalised: on the repeating model its loops last a few rounds each, so
+    // drafts are kept and the penalty of each checked row counts the drafts before it.
+    let looping = request(
+        vec![3, 1, 4, 1, 5, 9, 2, 6],
+        48,
+        LogitControls {
+            frequency_penalty: 1.5,
+            presence_penalty: 0.5,
+            ..LogitControls::default()
+        },
+    );
+    vec![penalised, held, stopped, plain, looping]
 }
 
-fn run(reqs: Vec<Request>, lookup: Option<PromptLookup>, max_running: usize) -> Vec<Outcome> {
-    let cfg = fake_config(true);
+fn run(
+    model: FakeModel,
+    reqs: Vec<Request>,
+    lookup: Option<PromptLookup>,
+    max_running: usize,
+) -> (Vec<Outcome>, strata_sched::SchedStatus) {
+    let cfg = model.cfg.clone();
     let kv = pool(&cfg, 256, 256, 4, CacheType::Radix);
     let config = SchedulerConfig {
         max_running_requests: max_running,
@@ -119,19 +137,21 @@ fn run(reqs: Vec<Request>, lookup: Option<PromptLookup>, max_running: usize) -> 
         prefill_chunk: 8,
         seed: SEED,
         overlap: true,
-        draft_max_requests: 4,
+        draft_max_requests: 8,
         prompt_lookup: lookup,
     };
-    let mut sched = Scheduler::new(FakeModel::new(cfg), kv, config).unwrap();
+    let mut sched = Scheduler::new(model, kv, config).unwrap();
     let ids: Vec<_> = reqs.into_iter().map(|r| sched.submit(r)).collect();
     let mut out = HashMap::new();
     drain(&mut sched, &mut out);
-    ids.iter().map(|id| out.remove(id).unwrap()).collect()
+    let outcomes = ids.iter().map(|id| out.remove(id).unwrap()).collect();
+    (outcomes, sched.status())
 }
 
 #[test]
 fn tokens_follow_the_written_out_rules() {
-    let want: Vec<_> = requests().iter().map(reference).collect();
+    let plain = FakeModel::new(fake_config(true));
+    let want: Vec<_> = requests().iter().map(|r| reference(r, &plain)).collect();
     // The controls matter: without them the answers differ.
     for (r, w) in requests().into_iter().zip(&want).take(3) {
         let bare = Request {
@@ -139,21 +159,41 @@ fn tokens_follow_the_written_out_rules() {
             stop_token_ids: Vec::new(),
             ..r
         };
-        assert_ne!(reference(&bare).0, w.0);
+        assert_ne!(reference(&bare, &plain).0, w.0);
     }
     let (held, stopped) = (&want[1], &want[2]);
     assert!(
         held.0.len() > 6 && held.1 == FinishReason::Stop && held.0[..6].iter().all(|&t| t != EOS)
     );
     assert!(stopped.1 == FinishReason::Stop && stopped.0.last() == Some(&11));
-    for (lookup, max_running) in [(None, 1), (None, 4), (Some(PromptLookup::new(2, 3)), 4)] {
-        let got = run(requests(), lookup, max_running);
-        for (g, w) in got.iter().zip(&want) {
-            assert_eq!(
-                (&g.tokens, g.reason.as_ref()),
-                (&w.0, Some(&w.1)),
-                "{lookup:?} {max_running}"
-            );
+    // A model whose text repeats every 2 tokens, so that prompt lookup's drafts are kept
+    // until the penalties break the loop.
+    let repeating = || FakeModel::repeating(fake_config(true), 2);
+    type MakeModel = fn() -> FakeModel;
+    let models: [(&str, MakeModel); 2] = [
+        ("plain", || FakeModel::new(fake_config(true))),
+        ("repeating", repeating),
+    ];
+    for (name, model) in models {
+        let want: Vec<_> = requests().iter().map(|r| reference(r, &model())).collect();
+        for (lookup, max_running) in [(None, 1), (None, 4), (Some(PromptLookup::new(2, 3)), 5)] {
+            let (got, status) = run(model(), requests(), lookup, max_running);
+            // The paths ran: steps queued ahead of their reads, and rounds.
+            assert!(status.overlapped_steps > 0, "{name}: {status:?}");
+            let d = status.drafts;
+            if lookup.is_some() {
+                assert!(d.rounds > 0 && d.accepted < d.drafted, "{name}: {d:?}");
+                if name == "repeating" {
+                    assert!(d.accepted > 0, "{name}: {d:?}");
+                }
+            }
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(
+                    (&g.tokens, g.reason.as_ref()),
+                    (&w.0, Some(&w.1)),
+                    "{name}: {lookup:?} {max_running}"
+                );
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! One forward step's input and output.
 
-use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::sampling::{RowAdjust, SamplingParams, TokenLogprobs};
 use crate::RequestId;
 
 /// Which logits a sequence wants from this step.
@@ -56,6 +56,13 @@ pub struct SeqChunk {
 pub struct ForwardBatch {
     /// The sequences of this step, each with its own chunk.
     pub seqs: Vec<SeqChunk>,
+    /// Logit adjustments (bias, penalties, `min_tokens`) of rows whose token is picked
+    /// where the logits are (`Argmax` and `Draw` sequences, the rows of a picked-rows
+    /// step), applied after the final softcap, before the pick. `row` indexes the step's
+    /// logits rows: each sequence's wanted rows in batch order (one for `Last`, `Argmax`
+    /// and `Draw`, one a token for `All`), so in a decode step it is the sequence's
+    /// index. Marks among the pending tokens read the tokens the step is fed from.
+    pub adjust: Vec<RowAdjust>,
 }
 
 /// Logits per sequence of the batch, in batch order: `rows x vocab` values each (0, 1 or

@@ -2,14 +2,16 @@
 //! ([`crate::sampling::adjust_rows`]).
 
 use super::{ctx, put, CheckResult, TestData};
-use crate::sampling::{adjust_rows, pick_rows, RowAdjust, RowDraw, SamplingParams};
+use crate::sampling::{adjust_rows, pick_rows, RowAdjust, RowDraw, SamplingParams, FED_TOKEN};
 use crate::{Backend, DType};
 
 /// `adjust_logits` against the host `adjust_rows`, to the bit: rows adjusted out of order
 /// and one left alone, every list empty or long (more entries than a block has threads),
 /// positive and negative logits under a repetition penalty above and below 1, negative
-/// penalties, counts of 0 (prompt-only tokens), biases of ±100, masks; then a greedy pick of
-/// the adjusted rows, queued behind the adjustment, against the host's.
+/// penalties, counts of 0 (prompt-only tokens), biases of ±100, masks, pending tokens (ids
+/// seen or not, repeated, and marks read from an earlier step's picks still on the
+/// backend, one past its rows); then a greedy pick of the adjusted rows, queued behind the
+/// adjustment, against the host's.
 pub fn check_adjust_logits<B: Backend>(b: &B) -> CheckResult {
     let mut data = TestData::new(802);
     for vocab in [7usize, 1000, 262_144] {
@@ -34,6 +36,30 @@ pub fn check_adjust_logits<B: Backend>(b: &B) -> CheckResult {
             .enumerate()
             .map(|(i, t)| (t, (i % 5) as u32))
             .collect();
+        // The feeding step: two rows whose greedy picks are a seen id and an unseen one.
+        let unseen = (0..vocab as u32)
+            .find(|t| seen.iter().all(|s| s.0 != *t))
+            .unwrap_or(0);
+        let fed_ids = [seen[seen.len() / 2].0, unseen];
+        let mut feeding = vec![0.0f32; 2 * vocab];
+        for (r, &t) in fed_ids.iter().enumerate() {
+            feeding[r * vocab + t as usize] = 10.0;
+        }
+        let feeding = put(b, &feeding, DType::F32)?;
+        let greedy2: Vec<RowDraw> = Vec::new();
+        let fed = ctx(
+            "pick_start",
+            b.pick_start(&feeding, vocab, 2, None, &greedy2),
+        )?;
+        let pending = vec![
+            FED_TOKEN,
+            FED_TOKEN | 1,
+            FED_TOKEN | 1,
+            FED_TOKEN | 9,
+            seen[0].0,
+            unseen,
+            (vocab - 1) as u32,
+        ];
         let adjusts = [
             RowAdjust {
                 row: 3,
@@ -43,6 +69,7 @@ pub fn check_adjust_logits<B: Backend>(b: &B) -> CheckResult {
                 bias: bias.clone(),
                 seen: seen.clone(),
                 masked: distinct(3),
+                pending: pending.clone(),
             },
             RowAdjust {
                 row: 0,
@@ -52,19 +79,31 @@ pub fn check_adjust_logits<B: Backend>(b: &B) -> CheckResult {
                 bias: Vec::new(),
                 seen,
                 masked: Vec::new(),
+                pending: vec![FED_TOKEN | 1, FED_TOKEN],
             },
             RowAdjust {
                 row: 1,
                 repetition_penalty: 1.0,
                 bias,
                 masked: distinct(2),
+                // No penalty: pending tokens change nothing.
+                pending,
                 ..RowAdjust::default()
             },
         ];
         let mut buf = put(b, &logits, DType::F32)?;
         let mut want = b.download(&buf).map_err(|e| e.to_string())?;
-        adjust_rows(&mut want, vocab, &adjusts).map_err(|e| e.to_string())?;
-        ctx("adjust_logits", b.adjust_logits(&mut buf, vocab, &adjusts))?;
+        adjust_rows(&mut want, vocab, &adjusts, &fed_ids).map_err(|e| e.to_string())?;
+        ctx(
+            "adjust_logits",
+            b.adjust_logits(&mut buf, vocab, &adjusts, Some(&fed)),
+        )?;
+        let fed_picked = ctx("pick_finish", b.pick_finish(fed))?;
+        if fed_picked.iter().map(|p| p.id).ne(fed_ids) {
+            return Err(format!(
+                "the feeding step picked {fed_picked:?}, want {fed_ids:?}"
+            ));
+        }
         let greedy: Vec<RowDraw> = (0..rows)
             .map(|row| RowDraw {
                 row,
@@ -107,9 +146,14 @@ pub fn check_adjust_logits<B: Backend>(b: &B) -> CheckResult {
             row: 2,
             ..RowAdjust::default()
         },
+        RowAdjust {
+            repetition_penalty: 2.0,
+            pending: vec![5],
+            ..RowAdjust::default()
+        },
     ];
     for a in bad {
-        if b.adjust_logits(&mut buf, 4, std::slice::from_ref(&a))
+        if b.adjust_logits(&mut buf, 4, std::slice::from_ref(&a), None)
             .is_ok()
         {
             return Err(format!("adjust_logits accepted {a:?}"));

@@ -335,9 +335,13 @@ impl Backend for CpuBackend {
         logits: &mut CpuBuffer,
         vocab: usize,
         rows: &[crate::sampling::RowAdjust],
+        fed: Option<&Vec<Picked>>,
     ) -> Result<()> {
         let logits = logits.f32s_mut("adjust_logits")?;
-        Ok(crate::sampling::adjust_rows(logits, vocab, rows)?)
+        let fed = fed
+            .map(|t| crate::sampling::pick_ids(t))
+            .unwrap_or_default();
+        Ok(crate::sampling::adjust_rows(logits, vocab, rows, &fed)?)
     }
 
     fn clustered_argmax(

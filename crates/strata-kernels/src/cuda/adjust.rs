@@ -3,7 +3,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{device_err, CudaBackend, CudaBuffer};
+use super::{device_err, CudaBackend, CudaBuffer, CudaTokens};
 use crate::error::ensure;
 use crate::sampling::RowAdjust;
 use crate::{DeviceBuffer, Result};
@@ -21,6 +21,7 @@ struct Flat {
     seen_ids: Vec<u32>,
     seen_counts: Vec<u32>,
     masked: Vec<u32>,
+    pending: Vec<u32>,
 }
 
 impl Flat {
@@ -40,6 +41,9 @@ impl Flat {
             f.meta.push(at(f.masked.len()));
             f.masked.extend_from_slice(&a.masked);
             f.meta.push(at(f.masked.len()));
+            f.meta.push(at(f.pending.len()));
+            f.pending.extend_from_slice(&a.pending);
+            f.meta.push(at(f.pending.len()));
             f.params.extend([
                 a.presence_penalty,
                 a.frequency_penalty,
@@ -56,6 +60,7 @@ impl CudaBackend {
         logits: &mut CudaBuffer,
         vocab: usize,
         rows: &[RowAdjust],
+        fed: Option<&CudaTokens>,
     ) -> Result<()> {
         const OP: &str = "adjust_logits";
         if rows.is_empty() {
@@ -83,6 +88,16 @@ impl CudaBackend {
         let seen_ids = self.to_device(&flat.seen_ids)?;
         let seen_counts = self.to_device(&flat.seen_counts)?;
         let masked = self.to_device(&flat.masked)?;
+        let pending = self.to_device(&flat.pending)?;
+        // Without fed tokens a mark reads no row (id 0, as `feed_tokens` has it).
+        let placeholder;
+        let (keys, key_rows) = match fed {
+            Some(t) => t.fed_keys(),
+            None => {
+                placeholder = self.to_device(&[0u64])?;
+                (&placeholder, 0)
+            }
+        };
         let vocab64 = vocab as u64;
         let xs = logits.f32s_mut(OP)?;
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
@@ -94,7 +109,10 @@ impl CudaBackend {
             .arg(&bias)
             .arg(&seen_ids)
             .arg(&seen_counts)
-            .arg(&masked);
+            .arg(&masked)
+            .arg(&pending)
+            .arg(keys)
+            .arg(&key_rows);
         let cfg = LaunchConfig {
             grid_dim: (rows.len() as u32, 1, 1),
             block_dim: (THREADS, 1, 1),

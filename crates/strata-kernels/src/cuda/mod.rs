@@ -814,8 +814,9 @@ impl Backend for CudaBackend {
         logits: &mut CudaBuffer,
         vocab: usize,
         rows: &[crate::sampling::RowAdjust],
+        fed: Option<&CudaTokens>,
     ) -> Result<()> {
-        self.adjust_logits_impl(logits, vocab, rows)
+        self.adjust_logits_impl(logits, vocab, rows, fed)
     }
 
     fn clustered_argmax(

@@ -118,6 +118,14 @@ pub struct CudaTokens {
     shift: u32,
 }
 
+impl CudaTokens {
+    /// The argmax keys the tokens are read from (`0xffffffff - key` is row `r`'s id, as
+    /// `feed_tokens` reads them), and their rows.
+    pub(super) fn fed_keys(&self) -> (&CudaSlice<u64>, u32) {
+        (&self.slot.keys, self.rows as u32)
+    }
+}
+
 /// A row's logprobs from its `logprob_rows` report (`LOGPROB_WORDS` words), which must be
 /// about the row's token `id`.
 fn read_report(words: &[u64], n: usize, shift: u32, id: u32) -> Result<TokenLogprobs> {

@@ -6,7 +6,8 @@ use serde_json::json;
 use std::collections::HashMap;
 use strata_config::ModelConfig;
 use strata_types::sampling::{
-    draw_uniform, sample, token_logprobs, RowDraw, SamplingParams, TokenLogprobs,
+    adjust_logits, draw_uniform, sample, token_logprobs, RowAdjust, RowDraw, SamplingParams,
+    TokenLogprobs,
 };
 
 use strata_kv::{
@@ -199,13 +200,19 @@ impl FakeModel {
         req: RequestId,
         start: usize,
         inputs: &[u32],
-        draws: &[RowDraw],
+        (draws, adjust): (&[RowDraw], &[RowAdjust]),
     ) -> Result<CheckedRow, SchedError> {
         self.store(kv, req, start, inputs)?;
         let mut picked = Vec::with_capacity(inputs.len());
         let mut scores = Vec::with_capacity(inputs.len());
         for j in 0..inputs.len() {
-            let logits = self.next_logits(&self.read_sequence(kv, req, start + j)?);
+            let mut logits = self.next_logits(&self.read_sequence(kv, req, start + j)?);
+            // As `DraftRow::adjust` has it: row j counts the j drafts before it.
+            if let Some(a) = adjust.iter().find(|a| a.row == j) {
+                let mut a = a.clone();
+                a.pending.extend_from_slice(&inputs[1..=j]);
+                adjust_logits(&mut logits, &a.resolved(&[]));
+            }
             match draws.iter().find(|d| d.row == j) {
                 Some(d) => {
                     let t = sample(&logits, &d.params, d.uniform)
@@ -321,8 +328,13 @@ impl StepModel for FakeModel {
         batch: &ForwardBatch,
         fed: Option<&ForwardOutput>,
     ) -> Result<ForwardOutput, SchedError> {
+        // What a device reads for marked pending tokens: the feeding step's picks.
+        let fed_ids: Vec<u32> = fed.map_or(Vec::new(), |f| {
+            f.tokens.iter().map(|t| t.unwrap_or(0)).collect()
+        });
         let batch = &resolve_fed(batch, fed)?;
         self.forwards += 1;
+        let mut row = 0;
         for s in &batch.seqs {
             self.store(kv, s.request, s.start, &s.tokens)?;
         }
@@ -339,7 +351,13 @@ impl StepModel for FakeModel {
             let mut out = Vec::new();
             for q in rows {
                 let seq = self.read_sequence(kv, s.request, q)?;
-                out.extend(self.next_logits(&seq));
+                let mut l = self.next_logits(&seq);
+                // As a device would: adjusted before the pick (`ForwardBatch::adjust`).
+                if let Some(a) = batch.adjust.iter().find(|a| a.row == row) {
+                    adjust_logits(&mut l, &a.resolved(&fed_ids));
+                }
+                out.extend(l);
+                row += 1;
             }
             let mut score = None;
             if s.logits == LogitsMode::Argmax {
@@ -421,7 +439,7 @@ impl StepModel for FakeModel {
             let inputs: Vec<u32> = std::iter::once(r.token)
                 .chain(drafts.iter().copied())
                 .collect();
-            out.push(self.check(kv, r.request, r.start, &inputs, &r.draws)?);
+            out.push(self.check(kv, r.request, r.start, &inputs, (&r.draws, &r.adjust))?);
         }
         self.kept.clear();
         for (r, c) in rows.iter().zip(&out) {
@@ -443,7 +461,7 @@ impl StepModel for FakeModel {
         self.forwards += 1;
         self.verified_rounds += 1;
         rows.iter()
-            .map(|r| self.check(kv, r.request, r.start, &r.tokens, &r.draws))
+            .map(|r| self.check(kv, r.request, r.start, &r.tokens, (&r.draws, &r.adjust)))
             .collect()
     }
 }

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 
+use super::{feed_tokens, FED_TOKEN};
 use crate::error::Result;
 use crate::SamplingError;
 
@@ -20,6 +21,9 @@ use crate::SamplingError;
 pub const MAX_PENALTY: f32 = 2.0;
 /// Largest magnitude of a `logit_bias` value (OpenAI's range).
 pub const MAX_BIAS: f32 = 100.0;
+/// Most pending tokens a row may list ([`RowAdjust::pending`]): a device counts them by
+/// scanning the list once per penalised id.
+pub const MAX_PENDING: usize = 64;
 
 /// A request's logit controls. The default changes nothing ([`LogitControls::is_neutral`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -116,19 +120,65 @@ pub struct RowAdjust {
     pub seen: Vec<(u32, u32)>,
     /// Tokens set to -inf (`min_tokens` not reached).
     pub masked: Vec<u32>,
+    /// Completion tokens not yet counted in `seen`, each one more occurrence: an id, or
+    /// [`FED_TOKEN`]` | r` for row `r` of the tokens the step is fed from (an earlier step's
+    /// picks, not yet read by the host; id 0 past their rows, as [`feed_tokens`] has it).
+    /// Used only with a penalty on.
+    pub pending: Vec<u32>,
 }
 
 impl RowAdjust {
+    /// Whether a penalty is on (else `seen` and `pending` change nothing).
+    pub fn penalises(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+
+    /// This adjustment with `pending` counted into `seen`, its marks resolved against
+    /// `fed` (the feeding step's token ids).
+    pub fn resolved(&self, fed: &[u32]) -> RowAdjust {
+        let mut a = RowAdjust {
+            pending: Vec::new(),
+            ..self.clone()
+        };
+        if !self.penalises() {
+            return a;
+        }
+        let mut ids = self.pending.clone();
+        feed_tokens(&mut ids, fed);
+        for t in ids {
+            match a.seen.iter_mut().find(|s| s.0 == t) {
+                Some(s) => s.1 += 1,
+                None => a.seen.push((t, 1)),
+            }
+        }
+        a
+    }
+
     /// `Err` saying why a backend cannot apply this: an id at or past `vocab`, or an id
     /// listed twice in `bias` or in `seen` (a device applies a list's entries in parallel,
     /// so each must touch its own logit).
     pub fn check(&self, vocab: usize) -> std::result::Result<(), String> {
         let bias: Vec<u32> = self.bias.iter().map(|b| b.0).collect();
         let seen: Vec<u32> = self.seen.iter().map(|s| s.0).collect();
+        let pending: Vec<u32> = self
+            .pending
+            .iter()
+            .copied()
+            .filter(|&t| t & FED_TOKEN == 0)
+            .collect();
+        if self.pending.len() > MAX_PENDING {
+            return Err(format!(
+                "{} pending tokens (at most {MAX_PENDING})",
+                self.pending.len()
+            ));
+        }
         for (name, mut list, distinct) in [
             ("bias", bias, true),
             ("seen", seen, true),
             ("masked", self.masked.clone(), false),
+            ("pending", pending, false),
         ] {
             if let Some(bad) = list.iter().find(|&&t| t as usize >= vocab) {
                 return Err(format!("{name} id {bad} is past the vocabulary of {vocab}"));
@@ -156,8 +206,12 @@ pub fn penalised(logit: f32, count: u32, presence: f32, frequency: f32, repetiti
 }
 
 /// Applies `a` to one row of logits in place: bias, then penalties, then mask (the module's
-/// order). Ids past the row are ignored (the lists are validated against the vocabulary).
+/// order). Ids past the row are ignored (the lists are validated against the vocabulary);
+/// marks among `pending` count as id 0 (no fed tokens here: see [`adjust_rows`]).
 pub fn adjust_logits(logits: &mut [f32], a: &RowAdjust) {
+    if !a.pending.is_empty() {
+        return adjust_logits(logits, &a.resolved(&[]));
+    }
     for &(id, b) in &a.bias {
         if let Some(x) = logits.get_mut(id as usize) {
             *x += b;
@@ -182,10 +236,15 @@ pub fn adjust_logits(logits: &mut [f32], a: &RowAdjust) {
 }
 
 /// The host definition of `strata_kernels::Backend::adjust_logits`: [`adjust_logits`] on
-/// row `a.row` of `logits [.., vocab]` for each `a` of `rows`, each checked first
-/// ([`RowAdjust::check`]; a row listed twice is refused too, since a device adjusts the rows
-/// at once).
-pub fn adjust_rows(logits: &mut [f32], vocab: usize, rows: &[RowAdjust]) -> Result<()> {
+/// row `a.row` of `logits [.., vocab]` for each `a` of `rows`, its pending tokens resolved
+/// against `fed` (the feeding step's ids), each checked first ([`RowAdjust::check`]; a row
+/// listed twice is refused too, since a device adjusts the rows at once).
+pub fn adjust_rows(
+    logits: &mut [f32],
+    vocab: usize,
+    rows: &[RowAdjust],
+    fed: &[u32],
+) -> Result<()> {
     let shape = |detail: String| SamplingError::Shape {
         op: "adjust_rows",
         detail,
@@ -208,7 +267,7 @@ pub fn adjust_rows(logits: &mut [f32], vocab: usize, rows: &[RowAdjust]) -> Resu
             op: "adjust_rows",
             detail,
         })?;
-        adjust_logits(&mut logits[a.row * vocab..end], a);
+        adjust_logits(&mut logits[a.row * vocab..end], &a.resolved(fed));
     }
     Ok(())
 }
@@ -265,6 +324,7 @@ impl TokenCounts {
                 true => end_ids.to_vec(),
                 false => Vec::new(),
             },
+            pending: Vec::new(),
         }
     }
 }
@@ -310,6 +370,31 @@ mod tests {
         assert_eq!(a.seen, vec![(5, 0), (6, 2), (7, 1)]);
         assert_eq!(a.row, 2);
         assert!(a.masked.is_empty());
+    }
+
+    #[test]
+    fn pending_tokens_count_as_completion_occurrences() {
+        let a = RowAdjust {
+            frequency_penalty: 1.0,
+            repetition_penalty: 1.0,
+            seen: vec![(5, 1), (6, 0)],
+            // Row 0 of the feeding step, then a mark past its rows (id 0).
+            pending: vec![6, FED_TOKEN, FED_TOKEN | 3, 7, 7],
+            ..RowAdjust::default()
+        };
+        let r = a.resolved(&[5]);
+        assert_eq!(r.seen, vec![(5, 2), (6, 1), (0, 1), (7, 2)]);
+        assert!(r.pending.is_empty());
+        let mut row = [0.0f32, 0.0, 0.0, 0.0, 0.0, 3.0, 3.0, 3.0];
+        adjust_rows(&mut row, 8, std::slice::from_ref(&a), &[5]).unwrap();
+        assert_eq!(row, [-1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 1.0]);
+        // Without a penalty they change nothing.
+        let unpenalised = RowAdjust {
+            frequency_penalty: 0.0,
+            ..a
+        };
+        assert!(!unpenalised.penalises());
+        assert_eq!(unpenalised.resolved(&[5]).seen, unpenalised.seen);
     }
 
     #[test]
