@@ -7,6 +7,7 @@ mod error;
 mod layout;
 mod listen;
 mod prom;
+mod reasoning;
 mod routes;
 mod samples;
 mod structured;
@@ -208,6 +209,10 @@ pub struct ServeArgs {
     /// Strata describe them in the system turn in this format.
     #[arg(long, value_name = "FORMAT")]
     pub tool_call_parser: Option<String>,
+    /// Split a chat answer's thinking into `reasoning_content` (qwen3, deepseek_r1,
+    /// gemma4); off by default.
+    #[arg(long, value_name = "FORMAT")]
+    pub reasoning_parser: Option<String>,
     /// A Jinja chat template file that replaces the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
@@ -376,6 +381,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
             anyhow::anyhow!("--tool-call-parser {n:?}: not one of hermes, llama3_json, gemma4")
         })?),
     };
+    let reasoning = match &a.reasoning_parser {
+        None => None,
+        Some(n) => Some(reasoning::ReasoningParser::by_name(n).ok_or_else(|| {
+            anyhow::anyhow!("--reasoning-parser {n:?}: not one of {}", reasoning::NAMES)
+        })?),
+    };
     let state: Shared = Arc::new(AppState {
         api_key: a.api_key.clone(),
         max_prompt_bytes: a
@@ -384,6 +395,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         admin_api_key: a.admin_api_key.clone(),
         timings: a.enable_timings_report,
         tool_parser,
+        reasoning,
         ..AppState::new(engine.clone(), name.clone())
     });
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)

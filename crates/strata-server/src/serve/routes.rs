@@ -21,6 +21,7 @@ use super::api::{self, ChatRequest, CompletionRequest, Limits, Prompt};
 use super::echo::Echo;
 use super::error::ApiError;
 use super::prom;
+use super::reasoning::{ReasoningParser, Splitter};
 use super::samples::{self, Samples, Submitted};
 use super::tools::ToolOutput;
 
@@ -53,6 +54,8 @@ pub struct AppState {
     pub longest_request: usize,
     /// The tool-call format `--tool-call-parser` names (default: told from the template).
     pub tool_parser: Option<&'static dyn super::tools::ToolFormat>,
+    /// `--reasoning-parser`: chat answers' thinking goes to `reasoning_content`.
+    pub reasoning: Option<ReasoningParser>,
 }
 
 /// Tokenizations allowed at once: a long prompt takes its core for a while, and more than a
@@ -85,6 +88,7 @@ impl AppState {
             max_prompt_bytes: super::default_prompt_bytes(engine_context),
             longest_request,
             tool_parser: None,
+            reasoning: None,
         }
     }
 }
@@ -589,6 +593,11 @@ pub async fn chat(
                 .collect();
         }
     }
+    // So are the thinking markers, for the reasoning split.
+    if let (Some(r), Some(tok)) = (st.reasoning, st.engine.tokenizer.as_deref()) {
+        let ids = r.control_markers().iter().filter_map(|m| tok.token_id(m));
+        gen.shown_controls.extend(ids);
+    }
     let tools = plan
         .filter(|p| p.choice != super::tools::Choice::None)
         .map(|p| ToolOutput { format: p.format });
@@ -628,6 +637,23 @@ async fn respond(
 /// A chat's message and finish reason: the calls found in `text` (when tools are read)
 /// as `tool_calls`, the text before them as content (null when none).
 fn chat_message(
+    text: String,
+    finish: &str,
+    tools: Option<&(ToolOutput, String)>,
+    reasoning: Option<ReasoningParser>,
+) -> (Value, String) {
+    let Some(parser) = reasoning else {
+        return chat_content(text, finish, tools);
+    };
+    // The thinking part first: calls are read from the content after it.
+    let (thinking, content) = parser.split(&text);
+    let (mut message, finish) = chat_content(content, finish, tools);
+    message["reasoning_content"] = thinking.map_or(Value::Null, Value::from);
+    (message, finish)
+}
+
+/// [`chat_message`] without a thinking part.
+fn chat_content(
     text: String,
     finish: &str,
     tools: Option<&(ToolOutput, String)>,
@@ -809,7 +835,7 @@ async fn collect_choice(
                         json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
                     }
                     Kind::Chat => {
-                        let (message, finish) = chat_message(text, finish, tools);
+                        let (message, finish) = chat_message(text, finish, tools, st.reasoning);
                         json!({
                             "index": index,
                             "message": message,
@@ -970,6 +996,8 @@ struct StreamState {
     tools: Option<(ToolOutput, String)>,
     /// Per choice, text held back because it may be (the start of) a call.
     held: Vec<String>,
+    /// Per choice, its thinking split off (chat, with `--reasoning-parser`).
+    thinking: Vec<Option<Splitter>>,
 }
 
 impl StreamState {
@@ -1055,6 +1083,27 @@ impl StreamState {
         (String::new(), finish)
     }
 
+    /// Choice `index`'s next text with its thinking sent on as `reasoning_content`
+    /// deltas; returns the content part (all of it without `--reasoning-parser`). With
+    /// `end`, releases what the split held back.
+    fn split_thinking(&mut self, index: usize, text: String, end: bool) -> String {
+        let Some(s) = self.thinking[index].as_mut() else {
+            return text;
+        };
+        let (mut thinking, mut content) = s.push(&text);
+        if end {
+            let (t, c) = s.finish();
+            thinking += &t;
+            content += &c;
+        }
+        if !thinking.is_empty() {
+            let mut c = self.chunk(index, "", Value::Null, None);
+            c["choices"][0]["delta"] = json!({"reasoning_content": thinking});
+            self.queue.push_back(Self::data(&c));
+        }
+        content
+    }
+
     fn handle(&mut self, index: usize, update: Update) {
         if self.kind == Kind::Chat && !self.sent_role[index] {
             self.sent_role[index] = true;
@@ -1087,6 +1136,7 @@ impl StreamState {
                     Value::Null
                 };
                 self.text_offset[index] += text.len();
+                let text = self.split_thinking(index, text, false);
                 let text = match &self.tools {
                     Some((t, _)) => {
                         let held = &mut self.held[index];
@@ -1125,6 +1175,7 @@ impl StreamState {
                 } else {
                     reason
                 };
+                let text = self.split_thinking(index, text, true);
                 let (text, finish) = self.tool_call_chunks(index, text, finish);
                 let mut c = self.chunk(index, &text, Value::Null, Some(finish));
                 if self.st.timings {
@@ -1175,6 +1226,10 @@ fn sse_stream(
         });
         updates.push(Box::pin(tagged) as Tagged);
     }
+    let thinking = st
+        .reasoning
+        .filter(|_| kind == Kind::Chat)
+        .map(Splitter::new);
     let state = StreamState {
         st,
         updates,
@@ -1192,6 +1247,7 @@ fn sse_stream(
         done: false,
         tools,
         held: vec![String::new(); count],
+        thinking: vec![thinking; count],
     };
     // Dropping the stream (client gone) drops the guards, which cancels the samples.
     stream::unfold(state, |mut s| async move {

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use strata_structured::Spec;
 use strata_tokenizer::{ChatMessage, ChatOptions};
 
-pub use format::{named, ParsedCall, ToolFormat};
+pub use format::{hold_at_marker, named, ParsedCall, ToolFormat};
 
 use super::api::ChatRequest;
 use super::error::ApiError;
