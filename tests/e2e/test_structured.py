@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import pytest
 
-from helpers import assert_api_error, post
+from helpers import assert_api_error, get, post
 
 S = {"type": "string", "maxLength": 24}
 # Integers are bounded too: a small model otherwise writes digits until max_tokens.
@@ -144,6 +144,23 @@ def test_json_object_choice_regex_and_grammar(smol, smol_client):
                                             extra_body={"guided_choice": ["yes", "no", "maybe not"]})
     text = "".join(c.choices[0].text for c in stream if c.choices)
     assert text in ("yes", "no", "maybe not")
+
+
+def metric(server, name: str) -> float:
+    m = re.search(rf"^{name} ([0-9.eE+-]+)$", get(server, "/metrics").text, re.M)
+    assert m, f"{name} is not in /metrics"
+    return float(m.group(1))
+
+
+def test_masks_and_their_host_time_are_counted(smol):
+    masks, seconds = (metric(smol, n) for n in ("strata_structured_masks_total",
+                                                 "strata_structured_mask_seconds_total"))
+    r = post(smol, "/v1/completions", {"prompt": "Q: Is the sky blue?\nA:", "max_tokens": 20,
+                                       "temperature": 0, "guided_regex": "[a-z]{4,6}"}).json()
+    # A mask a token drawn, the end of sequence after the last letter included.
+    drawn = r["usage"]["completion_tokens"]
+    assert metric(smol, "strata_structured_masks_total") - masks >= drawn
+    assert metric(smol, "strata_structured_mask_seconds_total") > seconds
 
 
 @pytest.mark.parametrize("extra, field", [

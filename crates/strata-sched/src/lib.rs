@@ -35,5 +35,5 @@ pub use event::{Event, EventKind, FinishReason};
 pub use lookup::PromptLookup;
 pub use model::{CheckRow, CheckedRow, DraftRow, StepModel};
 pub use request::{Request, SeqId, StopFn};
-pub use scheduler::{LaunchShape, SchedStatus, Scheduler};
+pub use scheduler::{LaunchShape, MaskStats, SchedStatus, Scheduler};
 pub use speculate::DraftStats;

@@ -33,6 +33,8 @@ pub struct Scheduler<M: StepModel<S>, S: KvStorage = HostStorage> {
     pub(crate) preemptions: u64,
     /// Steps queued behind the one before them, their ids fed from its greedy tokens.
     pub(crate) overlapped_steps: u64,
+    /// Grammar masks computed (`draw_row`) and their host time.
+    pub(crate) mask_stats: MaskStats,
     /// What the latest [`step`](Self::step) call queued, if anything.
     pub(crate) last_launch: Option<LaunchShape>,
     /// Speculative rounds and their drafts, since the start.
@@ -69,8 +71,19 @@ pub struct SchedStatus {
     pub overlapped_steps: u64,
     /// Speculative rounds and drafts since the start.
     pub drafts: DraftStats,
+    /// Grammar masks computed on the host since the start.
+    pub masks: MaskStats,
     /// The KV pool's pages and prefix cache.
     pub kv: KvStatus,
+}
+
+/// The host's grammar masks (constrained requests' draws) since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MaskStats {
+    /// Masks computed.
+    pub masks: u64,
+    /// Host seconds spent computing and applying them.
+    pub seconds: f64,
 }
 
 impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
@@ -101,6 +114,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             preemptions: 0,
             last_launch: None,
             overlapped_steps: 0,
+            mask_stats: MaskStats::default(),
             draft_stats: DraftStats::default(),
         })
     }
@@ -196,6 +210,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             preemptions: self.preemptions,
             overlapped_steps: self.overlapped_steps,
             drafts: self.draft_stats,
+            masks: self.mask_stats,
             kv: self.pool.status(),
         }
     }

@@ -358,10 +358,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
         let draw = |(seq, b): (&mut Seq, usize)| {
             let logits = out.last(b).expect("checked above");
-            (b, draw_row(seq, logits))
+            let (d, mask) = draw_row(seq, logits);
+            (b, d, mask)
         };
         let picked = self.running.iter_mut().zip(&row_of);
-        let drawn: Vec<(usize, Draw)> = if rows > 1 {
+        let drawn: Vec<(usize, Draw, Option<f64>)> = if rows > 1 {
             let picked: Vec<(&mut Seq, usize)> =
                 picked.filter_map(|(s, b)| Some((s, (*b)?))).collect();
             picked.into_par_iter().map(draw).collect()
@@ -372,8 +373,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 .collect()
         };
         let mut by_row: Vec<Option<Draw>> = (0..seqs.len()).map(|_| None).collect();
-        for (b, d) in drawn {
+        for (b, d, mask) in drawn {
             by_row[b] = Some(d);
+            if let Some(seconds) = mask {
+                self.mask_stats.masks += 1;
+                self.mask_stats.seconds += seconds;
+            }
         }
         by_row
     }
@@ -410,7 +415,14 @@ fn model_pick<'a>(
 
 /// Draws `seq`'s next token from its row of `logits`, masked by its constraint if it has
 /// one; the logprobs (when asked for) are of the raw distribution, as for every request.
-fn draw_row(seq: &mut Seq, logits: &[f32]) -> Draw {
+/// Also returns the host seconds its mask took (`None` without a constraint).
+fn draw_row(seq: &mut Seq, logits: &[f32]) -> (Draw, Option<f64>) {
+    let mut mask = None;
+    let d = draw_masked(seq, logits, &mut mask);
+    (d, mask)
+}
+
+fn draw_masked(seq: &mut Seq, logits: &[f32], mask_time: &mut Option<f64>) -> Draw {
     let uniform = draw_uniform(seq.seed, seq.tokens.len() as u64);
     // Logit controls (bias, penalties, `min_tokens`) first, then the grammar's mask: they
     // change the draw, not the reported logprobs, which stay the raw model's (as vLLM
@@ -421,7 +433,10 @@ fn draw_row(seq: &mut Seq, logits: &[f32]) -> Draw {
         row
     });
     if let Some(c) = &mut seq.req.constraint {
-        c.0.mask(row.get_or_insert_with(|| logits.to_vec()))?;
+        let t = Instant::now();
+        let masked = c.0.mask(row.get_or_insert_with(|| logits.to_vec()));
+        *mask_time = Some(t.elapsed().as_secs_f64());
+        masked?;
     }
     let token = sample(row.as_deref().unwrap_or(logits), &seq.req.sampling, uniform)
         .map_err(|e| e.to_string())?;

@@ -22,8 +22,11 @@ impl TokenConstraint for GrammarConstraint {
             .compute_mask_or_eos()
             .map_err(|e| format!("grammar: {e}"))?;
         let mut any = false;
+        // A model's rows may outnumber its tokenizer's ids (vocabularies padded to a
+        // multiple): ids past the grammar's vocabulary are never allowed.
+        let known = allowed.len();
         for (id, l) in logits.iter_mut().enumerate() {
-            if allowed.is_allowed(id as u32) {
+            if id < known && allowed.is_allowed(id as u32) {
                 any |= *l != f32::NEG_INFINITY;
             } else {
                 *l = f32::NEG_INFINITY;

@@ -77,3 +77,16 @@ fn bad_grammars_give_llguidance_s_message_and_the_cache_is_bounded() {
     }
     assert_eq!(g.cached(), MAX_CACHED_GRAMMARS);
 }
+
+/// A model may have more output rows than its tokenizer has ids (vocabularies padded to a
+/// multiple, as Qwen's are): the rows past the tokenizer's ids are masked, never read from
+/// the grammar's bit set (which is only the tokenizer's size).
+#[test]
+fn rows_past_the_tokenizer_are_masked() {
+    let g = grammars();
+    let mut c = g.constraint(&Spec::Regex("[a-z]+".into())).unwrap();
+    let mut logits = vec![0.0f32; 512];
+    c.0.mask(&mut logits).unwrap();
+    assert!(logits[257..].iter().all(|&l| l == f32::NEG_INFINITY));
+    assert_eq!(logits[b'q' as usize], 0.0);
+}

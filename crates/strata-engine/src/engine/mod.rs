@@ -15,7 +15,7 @@ use std::time::Duration;
 use strata_kernels::sampling::{LogitControls, SamplingParams};
 use strata_kv::{CacheType, KvCacheDtype, KvLayout, KvStatus, PagePlan};
 use strata_model::{Drafting, ModelRunner};
-use strata_sched::{DraftStats, SchedulerConfig};
+use strata_sched::{DraftStats, MaskStats, SchedulerConfig};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot, watch};
 
@@ -215,6 +215,8 @@ pub struct EngineStatus {
     pub overlapped_steps: u64,
     /// Speculative rounds and their drafts (`--draft`).
     pub drafts: DraftStats,
+    /// Grammar masks computed on the host (constrained requests).
+    pub masks: MaskStats,
     /// The KV pool's pages and prefix cache; `None` until the engine thread first reports.
     pub kv: Option<KvStatus>,
     /// Name of the KV pool's element type.

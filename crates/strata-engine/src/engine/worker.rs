@@ -442,6 +442,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             preemptions: s.preemptions,
             overlapped_steps: s.overlapped_steps,
             drafts: s.drafts,
+            masks: s.masks,
             kv: Some(s.kv),
             kv_cache_dtype: pool.layout().format().cache_dtype().name().to_string(),
             page_size: pool.page_size(),

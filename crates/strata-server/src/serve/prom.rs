@@ -87,6 +87,20 @@ pub fn render(engine: &Engine) -> String {
     );
     series(
         &mut out,
+        "strata_structured_masks_total",
+        "counter",
+        "Grammar masks computed on the host (response_format, guided_*, forced tool calls).",
+        &[(String::new(), s.masks.masks as f64)],
+    );
+    series(
+        &mut out,
+        "strata_structured_mask_seconds_total",
+        "counter",
+        "Host seconds spent computing and applying those masks.",
+        &[(String::new(), s.masks.seconds)],
+    );
+    series(
+        &mut out,
         "strata_overlapped_steps_total",
         "counter",
         "Decode steps queued before the step ahead of them was read (--overlap).",

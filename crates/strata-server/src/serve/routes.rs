@@ -537,7 +537,8 @@ pub async fn chat(
     let forced = match &plan {
         Some(p) => {
             super::tools::check_schemas(&st, &p.tools).await?;
-            super::tools::forced(p)?
+            let tok = st.engine.tokenizer.as_deref();
+            super::tools::forced(p, &|m: &str| tok.and_then(|t| t.token_id(m)))?
         }
         None => None,
     };

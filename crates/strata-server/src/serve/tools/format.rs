@@ -32,8 +32,9 @@ pub trait ToolFormat: Send + Sync {
 
     /// A Lark grammar (llguidance's) whose every output is one call (several with
     /// `parallel`) to one of `tools`, its arguments under the tool's schema; `None` where
-    /// the format cannot be forced this way.
-    fn grammar(&self, tools: &[Tool], parallel: bool) -> Option<String>;
+    /// the format cannot be forced this way (or `token_id`, the vocabulary's id of a
+    /// control token's text, lacks one of its markers).
+    fn grammar(&self, tools: &[Tool], parallel: bool, token_id: &TokenId) -> Option<String>;
 
     /// Texts of the format's markers that are control tokens in its models' vocabularies:
     /// the output must keep their text for the calls to be found.
@@ -48,6 +49,9 @@ pub trait ToolFormat: Send + Sync {
     /// that cannot show tool calls).
     fn write_call(&self, name: &str, arguments: &Value) -> String;
 }
+
+/// A vocabulary's id of a control token's text.
+pub type TokenId<'a> = dyn Fn(&str) -> Option<u32> + 'a;
 
 /// The formats Strata knows.
 pub fn all() -> [&'static dyn ToolFormat; 3] {
@@ -128,20 +132,37 @@ pub fn alternatives(
     sep: &str,
     call: impl Fn(usize, &Tool) -> String,
 ) -> String {
+    alternatives_with(tools, parallel, sep, call, |t| {
+        Some(lark_json(&t.parameters))
+    })
+    .expect("JSON arguments always lower")
+}
+
+/// As [`alternatives`], each tool's `args_i` rule body from `args` (`None` when one
+/// cannot be written); calls joined by `sep` (nothing between them when empty).
+pub fn alternatives_with(
+    tools: &[Tool],
+    parallel: bool,
+    sep: &str,
+    call: impl Fn(usize, &Tool) -> String,
+    mut args: impl FnMut(&Tool) -> Option<String>,
+) -> Option<String> {
     let names: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
     let mut g = String::from("start: calls\n");
     g += &format!("one: {}\n", names.join(" | "));
     // 1 to MAX_PARALLEL_CALLS calls, spelled out: a model that keeps calling stops there.
     let most = if parallel { MAX_PARALLEL_CALLS } else { 1 };
-    let counts: Vec<String> = (1..=most)
-        .map(|n| vec!["one"; n].join(&format!(" {} ", lark_literal(sep))))
-        .collect();
+    let join = match sep.is_empty() {
+        true => " ".to_string(),
+        false => format!(" {} ", lark_literal(sep)),
+    };
+    let counts: Vec<String> = (1..=most).map(|n| vec!["one"; n].join(&join)).collect();
     g += &format!("calls: {}\n", counts.join(" | "));
     for (i, t) in tools.iter().enumerate() {
         g += &format!("call_{i}: {}\n", call(i, t));
-        g += &format!("args_{i}: {}\n", lark_json(&t.parameters));
+        g += &format!("args_{i}: {}\n", args(t)?);
     }
-    g
+    Some(g)
 }
 
 #[cfg(test)]
@@ -192,7 +213,7 @@ mod tests {
         ];
         let args = json!({"a": 1});
         for format in all() {
-            let Some(lark) = format.grammar(&tools, false) else {
+            let Some(lark) = format.grammar(&tools, false, &|_: &str| None) else {
                 continue;
             };
             let one = format.write_call("add", &args);
@@ -207,7 +228,9 @@ mod tests {
             assert!(!accepts(&g, &lark, &format.write_call("sub", &args)));
         }
         // Parallel calls, at most MAX_PARALLEL_CALLS of them.
-        let lark = super::super::hermes::Hermes.grammar(&tools, true).unwrap();
+        let lark = super::super::hermes::Hermes
+            .grammar(&tools, true, &|_: &str| None)
+            .unwrap();
         let call = super::super::hermes::Hermes.write_call("add", &args);
         let calls = |n: usize| vec![call.as_str(); n].join("\n");
         assert!(accepts(&g, &lark, &calls(2)));

@@ -4,7 +4,10 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::format::{hold_at_marker, ParsedCall, ToolFormat};
+use super::format::{
+    alternatives_with, hold_at_marker, lark_literal, ParsedCall, TokenId, ToolFormat,
+};
+use super::gemma4_grammar::Lowering;
 use super::Tool;
 
 const OPEN: &str = "<|tool_call>call:";
@@ -46,9 +49,17 @@ impl ToolFormat for Gemma4 {
         hold_at_marker(text, "<|tool_call>")
     }
 
-    fn grammar(&self, _tools: &[Tool], _parallel: bool) -> Option<String> {
-        // Its markers are control tokens and its arguments are not JSON: not forced yet.
-        None
+    fn grammar(&self, tools: &[Tool], parallel: bool, token_id: &TokenId) -> Option<String> {
+        // The markers are control tokens, matched by id; the arguments are lowered from
+        // each tool's schema into Gemma's syntax (`gemma4_grammar.rs`).
+        let (open, close) = (token_id("<|tool_call>")?, token_id(CLOSE)?);
+        let mut lower = Lowering::new(token_id(QUOTE)?);
+        let call = |i: usize, t: &Tool| {
+            let head = lark_literal(&format!("call:{}", t.name));
+            format!("<[{open}]> {head} args_{i} <[{close}]>")
+        };
+        let g = alternatives_with(tools, parallel, "", call, |t| lower.value(&t.parameters))?;
+        Some(g + &lower.rules())
     }
 
     fn control_markers(&self) -> &'static [&'static str] {

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::format::{
-    alternatives, hold_at_marker, lark_literal, python_json, ParsedCall, ToolFormat,
+    alternatives, hold_at_marker, lark_literal, python_json, ParsedCall, TokenId, ToolFormat,
 };
 use super::Tool;
 
@@ -44,7 +44,7 @@ impl ToolFormat for Hermes {
         hold_at_marker(text, OPEN)
     }
 
-    fn grammar(&self, tools: &[Tool], parallel: bool) -> Option<String> {
+    fn grammar(&self, tools: &[Tool], parallel: bool, _: &TokenId) -> Option<String> {
         Some(alternatives(tools, parallel, "\n", |i, t| {
             let head = format!(
                 "{OPEN}\n{{\"name\": {}, \"arguments\": ",

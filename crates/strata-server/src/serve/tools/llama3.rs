@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::format::{alternatives, lark_literal, python_json, ParsedCall, ToolFormat};
+use super::format::{alternatives, lark_literal, python_json, ParsedCall, TokenId, ToolFormat};
 use super::hermes::call_of;
 use super::Tool;
 
@@ -52,7 +52,7 @@ impl ToolFormat for Llama3 {
         }
     }
 
-    fn grammar(&self, tools: &[Tool], parallel: bool) -> Option<String> {
+    fn grammar(&self, tools: &[Tool], parallel: bool, _: &TokenId) -> Option<String> {
         Some(alternatives(tools, parallel, "; ", |i, t| {
             let head = format!(
                 "{{\"name\": {}, \"parameters\": ",

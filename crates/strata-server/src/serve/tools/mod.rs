@@ -8,6 +8,7 @@
 
 mod format;
 mod gemma4;
+mod gemma4_grammar;
 mod hermes;
 mod llama3;
 
@@ -15,7 +16,7 @@ use serde_json::{json, Value};
 use strata_structured::Spec;
 use strata_tokenizer::{ChatMessage, ChatOptions};
 
-pub use format::{hold_at_marker, named, ParsedCall, ToolFormat};
+pub use format::{hold_at_marker, named, ParsedCall, TokenId, ToolFormat};
 
 use super::api::ChatRequest;
 use super::error::ApiError;
@@ -357,7 +358,7 @@ pub fn render_input(
 
 /// The grammar `tool_choice` asks for (`required` or a named function); `None` for `auto`
 /// and `none`.
-pub fn forced(plan: &ToolPlan) -> Result<Option<Spec>, ApiError> {
+pub fn forced(plan: &ToolPlan, token_id: &TokenId) -> Result<Option<Spec>, ApiError> {
     let tools: Vec<Tool> = match &plan.choice {
         Choice::None | Choice::Auto => return Ok(None),
         Choice::Required => plan.tools.clone(),
@@ -369,10 +370,11 @@ pub fn forced(plan: &ToolPlan) -> Result<Option<Spec>, ApiError> {
             .collect(),
     };
     let parallel = plan.parallel && plan.choice == Choice::Required;
-    plan.format.grammar(&tools, parallel).map(Spec::Lark).map(Some).ok_or_else(|| {
+    let grammar = plan.format.grammar(&tools, parallel, token_id);
+    grammar.map(Spec::Lark).map(Some).ok_or_else(|| {
         bad(
             "tool_choice",
-            format!("tool_choice \"required\" or a named function is not supported for the {} format (use auto)", plan.format.name()),
+            format!("tool_choice \"required\" or a named function cannot be forced here for the {} format: its markers are not control tokens of this vocabulary, or a tool's parameters use a schema keyword its arguments cannot be forced to (use auto)", plan.format.name()),
         )
     })
 }
