@@ -263,6 +263,7 @@ where
             &ForwardBatch {
                 seqs,
                 adjust: Vec::new(),
+                masked: Vec::new(),
             },
             queued.as_ref().map(|q| &q.0),
         )?;
@@ -342,6 +343,7 @@ where
             logits: LogitsMode::Argmax,
         }],
         adjust: Vec::new(),
+        masked: Vec::new(),
     };
     let t = Instant::now();
     let step = model.launch(&mut kv, &batch, None)?;

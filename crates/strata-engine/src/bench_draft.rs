@@ -173,6 +173,7 @@ where
         let batch = ForwardBatch {
             seqs,
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         match logits {
             LogitsMode::All => drop(model.forward_greedy_rows(kv, &batch)?),

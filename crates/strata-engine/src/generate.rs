@@ -321,6 +321,7 @@ where
                 },
             }],
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         out.extend(model.forward(&mut kv, &batch)?.logits.remove(0));
         kv.commit(req, start + n)?;

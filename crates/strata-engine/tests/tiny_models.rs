@@ -161,24 +161,45 @@ fn sampled_long() -> Vec<Request> {
     reqs
 }
 
-/// A constraint that allows every token: a request carrying one is drawn on the host from
-/// its downloaded logits, the reference path for logit controls.
-struct AllowAll;
+/// A grammar stand-in: after `n` tokens it allows the ids `t` with `(t + n) % 3 == 0`, on
+/// the host (`mask`) and as bits for a device (`allowed`) alike.
+#[derive(Clone)]
+struct Stride(usize);
 
-impl TokenConstraint for AllowAll {
-    fn mask(&mut self, _: &mut [f32]) -> Result<(), String> {
+impl Stride {
+    fn allows(&self, t: usize) -> bool {
+        (t + self.0).is_multiple_of(3)
+    }
+}
+
+impl TokenConstraint for Stride {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        for (t, x) in logits.iter_mut().enumerate() {
+            if !self.allows(t) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
         Ok(())
     }
+    fn allowed(&mut self, vocab: usize) -> Result<Vec<u32>, String> {
+        let mut words = vec![0u32; vocab.div_ceil(32)];
+        for t in (0..vocab).filter(|&t| self.allows(t)) {
+            words[t / 32] |= 1 << (t % 32);
+        }
+        Ok(words)
+    }
     fn commit(&mut self, _: u32) -> Result<bool, String> {
+        self.0 += 1;
         Ok(false)
     }
     fn fork(&self) -> Box<dyn TokenConstraint> {
-        Box::new(AllowAll)
+        Box::new(self.clone())
     }
 }
 
 /// Greedy and sampled long requests with logit controls (penalties over prompt and
-/// completion, biases); with `on_host`, each also carries [`AllowAll`].
+/// completion, biases); with `on_host`, each also asks for logprobs, which keeps its draw
+/// on the host (the logprobs stay the raw row's), the reference path.
 fn controlled(on_host: bool) -> Vec<Request> {
     let mut reqs: Vec<Request> = greedy_long().into_iter().take(3).collect();
     reqs.extend(sampled_long().into_iter().take(2));
@@ -191,7 +212,7 @@ fn controlled(on_host: bool) -> Vec<Request> {
             min_tokens: 0,
         };
         if on_host {
-            r.constraint = Some(Constraint::new(AllowAll));
+            r.logprobs = Some(0);
         }
     }
     reqs
@@ -223,6 +244,60 @@ fn controls_match<M: StepModel<S>, S: strata_kv::KvStorage>(
         "{what}: the controls change nothing"
     );
     eprintln!("{what}: controls with the pick equal the host's draws; {st:?}");
+}
+
+/// Requests under [`Stride`] masks: greedy and sampled, two with logit controls as well,
+/// beside two requests without a mask (whose prompts share steps with the masked decodes);
+/// with `on_host`, the masked ones ask for logprobs, which keeps their draws on the host.
+fn masked(on_host: bool) -> Vec<Request> {
+    let mut reqs = controlled(false);
+    for (i, r) in reqs.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            r.controls = LogitControls::default();
+        }
+        r.constraint = Some(Constraint::new(Stride(i)));
+        if on_host {
+            r.logprobs = Some(0);
+        }
+    }
+    reqs.extend(greedy_long().into_iter().skip(3));
+    reqs
+}
+
+/// `masked` requests through `sched`: their tokens equal `want` (the host's draws) and
+/// follow the masks; the masks went to the model (`/metrics`' count).
+fn masks_match<M: StepModel<S>, S: strata_kv::KvStorage>(
+    sched: &mut Scheduler<M, S>,
+    want: &[Vec<u32>],
+    what: &str,
+) {
+    let got = generate(sched, masked(false));
+    assert_eq!(got, want, "{what}");
+    for (i, tokens) in got.iter().take(5).enumerate() {
+        let mut s = Stride(i);
+        for &t in tokens {
+            assert!(s.allows(t as usize), "{what}: request {i} drew {t}");
+            s.0 += 1;
+        }
+    }
+    let st = sched.status();
+    assert!(st.masks.masks > 0, "{what}: {st:?}");
+    eprintln!(
+        "{what}: masked picks equal the host's draws; {:?}",
+        st.masks
+    );
+}
+
+/// On the CPU backend: grammar masks computed while the step runs and applied with the
+/// model's pick (with logit controls before them) give the tokens the host draws.
+#[test]
+fn grammar_masks_with_the_pick_equal_the_host_draw() {
+    for name in ["gemma4-tiny", "llama-tiny"] {
+        let mut host = scheduler(load(name), 256, 4, controls_config(None));
+        let want = generate(&mut host, masked(true));
+        let mut s = scheduler(load(name), 256, 4, controls_config(None));
+        masks_match(&mut s, &want, name);
+    }
 }
 
 /// The scheduler settings of the logit-control checks: overlapped steps, rounds of up to
@@ -370,6 +445,22 @@ mod gpu {
         let storage = PagedStorage::new(backend.clone());
         let pool = KvPool::new(layout, plan, CacheType::Radix, storage).unwrap();
         Scheduler::new(model, pool, config).unwrap()
+    }
+
+    /// On the GPU (device pool, decode graphs): grammar masks computed on the host while
+    /// the step runs and applied on the device with the pick give the host's draws.
+    #[test]
+    fn grammar_masks_on_the_gpu_equal_the_host_draw() {
+        let Some(gpu) = gpu() else { return };
+        for name in ["gemma4-tiny", "llama-tiny"] {
+            let target = || Model::load(gpu.clone(), &fixture(name)).expect("fixture loads");
+            let cfg = target().config().clone();
+            let config = controls_config(None);
+            let mut host = device_scheduler(ModelRunner(target()), &cfg, &gpu, config);
+            let want = generate(&mut host, masked(true));
+            let mut s = device_scheduler(ModelRunner(target()), &cfg, &gpu, config);
+            masks_match(&mut s, &want, &format!("GPU {name}"));
+        }
     }
 
     /// On the GPU (device pool, decode and verification graphs): logit controls applied

@@ -71,3 +71,15 @@ extern "C" __global__ void adjust_logits(float* logits, u64 vocab, const u32* me
         row[masked_ids[j]] = NEG_INF;
     }
 }
+
+// A grammar's mask: every logit whose bit is clear set to -inf. One block a row; row r's
+// bits are words [r * words, (r + 1) * words) of `bits`, and ids past them are disallowed.
+extern "C" __global__ void mask_logits(float* logits, u64 vocab, const u32* rows, const u32* bits,
+                                       u32 words) {
+    float* row = logits + (u64)rows[blockIdx.x] * vocab;
+    const u32* w = bits + (u64)blockIdx.x * words;
+    for (u64 t = threadIdx.x; t < vocab; t += blockDim.x) {
+        const bool allowed = t / 32 < words && ((w[t / 32] >> (t % 32)) & 1u);
+        if (!allowed) row[t] = NEG_INF;
+    }
+}

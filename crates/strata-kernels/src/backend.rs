@@ -679,6 +679,16 @@ pub trait Backend: Send + Sync {
         fed: Option<&Self::Tokens>,
     ) -> Result<()>;
 
+    /// Sets every logit a row's grammar mask disallows to -inf, in `logits [.., vocab]` (f32)
+    /// in place, in order with the ops around it ([`sampling::mask_rows`] is the
+    /// definition, to the bit).
+    fn mask_logits(
+        &self,
+        logits: &mut Self::Buffer,
+        vocab: usize,
+        rows: &[sampling::RowMask],
+    ) -> Result<()>;
+
     /// For each row `r` of `c.rows`: [`sampling::clustered_argmax`] of row `r` of `logits`
     /// (`[rows, vocab]`), row `r` of the cluster `scores` (`[rows, clusters]`) and `ordering`
     /// (token ids cluster by cluster), into `out[r]`, in backend memory (a captured draft

@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 logits: LogitsMode::Last,
             }],
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         let out = model.forward(&mut kv, &batch)?;
         let last = out.last(0).ok_or("no logits")?;

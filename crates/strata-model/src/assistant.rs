@@ -398,5 +398,6 @@ pub(crate) fn draft_batch(seqs: &[DraftSeq], tokens: &[u32]) -> ForwardBatch {
             })
             .collect(),
         adjust: Vec::new(),
+        masked: Vec::new(),
     }
 }

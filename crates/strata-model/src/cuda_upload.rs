@@ -146,6 +146,7 @@ mod tests {
                     logits: mode,
                 }],
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             out.extend(model.forward(&mut kv, &batch).unwrap().logits.remove(0));
             start += n;
@@ -180,6 +181,7 @@ mod tests {
                     logits: LogitsMode::Last,
                 }],
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             let out = model.forward(&mut kv, &batch).unwrap();
             let last = out.last(0).unwrap();
@@ -390,6 +392,7 @@ mod tests {
                     logits: LogitsMode::None,
                 }],
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             cuda.forward(&mut kv, &batch).unwrap();
         }
@@ -415,6 +418,7 @@ mod tests {
                     &ForwardBatch {
                         seqs,
                         adjust: Vec::new(),
+                        masked: Vec::new(),
                     },
                 )
                 .unwrap();
@@ -765,6 +769,7 @@ mod tests {
                     &ForwardBatch {
                         seqs,
                         adjust: Vec::new(),
+                        masked: Vec::new(),
                     },
                     queued.as_ref(),
                 )
@@ -874,6 +879,7 @@ mod tests {
                 logits: LogitsMode::Last,
             }],
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
         let (mut token, mut hidden) = (out.tokens[0][0], out.hidden.unwrap());
@@ -912,6 +918,7 @@ mod tests {
                     logits: LogitsMode::Last,
                 }],
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
             let seq = crate::DraftSeq {
@@ -989,6 +996,7 @@ mod tests {
                 logits: LogitsMode::None,
             }],
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         cuda.forward(&mut kv, &prompt).unwrap();
         for run in 0..2 {
@@ -1002,6 +1010,7 @@ mod tests {
                     logits: LogitsMode::All,
                 }],
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
             let want = &decoded[6 * run..6 * run + 6];
@@ -1021,6 +1030,7 @@ mod tests {
                     logits: LogitsMode::All,
                 }],
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
             assert_eq!(
@@ -1068,6 +1078,7 @@ mod tests {
                     })
                     .collect(),
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
             let seqs: Vec<crate::DraftSeq> = reqs
@@ -1130,6 +1141,7 @@ mod tests {
                     })
                     .collect(),
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             cuda.forward(&mut kv, &prompt).unwrap();
             let mut out = Vec::new();
@@ -1156,6 +1168,7 @@ mod tests {
                         &ForwardBatch {
                             seqs,
                             adjust: Vec::new(),
+                            masked: Vec::new(),
                         },
                     )
                     .unwrap();

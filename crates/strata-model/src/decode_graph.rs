@@ -199,6 +199,7 @@ pub(crate) fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch 
     ForwardBatch {
         seqs,
         adjust: Vec::new(),
+        masked: Vec::new(),
     }
 }
 
@@ -562,6 +563,9 @@ fn step_output<B: Backend>(
     }
     let mut rows = b.zeros(n * vocab, b.activation_dtype())?;
     copy_prefix(b, logits, &mut rows, n * vocab)?;
+    if !batch.masked.is_empty() {
+        return Ok(Launched::held(Some(rows), vec![1; n], batch));
+    }
     Ok(Launched::done(model.download_logits(
         Some(rows),
         &vec![1; n],

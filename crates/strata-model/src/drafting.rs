@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use strata_kernels::sampling::RowMask;
 use strata_kernels::{Backend, StridedCopy};
 use strata_kv::{KvPool, KvStorage, RequestId};
 use strata_sched::{CheckRow, CheckedRow, DraftRow, SchedError, StepModel};
@@ -142,6 +143,14 @@ where
 
     fn feeds(&self, step: &Launched<B>) -> bool {
         StepModel::<S>::feeds(&self.target, step)
+    }
+
+    fn masks_picks(&self) -> bool {
+        StepModel::<S>::masks_picks(&self.target)
+    }
+
+    fn pick_masked(&mut self, step: &mut Launched<B>, masks: &[RowMask]) -> Result<(), SchedError> {
+        StepModel::<S>::pick_masked(&mut self.target, step, masks)
     }
 
     fn draft_tokens(&self) -> usize {

@@ -2,7 +2,7 @@
 //! architecture's switches read from `ModelConfig`.
 
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
-use strata_kernels::sampling::{RowAdjust, RowDraw, FED_TOKEN};
+use strata_kernels::sampling::{RowAdjust, RowDraw, RowMask, FED_TOKEN};
 use strata_kernels::{
     Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, ResidualStep, RmsNormParams,
     RopeAt, RopeParams, RopeStyle, TableSlice,
@@ -180,6 +180,7 @@ impl<B: Backend> Model<B> {
         let (logits, counts) = self.run(kv, batch, &prep, &inputs, None, None)?;
         match logits {
             Some(mut logits) if all_picked(batch) => self.start_picks(&mut logits, batch, fed),
+            logits if !batch.masked.is_empty() => Ok(Launched::held(logits, counts, batch)),
             logits => Ok(Launched::done(
                 self.download_logits(logits, &counts, batch, fed)?,
             )),
@@ -195,26 +196,47 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
         fed: Option<&B::Tokens>,
     ) -> Result<Launched<B>> {
+        if !batch.masked.is_empty() {
+            // Its rows wait for their masks: kept (a graph's buffer is rewritten by the
+            // next replay) until `pick_masked`.
+            let n = batch.seqs.len() * self.config.vocab_size;
+            let b = &self.backend;
+            let mut rows = b.scratch(n, b.activation_dtype())?;
+            crate::decode_graph::copy_prefix(b, logits, &mut rows, n)?;
+            return Ok(Launched::held(Some(rows), vec![1; batch.seqs.len()], batch));
+        }
+        self.start_picks_masked(logits, batch, fed, &[])
+    }
+
+    /// [`Model::start_picks`] with `masks` applied before the picks.
+    pub(crate) fn start_picks_masked(
+        &self,
+        logits: &mut B::Buffer,
+        batch: &ForwardBatch,
+        fed: Option<&B::Tokens>,
+        masks: &[RowMask],
+    ) -> Result<Launched<B>> {
         let vocab = self.config.vocab_size;
         let rows = batch.seqs.len();
         let draws = row_draws(batch);
-        let cap = self.adjust_picked(logits, batch.adjust.clone(), fed)?;
+        let cap = self.prepare_picks(logits, batch.adjust.clone(), masks, fed)?;
         let tokens = self.backend.pick_start(logits, vocab, rows, cap, &draws)?;
         Ok(Launched::picked(tokens, vocab, rows))
     }
 
-    /// Applies `adjust` (rows of `logits`) after the final softcap, in place; returns the
-    /// softcap the pick must still apply (none once the rows are capped here). Capping
-    /// with the same op as the host path, then adjusting and picking uncapped, draws
-    /// what the host draws from the downloaded row.
-    pub(crate) fn adjust_picked(
+    /// Applies `adjust`, then `masks` (rows of `logits`) after the final softcap, in place;
+    /// returns the softcap the pick must still apply (none once the rows are capped here).
+    /// Capping with the same op as the host path, then adjusting, masking and picking
+    /// uncapped, draws what the host draws from the downloaded row.
+    pub(crate) fn prepare_picks(
         &self,
         logits: &mut B::Buffer,
         adjust: Vec<RowAdjust>,
+        masks: &[RowMask],
         fed: Option<&B::Tokens>,
     ) -> Result<Option<f32>> {
         let cap = self.final_softcap();
-        if adjust.is_empty() {
+        if adjust.is_empty() && masks.is_empty() {
             return Ok(cap);
         }
         if let Some(c) = cap {
@@ -222,6 +244,7 @@ impl<B: Backend> Model<B> {
         }
         let vocab = self.config.vocab_size;
         self.backend.adjust_logits(logits, vocab, &adjust, fed)?;
+        self.backend.mask_logits(logits, vocab, masks)?;
         Ok(None)
     }
 
@@ -452,6 +475,7 @@ impl<B: Backend> Model<B> {
             batch: ForwardBatch {
                 seqs,
                 adjust: Vec::new(),
+                masked: Vec::new(),
             },
             positions: b.upload_index(&positions)?,
         })
@@ -740,6 +764,18 @@ impl<B: Backend> Model<B> {
         batch: &ForwardBatch,
         fed: Option<&B::Tokens>,
     ) -> Result<ForwardOutput> {
+        self.download_masked(logits, counts, batch, fed, &[])
+    }
+
+    /// [`Model::download_logits`] with `masks` applied before the picks.
+    pub(crate) fn download_masked(
+        &self,
+        logits: Option<B::Buffer>,
+        counts: &[usize],
+        batch: &ForwardBatch,
+        fed: Option<&B::Tokens>,
+        masks: &[RowMask],
+    ) -> Result<ForwardOutput> {
         let vocab = self.config.vocab_size;
         let mut out = ForwardOutput::empty(vocab, counts.len());
         let Some(mut logits) = logits else {
@@ -747,7 +783,7 @@ impl<B: Backend> Model<B> {
         };
         let rows: usize = counts.iter().sum();
         // Once adjusted, every row is softcapped already.
-        let cap = self.adjust_picked(&mut logits, batch.adjust.clone(), fed)?;
+        let cap = self.prepare_picks(&mut logits, batch.adjust.clone(), masks, fed)?;
         let picks: Vec<bool> = batch.seqs.iter().map(|s| s.logits.picks()).collect();
         if picks.iter().any(|&p| p) {
             // Each picking sequence's last row; the rows of the others take their argmax,
@@ -882,6 +918,7 @@ mod trim_tests {
             let batch = ForwardBatch {
                 seqs,
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             m.trim_plan(&batch, &m.prepare(&batch).unwrap())
         };

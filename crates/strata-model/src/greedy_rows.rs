@@ -102,7 +102,7 @@ pub(crate) fn pick_rows<B: Backend>(
     let b = model.backend();
     let vocab = model.config().vocab_size;
     let rows: usize = counts.iter().sum();
-    let cap = model.adjust_picked(logits, adjust.to_vec(), None)?;
+    let cap = model.prepare_picks(logits, adjust.to_vec(), &[], None)?;
     let (ids, scores): (Vec<u32>, Vec<Option<TokenLogprobs>>) = if draws.is_empty() {
         (b.argmax_rows(logits, vocab, rows, cap)?, Vec::new())
     } else {

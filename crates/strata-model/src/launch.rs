@@ -4,7 +4,7 @@
 //! step after step without waiting for the host to read each one's tokens and build the
 //! next.
 
-use strata_kernels::sampling::FED_TOKEN;
+use strata_kernels::sampling::{RowMask, FED_TOKEN};
 use strata_kernels::Backend;
 
 use crate::batch::{ForwardBatch, ForwardOutput};
@@ -25,6 +25,13 @@ enum State<B: Backend> {
         vocab: usize,
         rows: usize,
     },
+    /// Rows wait for grammar masks (`ForwardBatch::masked`): the step's wanted logits
+    /// rows (`counts` a sequence), still raw, until [`Model::pick_masked`].
+    Held {
+        logits: Option<B::Buffer>,
+        counts: Vec<usize>,
+        batch: ForwardBatch,
+    },
 }
 
 impl<B: Backend> Launched<B> {
@@ -40,11 +47,23 @@ impl<B: Backend> Launched<B> {
         })
     }
 
+    pub(crate) fn held(
+        logits: Option<B::Buffer>,
+        counts: Vec<usize>,
+        batch: &ForwardBatch,
+    ) -> Self {
+        Self(State::Held {
+            logits,
+            counts,
+            batch: batch.clone(),
+        })
+    }
+
     /// The ids on the backend and their count, when this step left them there.
     fn picked_tokens(&self) -> Option<(&B::Tokens, usize)> {
         match &self.0 {
             State::Picked { tokens, rows, .. } => Some((tokens, *rows)),
-            State::Done(_) => None,
+            State::Done(_) | State::Held { .. } => None,
         }
     }
 }
@@ -111,10 +130,45 @@ impl<B: Backend> Model<B> {
         matches!(step.0, State::Picked { .. }) && !self.has_host_tables()
     }
 
+    /// Queues the picks of a step whose rows waited for grammar masks
+    /// (`ForwardBatch::masked`), each of those rows masked by its entry of `masks` (after
+    /// the softcap and the batch's adjustments, as the host path orders them).
+    pub fn pick_masked(&self, step: &mut Launched<B>, masks: &[RowMask]) -> Result<()> {
+        let State::Held {
+            logits,
+            counts,
+            batch,
+        } = std::mem::replace(&mut step.0, State::Done(ForwardOutput::empty(0, 0)))
+        else {
+            return Err(ModelError::Invalid(
+                "this step holds no rows for masks".into(),
+            ));
+        };
+        let mut rows: Vec<usize> = masks.iter().map(|m| m.row).collect();
+        rows.sort_unstable();
+        let mut want = batch.masked.clone();
+        want.sort_unstable();
+        if rows != want {
+            return Err(ModelError::Invalid(format!(
+                "masks for rows {rows:?}, but rows {want:?} wait for them"
+            )));
+        }
+        *step = match (logits, all_picked(&batch)) {
+            (Some(mut l), true) => self.start_picks_masked(&mut l, &batch, None, masks)?,
+            (logits, _) => {
+                Launched::done(self.download_masked(logits, &counts, &batch, None, masks)?)
+            }
+        };
+        Ok(())
+    }
+
     /// Reads a launched step's output (waiting for it).
     pub fn finish(&self, step: Launched<B>) -> Result<ForwardOutput> {
         match step.0 {
             State::Done(out) => Ok(out),
+            State::Held { .. } => Err(ModelError::Invalid(
+                "a step whose rows wait for grammar masks was read before they came".into(),
+            )),
             State::Picked { tokens, vocab, .. } => {
                 let picks = self.backend.pick_finish(tokens)?;
                 let mut out = ForwardOutput::empty(vocab, picks.len());

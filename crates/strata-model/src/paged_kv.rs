@@ -522,6 +522,7 @@ mod tests {
         let batch = ForwardBatch {
             seqs: vec![chunk(a, 1300, 1), chunk(b, 30, 15), chunk(c, 0, 1)],
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         let groups: Vec<_> = pool
             .layout()
@@ -554,6 +555,7 @@ mod tests {
         let past = ForwardBatch {
             seqs: vec![chunk(b, 40, 6)],
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         assert!(host_tables(&pool, PoolKind::Full, None, &past).is_err());
         assert!(host_pages(&pool, PoolKind::Full, None, &past).is_err());

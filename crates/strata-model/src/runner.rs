@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use strata_kernels::sampling::{RowAdjust, RowDraw};
+use strata_kernels::sampling::{RowAdjust, RowDraw, RowMask};
 use strata_kernels::Backend;
 use strata_kv::{KvPool, KvStorage};
 use strata_sched::{CheckRow, CheckedRow, SchedError, StepModel};
@@ -76,6 +76,14 @@ where
         self.0.model().feeds(step)
     }
 
+    fn masks_picks(&self) -> bool {
+        true
+    }
+
+    fn pick_masked(&mut self, step: &mut Launched<B>, masks: &[RowMask]) -> Result<(), SchedError> {
+        Ok(self.0.model().pick_masked(step, masks)?)
+    }
+
     fn verifies(&self) -> bool {
         true
     }
@@ -108,6 +116,7 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
             })
             .collect(),
         adjust: Vec::new(),
+        masked: Vec::new(),
     };
     // The draws' and adjustments' rows, counted over the whole step; row j of a run
     // counts the j drafts before it as pending tokens.

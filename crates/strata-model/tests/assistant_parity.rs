@@ -108,6 +108,7 @@ where
             logits: LogitsMode::Last,
         }],
         adjust: Vec::new(),
+        masked: Vec::new(),
     };
     let out = target.forward_greedy_rows(&mut kv, &prompt).unwrap();
     assert_eq!(out.tokens, vec![vec![r.bonus]]);

@@ -111,6 +111,7 @@ where
                 logits: LogitsMode::All,
             }],
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         out.extend(model.forward(kv, &batch).unwrap().logits.remove(0));
         start += n;
@@ -327,6 +328,7 @@ fn paged_storage_equals_host_storage() {
                     },
                 ],
                 adjust: Vec::new(),
+                masked: Vec::new(),
             };
             let out = model.forward(&mut paged, &batch).unwrap();
             let solo = run_chunked(&model, &mut pool(&model, dtype), &r.ids, &[n]);
@@ -367,6 +369,7 @@ where
     let first = ForwardBatch {
         seqs: vec![chunk(a, 0, 10, LogitsMode::None)],
         adjust: Vec::new(),
+        masked: Vec::new(),
     };
     assert!(model.forward(kv, &first).unwrap().logits[0].is_empty());
     kv.extend(b, 13).unwrap();
@@ -378,6 +381,7 @@ where
             chunk(c, 0, 9, LogitsMode::Last),
         ],
         adjust: Vec::new(),
+        masked: Vec::new(),
     };
     let mut out = model.forward(kv, &mixed).unwrap().logits;
     assert!(out[1].is_empty(), "a chunk wanting no logits got some");
@@ -387,6 +391,7 @@ where
             chunk(c, 9, n, LogitsMode::Argmax),
         ],
         adjust: Vec::new(),
+        masked: Vec::new(),
     };
     let more = model.forward(kv, &next).unwrap();
     for r in [a, b, c] {

@@ -9,6 +9,9 @@ use std::fmt;
 pub trait TokenConstraint: Send {
     /// Sets the logit of every token not allowed next to negative infinity.
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// The tokens allowed next as bits (bit `t % 32` of word `t / 32`), for a model of
+    /// `vocab` rows: what [`TokenConstraint::mask`] keeps, for a device to apply.
+    fn allowed(&mut self, vocab: usize) -> Result<Vec<u32>, String>;
     /// Records the token drawn; `Ok(true)` when the constraint is complete (nothing more
     /// may follow), which ends the request with `FinishReason::Stop`.
     fn commit(&mut self, token: u32) -> Result<bool, String>;

@@ -1,7 +1,7 @@
 //! The one trait the scheduler drives a model through.
 
 use strata_kv::{HostStorage, KvPool, KvStorage, RequestId};
-use strata_types::sampling::{RowAdjust, RowDraw, TokenLogprobs};
+use strata_types::sampling::{RowAdjust, RowDraw, RowMask, TokenLogprobs};
 use strata_types::{ForwardBatch, ForwardOutput};
 
 use crate::SchedError;
@@ -105,6 +105,26 @@ pub trait StepModel<S: KvStorage = HostStorage> {
     /// Whether a later `launch` can take `step`'s greedy tokens as `fed`.
     fn feeds(&self, _step: &Self::Launched) -> bool {
         false
+    }
+
+    /// Whether the model can hold a step's picks until the caller's grammar masks arrive
+    /// ([`StepModel::pick_masked`]); else masked requests get their logits and are drawn
+    /// by the caller.
+    fn masks_picks(&self) -> bool {
+        false
+    }
+
+    /// Queues the picks of a step launched with rows in `ForwardBatch::masked`, each of
+    /// those rows masked by its entry of `masks` first (the caller computes them on the
+    /// host while the step's forward pass runs).
+    fn pick_masked(
+        &mut self,
+        _step: &mut Self::Launched,
+        _masks: &[RowMask],
+    ) -> Result<(), SchedError> {
+        Err(SchedError::Other(
+            "this model does not take grammar masks".into(),
+        ))
     }
 
     /// Tokens a speculative round may draft for a sequence; 0 for a model without a

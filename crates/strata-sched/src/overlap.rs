@@ -33,8 +33,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         &mut self,
         prev: &InFlight<M::Launched>,
     ) -> Option<InFlight<M::Launched>> {
+        // A grammar's next mask needs the token `prev` is still computing.
+        let constrained = self.running.iter().any(|s| s.req.constraint.is_some());
         if !self.config.overlap
             || !self.waiting.is_empty()
+            || constrained
             || !self.model.feeds(&prev.step)
             || self.wants_round(true)
         {
@@ -79,6 +82,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let mut batch = ForwardBatch {
             seqs: Vec::with_capacity(rows.len()),
             adjust: Vec::new(),
+            masked: Vec::new(),
         };
         let mut grown = Vec::with_capacity(rows.len());
         let mut ok = true;

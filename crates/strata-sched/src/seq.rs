@@ -164,13 +164,20 @@ impl Seq {
     /// distribution's. Controls without logprobs go with the pick
     /// ([`Seq::adjusts_with_pick`]).
     pub fn token_mode(&self, index: usize) -> LogitsMode {
-        let sampling = &self.req.sampling;
         if self.req.constraint.is_some()
             || (!self.req.controls.is_neutral() && self.req.logprobs.is_some())
         {
-            // Masks, and controls beside logprobs, are applied on the host, to the logits.
+            // Masks, and controls beside logprobs, are applied on the host, to the logits
+            // (a model that takes masks gets them after the launch: `pick_mode`).
             return LogitsMode::Last;
         }
+        self.pick_mode(index)
+    }
+
+    /// The pick of token `index` where the logits are (greedy, or drawn with its uniform),
+    /// whatever masks or adjustments come before it.
+    pub fn pick_mode(&self, index: usize) -> LogitsMode {
+        let sampling = &self.req.sampling;
         match self.req.logprobs {
             Some(n) if n > MAX_TOP_LOGPROBS => LogitsMode::Last,
             None if sampling.is_greedy() => LogitsMode::Argmax,
@@ -184,11 +191,15 @@ impl Seq {
 
     /// Whether this request's logit controls are applied where the logits are, right
     /// before the model picks its token (`ForwardBatch::adjust`): controls with no
-    /// constraint and no logprobs.
+    /// logprobs, when the model picks the token.
     pub fn adjusts_with_pick(&self) -> bool {
-        !self.req.controls.is_neutral()
-            && self.req.constraint.is_none()
-            && self.req.logprobs.is_none()
+        !self.req.controls.is_neutral() && self.req.logprobs.is_none()
+    }
+
+    /// Whether a model that takes grammar masks picks this request's token: a constraint
+    /// and no logprobs (which stay the raw row's, so the draw is then the host's).
+    pub fn masked_with_pick(&self) -> bool {
+        self.req.constraint.is_some() && self.req.logprobs.is_none()
     }
 
     /// The logit adjustment of this request's next draw (`None` when its controls are

@@ -1,7 +1,9 @@
 //! One scheduling iteration: plan the batch, run the model, sample, report.
 
 use strata_kv::KvStorage;
-use strata_types::sampling::{adjust_logits, draw_uniform, sample, token_logprobs, TokenLogprobs};
+use strata_types::sampling::{
+    adjust_logits, draw_uniform, sample, token_logprobs, RowMask, TokenLogprobs,
+};
 use strata_types::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 
 use std::time::Instant;
@@ -11,7 +13,7 @@ use rayon::prelude::*;
 use crate::overlap::InFlight;
 use crate::reserve::Reserved;
 use crate::seq::Seq;
-use crate::{Event, EventKind, FinishReason, LaunchShape, Scheduler, SeqId, StepModel};
+use crate::{Event, EventKind, FinishReason, LaunchShape, SchedError, Scheduler, SeqId, StepModel};
 
 /// A host draw: the token, its logprob and top logprobs (when asked for), or why it failed.
 type Draw = Result<(u32, Option<f32>, Vec<(u32, f32)>), String>;
@@ -50,13 +52,24 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             return events;
         }
         self.plan(&mut events);
-        let batch = self.batch();
+        let (batch, masked) = self.batch();
         if batch.seqs.is_empty() {
             return events;
         }
         let seqs = self.take_chunks();
         let t = Instant::now();
-        let launched = self.model.launch(&mut self.pool, &batch, None);
+        let mut launched = self.model.launch(&mut self.pool, &batch, None);
+        if let (Ok(step), false) = (&mut launched, masked.is_empty()) {
+            // The forward pass is queued: the masks are computed while it runs.
+            let picked = self
+                .masks(&batch, &masked)
+                .map_err(SchedError::Other)
+                .and_then(|m| self.model.pick_masked(step, &m));
+            if let Err(e) = picked {
+                self.fail_batch(&seqs, e.to_string(), &mut events);
+                return events;
+            }
+        }
         self.last_launch = Some(LaunchShape {
             single_rows: seqs.iter().filter(|&&(_, n)| n == 1).count(),
             chunk_tokens: seqs.iter().map(|&(_, n)| n).filter(|&n| n > 1).sum(),
@@ -175,9 +188,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     }
 
     /// The forward input: the scheduled requests in running order, with the logit
-    /// adjustments of those whose token the model picks.
-    fn batch(&mut self) -> ForwardBatch {
+    /// adjustments of those whose token the model picks and the rows whose pick waits for
+    /// a grammar mask; and those rows' requests.
+    fn batch(&mut self) -> (ForwardBatch, Vec<SeqId>) {
         let mut batch = ForwardBatch::default();
+        let mut masked = Vec::new();
+        let takes_masks = self.model.masks_picks();
         // The step's logits rows so far (what `ForwardBatch::adjust` rows count).
         let mut rows = 0;
         for s in &mut self.running {
@@ -187,6 +203,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 // Prompt logprobs need every row (the last one is drawn from on the host
                 // when the chunk ends the prompt).
                 LogitsMode::All
+            } else if end == s.tokens.len() && takes_masks && s.masked_with_pick() {
+                // Picked by the model once the caller's mask arrives.
+                batch.masked.push(rows);
+                masked.push(s.id);
+                s.pick_mode(end)
             } else if end == s.tokens.len() {
                 // A request needs only its token (and its logprobs), which the model
                 // computes where the logits are.
@@ -209,7 +230,36 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 logits,
             });
         }
+        (batch, masked)
+    }
+
+    /// The grammar masks of `masked`'s requests (their next tokens), computed on the host
+    /// in parallel while the step they are for runs on the device, in `batch.masked`'s
+    /// order.
+    fn masks(&mut self, batch: &ForwardBatch, masked: &[SeqId]) -> Result<Vec<RowMask>, String> {
+        let vocab = self.model.vocab_size();
+        let t = Instant::now();
+        let mut seqs: Vec<&mut Seq> = self
+            .running
+            .iter_mut()
+            .filter(|s| masked.contains(&s.id))
+            .collect();
+        // Both in running order.
+        let words: Vec<Result<Vec<u32>, String>> = seqs
+            .par_iter_mut()
+            .map(|s| match &mut s.req.constraint {
+                Some(c) => c.0.allowed(vocab),
+                None => Err("a masked row without a constraint".into()),
+            })
+            .collect();
+        self.mask_stats.masks += words.len() as u64;
+        self.mask_stats.seconds += t.elapsed().as_secs_f64();
         batch
+            .masked
+            .iter()
+            .zip(words)
+            .map(|(&row, w)| Ok(RowMask { row, allowed: w? }))
+            .collect()
     }
 
     /// Commits the computed tokens of a step over `seqs` (requests and token counts in
@@ -268,6 +318,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 continue;
             }
             if let Some((token, scores)) = model_pick(out, b, seq) {
+                // A token the model picked under the request's mask advances its grammar.
+                let complete = match &mut seq.req.constraint {
+                    Some(c) => c.0.commit(token),
+                    None => Ok(false),
+                };
                 seq.tokens.push(token);
                 events.push(Event {
                     id: seq.id,
@@ -277,8 +332,14 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                         top_logprobs: scores.map(|s| s.top.clone()).unwrap_or_default(),
                     },
                 });
-                if let Some(reason) = seq.stop_reason(context_len) {
-                    done.push((seq.id, reason));
+                match complete {
+                    Ok(true) => done.push((seq.id, FinishReason::Stop)),
+                    Err(e) => done.push((seq.id, FinishReason::Error(e))),
+                    Ok(false) => {
+                        if let Some(reason) = seq.stop_reason(context_len) {
+                            done.push((seq.id, reason));
+                        }
+                    }
                 }
                 continue;
             }

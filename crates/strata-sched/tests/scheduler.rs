@@ -702,6 +702,9 @@ impl strata_sched::TokenConstraint for EvenIds {
         }
         Ok(())
     }
+    fn allowed(&mut self, vocab: usize) -> Result<Vec<u32>, String> {
+        Ok(vec![0x5555_5555; vocab.div_ceil(32)])
+    }
     fn commit(&mut self, token: u32) -> Result<bool, String> {
         if token % 2 == 1 {
             return Err(format!("{token} was not allowed"));

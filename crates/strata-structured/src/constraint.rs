@@ -39,6 +39,25 @@ impl TokenConstraint for GrammarConstraint {
         }
     }
 
+    fn allowed(&mut self, vocab: usize) -> Result<Vec<u32>, String> {
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| format!("grammar: {e}"))?;
+        let mut words = vec![0u32; vocab.div_ceil(32)];
+        // Ids past the grammar's vocabulary (rows of a padded vocabulary) stay disallowed.
+        let known = allowed.len().min(vocab);
+        allowed.iter_set_entries(|t| {
+            if t < known {
+                words[t / 32] |= 1 << (t % 32);
+            }
+        });
+        if words.iter().all(|&w| w == 0) {
+            return Err("the grammar allows no token the model can produce".into());
+        }
+        Ok(words)
+    }
+
     fn commit(&mut self, token: u32) -> Result<bool, String> {
         if self.matcher.is_stopped() {
             // The end of sequence after a complete grammar: nothing left to check.

@@ -63,6 +63,10 @@ pub struct ForwardBatch {
     /// and `Draw`, one a token for `All`), so in a decode step it is the sequence's
     /// index. Marks among the pending tokens read the tokens the step is fed from.
     pub adjust: Vec<RowAdjust>,
+    /// Logits rows (as `adjust` counts them) whose pick waits for a grammar mask, given
+    /// after the launch (`StepModel::pick_masked` in `strata-sched`): the caller computes
+    /// the masks on the host while the forward pass runs.
+    pub masked: Vec<usize>,
 }
 
 /// Logits per sequence of the batch, in batch order: `rows x vocab` values each (0, 1 or

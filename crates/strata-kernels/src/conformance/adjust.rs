@@ -2,7 +2,9 @@
 //! ([`crate::sampling::adjust_rows`]).
 
 use super::{ctx, put, CheckResult, TestData};
-use crate::sampling::{adjust_rows, pick_rows, RowAdjust, RowDraw, SamplingParams, FED_TOKEN};
+use crate::sampling::{
+    adjust_rows, mask_rows, pick_rows, RowAdjust, RowDraw, RowMask, SamplingParams, FED_TOKEN,
+};
 use crate::{Backend, DType};
 
 /// `adjust_logits` against the host `adjust_rows`, to the bit: rows adjusted out of order
@@ -157,6 +159,87 @@ pub fn check_adjust_logits<B: Backend>(b: &B) -> CheckResult {
             .is_ok()
         {
             return Err(format!("adjust_logits accepted {a:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// `mask_logits` against the host `mask_rows`, to the bit: rows masked out of order and one
+/// left alone, masks shorter than the vocabulary (ids past them disallowed), one allowing a
+/// single id; then a draw from the masked rows, queued behind the mask, against the host's.
+pub fn check_mask_logits<B: Backend>(b: &B) -> CheckResult {
+    let mut data = TestData::new(803);
+    for vocab in [7usize, 1000, 262_144] {
+        let rows = 4;
+        let logits: Vec<f32> = (0..rows * vocab).map(|_| data.normal() * 4.0).collect();
+        let words = vocab.div_ceil(32);
+        let mut random_bits = |n: usize| {
+            (0..n)
+                .map(|_| data.below(1 << 16) as u32 * 65_537)
+                .collect()
+        };
+        let single = vocab / 2;
+        let mut one = vec![0u32; words];
+        one[single / 32] = 1 << (single % 32);
+        let masks = [
+            RowMask {
+                row: 2,
+                allowed: random_bits(words),
+            },
+            RowMask {
+                row: 0,
+                // Shorter than the vocabulary: the ids past it are disallowed.
+                allowed: random_bits(words.div_ceil(2)),
+            },
+            RowMask {
+                row: 3,
+                allowed: one,
+            },
+        ];
+        let mut buf = put(b, &logits, DType::F32)?;
+        let mut want = b.download(&buf).map_err(|e| e.to_string())?;
+        mask_rows(&mut want, vocab, &masks).map_err(|e| e.to_string())?;
+        ctx("mask_logits", b.mask_logits(&mut buf, vocab, &masks))?;
+        let draws: Vec<RowDraw> = (0..rows)
+            .map(|row| RowDraw {
+                row,
+                params: SamplingParams {
+                    temperature: 0.8,
+                    ..SamplingParams::greedy()
+                },
+                uniform: 0x1234_5678_9abc_def0 ^ row as u64,
+                logprobs: None,
+            })
+            .collect();
+        let picked = ctx("pick_start", b.pick_start(&buf, vocab, rows, None, &draws))?;
+        let picked = ctx("pick_finish", b.pick_finish(picked))?;
+        let got = b.download(&buf).map_err(|e| e.to_string())?;
+        if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            return Err(format!(
+                "mask_logits vocab {vocab}: row {} id {}: got {}, want {}",
+                i / vocab,
+                i % vocab,
+                got[i],
+                want[i]
+            ));
+        }
+        let want_picks = pick_rows(&want, vocab, rows, &draws).map_err(|e| e.to_string())?;
+        if !super::sampling::same_picks(&picked, &want_picks) || picked[3].id as usize != single {
+            return Err(format!(
+                "a draw after mask_logits, vocab {vocab}: got {picked:?}, want {want_picks:?}"
+            ));
+        }
+    }
+    // Refused: a row past the logits, a row twice.
+    let mut buf = put(b, &[0.0; 8], DType::F32)?;
+    let past = [RowMask {
+        row: 2,
+        allowed: vec![1],
+    }];
+    let twice = [RowMask::default(), RowMask::default()];
+    for bad in [&past[..], &twice[..]] {
+        if b.mask_logits(&mut buf, 4, bad).is_ok() {
+            return Err(format!("mask_logits accepted {bad:?}"));
         }
     }
     Ok(())

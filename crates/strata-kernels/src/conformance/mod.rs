@@ -28,7 +28,7 @@ mod registry;
 mod rope;
 mod sampling;
 
-pub use adjust::check_adjust_logits;
+pub use adjust::{check_adjust_logits, check_mask_logits};
 pub use attention::{check_attention, check_attention_case, AttentionCase};
 pub use elementwise::{
     check_act_mul, check_act_mul_case, check_activation, check_arith, check_softcap,

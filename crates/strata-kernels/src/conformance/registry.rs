@@ -88,6 +88,7 @@ macro_rules! conformance_tests {
             clustered_argmax plain check_clustered_argmax ["clustered_argmax", "download_index"];
             feed_tokens plain check_feed_tokens ["feed_tokens", "embedding_idx", "write_index"];
             adjust_logits plain check_adjust_logits ["adjust_logits"];
+            mask_logits plain check_mask_logits ["mask_logits"];
             fused plain check_fused ["residual_norm", "head_norm_rope_idx", "qkv_norm_rope_idx", "qkv_norm_rope_store_idx", "act_mul_slice"];
             k_parts plain check_k_parts ["matmul_parts", "head_norm_rope_parts_idx"];
             index_forms quant check_index_forms ["rope_idx", "embedding_quant_idx", "paged_batch_update"];

@@ -344,6 +344,16 @@ impl Backend for CpuBackend {
         Ok(crate::sampling::adjust_rows(logits, vocab, rows, &fed)?)
     }
 
+    fn mask_logits(
+        &self,
+        logits: &mut CpuBuffer,
+        vocab: usize,
+        rows: &[crate::sampling::RowMask],
+    ) -> Result<()> {
+        let logits = logits.f32s_mut("mask_logits")?;
+        Ok(crate::sampling::mask_rows(logits, vocab, rows)?)
+    }
+
     fn clustered_argmax(
         &self,
         logits: &CpuBuffer,

@@ -5,7 +5,7 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{device_err, CudaBackend, CudaBuffer, CudaTokens};
 use crate::error::ensure;
-use crate::sampling::RowAdjust;
+use crate::sampling::{RowAdjust, RowMask};
 use crate::{DeviceBuffer, Result};
 
 /// Threads of a block (`ADJUST_THREADS` in `kernels/adjust.cu`).
@@ -121,6 +121,62 @@ impl CudaBackend {
         // SAFETY: the arguments match `adjust_logits` in adjust.cu; every row is inside the
         // logits and every id below `vocab` (checked above); the lists hold the entries
         // `meta` points at (empty lists get a placeholder element, never read).
+        unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    pub(super) fn mask_logits_impl(
+        &self,
+        logits: &mut CudaBuffer,
+        vocab: usize,
+        rows: &[RowMask],
+    ) -> Result<()> {
+        const OP: &str = "mask_logits";
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let n = logits.len();
+        ensure(vocab > 0, OP, || "a vocabulary of 0".into())?;
+        let mut listed: Vec<usize> = rows.iter().map(|m| m.row).collect();
+        listed.sort_unstable();
+        ensure(listed.windows(2).all(|w| w[0] != w[1]), OP, || {
+            "a row masked twice".into()
+        })?;
+        for m in rows {
+            ensure((m.row + 1) * vocab <= n, OP, || {
+                format!("row {} of {vocab} past {n} logits", m.row)
+            })?;
+        }
+        // Every row's bits padded to the longest (missing words disallow their ids).
+        let words = rows
+            .iter()
+            .map(|m| m.allowed.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut bits = vec![0u32; rows.len() * words];
+        for (i, m) in rows.iter().enumerate() {
+            bits[i * words..i * words + m.allowed.len()].copy_from_slice(&m.allowed);
+        }
+        let row_ids: Vec<u32> = rows.iter().map(|m| m.row as u32).collect();
+        let (row_ids, bits) = (self.to_device(&row_ids)?, self.to_device(&bits)?);
+        let (vocab64, words32) = (vocab as u64, words as u32);
+        let xs = logits.f32s_mut(OP)?;
+        let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
+        l.arg(xs)
+            .arg(&vocab64)
+            .arg(&row_ids)
+            .arg(&bits)
+            .arg(&words32);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.len() as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match `mask_logits` in adjust.cu; every row is inside the
+        // logits (checked above) and `bits` holds `words` words a row.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }

@@ -819,6 +819,15 @@ impl Backend for CudaBackend {
         self.adjust_logits_impl(logits, vocab, rows, fed)
     }
 
+    fn mask_logits(
+        &self,
+        logits: &mut CudaBuffer,
+        vocab: usize,
+        rows: &[crate::sampling::RowMask],
+    ) -> Result<()> {
+        self.mask_logits_impl(logits, vocab, rows)
+    }
+
     fn clustered_argmax(
         &self,
         logits: &CudaBuffer,

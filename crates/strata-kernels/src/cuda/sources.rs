@@ -223,7 +223,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile::any_gpu(
         "adjust",
         include_str!("../../kernels/adjust.cu"),
-        &["adjust_logits"],
+        &["adjust_logits", "mask_logits"],
     ),
     KernelFile::any_gpu(
         "draw",

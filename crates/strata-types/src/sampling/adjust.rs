@@ -272,6 +272,57 @@ pub fn adjust_rows(
     Ok(())
 }
 
+/// A grammar's allowed tokens for one row of logits ([`mask_rows`]): bit `t % 32` of word
+/// `t / 32` of `allowed` is set when token `t` may be drawn. Ids past the words are not
+/// allowed (a model's rows may outnumber its tokenizer's ids).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowMask {
+    /// Index of the row in the step's logits.
+    pub row: usize,
+    /// The allowed ids as bits.
+    pub allowed: Vec<u32>,
+}
+
+impl RowMask {
+    /// Whether token `t` may be drawn.
+    pub fn allows(&self, t: usize) -> bool {
+        self.allowed
+            .get(t / 32)
+            .is_some_and(|w| (w >> (t % 32)) & 1 == 1)
+    }
+}
+
+/// The host definition of `strata_kernels::Backend::mask_logits`: every disallowed logit of
+/// row `m.row` of `logits [.., vocab]` set to -inf, for each `m` of `rows` (a row listed
+/// twice, or past the logits, is refused).
+pub fn mask_rows(logits: &mut [f32], vocab: usize, rows: &[RowMask]) -> Result<()> {
+    let shape = |detail: String| SamplingError::Shape {
+        op: "mask_rows",
+        detail,
+    };
+    let mut listed: Vec<usize> = rows.iter().map(|m| m.row).collect();
+    listed.sort_unstable();
+    if listed.windows(2).any(|w| w[0] == w[1]) {
+        return Err(shape("a row masked twice".into()));
+    }
+    for m in rows {
+        let end = (m.row + 1).saturating_mul(vocab);
+        if vocab == 0 || end > logits.len() {
+            return Err(shape(format!(
+                "row {} of {vocab} past {} logits",
+                m.row,
+                logits.len()
+            )));
+        }
+        for (t, x) in logits[m.row * vocab..end].iter_mut().enumerate() {
+            if !m.allows(t) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A sequence's token counts for the penalties, brought up to date token by token
 /// ([`TokenCounts::update`]): the work per step is the new tokens, not the sequence.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -17,7 +17,9 @@ mod logprobs;
 mod rng;
 pub mod weight;
 
-pub use adjust::{adjust_logits, adjust_rows, LogitControls, RowAdjust, TokenCounts};
+pub use adjust::{
+    adjust_logits, adjust_rows, mask_rows, LogitControls, RowAdjust, RowMask, TokenCounts,
+};
 pub use draw::sample;
 pub use logprobs::{
     log_softmax, logprob_of, logprob_value, token_logprobs, top_logprobs, top_values, RowMass,
