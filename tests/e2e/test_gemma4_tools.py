@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -15,15 +16,12 @@ import pytest
 
 from helpers import post, read_sse
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
+import byte_tokenizer  # noqa: E402  (Gemma's layout: <pad>, <eos>, <bos>, bytes, controls)
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "fixtures" / "tiny" / "gemma4-tiny"
 TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "gemma4.jinja"
-# Laid out as Gemma's: <pad>, <eos>, <bos> at 0, 1, 2 (the fixture's generation config), the
-# 256 bytes after them, then the control tokens its template and its calls use.
-FIRST = ["<pad>", "<eos>", "<bos>"]
-CONTROLS = ["<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
-            "<tool_response|>", '<|"|>', "<|channel>", "<channel|>", "<|think|>"]
-
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "minLength": 1, "maxLength": 16},
     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
@@ -41,34 +39,6 @@ SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: every byte as a printable character."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
-def tokenizer_json() -> dict:
-    vocab = {ch: 3 + b for b, ch in bytes_to_unicode().items()}
-    ids = list(enumerate(FIRST)) + [(259 + i, c) for i, c in enumerate(CONTROLS)]
-    # As in real files, the added tokens are in the model's vocabulary too.
-    vocab.update({c: i for i, c in ids})
-    added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for i, c in ids]
-    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": None, "pre_tokenizer": level, "post_processor": None, "decoder": level,
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": vocab, "merges": []}}
-
-
 @pytest.fixture(scope="module")
 def gemma(log_dir, tmp_path_factory):
     from conftest import start_server
@@ -82,7 +52,7 @@ def gemma(log_dir, tmp_path_factory):
         if "max_position_embeddings" in c:
             c["max_position_embeddings"] = 4096
     (model / "config.json").write_text(json.dumps(config))
-    (model / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    (model / "tokenizer.json").write_text(json.dumps(byte_tokenizer.tokenizer_json()))
     s = start_server(log_dir, "--chat-template", str(TEMPLATE), name="gemma4-tools", model=model)
     yield s
     s.stop()

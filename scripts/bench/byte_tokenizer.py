@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Writes a byte-level `tokenizer.json` laid out as Gemma's (`<pad>`, `<eos>`, `<bos>` at 0, 1, 2,
+the 256 bytes after them, then Gemma-4's control tokens) into a checkpoint directory that has
+none, such as a random-weight checkpoint at a real shape: enough for chat templates, stop ids
+and grammars (the model's rows past these ids are never drawn under a grammar).
+
+    python3 scripts/bench/byte_tokenizer.py CHECKPOINT_DIR
+
+Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FIRST = ["<pad>", "<eos>", "<bos>"]
+CONTROLS = ["<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+            "<tool_response|>", '<|"|>', "<|channel>", "<channel|>", "<|think|>"]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as a printable character."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def tokenizer_json() -> dict:
+    vocab = {ch: 3 + b for b, ch in bytes_to_unicode().items()}
+    ids = list(enumerate(FIRST)) + [(259 + i, c) for i, c in enumerate(CONTROLS)]
+    # As in real files, the added tokens are in the model's vocabulary too.
+    vocab.update({c: i for i, c in ids})
+    added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, c in ids]
+    level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": level, "post_processor": None, "decoder": level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": vocab, "merges": []}}
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1]) / "tokenizer.json"
+    out.write_text(json.dumps(tokenizer_json()))
+    print(f"wrote {out}")
