@@ -12,6 +12,9 @@ Every request asks for the same kind of answer (a record of a person, at most --
 tokens, sampled with a seed of its own so the prefix cache serves only the shared prompt);
 a constrained request ends when its JSON is complete, the others at their end of sequence
 or the length limit, so the figure is completion tokens over the wall time of the batch.
+With --full-length the schema is a string too long to finish: every constrained answer runs
+to the limit, and on a model that never ends (random weights) the rates compare like with
+like.
 
 Only the standard library is used.
 """
@@ -67,7 +70,14 @@ def metric(base: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def ask(base: str, seed: int, constrained: bool, max_tokens: int) -> int:
+def long_text(max_tokens: int) -> dict:
+    """A schema no answer can finish within `max_tokens`: constrained answers then run as
+    long as the others, so the rates compare the steps alone."""
+    return {"type": "object", "properties": {"text": {"type": "string", "minLength": 16 * max_tokens}},
+            "required": ["text"]}
+
+
+def ask(base: str, seed: int, constrained: bool, max_tokens: int, schema: dict) -> int:
     body = {
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": max_tokens,
@@ -76,7 +86,7 @@ def ask(base: str, seed: int, constrained: bool, max_tokens: int) -> int:
     }
     if constrained:
         body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": "person", "schema": SCHEMA}}
+                                   "json_schema": {"name": "answer", "schema": schema}}
     req = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as resp:
@@ -95,7 +105,8 @@ def batch(base: str, share: float, args, seed0: int) -> dict:
     secs0 = metric(base, "strata_structured_mask_seconds_total")
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-        tokens = list(pool.map(lambda i: ask(base, seed0 + i, flags[i], args.max_tokens), range(n)))
+        schema = long_text(args.max_tokens) if args.full_length else SCHEMA
+        tokens = list(pool.map(lambda i: ask(base, seed0 + i, flags[i], args.max_tokens, schema), range(n)))
     wall = time.monotonic() - t0
     masks = metric(base, "strata_structured_masks_total") - masks0
     secs = metric(base, "strata_structured_mask_seconds_total") - secs0
@@ -111,6 +122,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=32, help="requests a batch")
     p.add_argument("--rounds", type=int, default=2, help="rounds over the three shares")
     p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--full-length", action="store_true",
+                   help="constrain to a string too long to finish, so every answer runs to --max-tokens")
     p.add_argument("extra", nargs="*", help="flags for strata serve (after --)")
     args = p.parse_args()
     shares = [0.0, 0.5, 1.0]
