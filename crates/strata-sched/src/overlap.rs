@@ -16,10 +16,12 @@ use strata_types::{ForwardBatch, SeqChunk};
 
 use crate::{Scheduler, SeqId, StepModel};
 
-/// A step queued on the model: its requests and token counts, in batch order.
+/// A step queued on the model: its requests and token counts, in batch order, and the
+/// rows (request, logits row) whose picks wait for grammar masks.
 pub(crate) struct InFlight<L> {
     pub step: L,
     pub seqs: Vec<(SeqId, usize)>,
+    pub masked: Vec<(SeqId, usize)>,
 }
 
 impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
@@ -33,11 +35,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         &mut self,
         prev: &InFlight<M::Launched>,
     ) -> Option<InFlight<M::Launched>> {
-        // A grammar's next mask needs the token `prev` is still computing.
-        let constrained = self.running.iter().any(|s| s.req.constraint.is_some());
         if !self.config.overlap
             || !self.waiting.is_empty()
-            || constrained
             || !self.model.feeds(&prev.step)
             || self.wants_round(true)
         {
@@ -85,6 +84,10 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             masked: Vec::new(),
         };
         let mut grown = Vec::with_capacity(rows.len());
+        let mut masked = Vec::new();
+        // A grammar's mask for this step needs `prev`'s token: the step's picks wait for
+        // the masks, computed once `prev` is read (`step`), while this one runs.
+        let takes_masks = self.model.masks_picks();
         let mut ok = true;
         for &(id, row, start) in &rows {
             let i = self.running.binary_search_by_key(&id, |s| s.id).ok()?;
@@ -107,7 +110,14 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             seqs.push((id, 1));
             let seq = &mut self.running[i];
             // This step computes the request's token number start + 1.
-            let logits = seq.token_mode(start + 1);
+            let logits = match takes_masks && seq.masked_with_pick() {
+                true => {
+                    masked.push((id, batch.seqs.len()));
+                    batch.masked.push(batch.seqs.len());
+                    seq.pick_mode(start + 1)
+                }
+                false => seq.token_mode(start + 1),
+            };
             if logits.picks() && seq.adjusts_with_pick() {
                 // `prev`'s token, not yet read, counts for the penalties from the device.
                 let at = batch.seqs.len();
@@ -128,7 +138,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         if ok {
             if let Ok(step) = self.model.launch(&mut self.pool, &batch, Some(&prev.step)) {
                 self.overlapped_steps += 1;
-                return Some(InFlight { step, seqs });
+                return Some(InFlight { step, seqs, masked });
             }
         }
         for (kv, len) in grown {

@@ -45,6 +45,14 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 });
             }
             self.read(prev, &mut events);
+            // The grammars have taken `prev`'s tokens: the queued step's masks now, while
+            // it runs.
+            if let Some(mut next) = self.in_flight.take() {
+                match self.pick_in_flight(&mut next) {
+                    Ok(()) => self.in_flight = Some(next),
+                    Err(e) => self.fail_batch(&next.seqs, e.to_string(), &mut events),
+                }
+            }
             return events;
         }
         if self.wants_round(false) {
@@ -61,8 +69,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let mut launched = self.model.launch(&mut self.pool, &batch, None);
         if let (Ok(step), false) = (&mut launched, masked.is_empty()) {
             // The forward pass is queued: the masks are computed while it runs.
+            let rows: Vec<(SeqId, usize)> = masked.into_iter().zip(batch.masked.clone()).collect();
             let picked = self
-                .masks(&batch, &masked)
+                .masks(&rows)
                 .map_err(SchedError::Other)
                 .and_then(|m| self.model.pick_masked(step, &m));
             if let Err(e) = picked {
@@ -79,7 +88,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         });
         match launched {
             Ok(step) => {
-                let launched = InFlight { step, seqs };
+                let launched = InFlight {
+                    step,
+                    seqs,
+                    masked: Vec::new(),
+                };
                 if self.config.overlap && self.model.feeds(&launched.step) {
                     self.in_flight = Some(launched);
                 } else {
@@ -233,33 +246,50 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         (batch, masked)
     }
 
-    /// The grammar masks of `masked`'s requests (their next tokens), computed on the host
-    /// in parallel while the step they are for runs on the device, in `batch.masked`'s
-    /// order.
-    fn masks(&mut self, batch: &ForwardBatch, masked: &[SeqId]) -> Result<Vec<RowMask>, String> {
+    /// The grammar masks of `rows` (request, logits row; in running order), for their
+    /// requests' next tokens, computed on the host in parallel while the step they are for
+    /// runs on the device. A request that ended meanwhile (its row's output is dropped)
+    /// gets a mask allowing every id.
+    fn masks(&mut self, rows: &[(SeqId, usize)]) -> Result<Vec<RowMask>, String> {
         let vocab = self.model.vocab_size();
         let t = Instant::now();
         let mut seqs: Vec<&mut Seq> = self
             .running
             .iter_mut()
-            .filter(|s| masked.contains(&s.id))
+            .filter(|s| rows.iter().any(|r| r.0 == s.id))
             .collect();
-        // Both in running order.
-        let words: Vec<Result<Vec<u32>, String>> = seqs
+        let mut words: Vec<(SeqId, Result<Vec<u32>, String>)> = seqs
             .par_iter_mut()
-            .map(|s| match &mut s.req.constraint {
-                Some(c) => c.0.allowed(vocab),
-                None => Err("a masked row without a constraint".into()),
+            .map(|s| {
+                let w = match &mut s.req.constraint {
+                    Some(c) => c.0.allowed(vocab),
+                    None => Err("a masked row without a constraint".into()),
+                };
+                (s.id, w)
             })
             .collect();
         self.mask_stats.masks += words.len() as u64;
         self.mask_stats.seconds += t.elapsed().as_secs_f64();
-        batch
-            .masked
-            .iter()
-            .zip(words)
-            .map(|(&row, w)| Ok(RowMask { row, allowed: w? }))
+        rows.iter()
+            .map(|&(id, row)| {
+                let allowed = match words.iter().position(|w| w.0 == id) {
+                    Some(i) => words.swap_remove(i).1?,
+                    None => vec![u32::MAX; vocab.div_ceil(32)],
+                };
+                Ok(RowMask { row, allowed })
+            })
             .collect()
+    }
+
+    /// Gives a queued step whose picks wait for grammar masks its masks (its requests'
+    /// grammars have taken the tokens of the step before it).
+    fn pick_in_flight(&mut self, next: &mut InFlight<M::Launched>) -> Result<(), SchedError> {
+        if next.masked.is_empty() {
+            return Ok(());
+        }
+        let masks = self.masks(&next.masked).map_err(SchedError::Other)?;
+        next.masked.clear();
+        self.model.pick_masked(&mut next.step, &masks)
     }
 
     /// Commits the computed tokens of a step over `seqs` (requests and token counts in
