@@ -282,7 +282,10 @@ fn masks_match<M: StepModel<S>, S: strata_kv::KvStorage>(
     }
     let st = sched.status();
     // Masks came for steps queued ahead of their reads as well.
-    assert!(st.masks.masks > 0 && st.overlapped_steps > 0, "{what}: {st:?}");
+    assert!(
+        st.masks.masks > 0 && st.overlapped_steps > 0,
+        "{what}: {st:?}"
+    );
     eprintln!(
         "{what}: masked picks equal the host's draws; {:?}",
         st.masks
