@@ -26,11 +26,11 @@ import concurrent.futures
 import json
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
+
+from shared_prefix import start  # the same `strata serve` start-up and port read
 
 SCHEMA = {
     "type": "object",
@@ -45,22 +45,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 PROMPT = "Invent a person and describe them as a JSON record with name, age, city, hobbies and employed."
-
-
-def start(binary: str, model: str, extra: list[str], log) -> tuple[subprocess.Popen, str]:
-    args = [binary, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", *extra]
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{binary} exited with {proc.returncode}; log: {log.name}")
-        with open(log.name, errors="replace") as f:
-            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", f.read())
-        if m:
-            return proc, m.group(1)
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit(f"{binary} did not start; log: {log.name}")
 
 
 def metric(base: str, name: str) -> float:

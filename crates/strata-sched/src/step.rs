@@ -347,43 +347,26 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 done.push((seq.id, FinishReason::Length));
                 continue;
             }
-            if let Some((token, scores)) = model_pick(out, b, seq) {
-                // A token the model picked under the request's mask advances its grammar.
-                let complete = match &mut seq.req.constraint {
-                    Some(c) => c.0.commit(token),
-                    None => Ok(false),
-                };
-                seq.tokens.push(token);
-                events.push(Event {
-                    id: seq.id,
-                    kind: EventKind::Token {
-                        token,
-                        logprob: scores.map(|s| s.logprob),
-                        top_logprobs: scores.map(|s| s.top.clone()).unwrap_or_default(),
-                    },
-                });
-                match complete {
-                    Ok(true) => done.push((seq.id, FinishReason::Stop)),
-                    Err(e) => done.push((seq.id, FinishReason::Error(e))),
-                    Ok(false) => {
-                        if let Some(reason) = seq.stop_reason(context_len) {
-                            done.push((seq.id, reason));
-                        }
-                    }
-                }
-                continue;
-            }
-            let Some(draw) = draws[b].take() else {
-                done.push((
-                    seq.id,
-                    FinishReason::Error("the model returned no logits".into()),
-                ));
-                continue;
-            };
-            let (token, logprob, top) = match draw {
-                Ok(d) => d,
-                Err(e) => {
+            // The model's token (picked where the logits are), else the host's draw.
+            let picked = model_pick(out, b, seq).map(|(token, scores)| {
+                let logprob = scores.map(|s| s.logprob);
+                (
+                    token,
+                    logprob,
+                    scores.map(|s| s.top.clone()).unwrap_or_default(),
+                )
+            });
+            let (token, logprob, top) = match picked.map(Ok).or_else(|| draws[b].take()) {
+                Some(Ok(d)) => d,
+                Some(Err(e)) => {
                     done.push((seq.id, FinishReason::Error(e)));
+                    continue;
+                }
+                None => {
+                    done.push((
+                        seq.id,
+                        FinishReason::Error("the model returned no logits".into()),
+                    ));
                     continue;
                 }
             };
@@ -396,6 +379,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     top_logprobs: top,
                 },
             });
+            // Either way the token advances the request's grammar, if it has one.
             let complete = match &mut seq.req.constraint {
                 Some(c) => c.0.commit(token),
                 None => Ok(false),

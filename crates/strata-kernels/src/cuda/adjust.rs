@@ -4,8 +4,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{device_err, CudaBackend, CudaBuffer, CudaTokens};
-use crate::error::ensure;
-use crate::sampling::{RowAdjust, RowMask};
+use crate::sampling::{check_rows, RowAdjust, RowMask};
 use crate::{DeviceBuffer, Result};
 
 /// Threads of a block (`ADJUST_THREADS` in `kernels/adjust.cu`).
@@ -66,21 +65,11 @@ impl CudaBackend {
         if rows.is_empty() {
             return Ok(());
         }
-        let n = logits.len();
-        ensure(vocab > 0, OP, || "a vocabulary of 0".into())?;
+        check_rows(OP, rows.iter().map(|a| a.row), vocab, logits.len())?;
         for a in rows {
-            ensure((a.row + 1) * vocab <= n, OP, || {
-                format!("row {} of {vocab} past {n} logits", a.row)
-            })?;
             a.check(vocab)
                 .map_err(|detail| crate::KernelError::Invalid { op: OP, detail })?;
         }
-        // One block a row: rows listed twice would race on their logits.
-        let mut seen_rows: Vec<usize> = rows.iter().map(|a| a.row).collect();
-        seen_rows.sort_unstable();
-        ensure(seen_rows.windows(2).all(|w| w[0] != w[1]), OP, || {
-            "a row adjusted twice".into()
-        })?;
         let flat = Flat::new(rows);
         let (meta, params) = (self.to_device(&flat.meta)?, self.to_device(&flat.params)?);
         let bias_ids = self.to_device(&flat.bias_ids)?;
@@ -137,18 +126,7 @@ impl CudaBackend {
         if rows.is_empty() {
             return Ok(());
         }
-        let n = logits.len();
-        ensure(vocab > 0, OP, || "a vocabulary of 0".into())?;
-        let mut listed: Vec<usize> = rows.iter().map(|m| m.row).collect();
-        listed.sort_unstable();
-        ensure(listed.windows(2).all(|w| w[0] != w[1]), OP, || {
-            "a row masked twice".into()
-        })?;
-        for m in rows {
-            ensure((m.row + 1) * vocab <= n, OP, || {
-                format!("row {} of {vocab} past {n} logits", m.row)
-            })?;
-        }
+        check_rows(OP, rows.iter().map(|m| m.row), vocab, logits.len())?;
         // Every row's bits padded to the longest (missing words disallow their ids).
         let words = rows
             .iter()

@@ -235,6 +235,29 @@ pub fn adjust_logits(logits: &mut [f32], a: &RowAdjust) {
     }
 }
 
+/// Checks `rows`, indices into `logits [.., vocab]` of `len` values, for an op that adjusts
+/// or masks them: each inside the logits, none listed twice (a device changes the listed
+/// rows at once, a block each, so a row listed twice would race with itself).
+pub fn check_rows(
+    op: &'static str,
+    rows: impl IntoIterator<Item = usize>,
+    vocab: usize,
+    len: usize,
+) -> Result<()> {
+    let shape = |detail: String| SamplingError::Shape { op, detail };
+    let mut listed: Vec<usize> = rows.into_iter().collect();
+    listed.sort_unstable();
+    if listed.windows(2).any(|w| w[0] == w[1]) {
+        return Err(shape("a row listed twice".into()));
+    }
+    match listed.last() {
+        Some(&last) if vocab == 0 || (last + 1).saturating_mul(vocab) > len => {
+            Err(shape(format!("row {last} of {vocab} past {len} logits")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The host definition of `strata_kernels::Backend::adjust_logits`: [`adjust_logits`] on
 /// row `a.row` of `logits [.., vocab]` for each `a` of `rows`, its pending tokens resolved
 /// against `fed` (the feeding step's ids), each checked first ([`RowAdjust::check`]; a row
@@ -245,24 +268,14 @@ pub fn adjust_rows(
     rows: &[RowAdjust],
     fed: &[u32],
 ) -> Result<()> {
-    let shape = |detail: String| SamplingError::Shape {
-        op: "adjust_rows",
-        detail,
-    };
-    let mut listed: Vec<usize> = rows.iter().map(|a| a.row).collect();
-    listed.sort_unstable();
-    if listed.windows(2).any(|w| w[0] == w[1]) {
-        return Err(shape("a row adjusted twice".into()));
-    }
+    check_rows(
+        "adjust_rows",
+        rows.iter().map(|a| a.row),
+        vocab,
+        logits.len(),
+    )?;
     for a in rows {
-        let end = (a.row + 1).saturating_mul(vocab);
-        if vocab == 0 || end > logits.len() {
-            return Err(shape(format!(
-                "row {} of {vocab} past {} logits",
-                a.row,
-                logits.len()
-            )));
-        }
+        let end = (a.row + 1) * vocab;
         a.check(vocab).map_err(|detail| SamplingError::Invalid {
             op: "adjust_rows",
             detail,
@@ -296,24 +309,9 @@ impl RowMask {
 /// row `m.row` of `logits [.., vocab]` set to -inf, for each `m` of `rows` (a row listed
 /// twice, or past the logits, is refused).
 pub fn mask_rows(logits: &mut [f32], vocab: usize, rows: &[RowMask]) -> Result<()> {
-    let shape = |detail: String| SamplingError::Shape {
-        op: "mask_rows",
-        detail,
-    };
-    let mut listed: Vec<usize> = rows.iter().map(|m| m.row).collect();
-    listed.sort_unstable();
-    if listed.windows(2).any(|w| w[0] == w[1]) {
-        return Err(shape("a row masked twice".into()));
-    }
+    check_rows("mask_rows", rows.iter().map(|m| m.row), vocab, logits.len())?;
     for m in rows {
-        let end = (m.row + 1).saturating_mul(vocab);
-        if vocab == 0 || end > logits.len() {
-            return Err(shape(format!(
-                "row {} of {vocab} past {} logits",
-                m.row,
-                logits.len()
-            )));
-        }
+        let end = (m.row + 1) * vocab;
         for (t, x) in logits[m.row * vocab..end].iter_mut().enumerate() {
             if !m.allows(t) {
                 *x = f32::NEG_INFINITY;

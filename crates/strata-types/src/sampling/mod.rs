@@ -18,7 +18,8 @@ mod rng;
 pub mod weight;
 
 pub use adjust::{
-    adjust_logits, adjust_rows, mask_rows, LogitControls, RowAdjust, RowMask, TokenCounts,
+    adjust_logits, adjust_rows, check_rows, mask_rows, LogitControls, RowAdjust, RowMask,
+    TokenCounts,
 };
 pub use draw::sample;
 pub use logprobs::{
