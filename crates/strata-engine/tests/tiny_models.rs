@@ -161,14 +161,38 @@ fn sampled_long() -> Vec<Request> {
     reqs
 }
 
-/// A grammar stand-in: after `n` tokens it allows the ids `t` with `(t + n) % 3 == 0`, on
-/// the host (`mask`) and as bits for a device (`allowed`) alike.
+/// A grammar stand-in: after `n` tokens it allows the ids `t` with
+/// `(t + n % cycle) % period == 0`, on the host (`mask`) and as bits for a device
+/// (`allowed`) alike.
 #[derive(Clone)]
-struct Stride(usize);
+struct Stride {
+    n: usize,
+    cycle: usize,
+    period: usize,
+}
 
 impl Stride {
+    /// A third of the ids, a different third at each token.
+    fn thirds(n: usize) -> Self {
+        Self {
+            n,
+            cycle: 3,
+            period: 3,
+        }
+    }
+
+    /// Four ids, alternating between two sets: text that repeats, so that lookups
+    /// find drafts.
+    fn few(n: usize) -> Self {
+        Self {
+            n,
+            cycle: 2,
+            period: 128,
+        }
+    }
+
     fn allows(&self, t: usize) -> bool {
-        (t + self.0).is_multiple_of(3)
+        (t + self.n % self.cycle).is_multiple_of(self.period)
     }
 }
 
@@ -189,7 +213,7 @@ impl TokenConstraint for Stride {
         Ok(words)
     }
     fn commit(&mut self, _: u32) -> Result<bool, String> {
-        self.0 += 1;
+        self.n += 1;
         Ok(false)
     }
     fn fork(&self) -> Box<dyn TokenConstraint> {
@@ -255,7 +279,7 @@ fn masked(on_host: bool) -> Vec<Request> {
         if i % 2 == 0 {
             r.controls = LogitControls::default();
         }
-        r.constraint = Some(Constraint::new(Stride(i)));
+        r.constraint = Some(Constraint::new(Stride::thirds(i)));
         if on_host {
             r.logprobs = Some(0);
         }
@@ -264,20 +288,52 @@ fn masked(on_host: bool) -> Vec<Request> {
     reqs
 }
 
-/// `masked` requests through `sched`: their tokens equal `want` (the host's draws) and
-/// follow the masks; the masks went to the model (`/metrics`' count).
+/// Three requests under [`Stride::few`] alone (greedy, greedy with controls, sampled), so
+/// that every round has masked rows; with `on_host`, they ask for logprobs (drawn on the
+/// host).
+fn masked_alone(on_host: bool) -> Vec<Request> {
+    let mut reqs: Vec<Request> = masked(on_host).into_iter().take(3).collect();
+    for (i, r) in reqs.iter_mut().enumerate() {
+        r.constraint = Some(Constraint::new(Stride::few(i)));
+    }
+    reqs
+}
+
+/// What a run of [`masks_match`] must show of speculative rounds.
+#[derive(Clone, Copy, PartialEq)]
+enum Rounds {
+    /// None asked for.
+    Off,
+    /// Some ran.
+    Ran,
+    /// Some kept drafts.
+    Kept,
+}
+
+/// `reqs` (`masked` or `masked_alone`) through `sched`: their tokens equal `want` (the
+/// host's draws) and follow the masks; the masks went to the model (`/metrics`' count),
+/// and speculative rounds ran under them as `rounds` asks.
 fn masks_match<M: StepModel<S>, S: strata_kv::KvStorage>(
     sched: &mut Scheduler<M, S>,
-    want: &[Vec<u32>],
+    (reqs, want): (Vec<Request>, &[Vec<u32>]),
+    rounds: Rounds,
     what: &str,
 ) {
-    let got = generate(sched, masked(false));
+    let mut strides = Vec::new();
+    for r in &reqs {
+        let Some(c) = &r.constraint else { break };
+        strides.push(c.clone());
+    }
+    let got = generate(sched, reqs);
     assert_eq!(got, want, "{what}");
-    for (i, tokens) in got.iter().take(5).enumerate() {
-        let mut s = Stride(i);
+    for (i, (tokens, mut c)) in got.iter().zip(strides).enumerate() {
         for &t in tokens {
-            assert!(s.allows(t as usize), "{what}: request {i} drew {t}");
-            s.0 += 1;
+            let allowed = c.0.allowed(512).unwrap();
+            assert!(
+                (allowed[t as usize / 32] >> (t % 32)) & 1 == 1,
+                "{what}: request {i} drew {t}"
+            );
+            c.0.commit(t).unwrap();
         }
     }
     let st = sched.status();
@@ -286,22 +342,49 @@ fn masks_match<M: StepModel<S>, S: strata_kv::KvStorage>(
         st.masks.masks > 0 && st.overlapped_steps > 0,
         "{what}: {st:?}"
     );
+    assert!(
+        rounds != Rounds::Ran || st.drafts.rounds > 0,
+        "{what}: {st:?}"
+    );
+    assert!(
+        rounds != Rounds::Kept || st.drafts.accepted > 0,
+        "{what}: {st:?}"
+    );
     eprintln!(
-        "{what}: masked picks equal the host's draws; {:?}",
-        st.masks
+        "{what}: masked picks equal the host's draws; {:?} {:?}",
+        st.masks, st.drafts
     );
 }
 
 /// On the CPU backend: grammar masks computed while the step runs (for an overlapped step,
 /// once the step before it is read) and applied with the model's pick (with logit controls
-/// before them) give the tokens the host draws.
+/// before them) give the tokens the host draws; so do prompt-lookup and assistant rounds,
+/// whose checked rows take the masks after the drafts before them.
 #[test]
 fn grammar_masks_with_the_pick_equal_the_host_draw() {
     for name in ["gemma4-tiny", "llama-tiny"] {
         let mut host = scheduler(load(name), 256, 4, controls_config(None));
         let want = generate(&mut host, masked(true));
         let mut s = scheduler(load(name), 256, 4, controls_config(None));
-        masks_match(&mut s, &want, name);
+        masks_match(&mut s, (masked(false), &want), Rounds::Off, name);
+        // Few ids allowed: overlapped steps whose adjustments count the token ahead (its
+        // penalty decides between the allowed ids).
+        let mut host = scheduler(load(name), 256, 4, controls_config(None));
+        let want = generate(&mut host, masked_alone(true));
+        let mut s = scheduler(load(name), 256, 4, controls_config(None));
+        let what = format!("{name}, few ids");
+        masks_match(&mut s, (masked_alone(false), &want), Rounds::Off, &what);
+        if name == "gemma4-tiny" {
+            // Masked text seldom repeats a pair: lookups match single tokens.
+            let lookup = Some(PromptLookup::new(1, 3));
+            let mut s = scheduler(load(name), 256, 4, controls_config(lookup));
+            let what = format!("{name}, prompt lookup");
+            masks_match(&mut s, (masked_alone(false), &want), Rounds::Kept, &what);
+            let mut s = scheduler(drafting(3), 256, 4, controls_config(None));
+            // The random assistant seldom drafts an allowed id: its rounds run, drafts refused.
+            let what = "gemma4-tiny, assistant";
+            masks_match(&mut s, (masked_alone(false), &want), Rounds::Ran, what);
+        }
     }
 }
 
@@ -452,8 +535,9 @@ mod gpu {
         Scheduler::new(model, pool, config).unwrap()
     }
 
-    /// On the GPU (device pool, decode graphs): grammar masks computed on the host while
-    /// the step runs and applied on the device with the pick give the host's draws.
+    /// On the GPU (device pool, decode and verification graphs): grammar masks computed on
+    /// the host while the step runs (or, in prompt-lookup rounds, after the drafts) and
+    /// applied on the device with the pick give the host's draws.
     #[test]
     fn grammar_masks_on_the_gpu_equal_the_host_draw() {
         let Some(gpu) = gpu() else { return };
@@ -464,7 +548,20 @@ mod gpu {
             let mut host = device_scheduler(ModelRunner(target()), &cfg, &gpu, config);
             let want = generate(&mut host, masked(true));
             let mut s = device_scheduler(ModelRunner(target()), &cfg, &gpu, config);
-            masks_match(&mut s, &want, &format!("GPU {name}"));
+            let what = format!("GPU {name}");
+            masks_match(&mut s, (masked(false), &want), Rounds::Off, &what);
+            let mut host = device_scheduler(ModelRunner(target()), &cfg, &gpu, config);
+            let want = generate(&mut host, masked_alone(true));
+            let mut s = device_scheduler(ModelRunner(target()), &cfg, &gpu, config);
+            let what = format!("GPU {name}, few ids");
+            masks_match(&mut s, (masked_alone(false), &want), Rounds::Off, &what);
+            if name == "gemma4-tiny" {
+                // Rounds replay verification graphs, their rows masked after the drafts.
+                let lookup = controls_config(Some(PromptLookup::new(1, 3)));
+                let mut s = device_scheduler(ModelRunner(target()), &cfg, &gpu, lookup);
+                let what = format!("GPU {name}, prompt lookup");
+                masks_match(&mut s, (masked_alone(false), &want), Rounds::Kept, &what);
+            }
         }
     }
 

@@ -15,14 +15,13 @@
 //! their logits are dropped. The full group's slot table has a capacity; a step that
 //! needs more recaptures the bucket with twice the room.
 
-use strata_kernels::sampling::RowDraw;
 use strata_kernels::{expand_page_slots, Backend, DeviceBuffer, PagedSeq, StridedCopy};
 use strata_kv::{KvPool, PoolKind, RequestId};
 
 use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
 use crate::error::Result;
 use crate::forward::{HiddenOut, Prepared, SeqRows, StepInputs};
-use crate::greedy_rows::{pick_rows, GreedyRows};
+use crate::greedy_rows::{pick_rows, GreedyRows, RowChoices};
 use crate::launch::{all_picked, Launched};
 use crate::model::Model;
 use crate::paged_kv::{host_pages, DecodeGraphs, GroupTables, HostPages, PagedStorage};
@@ -516,7 +515,7 @@ pub(crate) fn replay_rows<B: Backend>(
     model: &Model<B>,
     batch: &ForwardBatch,
     prep: &Prepared,
-    draws: &[RowDraw],
+    choices: RowChoices,
 ) -> Result<Option<GreedyRows<B>>> {
     if pool.storage().graph_mode != DecodeGraphs::Replay || !eligible(pool, model, batch, true) {
         return Ok(None);
@@ -528,7 +527,7 @@ pub(crate) fn replay_rows<B: Backend>(
     let p = padded(pool, batch, prep, bucket)?;
     let key = replay_graph(pool, model, batch, (&p, None), bucket)?;
     let logits = graph_logits(pool, model.config().vocab_size, &key)?;
-    let (tokens, logprobs) = pick_rows(model, logits, &vec![q; n], (draws, &batch.adjust))?;
+    let (tokens, logprobs) = pick_rows(model, logits, &vec![q; n], &batch.adjust, choices)?;
     let rows = n * q;
     let kept = pool.storage().graphs[&key]
         .hidden

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use strata_kernels::sampling::RowMask;
 use strata_kernels::{Backend, StridedCopy};
 use strata_kv::{KvPool, KvStorage, RequestId};
-use strata_sched::{CheckRow, CheckedRow, DraftRow, SchedError, StepModel};
+use strata_sched::{CheckRow, CheckedRow, DraftMasks, DraftRow, SchedError, StepModel};
 
 use crate::runner::{check_runs, ModelHandle, ModelRunner};
 use crate::{Assistant, DraftSeq, ForwardBatch, ForwardOutput, KvCache, Launched, ModelError};
@@ -149,8 +149,13 @@ where
         StepModel::<S>::masks_picks(&self.target)
     }
 
-    fn pick_masked(&mut self, step: &mut Launched<B>, masks: &[RowMask]) -> Result<(), SchedError> {
-        StepModel::<S>::pick_masked(&mut self.target, step, masks)
+    fn pick_masked(
+        &mut self,
+        step: &mut Launched<B>,
+        masks: &[RowMask],
+        fed: &[u32],
+    ) -> Result<(), SchedError> {
+        StepModel::<S>::pick_masked(&mut self.target, step, masks, fed)
     }
 
     fn draft_tokens(&self) -> usize {
@@ -177,19 +182,20 @@ where
         &mut self,
         kv: &mut KvPool<S>,
         rows: &[DraftRow],
+        masks: &mut DraftMasks,
     ) -> Result<Vec<CheckedRow>, SchedError> {
         let drafts = self.drafts(kv, rows)?;
-        let runs: Vec<CheckRow> = rows
-            .iter()
-            .zip(drafts)
-            .map(|(r, d)| CheckRow {
+        let mut runs = Vec::with_capacity(rows.len());
+        for (i, (r, d)) in rows.iter().zip(drafts).enumerate() {
+            runs.push(CheckRow {
                 request: r.request,
                 start: r.start,
+                masks: masks(i, &d).map_err(SchedError::Other)?,
                 tokens: std::iter::once(r.token).chain(d).collect(),
                 draws: r.draws.clone(),
                 adjust: r.adjust.clone(),
-            })
-            .collect();
+            });
+        }
         let (checked, hidden) = check_runs(self.target.0.model(), kv, &runs)?;
         let hidden =
             hidden.ok_or_else(|| SchedError::Other("the target returned no hidden rows".into()))?;

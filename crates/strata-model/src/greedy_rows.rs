@@ -2,7 +2,7 @@
 //! keeps those rows' hidden states: what speculative decoding needs from the target (the
 //! verification of a run of drafts, and the state the drafter starts from).
 
-use strata_kernels::sampling::{RowAdjust, RowDraw, TokenLogprobs};
+use strata_kernels::sampling::{RowAdjust, RowDraw, RowMask, TokenLogprobs};
 use strata_kernels::Backend;
 
 use crate::batch::{ForwardBatch, LogitsMode};
@@ -24,6 +24,17 @@ pub struct GreedyRows<B: Backend> {
     pub hidden: Option<B::Buffer>,
 }
 
+/// How a picked-rows step chooses the tokens of its wanted rows, past the batch's
+/// adjustments (indices into the wanted rows, in order): the rows drawn (the rest are
+/// greedy), and the rows a grammar masks first.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowChoices<'a> {
+    /// The rows drawn with their settings and uniforms.
+    pub draws: &'a [RowDraw],
+    /// The rows masked, after their adjustments.
+    pub masks: &'a [RowMask],
+}
+
 impl<B: Backend> Model<B> {
     /// Runs `batch` (sequences asking `None`, `Last` or `All`) and returns the greedy token
     /// of every row asked for, with those rows' final-normed hidden states left on the
@@ -33,17 +44,17 @@ impl<B: Backend> Model<B> {
         kv: &mut K,
         batch: &ForwardBatch,
     ) -> Result<GreedyRows<B>> {
-        self.forward_picked_rows(kv, batch, &[])
+        self.forward_picked_rows(kv, batch, RowChoices::default())
     }
 
-    /// As [`Model::forward_greedy_rows`], with the rows of `draws` (indices into the wanted
-    /// rows, in order) drawn with their settings and uniforms, and scored where they ask,
-    /// exactly as a decode step draws its last row (`Backend::pick_start`).
+    /// As [`Model::forward_greedy_rows`], with the rows of `choices.draws` drawn with their
+    /// settings and uniforms, and scored where they ask, exactly as a decode step draws its
+    /// last row (`Backend::pick_start`); the rows of `choices.masks` masked first.
     pub fn forward_picked_rows<K: KvCache<B>>(
         &self,
         kv: &mut K,
         batch: &ForwardBatch,
-        draws: &[RowDraw],
+        choices: RowChoices,
     ) -> Result<GreedyRows<B>> {
         if let Some(s) = batch.seqs.iter().find(|s| {
             !matches!(
@@ -58,7 +69,7 @@ impl<B: Backend> Model<B> {
         }
         let b = &self.backend;
         let prep = self.prepare(batch)?;
-        if let Some(rows) = kv.replay_rows(self, batch, &prep, draws)? {
+        if let Some(rows) = kv.replay_rows(self, batch, &prep, choices)? {
             return Ok(rows);
         }
         kv.begin_step(b, batch)?;
@@ -76,7 +87,7 @@ impl<B: Backend> Model<B> {
             Some(HiddenOut::Keep(&mut hidden)),
         )?;
         let (tokens, logprobs) = match &mut logits {
-            Some(l) => pick_rows(self, l, &counts, (draws, &batch.adjust))?,
+            Some(l) => pick_rows(self, l, &counts, &batch.adjust, choices)?,
             None => (counts.iter().map(|_| Vec::new()).collect(), Vec::new()),
         };
         Ok(GreedyRows {
@@ -91,18 +102,21 @@ impl<B: Backend> Model<B> {
 pub(crate) type RowPicks = (Vec<Vec<u32>>, Vec<Vec<Option<TokenLogprobs>>>);
 
 /// The tokens of the first `counts.iter().sum()` rows of `logits`, split per sequence
-/// (`counts` rows each): the argmax, or for the rows of `draws` the draw (with the logprobs
-/// it asks for); the rows of `adjust` adjusted first.
+/// (`counts` rows each): the argmax, or for the rows of `choices.draws` the draw (with the
+/// logprobs it asks for); the rows of `adjust` adjusted first, then those of
+/// `choices.masks` masked.
 pub(crate) fn pick_rows<B: Backend>(
     model: &Model<B>,
     logits: &mut B::Buffer,
     counts: &[usize],
-    (draws, adjust): (&[RowDraw], &[RowAdjust]),
+    adjust: &[RowAdjust],
+    choices: RowChoices,
 ) -> Result<RowPicks> {
     let b = model.backend();
     let vocab = model.config().vocab_size;
     let rows: usize = counts.iter().sum();
-    let cap = model.prepare_picks(logits, adjust.to_vec(), &[], None)?;
+    let draws = choices.draws;
+    let cap = model.prepare_picks(logits, adjust.to_vec(), choices.masks, None)?;
     let (ids, scores): (Vec<u32>, Vec<Option<TokenLogprobs>>) = if draws.is_empty() {
         (b.argmax_rows(logits, vocab, rows, cap)?, Vec::new())
     } else {

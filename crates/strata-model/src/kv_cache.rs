@@ -48,7 +48,7 @@ pub trait KvCache<B: Backend> {
         _model: &Model<B>,
         _batch: &ForwardBatch,
         _prep: &Prepared,
-        _draws: &[strata_kernels::sampling::RowDraw],
+        _choices: crate::greedy_rows::RowChoices,
     ) -> Result<Option<GreedyRows<B>>> {
         Ok(None)
     }

@@ -4,7 +4,7 @@
 //! step after step without waiting for the host to read each one's tokens and build the
 //! next.
 
-use strata_kernels::sampling::{RowMask, FED_TOKEN};
+use strata_kernels::sampling::{RowAdjust, RowMask, FED_TOKEN};
 use strata_kernels::Backend;
 
 use crate::batch::{ForwardBatch, ForwardOutput};
@@ -66,6 +66,22 @@ impl<B: Backend> Launched<B> {
             State::Done(_) | State::Held { .. } => None,
         }
     }
+}
+
+/// Replaces each pending `FED_TOKEN | r` of `adjust` with `fed[r]`.
+fn resolve_fed(adjust: &mut [RowAdjust], fed: &[u32]) -> Result<()> {
+    for t in adjust.iter_mut().flat_map(|a| a.pending.iter_mut()) {
+        if *t & FED_TOKEN != 0 {
+            let r = (*t & !FED_TOKEN) as usize;
+            *t = *fed.get(r).ok_or_else(|| {
+                ModelError::Invalid(format!(
+                    "an adjustment counts row {r} of a feeding step of {} ids",
+                    fed.len()
+                ))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether a step's output can stay on the backend as ids: every sequence wants only a
@@ -132,12 +148,19 @@ impl<B: Backend> Model<B> {
 
     /// Queues the picks of a step whose rows waited for grammar masks
     /// (`ForwardBatch::masked`), each of those rows masked by its entry of `masks` (after
-    /// the softcap and the batch's adjustments, as the host path orders them).
-    pub fn pick_masked(&self, step: &mut Launched<B>, masks: &[RowMask]) -> Result<()> {
+    /// the softcap and the batch's adjustments, as the host path orders them). `fed` holds
+    /// the ids of the step this one was fed from, by sequence, as the caller read them:
+    /// that step is gone, so its `FED_TOKEN | r` marks in the adjustments take `fed[r]`.
+    pub fn pick_masked(
+        &self,
+        step: &mut Launched<B>,
+        masks: &[RowMask],
+        fed: &[u32],
+    ) -> Result<()> {
         let State::Held {
             logits,
             counts,
-            batch,
+            mut batch,
         } = std::mem::replace(&mut step.0, State::Done(ForwardOutput::empty(0, 0)))
         else {
             return Err(ModelError::Invalid(
@@ -153,6 +176,7 @@ impl<B: Backend> Model<B> {
                 "masks for rows {rows:?}, but rows {want:?} wait for them"
             )));
         }
+        resolve_fed(&mut batch.adjust, fed)?;
         *step = match (logits, all_picked(&batch)) {
             (Some(mut l), true) => self.start_picks_masked(&mut l, &batch, None, masks)?,
             (logits, _) => {

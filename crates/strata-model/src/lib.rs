@@ -22,7 +22,7 @@ pub use assistant::{Assistant, DraftSeq, Drafted};
 pub use decode_graph::{bucket_for, decode_buckets};
 pub use drafting::Drafting;
 pub use error::{ModelError, Result};
-pub use greedy_rows::GreedyRows;
+pub use greedy_rows::{GreedyRows, RowChoices};
 pub use kv_cache::{DecodeGraphs, KvCache, PagedStorage};
 pub use launch::Launched;
 pub use linear::{upload_linear, upload_linear_as, HostTable, Linear, QuantUpload, QuantWeight};

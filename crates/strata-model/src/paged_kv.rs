@@ -371,9 +371,9 @@ impl<B: Backend> KvCache<B> for KvPool<PagedStorage<B>> {
         model: &Model<B>,
         batch: &ForwardBatch,
         prep: &Prepared,
-        draws: &[strata_kernels::sampling::RowDraw],
+        choices: crate::greedy_rows::RowChoices,
     ) -> Result<Option<GreedyRows<B>>> {
-        crate::decode_graph::replay_rows(self, model, batch, prep, draws)
+        crate::decode_graph::replay_rows(self, model, batch, prep, choices)
     }
 
     fn begin_step(&mut self, b: &B, batch: &ForwardBatch) -> Result<()> {

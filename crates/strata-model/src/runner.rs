@@ -10,7 +10,8 @@ use strata_kv::{KvPool, KvStorage};
 use strata_sched::{CheckRow, CheckedRow, SchedError, StepModel};
 
 use crate::{
-    ForwardBatch, ForwardOutput, KvCache, Launched, LogitsMode, Model, ModelError, SeqChunk,
+    ForwardBatch, ForwardOutput, KvCache, Launched, LogitsMode, Model, ModelError, RowChoices,
+    SeqChunk,
 };
 
 impl From<ModelError> for SchedError {
@@ -80,8 +81,13 @@ where
         true
     }
 
-    fn pick_masked(&mut self, step: &mut Launched<B>, masks: &[RowMask]) -> Result<(), SchedError> {
-        Ok(self.0.model().pick_masked(step, masks)?)
+    fn pick_masked(
+        &mut self,
+        step: &mut Launched<B>,
+        masks: &[RowMask],
+        fed: &[u32],
+    ) -> Result<(), SchedError> {
+        Ok(self.0.model().pick_masked(step, masks, fed)?)
     }
 
     fn verifies(&self) -> bool {
@@ -121,12 +127,17 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
     // The draws' and adjustments' rows, counted over the whole step; row j of a run
     // counts the j drafts before it as pending tokens.
     let mut draws = Vec::new();
+    let mut masks = Vec::new();
     let mut batch = batch;
     let mut offset = 0;
     for r in rows {
         draws.extend(r.draws.iter().map(|d| RowDraw {
             row: offset + d.row,
             ..*d
+        }));
+        masks.extend(r.masks.iter().map(|m| RowMask {
+            row: offset + m.row,
+            allowed: m.allowed.clone(),
         }));
         for a in &r.adjust {
             let drafts = r.tokens.get(1..=a.row).ok_or_else(|| {
@@ -146,7 +157,11 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
         }
         offset += r.tokens.len();
     }
-    let out = model.forward_picked_rows(kv, &batch, &draws)?;
+    let choices = RowChoices {
+        draws: &draws,
+        masks: &masks,
+    };
+    let out = model.forward_picked_rows(kv, &batch, choices)?;
     let mut checked = Vec::with_capacity(rows.len());
     for (i, (r, picked)) in rows.iter().zip(out.tokens).enumerate() {
         if picked.len() != r.tokens.len() {

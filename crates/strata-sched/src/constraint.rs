@@ -17,6 +17,41 @@ pub trait TokenConstraint: Send {
     fn commit(&mut self, token: u32) -> Result<bool, String>;
     /// An independent copy in the same state (a sample of its own, a retried request).
     fn fork(&self) -> Box<dyn TokenConstraint>;
+
+    /// The masks (as [`TokenConstraint::allowed`]) of a speculative round's checked rows:
+    /// the next token's, then the one after each leading draft the constraint accepts,
+    /// stopping after the first draft it refuses or that completes it (the rows after
+    /// those can never be kept). The constraint is left as it was. The default works on
+    /// a fork; a constraint that can take tokens back may do without one.
+    fn masks_ahead(&mut self, drafts: &[u32], vocab: usize) -> Result<Vec<Vec<u32>>, String> {
+        masks_ahead_of(self.fork().as_mut(), drafts, vocab)
+    }
+}
+
+/// [`TokenConstraint::masks_ahead`] on `c`, committing the accepted drafts to it.
+pub fn masks_ahead_of(
+    c: &mut dyn TokenConstraint,
+    drafts: &[u32],
+    vocab: usize,
+) -> Result<Vec<Vec<u32>>, String> {
+    let mut masks = Vec::with_capacity(drafts.len() + 1);
+    for j in 0..=drafts.len() {
+        let allowed = c.allowed(vocab)?;
+        let accepted = drafts.get(j).filter(|&&t| allows(&allowed, t));
+        masks.push(allowed);
+        match accepted {
+            Some(&t) if !c.commit(t)? => {}
+            _ => break,
+        }
+    }
+    Ok(masks)
+}
+
+/// Whether bit `t` of `allowed` is set.
+fn allows(allowed: &[u32], t: u32) -> bool {
+    allowed
+        .get(t as usize / 32)
+        .is_some_and(|w| (w >> (t % 32)) & 1 == 1)
 }
 
 /// A boxed [`TokenConstraint`]; cloning forks it.

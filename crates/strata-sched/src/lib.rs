@@ -29,11 +29,11 @@ mod speculate;
 mod step;
 
 pub use config::SchedulerConfig;
-pub use constraint::{Constraint, TokenConstraint};
+pub use constraint::{masks_ahead_of, Constraint, TokenConstraint};
 pub use error::SchedError;
 pub use event::{Event, EventKind, FinishReason};
 pub use lookup::PromptLookup;
-pub use model::{CheckRow, CheckedRow, DraftRow, StepModel};
+pub use model::{CheckRow, CheckedRow, DraftMasks, DraftRow, StepModel};
 pub use request::{Request, SeqId, StopFn};
 pub use scheduler::{LaunchShape, MaskStats, SchedStatus, Scheduler};
 pub use speculate::DraftStats;

@@ -57,7 +57,16 @@ pub struct CheckRow {
     pub draws: Vec<RowDraw>,
     /// As [`DraftRow::adjust`]: row `j` counts `tokens[1..=j]` as pending.
     pub adjust: Vec<RowAdjust>,
+    /// The grammar masks of the checked rows (`row` = `0..tokens.len()`), applied after
+    /// the adjustments: row `j`'s is the constraint's after `tokens[1..=j]`. Rows past a
+    /// draft the grammar refuses have none (their tokens are never kept).
+    pub masks: Vec<RowMask>,
 }
+
+/// A speculative round's grammar masks, computed by the caller once the drafts exist:
+/// called with a row's index in the round and its drafts, it returns that row's
+/// [`CheckRow::masks`] (none for a request without a grammar).
+pub type DraftMasks<'a> = dyn FnMut(usize, &[u32]) -> Result<Vec<RowMask>, String> + 'a;
 
 impl CheckedRow {
     /// Leading drafts the model agreed with.
@@ -116,11 +125,14 @@ pub trait StepModel<S: KvStorage = HostStorage> {
 
     /// Queues the picks of a step launched with rows in `ForwardBatch::masked`, each of
     /// those rows masked by its entry of `masks` first (the caller computes them on the
-    /// host while the step's forward pass runs).
+    /// host while the step's forward pass runs). A step launched with `fed` takes `fed`'s
+    /// ids as the caller read them (by sequence): the pending `FED_TOKEN | r` marks of its
+    /// adjustments stand for them, and the feeding step is gone by now.
     fn pick_masked(
         &mut self,
         _step: &mut Self::Launched,
         _masks: &[RowMask],
+        _fed: &[u32],
     ) -> Result<(), SchedError> {
         Err(SchedError::Other(
             "this model does not take grammar masks".into(),
@@ -144,10 +156,13 @@ pub trait StepModel<S: KvStorage = HostStorage> {
     /// token, checks `[token, drafts..]` of every row in one target step (K/V stored at
     /// `start..`; each checked row greedy, or drawn as `row.draws` asks), and returns, per
     /// row, the drafts and the target's tokens. The caller drops the K/V past what it keeps.
+    /// Once the drafts exist, `masks` gives each row's grammar masks (as
+    /// [`CheckRow::masks`]), for a model that [`StepModel::masks_picks`].
     fn speculate(
         &mut self,
         _kv: &mut KvPool<S>,
         _rows: &[DraftRow],
+        _masks: &mut DraftMasks,
     ) -> Result<Vec<CheckedRow>, SchedError> {
         Err(SchedError::Other("this model has no drafter".into()))
     }
@@ -158,7 +173,8 @@ pub trait StepModel<S: KvStorage = HostStorage> {
     }
 
     /// Computes every row of `rows` in one step (K/V stored at `start..`) and returns, per
-    /// row, its drafts (`tokens[1..]`) and the token after each of its tokens.
+    /// row, its drafts (`tokens[1..]`) and the token after each of its tokens (masked
+    /// first where the row has masks, for a model that [`StepModel::masks_picks`]).
     fn verify(
         &mut self,
         _kv: &mut KvPool<S>,

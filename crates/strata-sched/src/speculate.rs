@@ -10,14 +10,14 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use strata_kv::KvStorage;
-use strata_types::sampling::RowDraw;
+use strata_types::sampling::{RowDraw, RowMask};
 use strata_types::LogitsMode;
 
 use crate::reserve::Reserved;
 use crate::seq::Seq;
 use crate::{
-    CheckRow, CheckedRow, DraftRow, Event, EventKind, FinishReason, LaunchShape, PromptLookup,
-    Scheduler, SeqId, StepModel,
+    CheckRow, CheckedRow, DraftRow, Event, EventKind, FinishReason, LaunchShape, MaskStats,
+    PromptLookup, Scheduler, SeqId, StepModel,
 };
 
 /// One request's drafts in a planned round: how many, the tokens themselves when the
@@ -65,9 +65,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             && !self.running.is_empty()
             && self.running.len() <= self.config.draft_max_requests
             && self.running.iter().all(|s| {
-                // Tokens the model picks (greedy or drawn, with their logprobs): not a
-                // request drawn on the host for more top logprobs than a backend reports.
-                s.pending() == 1 && s.token_mode(s.tokens.len()) != LogitsMode::Last
+                // Tokens the model picks (greedy or drawn, with their logprobs; under a
+                // grammar, once the caller's masks arrive): not a request drawn on the
+                // host for more top logprobs than a backend reports.
+                let masked = s.masked_with_pick() && self.model.masks_picks();
+                s.pending() == 1 && (masked || s.token_mode(s.tokens.len()) != LogitsMode::Last)
             })
             && self.running.iter().any(|s| {
                 let matches = |l: PromptLookup| match lagging {
@@ -126,9 +128,18 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
         let t = Instant::now();
         let checked = if self.model.draft_tokens() > 0 {
-            self.model.speculate(&mut self.pool, &rows)
+            let (running, stats, vocab) = (
+                &mut self.running,
+                &mut self.mask_stats,
+                self.model.vocab_size(),
+            );
+            let mut masks = |i: usize, drafts: &[u32]| {
+                let seq = running.iter_mut().find(|s| s.id == seqs[i].0);
+                draft_masks(seq, drafts, vocab, stats)
+            };
+            self.model.speculate(&mut self.pool, &rows, &mut masks)
         } else {
-            self.check_proposals(&rows, proposed)
+            self.check_proposals(&seqs, &rows, proposed)
         };
         self.last_launch = Some(LaunchShape {
             single_rows: rows.len(),
@@ -154,23 +165,29 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         }
     }
 
-    /// Checks the scheduler's own drafts (prompt lookup) of `rows` in one model step.
+    /// Checks the scheduler's own drafts (prompt lookup) of `rows` (of the requests
+    /// `seqs`) in one model step.
     fn check_proposals(
         &mut self,
+        seqs: &[(SeqId, usize)],
         rows: &[DraftRow],
         proposed: Vec<Vec<u32>>,
     ) -> Result<Vec<CheckedRow>, crate::SchedError> {
-        let check: Vec<CheckRow> = rows
-            .iter()
-            .zip(&proposed)
-            .map(|(r, p)| CheckRow {
+        let vocab = self.model.vocab_size();
+        let mut check = Vec::with_capacity(rows.len());
+        for ((r, p), &(id, _)) in rows.iter().zip(proposed).zip(seqs) {
+            let seq = self.running.iter_mut().find(|s| s.id == id);
+            let masks = draft_masks(seq, &p, vocab, &mut self.mask_stats)
+                .map_err(crate::SchedError::Other)?;
+            check.push(CheckRow {
                 request: r.request,
                 start: r.start,
-                tokens: std::iter::once(r.token).chain(p.iter().copied()).collect(),
+                tokens: std::iter::once(r.token).chain(p).collect(),
                 draws: r.draws.clone(),
                 adjust: r.adjust.clone(),
-            })
-            .collect();
+                masks,
+            });
+        }
         self.model.verify(&mut self.pool, &check)
     }
 
@@ -296,7 +313,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                         top_logprobs: scores.map(|s| s.top.clone()).unwrap_or_default(),
                     },
                 });
-                reason = seq.stop_reason(context_len);
+                // The grammar takes each kept token, as in a plain step (`apply`).
+                reason = match seq.req.constraint.as_mut().map(|c| c.0.commit(token)) {
+                    Some(Ok(true)) => Some(FinishReason::Stop),
+                    Some(Err(e)) => Some(FinishReason::Error(e)),
+                    Some(Ok(false)) | None => seq.stop_reason(context_len),
+                };
                 if reason.is_some() {
                     break;
                 }
@@ -343,11 +365,34 @@ pub(crate) fn commit_len(computed: usize, page_size: usize, drafting: bool) -> u
     len / page_size * page_size
 }
 
+/// The grammar masks of the checked rows of `seq` (if it still runs and has a grammar)
+/// for `drafts`, as [`crate::CheckRow::masks`], counted in `stats`.
+fn draft_masks(
+    seq: Option<&mut Seq>,
+    drafts: &[u32],
+    vocab: usize,
+    stats: &mut MaskStats,
+) -> Result<Vec<RowMask>, String> {
+    let Some(c) = seq.and_then(|s| s.req.constraint.as_mut()) else {
+        return Ok(Vec::new());
+    };
+    let t = Instant::now();
+    let masks = c.0.masks_ahead(drafts, vocab)?;
+    stats.masks += masks.len() as u64;
+    stats.seconds += t.elapsed().as_secs_f64();
+    Ok(masks
+        .into_iter()
+        .enumerate()
+        .map(|(row, allowed)| RowMask { row, allowed })
+        .collect())
+}
+
 /// The rows of `seq`'s run of `n` checked tokens whose token is drawn: row `j` yields token
-/// number `computed + j + 1`, drawn with that token's uniform, as plain decoding draws it.
+/// number `computed + j + 1`, drawn with that token's uniform, as plain decoding draws it
+/// (every row of a round is the model's pick, masked ones included).
 fn row_draws(seq: &Seq, n: usize) -> Vec<RowDraw> {
     (0..n)
-        .filter_map(|j| match seq.token_mode(seq.computed + j + 1) {
+        .filter_map(|j| match seq.pick_mode(seq.computed + j + 1) {
             LogitsMode::Draw {
                 params,
                 uniform,

@@ -44,11 +44,11 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                     drafts: 0,
                 });
             }
-            self.read(prev, &mut events);
+            let fed = self.read(prev, &mut events);
             // The grammars have taken `prev`'s tokens: the queued step's masks now, while
             // it runs.
             if let Some(mut next) = self.in_flight.take() {
-                match self.pick_in_flight(&mut next) {
+                match self.pick_in_flight(&mut next, &fed) {
                     Ok(()) => self.in_flight = Some(next),
                     Err(e) => self.fail_batch(&next.seqs, e.to_string(), &mut events),
                 }
@@ -73,7 +73,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             let picked = self
                 .masks(&rows)
                 .map_err(SchedError::Other)
-                .and_then(|m| self.model.pick_masked(step, &m));
+                .and_then(|m| self.model.pick_masked(step, &m, &[]));
             if let Err(e) = picked {
                 self.fail_batch(&seqs, e.to_string(), &mut events);
                 return events;
@@ -104,21 +104,32 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         events
     }
 
-    /// Waits for a launched step and applies its output.
-    pub(crate) fn read(&mut self, step: InFlight<M::Launched>, events: &mut Vec<Event>) {
+    /// Waits for a launched step and applies its output; returns the step's tokens by
+    /// sequence (0 where it has none), what a step fed from it counted.
+    pub(crate) fn read(
+        &mut self,
+        step: InFlight<M::Launched>,
+        events: &mut Vec<Event>,
+    ) -> Vec<u32> {
         let seqs = step.seqs;
         match self.model.finish(step.step) {
-            Ok(out) if out.logits.len() == seqs.len() => self.apply(&seqs, &out, events),
-            Ok(out) => self.fail_batch(
-                &seqs,
-                format!(
+            Ok(out) if out.logits.len() == seqs.len() => {
+                self.apply(&seqs, &out, events);
+                out.tokens.iter().map(|t| t.unwrap_or(0)).collect()
+            }
+            Ok(out) => {
+                let e = format!(
                     "the model returned logits for {} of {} sequences",
                     out.logits.len(),
                     seqs.len()
-                ),
-                events,
-            ),
-            Err(e) => self.fail_batch(&seqs, e.to_string(), events),
+                );
+                self.fail_batch(&seqs, e, events);
+                Vec::new()
+            }
+            Err(e) => {
+                self.fail_batch(&seqs, e.to_string(), events);
+                Vec::new()
+            }
         }
     }
 
@@ -282,14 +293,18 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     }
 
     /// Gives a queued step whose picks wait for grammar masks its masks (its requests'
-    /// grammars have taken the tokens of the step before it).
-    fn pick_in_flight(&mut self, next: &mut InFlight<M::Launched>) -> Result<(), SchedError> {
+    /// grammars have taken the tokens of the step before it, `fed`).
+    fn pick_in_flight(
+        &mut self,
+        next: &mut InFlight<M::Launched>,
+        fed: &[u32],
+    ) -> Result<(), SchedError> {
         if next.masked.is_empty() {
             return Ok(());
         }
         let masks = self.masks(&next.masked).map_err(SchedError::Other)?;
         next.masked.clear();
-        self.model.pick_masked(&mut next.step, &masks)
+        self.model.pick_masked(&mut next.step, &masks, fed)
     }
 
     /// Commits the computed tokens of a step over `seqs` (requests and token counts in

@@ -1,16 +1,18 @@
 //! An llguidance matcher as the scheduler's token constraint.
 
 use llguidance::Matcher;
-use strata_sched::TokenConstraint;
+use strata_sched::{masks_ahead_of, TokenConstraint};
 
 /// One request's grammar state: the tokens it may draw next.
 pub struct GrammarConstraint {
     matcher: Matcher,
+    /// Tokens the matcher has consumed (what a rollback may give back).
+    taken: usize,
 }
 
 impl GrammarConstraint {
     pub(crate) fn new(matcher: Matcher) -> Self {
-        Self { matcher }
+        Self { matcher, taken: 0 }
     }
 }
 
@@ -66,12 +68,27 @@ impl TokenConstraint for GrammarConstraint {
         self.matcher
             .consume_token(token)
             .map_err(|e| format!("grammar: {e}"))?;
+        self.taken += 1;
         Ok(self.matcher.is_stopped())
     }
 
     fn fork(&self) -> Box<dyn TokenConstraint> {
         Box::new(Self {
             matcher: self.matcher.deep_clone(),
+            taken: self.taken,
         })
+    }
+
+    /// Takes the accepted drafts and gives them back (the matcher keeps its history for
+    /// that), which costs less than a deep copy of the parser each round.
+    fn masks_ahead(&mut self, drafts: &[u32], vocab: usize) -> Result<Vec<Vec<u32>>, String> {
+        let before = self.taken;
+        let masks = masks_ahead_of(self, drafts, vocab);
+        let back = self.taken - before;
+        self.taken = before;
+        self.matcher
+            .rollback(back)
+            .map_err(|e| format!("grammar: {e}"))?;
+        masks
     }
 }

@@ -90,3 +90,56 @@ fn rows_past_the_tokenizer_are_masked() {
     assert!(logits[257..].iter().all(|&l| l == f32::NEG_INFINITY));
     assert_eq!(logits[b'q' as usize], 0.0);
 }
+
+/// A round's masks (taken ahead through the drafts, then given back) equal those of a
+/// copy that takes the drafts one by one, stop after the first draft the grammar refuses
+/// or that completes it, and leave the constraint as it was.
+#[test]
+fn masks_ahead_of_drafts_equal_a_copy_and_leave_the_grammar_as_it_was() {
+    let g = grammars();
+    let schema = Spec::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 5}},
+        "required": ["n"], "additionalProperties": false
+    }));
+    let bytes = |s: &str| s.bytes().map(u32::from).collect::<Vec<u32>>();
+    let cases: [(Spec, &str, Vec<u32>, usize); 4] = [
+        (
+            Spec::Choice(vec!["yes".into(), "no".into()]),
+            "",
+            bytes("yes"),
+            3,
+        ),
+        // Refused at the third draft: masks for the rows up to it, none after.
+        (
+            Spec::Choice(vec!["yes".into(), "no".into()]),
+            "",
+            bytes("yxs"),
+            2,
+        ),
+        // The separator wants its space: refused at the second draft.
+        (schema.clone(), "{\"n\"", bytes(":3}zz"), 2),
+        // The closing brace completes the grammar: no row after it.
+        (schema, "{", bytes("\"n\": 5}"), 7),
+    ];
+    for (spec, prefix, drafts, want_rows) in cases {
+        let mut c = g.constraint(&spec).unwrap();
+        for t in bytes(prefix) {
+            assert!(!c.0.commit(t).unwrap());
+        }
+        let before = c.0.allowed(257).unwrap();
+        let copy = strata_sched::masks_ahead_of(c.0.fork().as_mut(), &drafts, 257).unwrap();
+        let ahead = c.0.masks_ahead(&drafts, 257).unwrap();
+        assert_eq!(ahead, copy, "{spec:?} {drafts:?}");
+        assert_eq!(ahead.len(), want_rows, "{spec:?} {drafts:?}");
+        assert_eq!(ahead[0], before);
+        // Given back: the same mask now, and the drafts can be taken for real.
+        assert_eq!(c.0.allowed(257).unwrap(), before);
+        let mut walked = vec![c.0.allowed(257).unwrap()];
+        for &t in &drafts[..want_rows - 1] {
+            c.0.commit(t).unwrap();
+            walked.push(c.0.allowed(257).unwrap());
+        }
+        assert_eq!(walked, ahead, "{spec:?} {drafts:?}");
+    }
+}

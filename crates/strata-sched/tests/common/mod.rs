@@ -413,6 +413,7 @@ impl StepModel for FakeModel {
         &mut self,
         kv: &mut KvPool<HostStorage>,
         rows: &[DraftRow],
+        _masks: &mut strata_sched::DraftMasks,
     ) -> Result<Vec<CheckedRow>, SchedError> {
         let mut drafter = self
             .drafter
