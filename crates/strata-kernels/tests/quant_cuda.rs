@@ -2,7 +2,9 @@
 //! against the host decoder of `strata-weights` (the definition of each format): the
 //! decoded values bit for bit (lookups), and products through the GEMV (1 to 32 rows, every
 //! tile) and through the decoded path (more rows; a weight decoded in two slices), in the
-//! exact mode and the bf16 mode, against f64 products of the host-decoded weights.
+//! exact mode and the bf16 mode, against f64 products of the host-decoded weights. The bf16
+//! mode's GEMV on 8-bit x is checked against the same product with x quantized on the host
+//! as the kernel quantizes it. An ignored test times that GEMV against the f32 one.
 //!
 //! Random bytes make the blocks, so every code, scale and min bit pattern occurs; only the
 //! f16 super-scales are drawn from a bounded range (a random f16 can be inf or NaN).
@@ -185,8 +187,8 @@ fn block_products_match_the_decoded_weights_at_every_row_count() {
                 f64::from,
                 3e-5,
             );
-            // The bf16 mode's decoded path rounds x and the weight to bf16 (the GEMV keeps
-            // x in f32 at any mode).
+            // The bf16 mode's decoded path rounds x and the weight to bf16; its f32 GEMV
+            // (8-bit x off) keeps x in f32. The 8-bit x has its own test below.
             let out = matmul(&bf16, &m, &x, t);
             let round = if t > strata_kernels::cuda::QUANT_GEMV_MAX_ROWS {
                 bf16_round
@@ -250,4 +252,171 @@ fn bad_block_uploads_are_errors() {
     assert!(CudaQuantMatrix::blocks(b, BlockFormat::Q4K, 3, 100, &[0; 432]).is_err());
     assert!(CudaQuantMatrix::blocks(b, BlockFormat::Q4K, 3, 256, &[0; 431]).is_err());
     assert!(CudaQuantMatrix::blocks(b, BlockFormat::Q4K, 3, 256, &[0; 432]).is_ok());
+}
+
+/// x as `quant_x8` quantizes it, dequantized: per 32 values d = max |x| / 127 and
+/// code = round-to-even(x * (1 / d)), the same f32 operations, then d * code in f64.
+fn x8_dequantized(x: &[f32]) -> Vec<f64> {
+    x.chunks_exact(32)
+        .flat_map(|b| {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            b.iter()
+                .map(move |v| f64::from(d) * f64::from((v * id).round_ties_even()))
+        })
+        .collect()
+}
+
+/// `matmul` into an output poisoned with NaN, so an unwritten value fails every check.
+fn matmul_poisoned(b: &CudaBackend, w: &CudaQuantMatrix, x: &[f32], t: usize) -> Vec<f32> {
+    use strata_kernels::MatrixShape;
+    let xd = b.upload(HostSlice::F32(x)).unwrap();
+    let mut out = b
+        .upload(HostSlice::F32(&vec![f32::NAN; t * w.rows()]))
+        .unwrap();
+    b.matmul_quant(&xd, w, &mut out).unwrap();
+    b.download(&out).unwrap()
+}
+
+/// The bf16 mode's products over 8-bit x (`kernels/quant_dp4a.cu`), every format and tile,
+/// at rows that take one and several lanes' runs: against the f64 product of the decoded
+/// weights with x quantized and dequantized as the kernel does (within f32 rounding:
+/// 1e-5 of sum |w x8|), and, reported, against the product with x itself.
+#[test]
+fn dp4a_products_match_the_8_bit_x_reference() {
+    let Some(b) = gpu() else { return };
+    let fast = b.clone().with_bf16_gemm(true).with_quant_dp4a(true);
+    assert!(fast.quant_dp4a() && !b.quant_dp4a());
+    for (i, f) in BlockFormat::ALL.into_iter().enumerate() {
+        let mut worst_x = 0f64;
+        for (k, rows) in [
+            (3 * 256, &[1, 2, 3, 5, 8, 9, 16, 17, 32][..]),
+            (18 * 256, &[1, 4, 8]),
+        ] {
+            let n = 37;
+            let (bytes, w) = random_blocks(f, n, k, 500 + i as u64 + k as u64);
+            let m = CudaQuantMatrix::blocks(b, f, n, k, &bytes).unwrap();
+            for &t in rows {
+                let mut x = random_vec(t * k, 13 * t as u64 + i as u64 + k as u64);
+                // A block of zeros (scale 0) and one of a single large value.
+                x[32..64].fill(0.0);
+                x[64] = 4.0;
+                let x8 = x8_dequantized(&x);
+                let out = matmul_poisoned(&fast, &m, &x, t);
+                let (mut num, mut den) = (0f64, 0f64);
+                for r in 0..t {
+                    for c in 0..n {
+                        let (mut want, mut mag, mut exact) = (0f64, 0f64, 0f64);
+                        for j in 0..k {
+                            let wv = f64::from(w[c * k + j]);
+                            want += wv * x8[r * k + j];
+                            mag += (wv * x8[r * k + j]).abs();
+                            exact += wv * f64::from(x[r * k + j]);
+                        }
+                        let got = f64::from(out[r * n + c]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * mag + 1e-6,
+                            "{f:?} k={k} t={t}: out[{r}, {c}] = {got}, want {want} (sum |w x8| {mag})"
+                        );
+                        num += (got - exact).powi(2);
+                        den += exact.powi(2);
+                    }
+                }
+                worst_x = worst_x.max((num / den).sqrt());
+            }
+        }
+        eprintln!("{f:?}: |out - W x| / |W x| at most {worst_x:.2e} (x itself, not 8-bit x)");
+        assert!(
+            worst_x < 3e-2,
+            "{f:?}: 8-bit x {worst_x:.2e} from the f32 product"
+        );
+    }
+}
+
+/// Blocks of random codes with f16 scales in range, for timing (no host decode).
+fn timing_blocks(f: BlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    let mut bytes = vec![0u8; rows * cols / f.block_values() * f.block_bytes()];
+    for b in bytes.chunks_exact_mut(f.block_bytes()) {
+        b.iter_mut().for_each(|v| *v = rng.next() as u8);
+        for &at in f16_fields(f) {
+            b[at..at + 2].copy_from_slice(&rng.f16_bytes(0.02));
+        }
+    }
+    bytes
+}
+
+/// Microseconds a product: graphs of 64 products cycling over copies of the weight that
+/// together outgrow L2, the median of 7 replays after 2 warm-up ones.
+fn time_products(b: &CudaBackend, mats: &[CudaQuantMatrix], x: &[f32], t: usize) -> f64 {
+    use strata_kernels::MatrixShape;
+    const PRODUCTS: usize = 64;
+    let xd = b.upload(HostSlice::F32(x)).unwrap();
+    let mut out = b.zeros(t * mats[0].rows(), DType::F32).unwrap();
+    b.matmul_quant(&xd, &mats[0], &mut out).unwrap();
+    b.synchronize().unwrap();
+    b.begin_capture().unwrap();
+    for i in 0..PRODUCTS {
+        b.matmul_quant(&xd, &mats[i % mats.len()], &mut out)
+            .unwrap();
+    }
+    let g = b.end_capture().unwrap();
+    let mut times = Vec::new();
+    for rep in 0..9 {
+        b.synchronize().unwrap();
+        let t0 = std::time::Instant::now();
+        b.launch_graph(&g).unwrap();
+        b.synchronize().unwrap();
+        if rep >= 2 {
+            times.push(t0.elapsed().as_secs_f64() * 1e6 / PRODUCTS as f64);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// The bf16 mode's GEMV with 8-bit x against the f32-decoding one on E2B's shapes:
+/// `cargo test -p strata-kernels --features cuda --test quant_cuda -- --ignored --nocapture`.
+#[test]
+#[ignore = "timings, for a GPU run by hand"]
+fn dp4a_against_f32_decoding_timings() {
+    let Some(b) = gpu() else { return };
+    let new = b.clone().with_bf16_gemm(true).with_quant_dp4a(true);
+    let old = new.clone().with_quant_dp4a(false);
+    let copy = b.measure_copy_bandwidth(1 << 30).unwrap();
+    println!("{}; copy bandwidth {:.0} GB/s", b.device_name(), copy / 1e9);
+    println!(
+        "| weight | format | rows | f32 GEMV us | 8-bit x us | speed-up | GB/s f32 | GB/s 8-bit |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    let shapes = [
+        ("q 2048x1536", 2048, 1536),
+        ("gate 6144x1536", 6144, 1536),
+        ("down 1536x6144", 1536, 6144),
+    ];
+    for (name, n, k) in shapes {
+        for f in [BlockFormat::Q4K, BlockFormat::Q6K, BlockFormat::Q8_0] {
+            let bytes = timing_blocks(f, n, k, n as u64 + k as u64);
+            let copies = (192usize << 20).div_ceil(bytes.len()).clamp(2, 64);
+            let mats: Vec<_> = (0..copies)
+                .map(|_| CudaQuantMatrix::blocks(b, f, n, k, &bytes).unwrap())
+                .collect();
+            for t in [1, 2, 4, 8, 16, 32] {
+                let x = random_vec(t * k, t as u64);
+                let (us_old, us_new) = (
+                    time_products(&old, &mats, &x, t),
+                    time_products(&new, &mats, &x, t),
+                );
+                let gbs = |us: f64| bytes.len() as f64 / us / 1e3;
+                println!(
+                    "| {name} | {} | {t} | {us_old:.2} | {us_new:.2} | {:.2}x | {:.0} | {:.0} |",
+                    f.ggml_name(),
+                    us_old / us_new,
+                    gbs(us_old),
+                    gbs(us_new)
+                );
+            }
+        }
+    }
 }

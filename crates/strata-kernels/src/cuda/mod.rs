@@ -30,6 +30,7 @@ mod paged_mma;
 mod picks;
 mod prefill_attention;
 mod quant;
+mod quant_dp4a;
 mod skinny_gemm;
 mod small_gemm;
 mod sources;
@@ -86,6 +87,11 @@ pub struct CudaBackend {
     /// with f32 accumulation and output (the speed path); off, the weight is widened and
     /// SGEMM keeps f32 activations exact (the reference path).
     bf16_gemm: bool,
+    /// Block-quantized products over at most `QUANT_GEMV_MAX_ROWS` rows quantize x to 8 bits
+    /// and take integer dot products (`quant_dp4a.rs`) in the bf16 mode; off (the default
+    /// until a GPU run has checked and timed them), they decode the weight to f32 as the
+    /// exact mode does.
+    quant_dp4a: bool,
     /// Multiprocessors, read once: attention sizes its key splits from it every call.
     sm_count: usize,
     /// Row counts up to which a bf16 matmul runs as the GEMV kernel
@@ -206,6 +212,7 @@ impl CudaBackend {
             arch,
             device_name,
             bf16_gemm: false,
+            quant_dp4a: false,
             sm_count,
             gemv_max_rows: tuning.gemv_max_rows.min(fused::GEMV_MAX_ROWS),
             dense_min_q: tuning.dense_attention_min_q,
@@ -244,6 +251,20 @@ impl CudaBackend {
     /// bf16) rather than the exact f32 path.
     pub fn bf16_gemm(&self) -> bool {
         self.bf16_gemm
+    }
+
+    /// Sets whether the bf16 mode's block-quantized products quantize x to 8 bits or
+    /// decode the weight to f32 as the exact mode does (the default); returns the backend
+    /// for chaining.
+    pub fn with_quant_dp4a(mut self, on: bool) -> Self {
+        self.quant_dp4a = on;
+        self
+    }
+
+    /// Whether block-quantized products run on 8-bit x: the bf16 mode with
+    /// [`Self::with_quant_dp4a`] on.
+    pub fn quant_dp4a(&self) -> bool {
+        self.bf16_gemm && self.quant_dp4a
     }
 
     /// Sets the row count up to which bf16 matmuls run as the GEMV kernel (0 to 8; the

@@ -6,8 +6,10 @@
 //! host decoder (`strata-weights`) is the kernels' definition byte for byte, and every
 //! format's 32-value sub-blocks are independent, which is all the kernels need.
 //!
-//! Products: up to [`QUANT_GEMV_MAX_ROWS`] rows of activations run as the GEMV
-//! (`quant_gemv_<format>_<T>`, 8 rows a pass, the weight decoded in registers); more rows
+//! Products: up to [`QUANT_GEMV_MAX_ROWS`] rows of activations run as the GEMV, 8 rows a
+//! pass: in the bf16 mode with x quantized to 8 bits and integer dot products
+//! (`quant_dp4a.rs`), in the exact mode (or with [`CudaBackend::with_quant_dp4a`] off) as
+//! `quant_gemv_<format>_<T>`, the weight decoded to f32 in registers; more rows
 //! decode the weight (in slices of at most [`DEQUANT_SLICE_VALUES`] values) into a dense
 //! scratch matrix that the dense matmul reads (bf16 in the bf16 mode, f32 in the exact one).
 
@@ -292,10 +294,14 @@ impl CudaBackend {
         if t > QUANT_GEMV_MAX_ROWS {
             return self.matmul_decoded(x, w, format, data, row_bytes, t, out);
         }
+        let n_i = as_i32(OP, n)?;
+        if self.bf16_gemm && self.quant_dp4a {
+            return self.matmul_quant_dp4a(x, format, data, row_bytes, (t, k, n), n_i, out);
+        }
         let (wp, _gw) = data.device_ptr(&self.stream);
         let (xp, _gx) = x.f32s(OP)?.device_ptr(&self.stream);
         let yp = super::fused::f32_ptr_mut(self, out, OP)?;
-        let (k_i, n_i) = (k as i32, as_i32(OP, n)?);
+        let k_i = k as i32;
         let rb = row_bytes as u64;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(GEMV_WARPS as usize) as u32, 1, 1),

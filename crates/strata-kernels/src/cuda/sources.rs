@@ -236,6 +236,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         include_str!("../../kernels/quant.cu"),
         &super::quant::QUANT_KERNELS,
     ),
+    KernelFile::any_gpu(
+        "quant_dp4a",
+        include_str!("../../kernels/quant_dp4a.cu"),
+        &super::quant_dp4a::DP4A_KERNELS,
+    ),
     KernelFile {
         min_arch: 90,
         sm90a: true,
