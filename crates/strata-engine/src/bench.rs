@@ -264,6 +264,7 @@ where
                 seqs,
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             },
             queued.as_ref().map(|q| &q.0),
         )?;
@@ -344,6 +345,7 @@ where
         }],
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     };
     let t = Instant::now();
     let step = model.launch(&mut kv, &batch, None)?;

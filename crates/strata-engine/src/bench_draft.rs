@@ -174,6 +174,7 @@ where
             seqs,
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         match logits {
             LogitsMode::All => drop(model.forward_greedy_rows(kv, &batch)?),

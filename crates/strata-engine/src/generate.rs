@@ -322,6 +322,7 @@ where
             }],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         out.extend(model.forward(&mut kv, &batch)?.logits.remove(0));
         kv.commit(req, start + n)?;

@@ -41,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         let out = model.forward(&mut kv, &batch)?;
         let last = out.last(0).ok_or("no logits")?;

@@ -399,5 +399,6 @@ pub(crate) fn draft_batch(seqs: &[DraftSeq], tokens: &[u32]) -> ForwardBatch {
             .collect(),
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     }
 }

@@ -147,6 +147,7 @@ mod tests {
                 }],
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             out.extend(model.forward(&mut kv, &batch).unwrap().logits.remove(0));
             start += n;
@@ -182,6 +183,7 @@ mod tests {
                 }],
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             let out = model.forward(&mut kv, &batch).unwrap();
             let last = out.last(0).unwrap();
@@ -393,6 +395,7 @@ mod tests {
                 }],
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             cuda.forward(&mut kv, &batch).unwrap();
         }
@@ -419,6 +422,7 @@ mod tests {
                         seqs,
                         adjust: Vec::new(),
                         masked: Vec::new(),
+                        adapters: Vec::new(),
                     },
                 )
                 .unwrap();
@@ -770,6 +774,7 @@ mod tests {
                         seqs,
                         adjust: Vec::new(),
                         masked: Vec::new(),
+                        adapters: Vec::new(),
                     },
                     queued.as_ref(),
                 )
@@ -880,6 +885,7 @@ mod tests {
             }],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
         let (mut token, mut hidden) = (out.tokens[0][0], out.hidden.unwrap());
@@ -919,6 +925,7 @@ mod tests {
                 }],
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
             let seq = crate::DraftSeq {
@@ -997,6 +1004,7 @@ mod tests {
             }],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         cuda.forward(&mut kv, &prompt).unwrap();
         for run in 0..2 {
@@ -1011,6 +1019,7 @@ mod tests {
                 }],
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
             let want = &decoded[6 * run..6 * run + 6];
@@ -1031,6 +1040,7 @@ mod tests {
                 }],
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             let checked = cuda.forward_greedy_rows(&mut kv, &verify).unwrap();
             assert_eq!(
@@ -1079,6 +1089,7 @@ mod tests {
                     .collect(),
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             let out = target.forward_greedy_rows(&mut kv, &batch).unwrap();
             let seqs: Vec<crate::DraftSeq> = reqs
@@ -1142,6 +1153,7 @@ mod tests {
                     .collect(),
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             cuda.forward(&mut kv, &prompt).unwrap();
             let mut out = Vec::new();
@@ -1169,6 +1181,7 @@ mod tests {
                             seqs,
                             adjust: Vec::new(),
                             masked: Vec::new(),
+                            adapters: Vec::new(),
                         },
                     )
                     .unwrap();

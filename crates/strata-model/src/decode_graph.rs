@@ -140,7 +140,9 @@ fn eligible<B: Backend>(
                     .all(|s| s.tokens.len() == q && s.logits == LogitsMode::All)
         }
     };
+    // A step with LoRA adapters runs op by op: a graph would freeze its rows' grouping.
     pool.storage().graph_mode != DecodeGraphs::Off
+        && !batch.has_adapters()
         && model.backend().supports_graphs()
         && !model.has_host_tables()
         && (1..=MAX_GRAPH_BATCH).contains(&n)
@@ -199,6 +201,7 @@ pub(crate) fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch 
         seqs,
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     }
 }
 

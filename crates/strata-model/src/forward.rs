@@ -13,6 +13,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::{copy_rows, KvCache};
 use crate::launch::{all_picked, Launched};
 use crate::linear::Linear;
+use crate::lora::{AdapterRuns, Target};
 use crate::model::Model;
 use crate::tensors::LayerTensors;
 
@@ -374,8 +375,11 @@ impl<B: Backend> Model<B> {
         let (lc, lw) = (&c.layers[l], &layers[l]);
         // The layer's last residual step also norms the next layer's input.
         let next = layers.get(l + 1).map(|n| &n.input_norm);
+        // The LoRA adapters of the step's sequences, with the rows each serves.
+        let loras = self.loras.runs(batch)?;
         // The o and down products go only into a residual norm, which can add their parts.
-        let (attn, parts) = self.attention(l, lc, lw, normed, t, positions, batch, kv)?;
+        let at = (positions, &loras);
+        let (attn, parts) = self.attention(l, lc, lw, normed, t, at, batch, kv)?;
         let p = self.norm(h).with_parts(parts);
         let pre_mlp = Some(&lw.pre_mlp_norm);
         let step = match &lw.post_attn_norm {
@@ -396,7 +400,7 @@ impl<B: Backend> Model<B> {
         // input norm takes that add (`add_residual`).
         let normed_after =
             lw.post_mlp_norm.is_some() || (mlp_scalar.is_none() && mlp_next.is_some());
-        let (m, parts) = self.mlp(lw, normed, t, normed_after)?;
+        let (m, parts) = self.mlp(l, lw, normed, t, normed_after, &loras)?;
         match &lw.post_mlp_norm {
             Some(post) => self.norm_add(x, &m, parts, post, mlp_scalar, mlp_next, normed)?,
             None => self.add_residual(x, &m, parts, mlp_scalar, mlp_next, normed)?,
@@ -470,12 +474,20 @@ impl<B: Backend> Model<B> {
                 logits: s.logits,
             })
             .collect();
+        let adapters = match batch.has_adapters() {
+            true => (0..batch.seqs.len())
+                .filter(|&i| batch.seqs[i].logits != LogitsMode::None)
+                .map(|i| batch.adapter(i))
+                .collect(),
+            false => Vec::new(),
+        };
         let positions: Vec<u32> = keep.iter().map(|&r| prep.positions[r]).collect();
         Ok(Trimmed {
             batch: ForwardBatch {
                 seqs,
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters,
             },
             positions: b.upload_index(&positions)?,
         })
@@ -598,7 +610,7 @@ impl<B: Backend> Model<B> {
         lw: &LayerTensors<B>,
         normed: &B::Buffer,
         t: usize,
-        positions: &B::Index,
+        (positions, loras): (&B::Index, &AdapterRuns<B>),
         batch: &ForwardBatch,
         kv: &mut K,
     ) -> Result<(B::Buffer, usize)> {
@@ -616,6 +628,13 @@ impl<B: Backend> Model<B> {
                 normed,
                 &mut [(&lw.q, &mut q), (wk, &mut k), (wv, &mut v)],
             )?;
+            for (target, out) in [
+                (Target::Q, &mut q),
+                (Target::K, &mut k),
+                (Target::V, &mut v),
+            ] {
+                loras.add(b, l, target, normed, t, out)?;
+            }
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 let prep = QkvPrep {
                     norm: head_norm,
@@ -644,8 +663,9 @@ impl<B: Backend> Model<B> {
             // A layer that reads another's K/V computes q alone; its only reader is the head
             // norm, which adds a product's parts as it loads them (split over k where the
             // backend gains from it, `Backend::matmul_k_parts`).
-            let split = lw.q_norm.is_some();
+            let split = lw.q_norm.is_some() && !loras.touches(l, Target::Q);
             let (mut qp, parts) = self.project(&lw.q, normed, t, split)?;
+            loras.add(b, l, Target::Q, normed, t, &mut qp)?;
             match (&lw.q_norm, parts) {
                 (Some(qn), 2..) => {
                     let mut q = self.scratch(t * nh * d)?;
@@ -677,6 +697,11 @@ impl<B: Backend> Model<B> {
         let mut o = self.scratch(t * nh * d)?;
         // A layer that reads another's K/V (KV-shared, or a drafter's) names that layer.
         kv.attend(b, c.kv_layer_for(l), batch, &q, params, &mut o)?;
+        if loras.touches(l, Target::O) {
+            let (mut out, parts) = self.project(&lw.o, &o, t, false)?;
+            loras.add(b, l, Target::O, &o, t, &mut out)?;
+            return Ok((out, parts));
+        }
         self.project(&lw.o, &o, t, true)
     }
 
@@ -684,15 +709,32 @@ impl<B: Backend> Model<B> {
     /// (a norm reads the result; see [`Self::project`]).
     fn mlp(
         &self,
+        l: usize,
         lw: &LayerTensors<B>,
         normed: &B::Buffer,
         t: usize,
         normed_after: bool,
+        loras: &AdapterRuns<B>,
     ) -> Result<(B::Buffer, usize)> {
         let b = &self.backend;
         let f = lw.gate.rows();
         let mut act = self.scratch(t * f)?;
-        Linear::forward_gated(b, self.activation(), &lw.gate, &lw.up, normed, &mut act)?;
+        if loras.touches(l, Target::Gate) || loras.touches(l, Target::Up) {
+            // The adapters add to gate and up before the activation: unfused.
+            let (mut gate, mut up) = (self.scratch(t * f)?, self.scratch(t * f)?);
+            lw.gate.forward(b, normed, &mut gate)?;
+            lw.up.forward(b, normed, &mut up)?;
+            loras.add(b, l, Target::Gate, normed, t, &mut gate)?;
+            loras.add(b, l, Target::Up, normed, t, &mut up)?;
+            b.act_mul(self.activation(), &gate, &up, &mut act)?;
+        } else {
+            Linear::forward_gated(b, self.activation(), &lw.gate, &lw.up, normed, &mut act)?;
+        }
+        if loras.touches(l, Target::Down) {
+            let (mut out, parts) = self.project(&lw.down, &act, t, false)?;
+            loras.add(b, l, Target::Down, &act, t, &mut out)?;
+            return Ok((out, parts));
+        }
         self.project(&lw.down, &act, t, normed_after)
     }
 
@@ -919,6 +961,7 @@ mod trim_tests {
                 seqs,
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             m.trim_plan(&batch, &m.prepare(&batch).unwrap())
         };

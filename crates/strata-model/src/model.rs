@@ -9,6 +9,7 @@ use strata_weights::{GgmlType, ModelWeights};
 
 use crate::error::Result;
 use crate::linear::QuantUpload;
+use crate::lora::{LoraAdapter, LoraInfo, LoraSet};
 use crate::tensors::ModelTensors;
 
 /// Called as a model's weights load: `(done, total)` in steps of the load (the embeddings,
@@ -61,6 +62,8 @@ pub struct Model<B: Backend> {
     /// Whether the KV-shared layers run only the rows whose logits are wanted (on unless
     /// a test turns it off; see `Model::set_kv_shared_trim`).
     pub(crate) trim_shared_rows: bool,
+    /// LoRA adapters the batches may name (`ForwardBatch::adapters`).
+    pub(crate) loras: LoraSet<B>,
 }
 
 /// `sqrt(n)` as the reference applies it: transformers casts the scale to the weight dtype;
@@ -139,7 +142,17 @@ impl<B: QuantUpload> Model<B> {
             embed_scale,
             ple_scale,
             trim_shared_rows: true,
+            loras: LoraSet::default(),
         })
+    }
+
+    /// Loads the PEFT adapter in `dir` as adapter `id` (1 and up), replacing any of that
+    /// id; see [`LoraAdapter::load`] for what is refused.
+    pub fn load_lora(&self, id: u32, dir: &Path, max_rank: usize) -> Result<LoraInfo> {
+        let adapter = LoraAdapter::load(&self.backend, &self.tensors.layers, dir, max_rank)?;
+        let info = adapter.info().clone();
+        self.loras.insert(id, adapter)?;
+        Ok(info)
     }
 }
 
@@ -167,6 +180,11 @@ impl<B: Backend> Model<B> {
     /// parity tests check by turning it off; on by default.
     pub fn set_kv_shared_trim(&mut self, on: bool) {
         self.trim_shared_rows = on;
+    }
+
+    /// Drops LoRA adapter `id`; whether it was loaded. A batch naming it afterwards fails.
+    pub fn unload_lora(&self, id: u32) -> bool {
+        self.loras.remove(id)
     }
 
     /// The KV-shared layers a prompt's step runs for its last row only (none when the model

@@ -523,6 +523,7 @@ mod tests {
             seqs: vec![chunk(a, 1300, 1), chunk(b, 30, 15), chunk(c, 0, 1)],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         let groups: Vec<_> = pool
             .layout()
@@ -556,6 +557,7 @@ mod tests {
             seqs: vec![chunk(b, 40, 6)],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         assert!(host_tables(&pool, PoolKind::Full, None, &past).is_err());
         assert!(host_pages(&pool, PoolKind::Full, None, &past).is_err());

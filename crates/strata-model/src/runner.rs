@@ -123,6 +123,7 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
             .collect(),
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     };
     // The draws' and adjustments' rows, counted over the whole step; row j of a run
     // counts the j drafts before it as pending tokens.

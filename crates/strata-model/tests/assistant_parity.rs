@@ -109,6 +109,7 @@ where
         }],
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     };
     let out = target.forward_greedy_rows(&mut kv, &prompt).unwrap();
     assert_eq!(out.tokens, vec![vec![r.bonus]]);

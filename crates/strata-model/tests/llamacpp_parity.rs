@@ -80,6 +80,7 @@ fn teacher_forced(model: &Model<CpuBackend>, prompt: &[u32], generated: &[u32]) 
             }],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         let out = model.forward(&mut kv, &batch).unwrap().logits.remove(0);
         for (i, row) in out.chunks_exact(vocab).enumerate() {

@@ -112,6 +112,7 @@ where
             }],
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         out.extend(model.forward(kv, &batch).unwrap().logits.remove(0));
         start += n;
@@ -329,6 +330,7 @@ fn paged_storage_equals_host_storage() {
                 ],
                 adjust: Vec::new(),
                 masked: Vec::new(),
+                adapters: Vec::new(),
             };
             let out = model.forward(&mut paged, &batch).unwrap();
             let solo = run_chunked(&model, &mut pool(&model, dtype), &r.ids, &[n]);
@@ -370,6 +372,7 @@ where
         seqs: vec![chunk(a, 0, 10, LogitsMode::None)],
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     };
     assert!(model.forward(kv, &first).unwrap().logits[0].is_empty());
     kv.extend(b, 13).unwrap();
@@ -382,6 +385,7 @@ where
         ],
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     };
     let mut out = model.forward(kv, &mixed).unwrap().logits;
     assert!(out[1].is_empty(), "a chunk wanting no logits got some");
@@ -392,6 +396,7 @@ where
         ],
         adjust: Vec::new(),
         masked: Vec::new(),
+        adapters: Vec::new(),
     };
     let more = model.forward(kv, &next).unwrap();
     for r in [a, b, c] {

@@ -82,6 +82,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             seqs: Vec::with_capacity(rows.len()),
             adjust: Vec::new(),
             masked: Vec::new(),
+            adapters: Vec::new(),
         };
         let mut grown = Vec::with_capacity(rows.len());
         let mut masked = Vec::new();

@@ -67,6 +67,21 @@ pub struct ForwardBatch {
     /// after the launch (`StepModel::pick_masked` in `strata-sched`): the caller computes
     /// the masks on the host while the forward pass runs.
     pub masked: Vec<usize>,
+    /// Per sequence (in batch order), the LoRA adapter its rows run with (0 for none, else
+    /// an id the model has loaded); empty when no sequence has one.
+    pub adapters: Vec<u32>,
+}
+
+impl ForwardBatch {
+    /// The adapter of sequence `i` (0 for none).
+    pub fn adapter(&self, i: usize) -> u32 {
+        self.adapters.get(i).copied().unwrap_or(0)
+    }
+
+    /// Whether some sequence runs with an adapter.
+    pub fn has_adapters(&self) -> bool {
+        self.adapters.iter().any(|&a| a != 0)
+    }
 }
 
 /// Logits per sequence of the batch, in batch order: `rows x vocab` values each (0, 1 or
