@@ -16,8 +16,8 @@ pub use bench::{DecodeBench, DecodeShape, PrefillBench};
 pub use bench_draft::DraftBench;
 pub use budget::KvBudget;
 pub use engine::{
-    Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics, RequestGuard,
-    RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,
+    Adapter, Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics,
+    RequestGuard, RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadSettings, LoadedModel, Prompter, WeightDtype};
@@ -49,6 +49,9 @@ pub enum EngineError {
     /// The caller's input or settings cannot be served (a server answers 400).
     #[error("{0}")]
     Invalid(String),
+    /// The caller named something the engine does not have (a server answers 404).
+    #[error("{0}")]
+    NotFound(String),
     /// The engine failed on its own account (a server answers 500).
     #[error("{0}")]
     Internal(String),

@@ -19,6 +19,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 "token id {bad} is outside the vocabulary of {vocab}"
             ));
         }
+        if seq.req.adapter >= crate::MAX_ADAPTER_ID || (seq.req.adapter != 0 && vocab > 1 << 24) {
+            return Some(format!(
+                "adapter id {} is past {} (or the vocabulary past 2^24 ids)",
+                seq.req.adapter,
+                crate::MAX_ADAPTER_ID - 1
+            ));
+        }
         let ctx = self.model.context_len();
         if let Some(ctx) = ctx.filter(|&c| prompt.len() >= c) {
             return Some(format!(
@@ -57,7 +64,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let matched = if seq.scores_prompt() {
             0
         } else {
-            self.pool.match_prefix(&seq.tokens[..seq.tokens.len() - 1])
+            self.pool.match_prefix(&seq.cache_key(seq.tokens.len() - 1))
         };
         let need = seq.tokens.len().div_ceil(ps) - matched / ps;
         let headroom = self.running.len();
@@ -106,9 +113,9 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let matched = if seq.restarted_alone || seq.scores_prompt() {
             0
         } else {
-            let reusable = &seq.tokens[..seq.tokens.len() - 1];
+            let reusable = seq.cache_key(seq.tokens.len() - 1);
             // A fresh request holds no tokens, so reuse cannot be refused.
-            self.pool.reuse_prefix(kv, reusable).unwrap_or(0)
+            self.pool.reuse_prefix(kv, &reusable).unwrap_or(0)
         };
         seq.kv = Some(kv);
         seq.computed = matched;

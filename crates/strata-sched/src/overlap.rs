@@ -135,6 +135,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 start,
                 logits,
             });
+            batch.adapters.push(seq.req.adapter);
         }
         if ok {
             if let Ok(step) = self.model.launch(&mut self.pool, &batch, Some(&prev.step)) {

@@ -47,7 +47,15 @@ pub struct Request {
     pub controls: LogitControls,
     /// Ids that end the request like `stop_ids`, also with `ignore_eos` (`stop_token_ids`).
     pub stop_token_ids: Vec<u32>,
+    /// The LoRA adapter the request runs with: 0 for none, else an id below
+    /// [`MAX_ADAPTER_ID`] that the model has loaded. Its prefixes are cached apart from the
+    /// base model's and other adapters' (their K/V differ).
+    pub adapter: u32,
 }
+
+/// Adapter ids are below this: the prefix cache keys an adapter's tokens with its id above
+/// bit 24 (token ids stay below 2^24).
+pub const MAX_ADAPTER_ID: u32 = 128;
 
 impl Request {
     /// Greedy generation of up to `max_tokens` after `prompt`, no stop conditions.
@@ -65,6 +73,7 @@ impl Request {
             constraint: None,
             controls: LogitControls::default(),
             stop_token_ids: Vec::new(),
+            adapter: 0,
         }
     }
 }

@@ -75,7 +75,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let mut seq = self.running.remove(j);
         if let Some(kv) = seq.kv {
             if self.caching() {
-                let _ = self.pool.cache_prefix(kv, &seq.tokens[..seq.computed]);
+                let _ = self.pool.cache_prefix(kv, &seq.cache_key(seq.computed));
             }
             let released = self.pool.release(kv);
             debug_assert!(released.is_ok(), "release of a running request failed");

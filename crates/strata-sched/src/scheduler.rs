@@ -252,7 +252,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         if let Some(kv) = seq.kv.take() {
             if self.caching() && !matches!(reason, FinishReason::Error(_)) {
                 // Losing the cache entry is harmless; the release below still runs.
-                let _ = self.pool.cache_prefix(kv, &seq.tokens[..seq.computed]);
+                let _ = self.pool.cache_prefix(kv, &seq.cache_key(seq.computed));
             }
             let released = self.pool.release(kv);
             debug_assert!(released.is_ok(), "release of a running request failed");

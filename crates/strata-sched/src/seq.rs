@@ -1,5 +1,7 @@
 //! A request's state inside the scheduler, across admissions and preemptions.
 
+use std::borrow::Cow;
+
 use strata_kv::RequestId;
 use strata_types::sampling::{draw_uniform, RowAdjust, TokenCounts, MAX_TOP_LOGPROBS};
 use strata_types::LogitsMode;
@@ -224,6 +226,17 @@ impl Seq {
         }
         let completion = self.tokens.len() - self.prompt_len + ahead;
         Some(self.counts.row_adjust(row, controls, completion, &end_ids))
+    }
+
+    /// The prefix cache's key for the first `len` tokens: the tokens themselves, or for a
+    /// request with a LoRA adapter each with the adapter's id above bit 24, so that K/V
+    /// computed under one adapter is never reused under another or the base model.
+    pub fn cache_key(&self, len: usize) -> Cow<'_, [u32]> {
+        let tokens = &self.tokens[..len];
+        match self.req.adapter {
+            0 => Cow::Borrowed(tokens),
+            a => Cow::Owned(tokens.iter().map(|&t| t | a << 24).collect()),
+        }
     }
 
     pub fn completion(&self) -> &[u32] {

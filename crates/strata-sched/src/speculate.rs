@@ -64,6 +64,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             && self.waiting.is_empty()
             && !self.running.is_empty()
             && self.running.len() <= self.config.draft_max_requests
+            // Drafts and their checks run on the base model.
+            && self.running.iter().all(|s| s.req.adapter == 0)
             && self.running.iter().all(|s| {
                 // Tokens the model picks (greedy or drawn, with their logprobs; under a
                 // grammar, once the caller's masks arrive): not a request drawn on the

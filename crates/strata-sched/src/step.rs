@@ -253,6 +253,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 start: s.computed,
                 logits,
             });
+            batch.adapters.push(s.req.adapter);
         }
         (batch, masked)
     }
@@ -351,7 +352,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 // requests can branch from it while this one decodes.
                 seq.prefilled = true;
                 if caching && !seq.restarted_alone {
-                    if let Ok(held) = self.pool.cache_prefix(kv, &seq.tokens[..seq.computed]) {
+                    let key = seq.cache_key(seq.computed);
+                    if let Ok(held) = self.pool.cache_prefix(kv, &key) {
                         seq.pinned = held;
                     }
                 }

@@ -40,7 +40,7 @@ pub enum Command {
     /// Generate text from a prompt (one request, greedy by default).
     Generate(generate::GenerateArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Teacher-forced logits of token ids, written as raw f32 (for parity checks against
     /// a reference implementation).
     Score(score::ScoreArgs),

@@ -1,6 +1,7 @@
 //! The serving engine: a scheduler loop on its own thread, fed through a command channel,
 //! streaming each request's tokens and text back over a channel of its own.
 
+mod adapters;
 mod grammar;
 mod metrics;
 mod text;
@@ -19,6 +20,7 @@ use strata_sched::{DraftStats, MaskStats, SchedulerConfig};
 use strata_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot, watch};
 
+pub use adapters::Adapter;
 pub use metrics::{Histogram, Metrics, FINISH_REASONS};
 pub use text::TextStream;
 pub use warmup::{WarmUp, WarmUpShape};
@@ -59,6 +61,12 @@ pub struct EngineOptions {
     /// The longest request (prompt and output) accepted: at most the model's context.
     /// `None`: the model's context.
     pub max_model_len: Option<usize>,
+    /// LoRA adapters loaded at start, as `(name, directory)`.
+    pub loras: Vec<(String, std::path::PathBuf)>,
+    /// Adapters loaded at once at most (at most 127).
+    pub max_loras: usize,
+    /// The largest adapter rank accepted.
+    pub max_lora_rank: usize,
 }
 
 impl Default for EngineOptions {
@@ -76,6 +84,9 @@ impl Default for EngineOptions {
             request_timeout: None,
             queue_timeout: None,
             max_model_len: None,
+            loras: Vec::new(),
+            max_loras: 8,
+            max_lora_rank: 64,
         }
     }
 }
@@ -109,6 +120,9 @@ pub struct GenerationRequest {
     /// tokens out: a tool-call format's markers (Gemma-4's `<|tool_call>`), for the server
     /// to find the calls in the text.
     pub shown_controls: Vec<u32>,
+    /// The LoRA adapter the request runs with ([`Engine::adapter`]); `None` for the base
+    /// model. Held while the request runs, so the adapter cannot be unloaded under it.
+    pub adapter: Option<Arc<Adapter>>,
 }
 
 impl GenerationRequest {
@@ -127,6 +141,7 @@ impl GenerationRequest {
             controls: LogitControls::default(),
             stop_token_ids: Vec::new(),
             shown_controls: Vec::new(),
+            adapter: None,
         }
     }
 }
@@ -243,6 +258,17 @@ pub(crate) enum Command {
         reply: oneshot::Sender<std::result::Result<PagePlan, String>>,
     },
     Flush(oneshot::Sender<usize>),
+    /// Load the adapter in `dir` as `name` (on the engine thread, which owns the backend).
+    LoadAdapter {
+        name: String,
+        dir: std::path::PathBuf,
+        reply: oneshot::Sender<Result<Arc<Adapter>>>,
+    },
+    /// Unload adapter `name` and drop the cached prefixes computed with it.
+    UnloadAdapter {
+        name: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
     /// Ends every request, queued or running, as cancelled (a shutdown's drain ran out).
     CancelAll,
     Shutdown,
@@ -278,6 +304,8 @@ pub struct Engine {
     /// Requests submitted and not yet ended (their guards alive), and how many may be.
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
+    /// The LoRA adapters served, by name.
+    adapters: adapters::SharedTable,
     /// False once the engine thread has ended, by a panic or a shutdown.
     alive: Arc<AtomicBool>,
     /// The same, for awaiting it.
@@ -299,6 +327,7 @@ impl Drop for AliveGuard {
 /// is loaded and drafting is asked for).
 struct SpawnWorker<'a> {
     loaded: &'a LoadedModel,
+    adapters: worker::AdapterEnd,
     opts: EngineOptions,
     status: Arc<Mutex<EngineStatus>>,
     metrics: Arc<Metrics>,
@@ -335,13 +364,15 @@ impl SpawnWorker<'_> {
     {
         let Self {
             loaded,
+            adapters,
             opts,
             status,
             metrics,
             rx,
             alive,
         } = self;
-        let w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
+        let mut w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
+        w.adapters = Some(adapters);
         Ok(std::thread::Builder::new()
             .name("strata-engine".into())
             .spawn(move || {
@@ -407,8 +438,23 @@ impl Engine {
         let window_ratio = opts.window_ratio;
         let alive = Arc::new(AtomicBool::new(true));
         let (alive_tx, alive_watch) = watch::channel(true);
+        // Adapters named at start load here, on the thread that loaded the model.
+        let host = loaded.runtime.dispatch(adapters::HostOf);
+        let table = Arc::new(Mutex::new(adapters::AdapterTable::new(
+            opts.max_loras,
+            opts.max_lora_rank,
+        )));
+        for (name, dir) in &opts.loras {
+            let mut t = table.lock().expect("adapter table lock");
+            t.load(&*host, name, dir, &model_name)?;
+        }
         let spawned = loaded.runtime.dispatch(SpawnWorker {
             loaded: &loaded,
+            adapters: worker::AdapterEnd {
+                host,
+                table: table.clone(),
+                model_name: model_name.clone(),
+            },
             opts,
             status: status.clone(),
             metrics: metrics.clone(),
@@ -433,6 +479,7 @@ impl Engine {
             window_ratio,
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
+            adapters: table,
             alive,
             alive_watch,
         })
@@ -551,6 +598,42 @@ impl Engine {
                 "the engine did not answer the rebuild".into(),
             )),
         }
+    }
+
+    /// The loaded adapter named `name`, for [`GenerationRequest::adapter`].
+    pub fn adapter(&self, name: &str) -> Option<Arc<Adapter>> {
+        self.adapters.lock().expect("adapter table lock").get(name)
+    }
+
+    /// The loaded adapters, by name.
+    pub fn adapters(&self) -> Vec<Arc<Adapter>> {
+        self.adapters.lock().expect("adapter table lock").list()
+    }
+
+    /// Loads the PEFT adapter in `dir` as `name`, while requests keep running. Refused
+    /// (400) for a taken name, past `max_loras`, or an adapter the model cannot serve.
+    pub async fn load_adapter(
+        &self,
+        name: String,
+        dir: std::path::PathBuf,
+    ) -> Result<Arc<Adapter>> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::LoadAdapter { name, dir, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Internal("the engine did not answer the load".into()))?
+    }
+
+    /// Unloads adapter `name`: 404 when none is loaded by that name, refused while a
+    /// request runs with it.
+    pub async fn unload_adapter(&self, name: String) -> Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::UnloadAdapter { name, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Internal("the engine did not answer the unload".into()))?
     }
 
     /// Drops every cached prefix; returns the pages freed.

@@ -11,10 +11,12 @@ use strata_sched::{EventKind, FinishReason, Request, Scheduler, SeqId, StepModel
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
+use super::adapters::{AdapterHost, SharedTable};
 use super::text::{stop_string_test, TextStream};
 use super::trace::{StepTrace, TracedStep};
 use super::{
-    Command, EngineOptions, EngineStatus, GenerationRequest, Metrics, RequestTimings, Update, Usage,
+    Adapter, Command, EngineOptions, EngineStatus, GenerationRequest, Metrics, RequestTimings,
+    Update, Usage,
 };
 use crate::{EngineError, LoadedModel, Result};
 
@@ -29,6 +31,15 @@ struct Live {
     /// Why the engine itself cancelled the request ("timeout" or "queue_timeout"); its
     /// `Cancelled` end is reported under this reason.
     ended_by: Option<&'static str>,
+    /// The adapter it runs with, held until it ends (an unload waits for it).
+    _adapter: Option<Arc<Adapter>>,
+}
+
+/// The engine thread's end of the adapters: the model to load them into, and the table.
+pub(crate) struct AdapterEnd {
+    pub host: Arc<dyn AdapterHost>,
+    pub table: SharedTable,
+    pub model_name: String,
 }
 
 pub(crate) struct Worker<M: StepModel<S>, S: KvStorage> {
@@ -43,6 +54,8 @@ pub(crate) struct Worker<M: StepModel<S>, S: KvStorage> {
     /// Submissions held back while a rebuild waits for the pool to drain.
     held: Vec<Command>,
     rebuild: Option<Command>,
+    /// Loads and unloads adapters (set once the worker is built).
+    pub(crate) adapters: Option<AdapterEnd>,
 }
 
 /// The pool `opts` asks for, over `storage`.
@@ -86,6 +99,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             by_client: HashMap::new(),
             held: Vec::new(),
             rebuild: None,
+            adapters: None,
         };
         worker.publish_status();
         Ok(worker)
@@ -180,6 +194,35 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 self.publish_status();
                 let _ = reply.send(freed);
             }
+            Command::LoadAdapter { name, dir, reply } => {
+                let done = match &self.adapters {
+                    Some(a) => a.table.lock().expect("adapter table lock").load(
+                        &*a.host,
+                        &name,
+                        &dir,
+                        &a.model_name,
+                    ),
+                    None => Err(EngineError::Invalid("this engine takes no adapters".into())),
+                };
+                let _ = reply.send(done);
+            }
+            Command::UnloadAdapter { name, reply } => {
+                let done = match &self.adapters {
+                    Some(a) => a
+                        .table
+                        .lock()
+                        .expect("adapter table lock")
+                        .unload(&*a.host, &name),
+                    None => Err(EngineError::NotFound(format!("no adapter named {name:?}"))),
+                };
+                if done.is_ok() {
+                    // Its id may serve another adapter later: nothing cached under it may
+                    // be reused then.
+                    self.sched.pool_mut().flush_cache();
+                    self.publish_status();
+                }
+                let _ = reply.send(done);
+            }
             Command::CancelAll => {
                 let ids: Vec<SeqId> = self.by_client.values().copied().collect();
                 for id in ids {
@@ -230,6 +273,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             constraint: req.constraint,
             controls: req.controls,
             stop_token_ids: req.stop_token_ids,
+            adapter: req.adapter.as_ref().map_or(0, |a| a.id),
         };
         // A sibling sample whose leader has already ended runs on its own.
         let id = match follows.and_then(|c| self.by_client.get(&c)) {
@@ -247,6 +291,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 first_token: None,
                 last_token: None,
                 ended_by: None,
+                _adapter: req.adapter,
             },
         );
     }

@@ -545,6 +545,7 @@ pub fn build(
         controls,
         stop_token_ids,
         shown_controls: Vec::new(),
+        adapter: None,
     })
 }
 

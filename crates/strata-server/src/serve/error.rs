@@ -121,6 +121,7 @@ impl From<strata_engine::EngineError> for ApiError {
             E::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             E::Stopped => StatusCode::SERVICE_UNAVAILABLE,
             E::Invalid(_) => StatusCode::BAD_REQUEST,
+            E::NotFound(_) => StatusCode::NOT_FOUND,
             E::Tokenizer(strata_tokenizer::TokenizerError::Input(_)) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };

@@ -77,6 +77,17 @@ pub struct ServeArgs {
     /// The model name clients use (default: the file or directory name).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// A PEFT LoRA adapter served beside the model, as NAME=DIR (repeatable): a request
+    /// with `model: NAME` runs with it. More load at run time through
+    /// `POST /v1/load_lora_adapter` (with `--admin-api-key`).
+    #[arg(long = "lora", value_name = "NAME=DIR")]
+    pub loras: Vec<String>,
+    /// LoRA adapters loaded at once at most (up to 127).
+    #[arg(long, default_value_t = 8)]
+    pub max_loras: usize,
+    /// The largest LoRA rank accepted.
+    #[arg(long, default_value_t = 64)]
+    pub max_lora_rank: usize,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -359,6 +370,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         request_timeout: optional_secs("--request-timeout", a.request_timeout)?,
         queue_timeout: optional_secs("--queue-timeout", a.queue_timeout)?,
         max_model_len: a.max_model_len,
+        loras: parse_loras(&a.loras)?,
+        max_loras: a.max_loras,
+        max_lora_rank: a.max_lora_rank,
     };
     let warm = a.warmup.on(on_gpu);
     let engine = Engine::start(loaded, name.clone(), opts)?;
@@ -498,6 +512,8 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
     let admin = Router::new()
         .route("/v1/cache/rebuild", post(routes::cache_rebuild))
         .route("/v1/cache/flush", post(routes::cache_flush))
+        .route("/v1/load_lora_adapter", post(routes::load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(routes::unload_lora_adapter))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             routes::admin_auth,
@@ -563,4 +579,17 @@ fn cors(origins: &[String]) -> anyhow::Result<Option<tower_http::cors::CorsLayer
             .allow_methods(Any)
             .allow_headers(Any),
     ))
+}
+
+/// `--lora NAME=DIR` values as `(name, directory)`.
+fn parse_loras(values: &[String]) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    values
+        .iter()
+        .map(|v| match v.split_once('=') {
+            Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+                Ok((name.to_string(), PathBuf::from(dir)))
+            }
+            _ => anyhow::bail!("--lora {v:?}: expected NAME=DIR"),
+        })
+        .collect()
 }

@@ -218,17 +218,91 @@ fn model_card(st: &AppState) -> Value {
     })
 }
 
-pub async fn models(State(st): State<Shared>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_card(&st)]}))
+/// A LoRA adapter's card, as vLLM lists one: its base model as `parent`, its directory as
+/// `root`.
+fn adapter_card(st: &AppState, a: &strata_engine::Adapter) -> Value {
+    json!({
+        "id": a.name,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "strata",
+        "root": a.path.display().to_string(),
+        "parent": st.model_name,
+        "max_model_len": st.engine.context_len,
+        "lora": {"rank": a.info.rank, "alpha": a.info.alpha, "rslora": a.info.rslora},
+    })
 }
 
-/// `GET /v1/models/{id}`: the served model, or 404 for any other id.
+pub async fn models(State(st): State<Shared>) -> Json<Value> {
+    let mut data = vec![model_card(&st)];
+    data.extend(st.engine.adapters().iter().map(|a| adapter_card(&st, a)));
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{id}`: the served model or one of its adapters, or 404 for any other id.
 pub async fn model(
     State(st): State<Shared>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    check_model(&st, &Some(id))?;
-    Ok(Json(model_card(&st)))
+    Ok(Json(match resolve_model(&st, &Some(id))? {
+        Some(a) => adapter_card(&st, &a),
+        None => model_card(&st),
+    }))
+}
+
+/// `POST /v1/load_lora_adapter` (vLLM's shape: `{"lora_name", "lora_path"}`): loads a PEFT
+/// adapter while requests keep running. An operator's route (`--admin-api-key`).
+pub async fn load_lora_adapter(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<LoraLoad>,
+) -> Result<Json<Value>, ApiError> {
+    let path = std::path::PathBuf::from(&body.lora_path);
+    if body.load_inplace {
+        // Replaces an adapter of that name (refused below if a request still holds it).
+        let _ = st.engine.unload_adapter(body.lora_name.clone()).await;
+    }
+    let a = st
+        .engine
+        .load_adapter(body.lora_name, path)
+        .await
+        .map_err(|e| super::error::about("lora_path", e))?;
+    Ok(Json(adapter_card(&st, &a)))
+}
+
+/// `POST /v1/unload_lora_adapter` (`{"lora_name"}`): 404 for a name not loaded; refused
+/// while a request runs with the adapter.
+pub async fn unload_lora_adapter(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<LoraUnload>,
+) -> Result<Json<Value>, ApiError> {
+    let name = body.lora_name;
+    st.engine
+        .unload_adapter(name.clone())
+        .await
+        .map_err(|e| super::error::about("lora_name", e))?;
+    Ok(Json(json!({"unloaded": name})))
+}
+
+/// The body of `POST /v1/load_lora_adapter`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraLoad {
+    lora_name: String,
+    lora_path: String,
+    /// vLLM's flag for loading in place; accepted when false.
+    #[serde(default)]
+    load_inplace: bool,
+}
+
+/// The body of `POST /v1/unload_lora_adapter`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraUnload {
+    lora_name: String,
+    /// vLLM's adapter id field; ignored (names identify adapters here).
+    #[serde(default)]
+    #[allow(dead_code)]
+    lora_int_id: Option<u64>,
 }
 
 pub async fn metrics(State(st): State<Shared>) -> Response {
@@ -356,15 +430,42 @@ fn limits(st: &AppState) -> Limits {
 }
 
 pub(super) fn check_model(st: &AppState, model: &Option<String>) -> Result<(), ApiError> {
+    resolve_model(st, model).map(|_| ())
+}
+
+/// What `model` names: the served model (`None`, also when absent), or one of its LoRA
+/// adapters; 404 for anything else.
+pub(super) fn resolve_model(
+    st: &AppState,
+    model: &Option<String>,
+) -> Result<Option<Arc<strata_engine::Adapter>>, ApiError> {
     match model {
-        Some(m) if m != &st.model_name => Err(ApiError::status(
-            StatusCode::NOT_FOUND,
-            format!(
-                "model {m:?} is not served here (this server serves {:?})",
-                st.model_name
-            ),
-        )),
-        _ => Ok(()),
+        Some(m) if m != &st.model_name => match st.engine.adapter(m) {
+            Some(a) => Ok(Some(a)),
+            None => Err(ApiError::status(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "model {m:?} is not served here (this server serves {:?}{})",
+                    st.model_name,
+                    adapter_names(st)
+                ),
+            )),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// ", and adapters \"a\", \"b\"" when adapters are loaded.
+fn adapter_names(st: &AppState) -> String {
+    let names: Vec<String> = st
+        .engine
+        .adapters()
+        .iter()
+        .map(|a| format!("{:?}", a.name))
+        .collect();
+    match names.is_empty() {
+        true => String::new(),
+        false => format!(" and adapters {}", names.join(", ")),
     }
 }
 
@@ -386,7 +487,7 @@ pub async fn completions(
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let c = req.common();
-    check_model(&st, &c.model)?;
+    let adapter = resolve_model(&st, &c.model)?;
     req.check_unsupported()?;
     let mut prompts = match &req.prompt {
         Prompt::Tokens(ids) => vec![ids.clone()],
@@ -441,7 +542,9 @@ pub async fn completions(
                     ids: ids.clone(),
                 }),
             };
-            gens.push(api::build_completion(&c, ids, logprobs, echo, &lim)?);
+            let mut gen = api::build_completion(&c, ids, logprobs, echo, &lim)?;
+            gen.adapter = adapter.clone();
+            gens.push(gen);
             echoes.push(shown);
         }
         super::structured::constrain(&st, &c, &mut gens).await?;
@@ -449,6 +552,7 @@ pub async fn completions(
     }
     let prompt = prompts.pop().unwrap_or_default();
     let mut gen = api::build_completion(&c, prompt, logprobs, false, &limits(&st))?;
+    gen.adapter = adapter;
     super::structured::constrain(&st, &c, std::slice::from_mut(&mut gen)).await?;
     respond(st, gen, Kind::Completion, &c, samples, None).await
 }
@@ -519,7 +623,7 @@ pub async fn chat(
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     let c = req.common();
-    check_model(&st, &c.model)?;
+    let adapter = resolve_model(&st, &c.model)?;
     req.check_unsupported()?;
     let messages = req.messages()?;
     let kwargs = req.template_kwargs()?;
@@ -576,6 +680,7 @@ pub async fn chat(
     let default_max = Some(room.min(u32::MAX as usize) as u32);
     let samples = Samples::parse(c.n, None, c.stream, 1, MAX_PROMPTS)?;
     let mut gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
+    gen.adapter = adapter;
     match forced {
         Some(spec) => {
             gen.constraint = Some(super::structured::compile(&st, "tool_choice", spec).await?)

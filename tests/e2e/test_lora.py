@@ -1,0 +1,189 @@
+"""LoRA adapters through the HTTP API, on the tiny Llama with the random PEFT adapters of
+`tests/fixtures/tiny/lora` (prompts as token ids; a byte-level tokenizer for `echo`). Each adapter's
+prompt logprobs equal peft's (the fixture's reference), alone and beside other adapters;
+prefixes are cached apart per adapter; adapters load and unload at run time; bad adapters
+and unknown names are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import struct
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import assert_api_error, get, post
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
+import byte_tokenizer  # noqa: E402
+
+ADMIN = "lora-admin"
+
+
+def reference(path):
+    """input_ids and peft's logits (`logits_base`, `logits_<adapter>`) from a safetensors file."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        dtype = {"F32": np.float32, "I64": np.int64}[t["dtype"]]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=dtype).reshape(t["shape"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(log_dir, tmp_path_factory):
+    from conftest import REPO, start_server
+
+    fixtures = REPO / "tests" / "fixtures" / "tiny"
+    lora = fixtures / "lora" / "llama-tiny"
+    # The tiny Llama with a byte-level tokenizer over its 512 ids, so that `echo` can give
+    # the prompt's logprobs.
+    model = tmp_path_factory.mktemp("llama-tiny-tokens")
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(fixtures / "llama-tiny" / f, model / f)
+    tok = byte_tokenizer.tokenizer_json()
+    tok["model"]["vocab"].update({f"<unused{i}>": i for i in range(len(tok["model"]["vocab"]), 512)})
+    (model / "tokenizer.json").write_text(json.dumps(tok))
+    srv = start_server(log_dir, "--served-model-name", "tiny", "--lora", f"attn={lora / 'attn-r4'}",
+                       "--lora", f"mlp={lora / 'mlp-r8-rs'}", "--max-loras", "3", "--page-size", "4",
+                       name="lora", model=model, admin_key=ADMIN)
+    srv.lora = lora
+    srv.ref = reference(lora / "reference.safetensors")
+    yield srv
+    srv.stop()
+
+
+def prompt_logprobs(srv, model, ids):
+    """Each prompt token's logprob given the ones before it (`echo` with `max_tokens` 0)."""
+    r = post(srv, "/v1/completions", {"model": model, "prompt": ids, "max_tokens": 0, "echo": True,
+                                      "logprobs": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["logprobs"]["token_logprobs"]
+
+
+def want_logprobs(logits, ids):
+    """The same from peft's logits: log_softmax of row p - 1 at token p."""
+    out = [None]
+    for p in range(1, len(ids)):
+        row = logits[p - 1].astype(np.float64)
+        m = row.max()
+        out.append(float(row[ids[p]] - m - math.log(np.exp(row - m).sum())))
+    return out
+
+
+def close(got, want, what):
+    assert got[0] is None and len(got) == len(want), what
+    worst = max(abs(g - w) for g, w in zip(got[1:], want[1:]))
+    assert worst < 2e-4, f"{what}: prompt logprobs differ from peft's by {worst}"
+
+
+def test_models_lists_the_adapters_with_their_base(tiny):
+    data = {m["id"]: m for m in get(tiny, "/v1/models").json()["data"]}
+    assert set(data) == {"tiny", "attn", "mlp"}
+    assert data["attn"]["parent"] == "tiny" and data["attn"]["lora"]["rank"] == 4
+    assert data["mlp"]["lora"] == {"rank": 8, "alpha": 16.0, "rslora": True}
+    assert get(tiny, "/v1/models/mlp").json()["id"] == "mlp"
+
+
+def test_each_adapter_matches_peft_alone_and_beside_the_others(tiny):
+    ids = [int(t) for t in tiny.ref["input_ids"]]
+    names = {"tiny": "base", "attn": "attn-r4", "mlp": "mlp-r8-rs"}
+    for model, key in names.items():
+        close(prompt_logprobs(tiny, model, ids), want_logprobs(tiny.ref[f"logits_{key}"], ids), model)
+    # All at once, twice over: the steps mix the base model and both adapters.
+    jobs = list(names.items()) * 3
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        got = list(pool.map(lambda j: prompt_logprobs(tiny, j[0], ids), jobs))
+    for (model, key), g in zip(jobs, got):
+        close(g, want_logprobs(tiny.ref[f"logits_{key}"], ids), f"{model} mixed")
+
+
+def test_greedy_tokens_follow_the_adapter_and_prefixes_are_cached_apart(tiny):
+    ids = [int(t) for t in tiny.ref["input_ids"]]
+
+    def first(model):
+        r = post(tiny, "/v1/completions", {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"], r.json()
+
+    def hits():
+        return get(tiny, "/v1/cache/status").json()["hit_tokens"]
+
+    post(tiny, "/v1/cache/flush", {})
+    first("tiny")
+    before = hits()
+    # The base model's cached pages are not the adapter's: no hit.
+    first("attn")
+    assert hits() == before
+    # The adapter's own pages are.
+    first("attn")
+    assert hits() > before
+    # Greedy picks are the argmax of peft's last row (each adapter's differs here).
+    for model, key in {"tiny": "base", "attn": "attn-r4", "mlp": "mlp-r8-rs"}.items():
+        want = int(tiny.ref[f"logits_{key}"][-1].argmax())
+        text = post(tiny, "/detokenize", {"tokens": [want]}).json()["prompt"]
+        assert first(model)[0] == text, (model, want)
+
+
+def test_adapters_load_and_unload_at_run_time(tiny):
+    ids = [int(t) for t in tiny.ref["input_ids"]]
+    body = {"lora_name": "all", "lora_path": str(tiny.lora / "all-r2")}
+    r = post(tiny, "/v1/load_lora_adapter", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "all" and r.json()["parent"] == "tiny"
+    close(prompt_logprobs(tiny, "all", ids), want_logprobs(tiny.ref["logits_all-r2"], ids), "all")
+    # The same name again, and past --max-loras 3: refused.
+    assert_api_error(post(tiny, "/v1/load_lora_adapter", body), 400)
+    more = {"lora_name": "more", "lora_path": str(tiny.lora / "attn-r4")}
+    r = post(tiny, "/v1/load_lora_adapter", more)
+    assert_api_error(r, 400)
+    assert "--max-loras" in r.json()["error"]["message"]
+    r = post(tiny, "/v1/unload_lora_adapter", {"lora_name": "all"})
+    assert r.status_code == 200, r.text
+    assert "all" not in {m["id"] for m in get(tiny, "/v1/models").json()["data"]}
+    r = post(tiny, "/v1/completions", {"model": "all", "prompt": ids, "max_tokens": 1})
+    assert_api_error(r, 404)
+    assert_api_error(post(tiny, "/v1/unload_lora_adapter", {"lora_name": "all"}), 404)
+
+
+def test_bad_adapters_and_names_are_refused(tiny, tmp_path):
+    from conftest import REPO
+
+    other = REPO / "tests" / "fixtures" / "tiny" / "lora" / "qwen3-tiny" / "attn-r4"
+    r = post(tiny, "/v1/load_lora_adapter", {"lora_name": "qwen", "lora_path": str(other)})
+    assert_api_error(r, 400)
+    assert r.json()["error"]["param"] == "lora_path" and "another model" in r.json()["error"]["message"]
+    r = post(tiny, "/v1/load_lora_adapter", {"lora_name": "none", "lora_path": str(tmp_path)})
+    assert_api_error(r, 400)
+    assert "adapter_config.json" in r.json()["error"]["message"]
+    # The operator's routes need the admin key.
+    r = post(tiny, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(other)},
+             headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    r = post(tiny, "/v1/completions", {"model": "no-such-adapter", "prompt": [1, 2], "max_tokens": 1})
+    assert_api_error(r, 404)
+    assert "attn" in r.json()["error"]["message"]
+
+
+def test_a_bad_lora_flag_stops_the_start(log_dir):
+    import subprocess
+
+    from conftest import BIN, REPO
+
+    fixtures = REPO / "tests" / "fixtures" / "tiny"
+    for flag, needle in [("noequals", "NAME=DIR"),
+                         (f"q={fixtures / 'lora' / 'qwen3-tiny' / 'attn-r4'}", "another model")]:
+        bad = subprocess.run([str(BIN), "serve", "--model", str(fixtures / "llama-tiny"), "--port", "0",
+                              "--lora", flag], capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0
+        assert needle in bad.stderr, bad.stderr
