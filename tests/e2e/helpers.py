@@ -7,7 +7,8 @@ import json
 import requests
 
 
-ADMIN_PATHS = ("/v1/cache/rebuild", "/v1/cache/flush", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+ADMIN_PATHS = ("/v1/cache/rebuild", "/v1/cache/flush", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+               "/v1/weights/update")
 
 
 def post(server, path: str, body, *, timeout: float = 120, headers=None, raw: bytes | None = None):

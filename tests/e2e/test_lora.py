@@ -187,3 +187,75 @@ def test_a_bad_lora_flag_stops_the_start(log_dir):
                               "--lora", flag], capture_output=True, text=True, timeout=120)
         assert bad.returncode != 0
         assert needle in bad.stderr, bad.stderr
+
+
+def write_scaled(src, dst, factor):
+    """A copy of checkpoint `src` in `dst` with every tensor's values times `factor`."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    raw = (src / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    body = bytearray(raw[8 + n:])
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32", (name, t["dtype"])
+        a, b = t["data_offsets"]
+        values = np.frombuffer(bytes(body[a:b]), dtype=np.float32) * np.float32(factor)
+        body[a:b] = values.astype(np.float32).tobytes()
+    (dst / "model.safetensors").write_bytes(raw[:8 + n] + bytes(body))
+
+
+def test_weights_update_under_load_loses_no_request(tiny, log_dir, tmp_path):
+    from conftest import REPO, start_server
+
+    ids = [int(t) for t in tiny.ref["input_ids"]]
+    served = Path(get(tiny, "/v1/weights/version").json()["path"])
+    assert get(tiny, "/v1/weights/version").json()["version"] == 0
+    new = tmp_path / "scaled"
+    write_scaled(served, new, 1.25)
+
+    def greedy(srv, model="tiny"):
+        r = post(srv, "/v1/completions", {"model": model, "prompt": ids[:12], "max_tokens": 16, "temperature": 0,
+                                          "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    before = greedy(tiny)
+    fresh = start_server(log_dir, "--served-model-name", "tiny", name="scaled", model=new)
+    try:
+        want = greedy(fresh)
+    finally:
+        fresh.stop()
+    assert want != before, "the new weights change nothing"
+    # Requests keep arriving while the new copy loads and is swapped in: every one ends
+    # whole, with either the old weights' text or the new one's.
+    with ThreadPoolExecutor(4) as pool:
+        load = [pool.submit(greedy, tiny) for _ in range(24)]
+        r = post(tiny, "/v1/weights/update", {"path": str(new)})
+        texts = [f.result() for f in load]
+    assert r.status_code == 200, r.text
+    assert r.json()["version"] == 1 and r.json()["success"] is True
+    assert set(texts) <= {before, want}, texts
+    assert greedy(tiny) == want
+    assert get(tiny, "/v1/weights/version").json() == {"version": 1, "path": str(new)}
+    # The adapters stay loaded, and are applied to the new weights.
+    assert get(tiny, "/v1/models/attn").status_code == 200
+    # Back to the first weights: the first text again, and the adapters still equal peft.
+    r = post(tiny, "/v1/weights/update", {"model_path": str(served)})
+    assert r.status_code == 200 and r.json()["version"] == 2, r.text
+    assert greedy(tiny) == before
+    close(prompt_logprobs(tiny, "attn", ids), want_logprobs(tiny.ref["logits_attn-r4"], ids), "attn after updates")
+    # Weights of another shape, or no checkpoint: refused, and the served weights stay.
+    other = REPO / "tests" / "fixtures" / "tiny" / "qwen3-tiny"
+    for body, field in [({"path": str(other)}, "path"), ({"path": str(tmp_path / "none")}, "path"),
+                        ({"path": str(new), "model_path": str(new)}, "path"),
+                        ({"path": str(new), "load_format": "dummy"}, "load_format")]:
+        r = post(tiny, "/v1/weights/update", body)
+        assert_api_error(r, 400)
+        assert r.json()["error"]["param"] == field, r.text
+    assert get(tiny, "/v1/weights/version").json()["version"] == 2
+    assert greedy(tiny) == before

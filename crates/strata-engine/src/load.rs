@@ -110,6 +110,8 @@ pub struct LoadedModel {
     /// The model and its drafter, on the device they run on.
     pub runtime: Runtime,
     settings: LoadSettings,
+    /// Where the model was loaded from.
+    path: std::path::PathBuf,
     /// The model's tokenizer; `None` for a model directory without `tokenizer.json`.
     pub tokenizer: Option<Arc<Tokenizer>>,
     /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
@@ -170,9 +172,24 @@ impl LoadedModel {
         Ok(Self {
             runtime,
             settings,
+            path: path.to_path_buf(),
             tokenizer: tokenizer.map(Arc::new),
             stop_ids,
             chat: chat.map(Arc::new),
+        })
+    }
+
+    /// Where the model was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How the weights were placed, to load another copy the same way (no progress
+    /// report).
+    pub(crate) fn load_options(&self) -> strata_model::LoadOptions {
+        load_options(LoadSettings {
+            progress: false,
+            ..self.settings
         })
     }
 

@@ -21,6 +21,12 @@ pub trait Placement: strata_model::QuantUpload + Clone + 'static {
 
     /// Storage for a new KV pool of `model`.
     fn kv_storage(model: &Model<Self>) -> Self::Storage;
+
+    /// Memory free for more weights: available host memory, or free device memory.
+    fn free_memory(model: &Model<Self>) -> Option<u64>;
+
+    /// Drops the graphs `storage` captured (after a weight update).
+    fn forget_graphs(storage: &mut Self::Storage);
 }
 
 impl Placement for CpuBackend {
@@ -29,6 +35,12 @@ impl Placement for CpuBackend {
     fn kv_storage(_: &Model<Self>) -> HostStorage {
         HostStorage::new()
     }
+
+    fn free_memory(_: &Model<Self>) -> Option<u64> {
+        crate::budget::available_host_memory()
+    }
+
+    fn forget_graphs(_: &mut HostStorage) {}
 }
 
 #[cfg(feature = "cuda")]
@@ -37,6 +49,14 @@ impl Placement for CudaBackend {
 
     fn kv_storage(model: &Model<Self>) -> Self::Storage {
         strata_model::PagedStorage::new(model.backend().clone())
+    }
+
+    fn free_memory(model: &Model<Self>) -> Option<u64> {
+        model.backend().memory_info().ok().map(|(free, _)| free as u64)
+    }
+
+    fn forget_graphs(storage: &mut Self::Storage) {
+        storage.forget_graphs();
     }
 }
 

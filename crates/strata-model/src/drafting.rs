@@ -217,3 +217,14 @@ where
         Ok(checked)
     }
 }
+
+impl<B: Backend> crate::runner::SwapModel<B> for Drafting<Arc<crate::Model<B>>> {
+    fn target_model(&self) -> &Arc<crate::Model<B>> {
+        &self.target.0
+    }
+
+    fn set_target_model(&mut self, model: Arc<crate::Model<B>>) {
+        self.target.0 = model;
+        self.kept.clear();
+    }
+}

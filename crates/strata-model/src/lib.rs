@@ -18,6 +18,7 @@ mod paged_kv;
 pub mod quantize;
 mod runner;
 mod tensors;
+mod weights_swap;
 
 pub use assistant::{Assistant, DraftSeq, Drafted};
 pub use decode_graph::{bucket_for, decode_buckets};
@@ -29,7 +30,7 @@ pub use launch::Launched;
 pub use linear::{upload_linear, upload_linear_as, HostTable, Linear, QuantUpload, QuantWeight};
 pub use lora::{LoraAdapter, LoraInfo, Target as LoraTarget};
 pub use model::{LoadOptions, LoadProgress, Model};
-pub use runner::{ModelHandle, ModelRunner};
+pub use runner::{ModelHandle, ModelRunner, SwapModel};
 pub use strata_kernels::sampling::FED_TOKEN;
 pub use strata_types::batch::{self, ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use tensors::{LayerTensors, ModelTensors};

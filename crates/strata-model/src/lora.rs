@@ -339,6 +339,12 @@ impl<B: Backend> LoraSet<B> {
             .is_some()
     }
 
+    /// Moves every adapter of `from` into this set (a model taking another's place).
+    pub(crate) fn adopt(&self, from: &LoraSet<B>) {
+        let taken = std::mem::take(&mut *from.loaded.write().expect("adapter set lock"));
+        self.loaded.write().expect("adapter set lock").extend(taken);
+    }
+
     /// Adapter `id`, if loaded.
     pub fn get(&self, id: u32) -> Option<Arc<LoraAdapter<B>>> {
         self.loaded

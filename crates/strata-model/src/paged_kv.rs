@@ -91,6 +91,14 @@ impl<B: Backend> PagedStorage<B> {
         }
     }
 
+    /// Drops every captured graph (they hold the addresses of the weights they were
+    /// captured with: a weight update makes them stale); later steps capture anew.
+    pub fn forget_graphs(&mut self) {
+        self.graphs.clear();
+        self.graph_logits.clear();
+        self.draft_graphs.clear();
+    }
+
     /// Decode graphs captured so far (one per batch-size bucket).
     pub fn graph_count(&self) -> usize {
         self.graphs.len()

@@ -180,3 +180,23 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
     }
     Ok((checked, out.hidden))
 }
+
+/// A step model whose target model can be replaced between steps (a weight update: a model
+/// of the same shapes with new weights).
+pub trait SwapModel<B: Backend> {
+    /// The target model.
+    fn target_model(&self) -> &Arc<Model<B>>;
+    /// Serves `model` from the next step on (a drafter's states from the old weights are
+    /// dropped: its next round starts afresh).
+    fn set_target_model(&mut self, model: Arc<Model<B>>);
+}
+
+impl<B: Backend> SwapModel<B> for ModelRunner<Arc<Model<B>>> {
+    fn target_model(&self) -> &Arc<Model<B>> {
+        &self.0
+    }
+
+    fn set_target_model(&mut self, model: Arc<Model<B>>) {
+        self.0 = model;
+    }
+}

@@ -241,6 +241,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         &self.model
     }
 
+    /// The model and the pool, to change the model between steps (new weights), which
+    /// also drops what the pool holds for the old one (its cache, its captured graphs).
+    pub fn model_and_pool_mut(&mut self) -> (&mut M, &mut KvPool<S>) {
+        (&mut self.model, &mut self.pool)
+    }
+
     /// Whether the pool keeps finished prefixes for reuse.
     pub(crate) fn caching(&self) -> bool {
         self.pool.cache_type() == CacheType::Radix

@@ -2,6 +2,7 @@
 //! streaming each request's tokens and text back over a channel of its own.
 
 mod adapters;
+mod control;
 mod grammar;
 mod metrics;
 mod text;
@@ -269,9 +270,31 @@ pub(crate) enum Command {
         name: String,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// Load the checkpoint at `dir` beside the served weights, then serve it; `back`
+    /// carries the loaded copy to the engine thread.
+    UpdateWeights {
+        dir: std::path::PathBuf,
+        reply: oneshot::Sender<Result<WeightsVersion>>,
+        back: mpsc::Sender<Command>,
+    },
+    /// The copy `UpdateWeights` loaded (or why not), to swap in between steps.
+    WeightsLoaded {
+        dir: std::path::PathBuf,
+        loaded: Result<control::NewWeights>,
+        reply: oneshot::Sender<Result<WeightsVersion>>,
+    },
     /// Ends every request, queued or running, as cancelled (a shutdown's drain ran out).
     CancelAll,
     Shutdown,
+}
+
+/// Which weights are served: 0 for those loaded at start, one more for each update.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightsVersion {
+    /// Updates served since start.
+    pub version: u64,
+    /// Where the served weights were loaded from.
+    pub path: std::path::PathBuf,
 }
 
 /// A handle to the engine thread; cheap to clone.
@@ -306,6 +329,8 @@ pub struct Engine {
     max_in_flight: usize,
     /// The LoRA adapters served, by name.
     adapters: adapters::SharedTable,
+    /// Which weights are served.
+    weights: Arc<Mutex<WeightsVersion>>,
     /// False once the engine thread has ended, by a panic or a shutdown.
     alive: Arc<AtomicBool>,
     /// The same, for awaiting it.
@@ -344,19 +369,28 @@ impl OnBackend for SpawnWorker<'_> {
     {
         let storage = placed.kv_storage();
         let model = placed.model.clone();
+        let control = control::Control::<B> {
+            opts: self.loaded.load_options(),
+            _backend: std::marker::PhantomData,
+        };
         match placed.draft.clone().filter(|_| self.opts.draft_tokens > 0) {
             Some(d) => {
                 let model = Drafting::new(model, d, self.opts.draft_tokens);
-                self.spawn(model, storage)
+                self.spawn(model, storage, Box::new(control))
             }
-            None => self.spawn(ModelRunner(model), storage),
+            None => self.spawn(ModelRunner(model), storage, Box::new(control)),
         }
     }
 }
 
 impl SpawnWorker<'_> {
     /// Builds the worker over `model` (plain or drafting) and runs it on the engine thread.
-    fn spawn<M, S>(self, model: M, storage: S) -> <Self as OnBackend>::Output
+    fn spawn<M, S>(
+        self,
+        model: M,
+        storage: S,
+        control: Box<dyn control::ModelControl<M, S>>,
+    ) -> <Self as OnBackend>::Output
     where
         M: strata_sched::StepModel<S> + Send + 'static,
         M::Launched: Send,
@@ -373,6 +407,7 @@ impl SpawnWorker<'_> {
         } = self;
         let mut w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
         w.adapters = Some(adapters);
+        w.control = Some(control);
         Ok(std::thread::Builder::new()
             .name("strata-engine".into())
             .spawn(move || {
@@ -408,6 +443,10 @@ impl Drop for RequestGuard {
 impl Engine {
     /// Starts the engine thread for `loaded`.
     pub fn start(loaded: LoadedModel, model_name: String, opts: EngineOptions) -> Result<Self> {
+        let weights = Arc::new(Mutex::new(WeightsVersion {
+            version: 0,
+            path: loaded.path().to_path_buf(),
+        }));
         let (tx, rx) = mpsc::channel();
         let status = Arc::new(Mutex::new(EngineStatus::default()));
         let metrics = Arc::new(Metrics::default());
@@ -451,9 +490,9 @@ impl Engine {
         let spawned = loaded.runtime.dispatch(SpawnWorker {
             loaded: &loaded,
             adapters: worker::AdapterEnd {
-                host,
                 table: table.clone(),
                 model_name: model_name.clone(),
+                weights: weights.clone(),
             },
             opts,
             status: status.clone(),
@@ -480,6 +519,7 @@ impl Engine {
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight,
             adapters: table,
+            weights,
             alive,
             alive_watch,
         })
@@ -634,6 +674,25 @@ impl Engine {
             .map_err(|_| EngineError::Stopped)?;
         rx.await
             .map_err(|_| EngineError::Internal("the engine did not answer the unload".into()))?
+    }
+
+    /// Which weights are served.
+    pub fn weights_version(&self) -> WeightsVersion {
+        self.weights.lock().expect("weights version lock").clone()
+    }
+
+    /// Loads the checkpoint at `dir` (the served model's shapes) beside the served weights
+    /// while requests keep running, then serves it from the step after (adapters kept,
+    /// prefix cache flushed). Refused before anything loads when the memory free cannot
+    /// hold a second copy; a failed load leaves the served weights as they were.
+    pub async fn update_weights(&self, dir: std::path::PathBuf) -> Result<WeightsVersion> {
+        let (reply, rx) = oneshot::channel();
+        let back = self.tx.clone();
+        self.tx
+            .send(Command::UpdateWeights { dir, reply, back })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await
+            .map_err(|_| EngineError::Internal("the engine did not answer the update".into()))?
     }
 
     /// Drops every cached prefix; returns the pages freed.

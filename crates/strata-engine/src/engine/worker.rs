@@ -11,12 +11,13 @@ use strata_sched::{EventKind, FinishReason, Request, Scheduler, SeqId, StepModel
 use strata_tokenizer::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
 
-use super::adapters::{AdapterHost, SharedTable};
+use super::adapters::SharedTable;
+use super::control::{ModelControl, NewWeights};
 use super::text::{stop_string_test, TextStream};
 use super::trace::{StepTrace, TracedStep};
 use super::{
     Adapter, Command, EngineOptions, EngineStatus, GenerationRequest, Metrics, RequestTimings,
-    Update, Usage,
+    Update, Usage, WeightsVersion,
 };
 use crate::{EngineError, LoadedModel, Result};
 
@@ -35,11 +36,12 @@ struct Live {
     _adapter: Option<Arc<Adapter>>,
 }
 
-/// The engine thread's end of the adapters: the model to load them into, and the table.
+/// The engine thread's end of the adapters and weights: the table of adapters, the served
+/// model's name, and which weights are served.
 pub(crate) struct AdapterEnd {
-    pub host: Arc<dyn AdapterHost>,
     pub table: SharedTable,
     pub model_name: String,
+    pub weights: Arc<Mutex<WeightsVersion>>,
 }
 
 pub(crate) struct Worker<M: StepModel<S>, S: KvStorage> {
@@ -56,7 +58,20 @@ pub(crate) struct Worker<M: StepModel<S>, S: KvStorage> {
     rebuild: Option<Command>,
     /// Loads and unloads adapters (set once the worker is built).
     pub(crate) adapters: Option<AdapterEnd>,
+    /// Acts on the served model: adapters, weight updates (set once the worker is built).
+    pub(crate) control: Option<Box<dyn ModelControl<M, S>>>,
+    /// A weight update is loading.
+    updating: bool,
+    /// Loaded weights waiting for the running requests to end, to be swapped in.
+    swap: Option<PendingSwap>,
 }
+
+/// New weights loaded from a directory, and who waits for them to be served.
+type PendingSwap = (
+    std::path::PathBuf,
+    NewWeights,
+    tokio::sync::oneshot::Sender<Result<WeightsVersion>>,
+);
 
 /// The pool `opts` asks for, over `storage`.
 fn pool_for<S: KvStorage>(
@@ -100,6 +115,9 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             held: Vec::new(),
             rebuild: None,
             adapters: None,
+            control: None,
+            updating: false,
+            swap: None,
         };
         worker.publish_status();
         Ok(worker)
@@ -117,6 +135,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             // A rebuild waits for the pool to drain; the step that drained it was the last
             // one, so the rebuild is carried out here rather than after the next command.
             self.try_rebuild();
+            self.try_swap();
             let idle = !self.sched.has_work();
             if idle {
                 last_step = None;
@@ -138,6 +157,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 }
             }
             self.try_rebuild();
+            self.try_swap();
             self.expire(Instant::now());
             if self.sched.has_work() {
                 let start = Instant::now();
@@ -172,7 +192,11 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
     /// Returns false on shutdown.
     fn command(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Submit { .. } if self.rebuild.is_some() => self.held.push(cmd),
+            // New requests wait while a rebuild or a weight swap waits for the running ones
+            // to end, so each request runs on one pool and one set of weights throughout.
+            Command::Submit { .. } if self.rebuild.is_some() || self.swap.is_some() => {
+                self.held.push(cmd)
+            }
             Command::Submit {
                 client,
                 req,
@@ -195,25 +219,25 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 let _ = reply.send(freed);
             }
             Command::LoadAdapter { name, dir, reply } => {
-                let done = match &self.adapters {
-                    Some(a) => a.table.lock().expect("adapter table lock").load(
-                        &*a.host,
+                let done = match (&self.adapters, &self.control) {
+                    (Some(a), Some(c)) => a.table.lock().expect("adapter table lock").load(
+                        c.host(self.sched.model()),
                         &name,
                         &dir,
                         &a.model_name,
                     ),
-                    None => Err(EngineError::Invalid("this engine takes no adapters".into())),
+                    _ => Err(EngineError::Invalid("this engine takes no adapters".into())),
                 };
                 let _ = reply.send(done);
             }
             Command::UnloadAdapter { name, reply } => {
-                let done = match &self.adapters {
-                    Some(a) => a
+                let done = match (&self.adapters, &self.control) {
+                    (Some(a), Some(c)) => a
                         .table
                         .lock()
                         .expect("adapter table lock")
-                        .unload(&*a.host, &name),
-                    None => Err(EngineError::NotFound(format!("no adapter named {name:?}"))),
+                        .unload(c.host(self.sched.model()), &name),
+                    _ => Err(EngineError::NotFound(format!("no adapter named {name:?}"))),
                 };
                 if done.is_ok() {
                     // Its id may serve another adapter later: nothing cached under it may
@@ -222,6 +246,16 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                     self.publish_status();
                 }
                 let _ = reply.send(done);
+            }
+            Command::UpdateWeights { dir, reply, back } => self.update_weights(dir, reply, back),
+            Command::WeightsLoaded { dir, loaded, reply } => {
+                self.updating = false;
+                match loaded {
+                    Ok(new) => self.swap = Some((dir, new, reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             Command::CancelAll => {
                 let ids: Vec<SeqId> = self.by_client.values().copied().collect();
@@ -243,6 +277,64 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             Command::Shutdown => return false,
         }
         true
+    }
+
+    /// Starts loading the checkpoint at `dir` beside the served weights, once the memory
+    /// free is known to hold them; the loaded copy comes back through `back`.
+    fn update_weights(
+        &mut self,
+        dir: std::path::PathBuf,
+        reply: tokio::sync::oneshot::Sender<Result<WeightsVersion>>,
+        back: mpsc::Sender<Command>,
+    ) {
+        let Some(control) = &self.control else {
+            let _ = reply.send(Err(EngineError::Invalid(
+                "this engine cannot update its weights".into(),
+            )));
+            return;
+        };
+        if self.updating {
+            let _ = reply.send(Err(EngineError::Invalid(
+                "a weight update is already loading".into(),
+            )));
+            return;
+        }
+        let (need, free) = control.memory(self.sched.model());
+        if let Some(free) = free.filter(|&f| f < need as u64) {
+            let _ = reply.send(Err(EngineError::Invalid(format!(
+                "a second copy of the weights needs {need} bytes; {free} are free"
+            ))));
+            return;
+        }
+        self.updating = true;
+        let again = dir.clone();
+        let done = Box::new(move |loaded: Result<NewWeights>| {
+            let _ = back.send(Command::WeightsLoaded {
+                dir: again,
+                loaded,
+                reply,
+            });
+        });
+        control.load_copy(self.sched.model(), dir, done);
+    }
+
+    /// Serves `new` (loaded from `dir`) from the next step.
+    fn swap_weights(&mut self, dir: std::path::PathBuf, new: NewWeights) -> Result<WeightsVersion> {
+        let control = self
+            .control
+            .as_ref()
+            .ok_or_else(|| EngineError::Internal("no model control".into()))?;
+        let (model, pool) = self.sched.model_and_pool_mut();
+        control.swap(model, pool, new)?;
+        self.publish_status();
+        let a = self
+            .adapters
+            .as_ref()
+            .ok_or_else(|| EngineError::Internal("no weights record".into()))?;
+        let mut w = a.weights.lock().expect("weights version lock");
+        w.version += 1;
+        w.path = dir;
+        Ok(w.clone())
     }
 
     fn submit(
@@ -444,6 +536,21 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
     /// Runs a pending rebuild once no request holds pages. Replaying the held commands can
     /// make a later rebuild pending (they keep their order), which runs at once too: the
     /// loop may next block on the channel.
+    /// Swaps in loaded weights once no request runs, then lets the held requests in.
+    fn try_swap(&mut self) {
+        if self.swap.is_none() || self.sched.has_work() {
+            return;
+        }
+        let Some((dir, new, reply)) = self.swap.take() else {
+            return;
+        };
+        let _ = reply.send(self.swap_weights(dir, new));
+        for cmd in std::mem::take(&mut self.held) {
+            self.command(cmd);
+        }
+        self.publish_status();
+    }
+
     fn try_rebuild(&mut self) {
         while self.rebuild.is_some() && !self.sched.has_work() {
             let Some(Command::Rebuild { full_pages, reply }) = self.rebuild.take() else {

@@ -514,6 +514,7 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
         .route("/v1/cache/flush", post(routes::cache_flush))
         .route("/v1/load_lora_adapter", post(routes::load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(routes::unload_lora_adapter))
+        .route("/v1/weights/update", post(routes::update_weights))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             routes::admin_auth,
@@ -521,6 +522,7 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
     let v1 = Router::new()
         .route("/v1/models", get(routes::models))
         .route("/v1/models/{id}", get(routes::model))
+        .route("/v1/weights/version", get(routes::weights_version))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))

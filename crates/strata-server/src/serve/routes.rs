@@ -283,6 +283,51 @@ pub async fn unload_lora_adapter(
     Ok(Json(json!({"unloaded": name})))
 }
 
+/// `POST /v1/weights/update` (SGLang's `update_weights_from_disk` shape: `{"path"}` or
+/// `{"model_path"}`): loads a checkpoint of the served model's shapes beside the served
+/// weights while requests keep running, then serves it. An operator's route.
+pub async fn update_weights(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<WeightsUpdate>,
+) -> Result<Json<Value>, ApiError> {
+    let path = match (body.path, body.model_path) {
+        (Some(p), None) | (None, Some(p)) => p,
+        _ => return Err(ApiError::invalid("path", "give one of path and model_path")),
+    };
+    if body.load_format.as_deref().is_some_and(|f| f != "auto") {
+        return Err(ApiError::invalid("load_format", "only \"auto\" is supported"));
+    }
+    let v = st
+        .engine
+        .update_weights(std::path::PathBuf::from(path))
+        .await
+        .map_err(|e| super::error::about("path", e))?;
+    Ok(Json(json!({
+        "success": true,
+        "message": format!("serving weights version {}", v.version),
+        "version": v.version,
+        "path": v.path.display().to_string(),
+    })))
+}
+
+/// `GET /v1/weights/version`: which weights are served (0: those loaded at start).
+pub async fn weights_version(State(st): State<Shared>) -> Json<Value> {
+    let v = st.engine.weights_version();
+    Json(json!({"version": v.version, "path": v.path.display().to_string()}))
+}
+
+/// The body of `POST /v1/weights/update`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsUpdate {
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    model_path: Option<String>,
+    #[serde(default)]
+    load_format: Option<String>,
+}
+
 /// The body of `POST /v1/load_lora_adapter`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
