@@ -6,6 +6,7 @@
 mod bench;
 mod bench_draft;
 pub mod budget;
+mod drift;
 mod engine;
 mod generate;
 mod load;
@@ -15,6 +16,7 @@ mod progress;
 pub use bench::{DecodeBench, DecodeShape, PrefillBench};
 pub use bench_draft::DraftBench;
 pub use budget::KvBudget;
+pub use drift::{verify_drift, DriftCycle, DriftReport};
 pub use engine::{
     Adapter, Engine, EngineOptions, EngineStatus, GenerationRequest, Histogram, Metrics,
     RequestGuard, RequestTimings, TextStream, Update, Usage, WarmUp, WarmUpShape, FINISH_REASONS,

@@ -52,7 +52,11 @@ impl Placement for CudaBackend {
     }
 
     fn free_memory(model: &Model<Self>) -> Option<u64> {
-        model.backend().memory_info().ok().map(|(free, _)| free as u64)
+        model
+            .backend()
+            .memory_info()
+            .ok()
+            .map(|(free, _)| free as u64)
     }
 
     fn forget_graphs(storage: &mut Self::Storage) {

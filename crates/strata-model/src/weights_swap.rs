@@ -23,7 +23,12 @@ impl<B: Backend> Model<B> {
             for l in &t.layers {
                 let mats = [Some(&l.q), l.k.as_ref(), l.v.as_ref(), Some(&l.o)];
                 let more = [Some(&l.gate), Some(&l.up), Some(&l.down)];
-                v.extend(mats.into_iter().chain(more).flatten().map(|m| (m.rows(), m.cols())));
+                v.extend(
+                    mats.into_iter()
+                        .chain(more)
+                        .flatten()
+                        .map(|m| (m.rows(), m.cols())),
+                );
             }
             v
         };
@@ -131,6 +136,12 @@ impl<B: Backend> Model<B> {
             mats.extend([&mut l.q, &mut l.o, &mut l.gate, &mut l.up, &mut l.down]);
             mats.extend(l.k.as_mut());
             mats.extend(l.v.as_mut());
+            if let Some((g, p, _)) = &mut l.ple {
+                mats.extend([g, p]);
+            }
+        }
+        if let Some(p) = &mut t.ple {
+            mats.extend([&mut p.table, &mut p.projection]);
         }
         for m in mats {
             if let Linear::Dense { w, .. } = m {

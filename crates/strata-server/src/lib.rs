@@ -14,6 +14,7 @@ pub mod sampling_args;
 pub mod score;
 pub mod serve;
 pub mod step_budget;
+pub mod verify_drift;
 
 use std::process::ExitCode;
 
@@ -46,6 +47,9 @@ pub enum Command {
     Score(score::ScoreArgs),
     /// Engine benchmark: decode and prefill speed, KV capacity, decode roofline.
     Bench(bench::BenchArgs),
+    /// Perturb the weights, refresh them from the checkpoint as a weight update does, and
+    /// check they come back bit for bit (a digest per tensor) with identical greedy output.
+    VerifyDrift(verify_drift::DriftArgs),
 }
 
 /// Runs one command; errors are printed and give a failing exit code.
@@ -56,6 +60,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve::run(&args),
         Command::Score(args) => score::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::VerifyDrift(args) => verify_drift::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

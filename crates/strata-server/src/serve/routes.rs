@@ -295,7 +295,10 @@ pub async fn update_weights(
         _ => return Err(ApiError::invalid("path", "give one of path and model_path")),
     };
     if body.load_format.as_deref().is_some_and(|f| f != "auto") {
-        return Err(ApiError::invalid("load_format", "only \"auto\" is supported"));
+        return Err(ApiError::invalid(
+            "load_format",
+            "only \"auto\" is supported",
+        ));
     }
     let v = st
         .engine
