@@ -121,8 +121,43 @@ pub(crate) fn root_object(text: &str) -> Result<Obj, ConfigError> {
     }
 }
 
+/// Refuses a `quantization_config` Strata cannot serve, naming its method: only
+/// bitsandbytes 4-bit (NF4 or FP4, with or without double quantization) is dequantized at
+/// load (`strata_weights::bnb`).
+fn check_quantization(root: &Obj) -> Result<(), ConfigError> {
+    let Some(q) = root.get("quantization_config") else {
+        return Ok(());
+    };
+    let field = "quantization_config.quant_method";
+    let method = q
+        .get("quant_method")
+        .and_then(Value::as_str)
+        .unwrap_or("(none)");
+    let flag = |k: &str| q.get(k).and_then(Value::as_bool) == Some(true);
+    match method {
+        "bitsandbytes" if flag("load_in_4bit") || flag("_load_in_4bit") => {
+            match q.get("bnb_4bit_quant_type").and_then(Value::as_str) {
+                None | Some("nf4" | "fp4") => Ok(()),
+                Some(other) => Err(ConfigError::unsupported(
+                    "quantization_config.bnb_4bit_quant_type",
+                    format!("bitsandbytes 4-bit type {other:?}"),
+                )),
+            }
+        }
+        "bitsandbytes" => Err(ConfigError::unsupported(
+            field,
+            "bitsandbytes 8-bit (LLM.int8) weights",
+        )),
+        other => Err(ConfigError::unsupported(
+            field,
+            format!("weights quantized with {other:?}"),
+        )),
+    }
+}
+
 pub(crate) fn parse(text: &str) -> Result<ModelConfig, ConfigError> {
     let root = root_object(text)?;
+    check_quantization(&root)?;
     let top = Fields {
         obj: &root,
         prefix: "",

@@ -142,3 +142,44 @@ fn refusals_name_the_field() {
         .to_string();
     assert!(e.contains("JSON"), "{e}");
 }
+
+/// bitsandbytes 4-bit loads (dequantized at load); any other quantization method is refused
+/// by name rather than failing later on a tensor that looks missing.
+#[test]
+fn quantization_methods_other_than_bnb_4bit_are_refused_by_name() {
+    let base = json!({
+        "model_type": "llama", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0
+    });
+    let with = |q: serde_json::Value| {
+        let mut v = base.clone();
+        v["quantization_config"] = q;
+        ModelConfig::from_hf_json(&v.to_string())
+    };
+    for ok in [
+        json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}),
+        json!({"quant_method": "bitsandbytes", "_load_in_4bit": true, "bnb_4bit_quant_type": "fp4"}),
+    ] {
+        with(ok).unwrap();
+    }
+    for (q, needle) in [
+        (
+            json!({"quant_method": "bitsandbytes", "load_in_8bit": true}),
+            "8-bit",
+        ),
+        (json!({"quant_method": "gptq", "bits": 4}), "gptq"),
+        (json!({"quant_method": "awq"}), "awq"),
+        (json!({"quant_method": "fp8"}), "fp8"),
+        (
+            json!({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "int4"}),
+            "int4",
+        ),
+    ] {
+        let e = with(q).unwrap_err().to_string();
+        assert!(
+            e.contains("quantization_config") && e.contains(needle),
+            "{e}"
+        );
+    }
+}

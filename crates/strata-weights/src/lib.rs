@@ -18,6 +18,7 @@
 //! RoPE on those weights, while the same model from safetensors uses rotate-half. Gemma and
 //! Qwen3 GGUFs are not permuted (they use NeoX-style RoPE in llama.cpp too).
 
+pub mod bnb;
 mod error;
 mod finite;
 mod gguf_model;

@@ -12,12 +12,32 @@ use crate::{TensorView, WeightSource, Weights};
 pub struct ModelWeights {
     weights: Weights,
     names: NameMap,
+    /// bitsandbytes 4-bit matrices, dequantized at open, by stored name.
+    decoded: std::collections::BTreeMap<String, crate::bnb::Decoded>,
 }
 
 impl ModelWeights {
     /// Pairs weights with a name table.
     pub fn new(weights: Weights, names: NameMap) -> Self {
-        Self { weights, names }
+        Self {
+            weights,
+            names,
+            decoded: Default::default(),
+        }
+    }
+
+    /// As [`ModelWeights::new`], with a safetensors checkpoint's bitsandbytes 4-bit
+    /// matrices dequantized (served as dense tensors of the dtype their state names).
+    pub fn with_bnb(weights: Weights, names: NameMap) -> Result<Self> {
+        let decoded = match &weights {
+            Weights::Safetensors(s) => crate::bnb::dequantize_all(s)?.into_iter().collect(),
+            Weights::Gguf(_) => Default::default(),
+        };
+        Ok(Self {
+            weights,
+            names,
+            decoded,
+        })
     }
 
     /// Opens `path` (see [`Weights::open`]). The architecture comes from `arch` if given,
@@ -34,7 +54,7 @@ impl ModelWeights {
             Some(a) => a.to_string(),
             None => detect_arch(path, &weights)?,
         };
-        Ok(Self::new(weights, NameMap::new(&arch, first_shared_layer)?))
+        Self::with_bnb(weights, NameMap::new(&arch, first_shared_layer)?)
     }
 
     /// The underlying weight file(s).
@@ -50,8 +70,16 @@ impl ModelWeights {
     /// The tensor stored for an HF name, or `None` (also for stale shared-layer tensors and
     /// tensors outside the text decoder).
     pub fn get(&self, hf_name: &str) -> Option<TensorView<'_>> {
-        self.lookup(hf_name)
-            .and_then(|stored| self.weights.get(&stored))
+        let stored = self.lookup(hf_name)?;
+        if let Some((name, d)) = self.decoded.get_key_value(&stored) {
+            return Some(TensorView {
+                name,
+                shape: d.shape.clone(),
+                ty: d.ty,
+                bytes: &d.bytes,
+            });
+        }
+        self.weights.get(&stored)
     }
 
     /// The stored name the lookup of `hf_name` resolves to, if the tensor exists.
@@ -74,7 +102,7 @@ impl ModelWeights {
                     .hf_prefixes()
                     .iter()
                     .map(|p| format!("{p}{rest}"))
-                    .find(|n| s.get(n).is_some())
+                    .find(|n| s.get(n).is_some() || self.decoded.contains_key(n))
             }
         }
     }

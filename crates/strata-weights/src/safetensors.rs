@@ -322,6 +322,12 @@ impl SafetensorsModel {
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
         self.entries.get(name).map(|e| e.shape.as_slice())
     }
+
+    /// The raw bytes of a tensor, whatever its dtype (U8 included).
+    pub fn raw_bytes(&self, name: &str) -> Option<&[u8]> {
+        let e = self.entries.get(name)?;
+        Some(&self.shards[e.shard].bytes[e.start..e.end])
+    }
 }
 
 impl WeightSource for SafetensorsModel {

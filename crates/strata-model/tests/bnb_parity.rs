@@ -1,0 +1,68 @@
+//! bitsandbytes 4-bit checkpoints (NF4 with double quantization, FP4, a bf16 state) load and
+//! compute as transformers does on the same dequantized matrices (CPU f32 logits).
+
+use std::path::{Path, PathBuf};
+
+use strata_kernels::cpu::CpuBackend;
+use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
+use strata_model::{ForwardBatch, LogitsMode, Model, SeqChunk};
+use strata_weights::{SafetensorsModel, WeightSource};
+
+fn dir(variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny/bnb")
+        .join(variant)
+}
+
+fn check(variant: &str, bound: f32) {
+    let reference = SafetensorsModel::open(dir(variant).join("reference.safetensors")).unwrap();
+    let ids: Vec<u32> = reference
+        .get("input_ids")
+        .unwrap()
+        .bytes
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect();
+    let want = reference.get("logits").unwrap().to_f32_vec().unwrap();
+    let model = Model::load(CpuBackend::new(), &dir(variant)).unwrap();
+    let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
+    let plan = PagePlan {
+        full: 16,
+        window: 16,
+        page_size: 4,
+    };
+    let mut kv = KvPool::new(layout, plan, CacheType::Naive, HostStorage::new()).unwrap();
+    let req = kv.alloc_request();
+    kv.extend(req, ids.len()).unwrap();
+    let batch = ForwardBatch {
+        seqs: vec![SeqChunk {
+            request: req,
+            tokens: ids.clone(),
+            start: 0,
+            logits: LogitsMode::All,
+        }],
+        ..ForwardBatch::default()
+    };
+    let got = model.forward(&mut kv, &batch).unwrap().logits.remove(0);
+    let d = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(d < bound, "{variant}: differs from transformers by {d}");
+}
+
+#[test]
+fn nf4_double_quantized_matches_transformers() {
+    check("llama-tiny-nf4-dq", 1e-4);
+}
+
+#[test]
+fn fp4_matches_transformers() {
+    check("llama-tiny-fp4", 1e-4);
+}
+
+#[test]
+fn gemma4_nf4_with_a_bf16_state_matches_transformers() {
+    check("gemma4-tiny-nf4-dq-bf16", 1e-4);
+}
