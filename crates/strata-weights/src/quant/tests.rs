@@ -494,3 +494,50 @@ fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
 fn row_kernels_are_batch_invariant() {
     for_each_block_type!(check_batch_invariance);
 }
+
+/// The VNNI kernels (`_mm256_dpbusd_avx_epi32`) give the AVX2 kernels' bits: the same four
+/// products summed a lane, then the same f32 steps. Formats without a VNNI kernel take the
+/// AVX2 one either way.
+#[cfg(target_arch = "x86_64")]
+fn check_vnni_equals_avx2<B: QuantBlock>(f16_offsets: &[usize]) {
+    let mut rng = Rng(B::TYPE.id() as u64 + 13);
+    let (rows, blocks_per_row, tokens) = (4, 3, 7);
+    let cols = blocks_per_row * B::ELEMS;
+    let blocks: Vec<B> = random_blocks(&mut rng, rows * blocks_per_row, f16_offsets);
+    let bytes: &[u8] = bytemuck::cast_slice(&blocks);
+    let row_bytes = bytes.len() / rows;
+    let xs = rng.values(tokens * cols, 3.0);
+    let mut input = Q8Input::new();
+    assert!(input.quantize(B::TYPE, &xs, cols));
+    let run = |vnni: bool| {
+        let mut out = vec![f32::NAN; rows * tokens];
+        let done = super::x86::dot_rows_with(
+            vnni,
+            B::TYPE,
+            bytes,
+            row_bytes,
+            0..rows,
+            &input,
+            0..tokens,
+            &mut out,
+            tokens,
+        );
+        done.then_some(out)
+    };
+    let (Some(avx2), Some(vnni)) = (run(false), run(true)) else {
+        return;
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(avx2.iter().all(|x| x.is_finite()), "{:?}", B::TYPE);
+    assert_eq!(bits(&avx2), bits(&vnni), "{:?}", B::TYPE);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_kernels_equal_the_avx2_ones() {
+    if !std::is_x86_feature_detected!("avxvnni") {
+        eprintln!("skipped: this CPU has no AVX-VNNI");
+        return;
+    }
+    for_each_block_type!(check_vnni_equals_avx2);
+}

@@ -10,6 +10,11 @@
 //! dot the unsigned codes and subtract offset times the activation code sums, which the
 //! caller precomputed.
 //!
+//! Where the CPU has AVX-VNNI, the 32-value formats sum each lane's four products with one
+//! `vpdpbusd` (`_mm256_dpbusd_avx_epi32`) instead of the `maddubs` + `madd` pair: the same
+//! four products a lane, so the same sums and the same bits (`STRATA_CPU_VNNI=0` turns it
+//! off). The K formats keep the pair: their per-group scale rides in `madd`'s 16-bit lanes.
+//!
 //! The integer sums equal those of the portable [`super::QuantBlock::dot_q8`]; per-block
 //! f32 scaling is fused (FMA) and summed in 8 lanes, so the f32 result differs from the
 //! portable one only by rounding.
@@ -98,6 +103,13 @@ fn dot_us(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
+/// [`dot_us`] in one VNNI instruction: the same four products a lane, so the same sums.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[inline]
+fn dot_us_vnni(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+}
+
 /// The Q8_0-family activations of `N` consecutive tokens: blocks, scales, scale * code sum.
 struct Acts8<'a, const N: usize> {
     a: [&'a [BlockQ8_0]; N],
@@ -119,75 +131,47 @@ fn acts_k<const N: usize>(input: &Q8Input, t0: usize) -> [&[BlockQ8K]; N] {
     std::array::from_fn(|k| input.q8k_parts(input.token_blocks(t0 + k)))
 }
 
-/// One row of a 32-value format against `N` tokens. `codes` gives the block's 32 codes:
-/// unsigned, or signed when `SIGNED` (Q8_0); `scale` its `d`; with `CORR`, `corr` the
-/// factor of the activation block's `d * code_sum` (the offset or the minimum).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn small_n<B, const N: usize, const SIGNED: bool, const CORR: bool>(
-    w: &[B],
-    acts: &Acts8<'_, N>,
-    codes: impl Fn(&B) -> __m256i,
-    scale: impl Fn(&B) -> f32,
-    corr: impl Fn(&B) -> f32,
-) -> [f32; N] {
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut c = [0f32; N];
-    for (i, b) in w.iter().enumerate() {
-        let q = codes(b);
-        let u = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
-        let d = scale(b);
-        let cf = if CORR { corr(b) } else { 0.0 };
-        for k in 0..N {
-            // SAFETY: `qs` is 32 bytes.
-            let av = unsafe { load32(acts.a[k][i].qs.as_ptr() as *const u8) };
-            let sv = if SIGNED { _mm256_sign_epi8(av, q) } else { av };
-            let p = _mm256_cvtepi32_ps(dot_us(u, sv));
-            acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * acts.d[k][i]), acc[k]);
-            if CORR {
-                c[k] += cf * acts.dsum[k][i];
+/// Generates `$name`: one row of a 32-value format against `N` tokens. `codes` gives the
+/// block's 32 codes: unsigned, or signed when `SIGNED` (Q8_0); `scale` its `d`; with `CORR`,
+/// `corr` the factor of the activation block's `d * code_sum` (the offset or the minimum).
+/// `$dot` sums four adjacent byte products into each i32 lane, the same grouping for the
+/// AVX2 pair of instructions and the VNNI one, so both give the same bits.
+macro_rules! small_n_fn {
+    ($name:ident, $feat:literal, $dot:ident) => {
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn $name<B, const N: usize, const SIGNED: bool, const CORR: bool>(
+            w: &[B],
+            acts: &Acts8<'_, N>,
+            codes: impl Fn(&B) -> __m256i,
+            scale: impl Fn(&B) -> f32,
+            corr: impl Fn(&B) -> f32,
+        ) -> [f32; N] {
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut c = [0f32; N];
+            for (i, b) in w.iter().enumerate() {
+                let q = codes(b);
+                let u = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
+                let d = scale(b);
+                let cf = if CORR { corr(b) } else { 0.0 };
+                for k in 0..N {
+                    // SAFETY: `qs` is 32 bytes.
+                    let av = unsafe { load32(acts.a[k][i].qs.as_ptr() as *const u8) };
+                    let sv = if SIGNED { _mm256_sign_epi8(av, q) } else { av };
+                    let p = _mm256_cvtepi32_ps($dot(u, sv));
+                    acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * acts.d[k][i]), acc[k]);
+                    if CORR {
+                        c[k] += cf * acts.dsum[k][i];
+                    }
+                }
             }
+            std::array::from_fn(|k| hsum(acc[k]) + c[k])
         }
-    }
-    std::array::from_fn(|k| hsum(acc[k]) + c[k])
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q8_0_n<const N: usize>(w: &[BlockQ8_0], input: &Q8Input, t0: usize) -> [f32; N] {
-    small_n::<_, N, true, false>(
-        w,
-        &acts8(input, t0),
-        // SAFETY: `qs` is 32 bytes.
-        |b| unsafe { load32(b.qs.as_ptr() as *const u8) },
-        |b| h2f(b.d),
-        |_| 0.0,
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q4_0_n<const N: usize>(w: &[BlockQ4_0], input: &Q8Input, t0: usize) -> [f32; N] {
-    small_n::<_, N, false, true>(
-        w,
-        &acts8(input, t0),
-        |b| nibbles16(&b.qs),
-        |b| h2f(b.d),
-        |b| -8.0 * h2f(b.d),
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q4_1_n<const N: usize>(w: &[BlockQ4_1], input: &Q8Input, t0: usize) -> [f32; N] {
-    small_n::<_, N, false, true>(
-        w,
-        &acts8(input, t0),
-        |b| nibbles16(&b.qs),
-        |b| h2f(b.d),
-        |b| h2f(b.m),
-    )
-}
+small_n_fn!(small_n, "avx2,fma,f16c", dot_us);
+small_n_fn!(small_n_vnni, "avx2,fma,f16c,avxvnni", dot_us_vnni);
 
 /// Q5_0's 32 unsigned 5-bit codes: the nibbles plus 16 where bit `i` of `qh` is set.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -210,17 +194,69 @@ fn codes5(b: &BlockQ5_0) -> __m256i {
     )
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q5_0_n<const N: usize>(w: &[BlockQ5_0], input: &Q8Input, t0: usize) -> [f32; N] {
-    small_n::<_, N, false, true>(
-        w,
-        &acts8(input, t0),
-        |b| codes5(b),
-        |b| h2f(b.d),
-        |b| -16.0 * h2f(b.d),
-    )
+/// Generates the 32-value formats' kernels over `$small` (AVX2, or VNNI).
+macro_rules! small_formats {
+    ($feat:literal, $small:ident, $q8_0:ident, $q4_0:ident, $q4_1:ident, $q5_0:ident) => {
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn $q8_0<const N: usize>(w: &[BlockQ8_0], input: &Q8Input, t0: usize) -> [f32; N] {
+            $small::<_, N, true, false>(
+                w,
+                &acts8(input, t0),
+                // SAFETY: `qs` is 32 bytes.
+                |b| unsafe { load32(b.qs.as_ptr() as *const u8) },
+                |b| h2f(b.d),
+                |_| 0.0,
+            )
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn $q4_0<const N: usize>(w: &[BlockQ4_0], input: &Q8Input, t0: usize) -> [f32; N] {
+            $small::<_, N, false, true>(
+                w,
+                &acts8(input, t0),
+                |b| nibbles16(&b.qs),
+                |b| h2f(b.d),
+                |b| -8.0 * h2f(b.d),
+            )
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn $q4_1<const N: usize>(w: &[BlockQ4_1], input: &Q8Input, t0: usize) -> [f32; N] {
+            $small::<_, N, false, true>(
+                w,
+                &acts8(input, t0),
+                |b| nibbles16(&b.qs),
+                |b| h2f(b.d),
+                |b| h2f(b.m),
+            )
+        }
+
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn $q5_0<const N: usize>(w: &[BlockQ5_0], input: &Q8Input, t0: usize) -> [f32; N] {
+            $small::<_, N, false, true>(
+                w,
+                &acts8(input, t0),
+                |b| codes5(b),
+                |b| h2f(b.d),
+                |b| -16.0 * h2f(b.d),
+            )
+        }
+    };
 }
+
+small_formats!("avx2,fma,f16c", small_n, q8_0_n, q4_0_n, q4_1_n, q5_0_n);
+small_formats!(
+    "avx2,fma,f16c,avxvnni",
+    small_n_vnni,
+    q8_0_n_vnni,
+    q4_0_n_vnni,
+    q4_1_n_vnni,
+    q5_0_n_vnni
+);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -347,7 +383,10 @@ const TOKENS_PER_PASS: usize = 4;
 /// the kernel inlines.
 macro_rules! rows_fn {
     ($name:ident, $B:ty, $kernel:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+        rows_fn!($name, $B, $kernel, "avx2,fma,f16c");
+    };
+    ($name:ident, $B:ty, $kernel:ident, $feat:literal) => {
+        #[target_feature(enable = $feat)]
         fn $name(
             bytes: &[u8],
             row_bytes: usize,
@@ -388,11 +427,94 @@ rows_fn!(rows_q4_1, BlockQ4_1, q4_1_n);
 rows_fn!(rows_q5_0, BlockQ5_0, q5_0_n);
 rows_fn!(rows_q4_k, BlockQ4K, q4_k_n);
 rows_fn!(rows_q6_k, BlockQ6K, q6_k_n);
+rows_fn!(
+    rows_q8_0_vnni,
+    BlockQ8_0,
+    q8_0_n_vnni,
+    "avx2,fma,f16c,avxvnni"
+);
+rows_fn!(
+    rows_q4_0_vnni,
+    BlockQ4_0,
+    q4_0_n_vnni,
+    "avx2,fma,f16c,avxvnni"
+);
+rows_fn!(
+    rows_q4_1_vnni,
+    BlockQ4_1,
+    q4_1_n_vnni,
+    "avx2,fma,f16c,avxvnni"
+);
+rows_fn!(
+    rows_q5_0_vnni,
+    BlockQ5_0,
+    q5_0_n_vnni,
+    "avx2,fma,f16c,avxvnni"
+);
 
-/// [`super::dot_rows_q8`] for the formats with an AVX2 kernel, when the CPU has the
-/// features; returns `false` (having written nothing) otherwise.
+/// Whether the 32-value formats take the VNNI kernels: the CPU has AVX-VNNI and
+/// `STRATA_CPU_VNNI` is not `0` (read once; it compares the two in one build).
+fn use_vnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        available()
+            && is_x86_feature_detected!("avxvnni")
+            && std::env::var("STRATA_CPU_VNNI").map_or(true, |v| v != "0")
+    })
+}
+
+/// A row-range driver: one format's kernel over whole rows.
+type RowsFn = unsafe fn(&[u8], usize, Range<usize>, &Q8Input, Range<usize>, &mut [f32], usize);
+
+/// The driver for `ty`, VNNI where `vnni` asks and the format has one; `None` for formats
+/// without an AVX2 kernel.
+fn driver(ty: GgmlType, vnni: bool) -> Option<RowsFn> {
+    Some(match (ty, vnni) {
+        (GgmlType::Q8_0, true) => rows_q8_0_vnni,
+        (GgmlType::Q4_0, true) => rows_q4_0_vnni,
+        (GgmlType::Q4_1, true) => rows_q4_1_vnni,
+        (GgmlType::Q5_0, true) => rows_q5_0_vnni,
+        (GgmlType::Q8_0, _) => rows_q8_0,
+        (GgmlType::Q4_0, _) => rows_q4_0,
+        (GgmlType::Q4_1, _) => rows_q4_1,
+        (GgmlType::Q5_0, _) => rows_q5_0,
+        (GgmlType::Q4_K, _) => rows_q4_k,
+        (GgmlType::Q6_K, _) => rows_q6_k,
+        _ => return None,
+    })
+}
+
+/// [`super::dot_rows_q8`] for the formats with an AVX2 kernel (VNNI for the 32-value
+/// formats where the CPU has it), when the CPU has the features; returns `false` (having
+/// written nothing) otherwise.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn dot_rows(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    input: &Q8Input,
+    tokens: Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+) -> bool {
+    dot_rows_with(
+        use_vnni(),
+        ty,
+        bytes,
+        row_bytes,
+        rows,
+        input,
+        tokens,
+        out,
+        stride,
+    )
+}
+
+/// [`dot_rows`] with the VNNI kernels on or off (`vnni` is ignored without AVX-VNNI).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn dot_rows_with(
+    vnni: bool,
     ty: GgmlType,
     bytes: &[u8],
     row_bytes: usize,
@@ -405,16 +527,12 @@ pub(super) fn dot_rows(
     if !available() {
         return false;
     }
-    let f = match ty {
-        GgmlType::Q8_0 => rows_q8_0,
-        GgmlType::Q4_0 => rows_q4_0,
-        GgmlType::Q4_1 => rows_q4_1,
-        GgmlType::Q5_0 => rows_q5_0,
-        GgmlType::Q4_K => rows_q4_k,
-        GgmlType::Q6_K => rows_q6_k,
-        _ => return false,
+    let vnni = vnni && is_x86_feature_detected!("avxvnni");
+    let Some(f) = driver(ty, vnni) else {
+        return false;
     };
-    // SAFETY: the CPU has the features the drivers are compiled for.
+    // SAFETY: the CPU has the features the driver is compiled for (AVX-VNNI checked above
+    // for the VNNI drivers).
     unsafe { f(bytes, row_bytes, rows, input, tokens, out, stride) };
     true
 }
