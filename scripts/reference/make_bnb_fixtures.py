@@ -13,6 +13,8 @@ and reference.safetensors:
   logits                 f32 [T, V]  transformers in f32 on a dense copy of the model whose
                                      matrices are those dequantized values (what a dequantizing
                                      engine computes), use_cache=False
+  logits_lora_<adapter>  f32 [T, V]  the same with a LoRA adapter of `lora/<model>/` applied by
+                                     peft (QLoRA serving), for the Llama variants
 
 Usage:  python3 make_bnb_fixtures.py --tiny tests/fixtures/tiny --out tests/fixtures/tiny/bnb
 Needs:  torch, transformers==5.17.0, bitsandbytes (0.50, which runs on the CPU), safetensors.
@@ -88,6 +90,14 @@ def main():
                 mod.embed_scale = scale.to(dtype).float()
         with torch.no_grad():
             out["logits"] = dense(ids[None], use_cache=False).logits[0].float().contiguous()
+        if model == "llama-tiny":
+            from peft import PeftModel
+
+            lora = os.path.join(args.tiny, "lora", model, "attn-r4")
+            with torch.no_grad():
+                adapted = PeftModel.from_pretrained(dense, lora).eval()
+                logits = adapted(ids[None], use_cache=False).logits[0].float()
+                out["logits_lora_attn-r4"] = logits.contiguous()
         save_file(out, os.path.join(dst, "reference.safetensors"),
                   metadata={"bitsandbytes": bitsandbytes.__version__, "torch": torch.__version__,
                             "quant_type": qtype, "double_quant": str(dq), "dtype": str(dtype)})

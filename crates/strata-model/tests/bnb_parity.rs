@@ -14,7 +14,9 @@ fn dir(variant: &str) -> PathBuf {
         .join(variant)
 }
 
-fn check(variant: &str, bound: f32) {
+/// `variant`'s logits of the reference ids, with LoRA adapter `lora` of the tiny Llama's
+/// fixtures loaded when given, against the reference's `want`.
+fn check_with(variant: &str, lora: Option<&str>, want: &str, bound: f32) {
     let reference = SafetensorsModel::open(dir(variant).join("reference.safetensors")).unwrap();
     let ids: Vec<u32> = reference
         .get("input_ids")
@@ -23,8 +25,16 @@ fn check(variant: &str, bound: f32) {
         .chunks_exact(8)
         .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
         .collect();
-    let want = reference.get("logits").unwrap().to_f32_vec().unwrap();
+    let want = reference.get(want).unwrap().to_f32_vec().unwrap();
     let model = Model::load(CpuBackend::new(), &dir(variant)).unwrap();
+    let adapters = match lora {
+        Some(name) => {
+            let path = dir("../lora/llama-tiny").join(name);
+            model.load_lora(1, &path, 64).unwrap();
+            vec![1]
+        }
+        None => Vec::new(),
+    };
     let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
     let plan = PagePlan {
         full: 16,
@@ -41,6 +51,7 @@ fn check(variant: &str, bound: f32) {
             start: 0,
             logits: LogitsMode::All,
         }],
+        adapters,
         ..ForwardBatch::default()
     };
     let got = model.forward(&mut kv, &batch).unwrap().logits.remove(0);
@@ -49,7 +60,22 @@ fn check(variant: &str, bound: f32) {
         .zip(&want)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    assert!(d < bound, "{variant}: differs from transformers by {d}");
+    assert!(
+        d < bound,
+        "{variant} {lora:?}: differs from transformers by {d}"
+    );
+}
+
+fn check(variant: &str, bound: f32) {
+    check_with(variant, None, "logits", bound);
+}
+
+/// QLoRA serving: a LoRA adapter over the 4-bit base, against peft on the dequantized base.
+#[test]
+fn a_lora_adapter_over_4_bit_weights_matches_peft() {
+    for variant in ["llama-tiny-nf4-dq", "llama-tiny-fp4"] {
+        check_with(variant, Some("attn-r4"), "logits_lora_attn-r4", 1e-4);
+    }
 }
 
 #[test]
