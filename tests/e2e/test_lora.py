@@ -63,7 +63,8 @@ def tiny(log_dir, tmp_path_factory):
     tok["model"]["vocab"].update({f"<unused{i}>": i for i in range(len(tok["model"]["vocab"]), 512)})
     (model / "tokenizer.json").write_text(json.dumps(tok))
     srv = start_server(log_dir, "--served-model-name", "tiny", "--lora", f"attn={lora / 'attn-r4'}",
-                       "--lora", f"mlp={lora / 'mlp-r8-rs'}", "--max-loras", "3", "--page-size", "4",
+                       "--lora", f"mlp={lora / 'mlp-r8-rs'}", "--max-cpu-loras", "3", "--max-loras", "1",
+                       "--page-size", "4",
                        name="lora", model=model, admin_key=ADMIN)
     srv.lora = lora
     srv.ref = reference(lora / "reference.safetensors")
@@ -108,7 +109,8 @@ def test_each_adapter_matches_peft_alone_and_beside_the_others(tiny):
     names = {"tiny": "base", "attn": "attn-r4", "mlp": "mlp-r8-rs"}
     for model, key in names.items():
         close(prompt_logprobs(tiny, model, ids), want_logprobs(tiny.ref[f"logits_{key}"], ids), model)
-    # All at once, twice over: the steps mix the base model and both adapters.
+    # All at once, twice over: with --max-loras 1 a step takes one adapter beside the base
+    # model, the others wait, and the adapters take turns on the device.
     jobs = list(names.items()) * 3
     with ThreadPoolExecutor(len(jobs)) as pool:
         got = list(pool.map(lambda j: prompt_logprobs(tiny, j[0], ids), jobs))
@@ -150,12 +152,12 @@ def test_adapters_load_and_unload_at_run_time(tiny):
     assert r.status_code == 200, r.text
     assert r.json()["id"] == "all" and r.json()["parent"] == "tiny"
     close(prompt_logprobs(tiny, "all", ids), want_logprobs(tiny.ref["logits_all-r2"], ids), "all")
-    # The same name again, and past --max-loras 3: refused.
+    # The same name again, and past --max-cpu-loras 3: refused.
     assert_api_error(post(tiny, "/v1/load_lora_adapter", body), 400)
     more = {"lora_name": "more", "lora_path": str(tiny.lora / "attn-r4")}
     r = post(tiny, "/v1/load_lora_adapter", more)
     assert_api_error(r, 400)
-    assert "--max-loras" in r.json()["error"]["message"]
+    assert "--max-cpu-loras" in r.json()["error"]["message"]
     r = post(tiny, "/v1/unload_lora_adapter", {"lora_name": "all"})
     assert r.status_code == 200, r.text
     assert "all" not in {m["id"] for m in get(tiny, "/v1/models").json()["data"]}

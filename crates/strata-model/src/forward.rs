@@ -376,7 +376,7 @@ impl<B: Backend> Model<B> {
         // The layer's last residual step also norms the next layer's input.
         let next = layers.get(l + 1).map(|n| &n.input_norm);
         // The LoRA adapters of the step's sequences, with the rows each serves.
-        let loras = self.loras.runs(batch)?;
+        let loras = self.loras.runs(b, batch)?;
         // The o and down products go only into a residual norm, which can add their parts.
         let at = (positions, &loras);
         let (attn, parts) = self.attention(l, lc, lw, normed, t, at, batch, kv)?;

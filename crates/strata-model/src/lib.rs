@@ -28,7 +28,7 @@ pub use greedy_rows::{GreedyRows, RowChoices};
 pub use kv_cache::{DecodeGraphs, KvCache, PagedStorage};
 pub use launch::Launched;
 pub use linear::{upload_linear, upload_linear_as, HostTable, Linear, QuantUpload, QuantWeight};
-pub use lora::{LoraAdapter, LoraInfo, Target as LoraTarget};
+pub use lora::{LoraAdapter, LoraInfo, LoraStats, Target as LoraTarget};
 pub use model::{LoadOptions, LoadProgress, Model};
 pub use runner::{ModelHandle, ModelRunner, SwapModel};
 pub use strata_kernels::sampling::FED_TOKEN;

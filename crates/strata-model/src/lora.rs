@@ -3,17 +3,21 @@
 //! the rows of the sequences that run with them. One step may mix adapters: the rows of
 //! each adapter are gathered, multiplied by its `A` then `B`, scaled and added back, so
 //! every sequence gets exactly `W x + scale * B (A x)` whatever it is batched with.
+//!
+//! An adapter is kept in host memory once loaded; at most `max_resident` are on the backend
+//! at once (uploaded when a step names them, the least recently used one dropped to make
+//! room), so many adapters can be served from little device memory.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
-use strata_kernels::{Backend, StridedCopy};
+use strata_kernels::{Backend, DType, StridedCopy};
 use strata_weights::{SafetensorsModel, WeightSource};
 
 use crate::error::{ModelError, Result};
-use crate::linear::{upload_linear, Linear, QuantUpload};
+use crate::linear::Linear;
 use crate::tensors::LayerTensors;
 use crate::ForwardBatch;
 
@@ -78,16 +82,42 @@ impl Target {
     }
 }
 
+/// A matrix in host memory: its values, `[rows, cols]`, and the dtype it was stored in
+/// (what it is uploaded as).
+struct HostMatrix {
+    values: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+}
+
+impl HostMatrix {
+    fn upload<B: Backend>(&self, b: &B) -> Result<Linear<B>> {
+        Ok(Linear::Dense {
+            w: b.upload_f32_as(&self.values, self.dtype)?,
+            rows: self.rows,
+            cols: self.cols,
+        })
+    }
+}
+
 /// `A` and `B` of a matrix as they are read (either may be missing until both are).
-type HalfPair<B> = (Option<Linear<B>>, Option<Linear<B>>);
+type HalfPair = (Option<HostMatrix>, Option<HostMatrix>);
 
-/// A step's adapter: its id, itself, and the runs of rows (`(first row, rows)`) it serves.
-type Group<B> = (u32, Arc<LoraAdapter<B>>, Vec<(usize, usize)>);
+/// A step's adapter: its id, its matrices on the backend, and the runs of rows
+/// (`(first row, rows)`) it serves.
+type Group<B> = (u32, Arc<Uploaded<B>>, Vec<(usize, usize)>);
 
-/// One adapted matrix: `A [rank, in]` and `B [out, rank]`.
+/// One adapted matrix on the backend: `A [rank, in]` and `B [out, rank]`.
 struct Pair<B: Backend> {
     a: Linear<B>,
     b: Linear<B>,
+}
+
+/// An adapter's matrices on the backend, and its scale.
+pub(crate) struct Uploaded<B: Backend> {
+    scale: f32,
+    pairs: HashMap<(usize, Target), Pair<B>>,
 }
 
 /// What an adapter's `adapter_config.json` says, as Strata takes it.
@@ -112,32 +142,49 @@ impl LoraInfo {
     }
 }
 
-/// A loaded adapter: its matrices per layer and target, on the model's backend.
-pub struct LoraAdapter<B: Backend> {
+/// A loaded adapter: its matrices per layer and target, in host memory.
+pub struct LoraAdapter {
     info: LoraInfo,
     scale: f32,
-    pairs: HashMap<(usize, Target), Pair<B>>,
+    pairs: HashMap<(usize, Target), (HostMatrix, HostMatrix)>,
 }
 
-impl<B: Backend> LoraAdapter<B> {
+impl LoraAdapter {
     /// What the adapter is.
     pub fn info(&self) -> &LoraInfo {
         &self.info
     }
 
-    /// Whether it adapts `target` of layer `l`.
-    pub fn adapts(&self, l: usize, target: Target) -> bool {
-        self.pairs.contains_key(&(l, target))
+    /// Its matrices on `b`.
+    fn upload<B: Backend>(&self, b: &B) -> Result<Uploaded<B>> {
+        let mut pairs = HashMap::with_capacity(self.pairs.len());
+        for (&key, (a, bm)) in &self.pairs {
+            pairs.insert(
+                key,
+                Pair {
+                    a: a.upload(b)?,
+                    b: bm.upload(b)?,
+                },
+            );
+        }
+        Ok(Uploaded {
+            scale: self.scale,
+            pairs,
+        })
     }
 }
 
-impl<B: QuantUpload> LoraAdapter<B> {
+impl LoraAdapter {
     /// Loads the PEFT adapter in `dir` for a model of `layers` on backend `b`, refusing
     /// (with the field, module or layer named) what Strata cannot serve exactly: another
     /// method than LoRA, DoRA, biases, `modules_to_save`, per-module ranks or alphas, a
     /// rank above `max_rank`, a module the layer lacks (a KV-shared layer's k or v), or
     /// shapes that are not the model's (an adapter for another model).
-    pub fn load(b: &B, layers: &[LayerTensors<B>], dir: &Path, max_rank: usize) -> Result<Self> {
+    pub fn load<B: Backend>(
+        layers: &[LayerTensors<B>],
+        dir: &Path,
+        max_rank: usize,
+    ) -> Result<Self> {
         let config_path = dir.join("adapter_config.json");
         let text = std::fs::read_to_string(&config_path)
             .map_err(|e| bad(format!("{}: {e}", config_path.display())))?;
@@ -150,7 +197,7 @@ impl<B: QuantUpload> LoraAdapter<B> {
             )));
         }
         let weights = SafetensorsModel::open(dir.join("adapter_model.safetensors"))?;
-        let mut pairs: HashMap<(usize, Target), HalfPair<B>> = HashMap::new();
+        let mut pairs: HashMap<(usize, Target), HalfPair> = HashMap::new();
         let mut names = weights.names();
         names.sort_unstable();
         let parsed = names
@@ -187,7 +234,18 @@ impl<B: QuantUpload> LoraAdapter<B> {
                     target.module()
                 )));
             }
-            let lin = upload_linear(b, &view)?;
+            let dtype = match view.ty {
+                strata_weights::GgmlType::F32 => DType::F32,
+                strata_weights::GgmlType::BF16 => DType::BF16,
+                strata_weights::GgmlType::F16 => DType::F16,
+                other => return Err(bad(format!("`{name}` is stored as {other:?}"))),
+            };
+            let lin = HostMatrix {
+                values: view.to_f32_vec()?,
+                rows: want.0,
+                cols: want.1,
+                dtype,
+            };
             let slot = pairs.entry((l, target)).or_default();
             match is_a {
                 true => slot.0 = Some(lin),
@@ -204,7 +262,7 @@ impl<B: QuantUpload> LoraAdapter<B> {
                 )));
             };
             adapted.push((l, target.module()));
-            done.insert((l, target), Pair { a, b: bm });
+            done.insert((l, target), (a, bm));
         }
         if done.is_empty() {
             return Err(bad("the adapter holds no LoRA matrix".into()));
@@ -304,80 +362,158 @@ fn parse_name(name: &str) -> Result<(usize, Target, bool)> {
     Ok((l, target, is_a))
 }
 
-/// The adapters a model has loaded, by the id a batch names them with (1 and up).
+/// The adapters a model has loaded, by the id a batch names them with (1 and up), and those
+/// on the backend now.
 pub struct LoraSet<B: Backend> {
-    loaded: RwLock<HashMap<u32, Arc<LoraAdapter<B>>>>,
+    state: RwLock<SetState<B>>,
+}
+
+struct SetState<B: Backend> {
+    loaded: HashMap<u32, Arc<LoraAdapter>>,
+    resident: HashMap<u32, Arc<Uploaded<B>>>,
+    /// Resident ids, least recently used first.
+    lru: Vec<u32>,
+    max_resident: usize,
+    uploads: u64,
+}
+
+/// How the adapter set stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoraStats {
+    /// Adapters loaded (in host memory).
+    pub loaded: usize,
+    /// Adapters on the backend now.
+    pub resident: usize,
+    /// Uploads to the backend since the start (the first use of each adapter, and every
+    /// use after it was dropped to make room).
+    pub uploads: u64,
 }
 
 impl<B: Backend> Default for LoraSet<B> {
     fn default() -> Self {
         Self {
-            loaded: RwLock::new(HashMap::new()),
+            state: RwLock::new(SetState {
+                loaded: HashMap::new(),
+                resident: HashMap::new(),
+                lru: Vec::new(),
+                max_resident: usize::MAX,
+                uploads: 0,
+            }),
         }
     }
 }
 
 impl<B: Backend> LoraSet<B> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, SetState<B>> {
+        self.state.write().expect("adapter set lock")
+    }
+
     /// Adds (or replaces) adapter `id`; id 0 means "no adapter" and is refused.
-    pub fn insert(&self, id: u32, adapter: LoraAdapter<B>) -> Result<()> {
+    pub fn insert(&self, id: u32, adapter: LoraAdapter) -> Result<()> {
         if id == 0 {
             return Err(bad("id 0 stands for no adapter".into()));
         }
-        self.loaded
-            .write()
-            .expect("adapter set lock")
-            .insert(id, Arc::new(adapter));
+        let mut st = self.write();
+        st.loaded.insert(id, Arc::new(adapter));
+        st.resident.remove(&id);
+        st.lru.retain(|&r| r != id);
         Ok(())
     }
 
     /// Drops adapter `id`; whether it was loaded.
     pub fn remove(&self, id: u32) -> bool {
-        self.loaded
-            .write()
-            .expect("adapter set lock")
-            .remove(&id)
-            .is_some()
+        let mut st = self.write();
+        st.resident.remove(&id);
+        st.lru.retain(|&r| r != id);
+        st.loaded.remove(&id).is_some()
+    }
+
+    /// At most `n` adapters on the backend at once (at least 1); a step may name no more.
+    pub fn set_max_resident(&self, n: usize) {
+        let mut st = self.write();
+        st.max_resident = n.max(1);
+        while st.resident.len() > st.max_resident {
+            let oldest = st.lru.remove(0);
+            st.resident.remove(&oldest);
+        }
+    }
+
+    /// How the set stands.
+    pub fn stats(&self) -> LoraStats {
+        let st = self.state.read().expect("adapter set lock");
+        LoraStats {
+            loaded: st.loaded.len(),
+            resident: st.resident.len(),
+            uploads: st.uploads,
+        }
     }
 
     /// Moves every adapter of `from` into this set (a model taking another's place).
     pub(crate) fn adopt(&self, from: &LoraSet<B>) {
-        let taken = std::mem::take(&mut *from.loaded.write().expect("adapter set lock"));
-        self.loaded.write().expect("adapter set lock").extend(taken);
+        let mut theirs = from.write();
+        let mut ours = self.write();
+        ours.loaded.extend(std::mem::take(&mut theirs.loaded));
+        ours.resident.extend(std::mem::take(&mut theirs.resident));
+        let lru = std::mem::take(&mut theirs.lru);
+        ours.lru.extend(lru);
     }
 
-    /// Adapter `id`, if loaded.
-    pub fn get(&self, id: u32) -> Option<Arc<LoraAdapter<B>>> {
-        self.loaded
-            .read()
-            .expect("adapter set lock")
-            .get(&id)
-            .cloned()
-    }
-
-    /// The step's adapters and the runs of rows (`(first row, rows)`) each serves, from a
-    /// batch whose sequence `i` owns its `tokens.len()` consecutive rows. Empty when no
-    /// sequence has an adapter.
-    pub(crate) fn runs(&self, batch: &ForwardBatch) -> Result<AdapterRuns<B>> {
-        let mut groups: Vec<Group<B>> = Vec::new();
+    /// The step's adapters on the backend `b` (uploaded there first where they are not,
+    /// the least recently used others dropped to make room) and the runs of rows
+    /// (`(first row, rows)`) each serves, from a batch whose sequence `i` owns its
+    /// `tokens.len()` consecutive rows. Empty when no sequence has an adapter; refused when
+    /// the step names more adapters than may be on the backend at once.
+    pub(crate) fn runs(&self, b: &B, batch: &ForwardBatch) -> Result<AdapterRuns<B>> {
+        let mut runs: Vec<(u32, Vec<(usize, usize)>)> = Vec::new();
         if !batch.has_adapters() {
-            return Ok(AdapterRuns(groups));
+            return Ok(AdapterRuns(Vec::new()));
         }
         let mut row = 0;
         for (i, s) in batch.seqs.iter().enumerate() {
             let id = batch.adapter(i);
             let n = s.tokens.len();
             if id != 0 {
-                match groups.iter_mut().find(|g| g.0 == id) {
-                    Some(g) => g.2.push((row, n)),
-                    None => {
-                        let ad = self.get(id).ok_or_else(|| {
-                            ModelError::Invalid(format!("LoRA adapter {id} is not loaded"))
-                        })?;
-                        groups.push((id, ad, vec![(row, n)]));
-                    }
+                match runs.iter_mut().find(|g| g.0 == id) {
+                    Some(g) => g.1.push((row, n)),
+                    None => runs.push((id, vec![(row, n)])),
                 }
             }
             row += n;
+        }
+        let mut st = self.write();
+        if runs.len() > st.max_resident {
+            return Err(ModelError::Invalid(format!(
+                "a step names {} LoRA adapters; at most {} fit on the backend at once",
+                runs.len(),
+                st.max_resident
+            )));
+        }
+        let step: Vec<u32> = runs.iter().map(|r| r.0).collect();
+        let mut groups = Vec::with_capacity(runs.len());
+        for (id, rows) in runs {
+            let up = match st.resident.get(&id) {
+                Some(up) => up.clone(),
+                None => {
+                    let ad = st.loaded.get(&id).cloned().ok_or_else(|| {
+                        ModelError::Invalid(format!("LoRA adapter {id} is not loaded"))
+                    })?;
+                    // Room first: the least recently used adapter this step does not name goes.
+                    while st.resident.len() >= st.max_resident {
+                        let Some(at) = st.lru.iter().position(|r| !step.contains(r)) else {
+                            break;
+                        };
+                        let oldest = st.lru.remove(at);
+                        st.resident.remove(&oldest);
+                    }
+                    let up = Arc::new(ad.upload(b)?);
+                    st.resident.insert(id, up.clone());
+                    st.uploads += 1;
+                    up
+                }
+            };
+            st.lru.retain(|&r| r != id);
+            st.lru.push(id);
+            groups.push((id, up, rows));
         }
         Ok(AdapterRuns(groups))
     }
@@ -389,7 +525,9 @@ pub(crate) struct AdapterRuns<B: Backend>(Vec<Group<B>>);
 impl<B: Backend> AdapterRuns<B> {
     /// Whether some adapter of the step adapts `target` of layer `l`.
     pub(crate) fn touches(&self, l: usize, target: Target) -> bool {
-        self.0.iter().any(|(_, a, _)| a.adapts(l, target))
+        self.0
+            .iter()
+            .any(|(_, a, _)| a.pairs.contains_key(&(l, target)))
     }
 
     /// Adds `scale * B (A x)` of each adapter of the step that adapts `target` of layer

@@ -9,7 +9,7 @@ use strata_weights::{GgmlType, ModelWeights};
 
 use crate::error::Result;
 use crate::linear::QuantUpload;
-use crate::lora::{LoraAdapter, LoraInfo, LoraSet};
+use crate::lora::{LoraAdapter, LoraInfo, LoraSet, LoraStats};
 use crate::tensors::ModelTensors;
 
 /// Called as a model's weights load: `(done, total)` in steps of the load (the embeddings,
@@ -149,7 +149,7 @@ impl<B: QuantUpload> Model<B> {
     /// Loads the PEFT adapter in `dir` as adapter `id` (1 and up), replacing any of that
     /// id; see [`LoraAdapter::load`] for what is refused.
     pub fn load_lora(&self, id: u32, dir: &Path, max_rank: usize) -> Result<LoraInfo> {
-        let adapter = LoraAdapter::load(&self.backend, &self.tensors.layers, dir, max_rank)?;
+        let adapter = LoraAdapter::load(&self.tensors.layers, dir, max_rank)?;
         let info = adapter.info().clone();
         self.loras.insert(id, adapter)?;
         Ok(info)
@@ -185,6 +185,17 @@ impl<B: Backend> Model<B> {
     /// Drops LoRA adapter `id`; whether it was loaded. A batch naming it afterwards fails.
     pub fn unload_lora(&self, id: u32) -> bool {
         self.loras.remove(id)
+    }
+
+    /// At most `n` LoRA adapters on the backend at once (the others wait in host memory and
+    /// are uploaded when a step names them); a step may name no more than `n`.
+    pub fn set_max_resident_loras(&self, n: usize) {
+        self.loras.set_max_resident(n);
+    }
+
+    /// Adapters loaded, on the backend, and uploads so far.
+    pub fn lora_stats(&self) -> LoraStats {
+        self.loras.stats()
     }
 
     /// The KV-shared layers a prompt's step runs for its last row only (none when the model

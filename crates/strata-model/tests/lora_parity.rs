@@ -253,3 +253,52 @@ fn adapters_strata_cannot_serve_exactly_are_refused_by_name() {
     // No adapter is left loaded by a refusal.
     assert!(!llama.unload_lora(1) && !gemma.unload_lora(1));
 }
+
+/// With room for two adapters on the backend, three are served in turn: each is uploaded
+/// when a step names it, the least recently used one dropped, and the logits still equal
+/// peft's; a step naming all three is refused.
+#[test]
+fn adapters_past_the_resident_limit_are_swapped_in_and_still_match_peft() {
+    let name = "llama-tiny";
+    let model = Model::load(CpuBackend::new(), &tiny(name)).unwrap();
+    model.set_max_resident_loras(2);
+    let (ids, want) = reference(name);
+    for (i, a) in ADAPTERS.iter().enumerate() {
+        model
+            .load_lora(i as u32 + 1, &tiny("lora").join(name).join(a), 64)
+            .unwrap();
+    }
+    let n = ids.len();
+    for (turn, id) in [1u32, 2, 3, 1, 2, 2].into_iter().enumerate() {
+        let got = run_mixed(&model, &ids, &[id, 0], &[n]);
+        let d = max_abs_diff(&got[0], &want(ADAPTERS[id as usize - 1]));
+        assert!(
+            d < 1e-4,
+            "turn {turn}, adapter {id}: differs from peft by {d}"
+        );
+        let s = model.lora_stats();
+        assert!(s.resident <= 2 && s.loaded == 3, "{s:?}");
+    }
+    // Uploads: 1, 2, 3 (drops 1), 1 (drops 2), 2 (drops 3), then 2 again resident.
+    assert_eq!(model.lora_stats().uploads, 5);
+    let mut kv = pool(&model);
+    let reqs: Vec<_> = (0..3).map(|_| kv.alloc_request()).collect();
+    let mut batch = ForwardBatch {
+        adapters: vec![1, 2, 3],
+        ..ForwardBatch::default()
+    };
+    for &r in &reqs {
+        kv.extend(r, 1).unwrap();
+        batch.seqs.push(SeqChunk {
+            request: r,
+            tokens: ids[..1].to_vec(),
+            start: 0,
+            logits: LogitsMode::Last,
+        });
+    }
+    let e = model.forward(&mut kv, &batch).unwrap_err().to_string();
+    assert!(
+        e.contains("3 LoRA adapters") && e.contains("at most 2"),
+        "{e}"
+    );
+}

@@ -39,6 +39,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             || !self.waiting.is_empty()
             || !self.model.feeds(&prev.step)
             || self.wants_round(true)
+            || !self.adapters_fit_one_step()
         {
             return None;
         }

@@ -37,6 +37,8 @@ pub struct Scheduler<M: StepModel<S>, S: KvStorage = HostStorage> {
     pub(crate) mask_stats: MaskStats,
     /// What the latest [`step`](Self::step) call queued, if anything.
     pub(crate) last_launch: Option<LaunchShape>,
+    /// Distinct LoRA adapters one step may name (what fits on the backend at once).
+    pub(crate) max_step_adapters: usize,
     /// Speculative rounds and their drafts, since the start.
     pub(crate) draft_stats: DraftStats,
 }
@@ -116,7 +118,33 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             overlapped_steps: 0,
             mask_stats: MaskStats::default(),
             draft_stats: DraftStats::default(),
+            max_step_adapters: usize::MAX,
         })
+    }
+
+    /// At most `n` distinct LoRA adapters in one step (at least 1): the model keeps that
+    /// many on its backend at once. Requests on other adapters wait for a step with room,
+    /// the oldest first.
+    pub fn set_max_step_adapters(&mut self, n: usize) {
+        self.max_step_adapters = n.max(1);
+    }
+
+    /// Whether every running request's adapter fits one step (a queued step takes them all).
+    pub(crate) fn adapters_fit_one_step(&self) -> bool {
+        let mut taken: Vec<u32> = Vec::new();
+        for s in &self.running {
+            let a = s.req.adapter;
+            if a != 0 && !taken.contains(&a) {
+                taken.push(a);
+            }
+        }
+        taken.len() <= self.max_step_adapters
+    }
+
+    /// Whether a step whose adapters so far are `taken` has room for `adapter` (0, none,
+    /// always has).
+    pub(crate) fn adapter_fits(&self, taken: &[u32], adapter: u32) -> bool {
+        adapter == 0 || taken.contains(&adapter) || taken.len() < self.max_step_adapters
     }
 
     /// Queues `req`. Every request ends with exactly one `Finished` event, invalid ones

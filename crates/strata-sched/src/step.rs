@@ -145,12 +145,19 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     /// Chooses this step's tokens and allocates their slots (`Seq::chunk`).
     fn plan(&mut self, events: &mut Vec<Event>) {
         let mut budget = self.config.max_batch_tokens;
+        // The LoRA adapters the step names so far (a request on another waits when full).
+        let mut adapters = Vec::new();
         // Decode tokens first: they are latency-bound and cost one token each.
         let mut i = 0;
         while i < self.running.len() {
-            if self.running[i].pending() == 1 && budget > 0 {
+            let adapter = self.running[i].req.adapter;
+            if self.running[i].pending() == 1 && budget > 0 && self.adapter_fits(&adapters, adapter)
+            {
                 match self.reserve(i, 1, events) {
-                    Reserved::Tokens(n) => budget -= n,
+                    Reserved::Tokens(n) => {
+                        budget -= n;
+                        take_adapter(&mut adapters, adapter);
+                    }
                     Reserved::Skipped => {}
                     Reserved::Removed => continue,
                 }
@@ -162,24 +169,33 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let pending = self.running[i].pending();
-            if pending > 1 {
+            let adapter = self.running[i].req.adapter;
+            if pending > 1 && self.adapter_fits(&adapters, adapter) {
                 let cap = self.running[i].chunk_cap(chunk, vocab);
                 match self.reserve(i, pending.min(cap).min(budget), events) {
-                    Reserved::Tokens(n) => budget -= n,
+                    Reserved::Tokens(n) => {
+                        budget -= n;
+                        take_adapter(&mut adapters, adapter);
+                    }
                     Reserved::Skipped => {}
                     Reserved::Removed => continue,
                 }
             }
             i += 1;
         }
-        self.admit_waiting(&mut budget, events);
+        self.admit_waiting(&mut budget, &mut adapters, events);
     }
 
     /// Admits waiting requests in order while the budget, `max_running_requests` and the
     /// pool allow, giving each its first chunk in this step. The queue is strictly FIFO: a
     /// request that does not fit blocks the ones behind it, so large requests are not
     /// starved by small ones.
-    fn admit_waiting(&mut self, budget: &mut usize, events: &mut Vec<Event>) {
+    fn admit_waiting(
+        &mut self,
+        budget: &mut usize,
+        adapters: &mut Vec<u32>,
+        events: &mut Vec<Event>,
+    ) {
         while *budget > 0 && self.running.len() < self.config.max_running_requests {
             let Some(front) = self.waiting.front() else {
                 break;
@@ -196,7 +212,10 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             }
             // A sibling sample waits (one step or a few) for its prompt's pages to be
             // cached; the queue stays FIFO behind it.
-            if self.held_for_sibling(front) || !self.fits_now(front) {
+            if self.held_for_sibling(front)
+                || !self.fits_now(front)
+                || !self.adapter_fits(adapters, front.req.adapter)
+            {
                 break;
             }
             let seq = self.waiting.pop_front().expect("front exists");
@@ -204,8 +223,12 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             let seq = &self.running[at];
             let cap = seq.chunk_cap(self.config.prefill_chunk, self.model.vocab_size());
             let want = seq.pending().min(cap).min(*budget);
+            let adapter = seq.req.adapter;
             match self.reserve(at, want, events) {
-                Reserved::Tokens(n) => *budget -= n,
+                Reserved::Tokens(n) => {
+                    *budget -= n;
+                    take_adapter(adapters, adapter);
+                }
                 Reserved::Skipped | Reserved::Removed => break,
             }
         }
@@ -489,6 +512,13 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 events.push(self.finish(seq, FinishReason::Error(error.clone())));
             }
         }
+    }
+}
+
+/// Notes `adapter` (0: none) among a step's adapters.
+fn take_adapter(adapters: &mut Vec<u32>, adapter: u32) {
+    if adapter != 0 && !adapters.contains(&adapter) {
+        adapters.push(adapter);
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Adapter {
 pub(crate) trait AdapterHost: Send + Sync {
     fn load(&self, id: u32, dir: &Path, max_rank: usize) -> strata_model::Result<LoraInfo>;
     fn unload(&self, id: u32) -> bool;
+    /// At most `n` adapters on the backend at once.
+    fn set_max_resident(&self, n: usize);
 }
 
 impl<B: Placement> AdapterHost for Model<B>
@@ -41,6 +43,10 @@ where
 
     fn unload(&self, id: u32) -> bool {
         self.unload_lora(id)
+    }
+
+    fn set_max_resident(&self, n: usize) {
+        self.set_max_resident_loras(n)
     }
 }
 
@@ -61,7 +67,7 @@ impl OnBackend for HostOf {
 /// The adapters by name, and the limits on them.
 pub(crate) struct AdapterTable {
     by_name: BTreeMap<String, Arc<Adapter>>,
-    /// Adapters loaded at once at most (`--max-loras`).
+    /// Adapters loaded (in host memory) at once at most (`--max-cpu-loras`).
     pub max_loras: usize,
     /// The largest rank accepted (`--max-lora-rank`).
     pub max_rank: usize,
@@ -108,7 +114,7 @@ impl AdapterTable {
         }
         if self.by_name.len() >= self.max_loras {
             return Err(EngineError::Invalid(format!(
-                "{} adapters are loaded, the most --max-loras allows: unload one first",
+                "{} adapters are loaded, the most --max-cpu-loras allows: unload one first",
                 self.by_name.len()
             )));
         }

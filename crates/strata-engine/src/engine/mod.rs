@@ -64,8 +64,11 @@ pub struct EngineOptions {
     pub max_model_len: Option<usize>,
     /// LoRA adapters loaded at start, as `(name, directory)`.
     pub loras: Vec<(String, std::path::PathBuf)>,
-    /// Adapters loaded at once at most (at most 127).
+    /// Adapters on the device at once, which is also how many one step may name; the
+    /// others wait in host memory and are uploaded when a step names them.
     pub max_loras: usize,
+    /// Adapters loaded (in host memory) at once at most (at most 127).
+    pub max_cpu_loras: usize,
     /// The largest adapter rank accepted.
     pub max_lora_rank: usize,
 }
@@ -87,6 +90,7 @@ impl Default for EngineOptions {
             max_model_len: None,
             loras: Vec::new(),
             max_loras: 8,
+            max_cpu_loras: 32,
             max_lora_rank: 64,
         }
     }
@@ -479,8 +483,9 @@ impl Engine {
         let (alive_tx, alive_watch) = watch::channel(true);
         // Adapters named at start load here, on the thread that loaded the model.
         let host = loaded.runtime.dispatch(adapters::HostOf);
+        host.set_max_resident(opts.max_loras);
         let table = Arc::new(Mutex::new(adapters::AdapterTable::new(
-            opts.max_loras,
+            opts.max_cpu_loras.max(opts.max_loras),
             opts.max_lora_rank,
         )));
         for (name, dir) in &opts.loras {

@@ -101,8 +101,9 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
         metrics: Arc<Metrics>,
     ) -> Result<Self> {
         let pool = pool_for(loaded, &opts, storage)?;
-        let sched = Scheduler::new(model, pool, opts.scheduler)
+        let mut sched = Scheduler::new(model, pool, opts.scheduler)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        sched.set_max_step_adapters(opts.max_loras);
         let worker = Self {
             sched,
             tokenizer: loaded.tokenizer.clone(),

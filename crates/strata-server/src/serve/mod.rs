@@ -82,9 +82,13 @@ pub struct ServeArgs {
     /// `POST /v1/load_lora_adapter` (with `--admin-api-key`).
     #[arg(long = "lora", value_name = "NAME=DIR")]
     pub loras: Vec<String>,
-    /// LoRA adapters loaded at once at most (up to 127).
+    /// LoRA adapters on the device at once, which is also how many one step may name; the
+    /// others wait in host memory and are uploaded when a step needs them.
     #[arg(long, default_value_t = 8)]
     pub max_loras: usize,
+    /// LoRA adapters loaded (in host memory) at once at most (up to 127).
+    #[arg(long, default_value_t = 32)]
+    pub max_cpu_loras: usize,
     /// The largest LoRA rank accepted.
     #[arg(long, default_value_t = 64)]
     pub max_lora_rank: usize,
@@ -372,6 +376,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         max_model_len: a.max_model_len,
         loras: parse_loras(&a.loras)?,
         max_loras: a.max_loras,
+        max_cpu_loras: a.max_cpu_loras,
         max_lora_rank: a.max_lora_rank,
     };
     let warm = a.warmup.on(on_gpu);
