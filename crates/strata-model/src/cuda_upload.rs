@@ -439,6 +439,73 @@ mod tests {
     /// keeps its one-row logits buffer when bucket 8 needs a larger one, bucket 4's graph
     /// shares bucket 8's, and each is read at its own graph's row count. Every step's
     /// logits are the bits of the same padded step run op by op.
+    /// peft's logits (`lora/<model>/reference.safetensors`, name `logits_<key>`).
+    fn lora_reference(model: &str, key: &str) -> Vec<f32> {
+        let path = fixtures()
+            .join("lora")
+            .join(model)
+            .join("reference.safetensors");
+        let bytes = std::fs::read(path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor(&format!("logits_{key}")).unwrap();
+        t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// LoRA adapters on the GPU (op by op, room for two of three on the device): one step
+    /// mixing every adapter the room allows and the base model, on the device pool, equals
+    /// peft within 1e-4 (exact f32 mode) and the CPU backend.
+    #[test]
+    fn lora_adapters_on_the_gpu_match_peft() {
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let adapters = ["attn-r4", "mlp-r8-rs", "all-r2"];
+        for name in ["gemma4-tiny", "llama-tiny"] {
+            let dir = fixtures().join(name);
+            let mut cuda = Model::load(gpu.clone(), &dir).unwrap();
+            cuda.set_kv_shared_trim(false);
+            cuda.set_max_resident_loras(2);
+            for (i, a) in adapters.iter().enumerate() {
+                let path = fixtures().join("lora").join(name).join(a);
+                cuda.load_lora(i as u32 + 1, &path, 64).unwrap();
+            }
+            let (ids, _) = reference(&dir);
+            let n = ids.len();
+            for pair in [[1u32, 2], [3, 1], [2, 3]] {
+                let mut kv = device_pool(&cuda, KvCacheDtype::F32);
+                let seqs = [pair[0], 0, pair[1]];
+                let reqs: Vec<_> = seqs.iter().map(|_| kv.alloc_request()).collect();
+                let mut batch = ForwardBatch {
+                    adapters: seqs.to_vec(),
+                    ..ForwardBatch::default()
+                };
+                for &r in &reqs {
+                    kv.extend(r, n).unwrap();
+                    batch.seqs.push(SeqChunk {
+                        request: r,
+                        tokens: ids.clone(),
+                        start: 0,
+                        logits: LogitsMode::All,
+                    });
+                }
+                let out = cuda.forward(&mut kv, &batch).unwrap();
+                for (&id, got) in seqs.iter().zip(&out.logits) {
+                    let key = if id == 0 {
+                        "base"
+                    } else {
+                        adapters[id as usize - 1]
+                    };
+                    let d = max_abs_diff(got, &lora_reference(name, key));
+                    eprintln!("{name} adapters {pair:?}: {key} max |cuda - peft| {d:.3e}");
+                    assert!(d < 1e-4, "{name} {key}: CUDA differs from peft by {d}");
+                }
+            }
+            assert!(cuda.lora_stats().uploads >= 4, "{:?}", cuda.lora_stats());
+        }
+    }
+
     #[test]
     fn decode_graphs_of_several_buckets_share_logits_buffers() {
         let _serial = serial();
