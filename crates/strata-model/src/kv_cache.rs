@@ -7,6 +7,7 @@
 //! - `KvPool<PagedStorage<B>>`: slabs in the backend's memory; the backend's `kv_store` and
 //!   `paged_attention` address them through slot tables built once per step (the GPU path).
 
+use rayon::prelude::*;
 use strata_kernels::{AttentionParams, Backend, HostSlice, QkvPrep, RopeAt, StridedCopy};
 use strata_kv::{HostStorage, KvPool};
 
@@ -109,6 +110,9 @@ pub trait KvCache<B: Backend> {
     ) -> Result<()>;
 }
 
+/// Positions from which the host pool's gather of a sequence's K/V runs on all threads.
+const PAR_GATHER_MIN: usize = 256;
+
 /// Copies `rows` rows of `cols` values between token-major buffers.
 pub(crate) fn copy_rows<B: Backend>(
     b: &B,
@@ -184,10 +188,19 @@ impl<B: Backend> KvCache<B> for KvPool<HostStorage> {
             vh.clear();
             kh.resize((end - lo) * kvrow, 0.0);
             vh.resize((end - lo) * kvrow, 0.0);
-            for (i, pos) in (lo..end).enumerate() {
-                let slot = self.slot(seq.request, pos)?;
-                let r = i * kvrow..(i + 1) * kvrow;
-                self.read_kv(layer, slot, &mut kh[r.clone()], &mut vh[r])?;
+            // Each position's rows on their own (a slot lookup and a conversion each): over
+            // a long context, split over the threads, which would otherwise idle here.
+            let pool = &*self;
+            let read = |(i, (k, v)): (usize, (&mut [f32], &mut [f32]))| {
+                let slot = pool.slot(seq.request, lo + i)?;
+                pool.read_kv(layer, slot, k, v)
+            };
+            if end - lo >= PAR_GATHER_MIN {
+                let rows = kh.par_chunks_mut(kvrow).zip(vh.par_chunks_mut(kvrow));
+                rows.enumerate().try_for_each(read)?;
+            } else {
+                let rows = kh.chunks_mut(kvrow).zip(vh.chunks_mut(kvrow));
+                rows.enumerate().try_for_each(read)?;
             }
             let kbuf = b.upload(HostSlice::F32(&kh))?;
             let vbuf = b.upload(HostSlice::F32(&vh))?;
