@@ -11,7 +11,7 @@ use strata_kernels::cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 use strata_kernels::cuda::CudaBackend;
 use strata_kernels::Backend;
-use strata_kv::{CacheType, HostStorage, KvLayout, KvPool, KvStorage, PagePlan};
+use strata_kv::{CacheType, KvLayout, KvPool, KvStorage, PagePlan};
 use strata_model::{Assistant, KvCache, LoadOptions, Model};
 
 /// A backend a model can be placed on, with the storage its KV pools live in.
@@ -30,17 +30,19 @@ pub trait Placement: strata_model::QuantUpload + Clone + 'static {
 }
 
 impl Placement for CpuBackend {
-    type Storage = HostStorage;
+    type Storage = strata_model::PagedStorage<CpuBackend>;
 
-    fn kv_storage(_: &Model<Self>) -> HostStorage {
-        HostStorage::new()
+    fn kv_storage(model: &Model<Self>) -> Self::Storage {
+        strata_model::PagedStorage::new(model.backend().clone())
     }
 
     fn free_memory(_: &Model<Self>) -> Option<u64> {
         crate::budget::available_host_memory()
     }
 
-    fn forget_graphs(_: &mut HostStorage) {}
+    fn forget_graphs(storage: &mut Self::Storage) {
+        storage.forget_graphs();
+    }
 }
 
 #[cfg(feature = "cuda")]

@@ -3,7 +3,9 @@
 
 use strata_kv::quant::{decode_row, encode_row};
 
-use super::attention::{attention_over, KvSource};
+use rayon::prelude::*;
+
+use super::attention::{attention_over, ContiguousKv, KvSource};
 use super::buffer::CpuBuffer;
 use crate::error::ensure;
 use crate::paged::check_paged;
@@ -178,7 +180,40 @@ pub(crate) fn attention(
             .map(|x| x as u32)
             .collect();
         let range = seq.q_offset * row..(seq.q_offset + seq.q_len) * row;
-        attention_over(&q[range.clone()], &positions, &keys, p, &mut out[range])?;
+        let (q, out) = (&q[range.clone()], &mut out[range]);
+        if seq.q_len < GATHER_MIN_QUERIES {
+            // Few queries (decode rows): the rows are read in place, once a KV group.
+            attention_over(q, &positions, &keys, p, out)?;
+            continue;
+        }
+        // A prompt chunk reads every row once a query: convert them to f32 once first.
+        let (kv_row, d) = (s.num_kv_heads * s.head_dim, s.head_dim);
+        let n = keys.num_keys();
+        let (mut k, mut v) = (vec![0f32; n * kv_row], vec![0f32; n * kv_row]);
+        let data = &slab.data;
+        k.par_chunks_mut(kv_row)
+            .zip(v.par_chunks_mut(kv_row))
+            .enumerate()
+            .for_each(|(i, (kr, vr))| {
+                for h in 0..s.num_kv_heads {
+                    let at = h * d..(h + 1) * d;
+                    keys.row(&data.k, &data.k_scales, i, h, &mut kr[at.clone()]);
+                    keys.row(&data.v, &data.v_scales, i, h, &mut vr[at]);
+                }
+            });
+        let key_positions: Vec<u32> = (0..n).map(|i| keys.position(i)).collect();
+        let contiguous = ContiguousKv {
+            k: &k,
+            v: &v,
+            positions: &key_positions,
+            n_kv_heads: s.num_kv_heads,
+            head_dim: d,
+        };
+        attention_over(q, &positions, &contiguous, p, out)?;
     }
     Ok(())
 }
+
+/// Queries of a sequence from which its keys are converted to f32 once before attending
+/// (a prompt chunk) rather than read in place by each task (decode rows).
+const GATHER_MIN_QUERIES: usize = 8;
