@@ -116,6 +116,11 @@ def test_each_adapter_matches_peft_alone_and_beside_the_others(tiny):
         got = list(pool.map(lambda j: prompt_logprobs(tiny, j[0], ids), jobs))
     for (model, key), g in zip(jobs, got):
         close(g, want_logprobs(tiny.ref[f"logits_{key}"], ids), f"{model} mixed")
+    metrics = {line.split()[0]: float(line.split()[1]) for line in get(tiny, "/metrics").text.splitlines()
+               if line.startswith("strata_lora_")}
+    assert metrics["strata_lora_adapters_resident"] <= 1, metrics
+    # The two adapters took turns on the device: each uploaded more than once.
+    assert metrics["strata_lora_uploads_total"] >= 3, metrics
 
 
 def test_greedy_tokens_follow_the_adapter_and_prefixes_are_cached_apart(tiny):

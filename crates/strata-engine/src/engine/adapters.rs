@@ -31,6 +31,8 @@ pub(crate) trait AdapterHost: Send + Sync {
     fn unload(&self, id: u32) -> bool;
     /// At most `n` adapters on the backend at once.
     fn set_max_resident(&self, n: usize);
+    /// Adapters loaded, on the backend, and uploads so far.
+    fn stats(&self) -> strata_model::LoraStats;
 }
 
 impl<B: Placement> AdapterHost for Model<B>
@@ -47,6 +49,10 @@ where
 
     fn set_max_resident(&self, n: usize) {
         self.set_max_resident_loras(n)
+    }
+
+    fn stats(&self) -> strata_model::LoraStats {
+        self.lora_stats()
     }
 }
 

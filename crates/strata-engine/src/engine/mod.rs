@@ -245,6 +245,8 @@ pub struct EngineStatus {
     pub page_size: usize,
     /// Pages of the pool, by attention kind; `None` until the engine thread first reports.
     pub plan: Option<PagePlan>,
+    /// LoRA adapters loaded, on the device, and uploads to it so far.
+    pub loras: strata_model::LoraStats,
 }
 
 pub(crate) enum Command {

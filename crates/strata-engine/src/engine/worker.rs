@@ -600,6 +600,11 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             kv_cache_dtype: pool.layout().format().cache_dtype().name().to_string(),
             page_size: pool.page_size(),
             plan: Some(*pool.plan()),
+            loras: self
+                .control
+                .as_ref()
+                .map(|c| c.host(self.sched.model()).stats())
+                .unwrap_or_default(),
         };
         if let Ok(mut st) = self.status.lock() {
             *st = snapshot;

@@ -131,6 +131,28 @@ pub fn render(engine: &Engine) -> String {
             &[(String::new(), value as f64)],
         );
     }
+    for (name, kind, help, value) in [
+        (
+            "strata_lora_adapters_loaded",
+            "gauge",
+            "LoRA adapters loaded (in host memory).",
+            s.loras.loaded as f64,
+        ),
+        (
+            "strata_lora_adapters_resident",
+            "gauge",
+            "LoRA adapters on the device (at most --max-loras).",
+            s.loras.resident as f64,
+        ),
+        (
+            "strata_lora_uploads_total",
+            "counter",
+            "LoRA adapters uploaded to the device (first uses and swaps back in).",
+            s.loras.uploads as f64,
+        ),
+    ] {
+        series(&mut out, name, kind, help, &[(String::new(), value)]);
+    }
     if let Some(kv) = &s.kv {
         for (name, help, f) in [
             (
