@@ -20,6 +20,7 @@ use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{upload_linear_as, Linear, QuantUpload};
+use crate::lora::AdapterRuns;
 use crate::model::{LoadOptions, Model};
 
 /// A sequence to draft for.
@@ -295,7 +296,8 @@ impl<B: Backend> Assistant<B> {
         let mut normed = d.scratch(n * ha)?;
         b.rms_norm(&x, Some(&layers[0].input_norm), d.norm(ha), &mut normed)?;
         for l in 0..layers.len() {
-            d.decoder_layer(l, &mut x, &mut normed, n, io.positions, batch, kv, None)?;
+            let at = (io.positions, &AdapterRuns::none());
+            d.decoder_layer(l, &mut x, &mut normed, n, at, batch, kv, None)?;
         }
         let mut y = d.scratch(n * ha)?;
         b.rms_norm(&x, Some(&d.tensors.final_norm), d.norm(ha), &mut y)?;

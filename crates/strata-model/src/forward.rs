@@ -321,6 +321,9 @@ impl<B: Backend> Model<B> {
         }
         let trim = self.trim_plan(batch, prep);
         let mut trimmed: Option<Trimmed<B>> = None;
+        // The step's LoRA adapters with the rows each serves, once a step (and again for
+        // the rows a trim keeps).
+        let mut loras = self.loras.runs(b, batch)?;
         for l in 0..layers.len() {
             if let Some((_, keep)) = trim.as_ref().filter(|(at, _)| *at == l) {
                 if keep.is_empty() {
@@ -329,6 +332,7 @@ impl<B: Backend> Model<B> {
                 }
                 let tr = self.trim(batch, prep, keep, &mut x, &mut normed, &mut ple)?;
                 kv.begin_step(b, &tr.batch)?;
+                loras = self.loras.runs(b, &tr.batch)?;
                 trimmed = Some(tr);
             }
             let (batch, positions, t) = match &trimmed {
@@ -336,7 +340,8 @@ impl<B: Backend> Model<B> {
                 None => (batch, &inputs.positions, t),
             };
             let ple_rows = ple.as_ref();
-            self.decoder_layer(l, &mut x, &mut normed, t, positions, batch, kv, ple_rows)?;
+            let at = (positions, &loras);
+            self.decoder_layer(l, &mut x, &mut normed, t, at, batch, kv, ple_rows)?;
         }
         let (wanted, counts) = match &trimmed {
             // One row a sequence that wants logits, in batch order.
@@ -353,9 +358,10 @@ impl<B: Backend> Model<B> {
         self.logits(&x, &wanted, counts, into, hidden)
     }
 
-    /// Layer `l` over the batch's `t` rows: attention, MLP and (Gemma-4) the per-layer-input
-    /// step. `x` is the residual stream; `normed` holds `x` under this layer's input norm on
-    /// entry and under the next layer's (when there is one) on return.
+    /// Layer `l` over the batch's `t` rows at `positions`, with the step's LoRA adapters
+    /// `loras`: attention, MLP and (Gemma-4) the per-layer-input step. `x` is the residual
+    /// stream; `normed` holds `x` under this layer's input norm on entry and under the next
+    /// layer's (when there is one) on return.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn decoder_layer<K: KvCache<B>>(
         &self,
@@ -363,7 +369,7 @@ impl<B: Backend> Model<B> {
         x: &mut B::Buffer,
         normed: &mut B::Buffer,
         t: usize,
-        positions: &B::Index,
+        (positions, loras): (&B::Index, &AdapterRuns<B>),
         batch: &ForwardBatch,
         kv: &mut K,
         ple: Option<&B::Buffer>,
@@ -375,10 +381,8 @@ impl<B: Backend> Model<B> {
         let (lc, lw) = (&c.layers[l], &layers[l]);
         // The layer's last residual step also norms the next layer's input.
         let next = layers.get(l + 1).map(|n| &n.input_norm);
-        // The LoRA adapters of the step's sequences, with the rows each serves.
-        let loras = self.loras.runs(b, batch)?;
         // The o and down products go only into a residual norm, which can add their parts.
-        let at = (positions, &loras);
+        let at = (positions, loras);
         let (attn, parts) = self.attention(l, lc, lw, normed, t, at, batch, kv)?;
         let p = self.norm(h).with_parts(parts);
         let pre_mlp = Some(&lw.pre_mlp_norm);
@@ -400,7 +404,7 @@ impl<B: Backend> Model<B> {
         // input norm takes that add (`add_residual`).
         let normed_after =
             lw.post_mlp_norm.is_some() || (mlp_scalar.is_none() && mlp_next.is_some());
-        let (m, parts) = self.mlp(l, lw, normed, t, normed_after, &loras)?;
+        let (m, parts) = self.mlp(l, lw, normed, t, normed_after, loras)?;
         match &lw.post_mlp_norm {
             Some(post) => self.norm_add(x, &m, parts, post, mlp_scalar, mlp_next, normed)?,
             None => self.add_residual(x, &m, parts, mlp_scalar, mlp_next, normed)?,

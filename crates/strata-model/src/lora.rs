@@ -145,7 +145,6 @@ impl LoraInfo {
 /// A loaded adapter: its matrices per layer and target, in host memory.
 pub struct LoraAdapter {
     info: LoraInfo,
-    scale: f32,
     pairs: HashMap<(usize, Target), (HostMatrix, HostMatrix)>,
 }
 
@@ -168,7 +167,7 @@ impl LoraAdapter {
             );
         }
         Ok(Uploaded {
-            scale: self.scale,
+            scale: self.info.scale(),
             pairs,
         })
     }
@@ -274,11 +273,7 @@ impl LoraAdapter {
             rslora,
             adapted,
         };
-        Ok(Self {
-            scale: info.scale(),
-            info,
-            pairs: done,
-        })
+        Ok(Self { info, pairs: done })
     }
 }
 
@@ -466,7 +461,7 @@ impl<B: Backend> LoraSet<B> {
     pub(crate) fn runs(&self, b: &B, batch: &ForwardBatch) -> Result<AdapterRuns<B>> {
         let mut runs: Vec<(u32, Vec<(usize, usize)>)> = Vec::new();
         if !batch.has_adapters() {
-            return Ok(AdapterRuns(Vec::new()));
+            return Ok(AdapterRuns::none());
         }
         let mut row = 0;
         for (i, s) in batch.seqs.iter().enumerate() {
@@ -523,6 +518,11 @@ impl<B: Backend> LoraSet<B> {
 pub(crate) struct AdapterRuns<B: Backend>(Vec<Group<B>>);
 
 impl<B: Backend> AdapterRuns<B> {
+    /// No adapter (a step of the drafter, which serves none).
+    pub(crate) fn none() -> Self {
+        Self(Vec::new())
+    }
+
     /// Whether some adapter of the step adapts `target` of layer `l`.
     pub(crate) fn touches(&self, l: usize, target: Target) -> bool {
         self.0
