@@ -232,6 +232,13 @@ impl<B: Backend> ModelTensors<B> {
         m
     }
 
+    /// Every matrix once: the step's (`step_matrices`), then the lookup-only tables.
+    pub(crate) fn matrices(&self) -> Vec<&Linear<B>> {
+        let mut m = self.step_matrices();
+        m.extend(self.lookup_tables());
+        m
+    }
+
     /// The tables used for lookups only: the token embedding when it is not the output
     /// projection, and Gemma-4's per-layer embeddings.
     fn lookup_tables(&self) -> Vec<&Linear<B>> {

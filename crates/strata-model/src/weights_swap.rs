@@ -19,18 +19,7 @@ impl<B: Backend> Model<B> {
             ));
         }
         let shapes = |t: &ModelTensors<B>| -> Vec<(usize, usize)> {
-            let mut v = vec![(t.embed.rows(), t.embed.cols())];
-            for l in &t.layers {
-                let mats = [Some(&l.q), l.k.as_ref(), l.v.as_ref(), Some(&l.o)];
-                let more = [Some(&l.gate), Some(&l.up), Some(&l.down)];
-                v.extend(
-                    mats.into_iter()
-                        .chain(more)
-                        .flatten()
-                        .map(|m| (m.rows(), m.cols())),
-                );
-            }
-            v
+            t.matrices().iter().map(|m| (m.rows(), m.cols())).collect()
         };
         match shapes(&self.tensors) == shapes(&other.tensors) {
             true => Ok(()),
@@ -45,74 +34,32 @@ impl<B: Backend> Model<B> {
         self.loras.adopt(&from.loras);
     }
 
-    /// Every dense tensor by name, in a fixed order; refused for block-quantized or
-    /// host-resident matrices, which a digest cannot read back.
-    fn dense(&self) -> Result<Vec<(String, &B::Buffer)>> {
-        let mut out: Vec<(String, &B::Buffer)> = Vec::new();
+    /// A 64-bit digest (FNV-1a over the f32 bits as read back) of every matrix and norm
+    /// weight, in a fixed order: equal digests mean bit-identical weights. Refused for
+    /// block-quantized or host-resident matrices, which cannot be read back.
+    pub fn weight_digests(&self) -> Result<Vec<u64>> {
         let t = &self.tensors;
-        fn push_dense<'a, B: Backend>(
-            out: &mut Vec<(String, &'a B::Buffer)>,
-            name: String,
-            m: &'a Linear<B>,
-        ) -> Result<()> {
+        let mut tensors = Vec::new();
+        for m in t.matrices() {
             match m {
-                Linear::Dense { w, .. } => {
-                    out.push((name, w));
-                    Ok(())
-                }
-                _ => Err(ModelError::Invalid(format!(
-                    "{name} is block-quantized or in host memory: only dense weights are compared"
-                ))),
-            }
-        }
-        push_dense(&mut out, "embed".into(), &t.embed)?;
-        if let Some(h) = &t.lm_head {
-            push_dense(&mut out, "lm_head".into(), h)?;
-        }
-        for (i, l) in t.layers.iter().enumerate() {
-            let mats = [
-                ("q", Some(&l.q)),
-                ("k", l.k.as_ref()),
-                ("v", l.v.as_ref()),
-                ("o", Some(&l.o)),
-                ("gate", Some(&l.gate)),
-                ("up", Some(&l.up)),
-                ("down", Some(&l.down)),
-            ];
-            for (n, m) in mats {
-                if let Some(m) = m {
-                    push_dense(&mut out, format!("layers.{i}.{n}"), m)?;
+                Linear::Dense { w, .. } => tensors.push(w),
+                _ => {
+                    return Err(ModelError::Invalid(
+                        "a matrix is block-quantized or in host memory: only dense weights are \
+                         compared"
+                            .into(),
+                    ))
                 }
             }
-            if let Some((g, p, _)) = &l.ple {
-                push_dense(&mut out, format!("layers.{i}.ple_gate"), g)?;
-                push_dense(&mut out, format!("layers.{i}.ple_projection"), p)?;
-            }
         }
-        if let Some(p) = &t.ple {
-            push_dense(&mut out, "ple.table".into(), &p.table)?;
-            push_dense(&mut out, "ple.projection".into(), &p.projection)?;
+        for l in &t.layers {
+            tensors.extend([&l.input_norm, &l.pre_mlp_norm]);
+            tensors.extend(l.post_attn_norm.iter().chain(&l.post_mlp_norm));
         }
-        for (i, l) in t.layers.iter().enumerate() {
-            out.push((format!("layers.{i}.input_norm"), &l.input_norm));
-            out.push((format!("layers.{i}.pre_mlp_norm"), &l.pre_mlp_norm));
-            if let Some(n) = &l.post_attn_norm {
-                out.push((format!("layers.{i}.post_attn_norm"), n));
-            }
-            if let Some(n) = &l.post_mlp_norm {
-                out.push((format!("layers.{i}.post_mlp_norm"), n));
-            }
-        }
-        out.push(("final_norm".into(), &t.final_norm));
-        Ok(out)
-    }
-
-    /// A 64-bit digest (FNV-1a over the f32 bits as read back) of every dense tensor, by
-    /// name: equal digests mean bit-identical weights.
-    pub fn weight_digests(&self) -> Result<Vec<(String, u64)>> {
-        self.dense()?
+        tensors.push(&t.final_norm);
+        tensors
             .into_iter()
-            .map(|(name, buf)| {
+            .map(|buf| {
                 let values = self.backend.download(buf)?;
                 let mut h: u64 = 0xcbf2_9ce4_8422_2325;
                 for v in values {
@@ -121,7 +68,7 @@ impl<B: Backend> Model<B> {
                         h = h.wrapping_mul(0x0100_0000_01b3);
                     }
                 }
-                Ok((name, h))
+                Ok(h)
             })
             .collect()
     }
