@@ -1,6 +1,7 @@
 // Shared helpers, prepended to every kernel file before NVRTC compiles it (NVRTC is given
 // no include paths). bf16 and f16 travel as raw 16-bit patterns, so no CUDA header is needed.
 
+typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -9,6 +10,15 @@ typedef unsigned long long u64;
 #define STRATA_F32 0
 #define STRATA_BF16 1
 #define STRATA_F16 2
+
+// GGUF block formats, the template parameter of the quantized products (quant.cu and
+// quant_dp4a.cu).
+#define QF_Q4_0 0
+#define QF_Q5_0 1
+#define QF_Q8_0 2
+#define QF_Q4_K 3
+#define QF_Q5_K 4
+#define QF_Q6_K 5
 
 // -inf without math.h.
 #define NEG_INF __int_as_float(0xff800000)

@@ -10,15 +10,6 @@
 // step's products take (weight bytes) / (memory bandwidth). A lane decodes one sub-block
 // (16 to 34 bytes) and dots it with the T rows of x it covers, read from shared memory.
 
-#define QF_Q4_0 0
-#define QF_Q5_0 1
-#define QF_Q8_0 2
-#define QF_Q4_K 3
-#define QF_Q5_K 4
-#define QF_Q6_K 5
-
-typedef unsigned char u8;
-
 __device__ __forceinline__ float f16_at(const u8* p) {
     return f16_to_f32((u16)p[0] | ((u16)p[1] << 8));
 }

@@ -21,16 +21,7 @@
 // One warp an output feature, DOT_WARPS warps a block; x's codes come straight from global
 // memory (a row of them is k bytes, L1-resident across the block's warps).
 
-#define QF_Q4_0 0
-#define QF_Q5_0 1
-#define QF_Q8_0 2
-#define QF_Q4_K 3
-#define QF_Q5_K 4
-#define QF_Q6_K 5
-
 #define DOT_WARPS 4
-
-typedef unsigned char u8;
 
 __device__ __forceinline__ u32 ld32(const u8* p) { return *reinterpret_cast<const u32*>(p); }
 __device__ __forceinline__ u32 ld16(const u8* p) { return *reinterpret_cast<const u16*>(p); }
