@@ -358,7 +358,7 @@ impl Drop for AliveGuard {
 /// is loaded and drafting is asked for).
 struct SpawnWorker<'a> {
     loaded: &'a LoadedModel,
-    adapters: worker::AdapterEnd,
+    served: worker::ServedEnd,
     opts: EngineOptions,
     status: Arc<Mutex<EngineStatus>>,
     metrics: Arc<Metrics>,
@@ -404,7 +404,7 @@ impl SpawnWorker<'_> {
     {
         let Self {
             loaded,
-            adapters,
+            served,
             opts,
             status,
             metrics,
@@ -412,7 +412,7 @@ impl SpawnWorker<'_> {
             alive,
         } = self;
         let mut w = worker::Worker::new(loaded, model, storage, opts, status, metrics)?;
-        w.adapters = Some(adapters);
+        w.served = Some(served);
         w.control = Some(control);
         Ok(std::thread::Builder::new()
             .name("strata-engine".into())
@@ -496,7 +496,7 @@ impl Engine {
         }
         let spawned = loaded.runtime.dispatch(SpawnWorker {
             loaded: &loaded,
-            adapters: worker::AdapterEnd {
+            served: worker::ServedEnd {
                 table: table.clone(),
                 model_name: model_name.clone(),
                 weights: weights.clone(),

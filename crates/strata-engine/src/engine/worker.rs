@@ -38,7 +38,7 @@ struct Live {
 
 /// The engine thread's end of the adapters and weights: the table of adapters, the served
 /// model's name, and which weights are served.
-pub(crate) struct AdapterEnd {
+pub(crate) struct ServedEnd {
     pub table: SharedTable,
     pub model_name: String,
     pub weights: Arc<Mutex<WeightsVersion>>,
@@ -56,8 +56,8 @@ pub(crate) struct Worker<M: StepModel<S>, S: KvStorage> {
     /// Submissions held back while a rebuild waits for the pool to drain.
     held: Vec<Command>,
     rebuild: Option<Command>,
-    /// Loads and unloads adapters (set once the worker is built).
-    pub(crate) adapters: Option<AdapterEnd>,
+    /// The adapters' table and the weights' version (set once the worker is built).
+    pub(crate) served: Option<ServedEnd>,
     /// Acts on the served model: adapters, weight updates (set once the worker is built).
     pub(crate) control: Option<Box<dyn ModelControl<M, S>>>,
     /// A weight update is loading.
@@ -115,7 +115,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             by_client: HashMap::new(),
             held: Vec::new(),
             rebuild: None,
-            adapters: None,
+            served: None,
             control: None,
             updating: false,
             swap: None,
@@ -220,7 +220,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 let _ = reply.send(freed);
             }
             Command::LoadAdapter { name, dir, reply } => {
-                let done = match (&self.adapters, &self.control) {
+                let done = match (&self.served, &self.control) {
                     (Some(a), Some(c)) => a.table.lock().expect("adapter table lock").load(
                         c.host(self.sched.model()),
                         &name,
@@ -232,7 +232,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
                 let _ = reply.send(done);
             }
             Command::UnloadAdapter { name, reply } => {
-                let done = match (&self.adapters, &self.control) {
+                let done = match (&self.served, &self.control) {
                     (Some(a), Some(c)) => a
                         .table
                         .lock()
@@ -329,7 +329,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
         control.swap(model, pool, new)?;
         self.publish_status();
         let a = self
-            .adapters
+            .served
             .as_ref()
             .ok_or_else(|| EngineError::Internal("no weights record".into()))?;
         let mut w = a.weights.lock().expect("weights version lock");
