@@ -341,6 +341,43 @@ fn layouts_place_elements_where_the_format_says() {
     assert_eq!(y[1], -31.0 * -4.0);
 }
 
+/// `rows` random rows of `blocks_per_row` blocks of `B` (as bytes, with a row's length),
+/// and `tokens` random activation rows with their 8-bit quantization for `B`.
+struct RowCase<B> {
+    blocks: Vec<B>,
+    row_bytes: usize,
+    cols: usize,
+    xs: Vec<f32>,
+    input: Q8Input,
+}
+
+impl<B: QuantBlock> RowCase<B> {
+    fn new(
+        rng: &mut Rng,
+        f16_offsets: &[usize],
+        (rows, blocks_per_row, tokens): (usize, usize, usize),
+    ) -> Self {
+        let cols = blocks_per_row * B::ELEMS;
+        let blocks: Vec<B> = random_blocks(rng, rows * blocks_per_row, f16_offsets);
+        let row_bytes = std::mem::size_of_val(blocks.as_slice()) / rows;
+        let xs = rng.values(tokens * cols, 3.0);
+        let mut input = Q8Input::new();
+        assert!(input.quantize(B::TYPE, &xs, cols));
+        assert_eq!(input.tokens(), tokens);
+        Self {
+            blocks,
+            row_bytes,
+            cols,
+            xs,
+            input,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.blocks)
+    }
+}
+
 /// The matmul row kernels (`dot_rows_q8`: AVX2 where the CPU has it) against the portable
 /// integer dot (equal integer sums, so only f32 rounding differs) and against the f64 dot
 /// of the dequantized weights with the unquantized activations, within the activation
@@ -350,16 +387,11 @@ fn check_row_kernels<B: QuantBlock>(f16_offsets: &[usize]) {
     let mut rng = Rng(B::TYPE.id() as u64 + 101);
     let elems = <B::Activation as ActivationBlock>::ELEMS;
     let (rows, blocks_per_row, tokens) = (5, 3, 3);
-    let cols = blocks_per_row * B::ELEMS;
     for _ in 0..10 {
-        let blocks: Vec<B> = random_blocks(&mut rng, rows * blocks_per_row, f16_offsets);
-        let bytes: &[u8] = bytemuck::cast_slice(&blocks);
-        let row_bytes = bytes.len() / rows;
-        let w = dequantized(&blocks);
-        let xs = rng.values(tokens * cols, 3.0);
-        let mut input = Q8Input::new();
-        assert!(input.quantize(B::TYPE, &xs, cols));
-        assert_eq!(input.tokens(), tokens);
+        let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, blocks_per_row, tokens));
+        let (bytes, row_bytes, cols) = (case.bytes(), case.row_bytes, case.cols);
+        let (xs, input) = (&case.xs, &case.input);
+        let w = dequantized(&case.blocks);
         let mut fast = vec![0f32; rows * tokens];
         let mut portable = vec![0f32; rows * tokens];
         dot_rows_q8(
@@ -367,7 +399,7 @@ fn check_row_kernels<B: QuantBlock>(f16_offsets: &[usize]) {
             bytes,
             row_bytes,
             0..rows,
-            &input,
+            input,
             0..tokens,
             &mut fast,
             tokens,
@@ -377,14 +409,14 @@ fn check_row_kernels<B: QuantBlock>(f16_offsets: &[usize]) {
             bytes,
             row_bytes,
             0..rows,
-            &input,
+            input,
             0..tokens,
             &mut portable,
             tokens,
         );
         // A sub-range lands at the same values.
         let mut part = vec![0f32; 2];
-        dot_rows_q8(B::TYPE, bytes, row_bytes, 2..4, &input, 1..2, &mut part, 1);
+        dot_rows_q8(B::TYPE, bytes, row_bytes, 2..4, input, 1..2, &mut part, 1);
         assert_eq!(part, [fast[2 * tokens + 1], fast[3 * tokens + 1]]);
         for r in 0..rows {
             let wr = &w[r * cols..(r + 1) * cols];
@@ -450,14 +482,9 @@ fn row_kernels_refuse_mismatched_inputs() {
 /// logits do not depend on what else is in its batch or on how its prompt was chunked.
 fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
     let mut rng = Rng(B::TYPE.id() as u64 + 7);
-    let (rows, blocks_per_row, tokens) = (3, 2, 11);
-    let cols = blocks_per_row * B::ELEMS;
-    let blocks: Vec<B> = random_blocks(&mut rng, rows * blocks_per_row, f16_offsets);
-    let bytes: &[u8] = bytemuck::cast_slice(&blocks);
-    let row_bytes = bytes.len() / rows;
-    let xs = rng.values(tokens * cols, 3.0);
-    let mut input = Q8Input::new();
-    assert!(input.quantize(B::TYPE, &xs, cols));
+    let (rows, tokens) = (3, 11);
+    let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 2, tokens));
+    let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
     let dots = |range: std::ops::Range<usize>| {
         let mut out = vec![0f32; rows * range.len()];
         let n = range.len();
@@ -466,7 +493,7 @@ fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
             bytes,
             row_bytes,
             0..rows,
-            &input,
+            input,
             range,
             &mut out,
             n,
@@ -501,14 +528,9 @@ fn row_kernels_are_batch_invariant() {
 #[cfg(target_arch = "x86_64")]
 fn check_vnni_equals_avx2<B: QuantBlock>(f16_offsets: &[usize]) {
     let mut rng = Rng(B::TYPE.id() as u64 + 13);
-    let (rows, blocks_per_row, tokens) = (4, 3, 7);
-    let cols = blocks_per_row * B::ELEMS;
-    let blocks: Vec<B> = random_blocks(&mut rng, rows * blocks_per_row, f16_offsets);
-    let bytes: &[u8] = bytemuck::cast_slice(&blocks);
-    let row_bytes = bytes.len() / rows;
-    let xs = rng.values(tokens * cols, 3.0);
-    let mut input = Q8Input::new();
-    assert!(input.quantize(B::TYPE, &xs, cols));
+    let (rows, tokens) = (4, 7);
+    let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 3, tokens));
+    let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
     let run = |vnni: bool| {
         let mut out = vec![f32::NAN; rows * tokens];
         let done = super::x86::dot_rows_with(
@@ -517,7 +539,7 @@ fn check_vnni_equals_avx2<B: QuantBlock>(f16_offsets: &[usize]) {
             bytes,
             row_bytes,
             0..rows,
-            &input,
+            input,
             0..tokens,
             &mut out,
             tokens,
