@@ -202,6 +202,12 @@ __device__ __forceinline__ void quant_gemv(const u8* __restrict__ w, u64 row_byt
 // Rows of W decoded to a dense matrix: out row i = W[ids ? ids[i] : first + i] * scale, as
 // f32 or bf16 (rounded to nearest even), `out_stride` values apart. One thread a sub-block;
 // grid (rows, ceil(subs / blockDim.x)).
+//
+// Floor: the block bytes read once and the dense values written once (2.6 bytes a value for
+// Q4_K into bf16). A thread's 32 values are stored as 16-byte words (4 for bf16, 8 for f32):
+// the stores are most of this kernel's instructions, and scalar 2-byte stores made it an
+// order of magnitude slower than its floor. `out_stride` and every row's start are
+// multiples of 32 values, so each thread's run is 16-byte aligned.
 template <int F>
 __device__ __forceinline__ void quant_rows(const u8* __restrict__ w, u64 row_bytes, int k,
                                            const u32* __restrict__ ids, u64 first, float scale,
@@ -214,13 +220,24 @@ __device__ __forceinline__ void quant_rows(const u8* __restrict__ w, u64 row_byt
     decode32<F>(w + src * row_bytes, s, v);
     const u64 at = i * out_stride + (u64)s * 32;
     if (out_bf16) {
-        u16* o = (u16*)out + at;
+        uint4* o = reinterpret_cast<uint4*>((u16*)out + at);
 #pragma unroll
-        for (int l = 0; l < 32; ++l) o[l] = f32_to_bf16_rne(__fmul_rn(v[l], scale));
+        for (int q = 0; q < 4; ++q) {
+            u32 p[4];
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const int l = 8 * q + 2 * h;
+                p[h] = (u32)f32_to_bf16_rne(__fmul_rn(v[l], scale)) |
+                       ((u32)f32_to_bf16_rne(__fmul_rn(v[l + 1], scale)) << 16);
+            }
+            o[q] = make_uint4(p[0], p[1], p[2], p[3]);
+        }
     } else {
-        float* o = (float*)out + at;
+        float4* o = reinterpret_cast<float4*>((float*)out + at);
 #pragma unroll
-        for (int l = 0; l < 32; ++l) o[l] = __fmul_rn(v[l], scale);
+        for (int q = 0; q < 8; ++q)
+            o[q] = make_float4(__fmul_rn(v[4 * q], scale), __fmul_rn(v[4 * q + 1], scale),
+                               __fmul_rn(v[4 * q + 2], scale), __fmul_rn(v[4 * q + 3], scale));
     }
 }
 

@@ -26,6 +26,7 @@ pub(crate) mod defaults {
     pub const K_PARTS_MAX_ROWS: usize = 256;
     pub const GATED_PAIR_MIN_ROWS: usize = 65;
     pub const GATED_PAIR_MAX_ROWS: usize = 256;
+    pub const QUANT_GEMV_MAX_ROWS: usize = 32;
 }
 
 /// How decode-only steps (every sequence feeds one token) run.
@@ -63,6 +64,14 @@ fn count(v: Option<&OsStr>, default: usize) -> usize {
 fn on_unless_zero(v: Option<&OsStr>, default: bool) -> bool {
     match v.and_then(OsStr::to_str) {
         Some("0") => false,
+        Some(_) => true,
+        None => default,
+    }
+}
+
+fn off_unless_set(v: Option<&OsStr>, default: bool) -> bool {
+    match v.and_then(OsStr::to_str) {
+        Some("0") | Some("") => false,
         Some(_) => true,
         None => default,
     }
@@ -169,6 +178,16 @@ tuning! {
     /// crossover.
     gated_pair_max_rows: usize = "STRATA_GATED_PAIR_MAX_ROWS",
         default defaults::GATED_PAIR_MAX_ROWS, shown "256", parse count;
+    /// Rows of activations up to which a product of GGUF blocks kept on the GPU runs as the
+    /// block GEMV (`kernels/quant.cu`); past it the weight is decoded to a dense scratch for
+    /// the GEMMs. Stays: the crossover moves with the GPU's bandwidth and the format.
+    quant_gemv_max_rows: usize = "STRATA_QUANT_GEMV_MAX_ROWS",
+        default defaults::QUANT_GEMV_MAX_ROWS, shown "32", parse count;
+    /// Whether the bf16 mode's products of GGUF blocks take x quantized to 8 bits with
+    /// integer dot products (`kernels/quant_dp4a.cu`, `1`) rather than the weight decoded to
+    /// f32. Stays: a measured choice per GPU (off until a GPU measures it faster).
+    quant_dp4a: bool = "STRATA_QUANT_DP4A", default false, shown "off",
+        parse off_unless_set;
     /// Whether bf16 GEMMs run through cuBLASLt with per-bucket plans (`0`: every one as
     /// `cublasGemmEx`, as where cuBLASLt is missing). Stays: a debugging aid that tells a
     /// cuBLASLt fault from the rest, and exercises the fallback path.

@@ -87,11 +87,14 @@ pub struct CudaBackend {
     /// with f32 accumulation and output (the speed path); off, the weight is widened and
     /// SGEMM keeps f32 activations exact (the reference path).
     bf16_gemm: bool,
-    /// Block-quantized products over at most `QUANT_GEMV_MAX_ROWS` rows quantize x to 8 bits
-    /// and take integer dot products (`quant_dp4a.rs`) in the bf16 mode; off (the default
-    /// until a GPU run has checked and timed them), they decode the weight to f32 as the
-    /// exact mode does.
+    /// Block-quantized products over the block GEMV's rows quantize x to 8 bits and take
+    /// integer dot products (`quant_dp4a.rs`) in the bf16 mode; off (the default until a
+    /// GPU run has checked and timed them; `STRATA_QUANT_DP4A=1` turns it on), they decode
+    /// the weight to f32 as the exact mode does.
     quant_dp4a: bool,
+    /// Rows up to which a block-quantized product runs as the block GEMV
+    /// ([`CudaTuning::quant_gemv_max_rows`]).
+    quant_gemv_max_rows: usize,
     /// Multiprocessors, read once: attention sizes its key splits from it every call.
     sm_count: usize,
     /// Row counts up to which a bf16 matmul runs as the GEMV kernel
@@ -212,7 +215,8 @@ impl CudaBackend {
             arch,
             device_name,
             bf16_gemm: false,
-            quant_dp4a: false,
+            quant_dp4a: tuning.quant_dp4a,
+            quant_gemv_max_rows: tuning.quant_gemv_max_rows,
             sm_count,
             gemv_max_rows: tuning.gemv_max_rows.min(fused::GEMV_MAX_ROWS),
             dense_min_q: tuning.dense_attention_min_q,

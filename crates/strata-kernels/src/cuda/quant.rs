@@ -6,7 +6,7 @@
 //! host decoder (`strata-weights`) is the kernels' definition byte for byte, and every
 //! format's 32-value sub-blocks are independent, which is all the kernels need.
 //!
-//! Products: up to [`QUANT_GEMV_MAX_ROWS`] rows of activations run as the GEMV, 8 rows a
+//! Products: up to [`QUANT_GEMV_MAX_ROWS`] rows (by default) of activations run as the GEMV, 8 rows a
 //! pass: in the bf16 mode with x quantized to 8 bits and integer dot products
 //! (`quant_dp4a.rs`), in the exact mode (or with [`CudaBackend::with_quant_dp4a`] off) as
 //! `quant_gemv_<format>_<T>`, the weight decoded to f32 in registers; more rows
@@ -24,8 +24,9 @@ use crate::{
     Backend, DType, DeviceBuffer, HostSlice, KernelError, MatmulShape, MatrixShape, Result,
 };
 
-/// Rows of activations up to which a block-quantized product runs as the GEMV kernel.
-pub const QUANT_GEMV_MAX_ROWS: usize = 32;
+/// Rows of activations up to which a block-quantized product runs as the GEMV kernel by
+/// default (`STRATA_QUANT_GEMV_MAX_ROWS` moves it).
+pub const QUANT_GEMV_MAX_ROWS: usize = crate::tuning::defaults::QUANT_GEMV_MAX_ROWS;
 
 /// The most weight values decoded at once into the dense scratch of a product past the GEMV's
 /// rows (64 MiB in bf16): a large output projection is decoded in slices.
@@ -291,7 +292,7 @@ impl CudaBackend {
         if t == 0 || n == 0 {
             return Ok(());
         }
-        if t > QUANT_GEMV_MAX_ROWS {
+        if t > self.quant_gemv_max_rows {
             return self.matmul_decoded(x, w, format, data, row_bytes, t, out);
         }
         let n_i = as_i32(OP, n)?;
