@@ -155,12 +155,16 @@ impl LoadedModel {
         let mut stop_ids = config.eos_token_ids.clone();
         if let Some(t) = &tokenizer {
             stop_ids.extend(t.eos_id());
-            // Gemma's chat turns end with <end_of_turn>, which the GGUF does not list as EOS.
+            // Gemma's chat turns end with <end_of_turn> (Gemma-4: <turn|>), which the GGUF
+            // does not list as EOS.
             if matches!(
                 config.architecture,
                 Architecture::Gemma3 | Architecture::Gemma4
             ) {
                 stop_ids.extend(t.token_id("<end_of_turn>"));
+            }
+            if config.architecture == Architecture::Gemma4 {
+                stop_ids.extend(t.token_id("<turn|>"));
             }
         }
         stop_ids.sort_unstable();

@@ -17,6 +17,40 @@ use strata_kernels::cpu::CpuBackend;
 use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
 use strata_model::{ForwardBatch, LogitsMode, Model, SeqChunk};
 
+/// How close to llama.cpp a fixture's logits must be.
+struct Bounds {
+    /// Top-5 logits within this of either llama.cpp run at all but `outliers` of positions.
+    logit_tol: f32,
+    /// ... and within this everywhere.
+    hard_tol: f32,
+    /// The share of positions allowed beyond `logit_tol`.
+    outliers: f64,
+    /// Argmax equal to llama.cpp's wherever its top-1/top-2 margin is above this.
+    clear_margin: f32,
+}
+
+/// The real small GGUFs (see the constants' notes).
+const REAL: Bounds = Bounds {
+    logit_tol: LOGIT_TOL,
+    hard_tol: HARD_TOL,
+    outliers: MAX_OUTLIER_FRACTION,
+    clear_margin: CLEAR_MARGIN,
+};
+
+/// The Gemma-4 GGUFs of llama.cpp's tools. Their shapes are small, so llama.cpp's batched
+/// and one-token runs agree to 0.003 (BF16) and exactly (Q8_0, Q6_K, Q4_K_M); Strata's
+/// distance to them comes from llama.cpp rounding activations to 8-bit blocks before each
+/// quantized product and to bf16 before BF16 ones, where Strata keeps f32: measured at
+/// most 0.015 / 0.038 (tiny: BF16 / the others) and 0.062 / 0.092 (mid-size) when the
+/// bound was set. The margin is the GGUF issue's: every step whose reference margin is at
+/// least 0.5.
+const GEMMA4: Bounds = Bounds {
+    logit_tol: 0.15,
+    hard_tol: 0.15,
+    outliers: 0.0,
+    clear_margin: 0.5,
+};
+
 const LOGIT_TOL: f32 = 1.5;
 const HARD_TOL: f32 = 3.0;
 /// llama.cpp against itself (batched vs one-token decode, same fixtures): Gemma-3 max 1.22,
@@ -92,25 +126,52 @@ fn teacher_forced(model: &Model<CpuBackend>, prompt: &[u32], generated: &[u32]) 
     rows
 }
 
+/// Where a fixture's GGUF is: `model_path` (relative to the repository, or under
+/// `$STRATA_GEMMA4_GGUF` for the GGUFs `scripts/reference/make_gemma4_gguf_fixtures.py`
+/// rebuilds rather than commits), else `models/<model_file>`; `None` when it is absent.
+fn model_path(fx: &Value) -> Option<PathBuf> {
+    let path = match fx.get("model_path").and_then(Value::as_str) {
+        Some(p) => match p.strip_prefix("$STRATA_GEMMA4_GGUF/") {
+            Some(name) => PathBuf::from(std::env::var_os("STRATA_GEMMA4_GGUF")?).join(name),
+            None => repo().join(p),
+        },
+        None => repo()
+            .join("models")
+            .join(fx["model_file"].as_str().unwrap()),
+    };
+    path.exists().then_some(path)
+}
+
+fn how_to_get(fx: &Value) -> &'static str {
+    match fx.get("model_path").and_then(Value::as_str) {
+        Some(p) if p.starts_with('$') => {
+            "set STRATA_GEMMA4_GGUF to scripts/reference/make_gemma4_gguf_fixtures.py's --work"
+        }
+        _ => "run scripts/fetch-models.sh",
+    }
+}
+
 fn check(fixture: &str) {
+    check_within(fixture, &REAL)
+}
+
+fn check_within(fixture: &str, b: &Bounds) {
     let fx: Value = serde_json::from_str(
         &std::fs::read_to_string(repo().join("tests/fixtures/llamacpp").join(fixture)).unwrap(),
     )
     .unwrap();
-    let path = repo()
-        .join("models")
-        .join(fx["model_file"].as_str().unwrap());
-    if !path.exists() {
+    let Some(path) = model_path(&fx) else {
         eprintln!(
-            "skipping {fixture}: {} is absent (run scripts/fetch-models.sh)",
-            path.display()
+            "skipping {fixture}: its GGUF is absent ({})",
+            how_to_get(&fx)
         );
         return;
-    }
+    };
     let model = Model::load(CpuBackend::new(), &path).unwrap();
     let mut problems = Vec::new();
     let mut outliers = Vec::new();
     let mut checked = 0;
+    let mut worst_all = 0.0f32;
     for p in fx["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
         let (prompt, generated) = (ids(&p["prompt_tokens"]), ids(&p["greedy_tokens"]));
@@ -131,17 +192,19 @@ fn check(fixture: &str) {
                 }
                 worst = worst.max(err);
             }
-            if worst > LOGIT_TOL {
+            worst_all = worst_all.max(worst);
+            if worst > b.logit_tol {
                 outliers.push(format!("{name} step {j}: off by {worst:.2}"));
             }
-            if worst > HARD_TOL {
+            if worst > b.hard_tol {
                 problems.push(format!(
-                    "{name} step {j}: top-5 logits off by {worst:.2} (> {HARD_TOL})"
+                    "{name} step {j}: top-5 logits off by {worst:.3} (> {})",
+                    b.hard_tol
                 ));
             }
             let margin = p["tf_margin"][j].as_f64().unwrap() as f32;
             let argmax = strata_kernels::sampling::argmax(row);
-            if margin > CLEAR_MARGIN && argmax != top_ids[0] {
+            if margin >= b.clear_margin && argmax != top_ids[0] {
                 problems.push(format!(
                     "{name} step {j}: argmax {argmax}, llama.cpp {} (margin {margin})",
                     top_ids[0]
@@ -151,13 +214,15 @@ fn check(fixture: &str) {
         }
     }
     eprintln!(
-        "{fixture}: {} of {checked} positions beyond {LOGIT_TOL}: {outliers:?}",
-        outliers.len()
+        "{fixture}: {} of {checked} positions beyond {}: {outliers:?}; largest {worst_all:.4}",
+        outliers.len(),
+        b.logit_tol
     );
-    if outliers.len() as f64 > MAX_OUTLIER_FRACTION * checked as f64 {
+    if outliers.len() as f64 > b.outliers * checked as f64 {
         problems.push(format!(
-            "{} of {checked} positions beyond {LOGIT_TOL}: {outliers:?}",
-            outliers.len()
+            "{} of {checked} positions beyond {}: {outliers:?}",
+            outliers.len(),
+            b.logit_tol
         ));
     }
     assert!(
@@ -176,4 +241,24 @@ fn gemma3_270m_teacher_forced_against_llama_cpp() {
 #[test]
 fn smollm2_teacher_forced_against_llama_cpp() {
     check("smollm2-135m-instruct.json");
+}
+
+/// Gemma-4 GGUFs made by llama.cpp's converter and `llama-quantize` (BF16, Q8_0, Q6_K,
+/// Q4_K_M), trained for a few hundred steps so that most steps have a clear margin: the
+/// tiny ones are committed, the mid-size ones (every matrix in whole K-quant blocks) rebuilt
+/// by scripts/reference/make_gemma4_gguf_fixtures.py.
+#[test]
+fn gemma4_ggufs_teacher_forced_against_llama_cpp() {
+    for name in ["tiny", "mid"] {
+        for q in ["bf16", "q8-0", "q6-k", "q4-k-m"] {
+            let fixture = format!("gemma4-{name}-{q}.json");
+            if repo()
+                .join("tests/fixtures/llamacpp")
+                .join(&fixture)
+                .exists()
+            {
+                check_within(&fixture, &GEMMA4);
+            }
+        }
+    }
 }

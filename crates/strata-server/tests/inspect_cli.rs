@@ -400,3 +400,33 @@ fn a_repo_id_is_found_in_the_hugging_face_cache() {
 fn repo_root_fixture(name: &str) -> PathBuf {
     repo().join("tests/fixtures/tiny").join(name)
 }
+
+/// A Gemma-4 GGUF that llama.cpp's converter and `llama-quantize` wrote describes the same
+/// model as the checkpoint it came from: every layout field of `inspect` agrees (the KV
+/// dtype and the tensor list follow the weights' dtype, so they may differ).
+#[test]
+fn gemma4_ggufs_of_llama_cpp_report_the_layout_of_their_checkpoint() {
+    let dir = repo().join("tests/fixtures/gguf-gemma4");
+    let hf = inspect_json(&dir.join("hf"));
+    let layout = |v: &Value| {
+        let mut groups = v["kv_groups"].clone();
+        for g in groups.as_array_mut().unwrap() {
+            let g = g.as_object_mut().unwrap();
+            g.remove("unit_bytes");
+            g.remove("unit_bytes_unshared");
+        }
+        serde_json::json!({
+            "fields": [
+                &v["architecture"], &v["num_layers"], &v["hidden_size"], &v["vocab_size"],
+                &v["num_attention_heads"], &v["layer_types"], &v["head_dims"],
+                &v["num_kv_heads"], &v["intermediate_sizes"], &v["kv_shared_layers"],
+            ],
+            "groups": groups,
+        })
+    };
+    assert_eq!(hf["kv_shared_layers"].as_array().unwrap().len(), 3);
+    for q in ["BF16", "Q8_0", "Q6_K", "Q4_K_M"] {
+        let gguf = inspect_json(&dir.join(format!("gemma4-tiny-{q}.gguf")));
+        assert_eq!(layout(&gguf), layout(&hf), "{q}");
+    }
+}

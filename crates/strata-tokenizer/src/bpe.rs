@@ -155,6 +155,23 @@ impl Ord for Pair {
 /// Appends the ids of one pre-tokenized piece.
 pub fn encode_piece(vocab: &Vocab, piece: &str, out: &mut Vec<u32>) {
     let word = encode_bytes(piece.as_bytes());
+    for text in merge(vocab, &word) {
+        match vocab.ids.get(text) {
+            Some(&id) => out.push(id),
+            None => {
+                for c in text.chars() {
+                    if let Some(&id) = vocab.ids.get(c.to_string().as_str()) {
+                        out.push(id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The symbols `word` ends as once its characters are merged by rank, lowest first (the
+/// leftmost of equal ranks first), in order.
+pub(crate) fn merge<'a>(vocab: &Vocab, word: &'a str) -> Vec<&'a str> {
     // (start, len) per symbol in `word`, plus linked-list neighbours.
     let mut sym: Vec<(usize, usize)> = word
         .char_indices()
@@ -217,21 +234,13 @@ pub fn encode_piece(vocab: &Vocab, piece: &str, out: &mut Vec<u32>) {
             }
         }
     }
+    let mut symbols = Vec::new();
     let mut cur = (n > 0).then_some(0);
     while let Some(i) = cur {
-        let text = &word[sym[i].0..sym[i].0 + sym[i].1];
-        match vocab.ids.get(text) {
-            Some(&id) => out.push(id),
-            None => {
-                for c in text.chars() {
-                    if let Some(&id) = vocab.ids.get(c.to_string().as_str()) {
-                        out.push(id);
-                    }
-                }
-            }
-        }
+        symbols.push(&word[sym[i].0..sym[i].0 + sym[i].1]);
         cur = next[i];
     }
+    symbols
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ mod chat;
 mod hf;
 mod special;
 mod spm;
+mod spm_merges;
 mod stream;
 mod vocab;
 
@@ -54,6 +55,8 @@ enum Algorithm {
     Spm,
     /// Byte-level BPE (GGUF `gpt2`).
     Bpe(bpe::PreTokenizer),
+    /// Ranked merges over SentencePiece-style text (GGUF `gemma4`).
+    SpmMerges,
 }
 
 // One per loaded model: the variants' sizes do not matter.
@@ -88,9 +91,17 @@ impl Tokenizer {
                     .unwrap_or("default");
                 Algorithm::Bpe(bpe::PreTokenizer::named(pre)?)
             }
+            "gemma4" => {
+                if vocab.merge_ranks.is_empty() {
+                    return Err(TokenizerError::Invalid(
+                        "tokenizer.ggml.model = \"gemma4\" needs tokenizer.ggml.merges".into(),
+                    ));
+                }
+                Algorithm::SpmMerges
+            }
             other => {
                 return Err(TokenizerError::Unsupported(format!(
-                    "tokenizer.ggml.model = {other:?} (Strata reads \"llama\" and \"gpt2\")"
+                    "tokenizer.ggml.model = {other:?} (Strata reads \"llama\", \"gpt2\" and \"gemma4\")"
                 )))
             }
         };
@@ -242,6 +253,7 @@ impl Tokenizer {
                                     bpe::encode_piece(vocab, piece, &mut out);
                                 }
                             }
+                            Algorithm::SpmMerges => spm_merges::encode(vocab, t, &mut out),
                         },
                     }
                     first = false;
@@ -273,7 +285,7 @@ impl Tokenizer {
                     TokenKind::UserDefined => text.clone().into_bytes(),
                     TokenKind::Byte => spm::piece_bytes(text),
                     _ => match algorithm {
-                        Algorithm::Spm => spm::piece_bytes(text),
+                        Algorithm::Spm | Algorithm::SpmMerges => spm::piece_bytes(text),
                         Algorithm::Bpe(_) => bpe::decode_bytes(text),
                     },
                 })

@@ -48,6 +48,7 @@ const END_OF_TURN_SPELLINGS: &[&str] = &[
     "<|im_end|>",
     "<|end|>",
     "<end_of_turn>",
+    "<turn|>",
     "<|endoftext|>",
     "</s>",
     "<|eom_id|>",
@@ -164,7 +165,9 @@ impl Vocab {
         v.bos = id("tokenizer.ggml.bos_token_id")?;
         v.eos = id("tokenizer.ggml.eos_token_id")?;
         v.unk = id("tokenizer.ggml.unknown_token_id")?;
-        v.add_bos = flag("tokenizer.ggml.add_bos_token", model == "llama");
+        // Gemma-4 GGUFs may say add_bos_token = false, yet the model needs BOS: llama.cpp
+        // overrides the flag for this vocabulary, and so does Strata.
+        v.add_bos = flag("tokenizer.ggml.add_bos_token", model == "llama") || model == "gemma4";
         v.add_eos = flag("tokenizer.ggml.add_eos_token", false);
         v.add_space_prefix = flag("tokenizer.ggml.add_space_prefix", model == "llama");
         Ok(v)
