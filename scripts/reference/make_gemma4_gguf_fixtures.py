@@ -196,6 +196,27 @@ def convert(llama_cpp: Path, build: Path, ckpt: Path, dest: Path, stem: str) -> 
     return files
 
 
+def convert_assistant(llama_cpp: Path, tiny_ckpt: Path, work: Path, dest: Path) -> None:
+    """The tiny assistant (tests/fixtures/tiny/gemma4-tiny-assistant, whose shapes fit the
+    tiny target) converted to `gemma4-assistant` GGUFs in F32 and BF16. llama.cpp's converter
+    drops the ordered-embedding (centroid) head, so the checkpoint converted is the fixture's
+    with `use_ordered_embeddings` off: both then score the whole vocabulary, and the tests
+    compare the GGUF drafter with the checkpoint loaded that way."""
+    src = REPO / "tests/fixtures/tiny/gemma4-tiny-assistant"
+    hf = work / "gemma4-tiny-assistant-hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["use_ordered_embeddings"] = False
+    (hf / "config.json").write_text(json.dumps(cfg, indent=1))
+    shutil.copy(src / "model.safetensors", hf / "model.safetensors")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_ckpt / f, hf / f)
+    env = dict(os.environ, PYTHONPATH=str(llama_cpp / "gguf-py"))
+    for outtype in ("f32", "bf16"):
+        run([sys.executable, llama_cpp / "convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile",
+             dest / f"gemma4-tiny-assistant-{outtype.upper()}.gguf"], env=env, stdout=subprocess.DEVNULL)
+
+
 PROMPTS = [
     ("docs_table", "| test | what it shows |\n|---|---|\n| `strata-structured` |"),
     ("docs_prose", "Strata serves Gemma-4 models over an OpenAI-compatible HTTP API. The engine"),
@@ -249,6 +270,8 @@ def main():
             # The checkpoint the GGUFs came from, for the BF16-against-HF check.
             shutil.rmtree(dest / "hf", ignore_errors=True)
             shutil.copytree(ckpt, dest / "hf")
+        if committed:
+            convert_assistant(args.llama_cpp, ckpt, args.work, dest)
         for gguf in convert(args.llama_cpp, args.build, ckpt, dest, f"gemma4-{name}"):
             rel = str(gguf.relative_to(REPO)) if committed else f"$STRATA_GEMMA4_GGUF/{gguf.name}"
             stem = gguf.stem.lower().replace("_", "-")

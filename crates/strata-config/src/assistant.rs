@@ -124,6 +124,19 @@ impl AssistantConfig {
         })
     }
 
+    /// A `gemma4-assistant` GGUF, as llama.cpp's converter writes one. The converter drops
+    /// the ordered-embedding (centroid) head, so a GGUF drafter scores the whole
+    /// vocabulary, as llama.cpp's does.
+    pub fn from_gguf(file: &strata_gguf::GgufFile) -> Result<Self, ConfigError> {
+        let (decoder, meta) = crate::gguf::parse_assistant_decoder(file)?;
+        Ok(Self {
+            decoder,
+            backbone_hidden_size: meta.backbone_hidden_size,
+            centroids: None,
+            sliding_window: meta.sliding_window,
+        })
+    }
+
     /// Checks the drafter against `target` and points each of its layers at the target
     /// layer it reads: the last KV-owning layer of the same attention type (the layer whose
     /// K/V the target's own KV-shared layers read). A sliding layer sees the last
@@ -202,6 +215,12 @@ impl AssistantConfig {
 
 /// Loads a drafter's configuration from its directory (or its `config.json`).
 pub fn load_assistant_config(path: &Path) -> Result<AssistantConfig, ConfigError> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return AssistantConfig::from_gguf(&strata_gguf::GgufFile::open(path)?);
+    }
     let file = if path.is_dir() {
         path.join("config.json")
     } else {

@@ -88,16 +88,97 @@ impl<'a> Meta<'a> {
     }
 }
 
+/// The architecture of a Gemma-4 assistant (MTP drafter) GGUF.
+pub(crate) const ASSISTANT_ARCH: &str = "gemma4-assistant";
+
 pub(crate) fn parse(file: &GgufFile) -> Result<ModelConfig, ConfigError> {
     let arch_name = file
         .architecture()
         .ok_or_else(|| ConfigError::Missing("general.architecture".into()))?;
-    let arch = match arch_name {
-        "gemma4" => Architecture::Gemma4,
-        "gemma3" => Architecture::Gemma3,
-        "llama" => Architecture::Llama,
-        "qwen3" => Architecture::Qwen3,
-        other => {
+    if arch_name == ASSISTANT_ARCH {
+        return Err(ConfigError::unsupported(
+            "general.architecture",
+            "gemma4-assistant is a draft model: serve its Gemma-4 target and pass it as --draft",
+        ));
+    }
+    let config = parse_as(file, arch_name, None)?;
+    crate::gguf_tensors::check(file, arch_name, &config)?;
+    Ok(config)
+}
+
+/// A `gemma4-assistant` GGUF's decoder, parsed as a Gemma-4 text model whose layers own no
+/// K/V of their own (each reads the target's, bound later): every layer must be listed as
+/// shared (`attention.shared_kv_layers`), or none. Returns it with the key prefix's
+/// metadata reader for the assistant's own keys.
+pub(crate) fn parse_assistant_decoder(
+    file: &GgufFile,
+) -> Result<(ModelConfig, AssistantMeta), ConfigError> {
+    let arch_name = file
+        .architecture()
+        .ok_or_else(|| ConfigError::Missing("general.architecture".into()))?;
+    if arch_name != ASSISTANT_ARCH {
+        return Err(ConfigError::unsupported(
+            "general.architecture",
+            format!("{arch_name:?} as a draft model; Strata drafts with gemma4-assistant"),
+        ));
+    }
+    let m = Meta {
+        file,
+        arch: arch_name,
+    };
+    let n = m.usize_req("block_count")?;
+    match m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0) {
+        0 => {}
+        s if s == n => {}
+        s => {
+            return Err(ConfigError::unsupported(
+                m.key("attention.shared_kv_layers"),
+                format!(
+                    "{s} of {n} layers shared: every layer of a draft model reads the target's K/V"
+                ),
+            ))
+        }
+    }
+    if m.usize_opt("embedding_length_per_layer_input")?
+        .unwrap_or(0)
+        != 0
+    {
+        return Err(ConfigError::unsupported(
+            m.key("embedding_length_per_layer_input"),
+            "per-layer inputs in a draft model (must be 0)",
+        ));
+    }
+    let decoder = parse_as(file, arch_name, Some(Architecture::Gemma4))?;
+    crate::gguf_tensors::check(file, arch_name, &decoder)?;
+    let meta = AssistantMeta {
+        backbone_hidden_size: m.usize_req("embedding_length_out")?,
+        sliding_window: m.usize_req("attention.sliding_window")?,
+    };
+    Ok((decoder, meta))
+}
+
+/// The assistant's own GGUF fields.
+pub(crate) struct AssistantMeta {
+    /// `embedding_length_out`: the target's hidden size.
+    pub backbone_hidden_size: usize,
+    /// `attention.sliding_window`.
+    pub sliding_window: usize,
+}
+
+/// `arch_name`'s keys as `arch` (from the name when `None`). An assistant's layers are all
+/// KV-shared in the file; it is parsed with none shared (`bind` points them at the target).
+fn parse_as(
+    file: &GgufFile,
+    arch_name: &str,
+    assistant_of: Option<Architecture>,
+) -> Result<ModelConfig, ConfigError> {
+    let arch = match (assistant_of, arch_name) {
+        (Some(a), _) => a,
+        (None, "gemma4") => Architecture::Gemma4,
+        (None, "gemma3") => Architecture::Gemma3,
+        (None, "llama") => Architecture::Llama,
+        (None, "qwen3") => Architecture::Qwen3,
+        (None, other) => {
             return Err(ConfigError::unsupported(
                 "general.architecture",
                 format!("{other:?}; Strata serves gemma4, gemma3, llama and qwen3"),
@@ -168,7 +249,7 @@ pub(crate) fn parse(file: &GgufFile) -> Result<ModelConfig, ConfigError> {
     if arch == Architecture::Gemma4 {
         swa_dim = m.usize_opt("attention.key_length_swa")?.unwrap_or(256);
         full_rope.kind = RopeKind::Proportional;
-        full_rope.partial_rotary_factor = gemma4_rotary_fraction(file, key_len)?;
+        full_rope.partial_rotary_factor = gemma4_rotary_fraction(&m, key_len)?;
     } else if let Some(rot) = m.usize_opt("rope.dimension_count")? {
         if rot == 0 || rot > key_len || rot % 2 != 0 {
             return Err(ConfigError::invalid(
@@ -196,7 +277,10 @@ pub(crate) fn parse(file: &GgufFile) -> Result<ModelConfig, ConfigError> {
             }
         })
         .collect();
-    let shared = m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0);
+    let shared = match assistant_of {
+        Some(_) => 0,
+        None => m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0),
+    };
     // GGUF already lists the doubled widths of KV-shared layers in feed_forward_length.
     assign_kv_sharing(
         &mut layers,
@@ -333,18 +417,24 @@ fn rope_scaling(m: &Meta) -> Result<RopeKind, ConfigError> {
 
 /// Gemma-4 GGUF emulates proportional RoPE with a `rope_freqs` tensor: 1.0 for the pairs that
 /// rotate, 1e30 for the rest. The count of rotating pairs gives the partial factor.
-fn gemma4_rotary_fraction(file: &GgufFile, head_dim: usize) -> Result<f64, ConfigError> {
+fn gemma4_rotary_fraction(m: &Meta, head_dim: usize) -> Result<f64, ConfigError> {
+    let file = m.file;
     let Some(t) = file.tensor("rope_freqs.weight") else {
         return Ok(0.25);
     };
-    if t.ggml_type != GgmlType::F32 || t.elements() as usize != head_dim / 2 {
+    if t.ggml_type != GgmlType::F32 {
         return Err(ConfigError::invalid(
             "rope_freqs.weight",
+            format!("expected F32 values, found {}", t.ggml_type),
+        ));
+    }
+    if t.elements() as usize != head_dim / 2 {
+        // One value a rotation pair of a full-attention head.
+        return Err(ConfigError::invalid(
+            m.key("attention.key_length"),
             format!(
-                "expected {} F32 values, found {} {}",
-                head_dim / 2,
-                t.elements(),
-                t.ggml_type
+                "says {head_dim}, but rope_freqs.weight has {} values (half the head dim)",
+                t.elements()
             ),
         ));
     }

@@ -8,6 +8,7 @@
 mod assistant;
 mod error;
 mod gguf;
+mod gguf_tensors;
 mod hf;
 mod kv;
 mod load;

@@ -67,24 +67,33 @@ pub struct Assistant<B: Backend> {
 }
 
 impl<B: QuantUpload + Clone> Assistant<B> {
-    /// Loads the drafter at `path` (its directory or `config.json`) for `target`, refusing
+    /// Loads the drafter at `path` (its directory, `config.json`, or a `gemma4-assistant`
+    /// `.gguf`) for `target`, refusing
     /// one whose shapes do not fit the target (the field is named).
     pub fn load(backend: B, path: &Path, target: &ModelConfig, opts: LoadOptions) -> Result<Self> {
         let mut config = load_assistant_config(path)?;
         config.bind(target)?;
-        let dir = if path.is_dir() {
+        let gguf = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        let source = if gguf || path.is_dir() {
             path
         } else {
             path.parent().unwrap_or(Path::new("."))
         };
-        let weights = ModelWeights::open(dir, Some("gemma4"), Some(0))?;
+        let weights = ModelWeights::open(source, Some("gemma4"), Some(0))?;
         let weight_dtype = opts.weight_dtype;
         let decoder = Model::from_weights_with(backend, config.decoder.clone(), &weights, opts)?;
         let b = &decoder.backend;
         let (ha, hb) = (config.decoder.hidden_size, config.backbone_hidden_size);
-        // The drafter's own tensors sit outside the decoder, at the top of the file.
+        // The drafter's own tensors sit outside the decoder: unprefixed at the top of an HF
+        // checkpoint, under their GGUF names (`nextn.*`) in a GGUF.
         let top = |name: &str, shape: &[usize]| -> Result<TensorView<'_>> {
-            Ok(weights.weights().require(name, shape)?)
+            Ok(if gguf {
+                weights.require(name, shape)?
+            } else {
+                weights.weights().require(name, shape)?
+            })
         };
         let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
             upload_linear_as(b, &top(name, shape)?, weight_dtype)

@@ -48,8 +48,8 @@ pub struct GenerateArgs {
     /// Print one JSON object: prompt_tokens, tokens, text, timings.
     #[arg(long)]
     pub json: bool,
-    /// A Gemma-4 assistant (its directory): speculative decoding. The output is the one
-    /// without drafts, greedy or drawn with the same seed.
+    /// A Gemma-4 assistant (its directory, or a `gemma4-assistant` GGUF): speculative
+    /// decoding. The output is the one without drafts, greedy or drawn with the same seed.
     #[arg(long)]
     pub draft: Option<PathBuf>,
     /// Speculative decoding without a draft model: draft the tokens that followed the

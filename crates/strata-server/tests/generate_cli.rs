@@ -160,3 +160,46 @@ fn quantize_at_load_generates_and_other_formats_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("q8_0, q6_k, q4_k"), "{err}");
 }
+
+/// A Gemma-4 GGUF of llama.cpp's converter with its `gemma4-assistant` GGUF as the draft
+/// model (tests/fixtures/gguf-gemma4): a text prompt through the file's own tokenizer, the
+/// same output as without drafts, greedy and drawn with a seed, and the rounds reported.
+#[test]
+fn a_gemma4_gguf_drafts_with_its_assistant_gguf() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf-gemma4");
+    let (model, assistant) = (
+        dir.join("gemma4-tiny-Q8_0.gguf").display().to_string(),
+        dir.join("gemma4-tiny-assistant-BF16.gguf")
+            .display()
+            .to_string(),
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &model,
+            "--device",
+            "cpu",
+            "--prompt",
+            "Strata serves Gemma-4 models over an",
+            "--max-tokens",
+            "24",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_of(&strata(&args))
+    };
+    for sampling in [&[][..], &["--temperature", "0.8", "--seed", "7"][..]] {
+        let plain = run(sampling);
+        assert_eq!(plain["tokens"].as_array().unwrap().len(), 24);
+        let mut with = vec!["--draft", assistant.as_str(), "--draft-tokens", "3"];
+        with.extend_from_slice(sampling);
+        let drafted = run(&with);
+        assert_eq!(drafted["tokens"], plain["tokens"], "{sampling:?}");
+        assert_eq!(drafted["text"], plain["text"], "{sampling:?}");
+        let d = &drafted["draft"];
+        assert!(d["rounds"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["drafted"].as_u64().unwrap() > 0, "{d}");
+    }
+}

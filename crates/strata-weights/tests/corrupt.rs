@@ -152,6 +152,15 @@ fn fuzz_corpus_replays_without_panic() {
     );
     let valid = std::fs::read(root.join("safetensors_header/valid")).unwrap();
     assert!(SafetensorsModel::from_vec("valid", valid).is_ok());
+    // Gemma-4 GGUFs of llama.cpp's converter (links to tests/fixtures/gguf-gemma4).
+    for (seed, arch) in [
+        ("gemma4_tiny_q4_k_m", "gemma4"),
+        ("gemma4_assistant_bf16", "gemma4-assistant"),
+    ] {
+        let data = std::fs::read(root.join("gguf_header").join(seed)).unwrap();
+        let model = GgufModel::from_vec(data).unwrap();
+        assert_eq!(model.file().architecture(), Some(arch), "{seed}");
+    }
 }
 
 /// A mutation of a valid file: overwrite bytes, truncate, or splice in junk.

@@ -148,11 +148,11 @@ pub struct ServeArgs {
     /// time goes.
     #[arg(long)]
     pub step_trace: Option<std::path::PathBuf>,
-    /// A draft model for speculative decoding (Gemma-4's assistant directory): while at
-    /// most --draft-max-requests requests run (greedy or sampled), each step drafts
-    /// --draft-tokens tokens a request and checks them in one step of the model. Output
-    /// is what the model alone gives; a request whose drafts are mostly rejected pauses
-    /// drafting.
+    /// A draft model for speculative decoding (Gemma-4's assistant: its directory or a
+    /// `gemma4-assistant` GGUF): while at most --draft-max-requests requests run (greedy or
+    /// sampled), each step drafts --draft-tokens tokens a request and checks them in one
+    /// step of the model. Output is what the model alone gives; a request whose drafts are
+    /// mostly rejected pauses drafting.
     #[arg(long)]
     pub draft: Option<PathBuf>,
     /// Speculative decoding without a draft model: each request's drafts are the tokens

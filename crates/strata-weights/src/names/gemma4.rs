@@ -3,7 +3,14 @@
 
 use super::{shared, NameTable};
 
-pub(super) const GLOBALS: &[NameTable] = &[shared::GLOBALS, PER_LAYER_GLOBALS];
+pub(super) const GLOBALS: &[NameTable] = &[shared::GLOBALS, PER_LAYER_GLOBALS, ASSISTANT];
+
+/// The assistant's (MTP drafter's) projections between the target's width and its own
+/// (`gemma4-assistant` GGUFs; the HF checkpoint stores them unprefixed at the top).
+const ASSISTANT: NameTable = &[
+    ("pre_projection.weight", "nextn.pre_projection.weight"),
+    ("post_projection.weight", "nextn.post_projection.weight"),
+];
 
 const PER_LAYER_GLOBALS: NameTable = &[
     (
