@@ -14,6 +14,7 @@ mod kv;
 mod load;
 mod rope;
 mod validate;
+mod vision;
 
 use serde::Serialize;
 
@@ -22,6 +23,7 @@ pub use error::ConfigError;
 pub use kv::{KvGroupSpec, KvShape};
 pub use load::{load_model_config, ModelSource};
 pub use rope::{RopeConfig, RopeKind, RopeStyle};
+pub use vision::VisionConfig;
 
 /// Model families the engine serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -18,6 +18,7 @@ mod paged_kv;
 pub mod quantize;
 mod runner;
 mod tensors;
+mod vision;
 mod weights_swap;
 
 pub use assistant::{Assistant, DraftSeq, Drafted};
@@ -34,3 +35,4 @@ pub use runner::{ModelHandle, ModelRunner, SwapModel};
 pub use strata_kernels::sampling::FED_TOKEN;
 pub use strata_types::batch::{self, ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use tensors::{LayerTensors, ModelTensors};
+pub use vision::{EncodedImage, VisionTower};
