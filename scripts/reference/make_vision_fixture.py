@@ -11,6 +11,9 @@ checkpoint: the tiny text model of ../tiny/gemma4-tiny and a 2-layer vision towe
   encoder_i          f32 [P_i, H]             the encoder's last hidden state (before pooling)
   vision_i           f32 [S_i, H]             the vision tower's output (pooled, scaled, standardized)
   soft_tokens_i      f32 [S_i, T]             `embed_vision` of it: the soft tokens in the text width
+  prompt_ids         i64 [N]                  text, then image 0's placeholders (id 500) between
+                                              501 and 502, text, image 1's, text
+  prompt_logits      f32 [N, V]               the whole model's logits for it with both images
 
 The second image is padded to the first's patch count, as a batch of two sizes is.
 
@@ -30,6 +33,7 @@ from make_tiny_fixtures import gemma4_config  # noqa: E402
 
 PATCH = 4
 POOL = 2
+IMAGE, BOI, EOI = 500, 501, 502
 
 
 def vision_config():
@@ -58,7 +62,9 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.manual_seed(1234)
-    cfg = Gemma4Config(text_config=gemma4_config().to_dict(), vision_config=vision_config(), audio_config=None)
+    # Placeholder ids inside the tiny vocabulary (the real ones are past its 512 ids).
+    cfg = Gemma4Config(text_config=gemma4_config().to_dict(), vision_config=vision_config(), audio_config=None,
+                       image_token_id=IMAGE, boi_token_id=BOI, eoi_token_id=EOI)
     model = Gemma4ForConditionalGeneration(cfg).float().eval()
     # Random buffers the initializer leaves at fixed values: make them count.
     vt = model.model.vision_tower
@@ -86,6 +92,19 @@ def main():
                         f"encoder_{i}": enc.contiguous(), f"vision_{i}": vision.contiguous(),
                         f"soft_tokens_{i}": soft.contiguous()})
             print(f"image {i}: {h}x{w} patches -> {soft.shape[0]} soft tokens")
+        # A prompt with both images between text, through the whole model: the soft tokens
+        # replace the placeholders' embeddings (their per-layer inputs are the pad token's).
+        text = torch.randint(3, 400, (12,), generator=gen)
+        n0 = ref["soft_tokens_0"].shape[0]
+        n1 = ref["soft_tokens_1"].shape[0]
+        ids = torch.cat([torch.tensor([2]), text[:4], torch.tensor([BOI]), torch.full((n0,), IMAGE),
+                         torch.tensor([EOI]), text[4:8], torch.tensor([BOI]), torch.full((n1,), IMAGE),
+                         torch.tensor([EOI]), text[8:]])
+        pix = torch.stack([ref["pixel_values_0"], ref["pixel_values_1"]])
+        pos = torch.stack([ref["position_ids_0"], ref["position_ids_1"]])
+        logits = model(input_ids=ids[None], pixel_values=pix, image_position_ids=pos).logits[0]
+        ref.update({"prompt_ids": ids.to(torch.int64), "prompt_logits": logits.contiguous()})
+        print(f"prompt: {len(ids)} ids, {n0 + n1} of them soft tokens")
     save_file(ref, os.path.join(args.out, "reference.safetensors"),
               metadata={"transformers": __import__("transformers").__version__, "torch": torch.__version__,
                         "sizes": json.dumps(sizes)})

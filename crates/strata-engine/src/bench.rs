@@ -261,6 +261,7 @@ where
         let launched = model.launch(
             &mut kv,
             &ForwardBatch {
+                embeds: Vec::new(),
                 seqs,
                 adjust: Vec::new(),
                 masked: Vec::new(),
@@ -337,6 +338,7 @@ where
     let r = kv.alloc_request();
     kv.extend(r, prompt.len())?;
     let batch = ForwardBatch {
+        embeds: Vec::new(),
         seqs: vec![SeqChunk {
             request: r,
             tokens: prompt.to_vec(),

@@ -171,6 +171,7 @@ where
             });
         }
         let batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs,
             adjust: Vec::new(),
             masked: Vec::new(),

@@ -310,6 +310,7 @@ where
     for &n in passes {
         kv.extend(req, n)?;
         let batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![SeqChunk {
                 request: req,
                 tokens: ids[start..start + n].to_vec(),

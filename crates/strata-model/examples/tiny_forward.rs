@@ -33,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let end = tokens.len();
         kv.extend(request, end - start)?;
         let batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![SeqChunk {
                 request,
                 tokens: chunk,

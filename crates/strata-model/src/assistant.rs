@@ -398,6 +398,7 @@ pub(crate) struct StepIo<'a, B: Backend> {
 /// at `position`).
 pub(crate) fn draft_batch(seqs: &[DraftSeq], tokens: &[u32]) -> ForwardBatch {
     ForwardBatch {
+        embeds: Vec::new(),
         seqs: seqs
             .iter()
             .zip(tokens)

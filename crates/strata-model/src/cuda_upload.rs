@@ -139,6 +139,7 @@ mod tests {
         for &n in chunks {
             kv.extend(req, n).unwrap();
             let batch = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: vec![SeqChunk {
                     request: req,
                     tokens: ids[start..start + n].to_vec(),
@@ -175,6 +176,7 @@ mod tests {
             let chunk = tokens[fed..].to_vec();
             kv.extend(req, chunk.len()).unwrap();
             let batch = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: vec![SeqChunk {
                     request: req,
                     tokens: chunk.clone(),
@@ -387,6 +389,7 @@ mod tests {
         for (&r, &n) in reqs.iter().zip(&lens) {
             kv.extend(r, n).unwrap();
             let batch = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: vec![SeqChunk {
                     request: r,
                     tokens: ids[..n].to_vec(),
@@ -419,6 +422,7 @@ mod tests {
                 .forward(
                     &mut kv,
                     &ForwardBatch {
+                        embeds: Vec::new(),
                         seqs,
                         adjust: Vec::new(),
                         masked: Vec::new(),
@@ -838,6 +842,7 @@ mod tests {
                 .launch(
                     &mut kv,
                     &ForwardBatch {
+                        embeds: Vec::new(),
                         seqs,
                         adjust: Vec::new(),
                         masked: Vec::new(),
@@ -944,6 +949,7 @@ mod tests {
         let req = kv.alloc_request();
         kv.extend(req, ids.len()).unwrap();
         let batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![SeqChunk {
                 request: req,
                 tokens: ids.to_vec(),
@@ -984,6 +990,7 @@ mod tests {
             let req = kv.alloc_request();
             kv.extend(req, len).unwrap();
             let batch = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: vec![SeqChunk {
                     request: req,
                     tokens: ids[..len].to_vec(),
@@ -1063,6 +1070,7 @@ mod tests {
         all.extend_from_slice(&decoded);
         kv.extend(req, ids.len() - 1).unwrap();
         let prompt = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![SeqChunk {
                 request: req,
                 tokens: ids[..ids.len() - 1].to_vec(),
@@ -1078,6 +1086,7 @@ mod tests {
             let start = ids.len() - 1 + 6 * run;
             kv.extend(req, 6).unwrap();
             let verify = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: vec![SeqChunk {
                     request: req,
                     tokens: all[start..start + 6].to_vec(),
@@ -1099,6 +1108,7 @@ mod tests {
             let start = ids.len() - 1 + 12 + j;
             kv.extend(req, 1).unwrap();
             let verify = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: vec![SeqChunk {
                     request: req,
                     tokens: vec![all[start]],
@@ -1144,6 +1154,7 @@ mod tests {
                 kv.extend(req, p.len()).unwrap();
             }
             let batch = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: reqs
                     .iter()
                     .zip(&prompts)
@@ -1208,6 +1219,7 @@ mod tests {
                 kv.extend(req, p.len()).unwrap();
             }
             let prompt = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: reqs
                     .iter()
                     .zip(&prompts)
@@ -1245,6 +1257,7 @@ mod tests {
                     .forward_greedy_rows(
                         &mut kv,
                         &ForwardBatch {
+                            embeds: Vec::new(),
                             seqs,
                             adjust: Vec::new(),
                             masked: Vec::new(),

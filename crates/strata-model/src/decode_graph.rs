@@ -140,9 +140,11 @@ fn eligible<B: Backend>(
                     .all(|s| s.tokens.len() == q && s.logits == LogitsMode::All)
         }
     };
-    // A step with LoRA adapters runs op by op: a graph would freeze its rows' grouping.
+    // A step with LoRA adapters runs op by op: a graph would freeze its rows' grouping;
+    // so does one with rows given as embeddings (a graph replays only token lookups).
     pool.storage().graph_mode != DecodeGraphs::Off
         && !batch.has_adapters()
+        && batch.embeds.is_empty()
         && model.backend().supports_graphs()
         && !model.has_host_tables()
         && (1..=MAX_GRAPH_BATCH).contains(&n)
@@ -198,6 +200,7 @@ pub(crate) fn padded_batch(batch: &ForwardBatch, bucket: usize) -> ForwardBatch 
         logits,
     }));
     ForwardBatch {
+        embeds: Vec::new(),
         seqs,
         adjust: Vec::new(),
         masked: Vec::new(),

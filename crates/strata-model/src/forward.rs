@@ -4,8 +4,8 @@
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::sampling::{RowAdjust, RowDraw, RowMask, FED_TOKEN};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, DeviceBuffer, QkvPrep, ResidualStep, RmsNormParams,
-    RopeAt, RopeParams, RopeStyle, TableSlice,
+    Activation, AttentionParams, Backend, DeviceBuffer, HostSlice, QkvPrep, ResidualStep,
+    RmsNormParams, RopeAt, RopeParams, RopeStyle, StridedCopy, TableSlice,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
@@ -281,6 +281,29 @@ impl<B: Backend> Model<B> {
             ids.extend_from_slice(&s.tokens);
             positions.extend((s.start..end).map(|p| p as u32));
         }
+        // Rows given as embeddings look up the pad token, as transformers embeds a
+        // placeholder: their per-layer inputs are the pad token's.
+        let h = c.hidden_size;
+        for e in &batch.embeds {
+            let seq = rows.get(e.seq).ok_or_else(|| {
+                ModelError::Invalid(format!(
+                    "embeddings for sequence {} of {}",
+                    e.seq,
+                    rows.len()
+                ))
+            })?;
+            let n = e.values.len() / h;
+            if n == 0 || n * h != e.values.len() || e.first + n > seq.len {
+                return Err(ModelError::Invalid(format!(
+                    "{} embedding values at row {} of a chunk of {} rows (width {h})",
+                    e.values.len(),
+                    e.first,
+                    seq.len
+                )));
+            }
+            let pad = c.pad_token_id.unwrap_or(0);
+            ids[seq.offset + e.first..seq.offset + e.first + n].fill(pad);
+        }
         Ok(Prepared {
             ids,
             positions,
@@ -310,6 +333,20 @@ impl<B: Backend> Model<B> {
         self.tensors
             .embed
             .embed_idx(b, &prep.ids, &inputs.ids, self.embed_scale, &mut x)?;
+        for e in &batch.embeds {
+            // Checked by `prepare`.
+            let n = e.values.len() / h;
+            let src = b.upload(HostSlice::F32(&e.values))?;
+            let c = StridedCopy {
+                rows: n,
+                cols: h,
+                src_offset: 0,
+                src_stride: h,
+                dst_offset: (rows[e.seq].offset + e.first) * h,
+                dst_stride: h,
+            };
+            b.copy_strided(&src, &mut x, c)?;
+        }
         let mut ple = match &self.tensors.ple {
             Some(_) => Some(self.per_layer_inputs(&prep.ids, inputs, &x)?),
             None => None,
@@ -488,6 +525,7 @@ impl<B: Backend> Model<B> {
         let positions: Vec<u32> = keep.iter().map(|&r| prep.positions[r]).collect();
         Ok(Trimmed {
             batch: ForwardBatch {
+                embeds: Vec::new(),
                 seqs,
                 adjust: Vec::new(),
                 masked: Vec::new(),
@@ -962,6 +1000,7 @@ mod trim_tests {
             Model::load(CpuBackend::new(), format!("{fixtures}gemma4-tiny").as_ref()).unwrap();
         let plan = |m: &Model<CpuBackend>, seqs: Vec<SeqChunk>| {
             let batch = ForwardBatch {
+                embeds: Vec::new(),
                 seqs,
                 adjust: Vec::new(),
                 masked: Vec::new(),

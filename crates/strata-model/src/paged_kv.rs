@@ -528,6 +528,7 @@ mod tests {
             logits: LogitsMode::Last,
         };
         let batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![chunk(a, 1300, 1), chunk(b, 30, 15), chunk(c, 0, 1)],
             adjust: Vec::new(),
             masked: Vec::new(),
@@ -562,6 +563,7 @@ mod tests {
             );
         }
         let past = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![chunk(b, 40, 6)],
             adjust: Vec::new(),
             masked: Vec::new(),

@@ -112,6 +112,7 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
     rows: &[CheckRow],
 ) -> Result<(Vec<CheckedRow>, Option<B::Buffer>), SchedError> {
     let batch = ForwardBatch {
+        embeds: Vec::new(),
         seqs: rows
             .iter()
             .map(|r| SeqChunk {

@@ -101,6 +101,7 @@ where
     let req = kv.alloc_request();
     kv.extend(req, r.ids.len()).unwrap();
     let prompt = ForwardBatch {
+        embeds: Vec::new(),
         seqs: vec![SeqChunk {
             request: req,
             tokens: r.ids.clone(),

@@ -39,6 +39,7 @@ fn logits(model: &Model<CpuBackend>, ids: &[u32]) -> Vec<f32> {
     let req = kv.alloc_request();
     kv.extend(req, ids.len()).unwrap();
     let batch = ForwardBatch {
+        embeds: Vec::new(),
         seqs: vec![SeqChunk {
             request: req,
             tokens: ids.to_vec(),
@@ -127,6 +128,7 @@ fn drafts(target: &Model<CpuBackend>, assistant: &Assistant<CpuBackend>) -> Vec<
     let req = kv.alloc_request();
     kv.extend(req, ids.len()).unwrap();
     let prompt = ForwardBatch {
+        embeds: Vec::new(),
         seqs: vec![SeqChunk {
             request: req,
             tokens: ids.clone(),

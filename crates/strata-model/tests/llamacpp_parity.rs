@@ -102,6 +102,7 @@ fn teacher_forced(model: &Model<CpuBackend>, prompt: &[u32], generated: &[u32]) 
         kv.extend(req, end - start).unwrap();
         let wants = end > first;
         let batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![SeqChunk {
                 request: req,
                 tokens: seq[start..end].to_vec(),

@@ -104,6 +104,7 @@ where
     for &n in chunks {
         kv.extend(req, n).unwrap();
         let batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs: vec![SeqChunk {
                 request: req,
                 tokens: ids[start..start + n].to_vec(),
@@ -314,6 +315,7 @@ fn paged_storage_equals_host_storage() {
             paged.extend(a, half).unwrap();
             paged.extend(b, n).unwrap();
             let batch = ForwardBatch {
+                embeds: Vec::new(),
                 seqs: vec![
                     SeqChunk {
                         request: a,
@@ -369,6 +371,7 @@ where
     let (a, b, c) = (kv.alloc_request(), kv.alloc_request(), kv.alloc_request());
     kv.extend(a, 11).unwrap();
     let first = ForwardBatch {
+        embeds: Vec::new(),
         seqs: vec![chunk(a, 0, 10, LogitsMode::None)],
         adjust: Vec::new(),
         masked: Vec::new(),
@@ -378,6 +381,7 @@ where
     kv.extend(b, 13).unwrap();
     kv.extend(c, n).unwrap();
     let mixed = ForwardBatch {
+        embeds: Vec::new(),
         seqs: vec![
             chunk(a, 10, 11, LogitsMode::Last),
             chunk(b, 0, 12, LogitsMode::None),
@@ -390,6 +394,7 @@ where
     let mut out = model.forward(kv, &mixed).unwrap().logits;
     assert!(out[1].is_empty(), "a chunk wanting no logits got some");
     let next = ForwardBatch {
+        embeds: Vec::new(),
         seqs: vec![
             chunk(b, 12, 13, LogitsMode::Last),
             chunk(c, 9, n, LogitsMode::Argmax),

@@ -80,6 +80,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
     ) -> Option<InFlight<M::Launched>> {
         let mut seqs = Vec::with_capacity(rows.len());
         let mut batch = ForwardBatch {
+            embeds: Vec::new(),
             seqs: Vec::with_capacity(rows.len()),
             adjust: Vec::new(),
             masked: Vec::new(),

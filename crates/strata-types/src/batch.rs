@@ -70,6 +70,23 @@ pub struct ForwardBatch {
     /// Per sequence (in batch order), the LoRA adapter its rows run with (0 for none, else
     /// an id the model has loaded); empty when no sequence has one.
     pub adapters: Vec<u32>,
+    /// Rows whose input is given as embeddings rather than looked up from their token ids
+    /// (an image's or a clip's soft tokens): each run of rows is written over the token
+    /// embeddings, unscaled; their per-layer inputs take the pad token's identity part and
+    /// project the written rows, as transformers does for a placeholder. Empty for
+    /// text-only steps.
+    pub embeds: Vec<RowEmbeds>,
+}
+
+/// A run of a sequence's rows given as embeddings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowEmbeds {
+    /// The sequence (index into `seqs`).
+    pub seq: usize,
+    /// The run's first row within that sequence's chunk.
+    pub first: usize,
+    /// `rows x hidden` values, row after row.
+    pub values: std::sync::Arc<[f32]>,
 }
 
 impl ForwardBatch {

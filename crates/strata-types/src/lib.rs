@@ -17,7 +17,7 @@ pub mod batch;
 mod error;
 pub mod sampling;
 
-pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+pub use batch::{ForwardBatch, ForwardOutput, LogitsMode, RowEmbeds, SeqChunk};
 pub use error::SamplingError;
 
 /// A request's handle in the KV pool.
