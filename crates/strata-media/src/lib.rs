@@ -2,12 +2,15 @@
 //!
 //! - [`ImagePatcher`]: PNG / JPEG / WebP bytes or RGB pixels -> Gemma-4's patches and their
 //!   positions, as transformers 5.17's `Gemma4ImageProcessorPil` makes them.
+//! - [`decode_wav`], [`resample`]: WAV bytes -> mono samples at the extractor's rate.
 //! - [`LogMel`]: audio (mono, at the extractor's rate) -> log-mel frames, as transformers
 //!   5.17's `Gemma4AudioFeatureExtractor` computes them.
 
+mod audio;
 mod image;
 mod mel;
 
+pub use crate::audio::{decode_wav, resample};
 pub use crate::image::{ImagePatcher, Patches};
 pub use mel::{LogMel, LogMelFeatures};
 
