@@ -14,6 +14,7 @@ checkpoint: the tiny text model of ../tiny/gemma4-tiny and a 2-layer vision towe
   prompt_ids         i64 [N]                  text, then image 0's placeholders (id 500) between
                                               501 and 502, text, image 1's, text
   prompt_logits      f32 [N, V]               the whole model's logits for it with both images
+  prompt_greedy      i64 [8]                  `generate`'s greedy tokens after it
 
 The second image is padded to the first's patch count, as a batch of two sizes is.
 
@@ -103,7 +104,10 @@ def main():
         pix = torch.stack([ref["pixel_values_0"], ref["pixel_values_1"]])
         pos = torch.stack([ref["position_ids_0"], ref["position_ids_1"]])
         logits = model(input_ids=ids[None], pixel_values=pix, image_position_ids=pos).logits[0]
-        ref.update({"prompt_ids": ids.to(torch.int64), "prompt_logits": logits.contiguous()})
+        out = model.generate(input_ids=ids[None], pixel_values=pix, image_position_ids=pos, max_new_tokens=8,
+                             do_sample=False, attention_mask=torch.ones_like(ids[None]))
+        ref.update({"prompt_ids": ids.to(torch.int64), "prompt_logits": logits.contiguous(),
+                    "prompt_greedy": out[0, len(ids):].to(torch.int64).contiguous()})
         print(f"prompt: {len(ids)} ids, {n0 + n1} of them soft tokens")
     save_file(ref, os.path.join(args.out, "reference.safetensors"),
               metadata={"transformers": __import__("transformers").__version__, "torch": torch.__version__,

@@ -198,3 +198,132 @@ fn a_prompt_with_two_images_gives_transformers_logits() {
     eprintln!("multimodal prompt logits: max abs diff {d:.2e}");
     assert!(d < 1e-4, "off by {d}");
 }
+
+/// Through the scheduler: a request whose two placeholder runs carry the images' soft
+/// tokens (`Request::media`), prefilled in chunks of 4, generates transformers' greedy
+/// tokens; the same prompt again reuses the cached images' K/V, and the prompt with the
+/// images swapped reuses nothing past the first image.
+#[test]
+fn the_scheduler_generates_transformers_tokens_for_a_prompt_with_images() {
+    use std::sync::Arc;
+    use strata_kernels::cpu::CpuBackend;
+    use strata_kv::{CacheType, HostStorage, KvCacheDtype, KvLayout, KvPool, PagePlan};
+    use strata_model::{Model, ModelRunner};
+    use strata_sched::{EventKind, MediaInput, Request, Scheduler, SchedulerConfig};
+
+    let dir = fixture();
+    let tower = VisionTower::load(&dir).unwrap().unwrap();
+    let model = Model::load(CpuBackend::new(), &dir).unwrap();
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let raw = |name: &str| st.tensor(name).unwrap().data().to_vec();
+    let f32s = |name: &str| -> Vec<f32> {
+        raw(name)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let i64s = |name: &str| -> Vec<i64> {
+        raw(name)
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let ids: Vec<u32> = i64s("prompt_ids").iter().map(|&v| v as u32).collect();
+    let want: Vec<u32> = i64s("prompt_greedy").iter().map(|&v| v as u32).collect();
+    let soft: Vec<Arc<[f32]>> = (0..2)
+        .map(|i| {
+            let pos: Vec<[i64; 2]> = i64s(&format!("position_ids_{i}"))
+                .chunks_exact(2)
+                .map(|p| [p[0], p[1]])
+                .collect();
+            let e = tower
+                .encode(&f32s(&format!("pixel_values_{i}")), &pos)
+                .unwrap();
+            Arc::from(e.soft_tokens)
+        })
+        .collect();
+    let starts: Vec<usize> = (1..ids.len())
+        .filter(|&i| ids[i] == 500 && ids[i - 1] != 500)
+        .collect();
+    let h = model.config().hidden_size;
+    let media = |order: [usize; 2]| -> Vec<MediaInput> {
+        // The runs keep their lengths; with the images swapped, the first run holds the
+        // second image's first rows padded out by its own rows again (another image).
+        starts
+            .iter()
+            .zip(order)
+            .enumerate()
+            .map(|(k, (&start, img))| {
+                let rows = soft[k].len() / h;
+                let values: Vec<f32> = soft[img].iter().cycle().take(rows * h).copied().collect();
+                MediaInput {
+                    start,
+                    rows,
+                    values: Arc::from(values),
+                    hash: (img as u64 + 1) * 0x1234_5678_9ABC_DEF1,
+                }
+            })
+            .collect()
+    };
+    let layout = KvLayout::for_config(model.config(), KvCacheDtype::F32).unwrap();
+    let plan = PagePlan {
+        full: 64,
+        window: 64,
+        page_size: 4,
+    };
+    let pool = KvPool::new(layout, plan, CacheType::Radix, HostStorage::new()).unwrap();
+    let config = SchedulerConfig {
+        prefill_chunk: 4,
+        ..SchedulerConfig::default()
+    };
+    let mut sched = Scheduler::new(ModelRunner(model), pool, config).unwrap();
+    let mut run = |order: [usize; 2]| -> (Vec<u32>, usize) {
+        let mut req = Request::new(ids.clone(), want.len());
+        req.ignore_eos = true;
+        req.media = media(order);
+        let id = sched.submit(req);
+        let (mut tokens, mut cached) = (Vec::new(), 0);
+        while sched.has_work() {
+            for e in sched.step() {
+                assert_eq!(e.id, id);
+                match e.kind {
+                    EventKind::Token { token, .. } => tokens.push(token),
+                    EventKind::Finished { cached_tokens, .. } => cached = cached_tokens,
+                    _ => {}
+                }
+            }
+        }
+        (tokens, cached)
+    };
+    let (first, _) = run([0, 1]);
+    assert_eq!(first, want, "greedy tokens against transformers' generate");
+    let (again, cached) = run([0, 1]);
+    assert_eq!(again, want);
+    assert!(
+        cached > starts[1],
+        "the images' K/V was reused: {cached} tokens"
+    );
+    let (_, cached) = run([1, 0]);
+    assert!(
+        cached <= starts[0],
+        "another image reused {cached} cached tokens"
+    );
+    // Media past the prompt is refused when the request is admitted.
+    let mut bad = Request::new(ids.clone(), 2);
+    bad.media = media([0, 1]);
+    bad.media[1].start = ids.len() - 2;
+    let id = sched.submit(bad);
+    let mut reason = None;
+    while sched.has_work() {
+        for e in sched.step() {
+            if let (true, EventKind::Finished { reason: r, .. }) = (e.id == id, e.kind) {
+                reason = Some(r);
+            }
+        }
+    }
+    match reason {
+        Some(strata_sched::FinishReason::Error(msg)) => assert!(msg.contains("media"), "{msg}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

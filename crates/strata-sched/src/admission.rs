@@ -26,6 +26,27 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 crate::MAX_ADAPTER_ID - 1
             ));
         }
+        let mut end = 0;
+        for (i, m) in seq.req.media.iter().enumerate() {
+            let fits = m.rows > 0
+                && m.start >= end
+                && m.start + m.rows <= seq.prompt_len
+                && m.values.len() % m.rows == 0
+                && !m.values.is_empty();
+            if !fits {
+                return Some(format!(
+                    "media input {i} ({} rows at {} of a {}-token prompt, {} values) is                      outside the prompt, overlaps another or is not whole rows",
+                    m.rows,
+                    m.start,
+                    seq.prompt_len,
+                    m.values.len()
+                ));
+            }
+            end = m.start + m.rows;
+        }
+        if !seq.req.media.is_empty() && vocab >= 1 << 23 {
+            return Some("media inputs need a vocabulary below 2^23 ids".into());
+        }
         let ctx = self.model.context_len();
         if let Some(ctx) = ctx.filter(|&c| prompt.len() >= c) {
             return Some(format!(

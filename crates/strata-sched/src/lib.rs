@@ -34,6 +34,6 @@ pub use error::SchedError;
 pub use event::{Event, EventKind, FinishReason};
 pub use lookup::PromptLookup;
 pub use model::{CheckRow, CheckedRow, DraftMasks, DraftRow, StepModel};
-pub use request::{Request, SeqId, StopFn, MAX_ADAPTER_ID};
+pub use request::{MediaInput, Request, SeqId, StopFn, MAX_ADAPTER_ID};
 pub use scheduler::{LaunchShape, MaskStats, SchedStatus, Scheduler};
 pub use speculate::DraftStats;

@@ -51,6 +51,36 @@ pub struct Request {
     /// [`MAX_ADAPTER_ID`] that the model has loaded. Its prefixes are cached apart from the
     /// base model's and other adapters' (their K/V differ).
     pub adapter: u32,
+    /// Runs of prompt rows given as embeddings (an image's or a clip's soft tokens, at
+    /// their placeholders); in prompt order, not overlapping.
+    pub media: Vec<MediaInput>,
+}
+
+/// A run of prompt rows whose inputs are given as embeddings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MediaInput {
+    /// The run's first prompt position.
+    pub start: usize,
+    /// Rows of the run.
+    pub rows: usize,
+    /// `rows x width` values, row after row (the width is the model's hidden size).
+    pub values: std::sync::Arc<[f32]>,
+    /// A hash of the media's content: the prefix cache keys the run's rows by it, so the
+    /// same image in a later prompt is a cache hit and another image never is.
+    pub hash: u64,
+}
+
+impl MediaInput {
+    /// The prefix cache's key of row `i` of the run: above every token id (bit 23 set,
+    /// below the adapter bits), from the content hash and the row, so that a different
+    /// image matches no row of this one but with odds of 2^-23 a row.
+    pub(crate) fn row_key(&self, i: usize) -> u32 {
+        let mut x = self.hash ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xFF51_AFD7_ED55_8CCD);
+        x ^= x >> 33;
+        (1 << 23) | (x as u32 & 0x7F_FFFF)
+    }
 }
 
 /// Adapter ids are below this: the prefix cache keys an adapter's tokens with its id above
@@ -74,6 +104,7 @@ impl Request {
             controls: LogitControls::default(),
             stop_token_ids: Vec::new(),
             adapter: 0,
+            media: Vec::new(),
         }
     }
 }
@@ -93,6 +124,8 @@ impl fmt::Debug for Request {
             .field("constraint", &self.constraint)
             .field("controls", &self.controls)
             .field("stop_token_ids", &self.stop_token_ids)
+            .field("adapter", &self.adapter)
+            .field("media", &self.media.len())
             .finish()
     }
 }

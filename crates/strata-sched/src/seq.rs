@@ -231,12 +231,26 @@ impl Seq {
     /// The prefix cache's key for the first `len` tokens: the tokens themselves, or for a
     /// request with a LoRA adapter each with the adapter's id above bit 24, so that K/V
     /// computed under one adapter is never reused under another or the base model.
+    /// A media run's rows are keyed by its content ([`MediaInput::row_key`]), not by their
+    /// placeholder ids.
+    ///
+    /// [`MediaInput::row_key`]: crate::MediaInput
     pub fn cache_key(&self, len: usize) -> Cow<'_, [u32]> {
         let tokens = &self.tokens[..len];
-        match self.req.adapter {
-            0 => Cow::Borrowed(tokens),
-            a => Cow::Owned(tokens.iter().map(|&t| t | a << 24).collect()),
+        if self.req.adapter == 0 && self.req.media.iter().all(|m| m.start >= len) {
+            return Cow::Borrowed(tokens);
         }
+        let mut key: Vec<u32> = tokens.to_vec();
+        for m in &self.req.media {
+            for i in 0..m.rows.min(len.saturating_sub(m.start)) {
+                key[m.start + i] = m.row_key(i);
+            }
+        }
+        let a = self.req.adapter;
+        if a != 0 {
+            key.iter_mut().for_each(|t| *t |= a << 24);
+        }
+        Cow::Owned(key)
     }
 
     pub fn completion(&self) -> &[u32] {

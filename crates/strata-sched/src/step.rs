@@ -4,8 +4,9 @@ use strata_kv::KvStorage;
 use strata_types::sampling::{
     adjust_logits, draw_uniform, sample, token_logprobs, RowMask, TokenLogprobs,
 };
-use strata_types::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
+use strata_types::{ForwardBatch, ForwardOutput, LogitsMode, RowEmbeds, SeqChunk};
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -270,6 +271,19 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 LogitsMode::All => n,
                 _ => 1,
             };
+            let seq = batch.seqs.len();
+            for m in &s.req.media {
+                let (a, b) = (m.start.max(s.computed), (m.start + m.rows).min(end));
+                if a < b {
+                    let width = m.values.len() / m.rows;
+                    let from = (a - m.start) * width;
+                    batch.embeds.push(RowEmbeds {
+                        seq,
+                        first: a - s.computed,
+                        values: Arc::from(&m.values[from..from + (b - a) * width]),
+                    });
+                }
+            }
             batch.seqs.push(SeqChunk {
                 request: s.kv.expect("scheduled requests hold a pool request"),
                 tokens: s.tokens[s.computed..end].to_vec(),
