@@ -117,6 +117,9 @@ def make_tokenizer(vocab_size: int, text: str, out: Path) -> Tokenizer:
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
         "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
+        # As in Gemma-4's own file: the turn and tool markers are special (control tokens in the
+        # GGUF), so that `<|turn>` in a rendered chat becomes one token.
+        "additional_special_tokens": CONTROLS + ["<mask>"],
         "chat_template": template, "model_max_length": 4096}, ensure_ascii=False), encoding="utf-8")
     return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False))
 
@@ -262,6 +265,14 @@ def main():
         ckpt = args.work / f"gemma4-{name}" / "hf"
         if not (ckpt / "config.json").exists():
             make_checkpoint(name, spec, ckpt)
+        else:
+            # A checkpoint made before the special-token list: add it, keeping the trained
+            # weights and the tokenizer they were trained with (the docs it learned from
+            # have changed since).
+            tc_path = ckpt / "tokenizer_config.json"
+            tc = json.loads(tc_path.read_text(encoding="utf-8"))
+            tc.setdefault("additional_special_tokens", CONTROLS + ["<mask>"])
+            tc_path.write_text(json.dumps(tc, ensure_ascii=False), encoding="utf-8")
         hf_reference(ckpt)
         committed = name == "tiny"
         dest = REPO / "tests/fixtures/gguf-gemma4" if committed else args.work / f"gemma4-{name}"
