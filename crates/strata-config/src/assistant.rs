@@ -221,14 +221,5 @@ pub fn load_assistant_config(path: &Path) -> Result<AssistantConfig, ConfigError
     {
         return AssistantConfig::from_gguf(&strata_gguf::GgufFile::open(path)?);
     }
-    let file = if path.is_dir() {
-        path.join("config.json")
-    } else {
-        path.to_path_buf()
-    };
-    let text = std::fs::read_to_string(&file).map_err(|e| ConfigError::Io {
-        path: file.display().to_string(),
-        source: e,
-    })?;
-    AssistantConfig::from_hf_json(&text)
+    AssistantConfig::from_hf_json(&crate::load::read_config_json(path)?)
 }

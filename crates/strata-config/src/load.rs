@@ -85,13 +85,22 @@ pub fn load_model_config(path: &Path) -> Result<(ModelConfig, ModelSource), Conf
     let source = ModelSource::locate(path)?;
     let config = match &source {
         ModelSource::HuggingFace { config, .. } => {
-            let text = std::fs::read_to_string(config).map_err(|e| ConfigError::Io {
-                path: config.display().to_string(),
-                source: e,
-            })?;
-            ModelConfig::from_hf_json(&text)?
+            ModelConfig::from_hf_json(&read_config_json(config)?)?
         }
         ModelSource::Gguf(p) => ModelConfig::from_gguf(&strata_gguf::GgufFile::open(p)?)?,
     };
     Ok((config, source))
+}
+
+/// The text of `config.json`: `path` itself, or the one inside `path` when it is a directory.
+pub(crate) fn read_config_json(path: &Path) -> Result<String, ConfigError> {
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    std::fs::read_to_string(&file).map_err(|e| ConfigError::Io {
+        path: file.display().to_string(),
+        source: e,
+    })
 }

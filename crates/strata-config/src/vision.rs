@@ -124,15 +124,6 @@ impl VisionConfig {
 
     /// The `vision_config` of the checkpoint at `dir` (or of `config.json` itself).
     pub fn load(path: &Path) -> Result<Option<Self>, ConfigError> {
-        let file = if path.is_dir() {
-            path.join("config.json")
-        } else {
-            path.to_path_buf()
-        };
-        let text = std::fs::read_to_string(&file).map_err(|e| ConfigError::Io {
-            path: file.display().to_string(),
-            source: e,
-        })?;
-        Self::from_hf_json(&text)
+        Self::from_hf_json(&crate::load::read_config_json(path)?)
     }
 }

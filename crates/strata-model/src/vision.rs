@@ -18,6 +18,7 @@
 use std::path::Path;
 
 use strata_config::VisionConfig;
+use strata_kernels::cpu::gelu_tanh;
 use strata_weights::{WeightSource, Weights};
 
 use crate::error::{ModelError, Result};
@@ -445,10 +446,4 @@ fn rms_norm(x: &[f32], width: usize, weight: Option<&[f32]>, eps: f64) -> Vec<f3
         norm_in_place(row, weight, eps);
     }
     out
-}
-
-/// `gelu_pytorch_tanh`.
-fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
 }
