@@ -19,38 +19,63 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// The fixture's `reference.safetensors`.
+struct Reference(Vec<u8>);
+
+impl Reference {
+    fn load() -> Self {
+        Self(std::fs::read(fixture().join("reference.safetensors")).unwrap())
+    }
+
+    fn bytes(&self, name: &str) -> Vec<u8> {
+        let st = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        st.tensor(name).unwrap().data().to_vec()
+    }
+
+    fn f32s(&self, name: &str) -> Vec<f32> {
+        self.bytes(name)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn i64s(&self, name: &str) -> Vec<i64> {
+        self.bytes(name)
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Image `i`'s patch positions.
+    fn positions(&self, i: usize) -> Vec<[i64; 2]> {
+        self.i64s(&format!("position_ids_{i}"))
+            .chunks_exact(2)
+            .map(|p| [p[0], p[1]])
+            .collect()
+    }
+
+    /// The prompt's ids (`name`: `prompt_ids`, `prompt_greedy`).
+    fn ids(&self, name: &str) -> Vec<u32> {
+        self.i64s(name).iter().map(|&v| v as u32).collect()
+    }
+
+    /// Image `i` through `tower`.
+    fn encode(&self, tower: &VisionTower, i: usize) -> strata_model::EncodedImage {
+        tower
+            .encode(&self.f32s(&format!("pixel_values_{i}")), &self.positions(i))
+            .unwrap()
+    }
+}
+
 #[test]
 fn vision_tower_matches_transformers_on_two_image_sizes() {
     let tower = VisionTower::load(&fixture())
         .unwrap()
         .expect("a vision tower");
-    let bytes = std::fs::read(fixture().join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let f32s = |name: &str| -> Vec<f32> {
-        st.tensor(name)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
+    let r = Reference::load();
     let text = tower.config().text_hidden_size;
     for (i, want_tokens) in [(0, 12), (1, 6)] {
-        let positions: Vec<[i64; 2]> = st
-            .tensor(&format!("position_ids_{i}"))
-            .unwrap()
-            .data()
-            .chunks_exact(16)
-            .map(|c| {
-                [
-                    i64::from_le_bytes(c[..8].try_into().unwrap()),
-                    i64::from_le_bytes(c[8..].try_into().unwrap()),
-                ]
-            })
-            .collect();
-        let out = tower
-            .encode(&f32s(&format!("pixel_values_{i}")), &positions)
-            .unwrap();
+        let out = r.encode(&tower, i);
         assert_eq!(out.tokens, want_tokens, "image {i}");
         assert_eq!(out.soft_tokens.len(), want_tokens * text);
         for (name, got) in [
@@ -58,7 +83,7 @@ fn vision_tower_matches_transformers_on_two_image_sizes() {
             ("vision", &out.vision),
             ("soft_tokens", &out.soft_tokens),
         ] {
-            let want = f32s(&format!("{name}_{i}"));
+            let want = r.f32s(&format!("{name}_{i}"));
             let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = max_abs_diff(got, &want);
             eprintln!("image {i} {name}: max abs diff {d:.2e} (largest value {scale:.2})");
@@ -106,38 +131,10 @@ fn a_prompt_with_two_images_gives_transformers_logits() {
     let dir = fixture();
     let tower = VisionTower::load(&dir).unwrap().unwrap();
     let model = Model::load(CpuBackend::new(), &dir).unwrap();
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let f32s = |name: &str| -> Vec<f32> {
-        st.tensor(name)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    let i64s = |name: &str| -> Vec<i64> {
-        st.tensor(name)
-            .unwrap()
-            .data()
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    let ids: Vec<u32> = i64s("prompt_ids").iter().map(|&v| v as u32).collect();
+    let r = Reference::load();
+    let ids = r.ids("prompt_ids");
     // Each image's soft tokens, from the tower.
-    let soft: Vec<Vec<f32>> = (0..2)
-        .map(|i| {
-            let pos: Vec<[i64; 2]> = i64s(&format!("position_ids_{i}"))
-                .chunks_exact(2)
-                .map(|p| [p[0], p[1]])
-                .collect();
-            tower
-                .encode(&f32s(&format!("pixel_values_{i}")), &pos)
-                .unwrap()
-                .soft_tokens
-        })
-        .collect();
+    let soft: Vec<Vec<f32>> = (0..2).map(|i| r.encode(&tower, i).soft_tokens).collect();
     // The placeholder runs (id 500), in order.
     let mut runs = Vec::new();
     let mut i = 0;
@@ -193,7 +190,7 @@ fn a_prompt_with_two_images_gives_transformers_logits() {
         };
         logits.extend(model.forward(&mut kv, &batch).unwrap().logits.remove(0));
     }
-    let want = f32s("prompt_logits");
+    let want = r.f32s("prompt_logits");
     let d = max_abs_diff(&logits, &want);
     eprintln!("multimodal prompt logits: max abs diff {d:.2e}");
     assert!(d < 1e-4, "off by {d}");
@@ -214,34 +211,11 @@ fn the_scheduler_generates_transformers_tokens_for_a_prompt_with_images() {
     let dir = fixture();
     let tower = VisionTower::load(&dir).unwrap().unwrap();
     let model = Model::load(CpuBackend::new(), &dir).unwrap();
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let raw = |name: &str| st.tensor(name).unwrap().data().to_vec();
-    let f32s = |name: &str| -> Vec<f32> {
-        raw(name)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    let i64s = |name: &str| -> Vec<i64> {
-        raw(name)
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    let ids: Vec<u32> = i64s("prompt_ids").iter().map(|&v| v as u32).collect();
-    let want: Vec<u32> = i64s("prompt_greedy").iter().map(|&v| v as u32).collect();
+    let r = Reference::load();
+    let ids = r.ids("prompt_ids");
+    let want = r.ids("prompt_greedy");
     let soft: Vec<Arc<[f32]>> = (0..2)
-        .map(|i| {
-            let pos: Vec<[i64; 2]> = i64s(&format!("position_ids_{i}"))
-                .chunks_exact(2)
-                .map(|p| [p[0], p[1]])
-                .collect();
-            let e = tower
-                .encode(&f32s(&format!("pixel_values_{i}")), &pos)
-                .unwrap();
-            Arc::from(e.soft_tokens)
-        })
+        .map(|i| Arc::from(r.encode(&tower, i).soft_tokens))
         .collect();
     let starts: Vec<usize> = (1..ids.len())
         .filter(|&i| ids[i] == 500 && ids[i - 1] != 500)
