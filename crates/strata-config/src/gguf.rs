@@ -101,15 +101,15 @@ pub(crate) fn parse(file: &GgufFile) -> Result<ModelConfig, ConfigError> {
             "gemma4-assistant is a draft model: serve its Gemma-4 target and pass it as --draft",
         ));
     }
-    let config = parse_as(file, arch_name, None)?;
+    let config = parse_as(file, arch_name, false)?;
     crate::gguf_tensors::check(file, arch_name, &config)?;
     Ok(config)
 }
 
 /// A `gemma4-assistant` GGUF's decoder, parsed as a Gemma-4 text model whose layers own no
 /// K/V of their own (each reads the target's, bound later): every layer must be listed as
-/// shared (`attention.shared_kv_layers`), or none. Returns it with the key prefix's
-/// metadata reader for the assistant's own keys.
+/// shared (`attention.shared_kv_layers`), or none. Returns it with the assistant's own
+/// fields.
 pub(crate) fn parse_assistant_decoder(
     file: &GgufFile,
 ) -> Result<(ModelConfig, AssistantMeta), ConfigError> {
@@ -148,7 +148,7 @@ pub(crate) fn parse_assistant_decoder(
             "per-layer inputs in a draft model (must be 0)",
         ));
     }
-    let decoder = parse_as(file, arch_name, Some(Architecture::Gemma4))?;
+    let decoder = parse_as(file, arch_name, true)?;
     crate::gguf_tensors::check(file, arch_name, &decoder)?;
     let meta = AssistantMeta {
         backbone_hidden_size: m.usize_req("embedding_length_out")?,
@@ -165,20 +165,16 @@ pub(crate) struct AssistantMeta {
     pub sliding_window: usize,
 }
 
-/// `arch_name`'s keys as `arch` (from the name when `None`). An assistant's layers are all
-/// KV-shared in the file; it is parsed with none shared (`bind` points them at the target).
-fn parse_as(
-    file: &GgufFile,
-    arch_name: &str,
-    assistant_of: Option<Architecture>,
-) -> Result<ModelConfig, ConfigError> {
-    let arch = match (assistant_of, arch_name) {
-        (Some(a), _) => a,
-        (None, "gemma4") => Architecture::Gemma4,
-        (None, "gemma3") => Architecture::Gemma3,
-        (None, "llama") => Architecture::Llama,
-        (None, "qwen3") => Architecture::Qwen3,
-        (None, other) => {
+/// The model under `arch_name`'s keys. An `assistant` is a Gemma-4 decoder whose layers are
+/// all KV-shared in the file; it is parsed with none shared (`bind` points them at the
+/// target).
+fn parse_as(file: &GgufFile, arch_name: &str, assistant: bool) -> Result<ModelConfig, ConfigError> {
+    let arch = match (assistant, arch_name) {
+        (true, _) | (false, "gemma4") => Architecture::Gemma4,
+        (false, "gemma3") => Architecture::Gemma3,
+        (false, "llama") => Architecture::Llama,
+        (false, "qwen3") => Architecture::Qwen3,
+        (false, other) => {
             return Err(ConfigError::unsupported(
                 "general.architecture",
                 format!("{other:?}; Strata serves gemma4, gemma3, llama and qwen3"),
@@ -277,9 +273,9 @@ fn parse_as(
             }
         })
         .collect();
-    let shared = match assistant_of {
-        Some(_) => 0,
-        None => m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0),
+    let shared = match assistant {
+        true => 0,
+        false => m.usize_opt("attention.shared_kv_layers")?.unwrap_or(0),
     };
     // GGUF already lists the doubled widths of KV-shared layers in feed_forward_length.
     assign_kv_sharing(
