@@ -17,31 +17,34 @@
 
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use strata_config::VisionConfig;
-use strata_kernels::cpu::gelu_tanh;
+use strata_kernels::cpu::{gelu_tanh, CpuBackend, CpuBuffer};
+use strata_kernels::{Backend, MatmulShape};
 use strata_weights::{WeightSource, Weights};
 
 use crate::error::{ModelError, Result};
 
 /// A `[rows, cols]` row-major matrix: `y = x W^T`.
 struct Mat {
-    w: Vec<f32>,
+    w: CpuBuffer,
     rows: usize,
     cols: usize,
 }
 
 impl Mat {
-    /// `x [n, cols]` -> `[n, rows]`.
-    fn apply(&self, x: &[f32]) -> Vec<f32> {
+    /// `x [n, cols]` -> `[n, rows]`, by the CPU backend's product (tiled, SIMD, on every
+    /// core).
+    fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
         let n = x.len() / self.cols;
-        let mut y = vec![0.0f32; n * self.rows];
-        for (xr, yr) in x.chunks_exact(self.cols).zip(y.chunks_exact_mut(self.rows)) {
-            for (o, wr) in yr.iter_mut().zip(self.w.chunks_exact(self.cols)) {
-                *o = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
-            }
-        }
-        debug_assert_eq!(y.len(), n * self.rows);
-        y
+        let shape = MatmulShape {
+            in_features: self.cols,
+            out_features: self.rows,
+        };
+        let mut y = CpuBuffer::F32(vec![0.0f32; n * self.rows]);
+        CpuBackend::new().matmul(&CpuBuffer::F32(x.to_vec()), &self.w, shape, &mut y)?;
+        Ok(y.to_f32_vec())
     }
 }
 
@@ -53,14 +56,14 @@ struct Linear {
 }
 
 impl Linear {
-    fn apply(&self, x: &[f32]) -> Vec<f32> {
+    fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
         match self.clamp {
             None => self.m.apply(x),
             Some([imin, imax, omin, omax]) => {
                 let xc: Vec<f32> = x.iter().map(|v| v.clamp(imin, imax)).collect();
-                let mut y = self.m.apply(&xc);
+                let mut y = self.m.apply(&xc)?;
                 y.iter_mut().for_each(|v| *v = v.clamp(omin, omax));
-                y
+                Ok(y)
             }
         }
     }
@@ -128,7 +131,7 @@ impl VisionTower {
         let (h, inner, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let mat = |name: &str, rows: usize, cols: usize| -> Result<Mat> {
             Ok(Mat {
-                w: get(name, &[rows, cols])?,
+                w: CpuBuffer::F32(get(name, &[rows, cols])?),
                 rows,
                 cols,
             })
@@ -230,7 +233,7 @@ impl VisionTower {
         }
         // 1. Patch embedding.
         let scaled: Vec<f32> = pixels.iter().map(|&v| 2.0 * (v - 0.5)).collect();
-        let mut x = self.input_proj.apply(&scaled);
+        let mut x = self.input_proj.apply(&scaled)?;
         let table = c.position_embedding_size * h;
         for (i, row) in x.chunks_exact_mut(h).enumerate() {
             if pad[i] {
@@ -247,18 +250,18 @@ impl VisionTower {
         let rope = AxialRope::new(c.head_dim, c.rope_theta, positions);
         for layer in &self.layers {
             let normed = rms_norm(&x, h, Some(&layer.input_norm), c.rms_norm_eps);
-            let attn = self.attention(layer, &normed, &rope, &pad);
+            let attn = self.attention(layer, &normed, &rope, &pad)?;
             let attn = rms_norm(&attn, h, Some(&layer.post_attention_norm), c.rms_norm_eps);
             x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
             let normed = rms_norm(&x, h, Some(&layer.pre_feedforward_norm), c.rms_norm_eps);
-            let gate = layer.gate.apply(&normed);
-            let up = layer.up.apply(&normed);
+            let gate = layer.gate.apply(&normed)?;
+            let up = layer.up.apply(&normed)?;
             let act: Vec<f32> = gate
                 .iter()
                 .zip(&up)
                 .map(|(&g, &u)| gelu_tanh(g) * u)
                 .collect();
-            let mlp = layer.down.apply(&act);
+            let mlp = layer.down.apply(&act)?;
             let mlp = rms_norm(&mlp, h, Some(&layer.post_feedforward_norm), c.rms_norm_eps);
             x.iter_mut().zip(&mlp).for_each(|(a, b)| *a += b);
         }
@@ -314,7 +317,7 @@ impl VisionTower {
         }
         // 4. The embedder.
         let normed = rms_norm(&vision, h, None, c.rms_norm_eps);
-        let soft_tokens = self.embed.apply(&normed);
+        let soft_tokens = self.embed.apply(&normed)?;
         Ok(EncodedImage {
             tokens: vision.len() / h,
             encoder,
@@ -324,13 +327,13 @@ impl VisionTower {
     }
 
     /// Bidirectional attention over the image's patches; padding is masked as keys.
-    fn attention(&self, l: &Layer, x: &[f32], rope: &AxialRope, pad: &[bool]) -> Vec<f32> {
+    fn attention(&self, l: &Layer, x: &[f32], rope: &AxialRope, pad: &[bool]) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (d, heads, kv_heads) = (c.head_dim, c.num_heads, c.num_kv_heads);
         let n = pad.len();
-        let mut q = l.q.apply(x);
-        let mut k = l.k.apply(x);
-        let mut v = l.v.apply(x);
+        let mut q = l.q.apply(x)?;
+        let mut k = l.k.apply(x)?;
+        let mut v = l.v.apply(x)?;
         for (row, i) in q
             .chunks_exact_mut(d)
             .zip((0..n).flat_map(|i| (0..heads).map(move |_| i)))
@@ -350,34 +353,59 @@ impl VisionTower {
         }
         let group = heads / kv_heads;
         let mut out = vec![0.0f32; n * heads * d];
-        let mut scores = vec![0.0f32; n];
-        for i in 0..n {
-            for hd in 0..heads {
-                let kh = hd / group;
-                let qi = &q[(i * heads + hd) * d..(i * heads + hd + 1) * d];
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = if pad[j] {
-                        f32::NEG_INFINITY
-                    } else {
-                        let kj = &k[(j * kv_heads + kh) * d..(j * kv_heads + kh + 1) * d];
-                        qi.iter().zip(kj).map(|(a, b)| a * b).sum()
-                    };
-                    max = max.max(*s);
+        // Per head, as two products on the CPU backend (scale 1): scores = q k^T, padding
+        // keys masked, softmax by rows, then p v (v transposed into the weight's place).
+        let cpu = CpuBackend::new();
+        let gather = |src: &[f32], stride_heads: usize, h: usize| -> Vec<f32> {
+            src.chunks_exact(stride_heads * d)
+                .flat_map(|row| row[h * d..(h + 1) * d].iter().copied())
+                .collect()
+        };
+        for kh in 0..kv_heads {
+            let kk = CpuBuffer::F32(gather(&k, kv_heads, kh));
+            let vh = gather(&v, kv_heads, kh);
+            let mut vt = vec![0.0f32; d * n];
+            for (j, row) in vh.chunks_exact(d).enumerate() {
+                for (c, &val) in row.iter().enumerate() {
+                    vt[c * n + j] = val;
                 }
-                let mut total = 0.0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                let o = &mut out[(i * heads + hd) * d..(i * heads + hd + 1) * d];
-                for (j, &s) in scores.iter().enumerate() {
-                    if s == 0.0 {
-                        continue;
+            }
+            let vt = CpuBuffer::F32(vt);
+            for hd in kh * group..(kh + 1) * group {
+                let qh = CpuBuffer::F32(gather(&q, heads, hd));
+                let mut scores = CpuBuffer::F32(vec![0.0f32; n * n]);
+                let square = MatmulShape {
+                    in_features: d,
+                    out_features: n,
+                };
+                cpu.matmul(&qh, &kk, square, &mut scores)?;
+                let mut probs = scores.to_f32_vec();
+                probs.par_chunks_exact_mut(n).for_each(|row| {
+                    let mut max = f32::NEG_INFINITY;
+                    for (s, &masked) in row.iter_mut().zip(pad) {
+                        if masked {
+                            *s = f32::NEG_INFINITY;
+                        }
+                        max = max.max(*s);
                     }
-                    let w = s / total;
-                    let vj = &v[(j * kv_heads + kh) * d..(j * kv_heads + kh + 1) * d];
-                    o.iter_mut().zip(vj).for_each(|(a, b)| *a += w * b);
+                    let mut total = 0.0f32;
+                    for s in row.iter_mut() {
+                        *s = (*s - max).exp();
+                        total += *s;
+                    }
+                    row.iter_mut().for_each(|s| *s /= total);
+                });
+                let mut oh = CpuBuffer::F32(vec![0.0f32; n * d]);
+                let back = MatmulShape {
+                    in_features: n,
+                    out_features: d,
+                };
+                cpu.matmul(&CpuBuffer::F32(probs), &vt, back, &mut oh)?;
+                for (dst, src) in out
+                    .chunks_exact_mut(heads * d)
+                    .zip(oh.to_f32_vec().chunks_exact(d))
+                {
+                    dst[hd * d..(hd + 1) * d].copy_from_slice(src);
                 }
             }
         }
