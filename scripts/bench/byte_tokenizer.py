@@ -33,9 +33,14 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def tokenizer_json() -> dict:
+def tokenizer_json(extra: dict[int, str] | None = None, vocab_size: int = 0) -> dict:
+    """The tokenizer; `extra` adds control tokens at given ids (a checkpoint's image markers),
+    and the ids below `vocab_size` left free become plain `<unusedN>` tokens, so that any id a
+    random model draws decodes to a text that names it."""
     vocab = {ch: 3 + b for b, ch in bytes_to_unicode().items()}
-    ids = list(enumerate(FIRST)) + [(259 + i, c) for i, c in enumerate(CONTROLS)]
+    ids = list(enumerate(FIRST)) + [(259 + i, c) for i, c in enumerate(CONTROLS)] + sorted((extra or {}).items())
+    taken = set(vocab.values()) | {i for i, _ in ids}
+    vocab.update({f"<unused{i}>": i for i in range(vocab_size) if i not in taken})
     # As in real files, the added tokens are in the model's vocabulary too.
     vocab.update({c: i for i, c in ids})
     added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,

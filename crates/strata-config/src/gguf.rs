@@ -336,6 +336,7 @@ fn parse_as(file: &GgufFile, arch_name: &str, assistant: bool) -> Result<ModelCo
         bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids: eos,
         pad_token_id: token_id("tokenizer.ggml.padding_token_id"),
+        placeholder_ids: Vec::new(),
         dtype: None,
     })
 }

@@ -188,6 +188,15 @@ pub(crate) fn parse(text: &str) -> Result<ModelConfig, ConfigError> {
         Architecture::Gemma3 => gemma3(&f)?,
         Architecture::Llama | Architecture::Qwen3 => llama_like(&f, arch)?,
     };
+    // A multimodal Gemma-4 checkpoint (text_config inside): its placeholder ids embed as
+    // pad, as `Gemma4Model` embeds them.
+    if arch == Architecture::Gemma4 && !std::ptr::eq(f.obj, top.obj) {
+        for key in ["image_token_id", "audio_token_id", "video_token_id"] {
+            cfg.placeholder_ids.extend(top.ids(key)?);
+        }
+        cfg.placeholder_ids
+            .retain(|&id| (id as usize) < cfg.vocab_size);
+    }
     // Token ids and dtype may sit at either level in multimodal configs.
     for fields in [&f, &top] {
         if cfg.bos_token_id.is_none() {
@@ -552,6 +561,7 @@ pub(crate) fn gemma4(f: &Fields) -> Result<ModelConfig, ConfigError> {
         bos_token_id: None,
         eos_token_ids: vec![],
         pad_token_id: None,
+        placeholder_ids: Vec::new(),
         dtype: None,
     })
 }
@@ -641,6 +651,7 @@ fn gemma3(f: &Fields) -> Result<ModelConfig, ConfigError> {
         bos_token_id: None,
         eos_token_ids: vec![],
         pad_token_id: None,
+        placeholder_ids: Vec::new(),
         dtype: None,
     })
 }
@@ -734,6 +745,7 @@ fn llama_like(f: &Fields, arch: Architecture) -> Result<ModelConfig, ConfigError
         bos_token_id: None,
         eos_token_ids: vec![],
         pad_token_id: None,
+        placeholder_ids: Vec::new(),
         dtype: None,
     })
 }

@@ -188,6 +188,9 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Padding token id, when the configuration gives one.
     pub pad_token_id: Option<u32>,
+    /// A multimodal checkpoint's placeholder ids (image, audio, video): transformers embeds
+    /// each as the pad token wherever it appears (with its per-layer inputs), so Strata does.
+    pub placeholder_ids: Vec<u32>,
     /// The checkpoint's declared dtype (`torch_dtype` / `dtype`), when given.
     pub dtype: Option<String>,
 }

@@ -39,6 +39,12 @@ pub struct VisionConfig {
     pub clipped_linears: bool,
     /// The text model's width: the soft tokens' size.
     pub text_hidden_size: usize,
+    /// The placeholder id each soft token takes in the prompt (`image_token_id`).
+    pub image_token_id: u32,
+    /// The id before an image's placeholders (`boi_token_id`).
+    pub boi_token_id: u32,
+    /// The id after them (`eoi_token_id`).
+    pub eoi_token_id: u32,
 }
 
 impl VisionConfig {
@@ -119,6 +125,9 @@ impl VisionConfig {
             standardize: f.bool_or("standardize", false)?,
             clipped_linears: f.bool_or("use_clipped_linears", false)?,
             text_hidden_size,
+            image_token_id: token_id(&top, "image_token_id", 258_880)?,
+            boi_token_id: token_id(&top, "boi_token_id", 255_999)?,
+            eoi_token_id: token_id(&top, "eoi_token_id", 258_882)?,
         }))
     }
 
@@ -126,4 +135,11 @@ impl VisionConfig {
     pub fn load(path: &Path) -> Result<Option<Self>, ConfigError> {
         Self::from_hf_json(&crate::load::read_config_json(path)?)
     }
+}
+
+/// A top-level token id (Gemma-4's own when absent).
+fn token_id(top: &Fields, key: &str, default: usize) -> Result<u32, ConfigError> {
+    let id = top.usize_or(key, default)?;
+    u32::try_from(id)
+        .map_err(|_| ConfigError::invalid(top.name(key), format!("{id} is no token id")))
 }

@@ -75,6 +75,21 @@ fn e2b_resaved_form_with_per_layer_config() {
 fn e2b_text_only_form() {
     let text = common::e2b()["text_config"].clone();
     check_e2b(&parse(&text));
+    // A text-only checkpoint has no placeholders.
+    assert!(parse(&text).placeholder_ids.is_empty());
+}
+
+/// transformers' `Gemma4Model` embeds the multimodal placeholders as pad wherever they
+/// appear (a generated one too): a multimodal config lists them for the model to do so.
+#[test]
+fn multimodal_placeholders_are_listed() {
+    let mut cfg = common::e2b();
+    cfg["audio_token_id"] = 258881.into();
+    cfg["video_token_id"] = 258884.into();
+    assert_eq!(parse(&cfg).placeholder_ids, [258880, 258881, 258884]);
+    // Ids past the vocabulary cannot be fed, so they are not listed.
+    cfg["video_token_id"] = 300000.into();
+    assert_eq!(parse(&cfg).placeholder_ids, [258880, 258881]);
 }
 
 fn check_e4b(c: &ModelConfig) {

@@ -10,6 +10,7 @@ mod drift;
 mod engine;
 mod generate;
 mod load;
+mod media;
 mod placed;
 mod progress;
 
@@ -23,6 +24,7 @@ pub use engine::{
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadSettings, LoadedModel, Prompter, WeightDtype};
+pub use media::{ImageRows, MediaEncoder};
 pub use placed::{OnBackend, OnDevice, Placement, Runtime};
 pub use strata_model::quantize::LOAD_QUANT_TYPES;
 pub use strata_sched::DraftStats;

@@ -9,9 +9,11 @@ use strata_gguf::GgufFile;
 use strata_kernels::cpu::CpuBackend;
 use strata_kernels::DType;
 use strata_model::{LoadOptions, Model};
-use strata_tokenizer::{ChatMessage, ChatOptions, ChatTemplate, Tokenizer, GEMMA_TEMPLATE};
+use strata_tokenizer::{
+    ChatMessage, ChatOptions, ChatPart, ChatTemplate, Tokenizer, GEMMA_TEMPLATE,
+};
 
-use crate::{EngineError, Result, Runtime};
+use crate::{EngineError, MediaEncoder, Result, Runtime};
 
 /// Where the model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,6 +102,8 @@ pub struct LoadSettings {
     pub quantize: Option<strata_gguf::GgmlType>,
     /// `--gguf-weights blocks`: a GGUF's block-quantized matrices stay blocks on the GPU.
     pub keep_blocks: bool,
+    /// `--text-model-only`: a multimodal checkpoint's encoders are not loaded.
+    pub text_model_only: bool,
     /// Report a load that takes more than a second on stderr (a bar on a terminal, plain
     /// lines otherwise).
     pub progress: bool,
@@ -117,6 +121,8 @@ pub struct LoadedModel {
     /// The model's own stop tokens (config EOS ids and the tokenizer's EOS).
     pub stop_ids: Vec<u32>,
     chat: Option<Arc<ChatTemplate>>,
+    /// The checkpoint's vision tower, unless it has none or `text_model_only`.
+    pub media: Option<Arc<MediaEncoder>>,
 }
 
 /// Text -> prompt ids for one model: its tokenizer and chat template, shareable across threads.
@@ -152,6 +158,12 @@ impl LoadedModel {
             ModelSource::HuggingFace { .. } => None,
         };
         let runtime = place(path, settings)?;
+        let media = match &source {
+            ModelSource::HuggingFace { dir, .. } if !settings.text_model_only => {
+                MediaEncoder::load(dir)?.map(Arc::new)
+            }
+            _ => None,
+        };
         let mut stop_ids = config.eos_token_ids.clone();
         if let Some(t) = &tokenizer {
             stop_ids.extend(t.eos_id());
@@ -180,6 +192,7 @@ impl LoadedModel {
             tokenizer: tokenizer.map(Arc::new),
             stop_ids,
             chat: chat.map(Arc::new),
+            media,
         })
     }
 
@@ -326,6 +339,11 @@ impl Prompter {
             .map(|m| {
                 let mut m = m.clone();
                 m.content = marks.hide(&m.content, &tok.control_spans(&m.content), &mut literals);
+                for part in &mut m.parts {
+                    if let ChatPart::Text(t) = part {
+                        *t = marks.hide(t, &tok.control_spans(t), &mut literals);
+                    }
+                }
                 for call in m.tool_calls.iter_mut().flatten() {
                     marks.hide_json(call, tok, &mut literals);
                 }

@@ -124,13 +124,28 @@ impl ImagePatcher {
     /// differ from Pillow's libjpeg by a unit in a few pixels; PNG and WebP lossless are
     /// exact.
     pub fn decode(&self, bytes: &[u8]) -> Result<Patches, MediaError> {
-        let img = image::load_from_memory(bytes)
+        let mut reader = image::ImageReader::new(std::io::Cursor::new(bytes))
+            .with_guessed_format()
+            .map_err(|e| MediaError::Invalid(format!("undecodable image: {e}")))?;
+        // A small file can claim a huge canvas: the decoder stops before allocating one.
+        let mut limits = image::Limits::default();
+        limits.max_image_width = Some(MAX_SIDE);
+        limits.max_image_height = Some(MAX_SIDE);
+        limits.max_alloc = Some(MAX_DECODED_BYTES);
+        reader.limits(limits);
+        let img = reader
+            .decode()
             .map_err(|e| MediaError::Invalid(format!("undecodable image: {e}")))?;
         let rgb = img.to_rgb8();
         let (w, h) = rgb.dimensions();
         self.patches(rgb.as_raw(), h as usize, w as usize)
     }
 }
+
+/// The widest or tallest image decoded, in pixels.
+pub const MAX_SIDE: u32 = 16_384;
+/// The most memory one decode may take.
+pub const MAX_DECODED_BYTES: u64 = 512 << 20;
 
 /// Pillow's bicubic kernel (a = -0.5).
 fn bicubic(x: f64) -> f64 {

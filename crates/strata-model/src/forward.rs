@@ -281,6 +281,12 @@ impl<B: Backend> Model<B> {
             ids.extend_from_slice(&s.tokens);
             positions.extend((s.start..end).map(|p| p as u32));
         }
+        if !c.placeholder_ids.is_empty() {
+            let pad = c.pad_token_id.unwrap_or(0);
+            ids.iter_mut()
+                .filter(|t| c.placeholder_ids.contains(t))
+                .for_each(|t| *t = pad);
+        }
         // Rows given as embeddings look up the pad token, as transformers embeds a
         // placeholder: their per-layer inputs are the pad token's.
         let h = c.hidden_size;

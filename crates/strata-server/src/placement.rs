@@ -49,6 +49,10 @@ pub struct PlacementArgs {
     /// main).
     #[arg(long)]
     pub revision: Option<String>,
+    /// Load only the text model of a multimodal checkpoint (Gemma-4's vision tower is
+    /// skipped, and its memory saved); requests with images are then refused.
+    #[arg(long)]
+    pub text_model_only: bool,
 }
 
 impl PlacementArgs {
@@ -90,6 +94,7 @@ impl PlacementArgs {
             host_embeddings: self.embed_weights == EmbedPlacement::Host,
             quantize: self.quantize,
             keep_blocks: self.gguf_weights == GgufWeights::Blocks,
+            text_model_only: self.text_model_only,
             progress: true,
         })
     }

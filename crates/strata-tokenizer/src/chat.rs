@@ -26,6 +26,32 @@ pub struct ChatMessage {
     /// The speaker's name (for a tool turn: the function's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A message with media: its parts in order, which the template receives as the
+    /// content list (`{"type": "text", "text"}`, `{"type": "image"}`, `{"type": "audio"}`),
+    /// so that it places each item's marker. `content` holds the text parts joined.
+    #[serde(skip)]
+    pub parts: Vec<ChatPart>,
+}
+
+/// One part of a message with media, as chat templates receive it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChatPart {
+    /// Text.
+    Text(String),
+    /// An image, where the template writes its marker.
+    Image,
+    /// An audio clip, likewise.
+    Audio,
+}
+
+impl ChatPart {
+    fn to_json(&self) -> Value {
+        match self {
+            Self::Text(t) => serde_json::json!({"type": "text", "text": t}),
+            Self::Image => serde_json::json!({"type": "image"}),
+            Self::Audio => serde_json::json!({"type": "audio"}),
+        }
+    }
 }
 
 impl ChatMessage {
@@ -135,7 +161,7 @@ impl ChatTemplate {
         vars.insert("eos_token".into(), Value::from(self.eos.clone()));
         vars.extend(options.kwargs.clone());
         tmpl.render(context! {
-            messages => messages,
+            messages => template_messages(messages)?,
             tools => options.tools,
             add_generation_prompt => add_generation_prompt,
             ..JinjaValue::from_serialize(&vars)
@@ -260,6 +286,22 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// The messages as the template sees them: a message with media parts has them as its
+/// content list.
+fn template_messages(messages: &[ChatMessage]) -> Result<Vec<Value>, TokenizerError> {
+    messages
+        .iter()
+        .map(|m| {
+            let mut v =
+                serde_json::to_value(m).map_err(|e| TokenizerError::Template(e.to_string()))?;
+            if !m.parts.is_empty() {
+                v["content"] = Value::Array(m.parts.iter().map(ChatPart::to_json).collect());
+            }
+            Ok(v)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ mod vocab;
 
 use std::path::Path;
 
-pub use chat::{ChatMessage, ChatOptions, ChatTemplate, GEMMA_TEMPLATE};
+pub use chat::{ChatMessage, ChatOptions, ChatPart, ChatTemplate, GEMMA_TEMPLATE};
 pub use stream::StreamDecoder;
 pub use vocab::{TokenKind, Vocab};
 

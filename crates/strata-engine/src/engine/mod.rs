@@ -128,6 +128,8 @@ pub struct GenerationRequest {
     /// The LoRA adapter the request runs with ([`Engine::adapter`]); `None` for the base
     /// model. Held while the request runs, so the adapter cannot be unloaded under it.
     pub adapter: Option<Arc<Adapter>>,
+    /// Media rows the model reads in place of prompt ids ([`crate::MediaEncoder::place`]).
+    pub media: Vec<strata_sched::MediaInput>,
 }
 
 impl GenerationRequest {
@@ -147,6 +149,7 @@ impl GenerationRequest {
             stop_token_ids: Vec::new(),
             shown_controls: Vec::new(),
             adapter: None,
+            media: Vec::new(),
         }
     }
 }
@@ -315,6 +318,8 @@ pub struct Engine {
     pub tokenizer: Option<Arc<Tokenizer>>,
     /// The model's tokenizer and chat template, for preparing prompts.
     pub prompter: Prompter,
+    /// The model's vision tower, when it has one and it was loaded.
+    pub media: Option<Arc<crate::MediaEncoder>>,
     /// The name the model is served under.
     pub model_name: String,
     /// The longest request (prompt and output) accepted, in tokens.
@@ -458,6 +463,7 @@ impl Engine {
         let metrics = Arc::new(Metrics::default());
         let tokenizer = loaded.tokenizer.clone();
         let prompter = loaded.prompter();
+        let media = loaded.media.clone();
         let model_len = loaded.config().max_position_embeddings;
         let context_len = match opts.max_model_len {
             Some(0) => {
@@ -516,6 +522,7 @@ impl Engine {
             metrics,
             tokenizer,
             prompter,
+            media,
             model_name,
             context_len,
             vocab_size,

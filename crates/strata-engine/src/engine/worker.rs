@@ -367,7 +367,7 @@ impl<M: StepModel<S>, S: KvStorage> Worker<M, S> {
             controls: req.controls,
             stop_token_ids: req.stop_token_ids,
             adapter: req.adapter.as_ref().map_or(0, |a| a.id),
-            media: Vec::new(),
+            media: req.media,
         };
         // A sibling sample whose leader has already ended runs on its own.
         let id = match follows.and_then(|c| self.by_client.get(&c)) {

@@ -7,7 +7,9 @@
 use serde::Deserialize;
 use strata_engine::GenerationRequest;
 use strata_kernels::sampling::SamplingParams;
-use strata_tokenizer::ChatMessage;
+use strata_tokenizer::{ChatMessage, ChatPart};
+
+use super::media::{ImagePart, MediaPolicy};
 
 use super::error::ApiError;
 
@@ -176,6 +178,10 @@ pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    /// `{"url": "data:image/png;base64,..." | "https://..."}` (or the URL alone).
+    pub image_url: Option<serde_json::Value>,
+    /// `{"data": base64, "format": "wav" | "mp3"}`.
+    pub input_audio: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -295,9 +301,13 @@ impl ChatRequest {
         check_template_kwargs(self.chat_template_kwargs.as_ref())
     }
 
-    /// The messages as plain text turns.
-    pub fn messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
-        chat_messages(&self.messages)
+    /// The messages as the template's turns, and their images in order, as `policy`
+    /// allows them.
+    pub fn messages(
+        &self,
+        policy: &MediaPolicy,
+    ) -> Result<(Vec<ChatMessage>, Vec<ImagePart>), ApiError> {
+        chat_input(&self.messages, Some(policy))
     }
 }
 
@@ -328,14 +338,26 @@ pub fn check_template_kwargs(
 }
 
 /// Messages as the template's turns (text parts joined; `developer` is a system turn; tool
-/// calls and tool answers in Hugging Face's chat format).
+/// calls and tool answers in Hugging Face's chat format); media parts are refused.
 pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    Ok(chat_input(messages, None)?.0)
+}
+
+/// [`chat_messages`] with the image parts of user turns, as `policy` allows them (`None`:
+/// none are); each is named `messages[i].content[j]` in errors.
+pub fn chat_input(
+    messages: &[Message],
+    policy: Option<&MediaPolicy>,
+) -> Result<(Vec<ChatMessage>, Vec<ImagePart>), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    messages
+    let mut images = Vec::new();
+    let mut audios = 0usize;
+    let turns = messages
         .iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             if !matches!(
                 m.role.as_str(),
                 "system" | "user" | "assistant" | "developer" | "tool"
@@ -345,6 +367,7 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                     format!("unknown role {:?}", m.role),
                 ));
             }
+            let mut parts_out = Vec::new();
             let content = match &m.content {
                 // A null content is an empty text, as vLLM renders it: templates test
                 // `message.content` as a string.
@@ -358,15 +381,79 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                 Some(Content::Text(t)) => t.clone(),
                 Some(Content::Parts(parts)) => {
                     let mut text = String::new();
-                    for p in parts {
+                    for (j, p) in parts.iter().enumerate() {
+                        let field = format!("messages[{i}].content[{j}]");
+                        let media = |what: &str| -> Result<&MediaPolicy, ApiError> {
+                            let Some(policy) = policy else {
+                                return Err(ApiError::invalid_owned(
+                                    field.clone(),
+                                    format!("{what} parts are not taken here"),
+                                ));
+                            };
+                            if m.role != "user" {
+                                return Err(ApiError::invalid_owned(
+                                    field.clone(),
+                                    format!("{what} parts go in user messages, not {}", m.role),
+                                ));
+                            }
+                            Ok(policy)
+                        };
                         match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
+                            ("text", Some(t)) => {
+                                text.push_str(t);
+                                parts_out.push(ChatPart::Text(t.clone()));
+                            }
+                            ("image_url", _) => {
+                                let policy = media("image_url")?;
+                                if images.len() == policy.images {
+                                    return Err(ApiError::invalid_owned(
+                                        field,
+                                        format!(
+                                            "more than {} images in one request (--limit-mm-per-prompt image={})",
+                                            policy.images, policy.images
+                                        ),
+                                    ));
+                                }
+                                let value = p.image_url.as_ref().ok_or_else(|| {
+                                    ApiError::invalid_owned(
+                                        field.clone(),
+                                        "an image_url part needs image_url",
+                                    )
+                                })?;
+                                images.push(super::media::image_part(field, value, policy)?);
+                                parts_out.push(ChatPart::Image);
+                            }
+                            ("input_audio", _) => {
+                                let policy = media("input_audio")?;
+                                audios += 1;
+                                if audios > policy.audios {
+                                    return Err(ApiError::invalid_owned(
+                                        field,
+                                        format!(
+                                            "more than {} audio clips in one request (--limit-mm-per-prompt audio={})",
+                                            policy.audios, policy.audios
+                                        ),
+                                    ));
+                                }
+                                let what = if p.input_audio.is_some() {
+                                    "audio input is not supported by this server yet (Strata has no audio encoder)"
+                                } else {
+                                    "an input_audio part needs input_audio"
+                                };
+                                return Err(ApiError::invalid_owned(field, what));
+                            }
+                            ("text", None) => {
+                                return Err(ApiError::invalid_owned(
+                                    field,
+                                    "a text part needs text",
+                                ))
+                            }
                             (kind, _) => {
-                                return Err(ApiError::invalid(
-                                    "messages",
+                                return Err(ApiError::invalid_owned(
+                                    field,
                                     format!(
-                                    "content part of type {kind:?} is not supported (text only)"
-                                ),
+                                        "content part of type {kind:?} is not supported (text, image_url)"
+                                    ),
                                 ))
                             }
                         }
@@ -374,6 +461,10 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                     text
                 }
             };
+            // Text alone stays a string, as the template has always seen it.
+            if parts_out.iter().all(|p| matches!(p, ChatPart::Text(_))) {
+                parts_out.clear();
+            }
             let role = if m.role == "developer" {
                 "system".to_string()
             } else {
@@ -401,9 +492,11 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                 tool_calls,
                 tool_call_id: m.tool_call_id.clone(),
                 name: m.name.clone(),
+                parts: parts_out,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((turns, images))
 }
 
 /// Variables `chat_template_kwargs` may set, and the bytes of their JSON.
@@ -546,6 +639,7 @@ pub fn build(
         stop_token_ids,
         shown_controls: Vec::new(),
         adapter: None,
+        media: Vec::new(),
     })
 }
 

@@ -95,11 +95,12 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn field_of(v: serde_json::Value, max_tokens: usize) -> &'static str {
+    fn field_of(v: serde_json::Value, max_tokens: usize) -> String {
         parse(&common(v), max_tokens, 100)
             .unwrap_err()
             .param
             .unwrap()
+            .into_owned()
     }
 
     #[test]
@@ -154,7 +155,8 @@ mod tests {
         assert_eq!(
             parse(&common(json!({ "logit_bias": many })), 4, 1 << 20)
                 .unwrap_err()
-                .param,
+                .param
+                .as_deref(),
             Some("logit_bias")
         );
         assert_eq!(field_of(json!({"min_tokens": 5}), 4), "min_tokens");

@@ -10,7 +10,8 @@ use serde_json::json;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
-    pub param: Option<&'static str>,
+    /// The field at fault: a request parameter, or a part of one (`messages[0].content[1]`).
+    pub param: Option<std::borrow::Cow<'static, str>>,
 }
 
 impl ApiError {
@@ -26,7 +27,16 @@ impl ApiError {
         Self {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
-            param: Some(param),
+            param: Some(param.into()),
+        }
+    }
+
+    /// [`Self::invalid`] for a field named at run time (a part of a parameter).
+    pub fn invalid_owned(param: String, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: Some(param.into()),
         }
     }
 
@@ -154,7 +164,7 @@ mod tests {
             let what = e.to_string();
             let api = about("prompt", e);
             assert_eq!(api.status.as_u16(), status, "{what}");
-            assert_eq!(api.param, param, "{what}");
+            assert_eq!(api.param.as_deref(), param, "{what}");
         }
         assert_eq!(
             ApiError::from(E::Invalid("x".into())).status,

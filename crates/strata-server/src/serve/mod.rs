@@ -6,6 +6,7 @@ mod echo;
 mod error;
 mod layout;
 mod listen;
+mod media;
 mod prom;
 mod reasoning;
 mod routes;
@@ -228,6 +229,20 @@ pub struct ServeArgs {
     /// gemma4); off by default.
     #[arg(long, value_name = "FORMAT")]
     pub reasoning_parser: Option<String>,
+    /// Media items one request may carry: `image=N,audio=M` (or JSON, `{"image": N}`).
+    /// Default: image=8, audio=1.
+    #[arg(long, value_name = "KIND=N,...")]
+    pub limit_mm_per_prompt: Option<String>,
+    /// Bytes of one image file at most (decoded from its data: URL, or fetched).
+    #[arg(long, default_value_t = 5 << 20)]
+    pub max_image_bytes: usize,
+    /// Hosts (exact names, comma-separated) whose http(s):// image URLs are fetched; by
+    /// default none is, and images come as data: URLs.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_media_domains: Vec<String>,
+    /// Seconds fetching one image may take.
+    #[arg(long, default_value_t = 10.0)]
+    pub media_fetch_timeout: f64,
     /// A Jinja chat template file that replaces the model's own.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
@@ -415,6 +430,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         timings: a.enable_timings_report,
         tool_parser,
         reasoning,
+        media: media_policy(a)?,
+        text_model_only: a.placement.text_model_only,
         ..AppState::new(engine.clone(), name.clone())
     });
     let addr: SocketAddr = format!("{}:{}", a.host, a.port)
@@ -542,6 +559,11 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
             routes::count_rejections,
         ));
     let page = if http.ui { ui::routes() } else { Router::new() };
+    // Room for the images a model with a vision tower may be sent.
+    let body_limit = match state.engine.media {
+        Some(_) => MAX_BODY_BYTES.saturating_add(state.media.body_bytes()),
+        None => MAX_BODY_BYTES,
+    };
     let router = Router::new()
         .merge(page)
         .route("/health", get(routes::health))
@@ -550,7 +572,7 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
         .merge(v1)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(body_limit))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             http.body_timeout,
         ))
@@ -559,6 +581,27 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
         Some(layer) => router.layer(layer),
         None => router,
     })
+}
+
+/// The media flags as a policy, checked.
+fn media_policy(a: &ServeArgs) -> anyhow::Result<media::MediaPolicy> {
+    let mut p = media::MediaPolicy {
+        max_image_bytes: a.max_image_bytes,
+        allowed_domains: a.allowed_media_domains.clone(),
+        ..Default::default()
+    };
+    if let Some(spec) = &a.limit_mm_per_prompt {
+        p.set_limits(spec)
+            .map_err(|e| anyhow::anyhow!("--limit-mm-per-prompt {spec:?}: {e}"))?;
+    }
+    if a.max_image_bytes == 0 {
+        anyhow::bail!("--max-image-bytes must be at least 1");
+    }
+    if !(a.media_fetch_timeout.is_finite() && a.media_fetch_timeout > 0.0) {
+        anyhow::bail!("--media-fetch-timeout must be a positive number of seconds");
+    }
+    p.fetch_timeout = Duration::from_secs_f64(a.media_fetch_timeout);
+    Ok(p)
 }
 
 /// CORS for `--allowed-origins`: any listed origin may call every route with any method

@@ -56,6 +56,13 @@ pub struct AppState {
     pub tool_parser: Option<&'static dyn super::tools::ToolFormat>,
     /// `--reasoning-parser`: chat answers' thinking goes to `reasoning_content`.
     pub reasoning: Option<ReasoningParser>,
+    /// What media clients may send.
+    pub media: super::media::MediaPolicy,
+    /// Requests whose images are being encoded: one at a time, since the tower takes
+    /// every core.
+    pub media_slots: tokio::sync::Semaphore,
+    /// `--text-model-only`: a multimodal checkpoint served without its encoders.
+    pub text_model_only: bool,
 }
 
 /// Tokenizations allowed at once: a long prompt takes its core for a while, and more than a
@@ -89,6 +96,9 @@ impl AppState {
             longest_request,
             tool_parser: None,
             reasoning: None,
+            media: Default::default(),
+            media_slots: tokio::sync::Semaphore::new(1),
+            text_model_only: false,
         }
     }
 }
@@ -673,7 +683,8 @@ pub async fn chat(
     let c = req.common();
     let adapter = resolve_model(&st, &c.model)?;
     req.check_unsupported()?;
-    let messages = req.messages()?;
+    let (messages, images) = req.messages(&st.media)?;
+    super::media::check_taken(&st, &images)?;
     let kwargs = req.template_kwargs()?;
     let bytes = messages
         .iter()
@@ -710,6 +721,13 @@ pub async fn chat(
     let prompt = tokenize_on_pool(&st, move |p| p.encode_chat_with(&messages, &options))
         .await
         .map_err(|e| super::error::about("messages", e))?;
+    let image_rows = super::media::encode_images(&st, images).await?;
+    let (prompt, media) = match (&st.engine.media, image_rows.is_empty()) {
+        (Some(enc), false) => enc
+            .place(&prompt, &image_rows)
+            .map_err(|e| super::error::about("messages", e))?,
+        _ => (prompt, Vec::new()),
+    };
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (true, n) => Some(n.unwrap_or(0) as usize),
         (false, Some(_)) => {
@@ -729,6 +747,7 @@ pub async fn chat(
     let samples = Samples::parse(c.n, None, c.stream, 1, MAX_PROMPTS)?;
     let mut gen = api::build(&c, prompt, logprobs, default_max, &limits(&st))?;
     gen.adapter = adapter;
+    gen.media = media;
     match forced {
         Some(spec) => {
             gen.constraint = Some(super::structured::compile(&st, "tool_choice", spec).await?)

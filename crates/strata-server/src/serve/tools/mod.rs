@@ -472,7 +472,7 @@ mod tests {
         let err = plan_of(Some(&tools), None, None, Some(&t), None)
             .err()
             .unwrap();
-        assert_eq!(err.param, Some("tools"));
+        assert_eq!(err.param.as_deref(), Some("tools"));
         // tool_choice "none" asks for text: the tools are left out.
         assert!(
             plan_of(Some(&tools), Some(&json!("none")), None, Some(&t), None)

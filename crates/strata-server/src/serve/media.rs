@@ -1,0 +1,362 @@
+//! Chat media parts (`image_url`, `input_audio`): where each comes from, the limits they
+//! are held to, and the rows the vision tower makes of them. Every refusal is a 400 naming
+//! the part (`messages[1].content[2]`).
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::Value;
+use strata_engine::ImageRows;
+
+use super::error::ApiError;
+use super::routes::AppState;
+
+/// What clients may send as media (`--limit-mm-per-prompt`, `--max-image-bytes`,
+/// `--allowed-media-domains`, `--media-fetch-timeout`).
+#[derive(Clone, Debug)]
+pub struct MediaPolicy {
+    /// Images in one request at most.
+    pub images: usize,
+    /// Audio clips in one request at most.
+    pub audios: usize,
+    /// Bytes of one image file at most (decoded from base64, or fetched).
+    pub max_image_bytes: usize,
+    /// Hosts whose `http(s)://` image URLs are fetched (exact names); none by default.
+    pub allowed_domains: Vec<String>,
+    /// How long a fetch may take, connection to last byte.
+    pub fetch_timeout: Duration,
+}
+
+impl Default for MediaPolicy {
+    fn default() -> Self {
+        Self {
+            images: 8,
+            audios: 1,
+            max_image_bytes: 5 << 20,
+            allowed_domains: Vec::new(),
+            fetch_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl MediaPolicy {
+    /// Bytes of request body the media may take (base64 is 4 bytes for 3).
+    pub fn body_bytes(&self) -> usize {
+        self.images
+            .saturating_mul(self.max_image_bytes)
+            .saturating_mul(4)
+            / 3
+    }
+
+    /// Applies `--limit-mm-per-prompt`: `image=N,audio=M` or the JSON `{"image": N}`.
+    pub fn set_limits(&mut self, spec: &str) -> Result<(), String> {
+        let pairs: Vec<(String, String)> = if spec.trim_start().starts_with('{') {
+            let v: serde_json::Map<String, Value> =
+                serde_json::from_str(spec).map_err(|e| format!("not JSON: {e}"))?;
+            v.into_iter().map(|(k, v)| (k, v.to_string())).collect()
+        } else {
+            spec.split(',')
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| match p.split_once('=') {
+                    Some((k, v)) => Ok((k.trim().to_string(), v.trim().to_string())),
+                    None => Err(format!("{p:?} is not KIND=COUNT")),
+                })
+                .collect::<Result<_, _>>()?
+        };
+        for (kind, n) in pairs {
+            let n: usize = n
+                .parse()
+                .map_err(|_| format!("{kind}: {n:?} is not a count"))?;
+            match kind.as_str() {
+                "image" => self.images = n,
+                "audio" => self.audios = n,
+                other => return Err(format!("unknown media kind {other:?} (image, audio)")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An image part of a chat: where it sits and its file, inline or to fetch.
+#[derive(Clone, Debug)]
+pub struct ImagePart {
+    /// The part as the error names it: `messages[i].content[j]`.
+    pub field: String,
+    /// The file's bytes, or the URL to fetch them from.
+    pub source: ImageSource,
+}
+
+/// Where an image's bytes come from.
+#[derive(Clone, Debug)]
+pub enum ImageSource {
+    /// A `data:` URL's payload.
+    Inline(Vec<u8>),
+    /// An `http(s)://` URL on an allowed host.
+    Fetch(String),
+}
+
+/// Image MIME types a `data:` URL may name (what the decoder reads).
+const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/jpg", "image/webp"];
+
+/// Reads an `image_url` part's value (`{"url": ...}`, or the URL alone) as the policy allows.
+pub fn image_part(
+    field: String,
+    value: &Value,
+    policy: &MediaPolicy,
+) -> Result<ImagePart, ApiError> {
+    let url = match value {
+        Value::String(s) => s.as_str(),
+        Value::Object(o) => o.get("url").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::invalid_owned(field.clone(), "image_url needs a url string")
+        })?,
+        _ => {
+            return Err(ApiError::invalid_owned(
+                field,
+                "image_url must be an object with a url",
+            ))
+        }
+    };
+    let bad = |msg: String| ApiError::invalid_owned(field.clone(), msg);
+    if let Some(rest) = url.strip_prefix("data:") {
+        let (meta, payload) = rest
+            .split_once(',')
+            .ok_or_else(|| bad("a data: URL needs a comma before its payload".into()))?;
+        let Some(mime) = meta.strip_suffix(";base64") else {
+            return Err(bad(
+                "a data: URL's image must be base64 (data:image/png;base64,...)".into(),
+            ));
+        };
+        let mime = mime.to_ascii_lowercase();
+        if !IMAGE_TYPES.contains(&mime.as_str()) {
+            return Err(bad(format!(
+                "{mime:?} is not an image type this server decodes (image/png, image/jpeg, image/webp)"
+            )));
+        }
+        // Refused before decoding: base64 is 4 bytes for 3.
+        if payload.len() / 4 * 3 > policy.max_image_bytes + 3 {
+            return Err(too_big(&field, payload.len() / 4 * 3, policy));
+        }
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(payload.trim())
+            .map_err(|e| bad(format!("the image's base64 does not decode: {e}")))?;
+        if bytes.len() > policy.max_image_bytes {
+            return Err(too_big(&field, bytes.len(), policy));
+        }
+        return Ok(ImagePart {
+            field,
+            source: ImageSource::Inline(bytes),
+        });
+    }
+    let host = url::Url::parse(url)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https"))
+        .and_then(|u| u.host_str().map(str::to_ascii_lowercase))
+        .ok_or_else(|| bad("image_url must be a data: URL or an http(s):// URL".into()))?;
+    if !policy
+        .allowed_domains
+        .iter()
+        .any(|d| d.eq_ignore_ascii_case(&host))
+    {
+        return Err(bad(format!(
+            "images are not fetched from {host:?}: send a data: URL, or start the server with --allowed-media-domains {host}"
+        )));
+    }
+    Ok(ImagePart {
+        field,
+        source: ImageSource::Fetch(url.to_string()),
+    })
+}
+
+fn too_big(field: &str, bytes: usize, policy: &MediaPolicy) -> ApiError {
+    ApiError::invalid_owned(
+        field.to_string(),
+        format!(
+            "the image has {bytes} bytes; this server accepts at most {} (--max-image-bytes)",
+            policy.max_image_bytes
+        ),
+    )
+}
+
+/// Fetches an allowed URL's bytes, bounded in size and time; redirects are not followed
+/// (they could leave the allowed hosts).
+fn fetch(field: &str, url: &str, policy: &MediaPolicy) -> Result<Vec<u8>, ApiError> {
+    use std::io::Read;
+    let bad = |msg: String| ApiError::invalid_owned(field.to_string(), msg);
+    let agent = ureq::AgentBuilder::new()
+        .timeout(policy.fetch_timeout)
+        .redirects(0)
+        .build();
+    let resp = match agent.get(url).call() {
+        Ok(r) if r.status() == 200 => r,
+        Ok(r) => return Err(bad(format!("fetching the image gave HTTP {}", r.status()))),
+        Err(ureq::Error::Status(code, _)) => {
+            return Err(bad(format!("fetching the image gave HTTP {code}")))
+        }
+        Err(e) => return Err(bad(format!("fetching the image failed: {e}"))),
+    };
+    let mut bytes = Vec::new();
+    resp.into_reader()
+        .take(policy.max_image_bytes as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(format!("reading the image failed: {e}")))?;
+    if bytes.len() > policy.max_image_bytes {
+        return Err(too_big(field, bytes.len(), policy));
+    }
+    Ok(bytes)
+}
+
+/// Fetches and encodes a request's images, one request at a time on the blocking pool (the
+/// tower uses every core); the engine thread never waits for it.
+pub async fn encode_images(
+    st: &AppState,
+    parts: Vec<ImagePart>,
+) -> Result<Vec<ImageRows>, ApiError> {
+    if parts.is_empty() {
+        return Ok(Vec::new());
+    }
+    check_taken(st, &parts)?;
+    let Some(encoder) = st.engine.media.clone() else {
+        return Ok(Vec::new());
+    };
+    let _slot = st
+        .media_slots
+        .acquire()
+        .await
+        .map_err(|_| ApiError::from(strata_engine::EngineError::Stopped))?;
+    let policy = st.media.clone();
+    tokio::task::spawn_blocking(move || {
+        parts
+            .iter()
+            .map(|p| {
+                let fetched;
+                let bytes = match &p.source {
+                    ImageSource::Inline(b) => b,
+                    ImageSource::Fetch(url) => {
+                        fetched = fetch(&p.field, url, &policy)?;
+                        &fetched
+                    }
+                };
+                encoder
+                    .encode_image(bytes)
+                    .map_err(|e| ApiError::invalid_owned(p.field.clone(), e.to_string()))
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| {
+        ApiError::from(strata_engine::EngineError::Internal(format!(
+            "image encoding failed: {e}"
+        )))
+    })?
+}
+
+/// Refuses images, naming the first, when this server has no vision tower.
+pub fn check_taken(st: &AppState, parts: &[ImagePart]) -> Result<(), ApiError> {
+    match (parts.first(), &st.engine.media) {
+        (Some(p), None) => Err(ApiError::invalid_owned(
+            p.field.clone(),
+            no_encoder_reason(st),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Why this server takes no images.
+fn no_encoder_reason(st: &AppState) -> String {
+    if st.text_model_only {
+        "this server runs the text model only (--text-model-only): it takes no images".into()
+    } else {
+        "this model has no vision encoder: it takes text only".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> MediaPolicy {
+        MediaPolicy {
+            max_image_bytes: 8,
+            allowed_domains: vec!["images.example.com".into()],
+            ..Default::default()
+        }
+    }
+
+    fn refusal(v: Value) -> String {
+        let e = image_part("messages[0].content[1]".into(), &v, &policy()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[1]"));
+        e.message
+    }
+
+    #[test]
+    fn limits_parse_in_both_forms() {
+        let mut p = MediaPolicy::default();
+        p.set_limits("image=3,audio=0").unwrap();
+        assert_eq!((p.images, p.audios), (3, 0));
+        p.set_limits(r#"{"image": 5}"#).unwrap();
+        assert_eq!((p.images, p.audios), (5, 0));
+        assert!(p.set_limits("video=1").unwrap_err().contains("video"));
+        assert!(p.set_limits("image").unwrap_err().contains("KIND=COUNT"));
+        assert!(p
+            .set_limits("image=-1")
+            .unwrap_err()
+            .contains("not a count"));
+    }
+
+    #[test]
+    fn image_urls_are_read_or_refused_by_the_policy() {
+        let ok = image_part(
+            "f".into(),
+            &serde_json::json!({"url": "data:image/PNG;base64,AAECAw=="}),
+            &policy(),
+        )
+        .unwrap();
+        assert!(matches!(ok.source, ImageSource::Inline(ref b) if b == &[0, 1, 2, 3]));
+        let fetched = image_part(
+            "f".into(),
+            &Value::from("https://IMAGES.example.com/a.png"),
+            &policy(),
+        )
+        .unwrap();
+        assert!(matches!(fetched.source, ImageSource::Fetch(_)));
+        for (v, words) in [
+            (
+                serde_json::json!({"url": "data:image/gif;base64,AAAA"}),
+                "image/gif",
+            ),
+            (serde_json::json!({"url": "data:image/png,AAAA"}), "base64"),
+            (serde_json::json!({"url": "data:image/png;base64"}), "comma"),
+            (
+                serde_json::json!({"url": "data:image/png;base64,AA!A"}),
+                "decode",
+            ),
+            (
+                serde_json::json!({"url": "data:image/png;base64,AAAAAAAAAAAAAAAA"}),
+                "--max-image-bytes",
+            ),
+            (
+                serde_json::json!({"url": "https://other.example.com/a.png"}),
+                "--allowed-media-domains",
+            ),
+            (
+                serde_json::json!({"url": "ftp://images.example.com/a"}),
+                "http(s)",
+            ),
+            (serde_json::json!({}), "url"),
+            (serde_json::json!(7), "object"),
+        ] {
+            let msg = refusal(v.clone());
+            assert!(msg.contains(words), "{v}: {msg}");
+        }
+    }
+
+    #[test]
+    fn the_body_limit_makes_room_for_the_images() {
+        let p = MediaPolicy {
+            images: 2,
+            max_image_bytes: 300,
+            ..Default::default()
+        };
+        assert_eq!(p.body_bytes(), 800);
+    }
+}
