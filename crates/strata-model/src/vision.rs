@@ -20,32 +20,63 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use strata_config::VisionConfig;
-use strata_kernels::cpu::{gelu_tanh, CpuBackend, CpuBuffer};
-use strata_kernels::{Backend, MatmulShape};
+use strata_kernels::cpu::gelu_tanh;
 use strata_weights::{WeightSource, Weights};
 
 use crate::error::{ModelError, Result};
 
 /// A `[rows, cols]` row-major matrix: `y = x W^T`.
 struct Mat {
-    w: CpuBuffer,
+    w: Vec<f32>,
     rows: usize,
     cols: usize,
 }
 
 impl Mat {
-    /// `x [n, cols]` -> `[n, rows]`, by the CPU backend's product (tiled, SIMD, on every
-    /// core).
+    /// `x [n, cols]` -> `[n, rows]`.
     fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
-        let n = x.len() / self.cols;
-        let shape = MatmulShape {
-            in_features: self.cols,
-            out_features: self.rows,
-        };
-        let mut y = CpuBuffer::F32(vec![0.0f32; n * self.rows]);
-        CpuBackend::new().matmul(&CpuBuffer::F32(x.to_vec()), &self.w, shape, &mut y)?;
-        Ok(y.to_f32_vec())
+        gemm_bt(x, &self.w, self.rows, self.cols)
     }
+}
+
+/// `x [n, k] * w^T` for `w [m, k]` row-major -> `[n, m]`: a register-blocked, cache-tiled
+/// f32 GEMM on every core (`matrixmultiply`). The encoder's products are large and dense
+/// (thousands of patches by the tower's width), where a GEMM beats the decode-shaped
+/// products of the CPU backend several times over.
+fn gemm_bt(x: &[f32], w: &[f32], m: usize, k: usize) -> Result<Vec<f32>> {
+    let n = x.len() / k.max(1);
+    if x.len() != n * k || w.len() != m * k {
+        return Err(ModelError::Invalid(format!(
+            "a product of {} values by a {m}x{k} matrix",
+            x.len()
+        )));
+    }
+    let mut y = vec![0.0f32; n * m];
+    if n == 0 || m == 0 || k == 0 {
+        return Ok(y);
+    }
+    // SAFETY: the pointers cover `x` ([n, k], row stride k), `w` read as its transpose
+    // ([k, m]: row stride 1, column stride k) and `y` ([n, m], row stride m), whose lengths
+    // were checked above; `y` is written only.
+    unsafe {
+        matrixmultiply::sgemm(
+            n,
+            k,
+            m,
+            1.0,
+            x.as_ptr(),
+            k as isize,
+            1,
+            w.as_ptr(),
+            1,
+            k as isize,
+            0.0,
+            y.as_mut_ptr(),
+            m as isize,
+            1,
+        );
+    }
+    Ok(y)
 }
 
 /// A linear layer, with its clamps when the config has clipped linears.
@@ -131,7 +162,7 @@ impl VisionTower {
         let (h, inner, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let mat = |name: &str, rows: usize, cols: usize| -> Result<Mat> {
             Ok(Mat {
-                w: CpuBuffer::F32(get(name, &[rows, cols])?),
+                w: get(name, &[rows, cols])?,
                 rows,
                 cols,
             })
@@ -353,16 +384,15 @@ impl VisionTower {
         }
         let group = heads / kv_heads;
         let mut out = vec![0.0f32; n * heads * d];
-        // Per head, as two products on the CPU backend (scale 1): scores = q k^T, padding
-        // keys masked, softmax by rows, then p v (v transposed into the weight's place).
-        let cpu = CpuBackend::new();
+        // Per head, as two products (scale 1): scores = q k^T, padding keys masked,
+        // softmax by rows, then p v (v transposed into the weight's place).
         let gather = |src: &[f32], stride_heads: usize, h: usize| -> Vec<f32> {
             src.chunks_exact(stride_heads * d)
                 .flat_map(|row| row[h * d..(h + 1) * d].iter().copied())
                 .collect()
         };
         for kh in 0..kv_heads {
-            let kk = CpuBuffer::F32(gather(&k, kv_heads, kh));
+            let kk = gather(&k, kv_heads, kh);
             let vh = gather(&v, kv_heads, kh);
             let mut vt = vec![0.0f32; d * n];
             for (j, row) in vh.chunks_exact(d).enumerate() {
@@ -370,16 +400,8 @@ impl VisionTower {
                     vt[c * n + j] = val;
                 }
             }
-            let vt = CpuBuffer::F32(vt);
             for hd in kh * group..(kh + 1) * group {
-                let qh = CpuBuffer::F32(gather(&q, heads, hd));
-                let mut scores = CpuBuffer::F32(vec![0.0f32; n * n]);
-                let square = MatmulShape {
-                    in_features: d,
-                    out_features: n,
-                };
-                cpu.matmul(&qh, &kk, square, &mut scores)?;
-                let mut probs = scores.to_f32_vec();
+                let mut probs = gemm_bt(&gather(&q, heads, hd), &kk, n, d)?;
                 probs.par_chunks_exact_mut(n).for_each(|row| {
                     let mut max = f32::NEG_INFINITY;
                     for (s, &masked) in row.iter_mut().zip(pad) {
@@ -395,16 +417,8 @@ impl VisionTower {
                     }
                     row.iter_mut().for_each(|s| *s /= total);
                 });
-                let mut oh = CpuBuffer::F32(vec![0.0f32; n * d]);
-                let back = MatmulShape {
-                    in_features: n,
-                    out_features: d,
-                };
-                cpu.matmul(&CpuBuffer::F32(probs), &vt, back, &mut oh)?;
-                for (dst, src) in out
-                    .chunks_exact_mut(heads * d)
-                    .zip(oh.to_f32_vec().chunks_exact(d))
-                {
+                let oh = gemm_bt(&probs, &vt, d, n)?;
+                for (dst, src) in out.chunks_exact_mut(heads * d).zip(oh.chunks_exact(d)) {
                     dst[hd * d..(hd + 1) * d].copy_from_slice(src);
                 }
             }
