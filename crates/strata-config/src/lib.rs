@@ -6,6 +6,7 @@
 //! error naming the field, so nothing downstream has to guess.
 
 mod assistant;
+mod audio;
 mod error;
 mod gguf;
 mod gguf_tensors;
@@ -19,6 +20,7 @@ mod vision;
 use serde::Serialize;
 
 pub use assistant::{load_assistant_config, AssistantConfig, CentroidHead};
+pub use audio::AudioConfig;
 pub use error::ConfigError;
 pub use kv::{KvGroupSpec, KvShape};
 pub use load::{load_model_config, ModelSource};

@@ -1,6 +1,7 @@
 //! Forward passes of the models Strata serves, over any `strata-kernels` backend.
 
 mod assistant;
+mod audio;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
 mod decode_graph;
@@ -9,6 +10,7 @@ mod drafting;
 mod error;
 mod forward;
 mod greedy_rows;
+mod host_gemm;
 mod kv_cache;
 mod launch;
 mod linear;
@@ -22,6 +24,7 @@ mod vision;
 mod weights_swap;
 
 pub use assistant::{Assistant, DraftSeq, Drafted};
+pub use audio::{AudioTower, EncodedAudio};
 pub use decode_graph::{bucket_for, decode_buckets};
 pub use drafting::Drafting;
 pub use error::{ModelError, Result};
