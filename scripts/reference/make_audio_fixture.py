@@ -3,8 +3,8 @@
 clips of log-mel features, for the audio encoder's parity test.
 
 Writes <out>/ with `config.json` (a `Gemma4ForConditionalGeneration` config: the tiny text model
-of ../tiny/gemma4-tiny and a 2-layer conformer) and `model.safetensors` holding only the audio
-tower and its embedder (`model.audio_tower.*`, `model.embed_audio.*`), and
+of ../tiny/gemma4-tiny and a 2-layer conformer) and `model.safetensors` (the whole checkpoint:
+the text model, the audio tower and its embedder), and
 `reference.safetensors` holding, for clip i in 0..2:
 
   features_i   f32 [T_i, 16]   log-mel frames (16 bins: the first subsampling conv's channels)
@@ -61,8 +61,9 @@ def main():
                 b.fill_(-2.5 - torch.rand(()).item())
             elif name.endswith(("input_max", "output_max")):
                 b.fill_(2.5 + torch.rand(()).item())
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if k.startswith(("model.audio_tower.", "model.embed_audio."))}
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    # Tied to the input embedding: transformers' checkpoints leave it out.
+    state.pop("lm_head.weight", None)
     os.makedirs(args.out, exist_ok=True)
     save_file(state, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
     cfg_dict = cfg.to_dict()
@@ -82,8 +83,6 @@ def main():
             print(f"clip {i}: {frames} frames -> {tower.shape[0]} soft tokens; |tower| max {tower.abs().max():.3f}")
     save_file(ref, os.path.join(args.out, "reference.safetensors"),
               metadata={"transformers": __import__("transformers").__version__, "torch": torch.__version__})
-    for k, v in state.items():
-        print(k, tuple(v.shape))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ pub struct AudioConfig {
     pub audio_token_id: u32,
     /// The id before a clip's placeholders (`boa_token_id`).
     pub boa_token_id: u32,
-    /// The id after them (`eoa_token_index`, or `eoa_token_id`).
+    /// The id after them (`eoa_token_id`, else `eoa_token_index`).
     pub eoa_token_id: u32,
 }
 
@@ -127,10 +127,11 @@ impl AudioConfig {
             u32::try_from(id)
                 .map_err(|_| ConfigError::invalid(top.name(key), format!("{id} is no token id")))
         };
-        let eoa_key = if top.get("eoa_token_index").is_some() {
-            "eoa_token_index"
-        } else {
+        // Google's configs name it `eoa_token_index`; a re-saved one may carry both.
+        let eoa_key = if top.get("eoa_token_id").is_some() {
             "eoa_token_id"
+        } else {
+            "eoa_token_index"
         };
         Ok(Some(Self {
             hidden_size,

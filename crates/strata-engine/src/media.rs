@@ -1,32 +1,52 @@
-//! A prompt's images -> the soft-token rows the model reads at their placeholders.
+//! A prompt's images and audio clips -> the soft-token rows the model reads at their
+//! placeholders.
 //!
-//! The chat template writes one placeholder (`image_token_id`) for each image. As
-//! transformers' `Gemma4Processor` does, each becomes `boi`, as many placeholders as the
-//! vision tower gives the image soft tokens, and `eoi`; the model reads the tower's rows at
-//! those positions in place of the ids' embeddings (`Request::media`).
+//! The chat template writes one placeholder for each item (`image_token_id`,
+//! `audio_token_id`). As transformers' `Gemma4Processor` does, each becomes its opening id
+//! (`boi`, `boa`), as many placeholders as the item's tower gives it soft tokens, and its
+//! closing id (`eoi`, `eoa`); the model reads the tower's rows at those positions in place
+//! of the ids' embeddings (`Request::media`).
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::Path;
 use std::sync::Arc;
 
-use strata_media::ImagePatcher;
-use strata_model::VisionTower;
+use strata_media::{ImagePatcher, LogMel};
+use strata_model::{AudioTower, VisionTower};
 use strata_sched::MediaInput;
 
 use crate::{EngineError, Result};
 
-/// The vision tower of a multimodal checkpoint with its image processor's settings.
+/// The towers of a multimodal checkpoint with their processors' settings.
 pub struct MediaEncoder {
-    vision: VisionTower,
-    patcher: ImagePatcher,
-    /// Keys the content hashes: random per process, so that no client can make two images
+    vision: Option<(VisionTower, ImagePatcher)>,
+    audio: Option<AudioEncoder>,
+    /// Keys the content hashes: random per process, so that no client can make two items
     /// share a prefix-cache key on purpose.
     hasher: std::collections::hash_map::RandomState,
 }
 
-/// One encoded image: the rows its placeholders take.
+struct AudioEncoder {
+    tower: AudioTower,
+    mel: LogMel,
+    /// Samples a second the feature extractor wants.
+    rate: usize,
+}
+
+/// What a media item is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediaKind {
+    /// An image file.
+    Image,
+    /// An audio clip.
+    Audio,
+}
+
+/// One encoded item: the rows its placeholders take.
 #[derive(Clone, Debug)]
-pub struct ImageRows {
+pub struct MediaRows {
+    /// Image or audio.
+    pub kind: MediaKind,
     /// Soft tokens (rows).
     pub rows: usize,
     /// `rows x hidden` values, row after row.
@@ -35,108 +55,192 @@ pub struct ImageRows {
     pub hash: u64,
 }
 
+/// The processor settings a checkpoint's `processor_config.json` (transformers 5) or
+/// `preprocessor_config.json` gives.
+#[derive(Default)]
+struct ProcessorConfig {
+    max_soft_tokens: Option<usize>,
+    mel_bins: Option<usize>,
+    sampling_rate: Option<usize>,
+}
+
 impl MediaEncoder {
-    /// The tower of the checkpoint at `dir` (`None` when its config has no
-    /// `vision_config`), with `max_soft_tokens` from its processor config when it has one.
+    /// The towers of the checkpoint at `dir` (`None` when its config has neither a
+    /// `vision_config` nor an `audio_config`).
     pub fn load(dir: &Path) -> Result<Option<Self>> {
-        let Some(vision) = VisionTower::load(dir)? else {
+        let vision = VisionTower::load(dir)?;
+        let audio = AudioTower::load(dir)?;
+        if vision.is_none() && audio.is_none() {
             return Ok(None);
-        };
-        let c = vision.config();
-        let patcher = ImagePatcher {
-            patch_size: c.patch_size,
-            pooling: c.pooling_kernel_size,
-            max_soft_tokens: max_soft_tokens(dir)?
-                .unwrap_or(ImagePatcher::gemma4().max_soft_tokens),
+        }
+        let p = processor_config(dir)?;
+        let vision = vision.map(|v| {
+            let c = v.config();
+            let patcher = ImagePatcher {
+                patch_size: c.patch_size,
+                pooling: c.pooling_kernel_size,
+                max_soft_tokens: p
+                    .max_soft_tokens
+                    .unwrap_or(ImagePatcher::gemma4().max_soft_tokens),
+            };
+            (v, patcher)
+        });
+        let audio = match audio {
+            None => None,
+            Some(tower) => {
+                let bins = p.mel_bins.unwrap_or(128);
+                if bins != tower.config().subsampling_channels[0] {
+                    return Err(EngineError::Invalid(format!(
+                        "the feature extractor's {bins} mel bins are not the audio tower's {}",
+                        tower.config().subsampling_channels[0]
+                    )));
+                }
+                let rate = p.sampling_rate.unwrap_or(16_000);
+                let mel = LogMel::new(rate, bins, 20.0, 10.0, 0.0, 8_000.0, 1e-3, 128);
+                Some(AudioEncoder { tower, mel, rate })
+            }
         };
         Ok(Some(Self {
             vision,
-            patcher,
+            audio,
             hasher: Default::default(),
         }))
     }
 
-    /// The most soft tokens one image becomes.
-    pub fn max_image_tokens(&self) -> usize {
-        self.patcher.max_soft_tokens
+    /// Whether the checkpoint has a vision tower.
+    pub fn takes_images(&self) -> bool {
+        self.vision.is_some()
     }
 
-    /// The id the chat template writes for each image.
-    pub fn image_token_id(&self) -> u32 {
-        self.vision.config().image_token_id
+    /// Whether the checkpoint has an audio tower.
+    pub fn takes_audio(&self) -> bool {
+        self.audio.is_some()
     }
 
-    /// Decodes a PNG, JPEG or WebP file and runs the tower on it (on the host, so that no
-    /// decode step waits for it).
-    pub fn encode_image(&self, bytes: &[u8]) -> Result<ImageRows> {
-        let p = self
-            .patcher
+    fn hash(&self, bytes: &[u8]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        h.write(bytes);
+        h.finish()
+    }
+
+    /// Decodes a PNG, JPEG or WebP file and runs the vision tower on it (on the host, so
+    /// that no decode step waits for it).
+    pub fn encode_image(&self, bytes: &[u8]) -> Result<MediaRows> {
+        let (tower, patcher) = self
+            .vision
+            .as_ref()
+            .ok_or_else(|| EngineError::Invalid("this model has no vision tower".into()))?;
+        let p = patcher
             .decode(bytes)
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         // Padding patches change no real row (they are masked as keys and pooled into
         // nothing): the tower runs on the image's own patches only.
         let real = p.positions.iter().take_while(|q| q[0] >= 0).count();
-        let width = 3 * self.patcher.patch_size * self.patcher.patch_size;
-        let out = self
-            .vision
-            .encode(&p.pixels[..real * width], &p.positions[..real])?;
-        let mut h = self.hasher.build_hasher();
-        h.write(bytes);
-        Ok(ImageRows {
+        let width = 3 * patcher.patch_size * patcher.patch_size;
+        let out = tower.encode(&p.pixels[..real * width], &p.positions[..real])?;
+        Ok(MediaRows {
+            kind: MediaKind::Image,
             rows: out.tokens,
             values: out.soft_tokens.into(),
-            hash: h.finish(),
+            hash: self.hash(bytes),
         })
     }
 
-    /// `prompt` with each placeholder the template wrote expanded to `boi`, the image's
-    /// placeholders and `eoi`, and the rows for them. The template must have written one
-    /// placeholder per image, in order.
+    /// Decodes a WAV file (refused past `max_seconds`), makes its log-mel features and runs
+    /// the audio tower on its real frames (padding frames change no real row: the
+    /// attention masks them and the convolutions see zeros either way).
+    pub fn encode_audio(&self, bytes: &[u8], max_seconds: f64) -> Result<MediaRows> {
+        let a = self
+            .audio
+            .as_ref()
+            .ok_or_else(|| EngineError::Invalid("this model has no audio tower".into()))?;
+        let clip = strata_media::decode_wav(bytes, a.rate, max_seconds)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let f = a.mel.features(&clip);
+        let real = f.mask.iter().take_while(|&&m| m).count();
+        if real == 0 {
+            return Err(EngineError::Invalid(
+                "the audio clip is shorter than one feature frame".into(),
+            ));
+        }
+        let out = a.tower.encode(&f.values[..real * f.bins], f.bins)?;
+        Ok(MediaRows {
+            kind: MediaKind::Audio,
+            rows: out.tokens,
+            values: out.soft_tokens.into(),
+            hash: self.hash(bytes),
+        })
+    }
+
+    /// `prompt` with each placeholder the template wrote expanded to the item's opening id,
+    /// its placeholders and its closing id, and the rows for them. The template must have
+    /// written one placeholder per item, each kind in the items' order.
     pub fn place(
         &self,
         prompt: &[u32],
-        images: &[ImageRows],
+        items: &[MediaRows],
     ) -> Result<(Vec<u32>, Vec<MediaInput>)> {
-        let c = self.vision.config();
-        let found = prompt.iter().filter(|&&t| t == c.image_token_id).count();
-        if found != images.len() {
-            return Err(EngineError::Invalid(format!(
-                "the chat template wrote {found} image placeholders for {} images",
-                images.len()
-            )));
-        }
-        let extra: usize = images.iter().map(|i| i.rows + 1).sum();
-        let mut ids = Vec::with_capacity(prompt.len() + extra);
-        let mut media = Vec::with_capacity(images.len());
-        let mut next = images.iter();
-        for &t in prompt {
-            if t != c.image_token_id {
-                ids.push(t);
-                continue;
+        // (placeholder, open, close) of each kind the checkpoint has.
+        let image = self.vision.as_ref().map(|(v, _)| {
+            let c = v.config();
+            (c.image_token_id, c.boi_token_id, c.eoi_token_id)
+        });
+        let audio = self.audio.as_ref().map(|a| {
+            let c = a.tower.config();
+            (c.audio_token_id, c.boa_token_id, c.eoa_token_id)
+        });
+        let ids_of = |kind: MediaKind| match kind {
+            MediaKind::Image => image,
+            MediaKind::Audio => audio,
+        };
+        for kind in [MediaKind::Image, MediaKind::Audio] {
+            let want = items.iter().filter(|i| i.kind == kind).count();
+            let found =
+                ids_of(kind).map_or(0, |(p, _, _)| prompt.iter().filter(|&&t| t == p).count());
+            if found != want {
+                return Err(EngineError::Invalid(format!(
+                    "the chat template wrote {found} {kind:?} placeholders for {want} items"
+                )));
             }
-            let Some(img) = next.next() else { break };
-            ids.push(c.boi_token_id);
+        }
+        let extra: usize = items.iter().map(|i| i.rows + 1).sum();
+        let mut ids = Vec::with_capacity(prompt.len() + extra);
+        let mut media = Vec::with_capacity(items.len());
+        let mut next_image = items.iter().filter(|i| i.kind == MediaKind::Image);
+        let mut next_audio = items.iter().filter(|i| i.kind == MediaKind::Audio);
+        for &t in prompt {
+            let (item, (placeholder, open, close)) = match (image, audio) {
+                (Some(i), _) if t == i.0 => (next_image.next(), i),
+                (_, Some(a)) if t == a.0 => (next_audio.next(), a),
+                _ => {
+                    ids.push(t);
+                    continue;
+                }
+            };
+            let Some(item) = item else { break };
+            ids.push(open);
             media.push(MediaInput {
                 start: ids.len(),
-                rows: img.rows,
-                values: img.values.clone(),
-                hash: img.hash,
+                rows: item.rows,
+                values: item.values.clone(),
+                hash: item.hash,
             });
-            ids.extend(std::iter::repeat_n(c.image_token_id, img.rows));
-            ids.push(c.eoi_token_id);
+            ids.extend(std::iter::repeat_n(placeholder, item.rows));
+            ids.push(close);
         }
         Ok((ids, media))
     }
 }
 
-/// `max_soft_tokens` of the image processor: `processor_config.json`'s `image_processor`
-/// (transformers 5) or `preprocessor_config.json`.
-fn max_soft_tokens(dir: &Path) -> Result<Option<usize>> {
+/// The processor settings of `processor_config.json`'s `image_processor` and
+/// `feature_extractor` (transformers 5), or of `preprocessor_config.json`.
+fn processor_config(dir: &Path) -> Result<ProcessorConfig> {
     let dir = if dir.is_file() {
         dir.parent().unwrap_or(dir)
     } else {
         dir
     };
+    let mut out = ProcessorConfig::default();
     for (file, nested) in [
         ("processor_config.json", true),
         ("preprocessor_config.json", false),
@@ -146,14 +250,23 @@ fn max_soft_tokens(dir: &Path) -> Result<Option<usize>> {
         };
         let bad = |why: String| EngineError::Invalid(format!("{file}: {why}"));
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let v = if nested { &v["image_processor"] } else { &v };
-        match v.get("max_soft_tokens") {
-            None => continue,
-            Some(n) => match n.as_u64() {
-                Some(n @ 1..=65_536) => return Ok(Some(n as usize)),
-                _ => return Err(bad(format!("max_soft_tokens {n} is not a count"))),
-            },
-        }
+        let (image, audio) = if nested {
+            (&v["image_processor"], &v["feature_extractor"])
+        } else {
+            (&v, &v)
+        };
+        let count = |section: &serde_json::Value, key: &str| -> Result<Option<usize>> {
+            match section.get(key) {
+                None => Ok(None),
+                Some(n) => match n.as_u64() {
+                    Some(n @ 1..=1_000_000) => Ok(Some(n as usize)),
+                    _ => Err(bad(format!("{key} {n} is not a count"))),
+                },
+            }
+        };
+        out.max_soft_tokens = out.max_soft_tokens.or(count(image, "max_soft_tokens")?);
+        out.mel_bins = out.mel_bins.or(count(audio, "feature_size")?);
+        out.sampling_rate = out.sampling_rate.or(count(audio, "sampling_rate")?);
     }
-    Ok(None)
+    Ok(out)
 }

@@ -9,7 +9,7 @@ use strata_engine::GenerationRequest;
 use strata_kernels::sampling::SamplingParams;
 use strata_tokenizer::{ChatMessage, ChatPart};
 
-use super::media::{ImagePart, MediaPolicy};
+use super::media::{MediaPart, MediaPolicy};
 
 use super::error::ApiError;
 
@@ -306,7 +306,7 @@ impl ChatRequest {
     pub fn messages(
         &self,
         policy: &MediaPolicy,
-    ) -> Result<(Vec<ChatMessage>, Vec<ImagePart>), ApiError> {
+    ) -> Result<(Vec<ChatMessage>, Vec<MediaPart>), ApiError> {
         chat_input(&self.messages, Some(policy))
     }
 }
@@ -348,11 +348,11 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
 pub fn chat_input(
     messages: &[Message],
     policy: Option<&MediaPolicy>,
-) -> Result<(Vec<ChatMessage>, Vec<ImagePart>), ApiError> {
+) -> Result<(Vec<ChatMessage>, Vec<MediaPart>), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    let mut images = Vec::new();
+    let mut images: Vec<MediaPart> = Vec::new();
     let mut audios = 0usize;
     let turns = messages
         .iter()
@@ -405,7 +405,7 @@ pub fn chat_input(
                             }
                             ("image_url", _) => {
                                 let policy = media("image_url")?;
-                                if images.len() == policy.images {
+                                if images.iter().filter(|m| !m.is_audio()).count() == policy.images {
                                     return Err(ApiError::invalid_owned(
                                         field,
                                         format!(
@@ -435,12 +435,14 @@ pub fn chat_input(
                                         ),
                                     ));
                                 }
-                                let what = if p.input_audio.is_some() {
-                                    "audio input is not supported by this server yet (Strata has no audio encoder)"
-                                } else {
-                                    "an input_audio part needs input_audio"
-                                };
-                                return Err(ApiError::invalid_owned(field, what));
+                                let value = p.input_audio.as_ref().ok_or_else(|| {
+                                    ApiError::invalid_owned(
+                                        field.clone(),
+                                        "an input_audio part needs input_audio",
+                                    )
+                                })?;
+                                images.push(super::media::audio_part(field, value, policy)?);
+                                parts_out.push(ChatPart::Audio);
                             }
                             ("text", None) => {
                                 return Err(ApiError::invalid_owned(
@@ -452,7 +454,7 @@ pub fn chat_input(
                                 return Err(ApiError::invalid_owned(
                                     field,
                                     format!(
-                                        "content part of type {kind:?} is not supported (text, image_url)"
+                                        "content part of type {kind:?} is not supported (text, image_url, input_audio)"
                                     ),
                                 ))
                             }

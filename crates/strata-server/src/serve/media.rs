@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::Value;
-use strata_engine::ImageRows;
+use strata_engine::MediaRows;
 
 use super::error::ApiError;
 use super::routes::AppState;
@@ -21,6 +21,10 @@ pub struct MediaPolicy {
     pub audios: usize,
     /// Bytes of one image file at most (decoded from base64, or fetched).
     pub max_image_bytes: usize,
+    /// Bytes of one audio file at most (decoded from base64).
+    pub max_audio_bytes: usize,
+    /// Seconds of one audio clip at most.
+    pub max_audio_seconds: f64,
     /// Hosts whose `http(s)://` image URLs are fetched (exact names); none by default.
     pub allowed_domains: Vec<String>,
     /// How long a fetch may take, connection to last byte.
@@ -33,6 +37,8 @@ impl Default for MediaPolicy {
             images: 8,
             audios: 1,
             max_image_bytes: 5 << 20,
+            max_audio_bytes: 8 << 20,
+            max_audio_seconds: 30.0,
             allowed_domains: Vec::new(),
             fetch_timeout: Duration::from_secs(10),
         }
@@ -42,10 +48,9 @@ impl Default for MediaPolicy {
 impl MediaPolicy {
     /// Bytes of request body the media may take (base64 is 4 bytes for 3).
     pub fn body_bytes(&self) -> usize {
-        self.images
-            .saturating_mul(self.max_image_bytes)
-            .saturating_mul(4)
-            / 3
+        let images = self.images.saturating_mul(self.max_image_bytes);
+        let audios = self.audios.saturating_mul(self.max_audio_bytes);
+        images.saturating_add(audios).saturating_mul(4) / 3
     }
 
     /// Applies `--limit-mm-per-prompt`: `image=N,audio=M` or the JSON `{"image": N}`.
@@ -77,22 +82,74 @@ impl MediaPolicy {
     }
 }
 
-/// An image part of a chat: where it sits and its file, inline or to fetch.
+/// A media part of a chat: where it sits and its file, inline or to fetch.
 #[derive(Clone, Debug)]
-pub struct ImagePart {
+pub struct MediaPart {
     /// The part as the error names it: `messages[i].content[j]`.
     pub field: String,
     /// The file's bytes, or the URL to fetch them from.
-    pub source: ImageSource,
+    pub source: MediaSource,
 }
 
-/// Where an image's bytes come from.
+/// Where a media item's bytes come from.
 #[derive(Clone, Debug)]
-pub enum ImageSource {
-    /// A `data:` URL's payload.
+pub enum MediaSource {
+    /// A `data:` URL's image.
     Inline(Vec<u8>),
-    /// An `http(s)://` URL on an allowed host.
+    /// An image at an `http(s)://` URL on an allowed host.
     Fetch(String),
+    /// An `input_audio` part's WAV file.
+    Wav(Vec<u8>),
+}
+
+impl MediaSource {
+    fn is_audio(&self) -> bool {
+        matches!(self, Self::Wav(_))
+    }
+}
+
+impl MediaPart {
+    /// Whether the part is an audio clip (not an image).
+    pub fn is_audio(&self) -> bool {
+        self.source.is_audio()
+    }
+}
+
+/// Reads an `input_audio` part's value (`{"data": base64, "format": "wav"}`).
+pub fn audio_part(
+    field: String,
+    value: &Value,
+    policy: &MediaPolicy,
+) -> Result<MediaPart, ApiError> {
+    let bad = |msg: String| ApiError::invalid_owned(field.clone(), msg);
+    let data = value
+        .get("data")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("input_audio needs data (base64)".into()))?;
+    match value.get("format").and_then(Value::as_str) {
+        Some("wav") => {}
+        Some("mp3") => {
+            return Err(bad(
+                "mp3 audio is not decoded by this server yet: send format wav".into(),
+            ))
+        }
+        Some(other) => return Err(bad(format!("audio format {other:?} is not wav"))),
+        None => return Err(bad("input_audio needs format (wav)".into())),
+    }
+    if data.len() / 4 * 3 > policy.max_audio_bytes + 3 {
+        return Err(bad(format!(
+            "the audio has about {} bytes; this server accepts at most {} (--max-audio-bytes)",
+            data.len() / 4 * 3,
+            policy.max_audio_bytes
+        )));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| bad(format!("the audio's base64 does not decode: {e}")))?;
+    Ok(MediaPart {
+        field,
+        source: MediaSource::Wav(bytes),
+    })
 }
 
 /// Image MIME types a `data:` URL may name (what the decoder reads).
@@ -103,7 +160,7 @@ pub fn image_part(
     field: String,
     value: &Value,
     policy: &MediaPolicy,
-) -> Result<ImagePart, ApiError> {
+) -> Result<MediaPart, ApiError> {
     let url = match value {
         Value::String(s) => s.as_str(),
         Value::Object(o) => o.get("url").and_then(Value::as_str).ok_or_else(|| {
@@ -142,9 +199,9 @@ pub fn image_part(
         if bytes.len() > policy.max_image_bytes {
             return Err(too_big(&field, bytes.len(), policy));
         }
-        return Ok(ImagePart {
+        return Ok(MediaPart {
             field,
-            source: ImageSource::Inline(bytes),
+            source: MediaSource::Inline(bytes),
         });
     }
     let host = url::Url::parse(url)
@@ -161,9 +218,9 @@ pub fn image_part(
             "images are not fetched from {host:?}: send a data: URL, or start the server with --allowed-media-domains {host}"
         )));
     }
-    Ok(ImagePart {
+    Ok(MediaPart {
         field,
-        source: ImageSource::Fetch(url.to_string()),
+        source: MediaSource::Fetch(url.to_string()),
     })
 }
 
@@ -205,12 +262,12 @@ fn fetch(field: &str, url: &str, policy: &MediaPolicy) -> Result<Vec<u8>, ApiErr
     Ok(bytes)
 }
 
-/// Fetches and encodes a request's images, one request at a time on the blocking pool (the
-/// tower uses every core); the engine thread never waits for it.
-pub async fn encode_images(
+/// Fetches and encodes a request's media, one request at a time on the blocking pool (the
+/// towers use every core); the engine thread never waits for it.
+pub async fn encode_media(
     st: &AppState,
-    parts: Vec<ImagePart>,
-) -> Result<Vec<ImageRows>, ApiError> {
+    parts: Vec<MediaPart>,
+) -> Result<Vec<MediaRows>, ApiError> {
     if parts.is_empty() {
         return Ok(Vec::new());
     }
@@ -228,46 +285,52 @@ pub async fn encode_images(
         parts
             .iter()
             .map(|p| {
-                let fetched;
-                let bytes = match &p.source {
-                    ImageSource::Inline(b) => b,
-                    ImageSource::Fetch(url) => {
-                        fetched = fetch(&p.field, url, &policy)?;
-                        &fetched
-                    }
+                let at = |e: strata_engine::EngineError| {
+                    ApiError::invalid_owned(p.field.clone(), e.to_string())
                 };
-                encoder
-                    .encode_image(bytes)
-                    .map_err(|e| ApiError::invalid_owned(p.field.clone(), e.to_string()))
+                match &p.source {
+                    MediaSource::Inline(b) => encoder.encode_image(b).map_err(at),
+                    MediaSource::Fetch(url) => encoder
+                        .encode_image(&fetch(&p.field, url, &policy)?)
+                        .map_err(at),
+                    MediaSource::Wav(b) => encoder
+                        .encode_audio(b, policy.max_audio_seconds)
+                        .map_err(at),
+                }
             })
             .collect()
     })
     .await
     .map_err(|e| {
         ApiError::from(strata_engine::EngineError::Internal(format!(
-            "image encoding failed: {e}"
+            "media encoding failed: {e}"
         )))
     })?
 }
 
-/// Refuses images, naming the first, when this server has no vision tower.
-pub fn check_taken(st: &AppState, parts: &[ImagePart]) -> Result<(), ApiError> {
-    match (parts.first(), &st.engine.media) {
-        (Some(p), None) => Err(ApiError::invalid_owned(
-            p.field.clone(),
-            no_encoder_reason(st),
-        )),
-        _ => Ok(()),
+/// Refuses, naming the first, the items of a kind this server has no tower for.
+pub fn check_taken(st: &AppState, parts: &[MediaPart]) -> Result<(), ApiError> {
+    let enc = st.engine.media.as_deref();
+    for p in parts {
+        let (taken, what) = if p.source.is_audio() {
+            (enc.is_some_and(|e| e.takes_audio()), "audio")
+        } else {
+            (enc.is_some_and(|e| e.takes_images()), "images")
+        };
+        if !taken {
+            let why = if st.text_model_only {
+                format!(
+                    "this server runs the text model only (--text-model-only): it takes no {what}"
+                )
+            } else if what == "audio" {
+                "this model has no audio encoder: it takes no audio".to_string()
+            } else {
+                "this model has no vision encoder: it takes no images".to_string()
+            };
+            return Err(ApiError::invalid_owned(p.field.clone(), why));
+        }
     }
-}
-
-/// Why this server takes no images.
-fn no_encoder_reason(st: &AppState) -> String {
-    if st.text_model_only {
-        "this server runs the text model only (--text-model-only): it takes no images".into()
-    } else {
-        "this model has no vision encoder: it takes text only".into()
-    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -311,14 +374,14 @@ mod tests {
             &policy(),
         )
         .unwrap();
-        assert!(matches!(ok.source, ImageSource::Inline(ref b) if b == &[0, 1, 2, 3]));
+        assert!(matches!(ok.source, MediaSource::Inline(ref b) if b == &[0, 1, 2, 3]));
         let fetched = image_part(
             "f".into(),
             &Value::from("https://IMAGES.example.com/a.png"),
             &policy(),
         )
         .unwrap();
-        assert!(matches!(fetched.source, ImageSource::Fetch(_)));
+        assert!(matches!(fetched.source, MediaSource::Fetch(_)));
         for (v, words) in [
             (
                 serde_json::json!({"url": "data:image/gif;base64,AAAA"}),
@@ -355,8 +418,10 @@ mod tests {
         let p = MediaPolicy {
             images: 2,
             max_image_bytes: 300,
+            audios: 1,
+            max_audio_bytes: 150,
             ..Default::default()
         };
-        assert_eq!(p.body_bytes(), 800);
+        assert_eq!(p.body_bytes(), 1000);
     }
 }

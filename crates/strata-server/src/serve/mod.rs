@@ -236,6 +236,12 @@ pub struct ServeArgs {
     /// Bytes of one image file at most (decoded from its data: URL, or fetched).
     #[arg(long, default_value_t = 5 << 20)]
     pub max_image_bytes: usize,
+    /// Bytes of one audio file at most (WAV, decoded from base64).
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_audio_bytes: usize,
+    /// Seconds of one audio clip at most.
+    #[arg(long, default_value_t = 30.0)]
+    pub max_audio_seconds: f64,
     /// Hosts (exact names, comma-separated) whose http(s):// image URLs are fetched; by
     /// default none is, and images come as data: URLs.
     #[arg(long, value_delimiter = ',')]
@@ -587,6 +593,8 @@ pub fn router(state: Shared, http: &HttpOptions) -> anyhow::Result<Router> {
 fn media_policy(a: &ServeArgs) -> anyhow::Result<media::MediaPolicy> {
     let mut p = media::MediaPolicy {
         max_image_bytes: a.max_image_bytes,
+        max_audio_bytes: a.max_audio_bytes,
+        max_audio_seconds: a.max_audio_seconds,
         allowed_domains: a.allowed_media_domains.clone(),
         ..Default::default()
     };
@@ -594,8 +602,11 @@ fn media_policy(a: &ServeArgs) -> anyhow::Result<media::MediaPolicy> {
         p.set_limits(spec)
             .map_err(|e| anyhow::anyhow!("--limit-mm-per-prompt {spec:?}: {e}"))?;
     }
-    if a.max_image_bytes == 0 {
-        anyhow::bail!("--max-image-bytes must be at least 1");
+    if a.max_image_bytes == 0 || a.max_audio_bytes == 0 {
+        anyhow::bail!("--max-image-bytes and --max-audio-bytes must be at least 1");
+    }
+    if !(a.max_audio_seconds.is_finite() && a.max_audio_seconds > 0.0) {
+        anyhow::bail!("--max-audio-seconds must be a positive number of seconds");
     }
     if !(a.media_fetch_timeout.is_finite() && a.media_fetch_timeout > 0.0) {
         anyhow::bail!("--media-fetch-timeout must be a positive number of seconds");

@@ -721,7 +721,7 @@ pub async fn chat(
     let prompt = tokenize_on_pool(&st, move |p| p.encode_chat_with(&messages, &options))
         .await
         .map_err(|e| super::error::about("messages", e))?;
-    let image_rows = super::media::encode_images(&st, images).await?;
+    let image_rows = super::media::encode_media(&st, images).await?;
     let (prompt, media) = match (&st.engine.media, image_rows.is_empty()) {
         (Some(enc), false) => enc
             .place(&prompt, &image_rows)
