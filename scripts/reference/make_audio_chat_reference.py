@@ -6,7 +6,9 @@ with the byte-level tokenizer of scripts/bench/byte_tokenizer.py (Gemma-4's audi
 template, and the feature extractor at 16 mel bins (the tiny tower's; the `processor_config.json`
 the test writes).
 
-Writes two WAV clips (16 kHz, 16-bit mono) to tests/fixtures/media/clip_{0,1}.wav, then for
+Writes two WAV clips (16 kHz, 16-bit mono) to tests/fixtures/media/clip_{0,1}.wav and clip 0 as
+an MP3 (LAME at 64 kb/s, `lameenc`) with libsndfile's decoding of it (`soundfile`;
+mp3_reference.safetensors, for strata-media's test), then for
 each conversation: its prompt size (each `<|audio|>` expanded as `Gemma4Processor` does: boa,
 one placeholder a soft token, eoa) and `generate`'s 8 greedy tokens, with the clips'
 `input_features` from `Gemma4AudioFeatureExtractor`. Writes
@@ -58,7 +60,28 @@ def write_wav(path, samples):
 
 
 def audio(name):
-    return {"type": "input_audio", "input_audio": {"data": f"fixture:{name}", "format": "wav"}}
+    fmt = name.rsplit(".", 1)[1]
+    return {"type": "input_audio", "input_audio": {"data": f"fixture:{name}", "format": fmt}}
+
+
+def write_mp3(wav_path, mp3_path):
+    import lameenc
+    import soundfile
+    from safetensors.numpy import save_file
+
+    with wave.open(str(wav_path)) as w:
+        pcm = w.readframes(w.getnframes())
+    enc = lameenc.Encoder()
+    enc.set_bit_rate(64)
+    enc.set_in_sample_rate(RATE)
+    enc.set_channels(1)
+    enc.set_quality(2)
+    mp3_path.write_bytes(enc.encode(pcm) + enc.flush())
+    samples, rate = soundfile.read(str(mp3_path), dtype="float32")
+    assert rate == RATE
+    save_file({"samples": samples}, str(MEDIA / "mp3_reference.safetensors"),
+              metadata={"decoder": "libsndfile " + soundfile.__libsndfile_version__})
+    return samples
 
 
 def text(t):
@@ -68,6 +91,7 @@ def text(t):
 CONVERSATIONS = {
     "one_clip": [{"role": "user", "content": [text("Transcribe: "), audio("clip_0.wav")]}],
     "two_clips": [{"role": "user", "content": [audio("clip_1.wav"), text("then"), audio("clip_0.wav")]}],
+    "one_mp3": [{"role": "user", "content": [text("Transcribe: "), audio("clip_0.mp3")]}],
 }
 
 
@@ -75,6 +99,9 @@ def main():
     clips = {"clip_0.wav": clip(0.6, 1), "clip_1.wav": clip(1.1, 2)}
     for name, samples in clips.items():
         write_wav(MEDIA / name, samples)
+    # As the server reads each: 16-bit samples over 32768; the MP3 as a decoder gives it.
+    waves_of = {name: s.astype(np.float32) / 32768.0 for name, s in clips.items()}
+    waves_of["clip_0.mp3"] = write_mp3(MEDIA / "clip_0.wav", MEDIA / "clip_0.mp3")
     tok = Tokenizer.from_str(json.dumps(byte_tokenizer.tokenizer_json(extra=MARKERS, vocab_size=VOCAB)))
     template = TEMPLATE.read_text()
     fe = Gemma4AudioFeatureExtractor(feature_size=BINS, sampling_rate=RATE)
@@ -96,8 +123,7 @@ def main():
                                          bos_token="<bos>", eos_token="<eos>")[0][0]
         ids = tok.encode(rendered, add_special_tokens=False).ids
         assert ids.count(AUDIO) == len(files), (name, ids.count(AUDIO))
-        # As the server reads a WAV: 16-bit samples over 32768.
-        waves = [clips[f].astype(np.float32) / 32768.0 for f in files]
+        waves = [waves_of[f] for f in files]
         feats = fe(waves, sampling_rate=RATE, return_tensors="pt")
         counts = []
         for mask in feats["input_features_mask"]:

@@ -112,7 +112,7 @@ SHORT = b64(silence_wav(0.2))
 BAD = [
     ("undecodable", [clip_part(b64(b"RIFF not a wav"))], "messages[0].content[0]", "WAV"),
     ("bad base64", [clip_part("@@@@")], "messages[0].content[0]", "base64"),
-    ("mp3", [clip_part(SHORT, "mp3")], "messages[0].content[0]", "mp3"),
+    ("not an mp3", [clip_part(SHORT, "mp3")], "messages[0].content[0]", "MP3"),
     ("other format", [clip_part(SHORT, "flac")], "messages[0].content[0]", "flac"),
     ("too long", [clip_part(b64(silence_wav(2.0)))], "messages[0].content[0]", "limit"),
     ("too many", [clip_part(SHORT), clip_part(SHORT), clip_part(SHORT)], "messages[0].content[2]", "audio=2"),

@@ -24,7 +24,7 @@ pub use engine::{
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadSettings, LoadedModel, Prompter, WeightDtype};
-pub use media::{MediaEncoder, MediaKind, MediaRows};
+pub use media::{AudioFormat, MediaEncoder, MediaKind, MediaRows};
 pub use placed::{OnBackend, OnDevice, Placement, Runtime};
 pub use strata_model::quantize::LOAD_QUANT_TYPES;
 pub use strata_sched::DraftStats;

@@ -42,6 +42,15 @@ pub enum MediaKind {
     Audio,
 }
 
+/// An audio file's container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AudioFormat {
+    /// RIFF WAVE (integer or float samples).
+    Wav,
+    /// MPEG-1/2 Layer III.
+    Mp3,
+}
+
 /// One encoded item: the rows its placeholders take.
 #[derive(Clone, Debug)]
 pub struct MediaRows {
@@ -146,16 +155,24 @@ impl MediaEncoder {
         })
     }
 
-    /// Decodes a WAV file (refused past `max_seconds`), makes its log-mel features and runs
+    /// Decodes a WAV or MP3 file (refused past `max_seconds`), makes its log-mel features and runs
     /// the audio tower on its real frames (padding frames change no real row: the
     /// attention masks them and the convolutions see zeros either way).
-    pub fn encode_audio(&self, bytes: &[u8], max_seconds: f64) -> Result<MediaRows> {
+    pub fn encode_audio(
+        &self,
+        bytes: &[u8],
+        format: AudioFormat,
+        max_seconds: f64,
+    ) -> Result<MediaRows> {
         let a = self
             .audio
             .as_ref()
             .ok_or_else(|| EngineError::Invalid("this model has no audio tower".into()))?;
-        let clip = strata_media::decode_wav(bytes, a.rate, max_seconds)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let clip = match format {
+            AudioFormat::Wav => strata_media::decode_wav(bytes, a.rate, max_seconds),
+            AudioFormat::Mp3 => strata_media::decode_mp3(bytes, a.rate, max_seconds),
+        }
+        .map_err(|e| EngineError::Invalid(e.to_string()))?;
         let f = a.mel.features(&clip);
         let real = f.mask.iter().take_while(|&&m| m).count();
         if real == 0 {

@@ -10,7 +10,7 @@ mod audio;
 mod image;
 mod mel;
 
-pub use crate::audio::{decode_wav, resample};
+pub use crate::audio::{decode_mp3, decode_wav, resample};
 pub use crate::image::{ImagePatcher, Patches};
 pub use mel::{LogMel, LogMelFeatures};
 

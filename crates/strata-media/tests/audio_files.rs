@@ -58,3 +58,36 @@ fn bad_or_long_audio_is_an_error() {
     assert!(decode_wav(b"RIFF....WAVEfmt nonsense", 16_000, 30.0).is_err());
     assert!(decode_wav(&[], 16_000, 30.0).is_err());
 }
+
+/// An MP3 (tests/fixtures/media/clip_0.mp3: clip_0.wav through LAME at 64 kb/s) decodes to
+/// libsndfile's samples (`mp3_reference.safetensors`; both made by
+/// scripts/reference/make_audio_chat_reference.py).
+#[test]
+fn an_mp3_decodes_to_libsndfiles_samples() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/media");
+    let mp3 = std::fs::read(dir.join("clip_0.mp3")).unwrap();
+    let reference = std::fs::read(dir.join("mp3_reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&reference).unwrap();
+    let want: Vec<f32> = st
+        .tensor("samples")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let got = strata_media::decode_mp3(&mp3, 16_000, 30.0).unwrap();
+    assert_eq!(got.len(), want.len());
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    println!("{} samples, largest difference {worst:.2e}", got.len());
+    assert!(worst < 1e-3, "off libsndfile by {worst}");
+    // A limit shorter than the clip stops the decode.
+    let e = strata_media::decode_mp3(&mp3, 16_000, 0.3)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("limit"), "{e}");
+    assert!(strata_media::decode_mp3(b"ID3 not an mp3", 16_000, 30.0).is_err());
+}

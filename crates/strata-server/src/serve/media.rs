@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::Value;
-use strata_engine::MediaRows;
+use strata_engine::{AudioFormat, MediaRows};
 
 use super::error::ApiError;
 use super::routes::AppState;
@@ -98,13 +98,13 @@ pub enum MediaSource {
     Inline(Vec<u8>),
     /// An image at an `http(s)://` URL on an allowed host.
     Fetch(String),
-    /// An `input_audio` part's WAV file.
-    Wav(Vec<u8>),
+    /// An `input_audio` part's file.
+    Audio(Vec<u8>, AudioFormat),
 }
 
 impl MediaSource {
     fn is_audio(&self) -> bool {
-        matches!(self, Self::Wav(_))
+        matches!(self, Self::Audio(..))
     }
 }
 
@@ -115,7 +115,7 @@ impl MediaPart {
     }
 }
 
-/// Reads an `input_audio` part's value (`{"data": base64, "format": "wav"}`).
+/// Reads an `input_audio` part's value (`{"data": base64, "format": "wav" | "mp3"}`).
 pub fn audio_part(
     field: String,
     value: &Value,
@@ -126,16 +126,12 @@ pub fn audio_part(
         .get("data")
         .and_then(Value::as_str)
         .ok_or_else(|| bad("input_audio needs data (base64)".into()))?;
-    match value.get("format").and_then(Value::as_str) {
-        Some("wav") => {}
-        Some("mp3") => {
-            return Err(bad(
-                "mp3 audio is not decoded by this server yet: send format wav".into(),
-            ))
-        }
-        Some(other) => return Err(bad(format!("audio format {other:?} is not wav"))),
-        None => return Err(bad("input_audio needs format (wav)".into())),
-    }
+    let format = match value.get("format").and_then(Value::as_str) {
+        Some("wav") => AudioFormat::Wav,
+        Some("mp3") => AudioFormat::Mp3,
+        Some(other) => return Err(bad(format!("audio format {other:?} is not wav or mp3"))),
+        None => return Err(bad("input_audio needs format (wav or mp3)".into())),
+    };
     if data.len() / 4 * 3 > policy.max_audio_bytes + 3 {
         return Err(bad(format!(
             "the audio has about {} bytes; this server accepts at most {} (--max-audio-bytes)",
@@ -148,7 +144,7 @@ pub fn audio_part(
         .map_err(|e| bad(format!("the audio's base64 does not decode: {e}")))?;
     Ok(MediaPart {
         field,
-        source: MediaSource::Wav(bytes),
+        source: MediaSource::Audio(bytes, format),
     })
 }
 
@@ -293,8 +289,8 @@ pub async fn encode_media(
                     MediaSource::Fetch(url) => encoder
                         .encode_image(&fetch(&p.field, url, &policy)?)
                         .map_err(at),
-                    MediaSource::Wav(b) => encoder
-                        .encode_audio(b, policy.max_audio_seconds)
+                    MediaSource::Audio(b, f) => encoder
+                        .encode_audio(b, *f, policy.max_audio_seconds)
                         .map_err(at),
                 }
             })
