@@ -26,7 +26,7 @@ pub(crate) mod defaults {
     pub const K_PARTS_MAX_ROWS: usize = 256;
     pub const GATED_PAIR_MIN_ROWS: usize = 65;
     pub const GATED_PAIR_MAX_ROWS: usize = 256;
-    pub const QUANT_GEMV_MAX_ROWS: usize = 32;
+    pub const QUANT_GEMV_MAX_ROWS: usize = 8;
 }
 
 /// How decode-only steps (every sequence feeds one token) run.
@@ -180,12 +180,14 @@ tuning! {
         default defaults::GATED_PAIR_MAX_ROWS, shown "256", parse count;
     /// Rows of activations up to which a product of GGUF blocks kept on the GPU runs as the
     /// block GEMV (`kernels/quant.cu`); past it the weight is decoded to a dense scratch for
-    /// the GEMMs. Stays: the crossover moves with the GPU's bandwidth and the format.
+    /// the GEMMs. 8 since the E2B Q4_K A/B of 2026-12-06: 2.6x at 16 rows, 4.9x at 32 over
+    /// 32. Stays: the crossover moves with the GPU's bandwidth and the format.
     quant_gemv_max_rows: usize = "STRATA_QUANT_GEMV_MAX_ROWS",
-        default defaults::QUANT_GEMV_MAX_ROWS, shown "32", parse count;
+        default defaults::QUANT_GEMV_MAX_ROWS, shown "8", parse count;
     /// Whether the bf16 mode's products of GGUF blocks take x quantized to 8 bits with
     /// integer dot products (`kernels/quant_dp4a.cu`, `1`) rather than the weight decoded to
-    /// f32. Stays: a measured choice per GPU (off until a GPU measures it faster).
+    /// f32. Stays: a measured choice per GPU (1.07x at one row, 1.9x at 8 on E2B Q4_K; off
+    /// until the GPU suite has run with it on).
     quant_dp4a: bool = "STRATA_QUANT_DP4A", default false, shown "off",
         parse off_unless_set;
     /// Whether bf16 GEMMs run through cuBLASLt with per-bucket plans (`0`: every one as
