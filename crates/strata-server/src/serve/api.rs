@@ -301,7 +301,7 @@ impl ChatRequest {
         check_template_kwargs(self.chat_template_kwargs.as_ref())
     }
 
-    /// The messages as the template's turns, and their images in order, as `policy`
+    /// The messages as the template's turns, and their media parts in order, as `policy`
     /// allows them.
     pub fn messages(
         &self,
@@ -352,7 +352,7 @@ pub fn chat_input(
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    let mut images: Vec<MediaPart> = Vec::new();
+    let mut media: Vec<MediaPart> = Vec::new();
     let mut audios = 0usize;
     let turns = messages
         .iter()
@@ -383,7 +383,7 @@ pub fn chat_input(
                     let mut text = String::new();
                     for (j, p) in parts.iter().enumerate() {
                         let field = format!("messages[{i}].content[{j}]");
-                        let media = |what: &str| -> Result<&MediaPolicy, ApiError> {
+                        let allowed = |what: &str| -> Result<&MediaPolicy, ApiError> {
                             let Some(policy) = policy else {
                                 return Err(ApiError::invalid_owned(
                                     field.clone(),
@@ -404,8 +404,8 @@ pub fn chat_input(
                                 parts_out.push(ChatPart::Text(t.clone()));
                             }
                             ("image_url", _) => {
-                                let policy = media("image_url")?;
-                                if images.iter().filter(|m| !m.is_audio()).count() == policy.images {
+                                let policy = allowed("image_url")?;
+                                if media.iter().filter(|m| !m.is_audio()).count() == policy.images {
                                     return Err(ApiError::invalid_owned(
                                         field,
                                         format!(
@@ -420,11 +420,11 @@ pub fn chat_input(
                                         "an image_url part needs image_url",
                                     )
                                 })?;
-                                images.push(super::media::image_part(field, value, policy)?);
+                                media.push(super::media::image_part(field, value, policy)?);
                                 parts_out.push(ChatPart::Image);
                             }
                             ("input_audio", _) => {
-                                let policy = media("input_audio")?;
+                                let policy = allowed("input_audio")?;
                                 audios += 1;
                                 if audios > policy.audios {
                                     return Err(ApiError::invalid_owned(
@@ -441,7 +441,7 @@ pub fn chat_input(
                                         "an input_audio part needs input_audio",
                                     )
                                 })?;
-                                images.push(super::media::audio_part(field, value, policy)?);
+                                media.push(super::media::audio_part(field, value, policy)?);
                                 parts_out.push(ChatPart::Audio);
                             }
                             ("text", None) => {
@@ -498,7 +498,7 @@ pub fn chat_input(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((turns, images))
+    Ok((turns, media))
 }
 
 /// Variables `chat_template_kwargs` may set, and the bytes of their JSON.

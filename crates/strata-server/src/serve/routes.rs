@@ -58,7 +58,7 @@ pub struct AppState {
     pub reasoning: Option<ReasoningParser>,
     /// What media clients may send.
     pub media: super::media::MediaPolicy,
-    /// Requests whose images are being encoded: one at a time, since the tower takes
+    /// Requests whose media are being encoded: one at a time, since a tower takes
     /// every core.
     pub media_slots: tokio::sync::Semaphore,
     /// `--text-model-only`: a multimodal checkpoint served without its encoders.
@@ -683,8 +683,8 @@ pub async fn chat(
     let c = req.common();
     let adapter = resolve_model(&st, &c.model)?;
     req.check_unsupported()?;
-    let (messages, images) = req.messages(&st.media)?;
-    super::media::check_taken(&st, &images)?;
+    let (messages, media_parts) = req.messages(&st.media)?;
+    super::media::check_taken(&st, &media_parts)?;
     let kwargs = req.template_kwargs()?;
     let bytes = messages
         .iter()
@@ -721,10 +721,10 @@ pub async fn chat(
     let prompt = tokenize_on_pool(&st, move |p| p.encode_chat_with(&messages, &options))
         .await
         .map_err(|e| super::error::about("messages", e))?;
-    let image_rows = super::media::encode_media(&st, images).await?;
-    let (prompt, media) = match (&st.engine.media, image_rows.is_empty()) {
+    let media_rows = super::media::encode_media(&st, media_parts).await?;
+    let (prompt, media) = match (&st.engine.media, media_rows.is_empty()) {
         (Some(enc), false) => enc
-            .place(&prompt, &image_rows)
+            .place(&prompt, &media_rows)
             .map_err(|e| super::error::about("messages", e))?,
         _ => (prompt, Vec::new()),
     };
