@@ -20,43 +20,20 @@ use strata_kernels::cpu::silu;
 use strata_weights::{WeightSource, Weights};
 
 use crate::error::{ModelError, Result};
-use crate::host_gemm::gemm_bt;
-
-/// A linear layer without bias, with its clamps when the config has clipped linears.
-struct Clippable {
-    w: Vec<f32>,
-    rows: usize,
-    cols: usize,
-    /// (input min, input max, output min, output max).
-    clamp: Option<[f32; 4]>,
-}
-
-impl Clippable {
-    fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
-        match self.clamp {
-            None => gemm_bt(x, &self.w, self.rows, self.cols),
-            Some([imin, imax, omin, omax]) => {
-                let xc: Vec<f32> = x.iter().map(|v| v.clamp(imin, imax)).collect();
-                let mut y = gemm_bt(&xc, &self.w, self.rows, self.cols)?;
-                y.iter_mut().for_each(|v| *v = v.clamp(omin, omax));
-                Ok(y)
-            }
-        }
-    }
-}
+use crate::host_ops::{gemm_bt, rms_norm, HostLinear};
 
 struct FeedForward {
     pre_norm: Vec<f32>,
     post_norm: Vec<f32>,
-    up: Clippable,
-    down: Clippable,
+    up: HostLinear,
+    down: HostLinear,
 }
 
 struct Attention {
-    q: Clippable,
-    k: Clippable,
-    v: Clippable,
-    post: Clippable,
+    q: HostLinear,
+    k: HostLinear,
+    v: HostLinear,
+    post: HostLinear,
     /// `[hidden, hidden]`: the relative position table's projection to keys.
     relative_k: Vec<f32>,
     /// `[head_dim]`: softplus of it scales the queries per dimension.
@@ -65,8 +42,8 @@ struct Attention {
 
 struct LightConv {
     pre_norm: Vec<f32>,
-    start: Clippable,
-    end: Clippable,
+    start: HostLinear,
+    end: HostLinear,
     /// `[hidden, kernel]`: one causal filter per channel.
     depthwise: Vec<f32>,
     conv_norm: Vec<f32>,
@@ -124,27 +101,10 @@ impl AudioTower {
         let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             Ok(weights.require(name, shape)?.to_f32_vec()?)
         };
-        let scalar = |name: &str| -> Result<f32> { Ok(get(name, &[])?[0]) };
         let h = cfg.hidden_size;
         let [c0, c1] = cfg.subsampling_channels;
-        let clippable = |prefix: &str, rows: usize, cols: usize| -> Result<Clippable> {
-            let w = get(&format!("{prefix}.linear.weight"), &[rows, cols])?;
-            let clamp = if cfg.clipped_linears {
-                Some([
-                    scalar(&format!("{prefix}.input_min"))?,
-                    scalar(&format!("{prefix}.input_max"))?,
-                    scalar(&format!("{prefix}.output_min"))?,
-                    scalar(&format!("{prefix}.output_max"))?,
-                ])
-            } else {
-                None
-            };
-            Ok(Clippable {
-                w,
-                rows,
-                cols,
-                clamp,
-            })
+        let clippable = |prefix: &str, rows, cols| {
+            HostLinear::load_clippable(weights, prefix, rows, cols, cfg.clipped_linears)
         };
         let ff = |p: &str| -> Result<FeedForward> {
             Ok(FeedForward {
@@ -231,10 +191,10 @@ impl AudioTower {
             )));
         }
         let frames = features.len() / bins;
-        let eps = c.rms_norm_eps as f32;
+        let eps = c.rms_norm_eps;
         // 1. Subsampling.
-        let (x, t1, f1) = conv_block(features, 1, frames, bins, &self.conv[0], c0, eps)?;
-        let (x, t2, f2) = conv_block(&x, c0, t1, f1, &self.conv[1], c1, eps)?;
+        let (x, t1, f1) = conv_block(features, 1, frames, bins, &self.conv[0], c0, eps as f32)?;
+        let (x, t2, f2) = conv_block(&x, c0, t1, f1, &self.conv[1], c1, eps as f32)?;
         let width = f2 * c1;
         if width != c0 / 4 * c1 {
             return Err(ModelError::Invalid(format!(
@@ -261,7 +221,7 @@ impl AudioTower {
         for row in tower.chunks_exact_mut(c.output_dims) {
             row.iter_mut().zip(&self.out_b).for_each(|(v, b)| *v += b);
         }
-        let normed = rms_rows(&tower, c.output_dims, None, eps);
+        let normed = rms_norm(&tower, c.output_dims, None, eps);
         let soft_tokens = gemm_bt(&normed, &self.embed, c.text_hidden_size, c.output_dims)?;
         Ok(EncodedAudio {
             tower,
@@ -276,39 +236,39 @@ impl AudioTower {
     }
 
     fn feed_forward(&self, ff: &FeedForward, x: Vec<f32>) -> Result<Vec<f32>> {
-        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         let mut y = x.clone();
         self.clip(&mut y);
-        let y = rms_rows(&y, h, Some(&ff.pre_norm), eps);
+        let y = rms_norm(&y, h, Some(&ff.pre_norm), eps);
         let mut y = ff.up.apply(&y)?;
         y.iter_mut().for_each(|v| *v = silu(*v));
         let mut y = ff.down.apply(&y)?;
         self.clip(&mut y);
-        let y = rms_rows(&y, h, Some(&ff.post_norm), eps);
+        let y = rms_norm(&y, h, Some(&ff.post_norm), eps);
         let w = self.cfg.residual_weight as f32;
         Ok(y.iter().zip(&x).map(|(a, r)| a * w + r).collect())
     }
 
     fn layer(&self, l: &Layer, x: Vec<f32>, frames: usize) -> Result<Vec<f32>> {
-        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         let x = self.feed_forward(&l.ff1, x)?;
         let mut a = x.clone();
         self.clip(&mut a);
-        let a = rms_rows(&a, h, Some(&l.norm_pre_attn), eps);
+        let a = rms_norm(&a, h, Some(&l.norm_pre_attn), eps);
         let mut a = self.attention(&l.attn, &a, frames)?;
         self.clip(&mut a);
-        let a = rms_rows(&a, h, Some(&l.norm_post_attn), eps);
+        let a = rms_norm(&a, h, Some(&l.norm_post_attn), eps);
         let x: Vec<f32> = a.iter().zip(&x).map(|(a, r)| a + r).collect();
         let x = self.light_conv(&l.lconv, x, frames)?;
         let mut x = self.feed_forward(&l.ff2, x)?;
         self.clip(&mut x);
-        Ok(rms_rows(&x, h, Some(&l.norm_out), eps))
+        Ok(rms_norm(&x, h, Some(&l.norm_out), eps))
     }
 
     fn light_conv(&self, lc: &LightConv, x: Vec<f32>, frames: usize) -> Result<Vec<f32>> {
-        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps as f32);
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         let k = self.cfg.conv_kernel_size;
-        let y = rms_rows(&x, h, Some(&lc.pre_norm), eps);
+        let y = rms_norm(&x, h, Some(&lc.pre_norm), eps);
         let y = lc.start.apply(&y)?;
         // GLU: the first half gated by the sigmoid of the second.
         let glu: Vec<f32> = y
@@ -336,7 +296,7 @@ impl AudioTower {
             }
         }
         self.clip(&mut conv);
-        let mut y = rms_rows(&conv, h, Some(&lc.conv_norm), eps);
+        let mut y = rms_norm(&conv, h, Some(&lc.conv_norm), eps);
         y.iter_mut().for_each(|v| *v = silu(*v));
         let y = lc.end.apply(&y)?;
         Ok(y.iter().zip(&x).map(|(a, r)| a + r).collect())
@@ -376,16 +336,16 @@ impl AudioTower {
         let mut bd = vec![0.0f32; chunk * positions];
         let mut logits = vec![0.0f32; ctx];
         for hd in 0..heads {
-            let head = |m: &[f32], t: usize| -> Vec<f32> {
-                m[t * h + hd * d..t * h + (hd + 1) * d].to_vec()
-            };
+            // Head `hd` of frame `t`'s query and key, borrowed (read for every pair).
+            let span = |t: usize| t * h + hd * d..t * h + (hd + 1) * d;
+            let (q_of, k_of) = (|t| &q[span(t)], |t| &k[span(t)]);
             for b in 0..blocks {
                 // The block's queries against every relative position (padding queries: 0).
                 for r in 0..chunk {
                     let i = b * chunk + r;
                     for p in 0..positions {
                         bd[r * positions + p] = if i < frames {
-                            dot(&head(&q, i), &rel_k[p * h + hd * d..p * h + (hd + 1) * d])
+                            dot(q_of(i), &rel_k[p * h + hd * d..p * h + (hd + 1) * d])
                         } else {
                             0.0
                         };
@@ -396,13 +356,13 @@ impl AudioTower {
                     if i >= frames {
                         break;
                     }
-                    let qi = head(&q, i);
+                    let qi = q_of(i);
                     let mut max = f32::NEG_INFINITY;
                     for (cidx, logit) in logits.iter_mut().enumerate() {
                         let j = (b * chunk + cidx) as isize - past as isize;
                         let inside = j >= 0 && (j as usize) < frames;
                         let ac = if inside {
-                            dot(&qi, &head(&k, j as usize))
+                            dot(qi, k_of(j as usize))
                         } else {
                             0.0
                         };
@@ -495,21 +455,6 @@ fn conv_block(
         }
     }
     Ok((out, t_out, f_out))
-}
-
-/// Gemma-4's audio RMSNorm of each `width` row: `x * (mean(x^2) + eps)^-0.5`, times the
-/// weight itself (not 1 + weight) when there is one.
-fn rms_rows(x: &[f32], width: usize, weight: Option<&[f32]>, eps: f32) -> Vec<f32> {
-    let mut y = x.to_vec();
-    for row in y.chunks_exact_mut(width) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / width as f32;
-        let inv = (ms + eps).powf(-0.5);
-        match weight {
-            Some(w) => row.iter_mut().zip(w).for_each(|(v, g)| *v = *v * inv * g),
-            None => row.iter_mut().for_each(|v| *v *= inv),
-        }
-    }
-    y
 }
 
 /// The sinusoidal table of relative distances `ctx / 2` down to 0: each row the sines,

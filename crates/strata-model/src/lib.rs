@@ -10,7 +10,7 @@ mod drafting;
 mod error;
 mod forward;
 mod greedy_rows;
-mod host_gemm;
+mod host_ops;
 mod kv_cache;
 mod launch;
 mod linear;

@@ -24,57 +24,22 @@ use strata_kernels::cpu::gelu_tanh;
 use strata_weights::{WeightSource, Weights};
 
 use crate::error::{ModelError, Result};
-use crate::host_gemm::gemm_bt;
-
-/// A `[rows, cols]` row-major matrix: `y = x W^T`.
-struct Mat {
-    w: Vec<f32>,
-    rows: usize,
-    cols: usize,
-}
-
-impl Mat {
-    /// `x [n, cols]` -> `[n, rows]`.
-    fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
-        gemm_bt(x, &self.w, self.rows, self.cols)
-    }
-}
-
-/// A linear layer, with its clamps when the config has clipped linears.
-struct Linear {
-    m: Mat,
-    /// (input min, input max, output min, output max).
-    clamp: Option<[f32; 4]>,
-}
-
-impl Linear {
-    fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
-        match self.clamp {
-            None => self.m.apply(x),
-            Some([imin, imax, omin, omax]) => {
-                let xc: Vec<f32> = x.iter().map(|v| v.clamp(imin, imax)).collect();
-                let mut y = self.m.apply(&xc)?;
-                y.iter_mut().for_each(|v| *v = v.clamp(omin, omax));
-                Ok(y)
-            }
-        }
-    }
-}
+use crate::host_ops::{gemm_bt, norm_in_place, rms_norm, HostLinear};
 
 struct Layer {
     input_norm: Vec<f32>,
     post_attention_norm: Vec<f32>,
     pre_feedforward_norm: Vec<f32>,
     post_feedforward_norm: Vec<f32>,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    q: HostLinear,
+    k: HostLinear,
+    v: HostLinear,
+    o: HostLinear,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    gate: HostLinear,
+    up: HostLinear,
+    down: HostLinear,
 }
 
 /// One image's outputs.
@@ -93,13 +58,13 @@ pub struct EncodedImage {
 /// Gemma-4's vision tower and its embedder, loaded from a multimodal checkpoint.
 pub struct VisionTower {
     cfg: VisionConfig,
-    input_proj: Mat,
+    input_proj: HostLinear,
     /// `[2, position_embedding_size, hidden]`: x rows, then y rows.
     positions: Vec<f32>,
     layers: Vec<Layer>,
     /// `(std_bias, std_scale)` when the config standardizes.
     standardize: Option<(Vec<f32>, Vec<f32>)>,
-    embed: Mat,
+    embed: HostLinear,
 }
 
 const TOWER: &str = "model.vision_tower.";
@@ -119,28 +84,10 @@ impl VisionTower {
         let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
             Ok(weights.require(name, shape)?.to_f32_vec()?)
         };
-        let scalar = |name: &str| -> Result<f32> { Ok(get(name, &[])?[0]) };
         let (h, inner, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
-        let mat = |name: &str, rows: usize, cols: usize| -> Result<Mat> {
-            Ok(Mat {
-                w: get(name, &[rows, cols])?,
-                rows,
-                cols,
-            })
-        };
-        let linear = |prefix: &str, rows: usize, cols: usize| -> Result<Linear> {
-            let m = mat(&format!("{prefix}.linear.weight"), rows, cols)?;
-            let clamp = if cfg.clipped_linears {
-                Some([
-                    scalar(&format!("{prefix}.input_min"))?,
-                    scalar(&format!("{prefix}.input_max"))?,
-                    scalar(&format!("{prefix}.output_min"))?,
-                    scalar(&format!("{prefix}.output_max"))?,
-                ])
-            } else {
-                None
-            };
-            Ok(Linear { m, clamp })
+        let mat = |name: &str, rows, cols| HostLinear::load(weights, name, rows, cols);
+        let linear = |prefix: &str, rows, cols| {
+            HostLinear::load_clippable(weights, prefix, rows, cols, cfg.clipped_linears)
         };
         let (qd, kvd) = (cfg.num_heads * d, cfg.num_kv_heads * d);
         let layers = (0..cfg.num_layers)
@@ -431,22 +378,4 @@ impl AxialRope {
             }
         }
     }
-}
-
-/// Gemma-4's RMSNorm: `x * (mean(x^2) + eps)^-0.5`, times the weight as stored when given.
-fn norm_in_place(row: &mut [f32], weight: Option<&[f32]>, eps: f64) {
-    let ms = row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32 + eps as f32;
-    let inv = ms.powf(-0.5);
-    match weight {
-        Some(w) => row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * inv * w),
-        None => row.iter_mut().for_each(|v| *v *= inv),
-    }
-}
-
-fn rms_norm(x: &[f32], width: usize, weight: Option<&[f32]>, eps: f64) -> Vec<f32> {
-    let mut out = x.to_vec();
-    for row in out.chunks_exact_mut(width) {
-        norm_in_place(row, weight, eps);
-    }
-    out
 }
