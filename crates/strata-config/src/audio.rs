@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::hf::{root_object, Fields};
+use crate::hf::{root_object, token_id, tower_section, Fields};
 use crate::ConfigError;
 
 /// The conformer audio encoder and its projection into the text model's width.
@@ -56,24 +56,12 @@ impl AudioConfig {
     /// The `audio_config` of a multimodal `config.json`; `None` when it has none.
     pub fn from_hf_json(text: &str) -> Result<Option<Self>, ConfigError> {
         let root = root_object(text)?;
+        let Some((f, text_hidden_size)) = tower_section(&root, "audio_config.")? else {
+            return Ok(None);
+        };
         let top = Fields {
             obj: &root,
             prefix: "",
-        };
-        let Some(ac) = top.obj_opt("audio_config")? else {
-            return Ok(None);
-        };
-        let tc = top
-            .obj_opt("text_config")?
-            .ok_or_else(|| ConfigError::Missing("text_config".into()))?;
-        let text_hidden_size = Fields {
-            obj: tc,
-            prefix: "text_config.",
-        }
-        .positive("hidden_size", None)?;
-        let f = Fields {
-            obj: ac,
-            prefix: "audio_config.",
         };
         let hidden_size = f.positive("hidden_size", Some(1024))?;
         let num_heads = f.positive("num_attention_heads", Some(8))?;
@@ -122,11 +110,6 @@ impl AudioConfig {
                 "at least 2 (a query sees itself and left - 2 frames before it)",
             ));
         }
-        let token = |key: &str, default: usize| -> Result<u32, ConfigError> {
-            let id = top.usize_or(key, default)?;
-            u32::try_from(id)
-                .map_err(|_| ConfigError::invalid(top.name(key), format!("{id} is no token id")))
-        };
         // Google's configs name it `eoa_token_index`; a re-saved one may carry both.
         let eoa_key = if top.get("eoa_token_id").is_some() {
             "eoa_token_id"
@@ -150,9 +133,9 @@ impl AudioConfig {
             gradient_clipping: f.f64_or("gradient_clipping", 1e10)?,
             output_dims: f.positive("output_proj_dims", Some(1536))?,
             text_hidden_size,
-            audio_token_id: token("audio_token_id", 258_881)?,
-            boa_token_id: token("boa_token_id", 256_000)?,
-            eoa_token_id: token(eoa_key, 258_883)?,
+            audio_token_id: token_id(&top, "audio_token_id", 258_881)?,
+            boa_token_id: token_id(&top, "boa_token_id", 256_000)?,
+            eoa_token_id: token_id(&top, eoa_key, 258_883)?,
         }))
     }
 

@@ -111,6 +111,45 @@ impl<'a> Fields<'a> {
 
 /// Parses a `config.json` document.
 /// The document's top-level object.
+/// A multimodal config's tower section (`prefix` `vision_config.` or `audio_config.`) as
+/// fields named under it, with the text model's width its soft tokens take; `None` when the
+/// config has no such tower.
+pub(crate) fn tower_section<'a>(
+    root: &'a Obj,
+    prefix: &'static str,
+) -> Result<Option<(Fields<'a>, usize)>, ConfigError> {
+    let key = prefix.trim_end_matches('.');
+    let top = Fields {
+        obj: root,
+        prefix: "",
+    };
+    let Some(section) = top.obj_opt(key)? else {
+        return Ok(None);
+    };
+    let tc = top
+        .obj_opt("text_config")?
+        .ok_or_else(|| ConfigError::Missing("text_config".into()))?;
+    let text_hidden_size = Fields {
+        obj: tc,
+        prefix: "text_config.",
+    }
+    .positive("hidden_size", None)?;
+    Ok(Some((
+        Fields {
+            obj: section,
+            prefix,
+        },
+        text_hidden_size,
+    )))
+}
+
+/// A top-level token id of a multimodal config (`default` when absent).
+pub(crate) fn token_id(top: &Fields, key: &str, default: usize) -> Result<u32, ConfigError> {
+    let id = top.usize_or(key, default)?;
+    u32::try_from(id)
+        .map_err(|_| ConfigError::invalid(top.name(key), format!("{id} is no token id")))
+}
+
 pub(crate) fn root_object(text: &str) -> Result<Obj, ConfigError> {
     match serde_json::from_str(text)? {
         Value::Object(root) => Ok(root),

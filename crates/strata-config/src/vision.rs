@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::hf::{root_object, Fields};
+use crate::hf::{root_object, token_id, tower_section, Fields};
 use crate::ConfigError;
 
 /// The vision encoder and its projection into the text model's width.
@@ -51,24 +51,12 @@ impl VisionConfig {
     /// The `vision_config` of a multimodal `config.json`; `None` when it has none.
     pub fn from_hf_json(text: &str) -> Result<Option<Self>, ConfigError> {
         let root = root_object(text)?;
+        let Some((f, text_hidden_size)) = tower_section(&root, "vision_config.")? else {
+            return Ok(None);
+        };
         let top = Fields {
             obj: &root,
             prefix: "",
-        };
-        let Some(vc) = top.obj_opt("vision_config")? else {
-            return Ok(None);
-        };
-        let tc = top
-            .obj_opt("text_config")?
-            .ok_or_else(|| ConfigError::Missing("text_config".into()))?;
-        let text_hidden_size = Fields {
-            obj: tc,
-            prefix: "text_config.",
-        }
-        .positive("hidden_size", None)?;
-        let f = Fields {
-            obj: vc,
-            prefix: "vision_config.",
         };
         let hidden_size = f.positive("hidden_size", Some(768))?;
         let num_heads = f.positive("num_attention_heads", Some(12))?;
@@ -135,11 +123,4 @@ impl VisionConfig {
     pub fn load(path: &Path) -> Result<Option<Self>, ConfigError> {
         Self::from_hf_json(&crate::load::read_config_json(path)?)
     }
-}
-
-/// A top-level token id (Gemma-4's own when absent).
-fn token_id(top: &Fields, key: &str, default: usize) -> Result<u32, ConfigError> {
-    let id = top.usize_or(key, default)?;
-    u32::try_from(id)
-        .map_err(|_| ConfigError::invalid(top.name(key), format!("{id} is no token id")))
 }

@@ -77,11 +77,19 @@ impl MediaEncoder {
     /// The towers of the checkpoint at `dir` (`None` when its config has neither a
     /// `vision_config` nor an `audio_config`).
     pub fn load(dir: &Path) -> Result<Option<Self>> {
-        let vision = VisionTower::load(dir)?;
-        let audio = AudioTower::load(dir)?;
-        if vision.is_none() && audio.is_none() {
+        let vision_cfg = strata_config::VisionConfig::load(dir)?;
+        let audio_cfg = strata_config::AudioConfig::load(dir)?;
+        if vision_cfg.is_none() && audio_cfg.is_none() {
             return Ok(None);
         }
+        // One open of the checkpoint serves both towers.
+        let weights = strata_weights::Weights::open(dir).map_err(strata_model::ModelError::from)?;
+        let vision = vision_cfg
+            .map(|c| VisionTower::from_weights(c, &weights))
+            .transpose()?;
+        let audio = audio_cfg
+            .map(|c| AudioTower::from_weights(c, &weights))
+            .transpose()?;
         let p = processor_config(dir)?;
         let vision = vision.map(|v| {
             let c = v.config();
