@@ -10,23 +10,13 @@ import base64
 import copy
 import io
 import json
-import shutil
-import sys
 import wave
-from pathlib import Path
 
-import openai
 import pytest
 
-from helpers import post
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "bench"))
-import byte_tokenizer  # noqa: E402
+from media_helpers import MEDIA, REPO, TEMPLATE, ask, assert_refused, openai_client, servable_copy
 
 TINY = REPO / "tests" / "fixtures" / "tiny" / "gemma4-tiny-audio"
-MEDIA = REPO / "tests" / "fixtures" / "media"
-TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "gemma4.jinja"
 REF = json.loads((MEDIA / "audio_chat_reference.json").read_text())
 MARKERS = {503: "<|audio|>", 504: "<|audio>", 505: "<audio|>"}
 
@@ -59,23 +49,11 @@ def silence_wav(seconds: float, rate: int = 16_000) -> bytes:
 def audio_server(log_dir, tmp_path_factory):
     from conftest import start_server
 
-    d = tmp_path_factory.mktemp("gemma4-tiny-audio")
-    for f in ("config.json", "model.safetensors"):
-        shutil.copy(TINY / f, d / f)
-    tok = byte_tokenizer.tokenizer_json(extra=MARKERS, vocab_size=512)
-    (d / "tokenizer.json").write_text(json.dumps(tok))
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
-    (d / "processor_config.json").write_text(json.dumps({"feature_extractor": REF["feature_extractor"]}))
+    d = servable_copy(tmp_path_factory, TINY, MARKERS, {"feature_extractor": REF["feature_extractor"]})
     s = start_server(log_dir, "--chat-template", str(TEMPLATE), "--limit-mm-per-prompt", "audio=2",
                      "--max-audio-seconds", "1.5", name="audio", model=d)
     yield s
     s.stop()
-
-
-def ask(server, messages, **kw):
-    c = openai.OpenAI(base_url=server.v1, api_key=server.api_key or "none", max_retries=0)
-    return c.chat.completions.create(model=server.model_name, messages=messages, max_tokens=8, temperature=0,
-                                     logprobs=True, **kw)
 
 
 @pytest.mark.parametrize("case", sorted(REF["cases"]))
@@ -90,22 +68,13 @@ def test_audio_gives_transformers_tokens(audio_server, case):
 def test_streamed_audio_answer_equals_the_whole_one(audio_server):
     messages = with_data(REF["cases"]["one_clip"]["messages"])
     whole = ask(audio_server, messages).choices[0].message.content
-    c = openai.OpenAI(base_url=audio_server.v1, api_key="none", max_retries=0)
-    stream = c.chat.completions.create(model=audio_server.model_name, messages=messages, max_tokens=8,
+    stream = openai_client(audio_server).chat.completions.create(model=audio_server.model_name, messages=messages, max_tokens=8,
                                        temperature=0, stream=True)
     assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == whole
 
 
 def clip_part(data: str, fmt: str = "wav"):
     return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
-
-
-def assert_refused(server, messages, param: str, words: str):
-    r = post(server, "/v1/chat/completions", {"model": server.model_name, "messages": messages, "max_tokens": 4})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["param"] == param, err
-    assert words in err["message"], err
 
 
 SHORT = b64(silence_wav(0.2))

@@ -11,23 +11,14 @@ import copy
 import functools
 import http.server
 import json
-import shutil
-import sys
 import threading
-from pathlib import Path
 
-import openai
 import pytest
 
-from helpers import post, read_sse
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "bench"))
-import byte_tokenizer  # noqa: E402
+from helpers import post
+from media_helpers import MEDIA, REPO, TEMPLATE, ask, assert_refused, openai_client, servable_copy
 
 TINY = REPO / "tests" / "fixtures" / "tiny" / "gemma4-tiny-vision"
-MEDIA = REPO / "tests" / "fixtures" / "media"
-TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "gemma4.jinja"
 REF = json.loads((MEDIA / "chat_reference.json").read_text())
 MARKERS = {500: "<|image|>", 501: "<|image>", 502: "<image|>"}
 
@@ -46,37 +37,16 @@ def with_data_urls(messages, url=data_url):
     return out
 
 
-def model_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("gemma4-tiny-vision")
-    for f in ("config.json", "generation_config.json", "model.safetensors"):
-        shutil.copy(TINY / f, d / f)
-    tok = byte_tokenizer.tokenizer_json(extra=MARKERS, vocab_size=512)
-    (d / "tokenizer.json").write_text(json.dumps(tok))
-    # The template writes BOS as Gemma's files name it.
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
-    (d / "processor_config.json").write_text(json.dumps({"image_processor": REF["processor"]}))
-    return d
-
-
 @pytest.fixture(scope="module")
 def vision(log_dir, tmp_path_factory):
     from conftest import start_server
 
-    d = model_dir(tmp_path_factory)
+    d = servable_copy(tmp_path_factory, TINY, MARKERS, {"image_processor": REF["processor"]})
     s = start_server(log_dir, "--chat-template", str(TEMPLATE), "--limit-mm-per-prompt", "image=2",
                      "--max-image-bytes", "100000", "--allowed-media-domains", "127.0.0.1",
                      name="vision", model=d)
     yield s
     s.stop()
-
-
-def openai_client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key=server.api_key or "none", max_retries=0)
-
-
-def ask(server, messages, **kw):
-    return openai_client(server).chat.completions.create(
-        model=server.model_name, messages=messages, max_tokens=8, temperature=0, logprobs=True, **kw)
 
 
 def reference_pieces(case: str) -> list[str]:
@@ -142,14 +112,6 @@ def test_an_image_from_an_allowed_host_is_fetched(vision):
         httpd.shutdown()
 
 
-def assert_refused(server, messages, param: str, words: str):
-    r = post(server, "/v1/chat/completions", {"model": server.model_name, "messages": messages, "max_tokens": 4})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["param"] == param, err
-    assert words in err["message"], err
-
-
 def user(*parts):
     return [{"role": "user", "content": list(parts)}]
 
@@ -195,7 +157,7 @@ def test_text_only_servers_refuse_images(log_dir, tmp_path_factory, server):
     messages = user(TEXT, img(data_url("image_0.png")))
     # A GGUF text model (the suite's server).
     assert_refused(server, messages, "messages[0].content[1]", "no vision encoder")
-    d = model_dir(tmp_path_factory)
+    d = servable_copy(tmp_path_factory, TINY, MARKERS, {"image_processor": REF["processor"]})
     s = start_server(log_dir, "--chat-template", str(TEMPLATE), "--text-model-only", name="text-only", model=d)
     try:
         assert_refused(s, messages, "messages[0].content[1]", "--text-model-only")
