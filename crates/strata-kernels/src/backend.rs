@@ -2,8 +2,8 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, ClusterPick, MatmulOut, MatmulShape, QkvPrep, ResidualStep,
-    RmsNormParams, RopeParams, StridedCopy, TableSlice,
+    Activation, AttentionParams, ClusterPick, LoraShape, LoraStacks, MatmulOut, MatmulShape,
+    QkvPrep, ResidualStep, RmsNormParams, RopeParams, StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, RowDraw};
@@ -223,6 +223,25 @@ pub trait Backend: Send + Sync {
         &self,
         x: &Self::Buffer,
         w: &Self::QuantMatrix,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Adds each row's LoRA product, picked by slot (Punica's batched gather
+    /// matrix-vector product): for every row `r < shape.rows` whose `slots[r]` is below
+    /// `shape.slots`, `out[r] += scale[s] * B[s] (A[s] x[r])` with `s = slots[r]`, `A[s]`
+    /// the `[rank, cols]` matrix at `s * rank * cols` of `stacks.a`, `B[s]` the
+    /// `[out, rank]` one at `s * out * rank` of `stacks.b` and `scale[s]` element `s` of
+    /// `stacks.scales`. `h = A[s] x[r]` stays in f32 (each `h[k]` a dot product of the row,
+    /// then `y[j]` the dot of row `j` of `B[s]` with `h`, and `out[r][j] += scale[s] * y[j]`). Rows of any other slot
+    /// (`u32::MAX`: no adapter) are left as they are. Since the slots are data, a captured
+    /// step replays with other adapters on its rows. `x` is `[rows, cols]` and `out`
+    /// `[rows, out]`, both in the activation dtype; `a` and `b` share a weight dtype.
+    fn lora_bgmv(
+        &self,
+        x: &Self::Buffer,
+        stacks: LoraStacks<'_, Self::Buffer>,
+        slots: &Self::Index,
+        shape: LoraShape,
         out: &mut Self::Buffer,
     ) -> Result<()>;
 

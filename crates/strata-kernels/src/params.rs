@@ -160,6 +160,35 @@ pub struct MatmulShape {
     pub out_features: usize,
 }
 
+/// The stacks of a [`crate::Backend::lora_bgmv`] and the rows it runs over: `slots`
+/// adapters' `A [rank, cols]` back to back in one buffer and their `B [out, rank]` in
+/// another (an adapter of a smaller rank padded with zeros).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoraShape {
+    /// Rows of `x` and `out` (one a token of the step).
+    pub rows: usize,
+    /// Adapters the stacks hold.
+    pub slots: usize,
+    /// The stacks' rank.
+    pub rank: usize,
+    /// Input features (columns of `A`).
+    pub cols: usize,
+    /// Output features (rows of `B`).
+    pub out: usize,
+}
+
+/// The stacks a [`crate::Backend::lora_bgmv`] reads ([`LoraShape`]): `A`, `B` (one
+/// weight dtype) and each slot's scale (F32, `[slots]`).
+#[derive(Clone, Copy, Debug)]
+pub struct LoraStacks<'a, Buf> {
+    /// `[slots, rank, cols]`.
+    pub a: &'a Buf,
+    /// `[slots, out, rank]`.
+    pub b: &'a Buf,
+    /// `[slots]` f32: the factor each slot's product is multiplied by.
+    pub scales: &'a Buf,
+}
+
 /// One product of [`crate::Backend::matmul_shared_input`]: `out = x * w^T` for a dense
 /// `w` of `shape`.
 pub struct MatmulOut<'a, Buf> {

@@ -381,12 +381,24 @@ mod tests {
         dtype: KvCacheDtype,
         schedule: &[usize],
     ) -> (Vec<f32>, usize, usize) {
+        decode_steps_with(cuda, ids, (mode, dtype), schedule, |_, _| 0)
+    }
+
+    /// [`decode_steps`] with sequence `i` of step `k` on LoRA adapter `adapter(k, i)`
+    /// (0: none; prefills are step 0).
+    fn decode_steps_with(
+        cuda: &Model<CudaBackend>,
+        ids: &[u32],
+        (mode, dtype): (DecodeGraphs, KvCacheDtype),
+        schedule: &[usize],
+        adapter: impl Fn(usize, usize) -> u32,
+    ) -> (Vec<f32>, usize, usize) {
         let mut kv = device_pool(cuda, dtype);
         kv.storage_mut().set_graph_mode(mode);
         let mut lens = [5usize, 9, 13, 7, 11];
         let wanted = schedule.iter().copied().max().unwrap_or(0);
         let reqs: Vec<_> = (0..wanted).map(|_| kv.alloc_request()).collect();
-        for (&r, &n) in reqs.iter().zip(&lens) {
+        for (i, (&r, &n)) in reqs.iter().zip(&lens).enumerate() {
             kv.extend(r, n).unwrap();
             let batch = ForwardBatch {
                 embeds: Vec::new(),
@@ -398,12 +410,12 @@ mod tests {
                 }],
                 adjust: Vec::new(),
                 masked: Vec::new(),
-                adapters: Vec::new(),
+                adapters: vec![adapter(0, i)],
             };
             cuda.forward(&mut kv, &batch).unwrap();
         }
         let mut out = Vec::new();
-        for &n in schedule {
+        for (k, &n) in schedule.iter().enumerate() {
             let seqs = reqs[..n]
                 .iter()
                 .zip(&mut lens)
@@ -426,7 +438,7 @@ mod tests {
                         seqs,
                         adjust: Vec::new(),
                         masked: Vec::new(),
-                        adapters: Vec::new(),
+                        adapters: (0..n).map(|i| adapter(k, i)).collect(),
                     },
                 )
                 .unwrap();
@@ -525,6 +537,65 @@ mod tests {
                 }
             }
             assert!(cuda.lora_stats().uploads >= 4, "{:?}", cuda.lora_stats());
+        }
+    }
+
+    /// Decode steps mixing LoRA adapters replay as graphs: the rows' adapters change from
+    /// step to step (slots are the graph's input), two slots for three adapters (so a
+    /// step swaps one in), and every step's logits are the bits of the same padded step
+    /// run op by op, and within 1e-4 of the plain op-by-op path (f32 KV), as plain decode
+    /// graphs are.
+    #[test]
+    fn lora_decode_steps_replay_as_graphs() {
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let adapters = ["attn-r4", "mlp-r8-rs", "all-r2"];
+        // Step k, sequence i: rows move between adapters; at most two adapters a step.
+        let plan = [
+            [1, 0, 2],
+            [2, 1, 0],
+            [0, 3, 1],
+            [3, 0, 0],
+            [1, 1, 2],
+            [0, 2, 3],
+        ];
+        let of = |k: usize, i: usize| plan[k.saturating_sub(1) % plan.len()][i];
+        for name in ["gemma4-tiny", "llama-tiny"] {
+            let dir = fixtures().join(name);
+            let cuda = Model::load(gpu.clone(), &dir).unwrap();
+            cuda.set_max_resident_loras(2);
+            for (i, a) in adapters.iter().enumerate() {
+                let path = fixtures().join("lora").join(name).join(a);
+                cuda.load_lora(i as u32 + 1, &path, 64).unwrap();
+            }
+            let (ids, _) = reference(&dir);
+            let sched = [3; 7];
+            let run = |mode| decode_steps_with(&cuda, &ids, (mode, KvCacheDtype::F32), &sched, of);
+            let (replayed, graphs, _) = run(DecodeGraphs::Replay);
+            let (unrecorded, _, _) = run(DecodeGraphs::Unrecorded);
+            let (eager, none, _) = run(DecodeGraphs::Off);
+            assert!(
+                graphs >= 1 && none == 0,
+                "{name}: {graphs} graphs, {none} off"
+            );
+            let differing = bits_differing(&replayed, &unrecorded);
+            let d = max_abs_diff(&replayed, &eager);
+            eprintln!("{name}: LoRA graphs {graphs}, bits differing from op by op {differing}, max |replay - eager| {d:.3e}");
+            assert_eq!(
+                differing, 0,
+                "{name}: replay differs from the op-by-op step"
+            );
+            assert!(
+                d < 1e-4,
+                "{name}: replay differs from the eager path by {d}"
+            );
+            // Against the adapters off: the products changed the logits.
+            let (plain, _, _) =
+                decode_steps(&cuda, &ids, DecodeGraphs::Replay, KvCacheDtype::F32, &sched);
+            assert!(
+                max_abs_diff(&replayed, &plain) > 1e-3,
+                "{name}: adapters changed nothing"
+            );
         }
     }
 

@@ -82,6 +82,8 @@ pub(crate) struct DecodeGraph<B: Backend> {
     hidden: Option<B::Buffer>,
     full_capacity: usize,
     window_capacity: usize,
+    /// The LoRA set's generation at capture (its stacks' buffers are in the graph).
+    lora_generation: u64,
 }
 
 /// The step's host inputs, padded to `bucket` rows; each group's keys as pages (what a
@@ -91,13 +93,35 @@ pub(crate) struct Padded {
     pub(crate) positions: Vec<u32>,
     pub(crate) full: Option<HostPages>,
     pub(crate) window: Option<HostPages>,
+    /// Each row's LoRA slot (pads: none); `None` when no sequence has an adapter.
+    pub(crate) lora: Option<Vec<u32>>,
+}
+
+/// The padded step's inputs with each row's LoRA slot (the adapters put in the stacks).
+fn padded_with_slots<B: Backend>(
+    pool: &KvPool<PagedStorage<B>>,
+    model: &Model<B>,
+    (batch, prep): (&ForwardBatch, &Prepared),
+    bucket: usize,
+) -> Result<Padded> {
+    let mut p = padded(pool, batch, prep, bucket)?;
+    p.lora = model.loras.slots_for(model.backend(), batch)?.map(|mut v| {
+        v.resize(p.ids.len(), u32::MAX);
+        v
+    });
+    Ok(p)
 }
 
 /// Pads a group's pages with rows of `q` tokens (positions 0 .. q) on the spare page, the
 /// first one past the plan's: pad token `j` writes and reads slot `spare + j`.
 fn pad_pages(t: &mut HostPages, (n, bucket, q): (usize, usize, usize), spare: u32, page_size: u32) {
     debug_assert_eq!(spare % page_size, 0, "the plan's slots are whole pages");
-    debug_assert!(q <= page_size as usize, "a pad's tokens fit the spare page");
+    // Only a bucket with pads needs them to fit (`eligible` lets a verification of more
+    // tokens than a page through when its batch fills its bucket).
+    debug_assert!(
+        n == bucket || q <= page_size as usize,
+        "a pad's tokens fit the spare page"
+    );
     for row in n..bucket {
         t.store.extend((0..q as u32).map(|j| spare + j));
         t.seqs.push(PagedSeq {
@@ -140,10 +164,9 @@ fn eligible<B: Backend>(
                     .all(|s| s.tokens.len() == q && s.logits == LogitsMode::All)
         }
     };
-    // A step with LoRA adapters runs op by op: a graph would freeze its rows' grouping;
-    // so does one with rows given as embeddings (a graph replays only token lookups).
+    // A step with rows given as embeddings runs op by op (a graph replays only token
+    // lookups). LoRA adapters replay: each row's slot is an input of the graph.
     pool.storage().graph_mode != DecodeGraphs::Off
-        && !batch.has_adapters()
         && batch.embeds.is_empty()
         && model.backend().supports_graphs()
         && !model.has_host_tables()
@@ -165,6 +188,7 @@ pub(crate) fn padded<B: Backend>(
         positions: prep.positions.clone(),
         full: None,
         window: None,
+        lora: None,
     };
     // Pads of q tokens (`eligible`: one for a decode step, a verification's run), token 0
     // at positions 0 .. q.
@@ -271,6 +295,7 @@ pub(crate) fn graph_inputs<B: Backend>(
     let mut inputs = StepInputs {
         ids: b.upload_index(&p.ids)?,
         positions: b.upload_index(&p.positions)?,
+        lora: p.lora.as_ref().map(|v| b.upload_index(v)).transpose()?,
     };
     if let Some(tokens) = fed {
         b.feed_tokens(&mut inputs.ids, tokens)?;
@@ -393,6 +418,7 @@ fn capture<B: Backend>(
         hidden,
         full_capacity,
         window_capacity,
+        lora_generation: model.loras.generation(),
     })
 }
 
@@ -411,6 +437,9 @@ fn update<B: Backend>(
         b.feed_tokens(&mut g.inputs.ids, tokens)?;
     }
     b.write_index(&mut g.inputs.positions, &p.positions)?;
+    if let (Some(slots), Some(host)) = (g.inputs.lora.as_mut(), p.lora.as_ref()) {
+        b.write_index(slots, host)?;
+    }
     for (tables, host) in [(&mut g.full, &p.full), (&mut g.window, &p.window)] {
         if let (Some(t), Some(h)) = (tables.as_mut(), host.as_ref()) {
             b.write_index(&mut t.store, &h.store)?;
@@ -420,9 +449,10 @@ fn update<B: Backend>(
     Ok(())
 }
 
-/// A captured graph's key: its bucket, the tokens each sequence feeds (1 for decode), and
-/// whether it keeps every row's logits and final-normed state (a verification step).
-pub(crate) type GraphKey = (usize, usize, bool);
+/// A captured graph's key: its bucket, the tokens each sequence feeds (1 for decode),
+/// whether it keeps every row's logits and final-normed state (a verification step), and
+/// whether it runs the LoRA products (over the stacks of the generation it was captured at).
+pub(crate) type GraphKey = (usize, usize, bool, bool);
 
 /// Whether `batch` (graph-eligible) is a verification step: every row's logits, and the
 /// rows' final-normed states kept.
@@ -447,15 +477,21 @@ fn replay_graph<B: Backend>(
     bucket: usize,
 ) -> Result<GraphKey> {
     let b = model.backend();
-    let key = (bucket, batch.seqs[0].tokens.len(), verifies(batch));
+    let key = (
+        bucket,
+        batch.seqs[0].tokens.len(),
+        verifies(batch),
+        p.lora.is_some(),
+    );
+    let generation = model.loras.generation();
     let page_size = pool.plan().page_size;
     let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
     let (need_full, need_window) = (keys(&p.full), keys(&p.window));
-    let fits = pool
-        .storage()
-        .graphs
-        .get(&key)
-        .is_some_and(|g| need_full <= g.full_capacity && need_window <= g.window_capacity);
+    let fits = pool.storage().graphs.get(&key).is_some_and(|g| {
+        need_full <= g.full_capacity
+            && need_window <= g.window_capacity
+            && (!key.3 || g.lora_generation == generation)
+    });
     if !fits {
         let old = pool.storage_mut().graphs.remove(&key);
         let full_cap = grow(need_full, old.as_ref().map(|g| g.full_capacity));
@@ -488,7 +524,7 @@ pub(crate) fn replay<B: Backend>(
     }
     let b = model.backend();
     let bucket = bucket_for(batch.seqs.len());
-    let p = padded(pool, batch, prep, bucket)?;
+    let p = padded_with_slots(pool, model, (batch, prep), bucket)?;
     if pool.storage().graph_mode == DecodeGraphs::Unrecorded {
         let keys = |t: &Option<HostPages>| t.as_ref().map_or(0, |t| t.keys);
         let (full_cap, window_cap) = (grow(keys(&p.full), None), grow(keys(&p.window), None));
@@ -530,7 +566,7 @@ pub(crate) fn replay_rows<B: Backend>(
     let (n, q) = (batch.seqs.len(), batch.seqs[0].tokens.len());
     let h = model.config().hidden_size;
     let bucket = bucket_for(n);
-    let p = padded(pool, batch, prep, bucket)?;
+    let p = padded_with_slots(pool, model, (batch, prep), bucket)?;
     let key = replay_graph(pool, model, batch, (&p, None), bucket)?;
     let logits = graph_logits(pool, model.config().vocab_size, &key)?;
     let (tokens, logprobs) = pick_rows(model, logits, &vec![q; n], &batch.adjust, choices)?;

@@ -13,7 +13,7 @@ use crate::error::{ModelError, Result};
 use crate::kv_cache::{copy_rows, KvCache};
 use crate::launch::{all_picked, Launched};
 use crate::linear::Linear;
-use crate::lora::{AdapterRuns, Target};
+use crate::lora::{AdapterRuns, Slots, Target};
 use crate::model::Model;
 use crate::tensors::LayerTensors;
 
@@ -42,6 +42,9 @@ pub(crate) enum HiddenOut<'a, B: Backend> {
 pub(crate) struct StepInputs<B: Backend> {
     pub(crate) ids: B::Index,
     pub(crate) positions: B::Index,
+    /// Each row's LoRA slot, where a captured step owns it (`None`: the step's own, from
+    /// its batch).
+    pub(crate) lora: Option<B::Index>,
 }
 
 /// The draws of a step whose sequences each have one row of logits, in batch order: the
@@ -174,6 +177,7 @@ impl<B: Backend> Model<B> {
         let mut inputs = StepInputs {
             ids: b.upload_index(&prep.ids)?,
             positions: b.upload_index(&prep.positions)?,
+            lora: None,
         };
         if let Some(tokens) = fed {
             b.feed_tokens(&mut inputs.ids, tokens)?;
@@ -317,6 +321,15 @@ impl<B: Backend> Model<B> {
         })
     }
 
+    /// The LoRA products of `batch`'s rows, their slots uploaded for the step.
+    fn step_loras(&self, batch: &ForwardBatch) -> Result<AdapterRuns<'_, B>> {
+        let slots = match self.loras.slots_for(&self.backend, batch)? {
+            Some(v) => Some(Slots::Owned(self.backend.upload_index(&v)?)),
+            None => None,
+        };
+        Ok(self.loras.runs(slots))
+    }
+
     /// Every layer and the selected rows' logits, left in backend memory (`None` when no
     /// sequence wants logits, or when they went `into` the caller's buffer, which must hold
     /// exactly them), with the row count per sequence. Touches the host only for
@@ -364,9 +377,11 @@ impl<B: Backend> Model<B> {
         }
         let trim = self.trim_plan(batch, prep);
         let mut trimmed: Option<Trimmed<B>> = None;
-        // The step's LoRA adapters with the rows each serves, once a step (and again for
-        // the rows a trim keeps).
-        let mut loras = self.loras.runs(b, batch)?;
+        // Each row's LoRA slot, once a step (and again for the rows a trim keeps).
+        let mut loras = match &inputs.lora {
+            Some(slots) => self.loras.runs(Some(Slots::Borrowed(slots))),
+            None => self.step_loras(batch)?,
+        };
         for l in 0..layers.len() {
             if let Some((_, keep)) = trim.as_ref().filter(|(at, _)| *at == l) {
                 if keep.is_empty() {
@@ -375,7 +390,9 @@ impl<B: Backend> Model<B> {
                 }
                 let tr = self.trim(batch, prep, keep, &mut x, &mut normed, &mut ple)?;
                 kv.begin_step(b, &tr.batch)?;
-                loras = self.loras.runs(b, &tr.batch)?;
+                // The set's read lock goes before the trimmed rows' slots are made.
+                drop(loras);
+                loras = self.step_loras(&tr.batch)?;
                 trimmed = Some(tr);
             }
             let (batch, positions, t) = match &trimmed {

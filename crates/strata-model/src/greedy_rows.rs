@@ -76,6 +76,7 @@ impl<B: Backend> Model<B> {
         let inputs = StepInputs {
             ids: b.upload_index(&prep.ids)?,
             positions: b.upload_index(&prep.positions)?,
+            lora: None,
         };
         let mut hidden = None;
         let (mut logits, counts) = self.run(

@@ -1,19 +1,24 @@
 //! LoRA adapters in PEFT's format (`adapter_config.json` and `adapter_model.safetensors`):
 //! loaded against a model's own matrices, and their products added to the base ones for
-//! the rows of the sequences that run with them. One step may mix adapters: the rows of
-//! each adapter are gathered, multiplied by its `A` then `B`, scaled and added back, so
-//! every sequence gets exactly `W x + scale * B (A x)` whatever it is batched with.
+//! the rows of the sequences that run with them.
 //!
 //! An adapter is kept in host memory once loaded; at most `max_resident` are on the backend
-//! at once (uploaded when a step names them, the least recently used one dropped to make
-//! room), so many adapters can be served from little device memory.
+//! at once, each in a slot of per-matrix stacks (`A` of every slot back to back, `B` the
+//! same; an adapter of a smaller rank padded with zeros, one that skips a matrix all zeros
+//! there). A step names each row's slot, and `Backend::lora_bgmv` adds
+//! `scale * B (A x)` of that slot to the row (Punica's batched gather matrix-vector
+//! product), so one step mixes adapters and rows without one, and every row gets
+//! `W x + scale * B (A x)` whatever it is batched with. The slots are data: a decode step
+//! captured as a graph replays with other adapters on its rows. Stacks are allocated when
+//! an adapter first needs them, and again, larger, when a loaded adapter's rank or dtype
+//! does not fit; either bumps [`LoraSet::generation`], which retires captured graphs.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use serde_json::Value;
-use strata_kernels::{Backend, DType, StridedCopy};
+use strata_kernels::{Backend, DType, LoraShape, LoraStacks, StridedCopy};
 use strata_weights::{SafetensorsModel, WeightSource};
 
 use crate::error::{ModelError, Result};
@@ -91,33 +96,16 @@ struct HostMatrix {
     dtype: DType,
 }
 
-impl HostMatrix {
-    fn upload<B: Backend>(&self, b: &B) -> Result<Linear<B>> {
-        Ok(Linear::Dense {
-            w: b.upload_f32_as(&self.values, self.dtype)?,
-            rows: self.rows,
-            cols: self.cols,
-        })
-    }
-}
-
 /// `A` and `B` of a matrix as they are read (either may be missing until both are).
 type HalfPair = (Option<HostMatrix>, Option<HostMatrix>);
 
-/// A step's adapter: its id, its matrices on the backend, and the runs of rows
-/// (`(first row, rows)`) it serves.
-type Group<B> = (u32, Arc<Uploaded<B>>, Vec<(usize, usize)>);
-
-/// One adapted matrix on the backend: `A [rank, in]` and `B [out, rank]`.
-struct Pair<B: Backend> {
-    a: Linear<B>,
-    b: Linear<B>,
-}
-
-/// An adapter's matrices on the backend, and its scale.
-pub(crate) struct Uploaded<B: Backend> {
-    scale: f32,
-    pairs: HashMap<(usize, Target), Pair<B>>,
+/// One adapted matrix of every slot on the backend: `A` as `[slots, rank, cols]` and `B`
+/// as `[slots, out, rank]`.
+struct Stack<B: Backend> {
+    a: B::Buffer,
+    b: B::Buffer,
+    cols: usize,
+    out: usize,
 }
 
 /// What an adapter's `adapter_config.json` says, as Strata takes it.
@@ -154,22 +142,17 @@ impl LoraAdapter {
         &self.info
     }
 
-    /// Its matrices on `b`.
-    fn upload<B: Backend>(&self, b: &B) -> Result<Uploaded<B>> {
-        let mut pairs = HashMap::with_capacity(self.pairs.len());
-        for (&key, (a, bm)) in &self.pairs {
-            pairs.insert(
-                key,
-                Pair {
-                    a: a.upload(b)?,
-                    b: bm.upload(b)?,
-                },
-            );
+    /// The dtype its matrices keep in a stack: bf16 when every one is stored so, else f32
+    /// (which holds f16 and f32 values exactly).
+    fn stack_dtype(&self) -> DType {
+        let all_bf16 = self
+            .pairs
+            .values()
+            .all(|(a, b)| a.dtype == DType::BF16 && b.dtype == DType::BF16);
+        match all_bf16 {
+            true => DType::BF16,
+            false => DType::F32,
         }
-        Ok(Uploaded {
-            scale: self.info.scale(),
-            pairs,
-        })
     }
 }
 
@@ -363,13 +346,23 @@ pub struct LoraSet<B: Backend> {
     state: RwLock<SetState<B>>,
 }
 
+/// Slots a set has when nobody says otherwise (the engine sets `--max-loras`).
+const DEFAULT_SLOTS: usize = 8;
+
 struct SetState<B: Backend> {
     loaded: HashMap<u32, Arc<LoraAdapter>>,
-    resident: HashMap<u32, Arc<Uploaded<B>>>,
     /// Resident ids, least recently used first.
     lru: Vec<u32>,
     max_resident: usize,
     uploads: u64,
+    /// The adapter in each slot of the stacks (empty until a step first needs them).
+    slots: Vec<Option<u32>>,
+    stacks: HashMap<(usize, Target), Stack<B>>,
+    /// `[slots]` f32: each slot's scale.
+    scales: Option<B::Buffer>,
+    rank: usize,
+    dtype: DType,
+    generation: u64,
 }
 
 /// How the adapter set stands.
@@ -389,10 +382,15 @@ impl<B: Backend> Default for LoraSet<B> {
         Self {
             state: RwLock::new(SetState {
                 loaded: HashMap::new(),
-                resident: HashMap::new(),
                 lru: Vec::new(),
-                max_resident: usize::MAX,
+                max_resident: DEFAULT_SLOTS,
                 uploads: 0,
+                slots: Vec::new(),
+                stacks: HashMap::new(),
+                scales: None,
+                rank: 0,
+                dtype: DType::BF16,
+                generation: 0,
             }),
         }
     }
@@ -403,6 +401,10 @@ impl<B: Backend> LoraSet<B> {
         self.state.write().expect("adapter set lock")
     }
 
+    fn read(&self) -> RwLockReadGuard<'_, SetState<B>> {
+        self.state.read().expect("adapter set lock")
+    }
+
     /// Adds (or replaces) adapter `id`; id 0 means "no adapter" and is refused.
     pub fn insert(&self, id: u32, adapter: LoraAdapter) -> Result<()> {
         if id == 0 {
@@ -410,128 +412,258 @@ impl<B: Backend> LoraSet<B> {
         }
         let mut st = self.write();
         st.loaded.insert(id, Arc::new(adapter));
-        st.resident.remove(&id);
-        st.lru.retain(|&r| r != id);
+        st.evict(id);
         Ok(())
     }
 
     /// Drops adapter `id`; whether it was loaded.
     pub fn remove(&self, id: u32) -> bool {
         let mut st = self.write();
-        st.resident.remove(&id);
-        st.lru.retain(|&r| r != id);
+        st.evict(id);
         st.loaded.remove(&id).is_some()
     }
 
     /// At most `n` adapters on the backend at once (at least 1); a step may name no more.
+    /// The stacks are made again, at `n` slots, when a step next needs them.
     pub fn set_max_resident(&self, n: usize) {
         let mut st = self.write();
         st.max_resident = n.max(1);
-        while st.resident.len() > st.max_resident {
-            let oldest = st.lru.remove(0);
-            st.resident.remove(&oldest);
-        }
+        st.reset();
     }
 
     /// How the set stands.
     pub fn stats(&self) -> LoraStats {
-        let st = self.state.read().expect("adapter set lock");
+        let st = self.read();
         LoraStats {
             loaded: st.loaded.len(),
-            resident: st.resident.len(),
+            resident: st.slots.iter().flatten().count(),
             uploads: st.uploads,
         }
     }
 
-    /// Moves every adapter of `from` into this set (a model taking another's place).
+    /// Changes whenever the stacks are made again or one is added: a graph captured at
+    /// another generation reads stale buffers and must be captured again.
+    pub(crate) fn generation(&self) -> u64 {
+        self.read().generation
+    }
+
+    /// Moves every adapter of `from` into this set (a model taking another's place); they
+    /// reach this model's stacks when a step names them.
     pub(crate) fn adopt(&self, from: &LoraSet<B>) {
         let mut theirs = from.write();
         let mut ours = self.write();
         ours.loaded.extend(std::mem::take(&mut theirs.loaded));
-        ours.resident.extend(std::mem::take(&mut theirs.resident));
-        let lru = std::mem::take(&mut theirs.lru);
-        ours.lru.extend(lru);
+        ours.max_resident = theirs.max_resident;
+        ours.generation = ours.generation.max(theirs.generation) + 1;
+        theirs.reset();
     }
 
-    /// The step's adapters on the backend `b` (uploaded there first where they are not,
-    /// the least recently used others dropped to make room) and the runs of rows
-    /// (`(first row, rows)`) each serves, from a batch whose sequence `i` owns its
-    /// `tokens.len()` consecutive rows. Empty when no sequence has an adapter; refused when
-    /// the step names more adapters than may be on the backend at once.
-    pub(crate) fn runs(&self, b: &B, batch: &ForwardBatch) -> Result<AdapterRuns<B>> {
-        let mut runs: Vec<(u32, Vec<(usize, usize)>)> = Vec::new();
+    /// Each row's slot for `batch`, whose sequence `i` owns its `tokens.len()` consecutive
+    /// rows (`u32::MAX`: no adapter), with the step's adapters put in the stacks first
+    /// where they are not (the least recently used others giving up their slots). `None`
+    /// when no sequence has an adapter; refused when the step names more adapters than
+    /// there are slots.
+    pub(crate) fn slots_for(&self, b: &B, batch: &ForwardBatch) -> Result<Option<Vec<u32>>> {
         if !batch.has_adapters() {
-            return Ok(AdapterRuns::none());
+            return Ok(None);
         }
-        let mut row = 0;
-        for (i, s) in batch.seqs.iter().enumerate() {
+        let mut step: Vec<u32> = Vec::new();
+        for i in 0..batch.seqs.len() {
             let id = batch.adapter(i);
-            let n = s.tokens.len();
-            if id != 0 {
-                match runs.iter_mut().find(|g| g.0 == id) {
-                    Some(g) => g.1.push((row, n)),
-                    None => runs.push((id, vec![(row, n)])),
-                }
+            if id != 0 && !step.contains(&id) {
+                step.push(id);
             }
-            row += n;
         }
         let mut st = self.write();
-        if runs.len() > st.max_resident {
+        if step.len() > st.max_resident {
             return Err(ModelError::Invalid(format!(
                 "a step names {} LoRA adapters; at most {} fit on the backend at once",
-                runs.len(),
+                step.len(),
                 st.max_resident
             )));
         }
-        let step: Vec<u32> = runs.iter().map(|r| r.0).collect();
-        let mut groups = Vec::with_capacity(runs.len());
-        for (id, rows) in runs {
-            let up = match st.resident.get(&id) {
-                Some(up) => up.clone(),
-                None => {
-                    let ad = st.loaded.get(&id).cloned().ok_or_else(|| {
-                        ModelError::Invalid(format!("LoRA adapter {id} is not loaded"))
-                    })?;
-                    // Room first: the least recently used adapter this step does not name goes.
-                    while st.resident.len() >= st.max_resident {
-                        let Some(at) = st.lru.iter().position(|r| !step.contains(r)) else {
-                            break;
-                        };
-                        let oldest = st.lru.remove(at);
-                        st.resident.remove(&oldest);
-                    }
-                    let up = Arc::new(ad.upload(b)?);
-                    st.resident.insert(id, up.clone());
-                    st.uploads += 1;
-                    up
-                }
-            };
-            st.lru.retain(|&r| r != id);
-            st.lru.push(id);
-            groups.push((id, up, rows));
+        st.fit(b)?;
+        for &id in &step {
+            st.make_resident(b, id, &step)?;
         }
-        Ok(AdapterRuns(groups))
+        let mut rows = Vec::new();
+        for (i, s) in batch.seqs.iter().enumerate() {
+            let slot = match batch.adapter(i) {
+                0 => u32::MAX,
+                id => st.slot_of(id).map_or(u32::MAX, |s| s as u32),
+            };
+            rows.extend(std::iter::repeat_n(slot, s.tokens.len()));
+        }
+        Ok(Some(rows))
+    }
+
+    /// The step's products over the stacks, each row's slot in `slots` (`None`: no row
+    /// has an adapter). Holds the set for reading until dropped.
+    pub(crate) fn runs<'a>(&'a self, slots: Option<Slots<'a, B>>) -> AdapterRuns<'a, B> {
+        AdapterRuns(slots.map(|s| (self.read(), s)))
     }
 }
 
-/// A step's adapters with the rows each serves (`LoraSet::runs`).
-pub(crate) struct AdapterRuns<B: Backend>(Vec<Group<B>>);
-
-impl<B: Backend> AdapterRuns<B> {
-    /// No adapter (a step of the drafter, which serves none).
-    pub(crate) fn none() -> Self {
-        Self(Vec::new())
+impl<B: Backend> SetState<B> {
+    fn slot_of(&self, id: u32) -> Option<usize> {
+        self.slots.iter().position(|&s| s == Some(id))
     }
 
-    /// Whether some adapter of the step adapts `target` of layer `l`.
+    /// Takes `id` off the backend: its slot is free (no row names it any more).
+    fn evict(&mut self, id: u32) {
+        if let Some(at) = self.slot_of(id) {
+            self.slots[at] = None;
+        }
+        self.lru.retain(|&r| r != id);
+    }
+
+    /// Drops the stacks; the next step makes them again.
+    fn reset(&mut self) {
+        self.slots.clear();
+        self.stacks.clear();
+        self.scales = None;
+        self.lru.clear();
+        self.rank = 0;
+        self.generation += 1;
+    }
+
+    /// Makes the stacks again when there are none, or when a loaded adapter's rank or
+    /// dtype does not fit them: at `max_resident` slots, the largest loaded rank, and f32
+    /// when some adapter is not bf16.
+    fn fit(&mut self, b: &B) -> Result<()> {
+        let rank = self.loaded.values().map(|a| a.info.rank).max().unwrap_or(1);
+        let f32 = self.loaded.values().any(|a| a.stack_dtype() == DType::F32);
+        let dtype = match f32 || self.dtype == DType::F32 && !self.slots.is_empty() {
+            true => DType::F32,
+            false => DType::BF16,
+        };
+        let fits = self.slots.len() == self.max_resident
+            && rank <= self.rank
+            && (dtype == self.dtype || self.dtype == DType::F32);
+        if fits {
+            return Ok(());
+        }
+        self.reset();
+        self.slots = vec![None; self.max_resident];
+        self.scales = Some(b.zeros(self.max_resident, DType::F32)?);
+        self.rank = rank;
+        self.dtype = dtype;
+        Ok(())
+    }
+
+    /// Puts adapter `id` in a slot unless it has one: a free slot, or the least recently
+    /// used adapter's that `step` does not name.
+    fn make_resident(&mut self, b: &B, id: u32, step: &[u32]) -> Result<()> {
+        if self.slot_of(id).is_none() {
+            let ad =
+                self.loaded.get(&id).cloned().ok_or_else(|| {
+                    ModelError::Invalid(format!("LoRA adapter {id} is not loaded"))
+                })?;
+            let slot = match self.slots.iter().position(Option::is_none) {
+                Some(free) => free,
+                None => {
+                    let at = self.lru.iter().position(|r| !step.contains(r));
+                    let oldest = at.map(|at| self.lru[at]).ok_or_else(|| {
+                        ModelError::Invalid("no LoRA slot is free for the step".into())
+                    })?;
+                    let slot = self.slot_of(oldest).expect("a resident adapter has a slot");
+                    self.evict(oldest);
+                    slot
+                }
+            };
+            self.write_slot(b, slot, &ad)?;
+            self.slots[slot] = Some(id);
+            self.uploads += 1;
+        }
+        self.lru.retain(|&r| r != id);
+        self.lru.push(id);
+        Ok(())
+    }
+
+    /// Writes `ad` into `slot` of every stack (zeros where it adapts nothing, and past its
+    /// rank), a stack made first for each matrix it adapts that has none, and its scale.
+    fn write_slot(&mut self, b: &B, slot: usize, ad: &LoraAdapter) -> Result<()> {
+        let (rank, dtype, slots) = (self.rank, self.dtype, self.slots.len());
+        for (&key, (a, bm)) in &ad.pairs {
+            if let std::collections::hash_map::Entry::Vacant(e) = self.stacks.entry(key) {
+                let (cols, out) = (a.cols, bm.rows);
+                e.insert(Stack {
+                    a: b.zeros(slots * rank * cols, dtype)?,
+                    b: b.zeros(slots * out * rank, dtype)?,
+                    cols,
+                    out,
+                });
+                self.generation += 1;
+            }
+        }
+        for (key, st) in self.stacks.iter_mut() {
+            let (a_len, b_len) = (rank * st.cols, st.out * rank);
+            let zeros = b.zeros(a_len.max(b_len), dtype)?;
+            b.copy_strided(&zeros, &mut st.a, rows_copy(1, a_len, 0, slot))?;
+            b.copy_strided(&zeros, &mut st.b, rows_copy(1, b_len, 0, slot))?;
+            let Some((am, bm)) = ad.pairs.get(key) else {
+                continue;
+            };
+            // `A [r, cols]` fills the slot's first r rows.
+            let av = b.upload_f32_as(&am.values, dtype)?;
+            b.copy_strided(&av, &mut st.a, at(am.values.len(), slot * a_len))?;
+            let bv = b.upload_f32_as(&bm.values, dtype)?;
+            // `B [out, r]` into `[out, rank]`: row by row, the rank's tail left zero.
+            let c = StridedCopy {
+                rows: st.out,
+                cols: bm.cols,
+                src_offset: 0,
+                src_stride: bm.cols,
+                dst_offset: slot * b_len,
+                dst_stride: rank,
+            };
+            b.copy_strided(&bv, &mut st.b, c)?;
+        }
+        let scale = b.upload_f32_as(&[ad.info.scale()], DType::F32)?;
+        let scales = self.scales.as_mut().expect("made with the slots");
+        b.copy_strided(&scale, scales, at(1, slot))?;
+        Ok(())
+    }
+}
+
+/// A step's row slots on the backend: uploaded for the step, or a captured graph's input.
+pub(crate) enum Slots<'a, B: Backend> {
+    /// Uploaded for this step.
+    Owned(B::Index),
+    /// A graph's input buffer.
+    Borrowed(&'a B::Index),
+}
+
+impl<B: Backend> Slots<'_, B> {
+    fn index(&self) -> &B::Index {
+        match self {
+            Slots::Owned(i) => i,
+            Slots::Borrowed(i) => i,
+        }
+    }
+}
+
+/// A step's LoRA products ([`LoraSet::runs`]).
+pub(crate) struct AdapterRuns<'a, B: Backend>(
+    Option<(RwLockReadGuard<'a, SetState<B>>, Slots<'a, B>)>,
+);
+
+impl<B: Backend> AdapterRuns<'_, B> {
+    /// No adapter (a step of the drafter, which serves none, or of a batch without one).
+    pub(crate) fn none() -> Self {
+        Self(None)
+    }
+
+    /// Whether the step adds products to `target` of layer `l`: some adapter on the
+    /// backend adapts it (the rows of the others add zeros).
     pub(crate) fn touches(&self, l: usize, target: Target) -> bool {
         self.0
-            .iter()
-            .any(|(_, a, _)| a.pairs.contains_key(&(l, target)))
+            .as_ref()
+            .is_some_and(|(st, _)| st.stacks.contains_key(&(l, target)))
     }
 
-    /// Adds `scale * B (A x)` of each adapter of the step that adapts `target` of layer
-    /// `l` to the rows of `out [t, out_features]` it serves; `x` is `[t, in_features]`.
+    /// Adds `scale * B (A x)` of each row's adapter that adapts `target` of layer `l` to
+    /// the row of `out [t, out_features]`; `x` is `[t, in_features]`.
     pub(crate) fn add(
         &self,
         b: &B,
@@ -541,48 +673,38 @@ impl<B: Backend> AdapterRuns<B> {
         t: usize,
         out: &mut B::Buffer,
     ) -> Result<()> {
-        for (_, ad, runs) in &self.0 {
-            let Some(pair) = ad.pairs.get(&(l, target)) else {
-                continue;
-            };
-            let (cols, rows, rank) = (pair.a.cols(), pair.b.rows(), pair.a.rows());
-            let n: usize = runs.iter().map(|r| r.1).sum();
-            let dtype = b.activation_dtype();
-            let whole = runs.len() == 1 && runs[0] == (0, t);
-            let gathered;
-            let xs = match whole {
-                true => x,
-                false => {
-                    let mut g = b.scratch(n * cols, dtype)?;
-                    let mut at = 0;
-                    for &(from, len) in runs {
-                        b.copy_strided(x, &mut g, rows_copy(len, cols, from, at))?;
-                        at += len;
-                    }
-                    gathered = g;
-                    &gathered
-                }
-            };
-            let mut h = b.scratch(n * rank, dtype)?;
-            pair.a.forward(b, xs, &mut h)?;
-            let mut d = b.scratch(n * rows, dtype)?;
-            pair.b.forward(b, &h, &mut d)?;
-            b.scale(&mut d, ad.scale)?;
-            if whole {
-                b.add(out, &d)?;
-                continue;
-            }
-            // Scattered back into a zero step-sized buffer, then added: the rows of other
-            // sequences get zeros.
-            let mut full = b.zeros(t * rows, dtype)?;
-            let mut at = 0;
-            for &(to, len) in runs {
-                b.copy_strided(&d, &mut full, rows_copy(len, rows, at, to))?;
-                at += len;
-            }
-            b.add(out, &full)?;
-        }
-        Ok(())
+        let Some((st, slots)) = &self.0 else {
+            return Ok(());
+        };
+        let Some(stack) = st.stacks.get(&(l, target)) else {
+            return Ok(());
+        };
+        let scales = st.scales.as_ref().expect("made with the stacks");
+        let shape = LoraShape {
+            rows: t,
+            slots: st.slots.len(),
+            rank: st.rank,
+            cols: stack.cols,
+            out: stack.out,
+        };
+        let stacks = LoraStacks {
+            a: &stack.a,
+            b: &stack.b,
+            scales,
+        };
+        Ok(b.lora_bgmv(x, stacks, slots.index(), shape, out)?)
+    }
+}
+
+/// The first `len` values of the source to `dst_offset`.
+fn at(len: usize, dst_offset: usize) -> StridedCopy {
+    StridedCopy {
+        rows: 1,
+        cols: len,
+        src_offset: 0,
+        src_stride: len,
+        dst_offset,
+        dst_stride: len,
     }
 }
 

@@ -6,6 +6,7 @@ mod copy;
 mod dot;
 mod elementwise;
 mod embedding;
+pub(crate) mod lora;
 mod matmul;
 mod norm;
 mod paged;
@@ -24,8 +25,8 @@ use crate::quant::RowDot;
 use crate::sampling::{Picked, RowDraw};
 use crate::Result;
 use crate::{
-    Activation, AttentionParams, Backend, ClusterPick, DType, HostSlice, KernelError, MatmulShape,
-    ResidualStep, RmsNormParams, RopeParams, StridedCopy,
+    Activation, AttentionParams, Backend, ClusterPick, DType, HostSlice, KernelError, LoraShape,
+    LoraStacks, MatmulShape, ResidualStep, RmsNormParams, RopeParams, StridedCopy,
 };
 use std::sync::Arc;
 
@@ -228,6 +229,17 @@ impl Backend for CpuBackend {
 
     fn matmul_quant(&self, x: &CpuBuffer, w: &dyn RowDot, out: &mut CpuBuffer) -> Result<()> {
         self.install(|| matmul::matmul_quant(x, w, out))
+    }
+
+    fn lora_bgmv(
+        &self,
+        x: &CpuBuffer,
+        stacks: LoraStacks<'_, CpuBuffer>,
+        slots: &Vec<u32>,
+        shape: LoraShape,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| lora::lora_bgmv(x, stacks, slots, shape, out))
     }
 
     fn act_mul(

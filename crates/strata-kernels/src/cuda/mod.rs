@@ -20,6 +20,7 @@ mod gated_pair;
 mod gemm_plans;
 mod host_gaps;
 mod k_parts;
+mod lora;
 mod matmul;
 mod matmul_path;
 mod memory;
@@ -50,8 +51,8 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
 
 use crate::params::{
-    Activation, AttentionParams, MatmulShape, ResidualStep, RmsNormParams, RopeParams, StridedCopy,
-    TableSlice,
+    Activation, AttentionParams, LoraShape, LoraStacks, MatmulShape, ResidualStep, RmsNormParams,
+    RopeParams, StridedCopy, TableSlice,
 };
 use crate::sampling::RowDraw;
 use crate::{Backend, DType, HostSlice, KernelError, Result, RopeAt};
@@ -576,6 +577,17 @@ impl Backend for CudaBackend {
         out: &mut CudaBuffer,
     ) -> Result<()> {
         self.matmul_quant_impl(x, w, out)
+    }
+
+    fn lora_bgmv(
+        &self,
+        x: &CudaBuffer,
+        stacks: LoraStacks<'_, CudaBuffer>,
+        slots: &CudaIndex,
+        shape: LoraShape,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.lora_bgmv_impl(x, stacks, slots, shape, out)
     }
 
     fn act_mul(

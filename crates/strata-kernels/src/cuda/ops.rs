@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Pushes a buffer of any dtype as a `const void*` argument.
-fn arg_any<'a>(l: &mut LaunchArgs<'a>, buf: &'a CudaBuffer) {
+pub(super) fn arg_any<'a>(l: &mut LaunchArgs<'a>, buf: &'a CudaBuffer) {
     match &buf.storage {
         Storage::F32(s) => l.arg(s),
         Storage::Bits16(s) => l.arg(s),

@@ -185,6 +185,11 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ],
     ),
     KernelFile::any_gpu(
+        "lora",
+        include_str!("../../kernels/lora.cu"),
+        &["lora_shrink", "lora_expand"],
+    ),
+    KernelFile::any_gpu(
         "elementwise",
         include_str!("../../kernels/elementwise.cu"),
         &[

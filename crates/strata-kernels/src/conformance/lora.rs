@@ -1,0 +1,142 @@
+//! LoRA products by slot ([`Backend::lora_bgmv`]).
+
+use super::{compare, ctx, get, put, CheckResult, TestData, Tolerance};
+use crate::{Backend, DType, LoraShape, LoraStacks};
+
+/// One check: `shape`'s stacks in `dtype`, each row's slot drawn from the stacks' or none.
+#[derive(Clone, Copy, Debug)]
+pub struct LoraCase {
+    /// Rows, slots, rank and features.
+    pub shape: LoraShape,
+    /// The stacks' dtype (F32 or BF16).
+    pub dtype: DType,
+    /// Seed of the inputs and of the rows' slots.
+    pub seed: u64,
+}
+
+fn cases() -> Vec<LoraCase> {
+    let shapes = [
+        (1, 1, 8, 64, 96),
+        (5, 3, 16, 200, 130),
+        (9, 4, 32, 300, 257),
+        // E2B's q projection at rank 32 and the down projection's wide input.
+        (3, 2, 32, 1536, 2048),
+        (2, 2, 16, 6144, 1536),
+    ];
+    let mut out = Vec::new();
+    for (i, &(rows, slots, rank, cols, out_f)) in shapes.iter().enumerate() {
+        for (j, dtype) in [DType::F32, DType::BF16].into_iter().enumerate() {
+            out.push(LoraCase {
+                shape: LoraShape {
+                    rows,
+                    slots,
+                    rank,
+                    cols,
+                    out: out_f,
+                },
+                dtype,
+                seed: 900 + 10 * i as u64 + j as u64,
+            });
+        }
+    }
+    out
+}
+
+/// [`Backend::lora_bgmv`] on case `c` against the f64 definition: rows without a slot keep
+/// their values exactly.
+pub fn check_lora_bgmv_case<B: Backend>(b: &B, c: LoraCase) -> CheckResult {
+    let s = c.shape;
+    let dt = b.activation_dtype();
+    let mut data = TestData::new(c.seed);
+    let x = data.normals(s.rows * s.cols, 1.0, dt);
+    let a = data.normals(s.slots * s.rank * s.cols, 0.05, c.dtype);
+    let bm = data.normals(s.slots * s.out * s.rank, 0.05, c.dtype);
+    let before = data.normals(s.rows * s.out, 1.0, dt);
+    let scales: Vec<f32> = (0..s.slots).map(|i| 0.5 + i as f32 * 0.75).collect();
+    // Row 0 takes the last slot, so every case reads the stacks' ends; then any slot or none.
+    let slots: Vec<u32> = (0..s.rows)
+        .map(|r| match r {
+            0 => s.slots as u32 - 1,
+            _ => match data.below(s.slots + 1) {
+                n if n == s.slots => u32::MAX,
+                n => n as u32,
+            },
+        })
+        .collect();
+    let what = format!("lora_bgmv {c:?}");
+    let mut out = put(b, &before, dt)?;
+    ctx(
+        &what,
+        b.lora_bgmv(
+            &put(b, &x, dt)?,
+            LoraStacks {
+                a: &put(b, &a, c.dtype)?,
+                b: &put(b, &bm, c.dtype)?,
+                scales: &put(b, &scales, DType::F32)?,
+            },
+            &ctx(&what, b.upload_index(&slots))?,
+            s,
+            &mut out,
+        ),
+    )?;
+    let mut want = Vec::with_capacity(s.rows * s.out);
+    let mut mag = Vec::with_capacity(s.rows * s.out);
+    for (r, &slot) in slots.iter().enumerate() {
+        let o = &before[r * s.out..(r + 1) * s.out];
+        if slot == u32::MAX {
+            want.extend(o.iter().map(|&v| v as f64));
+            mag.extend(std::iter::repeat_n(0.0, s.out));
+            continue;
+        }
+        let (sl, xr) = (slot as usize, &x[r * s.cols..(r + 1) * s.cols]);
+        let (mut h, mut hm) = (vec![0f64; s.rank], vec![0f64; s.rank]);
+        for k in 0..s.rank {
+            let ak = &a[(sl * s.rank + k) * s.cols..][..s.cols];
+            for (&w, &v) in ak.iter().zip(xr) {
+                h[k] += w as f64 * v as f64;
+                hm[k] += (w as f64 * v as f64).abs();
+            }
+        }
+        for (j, &oj) in o.iter().enumerate() {
+            let bj = &bm[(sl * s.out + j) * s.rank..][..s.rank];
+            let (mut y, mut m) = (0.0, 0.0);
+            for k in 0..s.rank {
+                y += bj[k] as f64 * h[k];
+                m += (bj[k] as f64).abs() * hm[k];
+            }
+            let scale = scales[sl] as f64;
+            want.push(oj as f64 + scale * y);
+            mag.push((oj as f64).abs() + scale * m);
+        }
+    }
+    compare(&what, &get(b, &out)?, &want, &mag, Tolerance::for_dtype(dt))
+}
+
+/// [`Backend::lora_bgmv`] over every case, and that it refuses stacks of the wrong size.
+pub fn check_lora_bgmv<B: Backend>(b: &B) -> CheckResult {
+    for c in cases() {
+        check_lora_bgmv_case(b, c)?;
+    }
+    let dt = b.activation_dtype();
+    let shape = LoraShape {
+        rows: 1,
+        slots: 1,
+        rank: 2,
+        cols: 3,
+        out: 2,
+    };
+    let mut out = put(b, &[0.0; 2], dt)?;
+    let short = put(b, &[0.0; 5], DType::F32)?;
+    let fine = put(b, &[0.0; 4], DType::F32)?;
+    let scale = put(b, &[1.0], DType::F32)?;
+    let slots = ctx("lora_bgmv refusal", b.upload_index(&[0]))?;
+    let stacks = LoraStacks {
+        a: &short,
+        b: &fine,
+        scales: &scale,
+    };
+    match b.lora_bgmv(&put(b, &[0.0; 3], dt)?, stacks, &slots, shape, &mut out) {
+        Err(_) => Ok(()),
+        Ok(()) => Err("lora_bgmv: an A stack of 5 values for [1, 2, 3] was taken".into()),
+    }
+}
