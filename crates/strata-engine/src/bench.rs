@@ -62,6 +62,17 @@ fn plan(tokens: usize) -> PagePlan {
 }
 
 impl LoadedModel {
+    /// Loads the LoRA adapters in `dirs` as ids 1, 2, ... for [`DecodeShape::adapters`],
+    /// all of them on the backend at once.
+    pub fn load_bench_adapters(&self, dirs: &[std::path::PathBuf], max_rank: usize) -> Result<()> {
+        let host = self.runtime.dispatch(crate::engine::adapters::HostOf);
+        host.set_max_resident(dirs.len().max(1));
+        for (i, d) in dirs.iter().enumerate() {
+            host.load(i as u32 + 1, d, max_rank)?;
+        }
+        Ok(())
+    }
+
     /// Decode steps of `shape.batch` sequences each `shape.depth` tokens deep (after
     /// `shape.warmup` steps).
     pub fn bench_decode(&self, shape: DecodeShape, kv: KvCacheDtype) -> Result<DecodeBench> {
@@ -177,6 +188,7 @@ where
         mixed_prompts,
         mixed_len,
         mixed_len_step,
+        adapters,
     } = shape;
     if batch == 0 || steps == 0 {
         return Err(EngineError::Invalid(
@@ -265,7 +277,11 @@ where
                 seqs,
                 adjust: Vec::new(),
                 masked: Vec::new(),
-                adapters: Vec::new(),
+                // Decode rows take adapters 1..=adapters in turn; prompts none.
+                adapters: match adapters {
+                    0 => Vec::new(),
+                    n => (0..batch as u32).map(|i| 1 + i % n).collect(),
+                },
             },
             queued.as_ref().map(|q| &q.0),
         )?;
@@ -314,6 +330,9 @@ pub struct DecodeShape {
     /// above 0 every step runs a row count not met before (cold shapes, as a server
     /// meets them).
     pub mixed_len_step: usize,
+    /// Decode row `i` runs with LoRA adapter `1 + i % adapters` (0: none); the adapters
+    /// are loaded first ([`LoadedModel::load_bench_adapters`]).
+    pub adapters: u32,
 }
 
 impl DecodeShape {

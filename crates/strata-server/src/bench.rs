@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// step meets a row count for the first time (as a server's steps do).
     #[arg(long, default_value_t = 0)]
     pub mixed_len_step: usize,
+    /// PEFT LoRA adapter directories (comma-separated): decode row `i` of every point runs
+    /// with adapter `i mod N` (all of them resident at once).
+    #[arg(long, value_delimiter = ',')]
+    pub lora: Vec<PathBuf>,
     /// Write the results here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -84,6 +88,13 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     let model = a.placement.load_with_draft(&a.model, a.draft.as_deref())?;
     let device = model.runtime.device_name();
     eprintln!("[bench] {} on {device}", a.model.display());
+    if !a.lora.is_empty() {
+        model.load_bench_adapters(&a.lora, 512)?;
+        eprintln!(
+            "[bench] decode rows spread over {} LoRA adapters",
+            a.lora.len()
+        );
+    }
 
     // Roofline: weight bytes a decode step reads over the measured copy bandwidth.
     let (weight_bytes, bandwidth, free) = model.runtime.decode_roofline()?;
@@ -114,6 +125,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 mixed_prompts: a.mixed_prompts,
                 mixed_len: a.mixed_len,
                 mixed_len_step: a.mixed_len_step,
+                adapters: a.lora.len() as u32,
             };
             let r = model.bench_decode(shape, kv)?;
             eprintln!(

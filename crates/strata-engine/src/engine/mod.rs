@@ -1,7 +1,7 @@
 //! The serving engine: a scheduler loop on its own thread, fed through a command channel,
 //! streaming each request's tokens and text back over a channel of its own.
 
-mod adapters;
+pub(crate) mod adapters;
 mod control;
 mod grammar;
 mod metrics;
