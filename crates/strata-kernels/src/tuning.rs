@@ -69,14 +69,6 @@ fn on_unless_zero(v: Option<&OsStr>, default: bool) -> bool {
     }
 }
 
-fn off_unless_set(v: Option<&OsStr>, default: bool) -> bool {
-    match v.and_then(OsStr::to_str) {
-        Some("0") | Some("") => false,
-        Some(_) => true,
-        None => default,
-    }
-}
-
 fn graphs(v: Option<&OsStr>, default: DecodeGraphs) -> DecodeGraphs {
     match v.and_then(OsStr::to_str) {
         Some("0") => DecodeGraphs::Off,
@@ -185,11 +177,11 @@ tuning! {
     quant_gemv_max_rows: usize = "STRATA_QUANT_GEMV_MAX_ROWS",
         default defaults::QUANT_GEMV_MAX_ROWS, shown "8", parse count;
     /// Whether the bf16 mode's products of GGUF blocks take x quantized to 8 bits with
-    /// integer dot products (`kernels/quant_dp4a.cu`, `1`) rather than the weight decoded to
-    /// f32. Stays: a measured choice per GPU (1.07x at one row, 1.9x at 8 on E2B Q4_K; off
-    /// until the GPU suite has run with it on).
-    quant_dp4a: bool = "STRATA_QUANT_DP4A", default false, shown "off",
-        parse off_unless_set;
+    /// integer dot products (`kernels/quant_dp4a.cu`) rather than the weight decoded to f32
+    /// (`0`). On since the model tests passed with it (2026-12-06, H100): 1.07x at one row,
+    /// 1.9x at 8 on E2B Q4_K. Stays: a measured choice per GPU, and `0` gives the exact x.
+    quant_dp4a: bool = "STRATA_QUANT_DP4A", default true, shown "on",
+        parse on_unless_zero;
     /// Whether bf16 GEMMs run through cuBLASLt with per-bucket plans (`0`: every one as
     /// `cublasGemmEx`, as where cuBLASLt is missing). Stays: a debugging aid that tells a
     /// cuBLASLt fault from the rest, and exercises the fallback path.

@@ -168,7 +168,9 @@ fn decoded_blocks_equal_the_host_decoder_bit_for_bit() {
 #[test]
 fn block_products_match_the_decoded_weights_at_every_row_count() {
     let Some(b) = gpu() else { return };
-    let bf16 = b.clone().with_bf16_gemm(true);
+    // Whatever STRATA_QUANT_DP4A says: x stays f32 here (8-bit x has its own test below).
+    let bf16 = b.clone().with_bf16_gemm(true).with_quant_dp4a(false);
+    let b = &b.clone().with_quant_dp4a(false);
     for (i, f) in BlockFormat::ALL.into_iter().enumerate() {
         // 37 features: not a whole number of the GEMV's 4-warp blocks.
         let (n, k) = (37, 3 * 256);
@@ -190,7 +192,7 @@ fn block_products_match_the_decoded_weights_at_every_row_count() {
             // The bf16 mode's decoded path rounds x and the weight to bf16; its f32 GEMV
             // (8-bit x off) keeps x in f32. The 8-bit x has its own test below.
             let out = matmul(&bf16, &m, &x, t);
-            let round = if t > strata_kernels::cuda::QUANT_GEMV_MAX_ROWS {
+            let round = if t > bf16.quant_gemv_max_rows() {
                 bf16_round
             } else {
                 f64::from
@@ -286,8 +288,13 @@ fn matmul_poisoned(b: &CudaBackend, w: &CudaQuantMatrix, x: &[f32], t: usize) ->
 #[test]
 fn dp4a_products_match_the_8_bit_x_reference() {
     let Some(b) = gpu() else { return };
-    let fast = b.clone().with_bf16_gemm(true).with_quant_dp4a(true);
-    assert!(fast.quant_dp4a() && !b.quant_dp4a());
+    // The GEMV at every row count its tiles serve, whatever the default bound.
+    let fast = b
+        .clone()
+        .with_bf16_gemm(true)
+        .with_quant_dp4a(true)
+        .with_quant_gemv_max_rows(32);
+    assert!(fast.quant_dp4a());
     for (i, f) in BlockFormat::ALL.into_iter().enumerate() {
         let mut worst_x = 0f64;
         for (k, rows) in [

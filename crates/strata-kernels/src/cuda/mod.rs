@@ -272,6 +272,19 @@ impl CudaBackend {
         self.bf16_gemm && self.quant_dp4a
     }
 
+    /// Sets the row count up to which block-quantized products run as the GEMV kernel
+    /// (the default is [`CudaTuning::quant_gemv_max_rows`]); returns the backend for
+    /// chaining.
+    pub fn with_quant_gemv_max_rows(mut self, rows: usize) -> Self {
+        self.quant_gemv_max_rows = rows;
+        self
+    }
+
+    /// Row count up to which block-quantized products run as the GEMV kernel.
+    pub fn quant_gemv_max_rows(&self) -> usize {
+        self.quant_gemv_max_rows
+    }
+
     /// Sets the row count up to which bf16 matmuls run as the GEMV kernel (0 to 8; the
     /// default is [`CudaTuning::gemv_max_rows`]); returns the backend for chaining.
     pub fn with_gemv_max_rows(mut self, rows: usize) -> Self {
