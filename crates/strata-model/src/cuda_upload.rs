@@ -33,6 +33,20 @@ impl QuantUpload for CudaBackend {
         Ok(Arc::new(m))
     }
 
+    fn upload_bnb4(&self, w: crate::bnb4::Bnb4Weight) -> Result<Arc<Self::QuantMatrix>> {
+        let (rows, cols) = (w.rows(), w.cols());
+        let mut values = vec![0f32; rows * cols];
+        w.0.decode(0, &mut values);
+        let m = match w.0.ty {
+            strata_weights::GgmlType::BF16 => {
+                let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+                CudaQuantMatrix::upload(self, rows, cols, HostSlice::BF16(&host))?
+            }
+            _ => CudaQuantMatrix::upload(self, rows, cols, HostSlice::F32(&values))?,
+        };
+        Ok(Arc::new(m))
+    }
+
     fn quant_bytes(m: &Self::QuantMatrix) -> usize {
         m.device_bytes()
     }

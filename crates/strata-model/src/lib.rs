@@ -2,6 +2,7 @@
 
 mod assistant;
 mod audio;
+mod bnb4;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
 mod decode_graph;

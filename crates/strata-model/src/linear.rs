@@ -415,6 +415,11 @@ pub trait QuantUpload: Backend {
     /// matrix there (CUDA decodes to bf16). The CPU always computes on the blocks.
     fn upload_quant(&self, w: QuantWeight, dense: Option<DType>) -> Result<Arc<Self::QuantMatrix>>;
 
+    /// Uploads a bitsandbytes 4-bit matrix: the CPU keeps its codes and decodes them in
+    /// each product; CUDA decodes it to a dense matrix of the state's dtype (bf16; f32 for
+    /// f32 and f16 states, which bf16 does not hold exactly).
+    fn upload_bnb4(&self, w: crate::bnb4::Bnb4Weight) -> Result<Arc<Self::QuantMatrix>>;
+
     /// Bytes of the backend's memory a quantized matrix takes.
     fn quant_bytes(m: &Self::QuantMatrix) -> usize;
 }
@@ -425,6 +430,10 @@ impl QuantUpload for CpuBackend {
         w: QuantWeight,
         _dense: Option<DType>,
     ) -> Result<Arc<Self::QuantMatrix>> {
+        Ok(Arc::new(w))
+    }
+
+    fn upload_bnb4(&self, w: crate::bnb4::Bnb4Weight) -> Result<Arc<Self::QuantMatrix>> {
         Ok(Arc::new(w))
     }
 

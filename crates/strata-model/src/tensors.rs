@@ -4,7 +4,7 @@ use strata_config::ModelConfig;
 use strata_kernels::{Backend, HostSlice};
 use strata_weights::ModelWeights;
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::linear::{upload_linear_as, upload_vector, HostTable, Linear, QuantUpload, QuantWeight};
 use crate::model::LoadOptions;
 
@@ -77,6 +77,16 @@ impl<B: QuantUpload> ModelTensors<B> {
     pub fn load(b: &B, c: &ModelConfig, w: &ModelWeights, opts: &LoadOptions) -> Result<Self> {
         let h = c.hidden_size;
         let lin = |name: &str, shape: &[usize]| -> Result<Linear<B>> {
+            if let Some(q) = w.bnb4(name) {
+                if q.shape != shape {
+                    return Err(ModelError::Invalid(format!(
+                        "{name}: bitsandbytes 4-bit matrix of shape {:?}, want {shape:?}",
+                        q.shape
+                    )));
+                }
+                let q = crate::bnb4::Bnb4Weight(q.clone());
+                return Ok(Linear::Quant(b.upload_bnb4(q)?));
+            }
             let view = w.require(name, shape)?;
             if let Some(q) = crate::quantize::at_load(&view, opts.quantize)? {
                 return Ok(Linear::Quant(b.upload_quant(q, None)?));

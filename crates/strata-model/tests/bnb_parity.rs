@@ -92,3 +92,41 @@ fn fp4_matches_transformers() {
 fn gemma4_nf4_with_a_bf16_state_matches_transformers() {
     check("gemma4-tiny-nf4-dq-bf16", 1e-4);
 }
+
+/// The 4-bit matrices stay 4-bit on the CPU: a decode step's products read exactly the
+/// codes and absmax values of every layer's matrices, plus the dense output projection.
+#[test]
+fn four_bit_matrices_stay_four_bit_in_memory() {
+    use strata_weights::ModelWeights;
+    for variant in ["llama-tiny-nf4-dq", "llama-tiny-fp4"] {
+        let model = Model::load(CpuBackend::new(), &dir(variant)).unwrap();
+        let c = model.config();
+        let w = ModelWeights::open(dir(variant), None, None).unwrap();
+        let (mut packed, mut elements) = (0, 0);
+        for l in 0..c.num_layers() {
+            for m in [
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            ] {
+                let q = w
+                    .bnb4(&format!("model.layers.{l}.{m}.weight"))
+                    .unwrap_or_else(|| panic!("{variant}: layer {l} {m} is not 4-bit"));
+                packed += q.stored_bytes();
+                elements += q.rows() * q.cols();
+            }
+        }
+        let head = w.lm_head(&[c.vocab_size, c.hidden_size]).unwrap();
+        let (_, step) = model.weight_bytes();
+        assert_eq!(step, packed + head.bytes.len(), "{variant}");
+        // Half a byte a code and 4 bytes an absmax of 64 (or fewer) values.
+        assert!(
+            packed * 16 <= elements * 9 + 64,
+            "{variant}: {packed} bytes for {elements}"
+        );
+    }
+}

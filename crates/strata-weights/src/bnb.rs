@@ -8,6 +8,10 @@
 //! Dequantization is bitsandbytes' own: value = quant_map[code] * absmax[block] in f32, a
 //! double-quantized absmax being nested_quant_map[u8] * nested_absmax[block / 256] +
 //! nested_offset in f32, the product rounded to the state's dtype.
+//!
+//! A matrix is read into [`Bnb4`]: the 4-bit codes as stored and one f32 absmax a block
+//! (a double-quantized one decoded once), about 0.56 bytes a weight; values are decoded from
+//! it where they are used.
 
 use crate::error::{Result, WeightsError};
 use crate::safetensors::SafetensorsModel;
@@ -36,17 +40,103 @@ fn bad(name: &str, msg: impl std::fmt::Display) -> WeightsError {
     }
 }
 
-/// The weights of `st` stored as bitsandbytes 4-bit, by name, dequantized.
-pub fn dequantize_all(st: &SafetensorsModel) -> Result<Vec<(String, Decoded)>> {
+/// A bitsandbytes 4-bit matrix: codes as stored, an f32 absmax a block, the 16-value map.
+#[derive(Clone, Debug)]
+pub struct Bnb4 {
+    /// `[out_features, in_features]`.
+    pub shape: Vec<usize>,
+    /// What a value is rounded to: F32, BF16 or F16, as the quantization state's `dtype`
+    /// says.
+    pub ty: GgmlType,
+    blocksize: usize,
+    /// Two codes a byte, value `2i` in the high nibble.
+    codes: Vec<u8>,
+    absmax: Vec<f32>,
+    quant_map: [f32; 16],
+}
+
+impl Bnb4 {
+    /// Rows (output features).
+    pub fn rows(&self) -> usize {
+        self.shape[0]
+    }
+
+    /// Columns (input features).
+    pub fn cols(&self) -> usize {
+        self.shape[1]
+    }
+
+    /// Bytes kept: the codes and the absmax values.
+    pub fn stored_bytes(&self) -> usize {
+        self.codes.len() + 4 * self.absmax.len()
+    }
+
+    /// Values `start .. start + out.len()` of the row-major matrix, as bitsandbytes
+    /// dequantizes them (`quant_map[code] * absmax` in f32, rounded to [`Bnb4::ty`]).
+    /// Panics past the end.
+    pub fn decode(&self, start: usize, out: &mut [f32]) {
+        let round: fn(f32) -> f32 = match self.ty {
+            GgmlType::BF16 => |v| half::bf16::from_f32(v).to_f32(),
+            GgmlType::F16 => |v| half::f16::from_f32(v).to_f32(),
+            _ => |v| v,
+        };
+        let mut i = start;
+        let mut at = 0;
+        while at < out.len() {
+            // One block's run at a time: its absmax is read once.
+            let block = i / self.blocksize;
+            let end = ((block + 1) * self.blocksize - i).min(out.len() - at);
+            let scale = self.absmax[block];
+            for o in &mut out[at..at + end] {
+                let b = self.codes[i / 2];
+                let code = if i.is_multiple_of(2) { b >> 4 } else { b & 0xF };
+                *o = round(self.quant_map[code as usize] * scale);
+                i += 1;
+            }
+            at += end;
+        }
+    }
+
+    /// Every value, as the state's dtype's little-endian bytes.
+    pub fn to_decoded(&self) -> Decoded {
+        let n = self.rows() * self.cols();
+        let mut values = vec![0f32; n];
+        self.decode(0, &mut values);
+        let mut bytes = Vec::with_capacity(n * 4);
+        for v in values {
+            match self.ty {
+                GgmlType::BF16 => bytes.extend(half::bf16::from_f32(v).to_le_bytes()),
+                GgmlType::F16 => bytes.extend(half::f16::from_f32(v).to_le_bytes()),
+                _ => bytes.extend(v.to_le_bytes()),
+            }
+        }
+        Decoded {
+            shape: self.shape.clone(),
+            ty: self.ty,
+            bytes,
+        }
+    }
+}
+
+/// The weights of `st` stored as bitsandbytes 4-bit, by name.
+pub fn read_all(st: &SafetensorsModel) -> Result<Vec<(String, Bnb4)>> {
     let mut out = Vec::new();
     for name in st.names() {
         for suffix in STATE_SUFFIXES {
             if let Some(base) = name.strip_suffix(suffix) {
-                out.push((base.to_string(), dequantize(st, base, name)?));
+                out.push((base.to_string(), read(st, base, name)?));
             }
         }
     }
     Ok(out)
+}
+
+/// The weights of `st` stored as bitsandbytes 4-bit, by name, dequantized.
+pub fn dequantize_all(st: &SafetensorsModel) -> Result<Vec<(String, Decoded)>> {
+    Ok(read_all(st)?
+        .into_iter()
+        .map(|(n, q)| (n, q.to_decoded()))
+        .collect())
 }
 
 /// f32 values of tensor `name` of `st`, which must be F32.
@@ -71,7 +161,7 @@ fn u8s<'a>(st: &'a SafetensorsModel, name: &str) -> Result<&'a [u8]> {
 }
 
 /// Tensor `base`, its state at `state`.
-fn dequantize(st: &SafetensorsModel, base: &str, state: &str) -> Result<Decoded> {
+fn read(st: &SafetensorsModel, base: &str, state: &str) -> Result<Bnb4> {
     let json: serde_json::Value =
         serde_json::from_slice(u8s(st, state)?).map_err(|e| bad(state, e))?;
     let field = |k: &str| json.get(k).ok_or_else(|| bad(state, format!("no `{k}`")));
@@ -139,16 +229,14 @@ fn dequantize(st: &SafetensorsModel, base: &str, state: &str) -> Result<Decoded>
             format!("{} absmax values for {blocks} blocks", absmax.len()),
         ));
     }
-    let mut bytes = Vec::with_capacity(n.saturating_mul(4));
-    for i in 0..n {
-        let b = packed[i / 2];
-        let code = if i % 2 == 0 { b >> 4 } else { b & 0xF };
-        let v = quant_map[code as usize] * absmax[i / blocksize];
-        match ty {
-            GgmlType::BF16 => bytes.extend(half::bf16::from_f32(v).to_le_bytes()),
-            GgmlType::F16 => bytes.extend(half::f16::from_f32(v).to_le_bytes()),
-            _ => bytes.extend(v.to_le_bytes()),
-        }
-    }
-    Ok(Decoded { shape, ty, bytes })
+    let mut map = [0f32; 16];
+    map.copy_from_slice(&quant_map);
+    Ok(Bnb4 {
+        shape,
+        ty,
+        blocksize,
+        codes: packed.to_vec(),
+        absmax,
+        quant_map: map,
+    })
 }

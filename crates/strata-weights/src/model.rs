@@ -12,8 +12,8 @@ use crate::{TensorView, WeightSource, Weights};
 pub struct ModelWeights {
     weights: Weights,
     names: NameMap,
-    /// bitsandbytes 4-bit matrices, dequantized at open, by stored name.
-    decoded: std::collections::BTreeMap<String, crate::bnb::Decoded>,
+    /// bitsandbytes 4-bit matrices, by stored name ([`ModelWeights::bnb4`]).
+    bnb4: std::collections::BTreeMap<String, crate::bnb::Bnb4>,
 }
 
 impl ModelWeights {
@@ -22,22 +22,28 @@ impl ModelWeights {
         Self {
             weights,
             names,
-            decoded: Default::default(),
+            bnb4: Default::default(),
         }
     }
 
     /// As [`ModelWeights::new`], with a safetensors checkpoint's bitsandbytes 4-bit
-    /// matrices dequantized (served as dense tensors of the dtype their state names).
+    /// matrices read (their codes kept 4-bit: [`ModelWeights::bnb4`]).
     pub fn with_bnb(weights: Weights, names: NameMap) -> Result<Self> {
-        let decoded = match &weights {
-            Weights::Safetensors(s) => crate::bnb::dequantize_all(s)?.into_iter().collect(),
+        let bnb4 = match &weights {
+            Weights::Safetensors(s) => crate::bnb::read_all(s)?.into_iter().collect(),
             Weights::Gguf(_) => Default::default(),
         };
         Ok(Self {
             weights,
             names,
-            decoded,
+            bnb4,
         })
+    }
+
+    /// The bitsandbytes 4-bit matrix stored for an HF name (`get` has no view of one: its
+    /// values are decoded where they are used).
+    pub fn bnb4(&self, hf_name: &str) -> Option<&crate::bnb::Bnb4> {
+        self.bnb4.get(&self.lookup(hf_name)?)
     }
 
     /// Opens `path` (see [`Weights::open`]). The architecture comes from `arch` if given,
@@ -71,13 +77,8 @@ impl ModelWeights {
     /// tensors outside the text decoder).
     pub fn get(&self, hf_name: &str) -> Option<TensorView<'_>> {
         let stored = self.lookup(hf_name)?;
-        if let Some((name, d)) = self.decoded.get_key_value(&stored) {
-            return Some(TensorView {
-                name,
-                shape: d.shape.clone(),
-                ty: d.ty,
-                bytes: &d.bytes,
-            });
+        if self.bnb4.contains_key(&stored) {
+            return None;
         }
         self.weights.get(&stored)
     }
@@ -102,7 +103,7 @@ impl ModelWeights {
                     .hf_prefixes()
                     .iter()
                     .map(|p| format!("{p}{rest}"))
-                    .find(|n| s.get(n).is_some() || self.decoded.contains_key(n))
+                    .find(|n| s.get(n).is_some() || self.bnb4.contains_key(n))
             }
         }
     }

@@ -27,15 +27,29 @@ fn matrices_dequantize_as_bitsandbytes_does() {
                 continue;
             };
             let want = reference.get(name).unwrap().to_f32_vec().unwrap();
-            let view = w
-                .get(&format!("model.{module}.weight"))
+            let hf = format!("model.{module}.weight");
+            let q = w
+                .bnb4(&hf)
                 .unwrap_or_else(|| panic!("{variant}: {module} is missing"));
-            let got = view.to_f32_vec().unwrap();
+            assert!(w.get(&hf).is_none(), "{variant}: no dense view of {module}");
+            // Decoded in two spans that split a block, as a product reads rows.
+            let mut got = vec![0f32; q.rows() * q.cols()];
+            let cut = got.len() / 2 + 5;
+            q.decode(0, &mut got[..cut]);
+            q.decode(cut, &mut got[cut..]);
             assert_eq!(
-                view.shape,
+                q.shape,
                 reference.get(name).unwrap().shape,
                 "{variant} {module}"
             );
+            // The whole matrix as the state's dtype, as a dense upload takes it.
+            let dense = strata_weights::TensorView {
+                name: "decoded",
+                shape: q.shape.clone(),
+                ty: q.ty,
+                bytes: &q.to_decoded().bytes,
+            };
+            assert_eq!(dense.to_f32_vec().unwrap(), got, "{variant} {module}");
             let differ = got
                 .iter()
                 .zip(&want)
