@@ -22,6 +22,10 @@ fn cases() -> Vec<LoraCase> {
         // E2B's q projection at rank 32 and the down projection's wide input.
         (3, 2, 32, 1536, 2048),
         (2, 2, 16, 6144, 1536),
+        // Past the expand's register rank, an odd rank, and more rows than one block's.
+        (3, 2, 80, 96, 70),
+        (4, 3, 5, 40, 33),
+        (19, 4, 8, 64, 300),
     ];
     let mut out = Vec::new();
     for (i, &(rows, slots, rank, cols, out_f)) in shapes.iter().enumerate() {

@@ -14,6 +14,8 @@ const OP: &str = "lora_bgmv";
 const SHRINK_WARPS: usize = 8;
 /// Output features of an expand block.
 const EXPAND_THREADS: usize = 256;
+/// Rows of an expand block (`LORA_EXPAND_ROWS`).
+const EXPAND_ROWS: usize = 8;
 
 impl CudaBackend {
     pub(super) fn lora_bgmv_impl(
@@ -41,6 +43,7 @@ impl CudaBackend {
         let code = dtype_code(a.dtype);
         let (slots_n, rank, cols, out_n) =
             (s.slots as u32, s.rank as i32, s.cols as i32, s.out as i32);
+        let rows = s.rows as i32;
         {
             let hs = h.f32s_mut(OP)?;
             let mut l = self.stream.launch_builder(self.kernels.get("lora_shrink")?);
@@ -71,17 +74,22 @@ impl CudaBackend {
             .arg(scales)
             .arg(slots.data())
             .arg(&slots_n)
+            .arg(&rows)
             .arg(&rank)
             .arg(&out_n)
             .arg(o);
         let cfg = LaunchConfig {
-            grid_dim: (s.rows as u32, s.out.div_ceil(EXPAND_THREADS) as u32, 1),
+            grid_dim: (
+                s.out.div_ceil(EXPAND_THREADS) as u32,
+                s.rows.div_ceil(EXPAND_ROWS) as u32,
+                1,
+            ),
             block_dim: (EXPAND_THREADS as u32, 1, 1),
-            shared_mem_bytes: (s.rank * 4) as u32,
+            shared_mem_bytes: (EXPAND_ROWS * s.rank * 4) as u32,
         };
         // SAFETY: the arguments match `lora_expand`; h holds rows x rank, b slots x out x
-        // rank of `code`'s dtype, scales one a slot and out rows x out (checked above); the block's shared
-        // memory holds the row's rank values of h.
+        // rank of `code`'s dtype, scales one a slot and out rows x out (checked above); the
+        // block's shared memory holds its rows' rank values of h.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }
