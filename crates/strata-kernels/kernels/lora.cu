@@ -98,3 +98,62 @@ extern "C" __global__ void lora_expand(const float* __restrict__ h, const void* 
         out[(u64)(r0 + q) * out_n + j] += scales[s] * acc;
     }
 }
+
+// Both passes in one kernel for a step of at most LORA_FUSED_ROWS rows (decode at a few
+// requests, where each pass is a handful of blocks and a launch costs more than the
+// arithmetic): every block computes the rows' h itself (the A rows come from L2 after the
+// first block), then expands its 256 output features. grid (ceil(out / 256)), block 256,
+// shared memory LORA_FUSED_ROWS * rank floats.
+#define LORA_FUSED_ROWS 4
+
+extern "C" __global__ void lora_fused(const float* __restrict__ x, const void* __restrict__ a,
+                                      const void* __restrict__ b, int dtype,
+                                      const float* __restrict__ scales,
+                                      const u32* __restrict__ slots, u32 slots_n, int rows,
+                                      int rank, int cols, int out_n, float* __restrict__ out) {
+    extern __shared__ float hs[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int p = warp; p < rows * rank; p += LORA_WARPS) {
+        const int r = p / rank, k = p - r * rank;
+        const u32 s = slots[r];
+        if (s >= slots_n) continue;
+        const float* xr = x + (u64)r * cols;
+        const u64 base = ((u64)s * rank + k) * cols;
+        float acc = 0.0f;
+        if ((cols & 7) == 0) {
+            for (int i = lane * 8; i < cols; i += 256) {
+                float w[8];
+                load8(a, dtype, base + i, w);
+                const float4 x0 = *reinterpret_cast<const float4*>(xr + i);
+                const float4 x1 = *reinterpret_cast<const float4*>(xr + i + 4);
+                acc += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w;
+                acc += w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+            }
+        } else {
+            for (int i = lane; i < cols; i += 32) acc += load_as_f32(a, dtype, base + i) * xr[i];
+        }
+        acc = warp_sum_f32(acc);
+        if (lane == 0) hs[p] = acc;
+    }
+    __syncthreads();
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= out_n) return;
+    for (int r = 0; r < rows; ++r) {
+        const u32 s = slots[r];
+        if (s >= slots_n) continue;
+        const u64 base = ((u64)s * out_n + j) * rank;
+        const float* hr = hs + r * rank;
+        float acc = 0.0f;
+        if ((rank & 7) == 0) {
+            for (int k = 0; k < rank; k += 8) {
+                float w[8];
+                load8(b, dtype, base + k, w);
+#pragma unroll
+                for (int q = 0; q < 8; ++q) acc += w[q] * hr[k + q];
+            }
+        } else {
+            for (int k = 0; k < rank; ++k) acc += load_as_f32(b, dtype, base + k) * hr[k];
+        }
+        out[(u64)r * out_n + j] += scales[s] * acc;
+    }
+}
