@@ -16,8 +16,6 @@ const SHRINK_WARPS: usize = 8;
 const EXPAND_THREADS: usize = 256;
 /// Rows of an expand block (`LORA_EXPAND_ROWS`).
 const EXPAND_ROWS: usize = 8;
-/// Steps of at most this many rows run both passes as one kernel (`LORA_FUSED_ROWS`).
-const FUSED_ROWS: usize = 4;
 
 impl CudaBackend {
     pub(super) fn lora_bgmv_impl(
@@ -41,40 +39,6 @@ impl CudaBackend {
             return Ok(());
         }
         let xs = x.f32s(OP)?;
-        if s.rows <= FUSED_ROWS {
-            let o = out.f32s_mut(OP)?;
-            let code = dtype_code(a.dtype);
-            let (slots_n, rows, rank, cols, out_n) = (
-                s.slots as u32,
-                s.rows as i32,
-                s.rank as i32,
-                s.cols as i32,
-                s.out as i32,
-            );
-            let mut l = self.stream.launch_builder(self.kernels.get("lora_fused")?);
-            l.arg(xs);
-            arg_any(&mut l, a);
-            arg_any(&mut l, b);
-            l.arg(&code)
-                .arg(scales)
-                .arg(slots.data())
-                .arg(&slots_n)
-                .arg(&rows)
-                .arg(&rank)
-                .arg(&cols)
-                .arg(&out_n)
-                .arg(o);
-            let cfg = LaunchConfig {
-                grid_dim: (s.out.div_ceil(EXPAND_THREADS) as u32, 1, 1),
-                block_dim: (EXPAND_THREADS as u32, 1, 1),
-                shared_mem_bytes: (s.rows * s.rank * 4) as u32,
-            };
-            // SAFETY: the arguments match `lora_fused`; x holds rows x cols, a and b the
-            // stacks of `code`'s dtype, scales one a slot and out rows x out (checked
-            // above); shared memory holds the rows' rank values of h.
-            unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
-            return Ok(());
-        }
         let mut h = self.scratch(s.rows * s.rank, DType::F32)?;
         let code = dtype_code(a.dtype);
         let (slots_n, rank, cols, out_n) =

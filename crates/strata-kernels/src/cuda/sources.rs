@@ -187,7 +187,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile::any_gpu(
         "lora",
         include_str!("../../kernels/lora.cu"),
-        &["lora_shrink", "lora_expand", "lora_fused"],
+        &["lora_shrink", "lora_expand"],
     ),
     KernelFile::any_gpu(
         "elementwise",
