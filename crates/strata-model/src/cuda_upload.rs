@@ -554,6 +554,32 @@ mod tests {
         }
     }
 
+    /// bitsandbytes 4-bit checkpoints on the GPU (decoded to a dense matrix at upload): the
+    /// reference ids' logits on the device pool within 1e-4 of transformers (on the same
+    /// dequantized matrices) and of the CPU, whose matrices stay 4-bit.
+    #[test]
+    fn bitsandbytes_checkpoints_on_the_gpu_match_transformers() {
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        for variant in [
+            "llama-tiny-nf4-dq",
+            "llama-tiny-fp4",
+            "gemma4-tiny-nf4-dq-bf16",
+        ] {
+            let dir = fixtures().join("bnb").join(variant);
+            let (ids, want) = reference(&dir);
+            let cuda = Model::load(gpu.clone(), &dir).unwrap();
+            let cpu = Model::load(CpuBackend::new(), &dir).unwrap();
+            let n = ids.len();
+            let got = logits_in(&cuda, device_pool(&cuda, KvCacheDtype::F32), &ids, &[n]);
+            let on_cpu = logits_in(&cpu, host_pool(&cpu, KvCacheDtype::F32), &ids, &[n]);
+            let (d, c) = (max_abs_diff(&got, &want), max_abs_diff(&got, &on_cpu));
+            eprintln!("{variant}: max |cuda - transformers| {d:.3e}, |cuda - cpu| {c:.3e}");
+            assert!(d < 1e-4, "{variant}: CUDA differs from transformers by {d}");
+            assert!(c < 1e-4, "{variant}: CUDA differs from the CPU by {c}");
+        }
+    }
+
     /// Decode steps mixing LoRA adapters replay as graphs: the rows' adapters change from
     /// step to step (slots are the graph's input), two slots for three adapters (so a
     /// step swaps one in), and every step's logits are the bits of the same padded step
