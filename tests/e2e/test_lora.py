@@ -67,6 +67,7 @@ def tiny(log_dir, tmp_path_factory):
                        "--page-size", "4",
                        name="lora", model=model, admin_key=ADMIN)
     srv.lora = lora
+    srv.model_dir = model
     srv.ref = reference(lora / "reference.safetensors")
     yield srv
     srv.stop()
@@ -274,3 +275,38 @@ def test_weights_update_under_load_loses_no_request(tiny, log_dir, tmp_path):
         assert r.json()["error"]["param"] == field, r.text
     assert get(tiny, "/v1/weights/version").json()["version"] == 2
     assert greedy(tiny) == before
+
+
+def test_prompt_lookup_rounds_check_drafts_under_each_adapter(tiny, log_dir):
+    """`--prompt-lookup`: requests on two adapters run speculative rounds (the counters move
+    while only they run) whose drafts are checked under each row's adapter, and beside a
+    request on none: the greedy tokens equal the plain server's for each model."""
+    from conftest import start_server
+
+    # A repeating prompt, so the lookup proposes drafts from the first step.
+    ids = [7, 8, 9, 10, 11, 12] * 5
+    body = lambda model: {"model": model, "prompt": ids, "max_tokens": 16, "temperature": 0}  # noqa: E731
+    models = ["tiny", "attn", "mlp"]
+    want = {m: post(tiny, "/v1/completions", body(m)).json()["choices"][0]["text"] for m in models}
+    assert len(set(want.values())) > 1, want
+    srv = start_server(log_dir, "--served-model-name", "tiny", "--lora", f"attn={tiny.lora / 'attn-r4'}",
+                       "--lora", f"mlp={tiny.lora / 'mlp-r8-rs'}", "--max-loras", "2", "--page-size", "4",
+                       "--prompt-lookup", "2", "--draft-tokens", "3",
+                       name="lora-lookup", model=tiny.model_dir)
+    try:
+        def rounds():
+            return sum(float(line.split()[1]) for line in get(srv, "/metrics").text.splitlines()
+                       if line.startswith("strata_spec_rounds_total"))
+
+        # The two adapters alone first: any round counted then had only adapter rows.
+        before = rounds()
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda m: post(srv, "/v1/completions", body(m)), ["attn", "mlp"]))
+        assert rounds() > before
+        with ThreadPoolExecutor(len(models)) as pool:
+            got += list(pool.map(lambda m: post(srv, "/v1/completions", body(m)), models))
+        for m, r in zip(["attn", "mlp"] + models, got):
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == want[m], m
+    finally:
+        srv.stop()

@@ -194,6 +194,7 @@ where
                 tokens: std::iter::once(r.token).chain(d).collect(),
                 draws: r.draws.clone(),
                 adjust: r.adjust.clone(),
+                adapter: r.adapter,
             });
         }
         let (checked, hidden) = check_runs(self.target.0.model(), kv, &runs)?;

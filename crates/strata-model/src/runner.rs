@@ -124,7 +124,10 @@ pub(crate) fn check_runs<B: Backend, K: KvCache<B>>(
             .collect(),
         adjust: Vec::new(),
         masked: Vec::new(),
-        adapters: Vec::new(),
+        adapters: match rows.iter().any(|r| r.adapter != 0) {
+            true => rows.iter().map(|r| r.adapter).collect(),
+            false => Vec::new(),
+        },
     };
     // The draws' and adjustments' rows, counted over the whole step; row j of a run
     // counts the j drafts before it as pending tokens.

@@ -25,6 +25,8 @@ pub struct DraftRow {
     /// before the drafts: the model counts the drafts ahead of row `j` (`j` of them) as
     /// its pending tokens.
     pub adjust: Vec<RowAdjust>,
+    /// The LoRA adapter the sequence runs with (0: none): its drafts are checked under it.
+    pub adapter: u32,
 }
 
 /// What a round computed for one row: the drafts, and the model's token after each
@@ -61,6 +63,8 @@ pub struct CheckRow {
     /// the adjustments: row `j`'s is the constraint's after `tokens[1..=j]`. Rows past a
     /// draft the grammar refuses have none (their tokens are never kept).
     pub masks: Vec<RowMask>,
+    /// As [`DraftRow::adapter`].
+    pub adapter: u32,
 }
 
 /// A speculative round's grammar masks, computed by the caller once the drafts exist:

@@ -64,8 +64,8 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
             && self.waiting.is_empty()
             && !self.running.is_empty()
             && self.running.len() <= self.config.draft_max_requests
-            // Drafts and their checks run on the base model.
-            && self.running.iter().all(|s| s.req.adapter == 0)
+            // A round runs every request in one step: their adapters must fit it.
+            && self.adapters_fit_one_step()
             && self.running.iter().all(|s| {
                 // Tokens the model picks (greedy or drawn, with their logprobs; under a
                 // grammar, once the caller's masks arrive): not a request drawn on the
@@ -123,6 +123,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 drafts: n - 1,
                 draws: row_draws(s, n),
                 adjust,
+                adapter: s.req.adapter,
             });
         }
         if rows.is_empty() {
@@ -188,6 +189,7 @@ impl<M: StepModel<S>, S: KvStorage> Scheduler<M, S> {
                 draws: r.draws.clone(),
                 adjust: r.adjust.clone(),
                 masks,
+                adapter: r.adapter,
             });
         }
         self.model.verify(&mut self.pool, &check)
