@@ -10,16 +10,41 @@ use crate::{Activation, Result};
 /// `sqrt(2 / pi)`.
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
-/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, the tanh approximation of GELU.
+/// `e^x` in f32 without a library call, so that loops over it vectorise: `x = n ln2 + r`
+/// with `|r| <= ln2 / 2` (n rounded by adding and subtracting 1.5 * 2^23), `e^r` by Cephes'
+/// degree-7 polynomial, `2^n` from exponent bits. Within 2 ulp of `f32::exp` on
+/// `[-87, 88]`; inputs outside are clamped there (e^-87 is still a normal f32); NaN stays NaN.
+#[inline]
+pub fn exp_f32(x: f32) -> f32 {
+    const ROUND: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, the tanh approximation of GELU,
+/// computed as `x / (1 + e^(-2u))` (the same value: `(1 + tanh u) / 2` is the logistic of
+/// `2u`), which needs no `tanh` call and does not cancel for negative x.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+    let u = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+    x / (1.0 + exp_f32(-2.0 * u))
 }
 
 /// `x * sigmoid(x)`, written as `x / (1 + e^-x)` (finite for every finite x).
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp_f32(-x))
 }
 
 #[inline]
@@ -105,4 +130,23 @@ pub(crate) fn scale(x: &mut CpuBuffer, s: f32) -> Result<()> {
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_f32;
+
+    #[test]
+    fn exp_is_within_2_ulp_of_the_library_exp() {
+        let mut x = -87.0f32;
+        while x <= 88.0 {
+            let (got, want) = (exp_f32(x), x.exp());
+            let ulp = got.to_bits().abs_diff(want.to_bits());
+            assert!(ulp <= 2, "exp({x}) = {got}, want {want} ({ulp} ulp)");
+            x += 0.000_731;
+        }
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(exp_f32(-1000.0), exp_f32(-87.0));
+        assert_eq!(exp_f32(1000.0), exp_f32(88.0));
+    }
 }
