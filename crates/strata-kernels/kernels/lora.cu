@@ -1,16 +1,18 @@
 // LoRA products by slot (Backend::lora_bgmv), in two passes so that a decode step of one
-// row still spreads over many blocks: `lora_shrink` writes h[r, k] = A[s] x[r] (f32), one
-// warp a rank k; `lora_expand` adds scale[s] * B[s] h[r] to out[r], one thread an output
+// row still spreads over many blocks: `lora_shrink` writes h[p, k] = A[s] x[r] (f32), one
+// warp a rank k; `lora_expand` adds scale[s] * B[s] h[p] to out[r], one thread an output
 // feature. A row whose slot is not below `slots_n` (u32 max: no adapter) is skipped by both.
 // The slots are read on the device, so a captured step replays with other adapters.
 //
-// Both are bound by load instructions more than by bytes (the stacks sit in L2 after the
-// first rows): the weights are read 8 values a load where the shapes allow (`cols` and
-// `rank` multiples of 8), and an expand thread keeps its B row in registers across the
-// rows of its block that share a slot.
+// Rows are taken in the order the caller lists after the slots (`order`, the rows sorted by
+// slot), a tile of LORA_TILE_ROWS at a time, and h is stored at a row's place p in that
+// order: the rows of one adapter then sit together, so a tile loads each weight of A (a
+// shrink warp) or its B row (an expand thread) once for all its rows of that adapter rather
+// than once a row. A row's own arithmetic does not depend on its tile, so its result is the
+// same whatever else runs beside it.
 
 #define LORA_WARPS 8
-#define LORA_EXPAND_ROWS 8
+#define LORA_TILE_ROWS 8
 #define LORA_MAX_REG_RANK 64
 
 // 8 consecutive weights from element `i` (a multiple of 8) of a stack of `dtype`.
@@ -31,45 +33,85 @@ __device__ __forceinline__ void load8(const void* p, int dtype, u64 i, float* v)
     }
 }
 
-// grid (rows, ceil(rank / LORA_WARPS)), block 32 * LORA_WARPS.
+// grid (ceil(rows / LORA_TILE_ROWS), ceil(rank / LORA_WARPS)), block 32 * LORA_WARPS.
 extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* __restrict__ a,
                                        int dtype, const u32* __restrict__ slots, u32 slots_n,
-                                       int rank, int cols, float* __restrict__ h) {
-    const int r = blockIdx.x;
-    const u32 s = slots[r];
-    if (s >= slots_n) return;
+                                       int rows, int rank, int cols, float* __restrict__ h) {
+    const u32* order = slots + rows;
+    const int p0 = blockIdx.x * LORA_TILE_ROWS;
+    const int nr = min(LORA_TILE_ROWS, rows - p0);
     const int k = blockIdx.y * LORA_WARPS + (threadIdx.x >> 5);
     if (k >= rank) return;
     const int lane = threadIdx.x & 31;
-    const float* xr = x + (u64)r * cols;
-    const u64 base = ((u64)s * rank + k) * cols;
-    float acc = 0.0f;
+    int rs[LORA_TILE_ROWS];
+    u32 ss[LORA_TILE_ROWS];
+#pragma unroll
+    for (int q = 0; q < LORA_TILE_ROWS; ++q) {
+        const u32 r = q < nr ? order[p0 + q] : 0xffffffffu;
+        rs[q] = (int)r;
+        ss[q] = r < (u32)rows ? slots[r] : 0xffffffffu;
+    }
+    bool any = false;
+#pragma unroll
+    for (int q = 0; q < LORA_TILE_ROWS; ++q) any |= ss[q] < slots_n;
+    if (!any) return;
+    float acc[LORA_TILE_ROWS];
+#pragma unroll
+    for (int q = 0; q < LORA_TILE_ROWS; ++q) acc[q] = 0.0f;
     if ((cols & 7) == 0) {
         for (int i = lane * 8; i < cols; i += 256) {
             float w[8];
-            load8(a, dtype, base + i, w);
-            const float4 x0 = *reinterpret_cast<const float4*>(xr + i);
-            const float4 x1 = *reinterpret_cast<const float4*>(xr + i + 4);
-            acc += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w;
-            acc += w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+            u32 held = 0xffffffffu;
+#pragma unroll
+            for (int q = 0; q < LORA_TILE_ROWS; ++q) {
+                const u32 s = ss[q];
+                if (s >= slots_n) continue;
+                if (s != held) {
+                    load8(a, dtype, ((u64)s * rank + k) * cols + i, w);
+                    held = s;
+                }
+                const float* xr = x + (u64)rs[q] * cols;
+                const float4 x0 = *reinterpret_cast<const float4*>(xr + i);
+                const float4 x1 = *reinterpret_cast<const float4*>(xr + i + 4);
+                acc[q] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w;
+                acc[q] += w[4] * x1.x + w[5] * x1.y + w[6] * x1.z + w[7] * x1.w;
+            }
         }
     } else {
-        for (int i = lane; i < cols; i += 32) acc += load_as_f32(a, dtype, base + i) * xr[i];
+        for (int i = lane; i < cols; i += 32) {
+#pragma unroll
+            for (int q = 0; q < LORA_TILE_ROWS; ++q) {
+                const u32 s = ss[q];
+                if (s >= slots_n) continue;
+                acc[q] += load_as_f32(a, dtype, ((u64)s * rank + k) * cols + i) *
+                          x[(u64)rs[q] * cols + i];
+            }
+        }
     }
-    acc = warp_sum_f32(acc);
-    if (lane == 0) h[(u64)r * rank + k] = acc;
+#pragma unroll
+    for (int q = 0; q < LORA_TILE_ROWS; ++q) {
+        const float v = warp_sum_f32(acc[q]);
+        if (lane == 0 && ss[q] < slots_n) h[(u64)(p0 + q) * rank + k] = v;
+    }
 }
 
-// grid (ceil(out / 256), ceil(rows / LORA_EXPAND_ROWS)), block 256; the block's rows' h in
-// shared memory (LORA_EXPAND_ROWS * rank floats).
+// grid (ceil(out / 256), ceil(rows / LORA_TILE_ROWS)), block 256; the tile's h in shared
+// memory (LORA_TILE_ROWS * rank floats).
 extern "C" __global__ void lora_expand(const float* __restrict__ h, const void* __restrict__ b,
                                        int dtype, const float* __restrict__ scales,
                                        const u32* __restrict__ slots, u32 slots_n, int rows,
                                        int rank, int out_n, float* __restrict__ out) {
     extern __shared__ float hs[];
-    const int r0 = blockIdx.y * LORA_EXPAND_ROWS;
-    const int nr = min(LORA_EXPAND_ROWS, rows - r0);
-    for (int i = threadIdx.x; i < nr * rank; i += blockDim.x) hs[i] = h[(u64)r0 * rank + i];
+    const u32* order = slots + rows;
+    const int p0 = blockIdx.y * LORA_TILE_ROWS;
+    const int nr = min(LORA_TILE_ROWS, rows - p0);
+    bool any = false;
+    for (int q = 0; q < nr; ++q) {
+        const u32 r = order[p0 + q];
+        any |= r < (u32)rows && slots[r] < slots_n;
+    }
+    if (!any) return;
+    for (int i = threadIdx.x; i < nr * rank; i += blockDim.x) hs[i] = h[(u64)p0 * rank + i];
     __syncthreads();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= out_n) return;
@@ -77,7 +119,9 @@ extern "C" __global__ void lora_expand(const float* __restrict__ h, const void* 
     float bw[LORA_MAX_REG_RANK];
     u32 held = 0xffffffffu;
     for (int q = 0; q < nr; ++q) {
-        const u32 s = slots[r0 + q];
+        const u32 r = order[p0 + q];
+        if (r >= (u32)rows) continue;
+        const u32 s = slots[r];
         if (s >= slots_n) continue;
         const u64 base = ((u64)s * out_n + j) * rank;
         const float* hr = hs + q * rank;
@@ -95,6 +139,6 @@ extern "C" __global__ void lora_expand(const float* __restrict__ h, const void* 
         } else {
             for (int k = 0; k < rank; ++k) acc += load_as_f32(b, dtype, base + k) * hr[k];
         }
-        out[(u64)(r0 + q) * out_n + j] += scales[s] * acc;
+        out[(u64)r * out_n + j] += scales[s] * acc;
     }
 }

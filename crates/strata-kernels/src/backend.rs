@@ -233,8 +233,10 @@ pub trait Backend: Send + Sync {
     /// `[out, rank]` one at `s * out * rank` of `stacks.b` and `scale[s]` element `s` of
     /// `stacks.scales`. `h = A[s] x[r]` stays in f32 (each `h[k]` a dot product of the row,
     /// then `y[j]` the dot of row `j` of `B[s]` with `h`, and `out[r][j] += scale[s] * y[j]`). Rows of any other slot
-    /// (`u32::MAX`: no adapter) are left as they are. Since the slots are data, a captured
-    /// step replays with other adapters on its rows. `x` is `[rows, cols]` and `out`
+    /// (`u32::MAX`: no adapter) are left as they are. `slots` is the index
+    /// [`crate::lora_slot_index`] makes: the rows' slots, then the rows sorted by slot, the
+    /// order a backend may take them in. Since the slots are data, a captured step replays
+    /// with other adapters on its rows. `x` is `[rows, cols]` and `out`
     /// `[rows, out]`, both in the activation dtype; `a` and `b` share a weight dtype.
     fn lora_bgmv(
         &self,

@@ -177,9 +177,22 @@ pub struct LoraShape {
     pub out: usize,
 }
 
+/// The index a [`crate::Backend::lora_bgmv`] takes for rows with `slots` (`u32::MAX`: no
+/// adapter): the slots, then the rows sorted by slot (stable, rows without an adapter last).
+/// A backend reads the rows in that order so that each adapter's weights are loaded once for
+/// all its rows in a tile; each row's result does not depend on the order.
+pub fn lora_slot_index(slots: &[u32]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..slots.len() as u32).collect();
+    order.sort_by_key(|&r| slots[r as usize]);
+    let mut index = Vec::with_capacity(2 * slots.len());
+    index.extend_from_slice(slots);
+    index.extend(order);
+    index
+}
+
 /// The stacks a [`crate::Backend::lora_bgmv`] reads ([`LoraShape`]): `A`, `B` (one
 /// weight dtype) and each slot's scale (F32, `[slots]`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct LoraStacks<'a, Buf> {
     /// `[slots, rank, cols]`.
     pub a: &'a Buf,
@@ -188,6 +201,15 @@ pub struct LoraStacks<'a, Buf> {
     /// `[slots]` f32: the factor each slot's product is multiplied by.
     pub scales: &'a Buf,
 }
+
+// By hand: derived, they would ask `Buf: Copy`, and only the references are copied.
+impl<Buf> Clone for LoraStacks<'_, Buf> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Buf> Copy for LoraStacks<'_, Buf> {}
 
 /// One product of [`crate::Backend::matmul_shared_input`]: `out = x * w^T` for a dense
 /// `w` of `shape`.

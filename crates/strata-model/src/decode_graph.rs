@@ -15,7 +15,9 @@
 //! their logits are dropped. The full group's slot table has a capacity; a step that
 //! needs more recaptures the bucket with twice the room.
 
-use strata_kernels::{expand_page_slots, Backend, DeviceBuffer, PagedSeq, StridedCopy};
+use strata_kernels::{
+    expand_page_slots, lora_slot_index, Backend, DeviceBuffer, PagedSeq, StridedCopy,
+};
 use strata_kv::{KvPool, PoolKind, RequestId};
 
 use crate::batch::{ForwardBatch, LogitsMode, SeqChunk};
@@ -93,7 +95,8 @@ pub(crate) struct Padded {
     pub(crate) positions: Vec<u32>,
     pub(crate) full: Option<HostPages>,
     pub(crate) window: Option<HostPages>,
-    /// Each row's LoRA slot (pads: none); `None` when no sequence has an adapter.
+    /// Each row's LoRA slot (pads: none) and the rows in slot order ([`lora_slot_index`]);
+    /// `None` when no sequence has an adapter.
     pub(crate) lora: Option<Vec<u32>>,
 }
 
@@ -107,7 +110,7 @@ fn padded_with_slots<B: Backend>(
     let mut p = padded(pool, batch, prep, bucket)?;
     p.lora = model.loras.slots_for(model.backend(), batch)?.map(|mut v| {
         v.resize(p.ids.len(), u32::MAX);
-        v
+        lora_slot_index(&v)
     });
     Ok(p)
 }

@@ -4,8 +4,8 @@
 use strata_config::{Activation as CfgActivation, LayerConfig, RopeStyle as CfgRopeStyle};
 use strata_kernels::sampling::{RowAdjust, RowDraw, RowMask, FED_TOKEN};
 use strata_kernels::{
-    Activation, AttentionParams, Backend, DeviceBuffer, HostSlice, QkvPrep, ResidualStep,
-    RmsNormParams, RopeAt, RopeParams, RopeStyle, StridedCopy, TableSlice,
+    lora_slot_index, Activation, AttentionParams, Backend, DeviceBuffer, HostSlice, QkvPrep,
+    ResidualStep, RmsNormParams, RopeAt, RopeParams, RopeStyle, StridedCopy, TableSlice,
 };
 
 use crate::batch::{ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
@@ -324,7 +324,9 @@ impl<B: Backend> Model<B> {
     /// The LoRA products of `batch`'s rows, their slots uploaded for the step.
     fn step_loras(&self, batch: &ForwardBatch) -> Result<AdapterRuns<'_, B>> {
         let slots = match self.loras.slots_for(&self.backend, batch)? {
-            Some(v) => Some(Slots::Owned(self.backend.upload_index(&v)?)),
+            Some(v) => Some(Slots::Owned(
+                self.backend.upload_index(&lora_slot_index(&v))?,
+            )),
             None => None,
         };
         Ok(self.loras.runs(slots))

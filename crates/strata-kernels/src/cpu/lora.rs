@@ -65,8 +65,11 @@ pub(crate) fn check(
             )
         },
     )?;
-    ensure(slots >= s.rows, OP, || {
-        format!("{slots} slots for {} rows", s.rows)
+    ensure(slots >= 2 * s.rows, OP, || {
+        format!(
+            "an index of {slots} for {} rows, want their slots and their order",
+            s.rows
+        )
     })
 }
 

@@ -14,8 +14,8 @@ const OP: &str = "lora_bgmv";
 const SHRINK_WARPS: usize = 8;
 /// Output features of an expand block.
 const EXPAND_THREADS: usize = 256;
-/// Rows of an expand block (`LORA_EXPAND_ROWS`).
-const EXPAND_ROWS: usize = 8;
+/// Rows of a shrink or expand block (`LORA_TILE_ROWS`), taken in slot order.
+const TILE_ROWS: usize = 8;
 
 impl CudaBackend {
     pub(super) fn lora_bgmv_impl(
@@ -52,17 +52,23 @@ impl CudaBackend {
             l.arg(&code)
                 .arg(slots.data())
                 .arg(&slots_n)
+                .arg(&rows)
                 .arg(&rank)
                 .arg(&cols)
                 .arg(hs);
             let cfg = LaunchConfig {
-                grid_dim: (s.rows as u32, s.rank.div_ceil(SHRINK_WARPS) as u32, 1),
+                grid_dim: (
+                    s.rows.div_ceil(TILE_ROWS) as u32,
+                    s.rank.div_ceil(SHRINK_WARPS) as u32,
+                    1,
+                ),
                 block_dim: (32 * SHRINK_WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: the arguments match `lora_shrink`; x holds rows x cols, a slots x rank
-            // x cols of `code`'s dtype and h rows x rank (checked above); a row's slot is
-            // used only below slots_n, and k below rank.
+            // x cols of `code`'s dtype, the index 2 x rows and h rows x rank (checked
+            // above); a listed row is used only below rows, its slot only below slots_n, and
+            // k below rank.
             unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         }
         let hs = h.f32s(OP)?;
@@ -81,15 +87,16 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (
                 s.out.div_ceil(EXPAND_THREADS) as u32,
-                s.rows.div_ceil(EXPAND_ROWS) as u32,
+                s.rows.div_ceil(TILE_ROWS) as u32,
                 1,
             ),
             block_dim: (EXPAND_THREADS as u32, 1, 1),
-            shared_mem_bytes: (EXPAND_ROWS * s.rank * 4) as u32,
+            shared_mem_bytes: (TILE_ROWS * s.rank * 4) as u32,
         };
         // SAFETY: the arguments match `lora_expand`; h holds rows x rank, b slots x out x
-        // rank of `code`'s dtype, scales one a slot and out rows x out (checked above); the
-        // block's shared memory holds its rows' rank values of h.
+        // rank of `code`'s dtype, scales one a slot, the index 2 x rows and out rows x out
+        // (checked above); a listed row is used only below rows; the block's shared memory
+        // holds its tile's rank values of h.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         Ok(())
     }
