@@ -1,15 +1,17 @@
 // LoRA products by slot (Backend::lora_bgmv), in two passes so that a decode step of one
-// row still spreads over many blocks: `lora_shrink` writes h[p, k] = A[s] x[r] (f32), one
-// warp a rank k; `lora_expand` adds scale[s] * B[s] h[p] to out[r], one thread an output
-// feature. A row whose slot is not below `slots_n` (u32 max: no adapter) is skipped by both.
-// The slots are read on the device, so a captured step replays with other adapters.
+// row still spreads over many blocks: `lora_shrink` writes h[p, k] = A[s] x[r] (f32) in
+// parts over splits of the columns, one warp a rank k; `lora_expand` adds the parts, then
+// scale[s] * B[s] h[p] to out[r], one thread an output feature. A row whose slot is not
+// below `slots_n` (u32 max: no adapter) is skipped by both. The slots are read on the
+// device, so a captured step replays with other adapters.
 //
 // Rows are taken in the order the caller lists after the slots (`order`, the rows sorted by
-// slot), a tile of LORA_TILE_ROWS at a time, and h is stored at a row's place p in that
-// order: the rows of one adapter then sit together, so a tile loads each weight of A (a
-// shrink warp) or its B row (an expand thread) once for all its rows of that adapter rather
-// than once a row. A row's own arithmetic does not depend on its tile, so its result is the
-// same whatever else runs beside it.
+// slot; then `sorted`, the slot at each place of that order, so that a block reads its rows
+// and their slots in one round of latency), a tile of LORA_TILE_ROWS at a time, and h is
+// stored at a row's place p in that order: the rows of one adapter then sit together, so a
+// tile loads each weight of A (a shrink warp) or its B row (an expand thread) once for all
+// its rows of that adapter rather than once a row. A row's own arithmetic does not depend on
+// its tile, so its result is the same whatever else runs beside it.
 
 #define LORA_WARPS 8
 #define LORA_TILE_ROWS 8
@@ -33,33 +35,39 @@ __device__ __forceinline__ void load8(const void* p, int dtype, u64 i, float* v)
     }
 }
 
-// grid (ceil(rows / LORA_TILE_ROWS), ceil(rank / LORA_WARPS)), block 32 * LORA_WARPS.
+// grid (ceil(rows / LORA_TILE_ROWS), ceil(rank / LORA_WARPS), ceil(cols / split)), block
+// 32 * LORA_WARPS: a warp sums its rank's products over one split of `split` columns (a
+// multiple of 8) for the tile's rows into hp[z, p, k]; the expand adds the splits in order.
 extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* __restrict__ a,
                                        int dtype, const u32* __restrict__ slots, u32 slots_n,
-                                       int rows, int rank, int cols, float* __restrict__ h) {
+                                       int rows, int rank, int cols, int split,
+                                       float* __restrict__ hp) {
     const u32* order = slots + rows;
+    const u32* sorted = slots + 2 * rows;
     const int p0 = blockIdx.x * LORA_TILE_ROWS;
     const int nr = min(LORA_TILE_ROWS, rows - p0);
     const int k = blockIdx.y * LORA_WARPS + (threadIdx.x >> 5);
     if (k >= rank) return;
     const int lane = threadIdx.x & 31;
+    const int c0 = blockIdx.z * split;
+    const int c1 = min(cols, c0 + split);
     int rs[LORA_TILE_ROWS];
     u32 ss[LORA_TILE_ROWS];
+    bool any = false;
 #pragma unroll
     for (int q = 0; q < LORA_TILE_ROWS; ++q) {
         const u32 r = q < nr ? order[p0 + q] : 0xffffffffu;
+        const u32 s = q < nr ? sorted[p0 + q] : 0xffffffffu;
         rs[q] = (int)r;
-        ss[q] = r < (u32)rows ? slots[r] : 0xffffffffu;
+        ss[q] = r < (u32)rows ? s : 0xffffffffu;
+        any |= ss[q] < slots_n;
     }
-    bool any = false;
-#pragma unroll
-    for (int q = 0; q < LORA_TILE_ROWS; ++q) any |= ss[q] < slots_n;
     if (!any) return;
     float acc[LORA_TILE_ROWS];
 #pragma unroll
     for (int q = 0; q < LORA_TILE_ROWS; ++q) acc[q] = 0.0f;
     if ((cols & 7) == 0) {
-        for (int i = lane * 8; i < cols; i += 256) {
+        for (int i = c0 + lane * 8; i < c1; i += 256) {
             float w[8];
             u32 held = 0xffffffffu;
 #pragma unroll
@@ -78,7 +86,7 @@ extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* 
             }
         }
     } else {
-        for (int i = lane; i < cols; i += 32) {
+        for (int i = c0 + lane; i < c1; i += 32) {
 #pragma unroll
             for (int q = 0; q < LORA_TILE_ROWS; ++q) {
                 const u32 s = ss[q];
@@ -88,6 +96,7 @@ extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* 
             }
         }
     }
+    float* h = hp + (u64)blockIdx.z * rows * rank;
 #pragma unroll
     for (int q = 0; q < LORA_TILE_ROWS; ++q) {
         const float v = warp_sum_f32(acc[q]);
@@ -95,33 +104,53 @@ extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* 
     }
 }
 
-// grid (ceil(out / 256), ceil(rows / LORA_TILE_ROWS)), block 256; the tile's h in shared
-// memory (LORA_TILE_ROWS * rank floats).
-extern "C" __global__ void lora_expand(const float* __restrict__ h, const void* __restrict__ b,
-                                       int dtype, const float* __restrict__ scales,
+// grid (ceil(out / 256), ceil(rows / LORA_TILE_ROWS)), block 256; the tile's h (its
+// `splits` parts added in order) in shared memory (LORA_TILE_ROWS * rank floats).
+extern "C" __global__ void lora_expand(const float* __restrict__ hp, int splits,
+                                       const void* __restrict__ b, int dtype,
+                                       const float* __restrict__ scales,
                                        const u32* __restrict__ slots, u32 slots_n, int rows,
                                        int rank, int out_n, float* __restrict__ out) {
     extern __shared__ float hs[];
     const u32* order = slots + rows;
+    const u32* sorted = slots + 2 * rows;
     const int p0 = blockIdx.y * LORA_TILE_ROWS;
     const int nr = min(LORA_TILE_ROWS, rows - p0);
+    u32 rs[LORA_TILE_ROWS], ss[LORA_TILE_ROWS];
     bool any = false;
-    for (int q = 0; q < nr; ++q) {
-        const u32 r = order[p0 + q];
-        any |= r < (u32)rows && slots[r] < slots_n;
+#pragma unroll
+    for (int q = 0; q < LORA_TILE_ROWS; ++q) {
+        const u32 r = q < nr ? order[p0 + q] : 0xffffffffu;
+        const u32 s = q < nr ? sorted[p0 + q] : 0xffffffffu;
+        rs[q] = r;
+        ss[q] = r < (u32)rows ? s : 0xffffffffu;
+        any |= ss[q] < slots_n;
     }
     if (!any) return;
-    for (int i = threadIdx.x; i < nr * rank; i += blockDim.x) hs[i] = h[(u64)p0 * rank + i];
+    // The parts of a value are loaded 8 at once (one round of latency, not one a part) and
+    // added in split order.
+    for (int i = threadIdx.x; i < nr * rank; i += blockDim.x) {
+        float v = 0.0f;
+        for (int sp0 = 0; sp0 < splits; sp0 += 8) {
+            float part[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                part[u] = sp0 + u < splits ? hp[((u64)(sp0 + u) * rows + p0) * rank + i] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                if (sp0 + u < splits) v += part[u];
+        }
+        hs[i] = v;
+    }
     __syncthreads();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= out_n) return;
     const bool regs = rank <= LORA_MAX_REG_RANK && (rank & 7) == 0;
     float bw[LORA_MAX_REG_RANK];
     u32 held = 0xffffffffu;
-    for (int q = 0; q < nr; ++q) {
-        const u32 r = order[p0 + q];
-        if (r >= (u32)rows) continue;
-        const u32 s = slots[r];
+#pragma unroll
+    for (int q = 0; q < LORA_TILE_ROWS; ++q) {
+        const u32 r = rs[q], s = ss[q];
         if (s >= slots_n) continue;
         const u64 base = ((u64)s * out_n + j) * rank;
         const float* hr = hs + q * rank;

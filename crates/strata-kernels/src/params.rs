@@ -178,15 +178,17 @@ pub struct LoraShape {
 }
 
 /// The index a [`crate::Backend::lora_bgmv`] takes for rows with `slots` (`u32::MAX`: no
-/// adapter): the slots, then the rows sorted by slot (stable, rows without an adapter last).
-/// A backend reads the rows in that order so that each adapter's weights are loaded once for
-/// all its rows in a tile; each row's result does not depend on the order.
+/// adapter): the slots, then the rows sorted by slot (stable, rows without an adapter last),
+/// then the slot at each place of that order. A backend reads the rows in that order so that
+/// each adapter's weights are loaded once for all its rows in a tile; each row's result does
+/// not depend on the order.
 pub fn lora_slot_index(slots: &[u32]) -> Vec<u32> {
     let mut order: Vec<u32> = (0..slots.len() as u32).collect();
     order.sort_by_key(|&r| slots[r as usize]);
-    let mut index = Vec::with_capacity(2 * slots.len());
+    let mut index = Vec::with_capacity(3 * slots.len());
     index.extend_from_slice(slots);
-    index.extend(order);
+    index.extend_from_slice(&order);
+    index.extend(order.iter().map(|&r| slots[r as usize]));
     index
 }
 

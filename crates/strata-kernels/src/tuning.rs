@@ -27,6 +27,7 @@ pub(crate) mod defaults {
     pub const GATED_PAIR_MIN_ROWS: usize = 65;
     pub const GATED_PAIR_MAX_ROWS: usize = 256;
     pub const QUANT_GEMV_MAX_ROWS: usize = 8;
+    pub const LORA_SPLIT_COLS: usize = 256;
 }
 
 /// How decode-only steps (every sequence feeds one token) run.
@@ -176,6 +177,11 @@ tuning! {
     /// 32. Stays: the crossover moves with the GPU's bandwidth and the format.
     quant_gemv_max_rows: usize = "STRATA_QUANT_GEMV_MAX_ROWS",
         default defaults::QUANT_GEMV_MAX_ROWS, shown "8", parse count;
+    /// Columns of x that one block of a LoRA shrink (`kernels/lora.cu`) sums, rounded up
+    /// to a multiple of 8: fewer give a step of few rows more blocks, more leave the expand
+    /// fewer parts to add. Stays: a balance measured on one GPU.
+    lora_split_cols: usize = "STRATA_LORA_SPLIT_COLS", default defaults::LORA_SPLIT_COLS,
+        shown "256", parse count;
     /// Whether the bf16 mode's products of GGUF blocks take x quantized to 8 bits with
     /// integer dot products (`kernels/quant_dp4a.cu`) rather than the weight decoded to f32
     /// (`0`). On since the model tests passed with it (2026-12-06, H100): 1.07x at one row,

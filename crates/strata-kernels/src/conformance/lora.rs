@@ -190,7 +190,7 @@ pub fn check_lora_bgmv<B: Backend>(b: &B) -> CheckResult {
     let short = put(b, &[0.0; 5], DType::F32)?;
     let fine = put(b, &[0.0; 4], DType::F32)?;
     let scale = put(b, &[1.0], DType::F32)?;
-    let slots = ctx("lora_bgmv refusal", b.upload_index(&[0, 0]))?;
+    let slots = ctx("lora_bgmv refusal", b.upload_index(&[0, 0, 0]))?;
     let stacks = LoraStacks {
         a: &short,
         b: &fine,

@@ -65,9 +65,9 @@ pub(crate) fn check(
             )
         },
     )?;
-    ensure(slots >= 2 * s.rows, OP, || {
+    ensure(slots >= 3 * s.rows, OP, || {
         format!(
-            "an index of {slots} for {} rows, want their slots and their order",
+            "an index of {slots} for {} rows, want `lora_slot_index`'s (3 a row)",
             s.rows
         )
     })

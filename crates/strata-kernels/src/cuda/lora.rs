@@ -1,5 +1,6 @@
 //! LoRA products by slot on the GPU (`kernels/lora.cu`): a shrink pass into an f32 scratch
-//! of `[rows, rank]`, then an expand pass that adds to `out`.
+//! of `[splits, rows, rank]` (parts over splits of the columns), then an expand pass that
+//! adds the parts and adds the product to `out`.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -39,11 +40,13 @@ impl CudaBackend {
             return Ok(());
         }
         let xs = x.f32s(OP)?;
-        let mut h = self.scratch(s.rows * s.rank, DType::F32)?;
+        let split = self.lora_split_cols;
+        let splits = s.cols.div_ceil(split);
+        let mut h = self.scratch(splits * s.rows * s.rank, DType::F32)?;
         let code = dtype_code(a.dtype);
         let (slots_n, rank, cols, out_n) =
             (s.slots as u32, s.rank as i32, s.cols as i32, s.out as i32);
-        let rows = s.rows as i32;
+        let (rows, split_cols) = (s.rows as i32, split as i32);
         {
             let hs = h.f32s_mut(OP)?;
             let mut l = self.stream.launch_builder(self.kernels.get("lora_shrink")?);
@@ -55,26 +58,28 @@ impl CudaBackend {
                 .arg(&rows)
                 .arg(&rank)
                 .arg(&cols)
+                .arg(&split_cols)
                 .arg(hs);
             let cfg = LaunchConfig {
                 grid_dim: (
                     s.rows.div_ceil(TILE_ROWS) as u32,
                     s.rank.div_ceil(SHRINK_WARPS) as u32,
-                    1,
+                    splits as u32,
                 ),
                 block_dim: (32 * SHRINK_WARPS as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: the arguments match `lora_shrink`; x holds rows x cols, a slots x rank
-            // x cols of `code`'s dtype, the index 2 x rows and h rows x rank (checked
-            // above); a listed row is used only below rows, its slot only below slots_n, and
-            // k below rank.
+            // x cols of `code`'s dtype, the index 3 x rows and h splits x rows x rank
+            // (checked above); a listed row is used only below rows, its slot only below
+            // slots_n, k below rank and a column below cols.
             unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
         }
         let hs = h.f32s(OP)?;
         let o = out.f32s_mut(OP)?;
         let mut l = self.stream.launch_builder(self.kernels.get("lora_expand")?);
-        l.arg(hs);
+        let splits = splits as i32;
+        l.arg(hs).arg(&splits);
         arg_any(&mut l, b);
         l.arg(&code)
             .arg(scales)
@@ -93,8 +98,8 @@ impl CudaBackend {
             block_dim: (EXPAND_THREADS as u32, 1, 1),
             shared_mem_bytes: (TILE_ROWS * s.rank * 4) as u32,
         };
-        // SAFETY: the arguments match `lora_expand`; h holds rows x rank, b slots x out x
-        // rank of `code`'s dtype, scales one a slot, the index 2 x rows and out rows x out
+        // SAFETY: the arguments match `lora_expand`; h holds splits x rows x rank, b slots
+        // x out x rank of `code`'s dtype, scales one a slot, the index 3 x rows and out rows x out
         // (checked above); a listed row is used only below rows; the block's shared memory
         // holds its tile's rank values of h.
         unsafe { l.launch(cfg) }.map_err(device_err(OP))?;

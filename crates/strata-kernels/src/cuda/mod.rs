@@ -89,10 +89,12 @@ pub struct CudaBackend {
     /// SGEMM keeps f32 activations exact (the reference path).
     bf16_gemm: bool,
     /// Block-quantized products over the block GEMV's rows quantize x to 8 bits and take
-    /// integer dot products (`quant_dp4a.rs`) in the bf16 mode; off (the default until a
-    /// GPU run has checked and timed them; `STRATA_QUANT_DP4A=1` turns it on), they decode
-    /// the weight to f32 as the exact mode does.
+    /// integer dot products (`quant_dp4a.rs`) in the bf16 mode; off
+    /// ([`CudaTuning::quant_dp4a`]), they decode the weight to f32 as the exact mode does.
     quant_dp4a: bool,
+    /// Columns a LoRA shrink block sums, a multiple of 8
+    /// ([`CudaTuning::lora_split_cols`]).
+    lora_split_cols: usize,
     /// Rows up to which a block-quantized product runs as the block GEMV
     /// ([`CudaTuning::quant_gemv_max_rows`]).
     quant_gemv_max_rows: usize,
@@ -218,6 +220,7 @@ impl CudaBackend {
             bf16_gemm: false,
             quant_dp4a: tuning.quant_dp4a,
             quant_gemv_max_rows: tuning.quant_gemv_max_rows,
+            lora_split_cols: tuning.lora_split_cols.max(1).next_multiple_of(8),
             sm_count,
             gemv_max_rows: tuning.gemv_max_rows.min(fused::GEMV_MAX_ROWS),
             dense_min_q: tuning.dense_attention_min_q,
