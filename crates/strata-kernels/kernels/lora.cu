@@ -16,6 +16,29 @@
 #define LORA_WARPS 8
 #define LORA_TILE_ROWS 8
 #define LORA_MAX_REG_RANK 64
+#define LORA_MAX_PARTS 3
+
+// The parts one launch runs, all over the same x: their stacks and outputs (unused entries
+// repeat the last part); block_end[i] counts the expand blocks of parts 0..=i. A kernel
+// picks its part's entries with `pick`, never by a run-time index, which would copy the
+// whole parameter to local memory in every thread.
+struct LoraParts {
+    const void* a[LORA_MAX_PARTS];
+    const void* b[LORA_MAX_PARTS];
+    const float* scales[LORA_MAX_PARTS];
+    float* out[LORA_MAX_PARTS];
+    int out_n[LORA_MAX_PARTS];
+    int block_end[LORA_MAX_PARTS];
+};
+
+template <typename T>
+__device__ __forceinline__ T pick(const T (&v)[LORA_MAX_PARTS], int part) {
+    T r = v[0];
+#pragma unroll
+    for (int i = 1; i < LORA_MAX_PARTS; ++i)
+        if (part == i) r = v[i];
+    return r;
+}
 
 // 8 consecutive weights from element `i` (a multiple of 8) of a stack of `dtype`.
 __device__ __forceinline__ void load8(const void* p, int dtype, u64 i, float* v) {
@@ -35,19 +58,22 @@ __device__ __forceinline__ void load8(const void* p, int dtype, u64 i, float* v)
     }
 }
 
-// grid (ceil(rows / LORA_TILE_ROWS), ceil(rank / LORA_WARPS), ceil(cols / split)), block
-// 32 * LORA_WARPS: a warp sums its rank's products over one split of `split` columns (a
-// multiple of 8) for the tile's rows into hp[z, p, k]; the expand adds the splits in order.
-extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* __restrict__ a,
-                                       int dtype, const u32* __restrict__ slots, u32 slots_n,
-                                       int rows, int rank, int cols, int split,
-                                       float* __restrict__ hp) {
+// grid (ceil(rows / LORA_TILE_ROWS), parts * ceil(rank / LORA_WARPS), ceil(cols / split)),
+// block 32 * LORA_WARPS: a warp sums its part's rank k products over one split of `split`
+// columns (a multiple of 8) for the tile's rows into hp[part, z, p, k]; the expand adds the
+// splits in order.
+extern "C" __global__ void lora_shrink(const float* __restrict__ x, LoraParts parts, int dtype,
+                                       const u32* __restrict__ slots, u32 slots_n, int rows,
+                                       int rank, int cols, int split, float* __restrict__ hp) {
     const u32* order = slots + rows;
     const u32* sorted = slots + 2 * rows;
     const int p0 = blockIdx.x * LORA_TILE_ROWS;
     const int nr = min(LORA_TILE_ROWS, rows - p0);
-    const int k = blockIdx.y * LORA_WARPS + (threadIdx.x >> 5);
+    const int kblocks = (rank + LORA_WARPS - 1) / LORA_WARPS;
+    const int part = blockIdx.y / kblocks;
+    const int k = (blockIdx.y % kblocks) * LORA_WARPS + (threadIdx.x >> 5);
     if (k >= rank) return;
+    const void* a = pick(parts.a, part);
     const int lane = threadIdx.x & 31;
     const int c0 = blockIdx.z * split;
     const int c1 = min(cols, c0 + split);
@@ -96,7 +122,7 @@ extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* 
             }
         }
     }
-    float* h = hp + (u64)blockIdx.z * rows * rank;
+    float* h = hp + ((u64)part * gridDim.z + blockIdx.z) * rows * rank;
 #pragma unroll
     for (int q = 0; q < LORA_TILE_ROWS; ++q) {
         const float v = warp_sum_f32(acc[q]);
@@ -104,14 +130,23 @@ extern "C" __global__ void lora_shrink(const float* __restrict__ x, const void* 
     }
 }
 
-// grid (ceil(out / 256), ceil(rows / LORA_TILE_ROWS)), block 256; the tile's h (its
-// `splits` parts added in order) in shared memory (LORA_TILE_ROWS * rank floats).
-extern "C" __global__ void lora_expand(const float* __restrict__ hp, int splits,
-                                       const void* __restrict__ b, int dtype,
-                                       const float* __restrict__ scales,
+// grid (every part's ceil(out_n / 256), ceil(rows / LORA_TILE_ROWS)), block 256; the tile's
+// h of the block's part (its `splits` sums added in order) in shared memory
+// (LORA_TILE_ROWS * rank floats).
+extern "C" __global__ void lora_expand(const float* __restrict__ hpa, int splits,
+                                       LoraParts parts, int dtype,
                                        const u32* __restrict__ slots, u32 slots_n, int rows,
-                                       int rank, int out_n, float* __restrict__ out) {
+                                       int rank) {
     extern __shared__ float hs[];
+    int part = 0;
+#pragma unroll
+    for (int i = 0; i < LORA_MAX_PARTS - 1; ++i) part += (int)blockIdx.x >= parts.block_end[i];
+    const int first = part == 0 ? 0 : pick(parts.block_end, part - 1);
+    const void* b = pick(parts.b, part);
+    const float* scales = pick(parts.scales, part);
+    float* out = pick(parts.out, part);
+    const int out_n = pick(parts.out_n, part);
+    const float* hp = hpa + (u64)part * splits * rows * rank;
     const u32* order = slots + rows;
     const u32* sorted = slots + 2 * rows;
     const int p0 = blockIdx.y * LORA_TILE_ROWS;
@@ -143,7 +178,7 @@ extern "C" __global__ void lora_expand(const float* __restrict__ hp, int splits,
         hs[i] = v;
     }
     __syncthreads();
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int j = ((int)blockIdx.x - first) * blockDim.x + threadIdx.x;
     if (j >= out_n) return;
     const bool regs = rank <= LORA_MAX_REG_RANK && (rank & 7) == 0;
     float bw[LORA_MAX_REG_RANK];

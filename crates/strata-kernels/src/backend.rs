@@ -2,8 +2,8 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, ClusterPick, LoraShape, LoraStacks, MatmulOut, MatmulShape,
-    QkvPrep, ResidualStep, RmsNormParams, RopeParams, StridedCopy, TableSlice,
+    Activation, AttentionParams, ClusterPick, LoraOut, LoraShape, LoraStacks, MatmulOut,
+    MatmulShape, QkvPrep, ResidualStep, RmsNormParams, RopeParams, StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, RowDraw};
@@ -246,6 +246,28 @@ pub trait Backend: Send + Sync {
         shape: LoraShape,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// [`Backend::lora_bgmv`] for several parts that read the same `x` (a layer's q, k and
+    /// v; gate and up), each with its own stacks, adding to its own `out`: `shape` gives the
+    /// rows, slots, rank and `cols` they share, each part its `out_features` (`shape.out`
+    /// is not read). Each part's result is the one `lora_bgmv` gives it alone. One call so a
+    /// backend can run the parts' passes as one launch each.
+    fn lora_bgmv_shared_input(
+        &self,
+        x: &Self::Buffer,
+        parts: &mut [LoraOut<'_, Self::Buffer>],
+        slots: &Self::Index,
+        shape: LoraShape,
+    ) -> Result<()> {
+        for p in parts.iter_mut() {
+            let s = LoraShape {
+                out: p.out_features,
+                ..shape
+            };
+            self.lora_bgmv(x, p.stacks, slots, s, p.out)?;
+        }
+        Ok(())
+    }
 
     /// `m.out = x * m.w^T` for each of `mats`, dense weights that all read the same `x` (a
     /// layer's q, k and v projections; every shape has the same `in_features`). One call so

@@ -213,6 +213,17 @@ impl<Buf> Clone for LoraStacks<'_, Buf> {
 
 impl<Buf> Copy for LoraStacks<'_, Buf> {}
 
+/// One part of a [`crate::Backend::lora_bgmv_shared_input`]: stacks whose products add to
+/// `out`, `[rows, out_features]`.
+pub struct LoraOut<'a, Buf> {
+    /// The part's stacks (`B` is `[slots, out_features, rank]`).
+    pub stacks: LoraStacks<'a, Buf>,
+    /// Output features of the part.
+    pub out_features: usize,
+    /// What the part's products add to.
+    pub out: &'a mut Buf,
+}
+
 /// One product of [`crate::Backend::matmul_shared_input`]: `out = x * w^T` for a dense
 /// `w` of `shape`.
 pub struct MatmulOut<'a, Buf> {

@@ -695,13 +695,12 @@ impl<B: Backend> Model<B> {
                 normed,
                 &mut [(&lw.q, &mut q), (wk, &mut k), (wv, &mut v)],
             )?;
-            for (target, out) in [
+            let mut outs = [
                 (Target::Q, &mut q),
                 (Target::K, &mut k),
                 (Target::V, &mut v),
-            ] {
-                loras.add(b, l, target, normed, t, out)?;
-            }
+            ];
+            loras.add_shared(b, l, normed, t, &mut outs)?;
             if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
                 let prep = QkvPrep {
                     norm: head_norm,
@@ -791,8 +790,8 @@ impl<B: Backend> Model<B> {
             let (mut gate, mut up) = (self.scratch(t * f)?, self.scratch(t * f)?);
             lw.gate.forward(b, normed, &mut gate)?;
             lw.up.forward(b, normed, &mut up)?;
-            loras.add(b, l, Target::Gate, normed, t, &mut gate)?;
-            loras.add(b, l, Target::Up, normed, t, &mut up)?;
+            let mut outs = [(Target::Gate, &mut gate), (Target::Up, &mut up)];
+            loras.add_shared(b, l, normed, t, &mut outs)?;
             b.act_mul(self.activation(), &gate, &up, &mut act)?;
         } else {
             Linear::forward_gated(b, self.activation(), &lw.gate, &lw.up, normed, &mut act)?;

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use serde_json::Value;
-use strata_kernels::{Backend, DType, LoraShape, LoraStacks, StridedCopy};
+use strata_kernels::{Backend, DType, LoraOut, LoraShape, LoraStacks, StridedCopy};
 use strata_weights::{SafetensorsModel, WeightSource};
 
 use crate::error::{ModelError, Result};
@@ -693,6 +693,50 @@ impl<B: Backend> AdapterRuns<'_, B> {
             scales,
         };
         Ok(b.lora_bgmv(x, stacks, slots.index(), shape, out)?)
+    }
+
+    /// [`Self::add`] for targets of layer `l` that read the same `x` (q, k and v; gate and
+    /// up), each adding to its own output, as one [`Backend::lora_bgmv_shared_input`].
+    pub(crate) fn add_shared(
+        &self,
+        b: &B,
+        l: usize,
+        x: &B::Buffer,
+        t: usize,
+        outs: &mut [(Target, &mut B::Buffer)],
+    ) -> Result<()> {
+        let Some((st, slots)) = &self.0 else {
+            return Ok(());
+        };
+        let scales = st.scales.as_ref().expect("made with the stacks");
+        let mut cols = 0;
+        let mut parts: Vec<LoraOut<'_, B::Buffer>> = Vec::with_capacity(outs.len());
+        for (target, out) in outs.iter_mut() {
+            let Some(stack) = st.stacks.get(&(l, *target)) else {
+                continue;
+            };
+            cols = stack.cols;
+            parts.push(LoraOut {
+                stacks: LoraStacks {
+                    a: &stack.a,
+                    b: &stack.b,
+                    scales,
+                },
+                out_features: stack.out,
+                out: &mut **out,
+            });
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let shape = LoraShape {
+            rows: t,
+            slots: st.slots.len(),
+            rank: st.rank,
+            cols,
+            out: 0,
+        };
+        Ok(b.lora_bgmv_shared_input(x, &mut parts, slots.index(), shape)?)
     }
 }
 

@@ -1,7 +1,7 @@
 //! LoRA products by slot ([`Backend::lora_bgmv`]).
 
 use super::{compare, ctx, get, put, CheckResult, TestData, Tolerance};
-use crate::{lora_slot_index, Backend, DType, LoraShape, LoraStacks};
+use crate::{lora_slot_index, Backend, DType, LoraOut, LoraShape, LoraStacks};
 
 /// One check: `shape`'s stacks in `dtype`, each row's slot drawn from the stacks' or none.
 #[derive(Clone, Copy, Debug)]
@@ -200,4 +200,77 @@ pub fn check_lora_bgmv<B: Backend>(b: &B) -> CheckResult {
         Err(_) => Ok(()),
         Ok(()) => Err("lora_bgmv: an A stack of 5 values for [1, 2, 3] was taken".into()),
     }
+}
+
+/// [`Backend::lora_bgmv_shared_input`]: four parts of different output sizes over one x
+/// (more than one launch takes on CUDA) give each part the bits [`Backend::lora_bgmv`]
+/// gives it alone, which `check_lora_bgmv` checks against the definition.
+pub fn check_lora_shared_input<B: Backend>(b: &B) -> CheckResult {
+    let s = LoraShape {
+        rows: 11,
+        slots: 2,
+        rank: 16,
+        cols: 200,
+        out: 0,
+    };
+    let outs = [96, 40, 300, 8];
+    let dt = b.activation_dtype();
+    let mut data = TestData::new(991);
+    let x = put(b, &data.normals(s.rows * s.cols, 1.0, dt), dt)?;
+    let a: Vec<_> = outs
+        .iter()
+        .map(|_| put(b, &data.normals(s.slots * s.rank * s.cols, 0.05, dt), dt))
+        .collect::<Result<_, _>>()?;
+    let bm: Vec<_> = outs
+        .iter()
+        .map(|&o| put(b, &data.normals(s.slots * o * s.rank, 0.05, dt), dt))
+        .collect::<Result<_, _>>()?;
+    let scales = put(b, &[0.5, 2.0], DType::F32)?;
+    let before: Vec<Vec<f32>> = outs
+        .iter()
+        .map(|&o| data.normals(s.rows * o, 1.0, dt))
+        .collect();
+    let slots: Vec<u32> = (0..s.rows as u32)
+        .map(|r| if r % 4 == 3 { u32::MAX } else { r % 2 })
+        .collect();
+    let what = "lora_bgmv_shared_input";
+    let index = ctx(what, b.upload_index(&lora_slot_index(&slots)))?;
+    let stacks = |i: usize| LoraStacks {
+        a: &a[i],
+        b: &bm[i],
+        scales: &scales,
+    };
+    let mut shared: Vec<_> = before
+        .iter()
+        .map(|v| put(b, v, dt))
+        .collect::<Result<_, _>>()?;
+    {
+        let mut parts: Vec<LoraOut<'_, B::Buffer>> = shared
+            .iter_mut()
+            .enumerate()
+            .map(|(i, out)| LoraOut {
+                stacks: stacks(i),
+                out_features: outs[i],
+                out,
+            })
+            .collect();
+        ctx(what, b.lora_bgmv_shared_input(&x, &mut parts, &index, s))?;
+    }
+    for (i, &o) in outs.iter().enumerate() {
+        let mut alone = put(b, &before[i], dt)?;
+        let one = LoraShape { out: o, ..s };
+        ctx(what, b.lora_bgmv(&x, stacks(i), &index, one, &mut alone))?;
+        let (got, want) = (get(b, &shared[i])?, get(b, &alone)?);
+        if got
+            .iter()
+            .zip(&want)
+            .any(|(g, w)| g.to_bits() != w.to_bits())
+        {
+            return Err(format!("{what}: part {i} differs from lora_bgmv alone"));
+        }
+        if got == before[i] {
+            return Err(format!("{what}: part {i} was left as it was"));
+        }
+    }
+    Ok(())
 }

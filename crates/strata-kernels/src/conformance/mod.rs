@@ -41,7 +41,7 @@ pub use fused::{
     check_qkv_norm_rope_store,
 };
 pub use k_parts::check_k_parts;
-pub use lora::{check_lora_bgmv, check_lora_bgmv_case, LoraCase};
+pub use lora::{check_lora_bgmv, check_lora_bgmv_case, check_lora_shared_input, LoraCase};
 pub use matmul::{
     check_embedding, check_embedding_case, check_embedding_quant, check_fused_matmuls,
     check_fused_matmuls_within, check_gated_matmul_case, check_gated_slice_matmul_case,

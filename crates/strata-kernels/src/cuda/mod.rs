@@ -606,6 +606,16 @@ impl Backend for CudaBackend {
         self.lora_bgmv_impl(x, stacks, slots, shape, out)
     }
 
+    fn lora_bgmv_shared_input(
+        &self,
+        x: &CudaBuffer,
+        parts: &mut [crate::LoraOut<'_, CudaBuffer>],
+        slots: &CudaIndex,
+        shape: LoraShape,
+    ) -> Result<()> {
+        self.lora_shared_impl(x, parts, slots, shape)
+    }
+
     fn act_mul(
         &self,
         act: Activation,
