@@ -89,10 +89,12 @@ impl LoadedModel {
         // held at once.
         let prompts = 2 * mixed_prompts * (shape.longest_prompt() + PAGE);
         let p = plan(batch * (depth + steps + warmup + PAGE) + prompts);
-        let secs = self.runtime.dispatch(OwnPool {
-            layout,
-            plan: p,
-            job: DecodeOn { shape },
+        let secs = self.runtime.on_workers(|| {
+            self.runtime.dispatch(OwnPool {
+                layout,
+                plan: p,
+                job: DecodeOn { shape },
+            })
         })?;
         Ok(DecodeBench {
             batch,
@@ -115,10 +117,12 @@ impl LoadedModel {
         let prompt = ids(tokens, self.config().vocab_size, 1);
         let mut best = (f64::INFINITY, 0.0);
         for _ in 0..repeats.max(1) {
-            let run = self.runtime.dispatch(OwnPool {
-                layout: layout.clone(),
-                plan: p,
-                job: PrefillOn { prompt: &prompt },
+            let run = self.runtime.on_workers(|| {
+                self.runtime.dispatch(OwnPool {
+                    layout: layout.clone(),
+                    plan: p,
+                    job: PrefillOn { prompt: &prompt },
+                })
             })?;
             if run.0 < best.0 {
                 best = run;

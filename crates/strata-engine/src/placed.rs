@@ -27,6 +27,12 @@ pub trait Placement: strata_model::QuantUpload + Clone + 'static {
 
     /// Drops the graphs `storage` captured (after a weight update).
     fn forget_graphs(storage: &mut Self::Storage);
+
+    /// The CPU backend whose worker threads a loop of steps should run on
+    /// ([`CpuBackend::run_on_workers`]); `None` where the calling thread drives the device.
+    fn host_workers(&self) -> Option<CpuBackend> {
+        None
+    }
 }
 
 impl Placement for CpuBackend {
@@ -42,6 +48,10 @@ impl Placement for CpuBackend {
 
     fn forget_graphs(storage: &mut Self::Storage) {
         storage.forget_graphs();
+    }
+
+    fn host_workers(&self) -> Option<CpuBackend> {
+        Some(self.clone())
     }
 }
 
@@ -172,6 +182,17 @@ impl Runtime {
     #[cfg(feature = "cuda")]
     pub(crate) fn cuda(model: Model<CudaBackend>) -> Self {
         Runtime::Cuda(OnDevice::new(model))
+    }
+
+    /// Runs `work`, a loop of steps on this thread's behalf, where the backend's ops start
+    /// cheapest: on the CPU backend's worker threads ([`CpuBackend::run_on_workers`]), on
+    /// this thread otherwise.
+    pub fn on_workers<R: Send>(&self, work: impl FnOnce() -> R + Send) -> R {
+        match self {
+            Runtime::Cpu(p) => p.model.backend().run_on_workers(work),
+            #[cfg(feature = "cuda")]
+            Runtime::Cuda(_) => work(),
+        }
     }
 
     /// Runs `job` on the backend the model sits on.

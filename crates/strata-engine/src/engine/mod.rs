@@ -380,6 +380,7 @@ impl OnBackend for SpawnWorker<'_> {
     {
         let storage = placed.kv_storage();
         let model = placed.model.clone();
+        let host = placed.model.backend().host_workers();
         let control = control::Control::<B> {
             opts: self.loaded.load_options(),
             _backend: std::marker::PhantomData,
@@ -387,20 +388,22 @@ impl OnBackend for SpawnWorker<'_> {
         match placed.draft.clone().filter(|_| self.opts.draft_tokens > 0) {
             Some(d) => {
                 let model = Drafting::new(model, d, self.opts.draft_tokens);
-                self.spawn(model, storage, Box::new(control))
+                self.spawn(model, storage, Box::new(control), host)
             }
-            None => self.spawn(ModelRunner(model), storage, Box::new(control)),
+            None => self.spawn(ModelRunner(model), storage, Box::new(control), host),
         }
     }
 }
 
 impl SpawnWorker<'_> {
-    /// Builds the worker over `model` (plain or drafting) and runs it on the engine thread.
+    /// Builds the worker over `model` (plain or drafting) and runs it on the engine thread,
+    /// whose loop runs on `host`'s worker threads where the model is on the CPU.
     fn spawn<M, S>(
         self,
         model: M,
         storage: S,
         control: Box<dyn control::ModelControl<M, S>>,
+        host: Option<strata_kernels::cpu::CpuBackend>,
     ) -> <Self as OnBackend>::Output
     where
         M: strata_sched::StepModel<S> + Send + 'static,
@@ -423,7 +426,10 @@ impl SpawnWorker<'_> {
             .name("strata-engine".into())
             .spawn(move || {
                 let _alive = alive;
-                w.run(rx)
+                match host {
+                    Some(cpu) => cpu.run_on_workers(move || w.run(rx)),
+                    None => w.run(rx),
+                }
             }))
     }
 }

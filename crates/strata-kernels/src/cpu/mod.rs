@@ -72,6 +72,19 @@ impl CpuBackend {
         }
     }
 
+    /// Runs `work`, a loop of many ops such as an engine's steps, on one of the threads the
+    /// ops run on (the private pool's, else rayon's global pool's), and waits for it. Each
+    /// op's parallel loop then starts on that thread, which takes its share, instead of being
+    /// handed over from another thread and waited for: a small model's decode step runs
+    /// hundreds of ops, and each hand-over (a wake-up and a sleep) costs about as much as
+    /// the op.
+    pub fn run_on_workers<R: Send>(&self, work: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(work),
+            None => rayon::scope(|_| work()),
+        }
+    }
+
     fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match &self.pool {
             Some(p) => p.install(f),
