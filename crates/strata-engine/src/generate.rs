@@ -141,14 +141,17 @@ impl LoadedModel {
             ignore_eos: !p.stop_at_eos,
             ..Request::new(prompt.to_vec(), p.max_tokens)
         };
-        self.runtime.dispatch(OwnPool {
-            layout,
-            plan,
-            job: GenerateOn {
-                config,
-                request,
-                draft_tokens: if drafts { p.draft_tokens } else { 0 },
-            },
+        let draft_tokens = if drafts { p.draft_tokens } else { 0 };
+        self.runtime.on_workers(|| {
+            self.runtime.dispatch(OwnPool {
+                layout,
+                plan,
+                job: GenerateOn {
+                    config,
+                    request,
+                    draft_tokens,
+                },
+            })
         })
     }
 }
@@ -264,14 +267,16 @@ impl LoadedModel {
             window: pages,
             page_size: PAGE_SIZE,
         };
-        self.runtime.dispatch(OwnPool {
-            layout,
-            plan,
-            job: ScoreOn {
-                ids,
-                passes,
-                last_rows,
-            },
+        self.runtime.on_workers(|| {
+            self.runtime.dispatch(OwnPool {
+                layout,
+                plan,
+                job: ScoreOn {
+                    ids,
+                    passes,
+                    last_rows,
+                },
+            })
         })
     }
 }
