@@ -46,9 +46,18 @@ def one(session, url, model, prompt, output, sampling):
         path = "/v1/chat/completions"
     else:
         body["prompt"] = prompt
-    t0 = time.perf_counter()
+    for attempt in range(2):
+        t0 = time.perf_counter()
+        try:
+            r = session.post(f"{url}{path}", json=body, stream=True, timeout=3600)
+            break
+        except requests.exceptions.ConnectionError:
+            # A server that closes a kept-alive connection after a stream (llama-server)
+            # makes the next request on it fail before it is sent: once more, afresh.
+            if attempt:
+                raise
     times, usage = [], None
-    with session.post(f"{url}{path}", json=body, stream=True, timeout=3600) as r:
+    with r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
