@@ -62,6 +62,26 @@ pub struct Q8Input {
     d: Vec<f32>,
     /// Per Q8_0 block: scale times the sum of its codes (for formats with an offset or min).
     dsum: Vec<f32>,
+    /// The Q8_0 blocks again, four tokens side by side (see [`Acts4`]): what the x86
+    /// kernels read.
+    #[cfg(target_arch = "x86_64")]
+    groups: Vec<Acts4>,
+}
+
+/// The Q8_0 activation blocks of four consecutive tokens (`4 g .. 4 g + 4`) at one block
+/// index, with their scales and scaled code sums: one pointer serves a pass over four
+/// tokens, and the four scales load as one vector. A last group with fewer tokens is padded
+/// with zeros.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(32))]
+pub(super) struct Acts4 {
+    /// Each token's 32 codes.
+    pub(super) qs: [[i8; 32]; 4],
+    /// Each token's block scale.
+    pub(super) d: [f32; 4],
+    /// Each token's scale times its code sum.
+    pub(super) dsum: [f32; 4],
 }
 
 impl Q8Input {
@@ -108,6 +128,8 @@ impl Q8Input {
                     self.dsum.push(d * b.code_sum() as f32);
                     self.q8_0.push(b);
                 }
+                #[cfg(target_arch = "x86_64")]
+                self.group_q8_0();
             }
             Kind::Q8K => {
                 self.q8k.clear();
@@ -122,6 +144,23 @@ impl Q8Input {
 
     fn token_range(&self, t: usize) -> Range<usize> {
         t * self.blocks..(t + 1) * self.blocks
+    }
+
+    /// Fills `groups` from the per-token Q8_0 blocks.
+    #[cfg(target_arch = "x86_64")]
+    fn group_q8_0(&mut self) {
+        let n = self.tokens.div_ceil(4) * self.blocks;
+        self.groups.clear();
+        self.groups.resize(n, Acts4::default());
+        for t in 0..self.tokens {
+            let (g, lane) = (t / 4, t % 4);
+            for i in 0..self.blocks {
+                let (src, dst) = (t * self.blocks + i, &mut self.groups[g * self.blocks + i]);
+                dst.qs[lane] = self.q8_0[src].qs;
+                dst.d[lane] = self.d[src];
+                dst.dsum[lane] = self.dsum[src];
+            }
+        }
     }
 }
 
@@ -268,13 +307,11 @@ impl Q8Input {
         self.token_range(t)
     }
 
+    /// The grouped Q8_0 blocks of token `t`'s group, and `t`'s lane in it.
     #[cfg(target_arch = "x86_64")]
-    pub(super) fn q8_0_parts(&self, acts: Range<usize>) -> (&[BlockQ8_0], &[f32], &[f32]) {
-        (
-            &self.q8_0[acts.clone()],
-            &self.d[acts.clone()],
-            &self.dsum[acts],
-        )
+    pub(super) fn group_of(&self, t: usize) -> (&[Acts4], usize) {
+        let g = t / 4;
+        (&self.groups[g * self.blocks..(g + 1) * self.blocks], t % 4)
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -482,36 +482,34 @@ fn row_kernels_refuse_mismatched_inputs() {
 /// logits do not depend on what else is in its batch or on how its prompt was chunked.
 fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
     let mut rng = Rng(B::TYPE.id() as u64 + 7);
-    let (rows, tokens) = (3, 11);
+    let (rows, tokens) = (5, 11);
     let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 2, tokens));
     let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
-    let dots = |range: std::ops::Range<usize>| {
-        let mut out = vec![0f32; rows * range.len()];
+    let dots = |rows: std::ops::Range<usize>, range: std::ops::Range<usize>| {
         let n = range.len();
-        dot_rows_q8(
-            B::TYPE,
-            bytes,
-            row_bytes,
-            0..rows,
-            input,
-            range,
-            &mut out,
-            n,
-        );
+        let mut out = vec![0f32; rows.len() * n];
+        dot_rows_q8(B::TYPE, bytes, row_bytes, rows, input, range, &mut out, n);
         out
     };
-    let alone: Vec<Vec<f32>> = (0..tokens).map(|t| dots(t..t + 1)).collect();
-    for range in [0..tokens, 1..tokens, 2..9, 3..7, 5..6, 0..8] {
-        let n = range.len();
-        let together = dots(range.clone());
-        for r in 0..rows {
-            for (j, t) in range.clone().enumerate() {
-                assert_eq!(
-                    together[r * n + j].to_bits(),
-                    alone[t][r].to_bits(),
-                    "{}: row {r} token {t} in tokens {range:?}",
-                    B::TYPE
-                );
+    // Each (row, token) alone, then in tiles of rows and tokens of every alignment.
+    let alone: Vec<Vec<f32>> = (0..rows)
+        .map(|r| (0..tokens).map(|t| dots(r..r + 1, t..t + 1)[0]).collect())
+        .collect();
+    let row_ranges = [0..rows, 1..rows, 1..3, 2..5, 3..4];
+    let token_ranges = [0..tokens, 1..tokens, 2..9, 3..7, 5..6, 0..8];
+    for rr in row_ranges {
+        for range in token_ranges.clone() {
+            let n = range.len();
+            let together = dots(rr.clone(), range.clone());
+            for (i, r) in rr.clone().enumerate() {
+                for (j, t) in range.clone().enumerate() {
+                    assert_eq!(
+                        together[i * n + j].to_bits(),
+                        alone[r][t].to_bits(),
+                        "{}: row {r} token {t} in rows {rr:?} tokens {range:?}",
+                        B::TYPE
+                    );
+                }
             }
         }
     }

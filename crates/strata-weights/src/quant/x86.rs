@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::fast::Q8Input;
+use super::fast::{Acts4, Q8Input};
 use super::k_common::unpack_scales_mins;
 use super::{
     as_blocks, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0, F16Le,
@@ -110,62 +110,102 @@ fn dot_us_vnni(u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
 }
 
-/// The Q8_0-family activations of `N` consecutive tokens: blocks, scales, scale * code sum.
-struct Acts8<'a, const N: usize> {
-    a: [&'a [BlockQ8_0]; N],
-    d: [&'a [f32]; N],
-    dsum: [&'a [f32]; N],
-}
-
-fn acts8<const N: usize>(input: &Q8Input, t0: usize) -> Acts8<'_, N> {
-    let parts: [_; N] = std::array::from_fn(|k| input.q8_0_parts(input.token_blocks(t0 + k)));
-    Acts8 {
-        a: parts.map(|p| p.0),
-        d: parts.map(|p| p.1),
-        dsum: parts.map(|p| p.2),
-    }
-}
-
 /// The Q8_K activations of `N` consecutive tokens.
 fn acts_k<const N: usize>(input: &Q8Input, t0: usize) -> [&[BlockQ8K]; N] {
     std::array::from_fn(|k| input.q8k_parts(input.token_blocks(t0 + k)))
 }
 
-/// Generates `$name`: one row of a 32-value format against `N` tokens. `codes` gives the
-/// block's 32 codes: unsigned, or signed when `SIGNED` (Q8_0); `scale` its `d`; with `CORR`,
-/// `corr` the factor of the activation block's `d * code_sum` (the offset or the minimum).
-/// `$dot` sums four adjacent byte products into each i32 lane, the same grouping for the
-/// AVX2 pair of instructions and the VNNI one, so both give the same bits.
+/// Generates `$name`: `R` rows of a 32-value format against `N` tokens of one activation
+/// group (lanes `lane0 .. lane0 + N`), a register tile of `R x N` accumulators. `codes`
+/// gives a block's 32 codes: unsigned, or signed when `SIGNED` (Q8_0); `scale` its `d`;
+/// with `CORR`, `corr` the factor of the activation block's `d * code_sum` (the offset or
+/// the minimum). Each weight block is decoded once for the `N` tokens and each activation
+/// block loaded once for the `R` rows.
+///
+/// Every (row, token) pair gets the same operations in the same order whatever `R`, `N` and
+/// `lane0` are (one accumulator, blocks in order, the same horizontal sum), so a token's
+/// result has the same bits in any tile: batch invariance. `$dot` sums four adjacent byte
+/// products into each i32 lane, the same grouping for the AVX2 pair of instructions and
+/// the VNNI one, so both give the same bits.
 macro_rules! small_n_fn {
     ($name:ident, $feat:literal, $dot:ident) => {
         #[target_feature(enable = $feat)]
         #[inline]
-        fn $name<B, const N: usize, const SIGNED: bool, const CORR: bool>(
-            w: &[B],
-            acts: &Acts8<'_, N>,
+        fn $name<B, const R: usize, const N: usize, const SIGNED: bool, const CORR: bool>(
+            w: [&[B]; R],
+            acts: &[Acts4],
+            lane0: usize,
             codes: impl Fn(&B) -> __m256i,
             scale: impl Fn(&B) -> f32,
             corr: impl Fn(&B) -> f32,
-        ) -> [f32; N] {
-            let mut acc = [_mm256_setzero_ps(); N];
-            let mut c = [0f32; N];
-            for (i, b) in w.iter().enumerate() {
-                let q = codes(b);
-                let u = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
-                let d = scale(b);
-                let cf = if CORR { corr(b) } else { 0.0 };
-                for k in 0..N {
-                    // SAFETY: `qs` is 32 bytes.
-                    let av = unsafe { load32(acts.a[k][i].qs.as_ptr() as *const u8) };
-                    let sv = if SIGNED { _mm256_sign_epi8(av, q) } else { av };
-                    let p = _mm256_cvtepi32_ps($dot(u, sv));
-                    acc[k] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * acts.d[k][i]), acc[k]);
+        ) -> [[f32; N]; R] {
+            assert!(lane0 + N <= 4 && w.iter().all(|w| w.len() == acts.len()));
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            if N == 1 {
+                // One token: its scale products and corrections in scalars, the same IEEE
+                // operations as the vector lanes below, without the round trip through memory.
+                let mut c = [0f32; R];
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `qs[lane0]` is 32 bytes.
+                    let av = unsafe { load32(a.qs[lane0].as_ptr() as *const u8) };
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        let q = codes(b);
+                        let u = if SIGNED { _mm256_sign_epi8(q, q) } else { q };
+                        let sv = if SIGNED { _mm256_sign_epi8(av, q) } else { av };
+                        let p = _mm256_cvtepi32_ps($dot(u, sv));
+                        let sc = _mm256_set1_ps(scale(b) * a.d[lane0]);
+                        acc[r][0] = _mm256_fmadd_ps(p, sc, acc[r][0]);
+                        if CORR {
+                            c[r] += corr(b) * a.dsum[lane0];
+                        }
+                    }
+                }
+                return std::array::from_fn(|r| std::array::from_fn(|_| hsum(acc[r][0]) + c[r]));
+            }
+            let mut c = [_mm_setzero_ps(); R];
+            for (i, a) in acts.iter().enumerate() {
+                // SAFETY: `d` and `dsum` are 4 f32 each.
+                let ad = unsafe { _mm_loadu_ps(a.d.as_ptr()) };
+                // SAFETY: as above.
+                let asum = unsafe { _mm_loadu_ps(a.dsum.as_ptr()) };
+                let mut q = [_mm256_setzero_si256(); R];
+                let mut s = [[0f32; 4]; R];
+                for r in 0..R {
+                    // SAFETY: every row has `acts.len()` blocks (asserted above).
+                    let b = unsafe { w[r].get_unchecked(i) };
+                    q[r] = codes(b);
+                    // The weight scale times each token's: the same products as scalar ones.
+                    let sv = _mm_mul_ps(_mm_set1_ps(scale(b)), ad);
+                    // SAFETY: `s[r]` is 4 f32.
+                    unsafe { _mm_storeu_ps(s[r].as_mut_ptr(), sv) };
                     if CORR {
-                        c[k] += cf * acts.dsum[k][i];
+                        c[r] = _mm_add_ps(c[r], _mm_mul_ps(_mm_set1_ps(corr(b)), asum));
+                    }
+                }
+                let u = q.map(|q| if SIGNED { _mm256_sign_epi8(q, q) } else { q });
+                for k in 0..N {
+                    // SAFETY: `qs[lane]` is 32 bytes.
+                    let av = unsafe { load32(a.qs[lane0 + k].as_ptr() as *const u8) };
+                    for r in 0..R {
+                        let sv = if SIGNED {
+                            _mm256_sign_epi8(av, q[r])
+                        } else {
+                            av
+                        };
+                        let p = _mm256_cvtepi32_ps($dot(u[r], sv));
+                        let sc = _mm256_set1_ps(s[r][lane0 + k]);
+                        acc[r][k] = _mm256_fmadd_ps(p, sc, acc[r][k]);
                     }
                 }
             }
-            std::array::from_fn(|k| hsum(acc[k]) + c[k])
+            std::array::from_fn(|r| {
+                let mut cs = [0f32; 4];
+                // SAFETY: `cs` is 4 f32.
+                unsafe { _mm_storeu_ps(cs.as_mut_ptr(), c[r]) };
+                std::array::from_fn(|k| hsum(acc[r][k]) + if CORR { cs[lane0 + k] } else { 0.0 })
+            })
         }
     };
 }
@@ -194,15 +234,21 @@ fn codes5(b: &BlockQ5_0) -> __m256i {
     )
 }
 
-/// Generates the 32-value formats' kernels over `$small` (AVX2, or VNNI).
+/// Generates the 32-value formats' kernels over `$small` (AVX2, or VNNI): `R` rows
+/// against `N` tokens of one activation group from lane `lane0`.
 macro_rules! small_formats {
     ($feat:literal, $small:ident, $q8_0:ident, $q4_0:ident, $q4_1:ident, $q5_0:ident) => {
         #[target_feature(enable = $feat)]
         #[inline]
-        fn $q8_0<const N: usize>(w: &[BlockQ8_0], input: &Q8Input, t0: usize) -> [f32; N] {
-            $small::<_, N, true, false>(
+        fn $q8_0<const R: usize, const N: usize>(
+            w: [&[BlockQ8_0]; R],
+            acts: &[Acts4],
+            lane0: usize,
+        ) -> [[f32; N]; R] {
+            $small::<_, R, N, true, false>(
                 w,
-                &acts8(input, t0),
+                acts,
+                lane0,
                 // SAFETY: `qs` is 32 bytes.
                 |b| unsafe { load32(b.qs.as_ptr() as *const u8) },
                 |b| h2f(b.d),
@@ -212,10 +258,15 @@ macro_rules! small_formats {
 
         #[target_feature(enable = $feat)]
         #[inline]
-        fn $q4_0<const N: usize>(w: &[BlockQ4_0], input: &Q8Input, t0: usize) -> [f32; N] {
-            $small::<_, N, false, true>(
+        fn $q4_0<const R: usize, const N: usize>(
+            w: [&[BlockQ4_0]; R],
+            acts: &[Acts4],
+            lane0: usize,
+        ) -> [[f32; N]; R] {
+            $small::<_, R, N, false, true>(
                 w,
-                &acts8(input, t0),
+                acts,
+                lane0,
                 |b| nibbles16(&b.qs),
                 |b| h2f(b.d),
                 |b| -8.0 * h2f(b.d),
@@ -224,10 +275,15 @@ macro_rules! small_formats {
 
         #[target_feature(enable = $feat)]
         #[inline]
-        fn $q4_1<const N: usize>(w: &[BlockQ4_1], input: &Q8Input, t0: usize) -> [f32; N] {
-            $small::<_, N, false, true>(
+        fn $q4_1<const R: usize, const N: usize>(
+            w: [&[BlockQ4_1]; R],
+            acts: &[Acts4],
+            lane0: usize,
+        ) -> [[f32; N]; R] {
+            $small::<_, R, N, false, true>(
                 w,
-                &acts8(input, t0),
+                acts,
+                lane0,
                 |b| nibbles16(&b.qs),
                 |b| h2f(b.d),
                 |b| h2f(b.m),
@@ -236,10 +292,15 @@ macro_rules! small_formats {
 
         #[target_feature(enable = $feat)]
         #[inline]
-        fn $q5_0<const N: usize>(w: &[BlockQ5_0], input: &Q8Input, t0: usize) -> [f32; N] {
-            $small::<_, N, false, true>(
+        fn $q5_0<const R: usize, const N: usize>(
+            w: [&[BlockQ5_0]; R],
+            acts: &[Acts4],
+            lane0: usize,
+        ) -> [[f32; N]; R] {
+            $small::<_, R, N, false, true>(
                 w,
-                &acts8(input, t0),
+                acts,
+                lane0,
                 |b| codes5(b),
                 |b| h2f(b.d),
                 |b| -16.0 * h2f(b.d),
@@ -383,10 +444,7 @@ const TOKENS_PER_PASS: usize = 4;
 /// the kernel inlines.
 macro_rules! rows_fn {
     ($name:ident, $B:ty, $kernel:ident) => {
-        rows_fn!($name, $B, $kernel, "avx2,fma,f16c");
-    };
-    ($name:ident, $B:ty, $kernel:ident, $feat:literal) => {
-        #[target_feature(enable = $feat)]
+        #[target_feature(enable = "avx2,fma,f16c")]
         fn $name(
             bytes: &[u8],
             row_bytes: usize,
@@ -421,31 +479,118 @@ macro_rules! rows_fn {
     };
 }
 
-rows_fn!(rows_q8_0, BlockQ8_0, q8_0_n);
-rows_fn!(rows_q4_0, BlockQ4_0, q4_0_n);
-rows_fn!(rows_q4_1, BlockQ4_1, q4_1_n);
-rows_fn!(rows_q5_0, BlockQ5_0, q5_0_n);
+/// Rows of a 32-value format dotted per pass: each activation block loaded is used for
+/// this many rows.
+const ROWS_PER_PASS: usize = 2;
+
+/// Generates a row-range driver for a 32-value format: tiles of `ROWS_PER_PASS` rows by
+/// one group of 4 tokens (single rows and tokens at the edges), inside the target-feature
+/// context so the kernel inlines.
+macro_rules! rows32_fn {
+    ($name:ident, $B:ty, $kernel:ident, $feat:literal) => {
+        #[target_feature(enable = $feat)]
+        fn $name(
+            bytes: &[u8],
+            row_bytes: usize,
+            rows: Range<usize>,
+            input: &Q8Input,
+            tokens: Range<usize>,
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            /// The tokens of `tokens` against the rows `ws` (output rows `i ..`).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn tile<const R: usize>(
+                ws: [&[$B]; R],
+                input: &Q8Input,
+                tokens: Range<usize>,
+                out: &mut [f32],
+                i: usize,
+                stride: usize,
+            ) {
+                let nt = tokens.len();
+                let mut j = 0;
+                while j < nt {
+                    let (acts, lane) = input.group_of(tokens.start + j);
+                    if lane == 0 && j + 4 <= nt {
+                        let v = $kernel::<R, 4>(ws, acts, 0);
+                        for (r, v) in v.iter().enumerate() {
+                            let o = (i + r) * stride + j;
+                            out[o..o + 4].copy_from_slice(v);
+                        }
+                        j += 4;
+                    } else {
+                        let v = $kernel::<R, 1>(ws, acts, lane);
+                        for (r, v) in v.iter().enumerate() {
+                            out[(i + r) * stride + j] = v[0];
+                        }
+                        j += 1;
+                    }
+                }
+            }
+
+            let nt = tokens.len();
+            if nt == 0 {
+                return;
+            }
+            let per_row = input.group_of(tokens.start).0.len();
+            let blocks = |r: usize| {
+                as_blocks::<$B>(&bytes[r * row_bytes..(r + 1) * row_bytes])
+                    .ok()
+                    .filter(|w| w.len() == per_row)
+            };
+            // Line-aligned start of the prefetch stream, at the first row's bytes.
+            let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+            let mut i = 0;
+            while i < rows.len() {
+                let r = rows.start + i;
+                if i + ROWS_PER_PASS <= rows.len() {
+                    prefetch_ahead(bytes, (r + ROWS_PER_PASS) * row_bytes, &mut next);
+                    let ws: [_; ROWS_PER_PASS] = std::array::from_fn(|k| blocks(r + k));
+                    if ws.iter().all(Option::is_some) {
+                        let ws = ws.map(Option::unwrap);
+                        tile::<ROWS_PER_PASS>(ws, input, tokens.clone(), out, i, stride);
+                        i += ROWS_PER_PASS;
+                        continue;
+                    }
+                }
+                prefetch_ahead(bytes, (r + 1) * row_bytes, &mut next);
+                match blocks(r) {
+                    Some(w) => tile::<1>([w], input, tokens.clone(), out, i, stride),
+                    None => out[i * stride..i * stride + nt].fill(f32::NAN),
+                }
+                i += 1;
+            }
+        }
+    };
+}
+
+rows32_fn!(rows_q8_0, BlockQ8_0, q8_0_n, "avx2,fma,f16c");
+rows32_fn!(rows_q4_0, BlockQ4_0, q4_0_n, "avx2,fma,f16c");
+rows32_fn!(rows_q4_1, BlockQ4_1, q4_1_n, "avx2,fma,f16c");
+rows32_fn!(rows_q5_0, BlockQ5_0, q5_0_n, "avx2,fma,f16c");
 rows_fn!(rows_q4_k, BlockQ4K, q4_k_n);
 rows_fn!(rows_q6_k, BlockQ6K, q6_k_n);
-rows_fn!(
+rows32_fn!(
     rows_q8_0_vnni,
     BlockQ8_0,
     q8_0_n_vnni,
     "avx2,fma,f16c,avxvnni"
 );
-rows_fn!(
+rows32_fn!(
     rows_q4_0_vnni,
     BlockQ4_0,
     q4_0_n_vnni,
     "avx2,fma,f16c,avxvnni"
 );
-rows_fn!(
+rows32_fn!(
     rows_q4_1_vnni,
     BlockQ4_1,
     q4_1_n_vnni,
     "avx2,fma,f16c,avxvnni"
 );
-rows_fn!(
+rows32_fn!(
     rows_q5_0_vnni,
     BlockQ5_0,
     q5_0_n_vnni,
