@@ -122,7 +122,7 @@ impl Q8Input {
                 self.d.reserve(n);
                 self.dsum.reserve(n);
                 for x in xs.chunks_exact(elems) {
-                    let b = BlockQ8_0::quantize(x);
+                    let b = quantize_q8_0(x);
                     let d = b.d.to_f32();
                     self.d.push(d);
                     self.dsum.push(d * b.code_sum() as f32);
@@ -134,8 +134,7 @@ impl Q8Input {
             Kind::Q8K => {
                 self.q8k.clear();
                 self.q8k.reserve(n);
-                self.q8k
-                    .extend(xs.chunks_exact(elems).map(BlockQ8K::quantize));
+                self.q8k.extend(xs.chunks_exact(elems).map(quantize_q8k));
             }
         }
         self.kind = Some(kind);
@@ -162,6 +161,35 @@ impl Q8Input {
             }
         }
     }
+}
+
+/// [`BlockQ8_0::quantize`], vectorized where the CPU allows (the same bits).
+fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::available() {
+        let mut qs = [0i8; 32];
+        // SAFETY: the CPU has the features (checked above).
+        let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
+        return BlockQ8_0 {
+            d: super::F16Le::from_f32(d),
+            qs,
+        };
+    }
+    BlockQ8_0::quantize(x)
+}
+
+/// [`BlockQ8K`]'s quantization, vectorized where the CPU allows (the same bits).
+fn quantize_q8k(x: &[f32]) -> BlockQ8K {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::available() {
+        let mut qs = [0i8; 256];
+        // SAFETY: the CPU has the features (checked above).
+        let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
+        let bsums =
+            std::array::from_fn(|g| qs[16 * g..16 * (g + 1)].iter().map(|&q| i16::from(q)).sum());
+        return BlockQ8K { d, qs, bsums };
+    }
+    <BlockQ8K as ActivationBlock>::quantize(x)
 }
 
 /// Which activation blocks a weight block type reads from a [`Q8Input`].

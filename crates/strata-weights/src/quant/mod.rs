@@ -30,6 +30,8 @@ pub mod q8_0;
 pub mod q8_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_acts;
 
 pub use f16le::F16Le;
 pub use fast::{dot_rows_q8, dot_rows_q8_portable, has_q8_path, Q8Input};

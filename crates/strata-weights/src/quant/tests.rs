@@ -561,3 +561,46 @@ fn vnni_kernels_equal_the_avx2_ones() {
     }
     for_each_block_type!(check_vnni_equals_avx2);
 }
+
+/// The vectorized activation quantization gives the scalar one's bits: scales and codes,
+/// with ties at .5, zeros, infinities and NaN in the blocks.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vector_activation_quantization_equals_scalar() {
+    if !super::x86::available() {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    let mut rng = Rng(99);
+    for case in 0..200 {
+        let mut x = rng.values(256, 4.0);
+        match case % 5 {
+            // Values whose codes land exactly on halves: amax 127 makes id 1.
+            0 => {
+                x.iter_mut().for_each(|v| *v = (*v * 16.0).round() * 0.5);
+                x[0] = 127.0;
+            }
+            1 => x[3] = f32::NAN,
+            2 => x[7] = f32::INFINITY,
+            3 => x.iter_mut().for_each(|v| *v = 0.0),
+            _ => {}
+        }
+        let mut qs = vec![0i8; 256];
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        let d = unsafe { super::x86_acts::quantize(&x, &mut qs) };
+        let k = <BlockQ8K as ActivationBlock>::quantize(&x);
+        assert_eq!(d.to_bits(), k.d.to_bits(), "case {case}");
+        assert_eq!(qs, k.qs.to_vec(), "case {case}");
+        for (b, x) in x.chunks_exact(32).enumerate() {
+            let mut qs = [0i8; 32];
+            // SAFETY: as above.
+            let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
+            let s = BlockQ8_0::quantize(x);
+            assert_eq!(
+                (F16Le::from_f32(d), qs),
+                (s.d, s.qs),
+                "case {case} block {b}"
+            );
+        }
+    }
+}
