@@ -128,12 +128,15 @@ fn transpose(by_row: &[f32], tokens: usize, n: usize, out: &mut [f32]) {
         .for_each(|(s, o)| {
             let t0 = s * STRIP;
             let here = o.len() / n;
-            let mut done = 0;
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx") && here == STRIP {
+            let done = if std::arch::is_x86_feature_detected!("avx") && here == STRIP {
                 // SAFETY: the CPU has AVX (checked above).
-                done = unsafe { transpose_blocks_avx(by_row, tokens, n, t0, o) };
-            }
+                unsafe { transpose_blocks_avx(by_row, tokens, n, t0, o) }
+            } else {
+                0
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = 0;
             for r in done..n {
                 let src = &by_row[r * tokens + t0..r * tokens + t0 + here];
                 for (j, &v) in src.iter().enumerate() {
