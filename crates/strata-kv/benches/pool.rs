@@ -129,5 +129,31 @@ fn prefix_matching(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, allocation, prefix_matching);
+/// Reading stored rows back as f32 (what CPU attention does with every key and value it
+/// reads from the pool): 1,024 rows of 256 values.
+fn row_decoding(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decode_row");
+    let (rows, d) = (1024usize, 256usize);
+    group.throughput(Throughput::Elements((rows * d) as u64));
+    for format in [
+        strata_kv::KvFormat::Bf16,
+        strata_kv::KvFormat::Int8PerTokenHead,
+    ] {
+        let bytes: Vec<u8> = (0..rows * d * format.element_bytes())
+            .map(|i| (i * 37 % 251) as u8)
+            .collect();
+        let mut out = vec![0f32; d];
+        group.bench_function(format!("{format:?}/1024_rows_of_256"), |b| {
+            b.iter(|| {
+                for row in bytes.chunks_exact(d * format.element_bytes()) {
+                    strata_kv::quant::decode_row(format, black_box(row), 0.5, &mut out);
+                }
+                black_box(&out);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, allocation, prefix_matching, row_decoding);
 criterion_main!(benches);

@@ -102,3 +102,15 @@ fn eight_bit_formats_are_coarser_than_bf16() {
     assert!(err(KvFormat::Fp8E4m3PerTokenHead) < 1.0 / 16.0);
     assert!(err(KvFormat::Int8PerTokenHead) < 1.0 / 254.0 + 1e-6);
 }
+
+/// Every bf16 bit pattern reads back with `half`'s bits, NaNs included.
+#[test]
+fn bf16_rows_read_back_as_half_does() {
+    let src: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+    let mut dst = vec![0f32; 1 << 16];
+    strata_kv::quant::decode_row(strata_kv::KvFormat::Bf16, &src, 1.0, &mut dst);
+    for (i, x) in dst.iter().enumerate() {
+        let want = half::bf16::from_bits(i as u16).to_f32();
+        assert_eq!(x.to_bits(), want.to_bits(), "bf16 bits {i:#06x}");
+    }
+}
