@@ -111,6 +111,7 @@ impl Q8Input {
             return false;
         }
         let n = xs.len() / elems;
+        let simd = simd_quantize();
         self.tokens = xs.len() / cols;
         self.blocks = cols / elems;
         match kind {
@@ -122,7 +123,7 @@ impl Q8Input {
                 self.d.reserve(n);
                 self.dsum.reserve(n);
                 for x in xs.chunks_exact(elems) {
-                    let b = quantize_q8_0(x);
+                    let b = quantize_q8_0(x, simd);
                     let d = b.d.to_f32();
                     self.d.push(d);
                     self.dsum.push(d * b.code_sum() as f32);
@@ -134,7 +135,8 @@ impl Q8Input {
             Kind::Q8K => {
                 self.q8k.clear();
                 self.q8k.reserve(n);
-                self.q8k.extend(xs.chunks_exact(elems).map(quantize_q8k));
+                self.q8k
+                    .extend(xs.chunks_exact(elems).map(|x| quantize_q8k(x, simd)));
             }
         }
         self.kind = Some(kind);
@@ -163,12 +165,13 @@ impl Q8Input {
     }
 }
 
-/// [`BlockQ8_0::quantize`], vectorized where the CPU allows (the same bits).
-fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
+/// [`BlockQ8_0::quantize`], vectorized when `simd` says the CPU has AVX2 (the same bits).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn quantize_q8_0(x: &[f32], simd: bool) -> BlockQ8_0 {
     #[cfg(target_arch = "x86_64")]
-    if super::x86::available() {
+    if simd {
         let mut qs = [0i8; 32];
-        // SAFETY: the CPU has the features (checked above).
+        // SAFETY: `simd` is `x86::available()`.
         let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
         return BlockQ8_0 {
             d: super::F16Le::from_f32(d),
@@ -178,18 +181,26 @@ fn quantize_q8_0(x: &[f32]) -> BlockQ8_0 {
     BlockQ8_0::quantize(x)
 }
 
-/// [`BlockQ8K`]'s quantization, vectorized where the CPU allows (the same bits).
-fn quantize_q8k(x: &[f32]) -> BlockQ8K {
+/// [`BlockQ8K`]'s quantization, vectorized when `simd` says the CPU has AVX2 (the same
+/// bits).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn quantize_q8k(x: &[f32], simd: bool) -> BlockQ8K {
     #[cfg(target_arch = "x86_64")]
-    if super::x86::available() {
+    if simd {
         let mut qs = [0i8; 256];
-        // SAFETY: the CPU has the features (checked above).
+        // SAFETY: `simd` is `x86::available()`.
         let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
-        let bsums =
-            std::array::from_fn(|g| qs[16 * g..16 * (g + 1)].iter().map(|&q| i16::from(q)).sum());
-        return BlockQ8K { d, qs, bsums };
+        return BlockQ8K::from_codes(d, qs);
     }
     <BlockQ8K as ActivationBlock>::quantize(x)
+}
+
+/// Whether the vectorized activation quantization can run (checked once per matmul input).
+fn simd_quantize() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::x86::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Which activation blocks a weight block type reads from a [`Q8Input`].

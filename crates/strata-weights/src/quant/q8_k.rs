@@ -19,6 +19,15 @@ pub struct BlockQ8K {
 const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
 
 impl BlockQ8K {
+    /// The block of scale `d` and codes `qs`, with their group sums.
+    pub(super) fn from_codes(d: f32, qs: [i8; 256]) -> Self {
+        let mut bsums = [0i16; 16];
+        for (s, q) in bsums.iter_mut().zip(qs.chunks_exact(16)) {
+            *s = q.iter().map(|&q| i16::from(q)).sum();
+        }
+        Self { d, qs, bsums }
+    }
+
     /// Sum of the codes of group `g` when groups are `GROUP` (16 or 32) values long.
     #[inline]
     pub(super) fn group_sum<const GROUP: usize>(&self, g: usize) -> i32 {
@@ -43,10 +52,6 @@ impl ActivationBlock for BlockQ8K {
         for (q, &v) in qs.iter_mut().zip(x) {
             *q = (v * id).round().clamp(-127.0, 127.0) as i8;
         }
-        let mut bsums = [0i16; 16];
-        for (s, q) in bsums.iter_mut().zip(qs.chunks_exact(16)) {
-            *s = q.iter().map(|&q| i16::from(q)).sum();
-        }
-        Self { d, qs, bsums }
+        Self::from_codes(d, qs)
     }
 }
