@@ -1,6 +1,8 @@
 //! Strata's CPU throughput on one model, the way `llama-bench` measures it: prompt processing
-//! of `--pp` tokens in one batch (pp) and greedy decoding of `--tg` tokens one at a time (tg).
-//! Run by `cargo xtask bench --cpu`; prints one JSON object per model on stdout.
+//! of `--pp` tokens in one batch (pp), greedy decoding of `--tg` tokens one at a time (tg)
+//! and, with `--depth D`, the same decoding after a prompt of `D` tokens, which is not
+//! timed (llama-bench's `-d D`). Zero skips a test. Run by `cargo xtask bench --cpu`;
+//! prints one JSON object per model on stdout.
 //!
 //! `--tokens PROMPT` instead prints the greedy continuation's token ids (for before/after
 //! checks of kernel changes); `--margins PROMPT --expect ID,ID,...` feeds the prompt and the
@@ -16,6 +18,7 @@ struct Args {
     model: PathBuf,
     pp: usize,
     tg: usize,
+    depth: usize,
     reps: usize,
     tokens: Option<String>,
     margins: Option<String>,
@@ -28,6 +31,7 @@ fn parse() -> anyhow::Result<Args> {
         model: PathBuf::new(),
         pp: 512,
         tg: 128,
+        depth: 0,
         reps: 3,
         tokens: None,
         margins: None,
@@ -44,6 +48,7 @@ fn parse() -> anyhow::Result<Args> {
             "--model" => a.model = val()?.into(),
             "--pp" => a.pp = val()?.parse()?,
             "--tg" => a.tg = val()?.parse()?,
+            "--depth" => a.depth = val()?.parse()?,
             "--reps" => a.reps = val()?.parse()?,
             "--tokens" => a.tokens = Some(val()?),
             "-n" => a.n = val()?.parse()?,
@@ -117,28 +122,47 @@ fn main() -> anyhow::Result<()> {
         stop_at_eos: false,
         ..Default::default()
     };
+    // tg at depth: the prompt (BOS and `depth` ids) is prefilled, then `tg` steps timed.
+    let depth_prompt = prompt_ids(bos, a.depth + 1, vocab);
     // Warm-up: page the weights in and spin up the thread pool.
-    model.generate(&pp_prompt[..a.pp.min(32)], &tg_params_small())?;
-    let (mut pp, mut tg) = (Vec::new(), Vec::new());
-    for _ in 0..a.reps {
-        let t = Instant::now();
-        model.generate(&pp_prompt, &pp_params)?;
-        pp.push(a.pp as f64 / t.elapsed().as_secs_f64());
-        let out = model.generate(&[bos], &tg_params)?;
+    model.generate(&pp_prompt[..a.pp.clamp(1, 32)], &tg_params_small())?;
+    let (mut pp, mut tg, mut tgd) = (Vec::new(), Vec::new(), Vec::new());
+    let decode = |prompt: &[u32]| -> anyhow::Result<f64> {
+        let out = model.generate(prompt, &tg_params)?;
         let steps = out.tokens.len().saturating_sub(1);
-        tg.push(steps as f64 * 1e3 / out.timings.predicted_ms);
+        Ok(steps as f64 * 1e3 / out.timings.predicted_ms)
+    };
+    for _ in 0..a.reps {
+        if a.pp > 0 {
+            let t = Instant::now();
+            model.generate(&pp_prompt, &pp_params)?;
+            pp.push(a.pp as f64 / t.elapsed().as_secs_f64());
+        }
+        if a.tg > 0 {
+            tg.push(decode(&[bos])?);
+        }
+        if a.tg > 0 && a.depth > 0 {
+            tgd.push(decode(&depth_prompt)?);
+        }
     }
-    let (ppm, pps) = mean_sd(&pp);
-    let (tgm, tgs) = mean_sd(&tg);
-    println!(
-        "{}",
-        serde_json::json!({
-            "model": a.model.display().to_string(),
-            "threads": rayon_threads(),
-            "pp": a.pp, "pp_tps": ppm, "pp_sd": pps, "pp_runs": pp,
-            "tg": a.tg, "tg_tps": tgm, "tg_sd": tgs, "tg_runs": tg,
-        })
-    );
+    let mut report = serde_json::json!({
+        "model": a.model.display().to_string(),
+        "threads": rayon_threads(),
+    });
+    for (key, n, runs) in [("pp", a.pp, &pp), ("tg", a.tg, &tg), ("tgd", a.tg, &tgd)] {
+        if runs.is_empty() {
+            continue;
+        }
+        let (m, sd) = mean_sd(runs);
+        report[key] = n.into();
+        report[format!("{key}_tps")] = m.into();
+        report[format!("{key}_sd")] = sd.into();
+        report[format!("{key}_runs")] = serde_json::json!(runs);
+    }
+    if !tgd.is_empty() {
+        report["depth"] = a.depth.into();
+    }
+    println!("{report}");
     Ok(())
 }
 

@@ -2,6 +2,8 @@
 
 mod bench;
 mod bench_gpu;
+mod bench_probe;
+mod bench_serving;
 mod gpu;
 mod serve;
 
@@ -17,11 +19,14 @@ tasks:
   gpu              build the release binary and the GPU test binaries into
                    target/gpu-bundle/ (see docs/gpu-testing.md)
   ci               run the checks CI runs (fmt, clippy, tests)
-  bench --cpu [--model PATH]... [--threads N] [--pp N] [--tg N] [--reps N]
-                   Strata's CPU prompt (pp) and decode (tg) tokens/s on the real models
-                   (default: both models/*.gguf benchmarks), 2 threads; with LLAMA_BENCH
-                   set to a llama-bench binary, llama.cpp in the same run and the ratio.
-                   Table last; JSON in target/bench/cpu.json
+  bench --cpu [--model PATH]... [--threads N] [--pp N] [--tg N] [--depth N] [--reps N]
+              [--rounds N] [--starved CORES] [--peer-file-layout] [--serving]
+                   Strata's CPU prompt (pp), decode (tg) and decode-at-depth tokens/s on
+                   the real models (default: both models/*.gguf), 2 threads, 3 rounds;
+                   with LLAMA_BENCH set to a llama-bench binary, llama.cpp interleaved in
+                   each round, each run's load probed, starved rounds marked and left out
+                   of the median ratio; --serving (LLAMA_SERVER set) adds strata serve
+                   against llama-server. Tables last; JSON in target/bench/cpu.json
   bench --gpu [--models e2b,e4b]
                    on a machine with an NVIDIA GPU, torch and transformers: the engine and
                    serving benchmarks on real-shape Gemma-4 checkpoints and transformers as
