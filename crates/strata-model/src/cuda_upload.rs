@@ -764,6 +764,47 @@ mod tests {
         assert!(decisive > 0, "no decisive position in any fixture");
     }
 
+    /// A GGUF's blocks: decoded to bf16 at upload by default, kept as blocks on the
+    /// device only with `keep_blocks` (`--gguf-weights blocks`); both pick the CPU's top
+    /// token wherever the CPU's margin is at least 0.5, on the tiny Gemma-4 Q4_K_M file.
+    #[test]
+    fn gguf_blocks_stay_blocks_only_when_asked() {
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let file = fixtures().join("../gguf-gemma4/gemma4-tiny-Q4_K_M.gguf");
+        let load = |keep_blocks| {
+            let o = crate::LoadOptions {
+                keep_blocks,
+                ..Default::default()
+            };
+            Model::load_with(gpu.clone(), &file, o).unwrap()
+        };
+        let (dense, blocks) = (load(false), load(true));
+        let (d, b) = (dense.weight_bytes().1, blocks.weight_bytes().1);
+        eprintln!("tiny Gemma-4 Q4_K_M: {d} weight bytes a step decoded, {b} as blocks");
+        assert!(b * 2 < d, "blocks {b} bytes, decoded {d}");
+        let cpu = Model::load_with(CpuBackend::new(), &file, Default::default()).unwrap();
+        let ids: Vec<u32> = (0..24u32).map(|i| 2 + (i * 37) % 500).collect();
+        let chunks = [21, 1, 1, 1];
+        let want = logits(&cpu, &ids, &chunks);
+        let vocab = cpu.config().vocab_size;
+        let mut decisive = 0;
+        for (name, model) in [("decoded", &dense), ("blocks", &blocks)] {
+            let got = logits(model, &ids, &chunks);
+            for (p, (w, g)) in want.chunks(vocab).zip(got.chunks(vocab)).enumerate() {
+                let mut order: Vec<usize> = (0..vocab).collect();
+                order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+                if w[order[0]] - w[order[1]] < 0.5 {
+                    continue;
+                }
+                decisive += 1;
+                let top = (0..vocab).max_by(|&a, &b| g[a].total_cmp(&g[b])).unwrap();
+                assert_eq!(top, order[0], "{name}: position {p}'s top token");
+            }
+        }
+        assert!(decisive > 0, "no decisive position");
+    }
+
     /// The o and down products split over k, their parts added by the residual norms
     /// (`Backend::matmul_parts`): with the skinny and small GEMMs off, the tiny models'
     /// products at 3 to 13 rows go to cuBLAS, and parts as short as their 16 inputs are

@@ -500,9 +500,13 @@ pub fn upload_linear_as<B: QuantUpload>(
                 dense(b.upload(HostSlice::F16(&v))?)
             }
         },
-        _ => Ok(Linear::Quant(
-            b.upload_quant(QuantWeight::new(view)?, dtype)?,
-        )),
+        // Dense where the backend has the choice (bf16 unless another dtype is asked
+        // for): blocks stay blocks on a GPU only when the caller passes `None` to
+        // `upload_quant` itself (`--gguf-weights blocks`, `--quantize`).
+        _ => Ok(Linear::Quant(b.upload_quant(
+            QuantWeight::new(view)?,
+            Some(dtype.unwrap_or(strata_kernels::DType::BF16)),
+        )?)),
     }
 }
 
