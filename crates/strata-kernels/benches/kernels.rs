@@ -49,8 +49,12 @@ fn attention_decode(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(1))
         .sample_size(20);
     // Gemma-4 E2B: 8 query heads on one KV head; sliding (d 256, 512 keys) and full (d 512).
-    for (d, keys, window) in [(256usize, 512usize, Some(512)), (512, 2048, None)] {
-        let (nh, nkv) = (8, 1);
+    // SmolLM2-135M: 9 query heads on 3 KV heads, d 64, at depth 1024.
+    for (d, keys, window, nh, nkv) in [
+        (256usize, 512usize, Some(512), 8, 1),
+        (512, 2048, None, 8, 1),
+        (64, 1024, None, 9, 3),
+    ] {
         let mut data = TestData::new(2);
         let q = b
             .upload_f32_as(&data.normals(nh * d, 0.1, DType::F32), DType::F32)

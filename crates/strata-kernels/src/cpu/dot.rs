@@ -181,8 +181,15 @@ pub(crate) fn dot<W: DotWith>(w: &[W], x: &[f32]) -> f32 {
 /// `acc += a * x`, vectorisable.
 #[inline]
 pub(crate) fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
+    axpy_with(acc, a, x);
+}
+
+/// [`axpy`] over a row of any [`Widen`] element: the same multiply and add on each value
+/// widened exactly, so a bf16 row gives the bits of the same row widened to f32 first.
+#[inline]
+pub(crate) fn axpy_with<W: Widen>(acc: &mut [f32], a: f32, x: &[W]) {
     for (o, &v) in acc.iter_mut().zip(x) {
-        *o += a * v;
+        *o += a * v.widen();
     }
 }
 

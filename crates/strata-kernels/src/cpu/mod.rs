@@ -6,6 +6,7 @@ mod copy;
 mod dot;
 mod elementwise;
 mod embedding;
+mod kv_row;
 pub(crate) mod lora;
 mod matmul;
 mod norm;
@@ -18,6 +19,7 @@ pub use crate::quant::PreparedInput;
 pub use attention::{attention_over, ContiguousKv, KvSource};
 pub use buffer::CpuBuffer;
 pub use elementwise::{gelu_tanh, silu};
+pub use kv_row::KvRow;
 pub use paged::{CpuKvSlab, CpuPagedBatch};
 
 use crate::backend::DeviceBuffer;

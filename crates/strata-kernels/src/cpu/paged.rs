@@ -2,10 +2,11 @@
 //! own `encode_row`, and attention that dequantizes each row as it reads it.
 
 use strata_kv::quant::{decode_row, encode_row};
+use strata_kv::KvFormat;
 
 use rayon::prelude::*;
 
-use super::attention::{attention_over, ContiguousKv, KvSource};
+use super::attention::{attention_over, ContiguousKv, KvRow, KvSource};
 use super::buffer::CpuBuffer;
 use crate::error::ensure;
 use crate::paged::check_paged;
@@ -93,7 +94,19 @@ struct SlabKeys<'a> {
     k_start: usize,
 }
 
-impl SlabKeys<'_> {
+impl<'s> SlabKeys<'s> {
+    /// Row `(i, h)` of a bf16 slab's `bytes` as bf16 values in place, when the slab is bf16
+    /// (and its bytes lie on 2-byte boundaries, as an allocation's do).
+    fn bf16_row(&self, bytes: &'s [u8], i: usize, h: usize) -> Option<&'s [half::bf16]> {
+        let s = self.slab.shape;
+        if s.format != KvFormat::Bf16 {
+            return None;
+        }
+        let row = self.slots[i] as usize * s.num_kv_heads + h;
+        let d = s.head_dim;
+        bytemuck::try_cast_slice(&bytes[row * d * 2..(row + 1) * d * 2]).ok()
+    }
+
     fn row(&self, bytes: &[u8], scales: &[f32], i: usize, h: usize, out: &mut [f32]) {
         let s = self.slab.shape;
         let row = self.slots[i] as usize * s.num_kv_heads + h;
@@ -129,6 +142,18 @@ impl KvSource for SlabKeys<'_> {
         let d = &self.slab.data;
         self.row(&d.v, &d.v_scales, i, h, scratch);
         scratch
+    }
+    fn key_row<'a>(&'a self, i: usize, h: usize, scratch: &'a mut [f32]) -> KvRow<'a> {
+        match self.bf16_row(&self.slab.data.k, i, h) {
+            Some(k) => KvRow::Bf16(k),
+            None => KvRow::F32(self.key(i, h, scratch)),
+        }
+    }
+    fn value_row<'a>(&'a self, i: usize, h: usize, scratch: &'a mut [f32]) -> KvRow<'a> {
+        match self.bf16_row(&self.slab.data.v, i, h) {
+            Some(v) => KvRow::Bf16(v),
+            None => KvRow::F32(self.value(i, h, scratch)),
+        }
     }
 }
 
