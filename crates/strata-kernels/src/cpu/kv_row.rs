@@ -24,13 +24,26 @@ pub enum KvRow<'a> {
 }
 
 impl KvRow<'_> {
+    /// The row's values.
+    pub fn len(&self) -> usize {
+        match self {
+            KvRow::F32(v) => v.len(),
+            KvRow::Bf16(v) => v.len(),
+        }
+    }
+
+    /// Whether the row holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// `scores[h] = self . qs[h * d .. (h + 1) * d]` for each head `h` of `scores`.
     pub(crate) fn dot_group(&self, qs: &[f32], scores: &mut [f32]) {
         let d = qs.len() / scores.len().max(1);
         #[cfg(target_arch = "x86_64")]
-        if d.is_multiple_of(16) && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present (checked above); d is a whole number of 16-value
-            // chunks and `qs` holds `scores.len()` rows of d.
+        if d.is_multiple_of(16) && self.len() == d && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present (checked above); the row holds d values, d a whole
+            // number of 16-value chunks, and `qs` holds `scores.len()` rows of d.
             unsafe {
                 match self {
                     KvRow::F32(k) => avx2::dot_group(k.as_ptr(), qs, scores),
@@ -52,9 +65,9 @@ impl KvRow<'_> {
     pub(crate) fn axpy_group(&self, acc: &mut [f32], ws: &[f32]) {
         let d = acc.len() / ws.len().max(1);
         #[cfg(target_arch = "x86_64")]
-        if d.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present (checked above); d is a whole number of 8-value
-            // chunks and `acc` holds `ws.len()` rows of d.
+        if d.is_multiple_of(8) && self.len() == d && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present (checked above); the row holds d values, d a whole
+            // number of 8-value chunks, and `acc` holds `ws.len()` rows of d.
             unsafe {
                 match self {
                     KvRow::F32(v) => avx2::axpy_group(v.as_ptr(), acc, ws),
