@@ -151,22 +151,26 @@ fn cpu_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// The release `cpu_bench` example, built once.
-fn build_cpu_bench(root: &Path) -> anyhow::Result<PathBuf> {
+/// `cargo build --release --quiet` with `args` in the workspace; returns the release
+/// output directory (under `CARGO_TARGET_DIR` when set).
+pub(crate) fn release_build(root: &Path, args: &[&str]) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    output(Command::new(cargo).current_dir(root).args([
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "xtask",
-        "--example",
-        "cpu_bench",
-    ]))?;
+    output(
+        Command::new(cargo)
+            .current_dir(root)
+            .args(["build", "--release", "--quiet"])
+            .args(args),
+    )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    Ok(target.join("release/examples/cpu_bench"))
+    Ok(target.join("release"))
+}
+
+/// The release `cpu_bench` example, built once.
+fn build_cpu_bench(root: &Path) -> anyhow::Result<PathBuf> {
+    let dir = release_build(root, &["-p", "xtask", "--example", "cpu_bench"])?;
+    Ok(dir.join("examples/cpu_bench"))
 }
 
 fn strata(bin: &Path, o: &Opts, model: &Path) -> anyhow::Result<Value> {
@@ -244,7 +248,7 @@ fn llama(bin: &Path, o: &Opts, model: &Path) -> anyhow::Result<Value> {
 }
 
 fn starved(run: &Value) -> bool {
-    run["probe"]["starved"].as_bool().unwrap_or(false)
+    crate::bench_probe::starved(&run["probe"])
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -402,15 +406,7 @@ fn print_tables(report: &Value, o: &Opts) {
     );
     println!("| round | model | test | Strata tok/s | llama.cpp tok/s | ratio | load avg | others + steal (cores): Strata / llama.cpp |");
     println!("|---:|---|---|---:|---:|---:|---:|---|");
-    let cores = |run: &Value| {
-        let p = &run["probe"];
-        match (p["others_cores"].as_f64(), p["steal_cores"].as_f64()) {
-            (Some(a), Some(b)) => {
-                format!("{:.2}{}", a + b, if starved(run) { " starved" } else { "" })
-            }
-            _ => "-".into(),
-        }
-    };
+    let cores = |run: &Value| crate::bench_probe::cell(&run["probe"]);
     for r in report["rounds"].as_array().into_iter().flatten() {
         for e in r["results"].as_array().into_iter().flatten() {
             let name = file_name(e["model"].as_str().unwrap_or(""));

@@ -98,6 +98,25 @@ impl Probe {
     }
 }
 
+/// Whether a [`Probe::finish`] report says the run was starved.
+pub(crate) fn starved(probe: &Value) -> bool {
+    probe["starved"].as_bool().unwrap_or(false)
+}
+
+/// A report's table cell: others' CPU time plus steal, in cores, and "starved" if it was.
+pub(crate) fn cell(probe: &Value) -> String {
+    match (
+        probe["others_cores"].as_f64(),
+        probe["steal_cores"].as_f64(),
+    ) {
+        (Some(a), Some(b)) => {
+            let mark = if starved(probe) { " starved" } else { "" };
+            format!("{:.2}{mark}", a + b)
+        }
+        _ => "-".into(),
+    }
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::Probe;

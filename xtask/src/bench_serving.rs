@@ -14,8 +14,8 @@ use std::process::Command;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use crate::bench::{median, output, Opts};
-use crate::bench_probe::Probe;
+use crate::bench::{median, output, release_build, Opts};
+use crate::bench_probe::{cell, starved, Probe};
 
 /// The loads the script runs: (file tag, figure, label). For TTFT the ratio is
 /// llama-server's over Strata's, so above 1 is Strata faster for every figure.
@@ -34,18 +34,8 @@ fn figure(v: &Value, key: &str) -> Option<f64> {
 }
 
 pub(crate) fn run(root: &Path, o: &Opts, peer: &Path, model: &Path) -> anyhow::Result<Value> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     eprintln!("bench: building strata (release) ...");
-    output(Command::new(cargo).current_dir(root).args([
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "strata-server",
-    ]))?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
+    let release = release_build(root, &["-p", "strata-server"])?;
     let mut rounds = Vec::new();
     for round in 1..=o.rounds {
         let dir = root.join(format!("target/bench/serving/round-{round}"));
@@ -56,7 +46,7 @@ pub(crate) fn run(root: &Path, o: &Opts, peer: &Path, model: &Path) -> anyhow::R
             Command::new("bash")
                 .current_dir(root)
                 .env("LLAMA_SERVER", peer)
-                .env("STRATA", target.join("release/strata"))
+                .env("STRATA", release.join("strata"))
                 .env("THREADS", o.threads.to_string())
                 .arg("scripts/bench/cpu-serving.sh")
                 .arg(&dir)
@@ -81,15 +71,14 @@ pub(crate) fn run(root: &Path, o: &Opts, peer: &Path, model: &Path) -> anyhow::R
             };
             loads[tag] = json!({"strata": s, "llama_server": l, "ratio": ratio});
         }
-        let starved = probe["starved"].as_bool().unwrap_or(false);
-        rounds.push(json!({"round": round, "loads": loads, "probe": probe, "starved": starved}));
+        rounds.push(json!({"round": round, "loads": loads, "probe": probe}));
     }
     let summary: Vec<Value> = LOADS
         .iter()
         .map(|&(tag, _, _)| {
             let clean: Vec<f64> = rounds
                 .iter()
-                .filter(|r| !r["starved"].as_bool().unwrap_or(false))
+                .filter(|r| !starved(&r["probe"]))
                 .filter_map(|r| r["loads"][tag]["ratio"].as_f64())
                 .collect();
             json!({"load": tag, "median_clean_ratio": median(clean.clone()), "clean_rounds": clean.len()})
@@ -108,19 +97,7 @@ pub(crate) fn print_table(serving: &Value) {
     println!("|---:|---|---:|---:|---:|---|");
     let f = |v: &Value| v.as_f64().map_or("-".into(), |v| format!("{v:.1}"));
     for r in serving["rounds"].as_array().into_iter().flatten() {
-        let p = &r["probe"];
-        let cores = match (p["others_cores"].as_f64(), p["steal_cores"].as_f64()) {
-            (Some(a), Some(b)) => format!(
-                "{:.2}{}",
-                a + b,
-                if r["starved"].as_bool().unwrap_or(false) {
-                    " starved"
-                } else {
-                    ""
-                }
-            ),
-            _ => "-".into(),
-        };
+        let cores = cell(&r["probe"]);
         for (tag, _, label) in LOADS {
             let l = &r["loads"][tag];
             println!(

@@ -244,6 +244,23 @@ mod tests {
             .count()
     }
 
+    /// Asserts `got`'s top token equals `want`'s at every position (rows of `vocab`) where
+    /// `want`'s best logit beats its runner-up by at least 0.5; returns how many there were.
+    fn assert_decisive_top1(want: &[f32], got: &[f32], vocab: usize, name: &str) -> usize {
+        let mut decisive = 0;
+        for (p, (w, g)) in want.chunks(vocab).zip(got.chunks(vocab)).enumerate() {
+            let mut order: Vec<usize> = (0..vocab).collect();
+            order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+            if w[order[0]] - w[order[1]] < 0.5 {
+                continue;
+            }
+            decisive += 1;
+            let top = (0..vocab).max_by(|&a, &b| g[a].total_cmp(&g[b])).unwrap();
+            assert_eq!(top, order[0], "{name}: position {p}'s top token");
+        }
+        decisive
+    }
+
     fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
         a.iter()
@@ -749,17 +766,7 @@ mod tests {
                 d > 0.0 && d < 8.0 * d_bf16,
                 "{name}: GPU Q8_0 max |diff| {d}"
             );
-            let vocab = cuda.config().vocab_size;
-            for (p, (w, g)) in want.chunks(vocab).zip(got.chunks(vocab)).enumerate() {
-                let mut order: Vec<usize> = (0..vocab).collect();
-                order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
-                if w[order[0]] - w[order[1]] < 0.5 {
-                    continue;
-                }
-                decisive += 1;
-                let top = (0..vocab).max_by(|&a, &b| g[a].total_cmp(&g[b])).unwrap();
-                assert_eq!(top, order[0], "{name}: position {p}'s top token");
-            }
+            decisive += assert_decisive_top1(&want, &got, cuda.config().vocab_size, name);
         }
         assert!(decisive > 0, "no decisive position in any fixture");
     }
@@ -791,16 +798,7 @@ mod tests {
         let mut decisive = 0;
         for (name, model) in [("decoded", &dense), ("blocks", &blocks)] {
             let got = logits(model, &ids, &chunks);
-            for (p, (w, g)) in want.chunks(vocab).zip(got.chunks(vocab)).enumerate() {
-                let mut order: Vec<usize> = (0..vocab).collect();
-                order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
-                if w[order[0]] - w[order[1]] < 0.5 {
-                    continue;
-                }
-                decisive += 1;
-                let top = (0..vocab).max_by(|&a, &b| g[a].total_cmp(&g[b])).unwrap();
-                assert_eq!(top, order[0], "{name}: position {p}'s top token");
-            }
+            decisive += assert_decisive_top1(&want, &got, vocab, name);
         }
         assert!(decisive > 0, "no decisive position");
     }

@@ -9,13 +9,13 @@
 //! are fixed by the key count alone, so a token's result does not depend on its batch.
 //!
 //! Keys and values are read through [`KvSource`], so the same kernel serves contiguous f32
-//! buffers ([`ContiguousKv`]) and a paged, possibly quantized pool whose reader dequantizes
-//! one row at a time into scratch.
+//! buffers ([`ContiguousKv`]) and a paged pool, whose bf16 rows are read in place
+//! ([`KvRow`]) and whose 8-bit rows are dequantized one at a time into scratch.
 
 use super::buffer::CpuBuffer;
 use super::dot::axpy;
 use super::elementwise::exp_f32;
-pub use super::kv_row::KvRow;
+use super::kv_row::KvRow;
 use crate::error::ensure;
 use crate::{AttentionParams, Result};
 use rayon::prelude::*;

@@ -1,13 +1,15 @@
 //! The paged-KV ops on the host: slabs in the pool's layout, rows encoded with the pool's
-//! own `encode_row`, and attention that dequantizes each row as it reads it.
+//! own `encode_row`, and attention that reads bf16 rows in place and dequantizes the other
+//! formats' rows as it reads them.
 
 use strata_kv::quant::{decode_row, encode_row};
 use strata_kv::KvFormat;
 
 use rayon::prelude::*;
 
-use super::attention::{attention_over, ContiguousKv, KvRow, KvSource};
+use super::attention::{attention_over, ContiguousKv, KvSource};
 use super::buffer::CpuBuffer;
+use super::kv_row::KvRow;
 use crate::error::ensure;
 use crate::paged::check_paged;
 use crate::{AttentionParams, KvSlabContents, KvSlabShape, PagedSeq, Result};
@@ -95,34 +97,32 @@ struct SlabKeys<'a> {
 }
 
 impl<'s> SlabKeys<'s> {
+    /// Key `i`'s row index for KV head `h` and that row's bytes in `bytes` (K or V).
+    fn row_bytes(&self, bytes: &'s [u8], i: usize, h: usize) -> (usize, &'s [u8]) {
+        let s = self.slab.shape;
+        let row = self.slots[i] as usize * s.num_kv_heads + h;
+        let len = s.head_dim * s.format.element_bytes();
+        (row, &bytes[row * len..(row + 1) * len])
+    }
+
     /// Row `(i, h)` of a bf16 slab's `bytes` as bf16 values in place, when the slab is bf16
     /// (and its bytes lie on 2-byte boundaries, as an allocation's do).
     fn bf16_row(&self, bytes: &'s [u8], i: usize, h: usize) -> Option<&'s [half::bf16]> {
-        let s = self.slab.shape;
-        if s.format != KvFormat::Bf16 {
+        if self.slab.shape.format != KvFormat::Bf16 {
             return None;
         }
-        let row = self.slots[i] as usize * s.num_kv_heads + h;
-        let d = s.head_dim;
-        bytemuck::try_cast_slice(&bytes[row * d * 2..(row + 1) * d * 2]).ok()
+        bytemuck::try_cast_slice(self.row_bytes(bytes, i, h).1).ok()
     }
 
-    fn row(&self, bytes: &[u8], scales: &[f32], i: usize, h: usize, out: &mut [f32]) {
-        let s = self.slab.shape;
-        let row = self.slots[i] as usize * s.num_kv_heads + h;
-        let eb = s.format.element_bytes();
-        let scale = if crate::has_scales(s.format) {
+    fn row(&self, bytes: &'s [u8], scales: &[f32], i: usize, h: usize, out: &mut [f32]) {
+        let format = self.slab.shape.format;
+        let (row, src) = self.row_bytes(bytes, i, h);
+        let scale = if crate::has_scales(format) {
             scales[row]
         } else {
             1.0
         };
-        let d = s.head_dim;
-        decode_row(
-            s.format,
-            &bytes[row * d * eb..(row + 1) * d * eb],
-            scale,
-            out,
-        );
+        decode_row(format, src, scale, out);
     }
 }
 
