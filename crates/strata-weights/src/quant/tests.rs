@@ -520,19 +520,20 @@ fn row_kernels_are_batch_invariant() {
     for_each_block_type!(check_batch_invariance);
 }
 
-/// The VNNI kernels (`_mm256_dpbusd_avx_epi32`) give the AVX2 kernels' bits: the same four
-/// products summed a lane, then the same f32 steps. Formats without a VNNI kernel take the
-/// AVX2 one either way.
+/// The VNNI kernels (either encoding of `vpdpbusd` this CPU has) give the AVX2 kernels'
+/// bits: the same four products summed a lane, then the same f32 steps. Formats without a
+/// VNNI kernel take the AVX2 one either way.
 #[cfg(target_arch = "x86_64")]
 fn check_vnni_equals_avx2<B: QuantBlock>(f16_offsets: &[usize]) {
+    use super::x86::Dot;
     let mut rng = Rng(B::TYPE.id() as u64 + 13);
     let (rows, tokens) = (4, 7);
     let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 3, tokens));
     let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
-    let run = |vnni: bool| {
+    let run = |dot: Dot| {
         let mut out = vec![f32::NAN; rows * tokens];
         let done = super::x86::dot_rows_with(
-            vnni,
+            dot,
             B::TYPE,
             bytes,
             row_bytes,
@@ -544,19 +545,29 @@ fn check_vnni_equals_avx2<B: QuantBlock>(f16_offsets: &[usize]) {
         );
         done.then_some(out)
     };
-    let (Some(avx2), Some(vnni)) = (run(false), run(true)) else {
+    let Some(avx2) = run(Dot::Avx2) else {
         return;
     };
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert!(avx2.iter().all(|x| x.is_finite()), "{:?}", B::TYPE);
-    assert_eq!(bits(&avx2), bits(&vnni), "{:?}", B::TYPE);
+    for dot in [Dot::AvxVnni, Dot::Avx512Vnni] {
+        if dot.runs_here() {
+            let vnni = run(dot).unwrap();
+            assert_eq!(bits(&avx2), bits(&vnni), "{:?} {dot:?}", B::TYPE);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn vnni_kernels_equal_the_avx2_ones() {
-    if !std::is_x86_feature_detected!("avxvnni") {
-        eprintln!("skipped: this CPU has no AVX-VNNI");
+    use super::x86::Dot;
+    if !super::x86::available()
+        || ![Dot::AvxVnni, Dot::Avx512Vnni]
+            .iter()
+            .any(|d| d.runs_here())
+    {
+        eprintln!("skipped: this CPU has no VNNI");
         return;
     }
     for_each_block_type!(check_vnni_equals_avx2);

@@ -10,10 +10,12 @@
 //! dot the unsigned codes and subtract offset times the activation code sums, which the
 //! caller precomputed.
 //!
-//! Where the CPU has AVX-VNNI, the 32-value formats sum each lane's four products with one
-//! `vpdpbusd` (`_mm256_dpbusd_avx_epi32`) instead of the `maddubs` + `madd` pair: the same
-//! four products a lane, so the same sums and the same bits (`STRATA_CPU_VNNI=0` turns it
-//! off). The K formats keep the pair: their per-group scale rides in `madd`'s 16-bit lanes.
+//! Where the CPU has VNNI, the 32-value formats sum each lane's four products with one
+//! `vpdpbusd` instead of the `maddubs` + `madd` pair: the same four products a lane, so the
+//! same sums and the same bits (`STRATA_CPU_VNNI=0` turns it off). Two encodings of the
+//! same 256-bit instruction: AVX-VNNI's (`_mm256_dpbusd_avx_epi32`, recent Intel cores) and
+//! AVX-512 VNNI's with AVX-512VL (`_mm256_dpbusd_epi32`, AMD Zen 4 and Intel server cores,
+//! which lack the former). The K formats keep the pair: their per-group scale rides in `madd`'s 16-bit lanes.
 //!
 //! The integer sums equal those of the portable [`super::QuantBlock::dot_q8`]; per-block
 //! f32 scaling is fused (FMA) and summed in 8 lanes, so the f32 result differs from the
@@ -108,6 +110,13 @@ fn dot_us(u: __m256i, s: __m256i) -> __m256i {
 #[inline]
 fn dot_us_vnni(u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+}
+
+/// [`dot_us`] as AVX-512 VNNI's 256-bit `vpdpbusd`.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[inline]
+fn dot_us_vnni512(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
 }
 
 /// The Q8_K activations of `N` consecutive tokens.
@@ -212,6 +221,11 @@ macro_rules! small_n_fn {
 
 small_n_fn!(small_n, "avx2,fma,f16c", dot_us);
 small_n_fn!(small_n_vnni, "avx2,fma,f16c,avxvnni", dot_us_vnni);
+small_n_fn!(
+    small_n_vnni512,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    dot_us_vnni512
+);
 
 /// Q5_0's 32 unsigned 5-bit codes: the nibbles plus 16 where bit `i` of `qh` is set.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -317,6 +331,14 @@ small_formats!(
     q4_0_n_vnni,
     q4_1_n_vnni,
     q5_0_n_vnni
+);
+small_formats!(
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    small_n_vnni512,
+    q8_0_n_vnni512,
+    q4_0_n_vnni512,
+    q4_1_n_vnni512,
+    q5_0_n_vnni512
 );
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -596,29 +618,84 @@ rows32_fn!(
     q5_0_n_vnni,
     "avx2,fma,f16c,avxvnni"
 );
+rows32_fn!(
+    rows_q8_0_vnni512,
+    BlockQ8_0,
+    q8_0_n_vnni512,
+    "avx2,fma,f16c,avx512vnni,avx512vl"
+);
+rows32_fn!(
+    rows_q4_0_vnni512,
+    BlockQ4_0,
+    q4_0_n_vnni512,
+    "avx2,fma,f16c,avx512vnni,avx512vl"
+);
+rows32_fn!(
+    rows_q4_1_vnni512,
+    BlockQ4_1,
+    q4_1_n_vnni512,
+    "avx2,fma,f16c,avx512vnni,avx512vl"
+);
+rows32_fn!(
+    rows_q5_0_vnni512,
+    BlockQ5_0,
+    q5_0_n_vnni512,
+    "avx2,fma,f16c,avx512vnni,avx512vl"
+);
 
-/// Whether the 32-value formats take the VNNI kernels: the CPU has AVX-VNNI and
-/// `STRATA_CPU_VNNI` is not `0` (read once; it compares the two in one build).
-fn use_vnni() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        available()
-            && is_x86_feature_detected!("avxvnni")
-            && std::env::var("STRATA_CPU_VNNI").map_or(true, |v| v != "0")
+/// How the 32-value formats sum four byte products into a lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dot {
+    /// `maddubs` + `madd` (AVX2).
+    Avx2,
+    /// `vpdpbusd`, AVX-VNNI's encoding.
+    AvxVnni,
+    /// `vpdpbusd`, AVX-512 VNNI's 256-bit encoding (with AVX-512VL).
+    Avx512Vnni,
+}
+
+impl Dot {
+    /// Whether this CPU runs it (AVX2, FMA and F16C taken as given).
+    pub(super) fn runs_here(self) -> bool {
+        match self {
+            Dot::Avx2 => true,
+            Dot::AvxVnni => is_x86_feature_detected!("avxvnni"),
+            Dot::Avx512Vnni => {
+                is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+            }
+        }
+    }
+}
+
+/// The dot the kernels take: VNNI where the CPU has either encoding (AVX-VNNI first: it
+/// needs no AVX-512 state) and `STRATA_CPU_VNNI` is not `0` (read once; it compares the
+/// two in one build).
+fn best_dot() -> Dot {
+    static DOT: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
+    *DOT.get_or_init(|| {
+        let off = std::env::var("STRATA_CPU_VNNI").is_ok_and(|v| v == "0");
+        [Dot::AvxVnni, Dot::Avx512Vnni]
+            .into_iter()
+            .find(|d| !off && available() && d.runs_here())
+            .unwrap_or(Dot::Avx2)
     })
 }
 
 /// A row-range driver: one format's kernel over whole rows.
 type RowsFn = unsafe fn(&[u8], usize, Range<usize>, &Q8Input, Range<usize>, &mut [f32], usize);
 
-/// The driver for `ty`, VNNI where `vnni` asks and the format has one; `None` for formats
-/// without an AVX2 kernel.
-fn driver(ty: GgmlType, vnni: bool) -> Option<RowsFn> {
-    Some(match (ty, vnni) {
-        (GgmlType::Q8_0, true) => rows_q8_0_vnni,
-        (GgmlType::Q4_0, true) => rows_q4_0_vnni,
-        (GgmlType::Q4_1, true) => rows_q4_1_vnni,
-        (GgmlType::Q5_0, true) => rows_q5_0_vnni,
+/// The driver for `ty` with the 32-value formats' `dot`; `None` for formats without an
+/// AVX2 kernel.
+fn driver(ty: GgmlType, dot: Dot) -> Option<RowsFn> {
+    Some(match (ty, dot) {
+        (GgmlType::Q8_0, Dot::AvxVnni) => rows_q8_0_vnni,
+        (GgmlType::Q4_0, Dot::AvxVnni) => rows_q4_0_vnni,
+        (GgmlType::Q4_1, Dot::AvxVnni) => rows_q4_1_vnni,
+        (GgmlType::Q5_0, Dot::AvxVnni) => rows_q5_0_vnni,
+        (GgmlType::Q8_0, Dot::Avx512Vnni) => rows_q8_0_vnni512,
+        (GgmlType::Q4_0, Dot::Avx512Vnni) => rows_q4_0_vnni512,
+        (GgmlType::Q4_1, Dot::Avx512Vnni) => rows_q4_1_vnni512,
+        (GgmlType::Q5_0, Dot::Avx512Vnni) => rows_q5_0_vnni512,
         (GgmlType::Q8_0, _) => rows_q8_0,
         (GgmlType::Q4_0, _) => rows_q4_0,
         (GgmlType::Q4_1, _) => rows_q4_1,
@@ -644,7 +721,7 @@ pub(super) fn dot_rows(
     stride: usize,
 ) -> bool {
     dot_rows_with(
-        use_vnni(),
+        best_dot(),
         ty,
         bytes,
         row_bytes,
@@ -656,10 +733,10 @@ pub(super) fn dot_rows(
     )
 }
 
-/// [`dot_rows`] with the VNNI kernels on or off (`vnni` is ignored without AVX-VNNI).
+/// [`dot_rows`] with the 32-value formats' `dot` (AVX2's where the CPU lacks it).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn dot_rows_with(
-    vnni: bool,
+    dot: Dot,
     ty: GgmlType,
     bytes: &[u8],
     row_bytes: usize,
@@ -672,12 +749,12 @@ pub(super) fn dot_rows_with(
     if !available() {
         return false;
     }
-    let vnni = vnni && is_x86_feature_detected!("avxvnni");
-    let Some(f) = driver(ty, vnni) else {
+    let dot = if dot.runs_here() { dot } else { Dot::Avx2 };
+    let Some(f) = driver(ty, dot) else {
         return false;
     };
-    // SAFETY: the CPU has the features the driver is compiled for (AVX-VNNI checked above
-    // for the VNNI drivers).
+    // SAFETY: the CPU has the features the driver is compiled for (AVX2, FMA and F16C
+    // checked above, the VNNI encoding by `runs_here`).
     unsafe { f(bytes, row_bytes, rows, input, tokens, out, stride) };
     true
 }
