@@ -6,10 +6,10 @@
 # the `llama-cpp-python==0.3.36` sdist's vendor/llama.cpp, upstream 0c1e570; how to make it in
 # docs/benchmarks.md, "Quantized GGUF files against llama.cpp on the GPU").
 #
-#   scripts/bench/gguf-gpu-peer.sh STEP OUT_DIR      # STEP: build | files | bench | memory | all
+#   scripts/bench/gguf-gpu-peer.sh STEP OUT_DIR  # STEP: build | files | bench | serve | memory | all
 #
-#   build  untar the source into $WORK/llama.cpp and build llama-bench, llama-batched-bench
-#          and llama-quantize with CUDA for this GPU's architecture, in the background
+#   build  untar the source into $WORK/llama.cpp and build llama-bench, llama-batched-bench,
+#          llama-server and llama-quantize with CUDA for this GPU's architecture, in the background
 #          (`wait` blocks on it); a CPU-only llama-quantize first, so `files` need not wait
 #          for the CUDA kernels
 #   files  Gemma-4 E2B at its real shape with random weights (the benchmark suite's
@@ -24,11 +24,16 @@
 #          (`--gguf-weights blocks`), and for the first file also decoded to bf16 at upload
 #          (the default; every file decodes to the same sizes); the summary table last
 #          (scripts/bench/gguf_peer_summary.py)
+#   serve  the first quantized file served: `strata serve` (decoded to bf16, then as blocks)
+#          and llama-server (every layer on the GPU, 100 slots of 1,100 tokens, its other
+#          settings at their defaults), each through scripts/bench/serving.py with 512 random
+#          ids in and 512 out (ignore_eos): 1 client (3 requests), 100 clients (200 requests);
+#          CUDA_BUILD=0 serves Strata alone
 #   memory nvidia-smi's memory in use while `strata serve` idles (1 GB of KV) with the BF16
 #          file, and with each quantized file decoded to bf16 and kept as blocks
 # Results land in OUT_DIR as text and JSON, one file per step.
 set -u
-step=${1:?usage: gguf-gpu-peer.sh build|files|bench|all OUT_DIR}
+step=${1:?usage: gguf-gpu-peer.sh build|files|bench|serve|memory|all OUT_DIR}
 out=${2:?usage: gguf-gpu-peer.sh build|files|bench|all OUT_DIR}
 strata=${STRATA:-target/gpu-bundle/strata}
 work=${WORK:-/tmp/strata-bench}
@@ -49,7 +54,7 @@ build_cuda() {
         -DLLAMA_CURL=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$arch -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF >'$lcpp/cuda-cmake.log' 2>&1 &&
       nice -n 19 cmake --build '$lcpp/cuda' --target llama-bench llama-batched-bench \
-        -j ${JOBS:-8} >'$lcpp/cuda-build.log' 2>&1; echo exit \$? >'$lcpp/cuda-build.done'" \
+        llama-server -j ${JOBS:-8} >'$lcpp/cuda-build.log' 2>&1; echo exit \$? >'$lcpp/cuda-build.done'" \
         </dev/null >/dev/null 2>&1 &
     echo "llama.cpp CUDA build (sm_$arch) started: $lcpp/cuda-build.log"
 }
@@ -125,6 +130,55 @@ bench() {
     python3 "$repo/scripts/bench/gguf_peer_summary.py" "$out" | tee "$out/summary.md"
 }
 
+# Output tokens/s served at 1 and 100 clients by Strata (both weight placements) and by
+# llama-server on the first quantized file, through the same client; the table last.
+serve() {
+    local port=8091 f=$gguf/$model-${quants%%,*}.gguf tag pid c n
+    local servers="strata-bf16 strata-blocks llama-server"
+    # CUDA_BUILD=0: Strata alone (no llama.cpp CUDA build to wait for).
+    if [ "${CUDA_BUILD:-1}" = 0 ]; then servers="strata-bf16 strata-blocks"; else wait_for cuda-build; fi
+    for tag in $servers; do
+        case $tag in
+            strata-*)
+                "$strata" serve --model "$f" --served-model-name m --device cuda --port $port \
+                    --gguf-weights "${tag#strata-}" --max-running-requests 128 \
+                    >"$out/$model-serve-$tag.log" 2>&1 &
+                pid=$! ;;
+            llama-server)
+                "$lcpp/cuda/bin/llama-server" -m "$f" -ngl 99 --parallel 100 -c 110000 \
+                    --port $port >"$out/$model-serve-$tag.log" 2>&1 &
+                pid=$! ;;
+        esac
+        for _ in $(seq 300); do
+            curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+            sleep 1
+        done
+        for c in 1 100; do
+            n=$([ $c -eq 1 ] && echo 3 || echo 200)
+            timeout 300 python3 scripts/bench/serving.py --url "http://127.0.0.1:$port" --model m \
+                --input 512 --output 512 --concurrency $c --requests $n \
+                --out "$out/$model-served-$tag-c$c.json" >"$out/$model-served-$tag-c$c.txt" 2>&1
+        done
+        kill $pid
+        wait $pid 2>/dev/null
+    done
+    python3 - "$out" "$model" <<'EOF2' | tee "$out/served.md"
+import json, os, sys
+out, m = sys.argv[1], sys.argv[2]
+print("| server | clients | output tok/s | median TTFT ms |")
+print("|---|---:|---:|---:|")
+for tag in ["strata-bf16", "strata-blocks", "llama-server"]:
+    for c in (1, 100):
+        if not os.path.exists(f"{out}/{m}-served-{tag}-c{c}.txt"):
+            continue  # not run (CUDA_BUILD=0: no llama-server)
+        try:
+            d = json.load(open(f"{out}/{m}-served-{tag}-c{c}.json"))
+            print(f"| {tag} | {c} | {d['output_throughput']:.0f} | {d['ttft_ms']['median']:.1f} |")
+        except Exception as e:
+            print(f"| {tag} | {c} | failed: {e} | |")
+EOF2
+}
+
 # GPU memory in use (nvidia-smi) while `strata serve` idles with each file, 1 GB of KV:
 # the BF16 file, then each quantized file decoded to bf16 (the default) and as blocks.
 memory() {
@@ -151,6 +205,7 @@ case $step in
     build) build ;;
     files) files ;;
     bench) bench ;;
+    serve) serve ;;
     memory) memory ;;
     all) build && files && bench ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
