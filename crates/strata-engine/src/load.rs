@@ -104,6 +104,8 @@ pub struct LoadSettings {
     pub keep_blocks: bool,
     /// `--text-model-only`: a multimodal checkpoint's encoders are not loaded.
     pub text_model_only: bool,
+    /// `--media-device host`: the encoders stay on the host when the model runs on a GPU.
+    pub media_on_host: bool,
     /// Report a load that takes more than a second on stderr (a bar on a terminal, plain
     /// lines otherwise).
     pub progress: bool,
@@ -158,12 +160,26 @@ impl LoadedModel {
             ModelSource::HuggingFace { .. } => None,
         };
         let runtime = place(path, settings)?;
-        let media = match &source {
+        let mut media = match &source {
             ModelSource::HuggingFace { dir, .. } if !settings.text_model_only => {
-                MediaEncoder::load(dir)?.map(Arc::new)
+                MediaEncoder::load(dir)?
             }
             _ => None,
         };
+        // The vision tower follows the model onto the GPU (before the KV pool is sized
+        // from what memory is left), unless `--media-device host`.
+        #[cfg(feature = "cuda")]
+        if let Some(m) = media.as_mut() {
+            if runtime.on_gpu() && !settings.media_on_host {
+                m.vision_on_gpu(settings.dtype != WeightDtype::F32)
+                    .map_err(|e| {
+                        EngineError::Invalid(format!(
+                            "{e} (--media-device host keeps the vision tower on the host)"
+                        ))
+                    })?;
+            }
+        }
+        let media = media.map(Arc::new);
         let mut stop_ids = config.eos_token_ids.clone();
         if let Some(t) = &tokenizer {
             stop_ids.extend(t.eos_id());

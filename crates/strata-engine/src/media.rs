@@ -17,9 +17,16 @@ use strata_sched::MediaInput;
 
 use crate::{EngineError, Result};
 
+/// A vision tower on a GPU: one image's real patches and positions -> (soft tokens, rows).
+type DeviceVision =
+    Box<dyn Fn(&[f32], &[[i64; 2]]) -> strata_model::Result<(usize, Vec<f32>)> + Send + Sync>;
+
 /// The towers of a multimodal checkpoint with their processors' settings.
 pub struct MediaEncoder {
     vision: Option<(VisionTower, ImagePatcher)>,
+    /// The vision tower's copy on the GPU the model runs on, when it has one
+    /// ([`MediaEncoder::vision_on_gpu`]); images go there instead of the host tower.
+    vision_device: Option<(DeviceVision, String)>,
     audio: Option<AudioEncoder>,
     /// Keys the content hashes: random per process, so that no client can make two items
     /// share a prefix-cache key on purpose.
@@ -119,9 +126,44 @@ impl MediaEncoder {
         };
         Ok(Some(Self {
             vision,
+            vision_device: None,
             audio,
             hasher: Default::default(),
         }))
+    }
+
+    /// Puts a copy of the vision tower on GPU 0, on a CUDA stream of its own (so an image
+    /// being encoded delays no decode step of the engine's stream), its products in bf16
+    /// (`bf16`) or f32; one image at a time there. A tower with clipped linears stays on
+    /// the host (the device ops have no clamp).
+    #[cfg(feature = "cuda")]
+    pub fn vision_on_gpu(&mut self, bf16: bool) -> Result<()> {
+        use strata_kernels::{cuda::CudaBackend, DType};
+        use strata_model::DeviceVisionTower;
+        let Some((tower, _)) = &self.vision else {
+            return Ok(());
+        };
+        if tower.config().clipped_linears {
+            return Ok(());
+        }
+        let backend = CudaBackend::new(0)
+            .map_err(|e| EngineError::Invalid(format!("the vision tower's CUDA stream: {e}")))?
+            .with_bf16_gemm(bf16);
+        let name = format!("cuda ({})", backend.device_name());
+        let dtype = if bf16 { DType::BF16 } else { DType::F32 };
+        let device = std::sync::Mutex::new(DeviceVisionTower::new(backend, tower, dtype)?);
+        let encode: DeviceVision = Box::new(move |pixels, positions| {
+            let d = device.lock().unwrap_or_else(|p| p.into_inner());
+            d.encode(pixels, positions)
+                .map(|o| (o.tokens, o.soft_tokens))
+        });
+        self.vision_device = Some((encode, name));
+        Ok(())
+    }
+
+    /// Where images are encoded: "host", or the GPU's name.
+    pub fn image_device(&self) -> &str {
+        self.vision_device.as_ref().map_or("host", |(_, n)| n)
     }
 
     /// Whether the checkpoint has a vision tower.
@@ -140,8 +182,8 @@ impl MediaEncoder {
         h.finish()
     }
 
-    /// Decodes a PNG, JPEG or WebP file and runs the vision tower on it (on the host, so
-    /// that no decode step waits for it).
+    /// Decodes a PNG, JPEG or WebP file and runs the vision tower on it: on the host, or
+    /// on the GPU's tower of its own stream, so that no decode step waits for it.
     pub fn encode_image(&self, bytes: &[u8]) -> Result<MediaRows> {
         let (tower, patcher) = self
             .vision
@@ -154,11 +196,18 @@ impl MediaEncoder {
         // nothing): the tower runs on the image's own patches only.
         let real = p.positions.iter().take_while(|q| q[0] >= 0).count();
         let width = 3 * patcher.patch_size * patcher.patch_size;
-        let out = tower.encode(&p.pixels[..real * width], &p.positions[..real])?;
+        let (pixels, positions) = (&p.pixels[..real * width], &p.positions[..real]);
+        let (rows, values) = match &self.vision_device {
+            Some((encode, _)) => encode(pixels, positions)?,
+            None => {
+                let out = tower.encode(pixels, positions)?;
+                (out.tokens, out.soft_tokens)
+            }
+        };
         Ok(MediaRows {
             kind: MediaKind::Image,
-            rows: out.tokens,
-            values: out.soft_tokens.into(),
+            rows,
+            values: values.into(),
             hash: self.hash(bytes),
         })
     }

@@ -3,8 +3,10 @@
 //! 280 soft tokens (the processor's largest). Prints the median of `--runs` encodes per size.
 //!
 //! ```sh
-//! cargo run --release -p strata-model --example vision_encode -- [--runs 3] [--tokens 70,140,280]
+//! cargo run --release -p strata-model --example vision_encode -- [--runs 3] [--tokens 70,140,280] [--ops]
 //! ```
+//! `--ops` times the tower as the CPU backend's ops (`DeviceVisionTower` on `CpuBackend`,
+//! what a GPU runs) instead of the host tower.
 //! `scripts/bench/vision_encode.py` times transformers' tower on the same shapes as the peer.
 
 use std::collections::HashMap;
@@ -12,7 +14,7 @@ use std::time::Instant;
 
 use safetensors::tensor::{Dtype, TensorView};
 use strata_config::VisionConfig;
-use strata_model::VisionTower;
+use strata_model::{DeviceVisionTower, VisionTower};
 use strata_weights::Weights;
 
 /// A deterministic generator (splitmix64) for the random weights.
@@ -37,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unwrap_or_else(|| default.to_string())
     };
     let runs: usize = flag("--runs", "3").parse()?;
+    let ops = args.iter().any(|a| a == "--ops");
     let sizes: Vec<usize> = flag("--tokens", "70,140,280")
         .split(',')
         .map(str::parse)
@@ -116,6 +119,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(views);
     drop(data);
     let tower = VisionTower::from_weights(cfg.clone(), &Weights::open(dir.path())?)?;
+    let on_ops = if ops {
+        let b = strata_kernels::cpu::CpuBackend::new();
+        Some(DeviceVisionTower::new(
+            b,
+            &tower,
+            strata_kernels::DType::F32,
+        )?)
+    } else {
+        None
+    };
     let k = cfg.pooling_kernel_size;
     println!("| soft tokens | patches | median ms | ms a soft token |");
     println!("|---:|---:|---:|---:|");
@@ -131,9 +144,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut times = Vec::new();
         for _ in 0..runs {
             let t0 = Instant::now();
-            let out = tower.encode(&pixels, &positions)?;
+            let tokens = match &on_ops {
+                Some(t) => t.encode(&pixels, &positions)?.tokens,
+                None => tower.encode(&pixels, &positions)?.tokens,
+            };
             times.push(t0.elapsed().as_secs_f64() * 1e3);
-            assert_eq!(out.tokens, th * tw);
+            assert_eq!(tokens, th * tw);
         }
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];

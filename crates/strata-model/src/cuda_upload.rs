@@ -771,6 +771,43 @@ mod tests {
         assert!(decisive > 0, "no decisive position in any fixture");
     }
 
+    /// The vision tower as device ops on the GPU, from the same body as the CPU backend's
+    /// test: f32 products within 1e-4 of transformers (relative to the largest value),
+    /// bf16 products at a cosine of 0.999 or more.
+    #[test]
+    fn vision_tower_on_the_gpu_matches_transformers() {
+        use crate::vision_device::check_against_transformers;
+        use strata_kernels::DType;
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let dir = fixtures().join("gemma4-tiny-vision");
+        let (rel, _) =
+            check_against_transformers(gpu.clone().with_bf16_gemm(false), &dir, DType::F32);
+        assert!(rel < 1e-4, "f32: relative error {rel}");
+        let (_, cos) = check_against_transformers(gpu.with_bf16_gemm(true), &dir, DType::BF16);
+        assert!(cos >= 0.999, "bf16: cosine {cos}");
+    }
+
+    /// E2B's vision tower at its real shape in bf16 against transformers (cosine at least
+    /// 0.999 to its f32 run), with the time an image takes; only with
+    /// `STRATA_VISION_REAL_SHAPE` set (scripts/reference/vision_real_shape.py).
+    #[test]
+    fn vision_tower_at_the_real_shape_matches_transformers() {
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let Some(rows) = crate::vision_device::check_real_shape(
+            gpu.with_bf16_gemm(true),
+            strata_kernels::DType::BF16,
+        ) else {
+            eprintln!("STRATA_VISION_REAL_SHAPE is not set: skipped");
+            return;
+        };
+        assert!(!rows.is_empty());
+        for (_, _, cos, _, _) in rows {
+            assert!(cos >= 0.999, "cosine {cos}");
+        }
+    }
+
     /// A GGUF's blocks: decoded to bf16 at upload by default, kept as blocks on the
     /// device only with `keep_blocks` (`--gguf-weights blocks`); both pick the CPU's top
     /// token wherever the CPU's margin is at least 0.5, on the tiny Gemma-4 Q4_K_M file.

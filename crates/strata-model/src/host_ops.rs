@@ -51,6 +51,11 @@ impl HostLinear {
         Ok(l)
     }
 
+    /// The matrix, its rows and its columns; for the device towers (which take no clamps).
+    pub(crate) fn matrix(&self) -> (&[f32], usize, usize) {
+        (&self.w, self.rows, self.cols)
+    }
+
     /// `x [n, cols]` -> `[n, rows]`.
     pub(crate) fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
         match self.clamp {

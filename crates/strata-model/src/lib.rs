@@ -22,6 +22,7 @@ pub mod quantize;
 mod runner;
 mod tensors;
 mod vision;
+mod vision_device;
 mod weights_swap;
 
 pub use assistant::{Assistant, DraftSeq, Drafted};
@@ -40,3 +41,4 @@ pub use strata_kernels::sampling::FED_TOKEN;
 pub use strata_types::batch::{self, ForwardBatch, ForwardOutput, LogitsMode, SeqChunk};
 pub use tensors::{LayerTensors, ModelTensors};
 pub use vision::{EncodedImage, VisionTower};
+pub use vision_device::{DeviceImage, DeviceVisionTower};

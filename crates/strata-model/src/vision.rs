@@ -26,20 +26,20 @@ use strata_weights::{WeightSource, Weights};
 use crate::error::{ModelError, Result};
 use crate::host_ops::{gemm_bt, norm_in_place, rms_norm, HostLinear};
 
-struct Layer {
-    input_norm: Vec<f32>,
-    post_attention_norm: Vec<f32>,
-    pre_feedforward_norm: Vec<f32>,
-    post_feedforward_norm: Vec<f32>,
-    q: HostLinear,
-    k: HostLinear,
-    v: HostLinear,
-    o: HostLinear,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
-    gate: HostLinear,
-    up: HostLinear,
-    down: HostLinear,
+pub(crate) struct Layer {
+    pub(crate) input_norm: Vec<f32>,
+    pub(crate) post_attention_norm: Vec<f32>,
+    pub(crate) pre_feedforward_norm: Vec<f32>,
+    pub(crate) post_feedforward_norm: Vec<f32>,
+    pub(crate) q: HostLinear,
+    pub(crate) k: HostLinear,
+    pub(crate) v: HostLinear,
+    pub(crate) o: HostLinear,
+    pub(crate) q_norm: Vec<f32>,
+    pub(crate) k_norm: Vec<f32>,
+    pub(crate) gate: HostLinear,
+    pub(crate) up: HostLinear,
+    pub(crate) down: HostLinear,
 }
 
 /// One image's outputs.
@@ -146,6 +146,28 @@ impl VisionTower {
         &self.cfg
     }
 
+    pub(crate) fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    pub(crate) fn input_proj(&self) -> &HostLinear {
+        &self.input_proj
+    }
+
+    pub(crate) fn embedder(&self) -> &HostLinear {
+        &self.embed
+    }
+
+    pub(crate) fn position_table(&self) -> &[f32] {
+        &self.positions
+    }
+
+    pub(crate) fn standardization(&self) -> Option<(&[f32], &[f32])> {
+        self.standardize
+            .as_ref()
+            .map(|(b, s)| (b.as_slice(), s.as_slice()))
+    }
+
     /// Encodes one image: `pixels [patches, 3 * patch^2]`, `positions [patches]` as (x, y),
     /// (-1, -1) for padding. The patch count must be the pooling kernel's area times the
     /// soft tokens asked for (transformers' `output_length`), padding included.
@@ -220,18 +242,9 @@ impl VisionTower {
         }
         let (mut pooled, mut keep) = (x, vec![true; n]);
         if n != out_len {
-            let clamped = |i: usize, a: usize| positions[i][a].max(0) as usize;
-            let max_x = (0..n).map(|i| clamped(i, 0)).max().unwrap_or(0) + 1;
             let mut sums = vec![0.0f32; out_len * h];
             keep = vec![false; out_len];
-            for i in 0..n {
-                let idx = clamped(i, 0) / k + (max_x / k) * (clamped(i, 1) / k);
-                if idx >= out_len {
-                    return Err(ModelError::Invalid(format!(
-                        "patch {i} pools into soft token {idx} of {out_len}: the positions do \
-                         not tile the image"
-                    )));
-                }
+            for (i, idx) in pool_bins(positions, k)?.into_iter().enumerate() {
                 keep[idx] = true;
                 let src = &pooled[i * h..(i + 1) * h];
                 for (o, v) in sums[idx * h..(idx + 1) * h].iter_mut().zip(src) {
@@ -335,6 +348,39 @@ impl VisionTower {
     }
 }
 
+/// The soft token each patch pools into: `k x k` blocks of patches by position, numbered
+/// row by row; patch order itself when `k` is 1. Padding (negative positions) counts as 0.
+pub(crate) fn pool_bins(positions: &[[i64; 2]], k: usize) -> Result<Vec<usize>> {
+    let n = positions.len();
+    let out_len = n / (k * k);
+    if k == 1 {
+        return Ok((0..n).collect());
+    }
+    let clamped = |i: usize, a: usize| positions[i][a].max(0) as usize;
+    let max_x = (0..n).map(|i| clamped(i, 0)).max().unwrap_or(0) + 1;
+    (0..n)
+        .map(|i| {
+            let idx = clamped(i, 0) / k + (max_x / k) * (clamped(i, 1) / k);
+            if idx >= out_len {
+                return Err(ModelError::Invalid(format!(
+                    "patch {i} pools into soft token {idx} of {out_len}: the positions do \
+                     not tile the image"
+                )));
+            }
+            Ok(idx)
+        })
+        .collect()
+}
+
+/// The axial RoPE's `head_dim / 4` frequencies, one set for each axis: as transformers,
+/// f32 frequencies (and f32 angles).
+pub(crate) fn axial_inv_freq(head_dim: usize, theta: f64) -> Vec<f32> {
+    let spatial = (head_dim / 2) as f32;
+    (0..head_dim / 4)
+        .map(|j| 1.0 / (theta as f32).powf((2 * j) as f32 / spatial))
+        .collect()
+}
+
 /// The axial RoPE's angles per patch: x turns the first half of a head, y the second; each
 /// half rotates its own halves (neox) at `head_dim / 4` frequencies.
 struct AxialRope {
@@ -347,11 +393,7 @@ struct AxialRope {
 impl AxialRope {
     fn new(head_dim: usize, theta: f64, positions: &[[i64; 2]]) -> Self {
         let quarter = head_dim / 4;
-        let spatial = (head_dim / 2) as f32;
-        // As transformers: f32 frequencies, f32 angles.
-        let inv: Vec<f32> = (0..quarter)
-            .map(|j| 1.0 / (theta as f32).powf((2 * j) as f32 / spatial))
-            .collect();
+        let inv = axial_inv_freq(head_dim, theta);
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for p in positions {
             for &coord in p {

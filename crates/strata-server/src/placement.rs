@@ -16,6 +16,15 @@ pub enum EmbedPlacement {
     Host,
 }
 
+/// Where the vision tower runs when the model is on a GPU.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediaDevice {
+    /// A copy on the model's GPU, on a stream of its own.
+    Device,
+    /// On the host's CPU threads, in f32.
+    Host,
+}
+
 /// The weight-placement flags.
 #[derive(Args, Clone, Debug)]
 pub struct PlacementArgs {
@@ -53,6 +62,12 @@ pub struct PlacementArgs {
     /// skipped, and its memory saved); requests with images are then refused.
     #[arg(long)]
     pub text_model_only: bool,
+    /// Where a multimodal checkpoint's vision tower runs when the model is on a GPU:
+    /// device (a copy on the GPU, on a stream of its own, products in the model's dtype)
+    /// or host (f32 on the CPU threads, as on a CPU-only machine). The audio tower runs on
+    /// the host either way.
+    #[arg(long, value_enum, default_value_t = MediaDevice::Device)]
+    pub media_device: MediaDevice,
 }
 
 impl PlacementArgs {
@@ -95,6 +110,7 @@ impl PlacementArgs {
             quantize: self.quantize,
             keep_blocks: self.gguf_weights == GgufWeights::Blocks,
             text_model_only: self.text_model_only,
+            media_on_host: self.media_device == MediaDevice::Host,
             progress: true,
         })
     }

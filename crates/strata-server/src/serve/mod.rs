@@ -320,6 +320,11 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         loaded.runtime.device_name(),
         t0.elapsed().as_secs_f64()
     ));
+    if let Some(m) = &loaded.media {
+        if m.takes_images() {
+            log(format!("images encoded on {}", m.image_device()));
+        }
+    }
     if let Some(path) = &a.chat_template {
         let source = std::fs::read_to_string(path)
             .with_context(|| format!("--chat-template {}", path.display()))?;

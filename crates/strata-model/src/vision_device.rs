@@ -1,0 +1,488 @@
+//! Gemma-4's vision tower on a [`Backend`]: the same maths as [`VisionTower::encode`] (the
+//! host f32 reference it is tested against), as the backend's ops, so that on a GPU an
+//! image is a few dozen launches rather than seconds of host products.
+//!
+//! How each step maps onto the ops:
+//! - the patch embedding is one product; the two position rows a patch adds are summed on
+//!   the host (a table lookup) and added on the device;
+//! - the 2-D axial RoPE is the ordinary `rope` over half-heads: a head of `d` values is two
+//!   halves of `d / 2` (x turns the first, y the second, each in neox pairs), so `q [n,
+//!   heads, d]` is rotated as `[n * heads * 2, 1, d / 2]` with the x and y coordinates
+//!   alternating as the rows' positions;
+//! - attention is the backend's bidirectional `attention` (`causal: false`, scale 1) over
+//!   the image's own patches: padding patches are never sent (they change no real row);
+//! - pooling is `k^2` row gathers (`embedding` with the encoder output as the table), one
+//!   per member of each `k x k` block, summed, with `sqrt(hidden) / k^2` folded into the
+//!   gathers' scale.
+//!
+//! Clipped linears (`use_clipped_linears`) clamp each product's input and output; the
+//! backends have no clamp op, so such a tower stays on the host
+//! ([`DeviceVisionTower::new`] refuses it).
+
+use strata_config::VisionConfig;
+use strata_kernels::{
+    Activation, AttentionParams, Backend, DType, DeviceBuffer, MatmulShape, RmsNormParams,
+    RopeParams, RopeStyle,
+};
+
+use crate::error::{ModelError, Result};
+use crate::host_ops::HostLinear;
+use crate::vision::{axial_inv_freq, pool_bins, VisionTower};
+
+struct Weight<B: Backend> {
+    w: B::Buffer,
+    shape: MatmulShape,
+}
+
+struct Layer<B: Backend> {
+    input_norm: B::Buffer,
+    post_attention_norm: B::Buffer,
+    pre_feedforward_norm: B::Buffer,
+    post_feedforward_norm: B::Buffer,
+    q: Weight<B>,
+    k: Weight<B>,
+    v: Weight<B>,
+    o: Weight<B>,
+    q_norm: B::Buffer,
+    k_norm: B::Buffer,
+    gate: Weight<B>,
+    up: Weight<B>,
+    down: Weight<B>,
+}
+
+/// The vision tower and its embedder with their weights on a backend.
+pub struct DeviceVisionTower<B: Backend> {
+    backend: B,
+    cfg: VisionConfig,
+    input_proj: Weight<B>,
+    /// `[2, position_embedding_size, hidden]` on the host: the rows a patch adds are
+    /// looked up and summed there.
+    positions: Vec<f32>,
+    layers: Vec<Layer<B>>,
+    /// `(-std_bias, std_scale)`, when the config standardizes.
+    standardize: Option<(Vec<f32>, Vec<f32>)>,
+    embed: Weight<B>,
+    /// The axial RoPE's `head_dim / 4` frequencies.
+    inv_freq: B::Buffer,
+}
+
+/// One image's soft tokens, `[tokens, text hidden]`.
+#[derive(Clone, Debug)]
+pub struct DeviceImage {
+    /// Soft tokens (rows).
+    pub tokens: usize,
+    /// The rows, row after row.
+    pub soft_tokens: Vec<f32>,
+}
+
+impl<B: Backend> DeviceVisionTower<B> {
+    /// `tower`'s weights on `backend`, the products' matrices in `weight_dtype` (bf16 on a
+    /// GPU; f32 reproduces the host tower to rounding).
+    pub fn new(backend: B, tower: &VisionTower, weight_dtype: DType) -> Result<Self> {
+        let cfg = tower.config().clone();
+        if cfg.clipped_linears {
+            return Err(ModelError::Invalid(
+                "a vision tower with clipped linears runs on the host only".into(),
+            ));
+        }
+        let b = &backend;
+        let mat = |l: &HostLinear| -> Result<Weight<B>> {
+            let (w, rows, cols) = l.matrix();
+            Ok(Weight {
+                w: b.upload_f32_as(w, weight_dtype)?,
+                shape: MatmulShape {
+                    in_features: cols,
+                    out_features: rows,
+                },
+            })
+        };
+        let vec = |v: &[f32]| -> Result<B::Buffer> { Ok(b.upload_f32_as(v, DType::F32)?) };
+        let layers = tower
+            .layers()
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    input_norm: vec(&l.input_norm)?,
+                    post_attention_norm: vec(&l.post_attention_norm)?,
+                    pre_feedforward_norm: vec(&l.pre_feedforward_norm)?,
+                    post_feedforward_norm: vec(&l.post_feedforward_norm)?,
+                    q: mat(&l.q)?,
+                    k: mat(&l.k)?,
+                    v: mat(&l.v)?,
+                    o: mat(&l.o)?,
+                    q_norm: vec(&l.q_norm)?,
+                    k_norm: vec(&l.k_norm)?,
+                    gate: mat(&l.gate)?,
+                    up: mat(&l.up)?,
+                    down: mat(&l.down)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (input_proj, embed) = (mat(tower.input_proj())?, mat(tower.embedder())?);
+        let inv_freq = vec(&axial_inv_freq(cfg.head_dim, cfg.rope_theta))?;
+        let standardize = tower
+            .standardization()
+            .map(|(bias, scale)| (bias.iter().map(|v| -v).collect(), scale.to_vec()));
+        Ok(Self {
+            positions: tower.position_table().to_vec(),
+            backend,
+            cfg,
+            input_proj,
+            layers,
+            standardize,
+            embed,
+            inv_freq,
+        })
+    }
+
+    /// The backend the weights live on.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Encodes one image's real patches (`pixels [patches, 3 * patch^2]`, `positions`
+    /// as (x, y), no padding), which must tile whole `k x k` pooling blocks.
+    pub fn encode(&self, pixels: &[f32], positions: &[[i64; 2]]) -> Result<DeviceImage> {
+        let (b, c) = (&self.backend, &self.cfg);
+        let (h, n) = (c.hidden_size, positions.len());
+        let patch = 3 * c.patch_size * c.patch_size;
+        if pixels.len() != n * patch {
+            return Err(ModelError::Invalid(format!(
+                "an image of {n} patches needs {} pixel values, got {}",
+                n * patch,
+                pixels.len()
+            )));
+        }
+        let axis = c.position_embedding_size;
+        if let Some((i, p)) = positions
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.iter().any(|&v| v < 0 || v >= axis as i64))
+        {
+            return Err(ModelError::Invalid(format!(
+                "patch {i} at ({}, {}) is outside the {axis} positions of an axis",
+                p[0], p[1]
+            )));
+        }
+        let k = c.pooling_kernel_size;
+        let bins = pool_bins(positions, k)?;
+        let tokens = n / (k * k);
+        // Each soft token's k^2 patches, in patch order; every block must be whole.
+        let mut members = vec![Vec::with_capacity(k * k); tokens];
+        for (i, &bin) in bins.iter().enumerate() {
+            members[bin].push(i as u32);
+        }
+        if let Some(t) = members.iter().position(|m| m.len() != k * k) {
+            return Err(ModelError::Invalid(format!(
+                "soft token {t} pools {} patches, not {}: the patches do not tile the image",
+                members[t].len(),
+                k * k
+            )));
+        }
+
+        // 1. Patch embedding, plus each patch's x and y rows of the position table.
+        let scaled: Vec<f32> = pixels.iter().map(|&v| 2.0 * (v - 0.5)).collect();
+        let mut x = self.product(&b.upload_f32_as(&scaled, DType::F32)?, &self.input_proj, n)?;
+        let mut rows = vec![0.0f32; n * h];
+        for (row, p) in rows.chunks_exact_mut(h).zip(positions) {
+            let ex = &self.positions[p[0] as usize * h..][..h];
+            let ey = &self.positions[(axis + p[1] as usize) * h..][..h];
+            for ((o, a), e) in row.iter_mut().zip(ex).zip(ey) {
+                *o = a + e;
+            }
+        }
+        b.add(&mut x, &b.upload_f32_as(&rows, DType::F32)?)?;
+
+        // 2. Encoder layers.
+        let d = c.head_dim;
+        let halves = |heads: usize| -> Vec<u32> {
+            positions
+                .iter()
+                .flat_map(|p| (0..heads).flat_map(move |_| [p[0] as u32, p[1] as u32]))
+                .collect()
+        };
+        let (q_pos, k_pos) = (halves(c.num_heads), halves(c.num_kv_heads));
+        let order: Vec<u32> = (0..n as u32).collect();
+        let attn = AttentionParams {
+            n_heads: c.num_heads,
+            n_kv_heads: c.num_kv_heads,
+            head_dim: d,
+            scale: 1.0,
+            window: None,
+            causal: false,
+            softcap: None,
+        };
+        let eps = c.rms_norm_eps as f32;
+        let norm = |x: &B::Buffer, w: Option<&B::Buffer>, dim: usize| -> Result<B::Buffer> {
+            let mut out = b.scratch(x.len(), DType::F32)?;
+            b.rms_norm(x, w, RmsNormParams::new(dim, eps), &mut out)?;
+            Ok(out)
+        };
+        let half_rope = RopeParams {
+            n_heads: 1,
+            head_dim: d / 2,
+            style: RopeStyle::Neox,
+        };
+        for l in &self.layers {
+            let normed = norm(&x, Some(&l.input_norm), h)?;
+            let q = self.product(&normed, &l.q, n)?;
+            let k = self.product(&normed, &l.k, n)?;
+            let v = self.product(&normed, &l.v, n)?;
+            let mut q = norm(&q, Some(&l.q_norm), d)?;
+            let mut k = norm(&k, Some(&l.k_norm), d)?;
+            let v = norm(&v, None, d)?;
+            b.rope(&mut q, &q_pos, &self.inv_freq, half_rope)?;
+            b.rope(&mut k, &k_pos, &self.inv_freq, half_rope)?;
+            let mut a = b.scratch(q.len(), DType::F32)?;
+            b.attention(&q, &k, &v, &order, &order, attn, &mut a)?;
+            let o = self.product(&a, &l.o, n)?;
+            b.add(&mut x, &norm(&o, Some(&l.post_attention_norm), h)?)?;
+            let normed = norm(&x, Some(&l.pre_feedforward_norm), h)?;
+            let gate = self.product(&normed, &l.gate, n)?;
+            let up = self.product(&normed, &l.up, n)?;
+            let mut act = b.scratch(gate.len(), DType::F32)?;
+            b.act_mul(Activation::GeluTanh, &gate, &up, &mut act)?;
+            let mlp = self.product(&act, &l.down, n)?;
+            b.add(&mut x, &norm(&mlp, Some(&l.post_feedforward_norm), h)?)?;
+        }
+
+        // 3. Pooling: the sum of k^2 gathers, each scaled by sqrt(hidden) / k^2.
+        let scale = (h as f32).sqrt() / (k * k) as f32;
+        let mut pooled = b.zeros(tokens * h, DType::F32)?;
+        let mut part = b.scratch(tokens * h, DType::F32)?;
+        for j in 0..k * k {
+            let ids: Vec<u32> = members.iter().map(|m| m[j]).collect();
+            b.embedding(&ids, &x, h, scale, &mut part)?;
+            b.add(&mut pooled, &part)?;
+        }
+        if let Some((neg_bias, std_scale)) = &self.standardize {
+            let repeat = |v: &[f32]| -> Vec<f32> { v.repeat(tokens) };
+            b.add(
+                &mut pooled,
+                &b.upload_f32_as(&repeat(neg_bias), DType::F32)?,
+            )?;
+            b.mul(
+                &mut pooled,
+                &b.upload_f32_as(&repeat(std_scale), DType::F32)?,
+            )?;
+        }
+
+        // 4. The embedder: a scale-free norm, then the projection to the text width.
+        let normed = norm(&pooled, None, h)?;
+        let soft = self.product(&normed, &self.embed, tokens)?;
+        Ok(DeviceImage {
+            tokens,
+            soft_tokens: b.download(&soft)?,
+        })
+    }
+
+    fn product(&self, x: &B::Buffer, w: &Weight<B>, rows: usize) -> Result<B::Buffer> {
+        let mut out = self
+            .backend
+            .scratch(rows * w.shape.out_features, DType::F32)?;
+        self.backend.matmul(x, &w.w, w.shape, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// The device tower against transformers' soft tokens for the tiny fixture's two images
+/// (`tests/fixtures/tiny/gemma4-tiny-vision`, its `reference.safetensors`), each run on
+/// its real patches only. One body for every backend: the CPU test below and the GPU test
+/// (`cuda_upload`) call it. Returns the worst (max abs difference / largest value,
+/// cosine) over both images.
+#[cfg(test)]
+pub(crate) fn check_against_transformers<B: Backend>(
+    backend: B,
+    fixture: &std::path::Path,
+    weight_dtype: DType,
+) -> (f32, f64) {
+    let tower = VisionTower::load(fixture).unwrap().expect("a vision tower");
+    let device = DeviceVisionTower::new(backend, &tower, weight_dtype).unwrap();
+    let bytes = std::fs::read(fixture.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let raw = |name: &str| st.tensor(name).unwrap().data().to_vec();
+    let f32s = |name: &str| -> Vec<f32> {
+        raw(name)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (mut worst, mut min_cos) = (0.0f32, 1.0f64);
+    for (i, want_tokens) in [(0, 12), (1, 6)] {
+        let positions: Vec<[i64; 2]> = raw(&format!("position_ids_{i}"))
+            .chunks_exact(16)
+            .map(|c| {
+                let v = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+                [v(&c[..8]), v(&c[8..])]
+            })
+            .take_while(|p| p[0] >= 0)
+            .collect();
+        let width = 3 * tower.config().patch_size.pow(2);
+        let pixels = f32s(&format!("pixel_values_{i}"));
+        let got = device
+            .encode(&pixels[..positions.len() * width], &positions)
+            .unwrap();
+        assert_eq!(got.tokens, want_tokens, "image {i}");
+        let want = f32s(&format!("soft_tokens_{i}"));
+        assert_eq!(got.soft_tokens.len(), want.len(), "image {i}");
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let diff = got
+            .soft_tokens
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        let dot = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| *x as f64 * *y as f64)
+                .sum::<f64>()
+        };
+        let cos = dot(&got.soft_tokens, &want)
+            / (dot(&want, &want).sqrt() * dot(&got.soft_tokens, &got.soft_tokens).sqrt());
+        eprintln!(
+            "image {i} ({}, {weight_dtype:?} weights): soft tokens max abs diff {diff:.2e} \
+             (largest value {scale:.2}), cosine {cos:.6}",
+            device.backend().name()
+        );
+        worst = worst.max(diff / scale.max(1.0));
+        min_cos = min_cos.min(cos);
+    }
+    (worst, min_cos)
+}
+
+/// One image of [`check_real_shape`]: patches, soft tokens, cosine to transformers f32,
+/// cosine to transformers bf16, ms an image.
+#[cfg(test)]
+pub(crate) type RealShapeRow = (usize, usize, f64, f64, f64);
+
+/// The device tower at a real shape (`STRATA_VISION_REAL_SHAPE`: a directory written by
+/// scripts/reference/vision_real_shape.py) against transformers' soft tokens: per image,
+/// the patches, the soft tokens, the cosine to transformers in f32 and to transformers in
+/// bf16, and the median of 5 encodes in ms (after one to warm up). `None` when the
+/// variable is unset.
+#[cfg(test)]
+pub(crate) fn check_real_shape<B: Backend>(
+    backend: B,
+    weight_dtype: DType,
+) -> Option<Vec<RealShapeRow>> {
+    let dir = std::path::PathBuf::from(std::env::var_os("STRATA_VISION_REAL_SHAPE")?);
+    let tower = VisionTower::load(&dir).unwrap().expect("a vision tower");
+    let device = DeviceVisionTower::new(backend, &tower, weight_dtype).unwrap();
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let raw = |name: &str| st.tensor(name).ok().map(|t| t.data().to_vec());
+    let f32s = |b: Vec<u8>| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| *x as f64 * *y as f64)
+                .sum::<f64>()
+        };
+        dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
+    };
+    let mut out = Vec::new();
+    for i in 0.. {
+        let Some(pix) = raw(&format!("pixel_values_{i}")) else {
+            break;
+        };
+        let pixels = f32s(pix);
+        let positions: Vec<[i64; 2]> = raw(&format!("position_ids_{i}"))
+            .unwrap()
+            .chunks_exact(16)
+            .map(|c| {
+                let v = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+                [v(&c[..8]), v(&c[8..])]
+            })
+            .collect();
+        let got = device.encode(&pixels, &positions).unwrap();
+        let mut times: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                device.encode(&pixels, &positions).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let want = |name: &str| f32s(raw(&format!("{name}_{i}")).unwrap());
+        let (f32_ref, bf16_ref) = (want("soft_f32"), want("soft_bf16"));
+        assert_eq!(got.soft_tokens.len(), f32_ref.len(), "image {i}");
+        let row = (
+            positions.len(),
+            got.tokens,
+            cosine(&got.soft_tokens, &f32_ref),
+            cosine(&got.soft_tokens, &bf16_ref),
+            times[2],
+        );
+        eprintln!(
+            "real shape, image {i} ({}, {weight_dtype:?} weights): {} patches -> {} soft \
+             tokens, cosine {:.6} to transformers f32, {:.6} to transformers bf16 \
+             (transformers bf16 to f32: {:.6}), {:.2} ms an image",
+            device.backend().name(),
+            row.0,
+            row.1,
+            row.2,
+            row.3,
+            cosine(&bf16_ref, &f32_ref),
+            row.4
+        );
+        out.push(row);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_kernels::cpu::CpuBackend;
+
+    fn fixture() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny/gemma4-tiny-vision")
+    }
+
+    #[test]
+    fn vision_tower_on_the_cpu_backend_matches_transformers() {
+        let (rel, cos) = check_against_transformers(CpuBackend::new(), &fixture(), DType::F32);
+        assert!(rel < 1e-5, "relative error {rel}");
+        assert!(cos > 0.999_999, "cosine {cos}");
+    }
+
+    /// Only with `STRATA_VISION_REAL_SHAPE` set (the directory is made with transformers).
+    #[test]
+    fn vision_tower_at_the_real_shape_on_the_cpu_backend() {
+        let Some(rows) = check_real_shape(CpuBackend::new(), DType::F32) else {
+            eprintln!("STRATA_VISION_REAL_SHAPE is not set: skipped");
+            return;
+        };
+        for (_, _, cos, _, _) in rows {
+            assert!(cos > 0.99999, "cosine {cos}");
+        }
+    }
+
+    #[test]
+    fn images_that_do_not_fit_the_device_tower_are_refused() {
+        let tower = VisionTower::load(&fixture()).unwrap().unwrap();
+        let device = DeviceVisionTower::new(CpuBackend::new(), &tower, DType::F32).unwrap();
+        let patch = 3 * tower.config().patch_size.pow(2);
+        // Six patches are not a whole number of 2x2 pooling blocks.
+        let pos: Vec<[i64; 2]> = (0..6).map(|i| [i % 3, i / 3]).collect();
+        let err = device.encode(&vec![0.5; 6 * patch], &pos).unwrap_err();
+        assert!(err.to_string().contains("tile"), "{err}");
+        // A position past the table, and a padding position.
+        for bad in [[0, 100_000], [-1, -1]] {
+            let mut pos: Vec<[i64; 2]> = (0..4).map(|i| [i % 2, i / 2]).collect();
+            pos[3] = bad;
+            let err = device.encode(&vec![0.5; 4 * patch], &pos).unwrap_err();
+            assert!(err.to_string().contains("outside"), "{err}");
+        }
+        // Pixels that do not match the patch count.
+        let pos: Vec<[i64; 2]> = (0..4).map(|i| [i % 2, i / 2]).collect();
+        assert!(device.encode(&[0.5; 7], &pos).is_err());
+    }
+}
