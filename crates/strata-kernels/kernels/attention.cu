@@ -85,3 +85,80 @@ attention(const float* q, const float* k, const float* v, const u32* q_pos, cons
         dst[i] = total > 0.0f ? o / total : 0.0f;
     }
 }
+
+// The same attention for many queries at head_dim <= TILE_D (an encoder's bidirectional
+// layers, prefill of small-head models): one block per TILE_Q queries of one head, one
+// thread per query with its q row and output accumulator in registers. Each tile of TILE_K
+// keys and values goes through shared memory once for all the block's queries, where the
+// kernel above reads every key from global memory once per query and reduces each score
+// across a warp. Positions, masks, softcap and the zero output of a query that sees no key
+// follow the kernel above.
+#define TILE_Q 64
+#define TILE_K 64
+#define TILE_D 64
+
+extern "C" __global__ void __launch_bounds__(TILE_Q)
+attention_tiled(const float* q, const float* k, const float* v, const u32* q_pos,
+                const u32* k_pos, float* out, int n_queries, int n_keys, int n_heads,
+                int n_kv_heads, int head_dim, float scale, long long window, int causal,
+                int has_softcap, float softcap) {
+    __shared__ float ks[TILE_K][TILE_D];
+    __shared__ float vs[TILE_K][TILE_D];
+    __shared__ long long kp[TILE_K];
+
+    const int d = head_dim;
+    const int h = blockIdx.y;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const long long t = (long long)blockIdx.x * TILE_Q + threadIdx.x;
+    const bool live = t < n_queries;
+
+    // Values past head_dim are zeros in q, k and v, so they add nothing to a score.
+    float qr[TILE_D], acc[TILE_D];
+#pragma unroll
+    for (int i = 0; i < TILE_D; ++i) {
+        qr[i] = (live && i < d) ? q[((u64)t * n_heads + h) * d + i] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    const long long qp = live ? (long long)q_pos[t] : 0;
+    float m = NEG_INF, l = 0.0f;
+
+    for (int s0 = 0; s0 < n_keys; s0 += TILE_K) {
+        const int tile = min(TILE_K, n_keys - s0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < tile * TILE_D; e += TILE_Q) {
+            const int r = e / TILE_D, i = e % TILE_D;
+            const u64 row = ((u64)(s0 + r) * n_kv_heads + kvh) * d;
+            ks[r][i] = i < d ? k[row + i] : 0.0f;
+            vs[r][i] = i < d ? v[row + i] : 0.0f;
+        }
+        if (threadIdx.x < tile) kp[threadIdx.x] = (long long)k_pos[s0 + threadIdx.x];
+        __syncthreads();
+        if (!live) continue;
+        for (int r = 0; r < tile; ++r) {
+            const long long behind = qp - kp[r];
+            if (causal && behind < 0) continue;
+            if (window >= 0 && behind >= window) continue;
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < TILE_D; ++i) dot += qr[i] * ks[r][i];
+            float score = dot * scale;
+            if (has_softcap) score = softcap * tanhf(score / softcap);
+            if (score > m) {
+                const float correction = expf(m - score);  // 0 on the first visible key
+                l *= correction;
+#pragma unroll
+                for (int i = 0; i < TILE_D; ++i) acc[i] *= correction;
+                m = score;
+            }
+            const float p = expf(score - m);
+            l += p;
+#pragma unroll
+            for (int i = 0; i < TILE_D; ++i) acc[i] += p * vs[r][i];
+        }
+    }
+    if (!live) return;
+    float* dst = out + ((u64)t * n_heads + h) * d;
+#pragma unroll
+    for (int i = 0; i < TILE_D; ++i)
+        if (i < d) dst[i] = l > 0.0f ? acc[i] / l : 0.0f;
+}

@@ -171,6 +171,32 @@ pub fn check_attention<B: Backend>(b: &B) -> CheckResult {
             seed: 605,
             ..base
         },
+        // A vision tower's layer: bidirectional over 150 patches (three tiles of 64
+        // queries and of keys, the last ones partial), MHA, scale 1.
+        AttentionCase {
+            q_tokens: 150,
+            n_heads: 3,
+            n_kv_heads: 3,
+            head_dim: 64,
+            causal: false,
+            scale: 0.125,
+            seed: 608,
+            ..base
+        },
+        // A small head (d 16 < the tiled kernel's 64) in a causal, windowed chunk of 70
+        // after 30 cached, GQA 4:2, with a softcap.
+        AttentionCase {
+            q_tokens: 70,
+            cached: 30,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            window: Some(25),
+            scale: 0.25,
+            softcap: Some(30.0),
+            seed: 609,
+            ..base
+        },
         // Non-causal (bidirectional) with a window.
         AttentionCase {
             q_tokens: 6,

@@ -1,4 +1,6 @@
-//! Attention launcher (`kernels/attention.cu`): one block of four warps per (query, head).
+//! Attention launcher (`kernels/attention.cu`): one block of four warps per (query, head),
+//! or, for at least [`TILED_MIN_QUERIES`] queries at a head_dim of at most
+//! [`TILED_MAX_HEAD_DIM`], blocks of 64 queries of one head that share each tile of keys.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -11,6 +13,14 @@ use crate::{AttentionParams, DeviceBuffer, KernelError, Result};
 /// (`ATTN_MAX_D` in the kernel).
 pub const MAX_HEAD_DIM: usize = 512;
 const THREADS: u32 = 128;
+/// Largest head_dim of the tiled kernel (`TILE_D`): a query's row and accumulator live in
+/// its thread's registers.
+pub const TILED_MAX_HEAD_DIM: usize = 64;
+/// Fewest queries for which the tiled kernel is taken: below, its blocks of 64 threads
+/// would be mostly idle.
+pub const TILED_MIN_QUERIES: usize = 8;
+/// Queries a block of the tiled kernel (`TILE_Q`).
+const TILE_Q: usize = 64;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -88,6 +98,36 @@ impl CudaBackend {
                 op: OP,
                 detail: format!("softcap {cap} must be positive and finite"),
             });
+        }
+        if d <= TILED_MAX_HEAD_DIM && t >= TILED_MIN_QUERIES {
+            let (n_queries, hs) = (t as i32, p.n_heads as u32);
+            let mut l = self
+                .stream
+                .launch_builder(self.kernels.get("attention_tiled")?);
+            l.arg(qs)
+                .arg(ks)
+                .arg(vs)
+                .arg(&qp)
+                .arg(&kp)
+                .arg(os)
+                .arg(&n_queries)
+                .arg(&n_keys)
+                .arg(&heads)
+                .arg(&kv_heads)
+                .arg(&d_i)
+                .arg(&p.scale)
+                .arg(&window)
+                .arg(&causal)
+                .arg(&has_softcap)
+                .arg(&cap);
+            let cfg = LaunchConfig {
+                grid_dim: (t.div_ceil(TILE_Q) as u32, hs, 1),
+                block_dim: (TILE_Q as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: as below; d <= TILE_D, and each block's threads past t write nothing.
+            unsafe { l.launch(cfg) }.map_err(device_err(OP))?;
+            return Ok(());
         }
         let mut l = self.stream.launch_builder(self.kernels.get(OP)?);
         l.arg(qs)

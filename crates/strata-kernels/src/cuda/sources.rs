@@ -218,7 +218,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
     KernelFile::any_gpu(
         "attention",
         include_str!("../../kernels/attention.cu"),
-        &["attention"],
+        &["attention", "attention_tiled"],
     ),
     KernelFile::any_gpu(
         "sampling",
