@@ -174,14 +174,7 @@ impl VisionTower {
     pub fn encode(&self, pixels: &[f32], positions: &[[i64; 2]]) -> Result<EncodedImage> {
         let c = &self.cfg;
         let (h, n) = (c.hidden_size, positions.len());
-        let patch = 3 * c.patch_size * c.patch_size;
-        if pixels.len() != n * patch {
-            return Err(ModelError::Invalid(format!(
-                "an image of {n} patches needs {} pixel values, got {}",
-                n * patch,
-                pixels.len()
-            )));
-        }
+        check_pixels(c, pixels, n)?;
         let pad: Vec<bool> = positions.iter().map(|p| p[0] == -1 && p[1] == -1).collect();
         for (i, p) in positions.iter().enumerate() {
             let bad = |v: i64| v < -1 || v >= c.position_embedding_size as i64;
@@ -346,6 +339,19 @@ impl VisionTower {
         }
         l.o.apply(&out)
     }
+}
+
+/// That `pixels` holds `n` patches of the tower's size.
+pub(crate) fn check_pixels(c: &VisionConfig, pixels: &[f32], n: usize) -> Result<()> {
+    let patch = 3 * c.patch_size * c.patch_size;
+    if pixels.len() != n * patch {
+        return Err(ModelError::Invalid(format!(
+            "an image of {n} patches needs {} pixel values, got {}",
+            n * patch,
+            pixels.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The soft token each patch pools into: `k x k` blocks of patches by position, numbered

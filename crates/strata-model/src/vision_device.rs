@@ -27,7 +27,7 @@ use strata_kernels::{
 
 use crate::error::{ModelError, Result};
 use crate::host_ops::HostLinear;
-use crate::vision::{axial_inv_freq, pool_bins, VisionTower};
+use crate::vision::{axial_inv_freq, check_pixels, pool_bins, VisionTower};
 
 struct Weight<B: Backend> {
     w: B::Buffer,
@@ -145,14 +145,7 @@ impl<B: Backend> DeviceVisionTower<B> {
     pub fn encode(&self, pixels: &[f32], positions: &[[i64; 2]]) -> Result<DeviceImage> {
         let (b, c) = (&self.backend, &self.cfg);
         let (h, n) = (c.hidden_size, positions.len());
-        let patch = 3 * c.patch_size * c.patch_size;
-        if pixels.len() != n * patch {
-            return Err(ModelError::Invalid(format!(
-                "an image of {n} patches needs {} pixel values, got {}",
-                n * patch,
-                pixels.len()
-            )));
-        }
+        check_pixels(c, pixels, n)?;
         let axis = c.position_embedding_size;
         if let Some((i, p)) = positions
             .iter()
