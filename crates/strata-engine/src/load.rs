@@ -160,6 +160,7 @@ impl LoadedModel {
             ModelSource::HuggingFace { .. } => None,
         };
         let runtime = place(path, settings)?;
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut media = match &source {
             ModelSource::HuggingFace { dir, .. } if !settings.text_model_only => {
                 MediaEncoder::load(dir)?

@@ -21,12 +21,26 @@ use crate::{EngineError, Result};
 type DeviceVision =
     Box<dyn Fn(&[f32], &[[i64; 2]]) -> strata_model::Result<(usize, Vec<f32>)> + Send + Sync>;
 
+/// Where images are encoded.
+enum ImageTower {
+    /// The host tower, f32.
+    Host(Box<VisionTower>),
+    /// The tower on the model's GPU ([`MediaEncoder::vision_on_gpu`]), named by its device;
+    /// the host copy is dropped.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device(DeviceVision, String),
+}
+
+/// The vision side of a checkpoint: its config, its processor and its tower.
+struct Vision {
+    cfg: strata_config::VisionConfig,
+    patcher: ImagePatcher,
+    tower: ImageTower,
+}
+
 /// The towers of a multimodal checkpoint with their processors' settings.
 pub struct MediaEncoder {
-    vision: Option<(VisionTower, ImagePatcher)>,
-    /// The vision tower's copy on the GPU the model runs on, when it has one
-    /// ([`MediaEncoder::vision_on_gpu`]); images go there instead of the host tower.
-    vision_device: Option<(DeviceVision, String)>,
+    vision: Option<Vision>,
     audio: Option<AudioEncoder>,
     /// Keys the content hashes: random per process, so that no client can make two items
     /// share a prefix-cache key on purpose.
@@ -99,15 +113,19 @@ impl MediaEncoder {
             .transpose()?;
         let p = processor_config(dir)?;
         let vision = vision.map(|v| {
-            let c = v.config();
+            let cfg = v.config().clone();
             let patcher = ImagePatcher {
-                patch_size: c.patch_size,
-                pooling: c.pooling_kernel_size,
+                patch_size: cfg.patch_size,
+                pooling: cfg.pooling_kernel_size,
                 max_soft_tokens: p
                     .max_soft_tokens
                     .unwrap_or(ImagePatcher::gemma4().max_soft_tokens),
             };
-            (v, patcher)
+            Vision {
+                cfg,
+                patcher,
+                tower: ImageTower::Host(Box::new(v)),
+            }
         });
         let audio = match audio {
             None => None,
@@ -126,21 +144,24 @@ impl MediaEncoder {
         };
         Ok(Some(Self {
             vision,
-            vision_device: None,
             audio,
             hasher: Default::default(),
         }))
     }
 
-    /// Puts a copy of the vision tower on GPU 0, on a CUDA stream of its own (so an image
-    /// being encoded delays no decode step of the engine's stream), its products in bf16
-    /// (`bf16`) or f32; one image at a time there. A tower with clipped linears stays on
-    /// the host (the device ops have no clamp).
+    /// Moves the vision tower to GPU 0, on a CUDA stream of its own (so an image being
+    /// encoded delays no decode step of the engine's stream), its products in bf16 (`bf16`)
+    /// or f32; one image at a time there. The host copy's memory is freed. A tower with
+    /// clipped linears stays on the host (the device ops have no clamp).
     #[cfg(feature = "cuda")]
     pub fn vision_on_gpu(&mut self, bf16: bool) -> Result<()> {
         use strata_kernels::{cuda::CudaBackend, DType};
         use strata_model::DeviceVisionTower;
-        let Some((tower, _)) = &self.vision else {
+        let Some(Vision {
+            tower: ImageTower::Host(tower),
+            ..
+        }) = &self.vision
+        else {
             return Ok(());
         };
         if tower.config().clipped_linears {
@@ -157,13 +178,18 @@ impl MediaEncoder {
             d.encode(pixels, positions)
                 .map(|o| (o.tokens, o.soft_tokens))
         });
-        self.vision_device = Some((encode, name));
+        if let Some(v) = self.vision.as_mut() {
+            v.tower = ImageTower::Device(encode, name);
+        }
         Ok(())
     }
 
     /// Where images are encoded: "host", or the GPU's name.
     pub fn image_device(&self) -> &str {
-        self.vision_device.as_ref().map_or("host", |(_, n)| n)
+        match self.vision.as_ref().map(|v| &v.tower) {
+            Some(ImageTower::Device(_, name)) => name,
+            _ => "host",
+        }
     }
 
     /// Whether the checkpoint has a vision tower.
@@ -185,7 +211,7 @@ impl MediaEncoder {
     /// Decodes a PNG, JPEG or WebP file and runs the vision tower on it: on the host, or
     /// on the GPU's tower of its own stream, so that no decode step waits for it.
     pub fn encode_image(&self, bytes: &[u8]) -> Result<MediaRows> {
-        let (tower, patcher) = self
+        let Vision { patcher, tower, .. } = self
             .vision
             .as_ref()
             .ok_or_else(|| EngineError::Invalid("this model has no vision tower".into()))?;
@@ -197,9 +223,9 @@ impl MediaEncoder {
         let real = p.positions.iter().take_while(|q| q[0] >= 0).count();
         let width = 3 * patcher.patch_size * patcher.patch_size;
         let (pixels, positions) = (&p.pixels[..real * width], &p.positions[..real]);
-        let (rows, values) = match &self.vision_device {
-            Some((encode, _)) => encode(pixels, positions)?,
-            None => {
+        let (rows, values) = match tower {
+            ImageTower::Device(encode, _) => encode(pixels, positions)?,
+            ImageTower::Host(tower) => {
                 let out = tower.encode(pixels, positions)?;
                 (out.tokens, out.soft_tokens)
             }
@@ -255,8 +281,8 @@ impl MediaEncoder {
         items: &[MediaRows],
     ) -> Result<(Vec<u32>, Vec<MediaInput>)> {
         // (placeholder, open, close) of each kind the checkpoint has.
-        let image = self.vision.as_ref().map(|(v, _)| {
-            let c = v.config();
+        let image = self.vision.as_ref().map(|v| {
+            let c = &v.cfg;
             (c.image_token_id, c.boi_token_id, c.eoi_token_id)
         });
         let audio = self.audio.as_ref().map(|a| {
