@@ -278,6 +278,59 @@ impl<B: Backend> DeviceVisionTower<B> {
     }
 }
 
+/// A `reference.safetensors` written by transformers: images' pixels, positions and soft
+/// tokens, read by name.
+#[cfg(test)]
+struct Reference(Vec<u8>);
+
+#[cfg(test)]
+impl Reference {
+    fn load(dir: &std::path::Path) -> Self {
+        Self(std::fs::read(dir.join("reference.safetensors")).unwrap())
+    }
+
+    fn bytes(&self, name: &str) -> Option<Vec<u8>> {
+        let st = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        st.tensor(name).ok().map(|t| t.data().to_vec())
+    }
+
+    fn f32s(&self, name: &str) -> Vec<f32> {
+        self.bytes(name)
+            .unwrap_or_else(|| panic!("{name} is not in the reference"))
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Image `i`'s real patches: pixels and (x, y) positions, padding left out; `None`
+    /// past the last image.
+    fn image(&self, i: usize, patch_values: usize) -> Option<(Vec<f32>, Vec<[i64; 2]>)> {
+        let positions: Vec<[i64; 2]> = self
+            .bytes(&format!("position_ids_{i}"))?
+            .chunks_exact(16)
+            .map(|c| {
+                let v = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+                [v(&c[..8]), v(&c[8..])]
+            })
+            .take_while(|p| p[0] >= 0)
+            .collect();
+        let mut pixels = self.f32s(&format!("pixel_values_{i}"));
+        pixels.truncate(positions.len() * patch_values);
+        Some((pixels, positions))
+    }
+}
+
+#[cfg(test)]
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum::<f64>()
+    };
+    dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
+}
+
 /// The device tower against transformers' soft tokens for the tiny fixture's two images
 /// (`tests/fixtures/tiny/gemma4-tiny-vision`, its `reference.safetensors`), each run on
 /// its real patches only. One body for every backend: the CPU test below and the GPU test
@@ -291,32 +344,14 @@ pub(crate) fn check_against_transformers<B: Backend>(
 ) -> (f32, f64) {
     let tower = VisionTower::load(fixture).unwrap().expect("a vision tower");
     let device = DeviceVisionTower::new(backend, &tower, weight_dtype).unwrap();
-    let bytes = std::fs::read(fixture.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let raw = |name: &str| st.tensor(name).unwrap().data().to_vec();
-    let f32s = |name: &str| -> Vec<f32> {
-        raw(name)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
+    let r = Reference::load(fixture);
+    let width = 3 * tower.config().patch_size.pow(2);
     let (mut worst, mut min_cos) = (0.0f32, 1.0f64);
     for (i, want_tokens) in [(0, 12), (1, 6)] {
-        let positions: Vec<[i64; 2]> = raw(&format!("position_ids_{i}"))
-            .chunks_exact(16)
-            .map(|c| {
-                let v = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
-                [v(&c[..8]), v(&c[8..])]
-            })
-            .take_while(|p| p[0] >= 0)
-            .collect();
-        let width = 3 * tower.config().patch_size.pow(2);
-        let pixels = f32s(&format!("pixel_values_{i}"));
-        let got = device
-            .encode(&pixels[..positions.len() * width], &positions)
-            .unwrap();
+        let (pixels, positions) = r.image(i, width).expect("two images");
+        let got = device.encode(&pixels, &positions).unwrap();
         assert_eq!(got.tokens, want_tokens, "image {i}");
-        let want = f32s(&format!("soft_tokens_{i}"));
+        let want = r.f32s(&format!("soft_tokens_{i}"));
         assert_eq!(got.soft_tokens.len(), want.len(), "image {i}");
         let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let diff = got
@@ -325,14 +360,7 @@ pub(crate) fn check_against_transformers<B: Backend>(
             .zip(&want)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
-        let dot = |a: &[f32], b: &[f32]| {
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| *x as f64 * *y as f64)
-                .sum::<f64>()
-        };
-        let cos = dot(&got.soft_tokens, &want)
-            / (dot(&want, &want).sqrt() * dot(&got.soft_tokens, &got.soft_tokens).sqrt());
+        let cos = cosine(&got.soft_tokens, &want);
         eprintln!(
             "image {i} ({}, {weight_dtype:?} weights): soft tokens max abs diff {diff:.2e} \
              (largest value {scale:.2}), cosine {cos:.6}",
@@ -362,37 +390,13 @@ pub(crate) fn check_real_shape<B: Backend>(
     let dir = std::path::PathBuf::from(std::env::var_os("STRATA_VISION_REAL_SHAPE")?);
     let tower = VisionTower::load(&dir).unwrap().expect("a vision tower");
     let device = DeviceVisionTower::new(backend, &tower, weight_dtype).unwrap();
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let raw = |name: &str| st.tensor(name).ok().map(|t| t.data().to_vec());
-    let f32s = |b: Vec<u8>| -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    let cosine = |a: &[f32], b: &[f32]| {
-        let dot = |a: &[f32], b: &[f32]| {
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| *x as f64 * *y as f64)
-                .sum::<f64>()
-        };
-        dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
-    };
+    let r = Reference::load(&dir);
+    let width = 3 * tower.config().patch_size.pow(2);
     let mut out = Vec::new();
     for i in 0.. {
-        let Some(pix) = raw(&format!("pixel_values_{i}")) else {
+        let Some((pixels, positions)) = r.image(i, width) else {
             break;
         };
-        let pixels = f32s(pix);
-        let positions: Vec<[i64; 2]> = raw(&format!("position_ids_{i}"))
-            .unwrap()
-            .chunks_exact(16)
-            .map(|c| {
-                let v = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
-                [v(&c[..8]), v(&c[8..])]
-            })
-            .collect();
         let got = device.encode(&pixels, &positions).unwrap();
         let mut times: Vec<f64> = (0..5)
             .map(|_| {
@@ -402,8 +406,10 @@ pub(crate) fn check_real_shape<B: Backend>(
             })
             .collect();
         times.sort_by(f64::total_cmp);
-        let want = |name: &str| f32s(raw(&format!("{name}_{i}")).unwrap());
-        let (f32_ref, bf16_ref) = (want("soft_f32"), want("soft_bf16"));
+        let (f32_ref, bf16_ref) = (
+            r.f32s(&format!("soft_f32_{i}")),
+            r.f32s(&format!("soft_bf16_{i}")),
+        );
         assert_eq!(got.soft_tokens.len(), f32_ref.len(), "image {i}");
         let row = (
             positions.len(),
