@@ -130,6 +130,14 @@ bench() {
     python3 "$repo/scripts/bench/gguf_peer_summary.py" "$out" | tee "$out/summary.md"
 }
 
+# Returns once http://127.0.0.1:$1$2 answers 200 (a server's load done), or after $3 seconds.
+wait_up() {
+    for _ in $(seq "$3"); do
+        curl -sf "http://127.0.0.1:$1$2" >/dev/null && return 0
+        sleep 1
+    done
+}
+
 # Output tokens/s served at 1 and 100 clients by Strata (both weight placements) and by
 # llama-server on the first quantized file, through the same client; the table last.
 serve() {
@@ -149,10 +157,7 @@ serve() {
                     --port $port >"$out/$model-serve-$tag.log" 2>&1 &
                 pid=$! ;;
         esac
-        for _ in $(seq 300); do
-            curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-            sleep 1
-        done
+        wait_up $port /health 300
         for c in 1 100; do
             n=$([ $c -eq 1 ] && echo 3 || echo 200)
             timeout 300 python3 scripts/bench/serving.py --url "http://127.0.0.1:$port" --model m \
@@ -189,10 +194,7 @@ memory() {
             "$strata" serve --model "$f" --device cuda --port $port --gguf-weights $w \
                 --kv-budget-bytes 1000000000 >"$out/$(basename "$f" .gguf)-serve-$w.log" 2>&1 &
             pid=$!
-            for _ in $(seq 180); do
-                curl -sf "http://127.0.0.1:$port/ready" >/dev/null && break
-                sleep 1
-            done
+            wait_up $port /ready 180
             echo "$(basename "$f") $w: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)" |
                 tee -a "$out/$model-memory.txt"
             kill $pid
