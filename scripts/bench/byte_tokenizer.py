@@ -12,6 +12,7 @@ Only the standard library is used.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -51,6 +52,20 @@ def tokenizer_json(extra: dict[int, str] | None = None, vocab_size: int = 0) -> 
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
                       "ignore_merges": False, "vocab": vocab, "merges": []}}
+
+
+def servable_dir(fixture: Path, out: Path, markers: dict[int, str], processor: dict) -> Path:
+    """`fixture`'s config and weights copied into `out`, with this tokenizer carrying
+    `markers` (ids within a 512-id vocabulary), Gemma's BOS and EOS names (the chat
+    template writes them) and `processor` as its `processor_config.json`: a tiny multimodal
+    checkpoint made servable."""
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        if (fixture / f).exists():
+            shutil.copy(fixture / f, out / f)
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json(extra=markers, vocab_size=512)))
+    (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
+    (out / "processor_config.json").write_text(json.dumps(processor))
+    return out
 
 
 if __name__ == "__main__":

@@ -49,14 +49,8 @@ def main():
     ap.add_argument("--port", type=int, default=8097)
     a = ap.parse_args()
     ref = json.loads((MEDIA / "chat_reference.json").read_text())
-    d = Path(tempfile.mkdtemp(prefix="vision-chat-"))
-    for f in ("config.json", "generation_config.json", "model.safetensors"):
-        if (TINY / f).exists():
-            (d / f).write_bytes((TINY / f).read_bytes())
-    tok = byte_tokenizer.tokenizer_json(extra=MARKERS, vocab_size=512)
-    (d / "tokenizer.json").write_text(json.dumps(tok))
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
-    (d / "processor_config.json").write_text(json.dumps({"image_processor": ref["processor"]}))
+    d = byte_tokenizer.servable_dir(TINY, Path(tempfile.mkdtemp(prefix="vision-chat-")), MARKERS,
+                                    {"image_processor": ref["processor"]})
     log = open(d / "serve.log", "w")
     server = subprocess.Popen([a.strata, "serve", "--model", str(d), "--device", a.device, "--dtype", a.dtype, "--port", str(a.port),
                                "--served-model-name", "m", "--chat-template", str(TEMPLATE),

@@ -4,8 +4,6 @@ requests through the openai client, and the refusal check."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,16 +22,7 @@ TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "gemma4.jinja"
 def servable_copy(tmp_path_factory, fixture: Path, markers: dict[int, str], processor: dict) -> Path:
     """`fixture`'s config and weights with a tokenizer carrying `markers` (ids within the
     512-id vocabulary) and `processor` as its `processor_config.json`."""
-    d = tmp_path_factory.mktemp(fixture.name)
-    for f in ("config.json", "generation_config.json", "model.safetensors"):
-        if (fixture / f).exists():
-            shutil.copy(fixture / f, d / f)
-    tok = byte_tokenizer.tokenizer_json(extra=markers, vocab_size=512)
-    (d / "tokenizer.json").write_text(json.dumps(tok))
-    # The template writes BOS as Gemma's files name it.
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))
-    (d / "processor_config.json").write_text(json.dumps(processor))
-    return d
+    return byte_tokenizer.servable_dir(fixture, tmp_path_factory.mktemp(fixture.name), markers, processor)
 
 
 def openai_client(server) -> openai.OpenAI:
