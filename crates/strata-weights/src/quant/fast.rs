@@ -7,8 +7,9 @@
 //! conversion or code summing of their own. [`dot_rows_q8`] then dots a range of weight rows
 //! with a range of those vectors.
 //!
-//! On x86-64 with AVX2 + FMA + F16C (detected at run time) Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and
-//! Q6_K use hand-written integer kernels; every other format, and every CPU without those
+//! On x86-64 with AVX2 + FMA + F16C (detected at run time) and on aarch64 (NEON, with the
+//! dot-product extension where the CPU has it) Q8_0, Q4_0, Q4_1, Q5_0, Q4_K and Q6_K use
+//! hand-written integer kernels; every other format, and every x86 CPU without those
 //! features, uses the portable [`QuantBlock::dot_q8`]. The integer parts of both are
 //! identical; only the order of the f32 operations that combine block results differs.
 //!
@@ -292,6 +293,19 @@ pub fn dot_rows_q8(
     ) {
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if super::neon::dot_rows(
+        ty,
+        w,
+        row_bytes,
+        rows.clone(),
+        input,
+        tokens.clone(),
+        out,
+        stride,
+    ) {
+        return;
+    }
     dot_rows_q8_portable(ty, w, row_bytes, rows, input, tokens, out, stride);
 }
 
@@ -356,5 +370,18 @@ impl Q8Input {
     #[cfg(target_arch = "x86_64")]
     pub(super) fn q8k_parts(&self, acts: Range<usize>) -> &[BlockQ8K] {
         &self.q8k[acts]
+    }
+
+    /// Token `t`'s Q8_0 blocks, their scales, and their scales times code sums.
+    #[cfg(target_arch = "aarch64")]
+    pub(super) fn q8_0_token(&self, t: usize) -> (&[BlockQ8_0], &[f32], &[f32]) {
+        let r = self.token_range(t);
+        (&self.q8_0[r.clone()], &self.d[r.clone()], &self.dsum[r])
+    }
+
+    /// Token `t`'s Q8_K blocks.
+    #[cfg(target_arch = "aarch64")]
+    pub(super) fn q8k_token(&self, t: usize) -> &[BlockQ8K] {
+        &self.q8k[self.token_range(t)]
     }
 }

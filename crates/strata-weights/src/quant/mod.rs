@@ -17,6 +17,8 @@ mod f16le;
 mod fast;
 mod float;
 mod k_common;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;

@@ -615,3 +615,71 @@ fn vector_activation_quantization_equals_scalar() {
         }
     }
 }
+
+/// The NEON kernels' two forms of the byte dot (`sdot`, and `smull` + `sadalp` for CPUs
+/// without the dot-product extension) give the same bits: a block's lanes are summed to one
+/// integer before any f32 step. Every format with a NEON kernel takes it (the generic row
+/// tests above then check the NEON path, not the portable one).
+#[cfg(target_arch = "aarch64")]
+fn check_dotprod_equals_neon<B: QuantBlock>(f16_offsets: &[usize]) {
+    use super::neon::Dot;
+    let mut rng = Rng(B::TYPE.id() as u64 + 17);
+    let (rows, tokens) = (5, 9);
+    let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 3, tokens));
+    let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
+    let run = |dot: Dot| {
+        let mut out = vec![f32::NAN; rows * tokens];
+        let done = super::neon::dot_rows_with(
+            dot,
+            B::TYPE,
+            bytes,
+            row_bytes,
+            0..rows,
+            input,
+            0..tokens,
+            &mut out,
+            tokens,
+        );
+        done.then_some(out)
+    };
+    let with_kernel = [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ];
+    let Some(neon) = run(Dot::Neon) else {
+        assert!(
+            !with_kernel.contains(&B::TYPE),
+            "{:?} has no NEON kernel",
+            B::TYPE
+        );
+        return;
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(neon.iter().all(|x| x.is_finite()), "{:?}", B::TYPE);
+    if Dot::DotProd.runs_here() {
+        assert_eq!(
+            bits(&neon),
+            bits(&run(Dot::DotProd).unwrap()),
+            "{:?}",
+            B::TYPE
+        );
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn dotprod_kernels_equal_the_neon_ones() {
+    if !super::neon::Dot::DotProd.runs_here() {
+        // CI sets this where it runs the tests on an emulated CPU with the extension.
+        assert!(
+            std::env::var("STRATA_REQUIRE_DOTPROD").is_err(),
+            "STRATA_REQUIRE_DOTPROD is set but this CPU has no sdot"
+        );
+        eprintln!("dotprod_kernels_equal_the_neon_ones: this CPU has no sdot; NEON alone checked");
+    }
+    for_each_block_type!(check_dotprod_equals_neon);
+}
