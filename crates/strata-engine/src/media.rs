@@ -17,9 +17,12 @@ use strata_sched::MediaInput;
 
 use crate::{EngineError, Result};
 
-/// A vision tower on a GPU: one image's real patches and positions -> (soft tokens, rows).
+/// An image's real patches and their (x, y) positions.
+type Patches<'a> = (&'a [f32], &'a [[i64; 2]]);
+
+/// A vision tower on a GPU: images' patches -> each image's (soft tokens, rows), in one pass.
 type DeviceVision =
-    Box<dyn Fn(&[f32], &[[i64; 2]]) -> strata_model::Result<(usize, Vec<f32>)> + Send + Sync>;
+    Box<dyn Fn(&[Patches<'_>]) -> strata_model::Result<Vec<(usize, Vec<f32>)>> + Send + Sync>;
 
 /// Where images are encoded.
 enum ImageTower {
@@ -151,7 +154,7 @@ impl MediaEncoder {
 
     /// Moves the vision tower to GPU 0, on a CUDA stream of its own (so an image being
     /// encoded delays no decode step of the engine's stream), its products in bf16 (`bf16`)
-    /// or f32; one image at a time there. The host copy's memory is freed. A tower with
+    /// or f32; a request's images in one pass there. The host copy's memory is freed. A tower with
     /// clipped linears stays on the host (the device ops have no clamp).
     #[cfg(feature = "cuda")]
     pub fn vision_on_gpu(&mut self, bf16: bool) -> Result<()> {
@@ -173,10 +176,10 @@ impl MediaEncoder {
         let name = format!("cuda ({})", backend.device_name());
         let dtype = if bf16 { DType::BF16 } else { DType::F32 };
         let device = std::sync::Mutex::new(DeviceVisionTower::new(backend, tower, dtype)?);
-        let encode: DeviceVision = Box::new(move |pixels, positions| {
+        let encode: DeviceVision = Box::new(move |images| {
             let d = device.lock().unwrap_or_else(|p| p.into_inner());
-            d.encode(pixels, positions)
-                .map(|o| (o.tokens, o.soft_tokens))
+            let out = d.encode_batch(images)?;
+            Ok(out.into_iter().map(|o| (o.tokens, o.soft_tokens)).collect())
         });
         if let Some(v) = self.vision.as_mut() {
             v.tower = ImageTower::Device(encode, name);
@@ -211,31 +214,61 @@ impl MediaEncoder {
     /// Decodes a PNG, JPEG or WebP file and runs the vision tower on it: on the host, or
     /// on the GPU's tower of its own stream, so that no decode step waits for it.
     pub fn encode_image(&self, bytes: &[u8]) -> Result<MediaRows> {
-        let Vision { patcher, tower, .. } = self
-            .vision
-            .as_ref()
-            .ok_or_else(|| EngineError::Invalid("this model has no vision tower".into()))?;
-        let p = patcher
-            .decode(bytes)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        // Padding patches change no real row (they are masked as keys and pooled into
-        // nothing): the tower runs on the image's own patches only.
-        let real = p.positions.iter().take_while(|q| q[0] >= 0).count();
+        self.encode_images(&[bytes])
+            .map_err(|(_, e)| e)
+            .map(|mut v| v.remove(0))
+    }
+
+    /// [`MediaEncoder::encode_image`] for several files: each decoded, then all run through
+    /// the tower together (one pass on a GPU, one after another on the host). An error
+    /// names the index of the file it is about (the first, for a tower error on a GPU
+    /// pass, which no single file caused).
+    pub fn encode_images(
+        &self,
+        files: &[&[u8]],
+    ) -> std::result::Result<Vec<MediaRows>, (usize, EngineError)> {
+        let Vision { patcher, tower, .. } = self.vision.as_ref().ok_or_else(|| {
+            (
+                0,
+                EngineError::Invalid("this model has no vision tower".into()),
+            )
+        })?;
         let width = 3 * patcher.patch_size * patcher.patch_size;
-        let (pixels, positions) = (&p.pixels[..real * width], &p.positions[..real]);
-        let (rows, values) = match tower {
-            ImageTower::Device(encode, _) => encode(pixels, positions)?,
-            ImageTower::Host(tower) => {
-                let out = tower.encode(pixels, positions)?;
-                (out.tokens, out.soft_tokens)
-            }
+        let mut decoded = Vec::with_capacity(files.len());
+        for (i, bytes) in files.iter().enumerate() {
+            let p = patcher
+                .decode(bytes)
+                .map_err(|e| (i, EngineError::Invalid(e.to_string())))?;
+            // Padding patches change no real row (they are masked as keys and pooled into
+            // nothing): the tower runs on the image's own patches only.
+            let real = p.positions.iter().take_while(|q| q[0] >= 0).count();
+            decoded.push((p, real));
+        }
+        let patches: Vec<Patches<'_>> = decoded
+            .iter()
+            .map(|(p, real)| (&p.pixels[..real * width], &p.positions[..*real]))
+            .collect();
+        let encoded: Vec<(usize, Vec<f32>)> = match tower {
+            ImageTower::Device(encode, _) => encode(&patches).map_err(|e| (0, e.into()))?,
+            ImageTower::Host(tower) => patches
+                .iter()
+                .enumerate()
+                .map(|(i, (pixels, positions))| {
+                    let out = tower.encode(pixels, positions).map_err(|e| (i, e.into()))?;
+                    Ok((out.tokens, out.soft_tokens))
+                })
+                .collect::<std::result::Result<_, (usize, EngineError)>>()?,
         };
-        Ok(MediaRows {
-            kind: MediaKind::Image,
-            rows,
-            values: values.into(),
-            hash: self.hash(bytes),
-        })
+        Ok(encoded
+            .into_iter()
+            .zip(files)
+            .map(|((rows, values), bytes)| MediaRows {
+                kind: MediaKind::Image,
+                rows,
+                values: values.into(),
+                hash: self.hash(bytes),
+            })
+            .collect())
     }
 
     /// Decodes a WAV or MP3 file (refused past `max_seconds`), makes its log-mel features and runs

@@ -22,7 +22,7 @@
 use strata_config::VisionConfig;
 use strata_kernels::{
     Activation, AttentionParams, Backend, DType, DeviceBuffer, MatmulShape, RmsNormParams,
-    RopeParams, RopeStyle,
+    RopeParams, RopeStyle, StridedCopy,
 };
 
 use crate::error::{ModelError, Result};
@@ -143,41 +143,49 @@ impl<B: Backend> DeviceVisionTower<B> {
     /// Encodes one image's real patches (`pixels [patches, 3 * patch^2]`, `positions`
     /// as (x, y), no padding), which must tile whole `k x k` pooling blocks.
     pub fn encode(&self, pixels: &[f32], positions: &[[i64; 2]]) -> Result<DeviceImage> {
+        let mut out = self.encode_batch(&[(pixels, positions)])?;
+        Ok(out.remove(0))
+    }
+
+    /// Encodes several images in one pass: their patches side by side through every
+    /// product, norm and rotation, attention within each image (a call an image over its
+    /// rows), pooling and the embedder over all their soft tokens at once. Each image as
+    /// [`DeviceVisionTower::encode`] takes it; the result, image by image, is what it gives
+    /// to rounding (a product's rows do not see each other).
+    pub fn encode_batch(&self, images: &[(&[f32], &[[i64; 2]])]) -> Result<Vec<DeviceImage>> {
         let (b, c) = (&self.backend, &self.cfg);
-        let (h, n) = (c.hidden_size, positions.len());
-        check_pixels(c, pixels, n)?;
-        let axis = c.position_embedding_size;
-        if let Some((i, p)) = positions
-            .iter()
-            .enumerate()
-            .find(|(_, p)| p.iter().any(|&v| v < 0 || v >= axis as i64))
-        {
-            return Err(ModelError::Invalid(format!(
-                "patch {i} at ({}, {}) is outside the {axis} positions of an axis",
-                p[0], p[1]
-            )));
+        let h = c.hidden_size;
+        if images.is_empty() {
+            return Ok(Vec::new());
         }
+        // Each image's patch span and its soft tokens' k^2 members (global patch indices).
         let k = c.pooling_kernel_size;
-        let bins = pool_bins(positions, k)?;
-        let tokens = n / (k * k);
-        // Each soft token's k^2 patches, in patch order; every block must be whole.
-        let mut members = vec![Vec::with_capacity(k * k); tokens];
-        for (i, &bin) in bins.iter().enumerate() {
-            members[bin].push(i as u32);
+        let mut spans = Vec::with_capacity(images.len());
+        let mut members: Vec<Vec<u32>> = Vec::new();
+        let mut start = 0;
+        for (i, &(pixels, positions)) in images.iter().enumerate() {
+            let at = |e: ModelError| match images.len() {
+                1 => e,
+                _ => ModelError::Invalid(format!("image {i}: {e}")),
+            };
+            for m in self.pooling_members(pixels, positions).map_err(at)? {
+                members.push(m.into_iter().map(|p| p + start as u32).collect());
+            }
+            spans.push(start..start + positions.len());
+            start += positions.len();
         }
-        if let Some(t) = members.iter().position(|m| m.len() != k * k) {
-            return Err(ModelError::Invalid(format!(
-                "soft token {t} pools {} patches, not {}: the patches do not tile the image",
-                members[t].len(),
-                k * k
-            )));
-        }
+        let n = start;
+        let positions: Vec<[i64; 2]> = images.iter().flat_map(|i| i.1.iter().copied()).collect();
 
         // 1. Patch embedding, plus each patch's x and y rows of the position table.
-        let scaled: Vec<f32> = pixels.iter().map(|&v| 2.0 * (v - 0.5)).collect();
+        let scaled: Vec<f32> = images
+            .iter()
+            .flat_map(|i| i.0.iter().map(|&v| 2.0 * (v - 0.5)))
+            .collect();
         let mut x = self.product(&b.upload_f32_as(&scaled, DType::F32)?, &self.input_proj, n)?;
+        let axis = c.position_embedding_size;
         let mut rows = vec![0.0f32; n * h];
-        for (row, p) in rows.chunks_exact_mut(h).zip(positions) {
+        for (row, p) in rows.chunks_exact_mut(h).zip(&positions) {
             let ex = &self.positions[p[0] as usize * h..][..h];
             let ey = &self.positions[(axis + p[1] as usize) * h..][..h];
             for ((o, a), e) in row.iter_mut().zip(ex).zip(ey) {
@@ -195,7 +203,6 @@ impl<B: Backend> DeviceVisionTower<B> {
                 .collect()
         };
         let (q_pos, k_pos) = (halves(c.num_heads), halves(c.num_kv_heads));
-        let order: Vec<u32> = (0..n as u32).collect();
         let attn = AttentionParams {
             n_heads: c.num_heads,
             n_kv_heads: c.num_kv_heads,
@@ -226,8 +233,7 @@ impl<B: Backend> DeviceVisionTower<B> {
             let v = norm(&v, None, d)?;
             b.rope(&mut q, &q_pos, &self.inv_freq, half_rope)?;
             b.rope(&mut k, &k_pos, &self.inv_freq, half_rope)?;
-            let mut a = b.scratch(q.len(), DType::F32)?;
-            b.attention(&q, &k, &v, &order, &order, attn, &mut a)?;
+            let a = self.attention(&q, &k, &v, &spans, attn)?;
             let o = self.product(&a, &l.o, n)?;
             b.add(&mut x, &norm(&o, Some(&l.post_attention_norm), h)?)?;
             let normed = norm(&x, Some(&l.pre_feedforward_norm), h)?;
@@ -240,6 +246,7 @@ impl<B: Backend> DeviceVisionTower<B> {
         }
 
         // 3. Pooling: the sum of k^2 gathers, each scaled by sqrt(hidden) / k^2.
+        let tokens = members.len();
         let scale = (h as f32).sqrt() / (k * k) as f32;
         let mut pooled = b.zeros(tokens * h, DType::F32)?;
         let mut part = b.scratch(tokens * h, DType::F32)?;
@@ -262,11 +269,90 @@ impl<B: Backend> DeviceVisionTower<B> {
 
         // 4. The embedder: a scale-free norm, then the projection to the text width.
         let normed = norm(&pooled, None, h)?;
-        let soft = self.product(&normed, &self.embed, tokens)?;
-        Ok(DeviceImage {
-            tokens,
-            soft_tokens: b.download(&soft)?,
-        })
+        let soft = b.download(&self.product(&normed, &self.embed, tokens)?)?;
+        let width = self.embed.shape.out_features;
+        let mut out = Vec::with_capacity(images.len());
+        let mut first = 0;
+        for span in &spans {
+            let t = span.len() / (k * k);
+            out.push(DeviceImage {
+                tokens: t,
+                soft_tokens: soft[first * width..(first + t) * width].to_vec(),
+            });
+            first += t;
+        }
+        Ok(out)
+    }
+
+    /// Checks one image's patches and gives each of its soft tokens' `k^2` patches, in
+    /// patch order (indices within the image); every pooling block must be whole.
+    fn pooling_members(&self, pixels: &[f32], positions: &[[i64; 2]]) -> Result<Vec<Vec<u32>>> {
+        let c = &self.cfg;
+        let n = positions.len();
+        check_pixels(c, pixels, n)?;
+        let axis = c.position_embedding_size;
+        if let Some((i, p)) = positions
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.iter().any(|&v| v < 0 || v >= axis as i64))
+        {
+            return Err(ModelError::Invalid(format!(
+                "patch {i} at ({}, {}) is outside the {axis} positions of an axis",
+                p[0], p[1]
+            )));
+        }
+        let k = c.pooling_kernel_size;
+        let bins = pool_bins(positions, k)?;
+        let mut members = vec![Vec::with_capacity(k * k); n / (k * k)];
+        for (i, &bin) in bins.iter().enumerate() {
+            members[bin].push(i as u32);
+        }
+        if let Some(t) = members.iter().position(|m| m.len() != k * k) {
+            return Err(ModelError::Invalid(format!(
+                "soft token {t} pools {} patches, not {}: the patches do not tile the image",
+                members[t].len(),
+                k * k
+            )));
+        }
+        Ok(members)
+    }
+
+    /// Bidirectional attention within each image's rows (`spans`): one call over all rows
+    /// for a single image; otherwise each image's q, k and v rows copied out, attended, and
+    /// their output copied back into place.
+    fn attention(
+        &self,
+        q: &B::Buffer,
+        k: &B::Buffer,
+        v: &B::Buffer,
+        spans: &[std::ops::Range<usize>],
+        attn: AttentionParams,
+    ) -> Result<B::Buffer> {
+        let b = &self.backend;
+        let (qw, kw) = (
+            attn.n_heads * attn.head_dim,
+            attn.n_kv_heads * attn.head_dim,
+        );
+        let mut a = b.scratch(q.len(), DType::F32)?;
+        if spans.len() == 1 {
+            let order: Vec<u32> = (0..spans[0].len() as u32).collect();
+            b.attention(q, k, v, &order, &order, attn, &mut a)?;
+            return Ok(a);
+        }
+        let rows =
+            |src: &B::Buffer, span: &std::ops::Range<usize>, w: usize| -> Result<B::Buffer> {
+                let mut dst = b.scratch(span.len() * w, DType::F32)?;
+                b.copy_strided(src, &mut dst, contiguous(span.len(), w, span.start * w, 0))?;
+                Ok(dst)
+            };
+        for span in spans {
+            let (qi, ki, vi) = (rows(q, span, qw)?, rows(k, span, kw)?, rows(v, span, kw)?);
+            let order: Vec<u32> = (0..span.len() as u32).collect();
+            let mut ai = b.scratch(qi.len(), DType::F32)?;
+            b.attention(&qi, &ki, &vi, &order, &order, attn, &mut ai)?;
+            b.copy_strided(&ai, &mut a, contiguous(span.len(), qw, 0, span.start * qw))?;
+        }
+        Ok(a)
     }
 
     fn product(&self, x: &B::Buffer, w: &Weight<B>, rows: usize) -> Result<B::Buffer> {
@@ -275,6 +361,18 @@ impl<B: Backend> DeviceVisionTower<B> {
             .scratch(rows * w.shape.out_features, DType::F32)?;
         self.backend.matmul(x, &w.w, w.shape, &mut out)?;
         Ok(out)
+    }
+}
+
+/// `rows` whole rows of `cols` values from element `src_offset` to element `dst_offset`.
+fn contiguous(rows: usize, cols: usize, src_offset: usize, dst_offset: usize) -> StridedCopy {
+    StridedCopy {
+        rows,
+        cols,
+        src_offset,
+        src_stride: cols,
+        dst_offset,
+        dst_stride: cols,
     }
 }
 
@@ -346,28 +444,39 @@ pub(crate) fn check_against_transformers<B: Backend>(
     let device = DeviceVisionTower::new(backend, &tower, weight_dtype).unwrap();
     let r = Reference::load(fixture);
     let width = 3 * tower.config().patch_size.pow(2);
+    let images: Vec<_> = (0..2)
+        .map(|i| r.image(i, width).expect("two images"))
+        .collect();
+    // Each image alone, then both in one pass.
+    let alone: Vec<DeviceImage> = images
+        .iter()
+        .map(|(p, q)| device.encode(p, q).unwrap())
+        .collect();
+    let both = device
+        .encode_batch(&[(&images[0].0, &images[0].1), (&images[1].0, &images[1].1)])
+        .unwrap();
     let (mut worst, mut min_cos) = (0.0f32, 1.0f64);
-    for (i, want_tokens) in [(0, 12), (1, 6)] {
-        let (pixels, positions) = r.image(i, width).expect("two images");
-        let got = device.encode(&pixels, &positions).unwrap();
-        assert_eq!(got.tokens, want_tokens, "image {i}");
-        let want = r.f32s(&format!("soft_tokens_{i}"));
-        assert_eq!(got.soft_tokens.len(), want.len(), "image {i}");
-        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let diff = got
-            .soft_tokens
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        let cos = cosine(&got.soft_tokens, &want);
-        eprintln!(
-            "image {i} ({}, {weight_dtype:?} weights): soft tokens max abs diff {diff:.2e} \
-             (largest value {scale:.2}), cosine {cos:.6}",
-            device.backend().name()
-        );
-        worst = worst.max(diff / scale.max(1.0));
-        min_cos = min_cos.min(cos);
+    for (how, got) in [("alone", &alone), ("in one pass", &both)] {
+        for (i, (got, want_tokens)) in got.iter().zip([12, 6]).enumerate() {
+            assert_eq!(got.tokens, want_tokens, "image {i} {how}");
+            let want = r.f32s(&format!("soft_tokens_{i}"));
+            assert_eq!(got.soft_tokens.len(), want.len(), "image {i} {how}");
+            let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let diff = got
+                .soft_tokens
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            let cos = cosine(&got.soft_tokens, &want);
+            eprintln!(
+                "image {i} {how} ({}, {weight_dtype:?} weights): soft tokens max abs diff \
+                 {diff:.2e} (largest value {scale:.2}), cosine {cos:.6}",
+                device.backend().name()
+            );
+            worst = worst.max(diff / scale.max(1.0));
+            min_cos = min_cos.min(cos);
+        }
     }
     (worst, min_cos)
 }
@@ -380,8 +489,9 @@ pub(crate) type RealShapeRow = (usize, usize, f64, f64, f64);
 /// The device tower at a real shape (`STRATA_VISION_REAL_SHAPE`: a directory written by
 /// scripts/reference/vision_real_shape.py) against transformers' soft tokens: per image,
 /// the patches, the soft tokens, the cosine to transformers in f32 and to transformers in
-/// bf16, and the median of 5 encodes in ms (after one to warm up). `None` when the
-/// variable is unset.
+/// bf16, and the median of 5 encodes in ms (after one to warm up); then a row for every
+/// image in one pass ([`DeviceVisionTower::encode_batch`]: totals, the lowest cosines, ms a
+/// pass). `None` when the variable is unset.
 #[cfg(test)]
 pub(crate) fn check_real_shape<B: Backend>(
     backend: B,
@@ -432,6 +542,40 @@ pub(crate) fn check_real_shape<B: Backend>(
         );
         out.push(row);
     }
+    // Every image in one pass: a last row of the totals, the lowest cosines, ms a pass.
+    let images: Vec<_> = (0..out.len()).map(|i| r.image(i, width).unwrap()).collect();
+    let batch: Vec<(&[f32], &[[i64; 2]])> = images
+        .iter()
+        .map(|(p, q)| (p.as_slice(), q.as_slice()))
+        .collect();
+    let got = device.encode_batch(&batch).unwrap();
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            device.encode_batch(&batch).unwrap();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let (mut cos32, mut cos16) = (1.0f64, 1.0f64);
+    for (i, g) in got.iter().enumerate() {
+        cos32 = cos32.min(cosine(&g.soft_tokens, &r.f32s(&format!("soft_f32_{i}"))));
+        cos16 = cos16.min(cosine(&g.soft_tokens, &r.f32s(&format!("soft_bf16_{i}"))));
+    }
+    let alone: f64 = out.iter().map(|row| row.4).sum();
+    eprintln!(
+        "real shape, all {} images in one pass: {:.2} ms (one at a time: {alone:.2} ms), lowest \
+         cosine {cos32:.6} to transformers f32",
+        got.len(),
+        times[2]
+    );
+    out.push((
+        batch.iter().map(|b| b.1.len()).sum(),
+        got.iter().map(|g| g.tokens).sum(),
+        cos32,
+        cos16,
+        times[2],
+    ));
     Some(out)
 }
 
@@ -483,5 +627,11 @@ mod tests {
         // Pixels that do not match the patch count.
         let pos: Vec<[i64; 2]> = (0..4).map(|i| [i % 2, i / 2]).collect();
         assert!(device.encode(&[0.5; 7], &pos).is_err());
+        // In a batch, the refusal names the image.
+        let good = vec![0.5; 4 * patch];
+        let err = device
+            .encode_batch(&[(&good, &pos), (&[0.5; 7], &pos)])
+            .unwrap_err();
+        assert!(err.to_string().starts_with("image 1:"), "{err}");
     }
 }

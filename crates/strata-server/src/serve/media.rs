@@ -278,23 +278,36 @@ pub async fn encode_media(
         .map_err(|_| ApiError::from(strata_engine::EngineError::Stopped))?;
     let policy = st.media.clone();
     tokio::task::spawn_blocking(move || {
-        parts
-            .iter()
-            .map(|p| {
-                let at = |e: strata_engine::EngineError| {
-                    ApiError::invalid_owned(p.field.clone(), e.to_string())
-                };
-                match &p.source {
-                    MediaSource::Inline(b) => encoder.encode_image(b).map_err(at),
-                    MediaSource::Fetch(url) => encoder
-                        .encode_image(&fetch(&p.field, url, &policy)?)
-                        .map_err(at),
-                    MediaSource::Audio(b, f) => encoder
-                        .encode_audio(b, *f, policy.max_audio_seconds)
-                        .map_err(at),
+        let at = |p: &MediaPart, e: strata_engine::EngineError| {
+            ApiError::invalid_owned(p.field.clone(), e.to_string())
+        };
+        // Audio clips one by one; the images' bytes first (fetched where they are URLs),
+        // then every image through the tower in one pass.
+        let mut out: Vec<Option<MediaRows>> = vec![None; parts.len()];
+        let mut images: Vec<(usize, std::borrow::Cow<'_, [u8]>)> = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            match &p.source {
+                MediaSource::Inline(b) => images.push((i, b.as_slice().into())),
+                MediaSource::Fetch(url) => images.push((i, fetch(&p.field, url, &policy)?.into())),
+                MediaSource::Audio(b, f) => {
+                    out[i] = Some(
+                        encoder
+                            .encode_audio(b, *f, policy.max_audio_seconds)
+                            .map_err(|e| at(p, e))?,
+                    )
                 }
-            })
-            .collect()
+            }
+        }
+        if !images.is_empty() {
+            let files: Vec<&[u8]> = images.iter().map(|(_, b)| b.as_ref()).collect();
+            let rows = encoder
+                .encode_images(&files)
+                .map_err(|(j, e)| at(&parts[images[j].0], e))?;
+            for ((i, _), r) in images.iter().zip(rows) {
+                out[*i] = Some(r);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     })
     .await
     .map_err(|e| {
