@@ -19,6 +19,8 @@ typedef unsigned long long u64;
 #define QF_Q4_K 3
 #define QF_Q5_K 4
 #define QF_Q6_K 5
+// bitsandbytes 4-bit (NF4 / FP4) in the device layout of quant.cu's `decode32`.
+#define QF_BNB4 6
 
 // -inf without math.h.
 #define NEG_INF __int_as_float(0xff800000)

@@ -1,5 +1,6 @@
 // Products and lookups of block-quantized weights kept on the device in their GGUF layout
-// (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), row after row as the file stores them.
+// (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), row after row as the file stores them, and of
+// bitsandbytes 4-bit matrices (NF4 / FP4) in a layout of 32-value sub-blocks (`QF_BNB4`).
 //
 // Every kernel decodes a weight row 32 values at a time ("a sub-block": a whole block of the
 // 32-value formats, an eighth of a K-quant super-block) into registers, with the host
@@ -12,6 +13,13 @@
 
 __device__ __forceinline__ float f16_at(const u8* p) {
     return f16_to_f32((u16)p[0] | ((u16)p[1] << 8));
+}
+
+// `x` rounded to f16 (nearest even) and widened back.
+__device__ __forceinline__ float f16_round(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return f16_to_f32(h);
 }
 
 // A K-quant's 6-bit scale and min of sub-block j (0..8) from its 12 packed bytes.
@@ -99,6 +107,31 @@ __device__ __forceinline__ void decode32(const u8* __restrict__ row, int s, floa
             int c = (byte_of(q, l) >> shift) & 15;
             if (F == QF_Q5_K) c |= ((byte_of(h, l) >> j) & 1) << 4;
             v[l] = __fsub_rn(__fmul_rn(dj, (float)c), mj);
+        }
+    } else if (F == QF_BNB4) {
+        // A row: a 68-byte head (the 16 f32 values a code stands for, then a u32 rounding:
+        // 0 none, 1 bf16, 2 f16), then 20 bytes a sub-block (its block's f32 absmax and 16
+        // bytes of codes, value 2i in the high nibble of byte i). A value is
+        // bitsandbytes' `map[code] * absmax` in f32, rounded as the head says.
+        const float* map = reinterpret_cast<const float*>(row);
+        const u32 rounding = reinterpret_cast<const u32*>(row)[16];
+        const u8* b = row + 68 + (u64)s * 20;
+        const float amax = *reinterpret_cast<const float*>(b);
+        const u32* qw = reinterpret_cast<const u32*>(b + 4);
+        const u32 q[4] = {qw[0], qw[1], qw[2], qw[3]};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int c = byte_of(q, i);
+            float hi = __fmul_rn(map[c >> 4], amax), lo = __fmul_rn(map[c & 15], amax);
+            if (rounding == 1) {
+                hi = bf16_to_f32(f32_to_bf16_rne(hi));
+                lo = bf16_to_f32(f32_to_bf16_rne(lo));
+            } else if (rounding == 2) {
+                hi = f16_round(hi);
+                lo = f16_round(lo);
+            }
+            v[2 * i] = hi;
+            v[2 * i + 1] = lo;
         }
     } else {  // QF_Q6_K: ql[128], qh[64], scales[16] (int8), d
         const int j = s & 7;
@@ -265,6 +298,7 @@ QUANT_ENTRIES(q8_0, QF_Q8_0)
 QUANT_ENTRIES(q4_k, QF_Q4_K)
 QUANT_ENTRIES(q5_k, QF_Q5_K)
 QUANT_ENTRIES(q6_k, QF_Q6_K)
+QUANT_ENTRIES(bnb4, QF_BNB4)
 
 // dst[t, first + j] = src[t, j] for j < cols: a product computed for a slice of the weight's
 // rows written into its columns of the full output.

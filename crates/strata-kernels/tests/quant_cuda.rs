@@ -6,6 +6,9 @@
 //! mode's GEMV on 8-bit x is checked against the same product with x quantized on the host
 //! as the kernel quantizes it. An ignored test times that GEMV against the f32 one.
 //!
+//! bitsandbytes 4-bit matrices (`CudaQuantMatrix::bnb4`) are checked the same way against
+//! `strata_weights::bnb::Bnb4::decode`, for each rounding of the values (f32, bf16, f16).
+//!
 //! Random bytes make the blocks, so every code, scale and min bit pattern occurs; only the
 //! f16 super-scales are drawn from a bounded range (a random f16 can be inf or NaN).
 //! Without a GPU each test prints `skipped: no GPU` and passes (`STRATA_REQUIRE_GPU=1` makes
@@ -16,7 +19,9 @@ use std::sync::OnceLock;
 
 use half::f16;
 use strata_gguf::GgmlType;
-use strata_kernels::cuda::{BlockFormat, CudaBackend, CudaQuantMatrix, DEQUANT_SLICE_VALUES};
+use strata_kernels::cuda::{
+    BlockFormat, Bnb4Parts, CudaBackend, CudaQuantMatrix, DEQUANT_SLICE_VALUES,
+};
 use strata_kernels::gpu_test::gpu_or_skip;
 use strata_kernels::{Backend, DType, HostSlice};
 use strata_weights::quant;
@@ -53,6 +58,7 @@ fn f16_fields(f: BlockFormat) -> &'static [usize] {
         BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => &[0],
         BlockFormat::Q4K | BlockFormat::Q5K => &[0, 2],
         BlockFormat::Q6K => &[208],
+        BlockFormat::Bnb4 => &[],
     }
 }
 
@@ -426,4 +432,131 @@ fn dp4a_against_f32_decoding_timings() {
             }
         }
     }
+}
+
+/// A random bitsandbytes 4-bit matrix (random map, codes and absmax values; blocks of 64
+/// that run across rows where `cols` is not a multiple of 64), rounded to `ty`.
+fn random_bnb4(rows: usize, cols: usize, ty: GgmlType, seed: u64) -> strata_weights::bnb::Bnb4 {
+    let mut rng = Rng(seed);
+    let n = rows * cols;
+    let codes: Vec<u8> = (0..n / 2).map(|_| rng.next() as u8).collect();
+    let absmax: Vec<f32> = (0..n.div_ceil(64))
+        .map(|_| rng.unit().abs() * 3.0)
+        .collect();
+    let map: [f32; 16] = std::array::from_fn(|_| rng.unit());
+    strata_weights::bnb::Bnb4::new([rows, cols], ty, 64, codes, absmax, map).unwrap()
+}
+
+fn upload_bnb4(b: &CudaBackend, w: &strata_weights::bnb::Bnb4) -> CudaQuantMatrix {
+    let round_to = match w.ty {
+        GgmlType::BF16 => DType::BF16,
+        GgmlType::F16 => DType::F16,
+        _ => DType::F32,
+    };
+    let parts = Bnb4Parts {
+        rows: w.rows(),
+        cols: w.cols(),
+        blocksize: w.blocksize(),
+        codes: w.codes(),
+        absmax: w.absmax(),
+        quant_map: w.quant_map(),
+        round_to,
+    };
+    CudaQuantMatrix::bnb4(b, parts).unwrap()
+}
+
+#[test]
+fn bnb4_values_equal_the_host_decoder_bit_for_bit() {
+    let Some(b) = gpu() else { return };
+    for (i, ty) in [GgmlType::F32, GgmlType::BF16, GgmlType::F16]
+        .into_iter()
+        .enumerate()
+    {
+        // 96 columns: blocks of 64 run across rows.
+        let (rows, cols) = (13, 96);
+        let w = random_bnb4(rows, cols, ty, 31 + i as u64);
+        let mut want = vec![0f32; rows * cols];
+        w.decode(0, &mut want);
+        let m = upload_bnb4(b, &w);
+        assert_eq!(m.format(), Some(BlockFormat::Bnb4));
+        assert_eq!(m.device_bytes(), rows * (68 + 20 * cols / 32));
+        let ids: Vec<u32> = (0..rows as u32).rev().chain([2, 2]).collect();
+        let mut out = b.zeros(ids.len() * cols, DType::F32).unwrap();
+        b.embedding_quant(&ids, &m, 1.0, &mut out).unwrap();
+        let got = b.download(&out).unwrap();
+        for (n, &id) in ids.iter().enumerate() {
+            for j in 0..cols {
+                let (g, e) = (got[n * cols + j], want[id as usize * cols + j]);
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{ty} row {id} value {j}: {g} vs {e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bnb4_products_match_the_decoded_weights_at_every_row_count() {
+    let Some(b) = gpu() else { return };
+    let bf16 = b.clone().with_bf16_gemm(true);
+    let b = &b.clone().with_quant_dp4a(false);
+    for (i, ty) in [GgmlType::F32, GgmlType::BF16, GgmlType::F16]
+        .into_iter()
+        .enumerate()
+    {
+        // 37 features; 4,160 columns take two runs of x at one row.
+        for (n, k) in [(37, 3 * 256), (37, 4160)] {
+            let w = random_bnb4(n, k, ty, 200 + i as u64);
+            let mut dense = vec![0f32; n * k];
+            w.decode(0, &mut dense);
+            let m = upload_bnb4(b, &w);
+            for t in [1, 2, 3, 5, 8, 9, 33, 70] {
+                let x = random_vec(t * k, 3 * t as u64 + i as u64);
+                let out = matmul(b, &m, &x, t);
+                let what = format!("bnb4 {ty} k={k} t={t}");
+                check_product(&what, &out, &x, &dense, (t, k, n), 0..n, f64::from, 3e-5);
+                // The bf16 mode: the f32 GEMV (no 8-bit x for looked-up codes), then the
+                // decoded path's bf16 products.
+                let out = matmul(&bf16, &m, &x, t);
+                let round = if t > bf16.quant_gemv_max_rows() {
+                    bf16_round
+                } else {
+                    f64::from
+                };
+                check_product(
+                    &format!("{what} bf16 mode"),
+                    &out,
+                    &x,
+                    &dense,
+                    (t, k, n),
+                    0..n,
+                    round,
+                    3e-5,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bnb4_uploads_that_do_not_fit_are_errors() {
+    let Some(b) = gpu() else { return };
+    let w = random_bnb4(2, 64, GgmlType::F32, 1);
+    let parts = |cols, blocksize, codes: &'static [u8]| Bnb4Parts {
+        rows: 2,
+        cols,
+        blocksize,
+        codes,
+        absmax: &[1.0; 2],
+        quant_map: w.quant_map(),
+        round_to: DType::F32,
+    };
+    static CODES: [u8; 64] = [0; 64];
+    assert!(CudaQuantMatrix::bnb4(b, parts(64, 64, &CODES[..64])).is_ok());
+    // Rows of 48 values are not whole 32-value runs; blocks of 16 neither; too few codes.
+    assert!(CudaQuantMatrix::bnb4(b, parts(48, 64, &CODES[..48])).is_err());
+    assert!(CudaQuantMatrix::bnb4(b, parts(64, 16, &CODES[..64])).is_err());
+    assert!(CudaQuantMatrix::bnb4(b, parts(64, 64, &CODES[..63])).is_err());
 }

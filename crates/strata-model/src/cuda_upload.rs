@@ -2,6 +2,8 @@
 //! (`strata_kernels::cuda::BlockFormat`) stay in device memory as the file's blocks when
 //! asked (`--gguf-weights blocks`, and weights quantized at load); otherwise, and for other
 //! block formats, they are decoded on upload to a dense bf16 matrix (2 bytes a weight).
+//! bitsandbytes 4-bit matrices stay 4-bit (`CudaQuantMatrix::bnb4`, about 0.63 bytes a
+//! weight) wherever their rows and blocks are whole 32-value runs.
 
 use std::sync::Arc;
 
@@ -35,6 +37,28 @@ impl QuantUpload for CudaBackend {
 
     fn upload_bnb4(&self, w: crate::bnb4::Bnb4Weight) -> Result<Arc<Self::QuantMatrix>> {
         let (rows, cols) = (w.rows(), w.cols());
+        // Kept 4-bit where every row and block is whole 32-value runs (the kernels' unit);
+        // otherwise decoded to a dense matrix of the state's dtype.
+        let round_to = match w.0.ty {
+            strata_weights::GgmlType::BF16 => Some(DType::BF16),
+            strata_weights::GgmlType::F16 => Some(DType::F16),
+            strata_weights::GgmlType::F32 => Some(DType::F32),
+            _ => None,
+        };
+        if let Some(round_to) =
+            round_to.filter(|_| cols.is_multiple_of(32) && w.0.blocksize().is_multiple_of(32))
+        {
+            let parts = strata_kernels::cuda::Bnb4Parts {
+                rows,
+                cols,
+                blocksize: w.0.blocksize(),
+                codes: w.0.codes(),
+                absmax: w.0.absmax(),
+                quant_map: w.0.quant_map(),
+                round_to,
+            };
+            return Ok(Arc::new(CudaQuantMatrix::bnb4(self, parts)?));
+        }
         let mut values = vec![0f32; rows * cols];
         w.0.decode(0, &mut values);
         let m = match w.0.ty {

@@ -56,6 +56,63 @@ pub struct Bnb4 {
 }
 
 impl Bnb4 {
+    /// A matrix from its parts: `shape` `[rows, cols]`, the rounding `ty` (F32, BF16 or
+    /// F16), values a block, the codes (two a byte, value `2i` in the high nibble), one
+    /// absmax a block and the 16 values a code stands for. Errors on sizes that disagree.
+    pub fn new(
+        shape: [usize; 2],
+        ty: GgmlType,
+        blocksize: usize,
+        codes: Vec<u8>,
+        absmax: Vec<f32>,
+        quant_map: [f32; 16],
+    ) -> Result<Self> {
+        let n = shape[0]
+            .checked_mul(shape[1])
+            .ok_or_else(|| bad("Bnb4::new", "shape overflows"))?;
+        if !matches!(ty, GgmlType::F32 | GgmlType::BF16 | GgmlType::F16) {
+            return Err(bad("Bnb4::new", format!("values rounded to {ty}")));
+        }
+        if blocksize == 0 || codes.len() != n.div_ceil(2) || absmax.len() != n.div_ceil(blocksize) {
+            return Err(bad(
+                "Bnb4::new",
+                format!(
+                    "{} code bytes and {} absmax values for {n} values in blocks of {blocksize}",
+                    codes.len(),
+                    absmax.len()
+                ),
+            ));
+        }
+        Ok(Self {
+            shape: shape.to_vec(),
+            ty,
+            blocksize,
+            codes,
+            absmax,
+            quant_map,
+        })
+    }
+
+    /// Values a block (one absmax each).
+    pub fn blocksize(&self) -> usize {
+        self.blocksize
+    }
+
+    /// The codes, two a byte, value `2i` in the high nibble.
+    pub fn codes(&self) -> &[u8] {
+        &self.codes
+    }
+
+    /// One absmax a block (a double-quantized one already decoded).
+    pub fn absmax(&self) -> &[f32] {
+        &self.absmax
+    }
+
+    /// The 16 values a code stands for.
+    pub fn quant_map(&self) -> &[f32; 16] {
+        &self.quant_map
+    }
+
     /// Rows (output features).
     pub fn rows(&self) -> usize {
         self.shape[0]

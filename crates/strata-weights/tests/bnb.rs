@@ -108,3 +108,31 @@ fn malformed_states_are_errors_naming_the_tensor() {
         assert!(e.contains("q_proj") && e.contains("bitsandbytes"), "{e}");
     }
 }
+
+/// A matrix rebuilt from a read one's parts (`Bnb4::new`, as a device upload takes them)
+/// decodes to the same values; parts that disagree in size are errors.
+#[test]
+fn matrices_rebuild_from_their_parts() {
+    let w = ModelWeights::open(dir("llama-tiny-fp4"), None, None).unwrap();
+    let q = w.bnb4("model.layers.0.mlp.down_proj.weight").unwrap();
+    let parts = |codes: Vec<u8>, absmax: Vec<f32>| {
+        strata_weights::bnb::Bnb4::new(
+            [q.rows(), q.cols()],
+            q.ty,
+            q.blocksize(),
+            codes,
+            absmax,
+            *q.quant_map(),
+        )
+    };
+    let again = parts(q.codes().to_vec(), q.absmax().to_vec()).unwrap();
+    let (mut a, mut b) = (
+        vec![0f32; q.rows() * q.cols()],
+        vec![0f32; q.rows() * q.cols()],
+    );
+    q.decode(0, &mut a);
+    again.decode(0, &mut b);
+    assert_eq!(a, b);
+    assert!(parts(q.codes()[1..].to_vec(), q.absmax().to_vec()).is_err());
+    assert!(parts(q.codes().to_vec(), q.absmax()[1..].to_vec()).is_err());
+}

@@ -42,7 +42,9 @@ pub use gated_pair::PairRows;
 pub use k_parts::KParts;
 pub use paged::{CudaIndex, CudaKvSlab, CudaPagedBatch};
 pub use picks::CudaTokens;
-pub use quant::{BlockFormat, CudaQuantMatrix, DEQUANT_SLICE_VALUES, QUANT_GEMV_MAX_ROWS};
+pub use quant::{
+    BlockFormat, Bnb4Parts, CudaQuantMatrix, DEQUANT_SLICE_VALUES, QUANT_GEMV_MAX_ROWS,
+};
 pub use sources::{compile_cubin, nvrtc_available, nvrtc_version, KernelFile, KERNEL_FILES};
 
 use std::sync::{Arc, Mutex};

@@ -50,10 +50,14 @@ pub enum BlockFormat {
     Q5K,
     /// 256 values: 16 groups with 8-bit scales, 6-bit codes minus 32.
     Q6K,
+    /// bitsandbytes 4-bit (NF4 / FP4, [`CudaQuantMatrix::bnb4`]): a row's 68-byte head
+    /// (the 16 values a code stands for, the rounding), then 32 values in 20 bytes (their
+    /// block's f32 absmax, 16 bytes of codes). Not a GGUF format.
+    Bnb4,
 }
 
 impl BlockFormat {
-    /// Every format, in the kernels' code order.
+    /// Every GGUF format, in the kernels' code order ([`BlockFormat::Bnb4`] comes after).
     pub const ALL: [BlockFormat; 6] = [
         Self::Q4_0,
         Self::Q5_0,
@@ -79,13 +83,14 @@ impl BlockFormat {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::Bnb4 => "BNB4",
         }
     }
 
     /// Values a block holds.
     pub fn block_values(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => 32,
+            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 | Self::Bnb4 => 32,
             Self::Q4K | Self::Q5K | Self::Q6K => 256,
         }
     }
@@ -99,19 +104,29 @@ impl BlockFormat {
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Bnb4 => 20,
         }
     }
 
     /// The format's five entries in [`QUANT_KERNELS`]: the GEMV for tiles of 1, 2, 4 and 8
     /// rows, then the row decoder.
     fn kernels(self) -> &'static [&'static str] {
-        let i = Self::ALL.iter().position(|&f| f == self).unwrap_or(0);
+        let i = Self::ALL
+            .iter()
+            .position(|&f| f == self)
+            .unwrap_or(Self::ALL.len());
         &QUANT_KERNELS[5 * i..5 * i + 5]
+    }
+
+    /// Whether the 8-bit-x integer GEMV (`quant_dp4a.cu`) has kernels for the format: the
+    /// GGUF ones, whose codes are integers on a scale; bitsandbytes' are looked up.
+    fn has_dp4a(self) -> bool {
+        self != Self::Bnb4
     }
 }
 
 /// The entry points of `kernels/quant.cu`, for the kernel table.
-pub(crate) const QUANT_KERNELS: [&str; 31] = [
+pub(crate) const QUANT_KERNELS: [&str; 36] = [
     "quant_gemv_q4_0_1",
     "quant_gemv_q4_0_2",
     "quant_gemv_q4_0_4",
@@ -142,8 +157,33 @@ pub(crate) const QUANT_KERNELS: [&str; 31] = [
     "quant_gemv_q6_k_4",
     "quant_gemv_q6_k_8",
     "quant_rows_q6_k",
+    "quant_gemv_bnb4_1",
+    "quant_gemv_bnb4_2",
+    "quant_gemv_bnb4_4",
+    "quant_gemv_bnb4_8",
+    "quant_rows_bnb4",
     "quant_scatter_cols",
 ];
+
+/// A bitsandbytes 4-bit matrix as [`CudaQuantMatrix::bnb4`] takes it (the parts of
+/// `strata_weights::bnb::Bnb4`).
+#[derive(Clone, Copy, Debug)]
+pub struct Bnb4Parts<'a> {
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Values a block (one absmax each).
+    pub blocksize: usize,
+    /// The codes, two a byte, value `2i` in the high nibble.
+    pub codes: &'a [u8],
+    /// One absmax a block.
+    pub absmax: &'a [f32],
+    /// The 16 values a code stands for.
+    pub quant_map: &'a [f32; 16],
+    /// What each value `map[code] * absmax` is rounded to (bitsandbytes' state dtype).
+    pub round_to: DType,
+}
 
 /// How a quantized weight lives on the device.
 enum QuantStore {
@@ -235,6 +275,64 @@ impl CudaQuantMatrix {
         })
     }
 
+    /// A bitsandbytes 4-bit matrix kept 4-bit ([`BlockFormat::Bnb4`]): the same values as
+    /// its host decoder (`Bnb4::decode`, bit for bit), at 20 bytes a 32 values plus 68 a
+    /// row (0.63 bytes a weight for 1,536 columns). Needs whole 32-value sub-blocks in
+    /// every block and row (`cols` and the block size multiples of 32).
+    pub fn bnb4(b: &CudaBackend, w: Bnb4Parts<'_>) -> Result<Self> {
+        const OP: &str = "CudaQuantMatrix::bnb4";
+        let (rows, cols, bs) = (w.rows, w.cols, w.blocksize);
+        ensure(cols.is_multiple_of(32) && bs.is_multiple_of(32), OP, || {
+            format!("rows of {cols} values in blocks of {bs} are not whole 32-value runs")
+        })?;
+        ensure(i32::try_from(cols).is_ok(), OP, || {
+            format!("{cols} columns")
+        })?;
+        let n = rows * cols;
+        ensure(
+            w.codes.len() == n / 2 && w.absmax.len() == n.div_ceil(bs),
+            OP,
+            || {
+                format!(
+                    "{} code bytes and {} absmax values for {rows} x {cols} in blocks of {bs}",
+                    w.codes.len(),
+                    w.absmax.len()
+                )
+            },
+        )?;
+        let rounding: u32 = match w.round_to {
+            DType::F32 => 0,
+            DType::BF16 => 1,
+            DType::F16 => 2,
+        };
+        let subs = cols / 32;
+        let row_bytes = 68 + 20 * subs;
+        let mut head = Vec::with_capacity(68);
+        for v in w.quant_map {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        head.extend_from_slice(&rounding.to_le_bytes());
+        let (codes, absmax) = (w.codes, w.absmax);
+        let mut bytes = Vec::with_capacity(rows * row_bytes);
+        for r in 0..rows {
+            bytes.extend_from_slice(&head);
+            for s in 0..subs {
+                let first = r * cols + 32 * s;
+                bytes.extend_from_slice(&absmax[first / bs].to_le_bytes());
+                bytes.extend_from_slice(&codes[first / 2..first / 2 + 16]);
+            }
+        }
+        Ok(Self {
+            store: QuantStore::Blocks {
+                format: BlockFormat::Bnb4,
+                data: b.to_device(&bytes)?,
+                row_bytes,
+            },
+            rows,
+            cols,
+        })
+    }
+
     /// The block format the device holds, or `None` for a dense matrix.
     pub fn format(&self) -> Option<BlockFormat> {
         match &self.store {
@@ -296,7 +394,7 @@ impl CudaBackend {
             return self.matmul_decoded(x, w, format, data, row_bytes, t, out);
         }
         let n_i = as_i32(OP, n)?;
-        if self.bf16_gemm && self.quant_dp4a {
+        if self.bf16_gemm && self.quant_dp4a && format.has_dp4a() {
             return self.matmul_quant_dp4a(x, format, data, row_bytes, (t, k, n), n_i, out);
         }
         let (wp, _gw) = data.device_ptr(&self.stream);
