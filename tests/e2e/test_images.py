@@ -97,6 +97,38 @@ def test_an_image_of_an_earlier_turn_is_a_prefix_cache_hit(vision):
     assert third.usage.prompt_tokens_details.cached_tokens <= first.usage.prompt_tokens - soft, third.usage
 
 
+def test_concurrent_requests_keep_their_answers_and_share_tower_passes(vision):
+    """Every conversation three times at once: each answer is transformers' still, and
+    /metrics counts every image once in passes that may carry several requests' images
+    (whether two requests meet in a pass depends on timing; the batching itself has unit
+    tests)."""
+    import concurrent.futures
+
+    import requests
+
+    def counters():
+        text = requests.get(vision.base + "/metrics", timeout=10).text
+        return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("strata_image_pass")}
+
+    def images(case):
+        return sum(p["type"] == "image_url" for m in REF["cases"][case]["messages"]
+                   if isinstance(m["content"], list) for p in m["content"])
+
+    cases = sorted(REF["cases"]) * 3
+    before = counters()
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(lambda c: ask(vision, with_data_urls(REF["cases"][c]["messages"])), cases))
+    for case, r in zip(cases, answers):
+        assert [t.token for t in r.choices[0].logprobs.content] == reference_pieces(case), case
+    after = counters()
+    sent = sum(images(c) for c in cases)
+    took = after["strata_image_pass_images_total"] - before["strata_image_pass_images_total"]
+    passes = after["strata_image_passes_total"] - before["strata_image_passes_total"]
+    assert took == sent, (took, sent)
+    assert 1 <= passes <= sent, (passes, sent)
+
+
 def test_an_image_from_an_allowed_host_is_fetched(vision):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(MEDIA))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)

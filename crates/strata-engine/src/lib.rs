@@ -6,6 +6,7 @@
 mod bench;
 mod bench_draft;
 pub mod budget;
+mod combine;
 mod drift;
 mod engine;
 mod generate;
@@ -24,7 +25,7 @@ pub use engine::{
 };
 pub use generate::{GenerateParams, GenerateResult, Timings};
 pub use load::{Device, LoadSettings, LoadedModel, Prompter, WeightDtype};
-pub use media::{AudioFormat, MediaEncoder, MediaKind, MediaRows};
+pub use media::{AudioFormat, DecodedImage, MediaEncoder, MediaKind, MediaRows};
 pub use placed::{OnBackend, OnDevice, Placement, Runtime};
 pub use strata_model::quantize::LOAD_QUANT_TYPES;
 pub use strata_sched::DraftStats;

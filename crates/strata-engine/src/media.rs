@@ -15,7 +15,20 @@ use strata_media::{ImagePatcher, LogMel};
 use strata_model::{AudioTower, VisionTower};
 use strata_sched::MediaInput;
 
+use crate::combine::Combiner;
 use crate::{EngineError, Result};
+
+/// The most images a vision tower pass takes (a request's own may exceed it: they run in
+/// a pass of their own).
+const IMAGES_A_PASS: usize = 16;
+
+/// An image file decoded and cut into its real patches ([`MediaEncoder::decode_image`]),
+/// ready for the tower.
+pub struct DecodedImage {
+    pixels: Vec<f32>,
+    positions: Vec<[i64; 2]>,
+    hash: u64,
+}
 
 /// An image's real patches and their (x, y) positions.
 type Patches<'a> = (&'a [f32], &'a [[i64; 2]]);
@@ -45,6 +58,8 @@ struct Vision {
 pub struct MediaEncoder {
     vision: Option<Vision>,
     audio: Option<AudioEncoder>,
+    /// Concurrent requests' images gathered into shared tower passes.
+    images: Combiner<DecodedImage, MediaRows>,
     /// Keys the content hashes: random per process, so that no client can make two items
     /// share a prefix-cache key on purpose.
     hasher: std::collections::hash_map::RandomState,
@@ -148,6 +163,7 @@ impl MediaEncoder {
         Ok(Some(Self {
             vision,
             audio,
+            images: Combiner::new(IMAGES_A_PASS),
             hasher: Default::default(),
         }))
     }
@@ -220,55 +236,84 @@ impl MediaEncoder {
     }
 
     /// [`MediaEncoder::encode_image`] for several files: each decoded, then all run through
-    /// the tower together (one pass on a GPU, one after another on the host). An error
-    /// names the index of the file it is about (the first, for a tower error on a GPU
-    /// pass, which no single file caused).
+    /// the tower together ([`MediaEncoder::encode_decoded`]). An error names the index of
+    /// the file it is about (the first, for a tower error).
     pub fn encode_images(
         &self,
         files: &[&[u8]],
     ) -> std::result::Result<Vec<MediaRows>, (usize, EngineError)> {
-        let Vision { patcher, tower, .. } = self.vision.as_ref().ok_or_else(|| {
-            (
-                0,
-                EngineError::Invalid("this model has no vision tower".into()),
-            )
-        })?;
-        let width = 3 * patcher.patch_size * patcher.patch_size;
-        let mut decoded = Vec::with_capacity(files.len());
-        for (i, bytes) in files.iter().enumerate() {
-            let p = patcher
-                .decode(bytes)
-                .map_err(|e| (i, EngineError::Invalid(e.to_string())))?;
-            // Padding patches change no real row (they are masked as keys and pooled into
-            // nothing): the tower runs on the image's own patches only.
-            let real = p.positions.iter().take_while(|q| q[0] >= 0).count();
-            decoded.push((p, real));
-        }
-        let patches: Vec<Patches<'_>> = decoded
+        let decoded = files
             .iter()
-            .map(|(p, real)| (&p.pixels[..real * width], &p.positions[..*real]))
-            .collect();
-        let encoded: Vec<(usize, Vec<f32>)> = match tower {
-            ImageTower::Device(encode, _) => encode(&patches).map_err(|e| (0, e.into()))?,
-            ImageTower::Host(tower) => patches
+            .enumerate()
+            .map(|(i, b)| self.decode_image(b).map_err(|e| (i, e)))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.encode_decoded(decoded).map_err(|e| (0, e))
+    }
+
+    /// Decodes a PNG, JPEG or WebP file into the patches the tower takes (resized as the
+    /// processor does); the file's content hash keys its rows in the prefix cache.
+    pub fn decode_image(&self, bytes: &[u8]) -> Result<DecodedImage> {
+        let Vision { patcher, .. } = self
+            .vision
+            .as_ref()
+            .ok_or_else(|| EngineError::Invalid("this model has no vision tower".into()))?;
+        let p = patcher
+            .decode(bytes)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        // Padding patches change no real row (they are masked as keys and pooled into
+        // nothing): the tower runs on the image's own patches only.
+        let real = p.positions.iter().take_while(|q| q[0] >= 0).count();
+        let width = 3 * patcher.patch_size * patcher.patch_size;
+        let (mut pixels, mut positions) = (p.pixels, p.positions);
+        pixels.truncate(real * width);
+        positions.truncate(real);
+        Ok(DecodedImage {
+            pixels,
+            positions,
+            hash: self.hash(bytes),
+        })
+    }
+
+    /// Runs the tower on decoded images, in a pass it may share with other callers' images
+    /// (up to 16 images; on a GPU one pass of the device tower, on the host one image
+    /// after another).
+    pub fn encode_decoded(&self, images: Vec<DecodedImage>) -> Result<Vec<MediaRows>> {
+        let Vision { tower, .. } = self
+            .vision
+            .as_ref()
+            .ok_or_else(|| EngineError::Invalid("this model has no vision tower".into()))?;
+        let pass = |images: &[DecodedImage]| -> Result<Vec<MediaRows>> {
+            let patches: Vec<Patches<'_>> = images
                 .iter()
-                .enumerate()
-                .map(|(i, (pixels, positions))| {
-                    let out = tower.encode(pixels, positions).map_err(|e| (i, e.into()))?;
-                    Ok((out.tokens, out.soft_tokens))
+                .map(|i| (i.pixels.as_slice(), i.positions.as_slice()))
+                .collect();
+            let encoded: Vec<(usize, Vec<f32>)> = match tower {
+                ImageTower::Device(encode, _) => encode(&patches)?,
+                ImageTower::Host(tower) => patches
+                    .iter()
+                    .map(|(pixels, positions)| {
+                        let out = tower.encode(pixels, positions)?;
+                        Ok((out.tokens, out.soft_tokens))
+                    })
+                    .collect::<Result<_>>()?,
+            };
+            Ok(encoded
+                .into_iter()
+                .zip(images)
+                .map(|((rows, values), image)| MediaRows {
+                    kind: MediaKind::Image,
+                    rows,
+                    values: values.into(),
+                    hash: image.hash,
                 })
-                .collect::<std::result::Result<_, (usize, EngineError)>>()?,
+                .collect())
         };
-        Ok(encoded
-            .into_iter()
-            .zip(files)
-            .map(|((rows, values), bytes)| MediaRows {
-                kind: MediaKind::Image,
-                rows,
-                values: values.into(),
-                hash: self.hash(bytes),
-            })
-            .collect())
+        self.images.run(images, &pass)
+    }
+
+    /// Vision tower passes run and the images they took, since the start.
+    pub fn image_passes(&self) -> (u64, u64) {
+        self.images.counts()
     }
 
     /// Decodes a WAV or MP3 file (refused past `max_seconds`), makes its log-mel features and runs

@@ -258,8 +258,10 @@ fn fetch(field: &str, url: &str, policy: &MediaPolicy) -> Result<Vec<u8>, ApiErr
     Ok(bytes)
 }
 
-/// Fetches and encodes a request's media, one request at a time on the blocking pool (the
-/// towers use every core); the engine thread never waits for it.
+/// Fetches and encodes a request's media on the blocking pool; the engine thread never
+/// waits for it. Audio clips run one request at a time (the host tower uses every core);
+/// images are decoded here and then share tower passes with other requests' images
+/// (`MediaEncoder::encode_decoded`).
 pub async fn encode_media(
     st: &AppState,
     parts: Vec<MediaPart>,
@@ -271,40 +273,42 @@ pub async fn encode_media(
     let Some(encoder) = st.engine.media.clone() else {
         return Ok(Vec::new());
     };
-    let _slot = st
-        .media_slots
-        .acquire()
-        .await
-        .map_err(|_| ApiError::from(strata_engine::EngineError::Stopped))?;
+    let audio_slot = if parts.iter().any(|p| p.source.is_audio()) {
+        Some(
+            st.media_slots
+                .acquire()
+                .await
+                .map_err(|_| ApiError::from(strata_engine::EngineError::Stopped))?,
+        )
+    } else {
+        None
+    };
     let policy = st.media.clone();
-    tokio::task::spawn_blocking(move || {
+    let out = tokio::task::spawn_blocking(move || {
         let at = |p: &MediaPart, e: strata_engine::EngineError| {
             ApiError::invalid_owned(p.field.clone(), e.to_string())
         };
-        // Audio clips one by one; the images' bytes first (fetched where they are URLs),
-        // then every image through the tower in one pass.
         let mut out: Vec<Option<MediaRows>> = vec![None; parts.len()];
-        let mut images: Vec<(usize, std::borrow::Cow<'_, [u8]>)> = Vec::new();
+        let mut images = Vec::new();
         for (i, p) in parts.iter().enumerate() {
-            match &p.source {
-                MediaSource::Inline(b) => images.push((i, b.as_slice().into())),
-                MediaSource::Fetch(url) => images.push((i, fetch(&p.field, url, &policy)?.into())),
+            let decoded = match &p.source {
+                MediaSource::Inline(b) => encoder.decode_image(b),
+                MediaSource::Fetch(url) => encoder.decode_image(&fetch(&p.field, url, &policy)?),
                 MediaSource::Audio(b, f) => {
-                    out[i] = Some(
-                        encoder
-                            .encode_audio(b, *f, policy.max_audio_seconds)
-                            .map_err(|e| at(p, e))?,
-                    )
+                    let rows = encoder.encode_audio(b, *f, policy.max_audio_seconds);
+                    out[i] = Some(rows.map_err(|e| at(p, e))?);
+                    continue;
                 }
-            }
+            };
+            images.push((i, decoded.map_err(|e| at(p, e))?));
         }
-        if !images.is_empty() {
-            let files: Vec<&[u8]> = images.iter().map(|(_, b)| b.as_ref()).collect();
+        let (places, decoded): (Vec<usize>, Vec<_>) = images.into_iter().unzip();
+        if let Some(&first) = places.first() {
             let rows = encoder
-                .encode_images(&files)
-                .map_err(|(j, e)| at(&parts[images[j].0], e))?;
-            for ((i, _), r) in images.iter().zip(rows) {
-                out[*i] = Some(r);
+                .encode_decoded(decoded)
+                .map_err(|e| at(&parts[first], e))?;
+            for (i, r) in places.into_iter().zip(rows) {
+                out[i] = Some(r);
             }
         }
         Ok(out.into_iter().flatten().collect())
@@ -314,7 +318,9 @@ pub async fn encode_media(
         ApiError::from(strata_engine::EngineError::Internal(format!(
             "media encoding failed: {e}"
         )))
-    })?
+    })?;
+    drop(audio_slot);
+    out
 }
 
 /// Refuses, naming the first, the items of a kind this server has no tower for.

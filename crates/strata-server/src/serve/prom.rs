@@ -99,6 +99,23 @@ pub fn render(engine: &Engine) -> String {
         "Host seconds spent computing and applying those masks.",
         &[(String::new(), s.masks.seconds)],
     );
+    if let Some(media) = engine.media.as_deref().filter(|e| e.takes_images()) {
+        let (passes, images) = media.image_passes();
+        series(
+            &mut out,
+            "strata_image_passes_total",
+            "counter",
+            "Vision tower passes (one can carry several requests' images).",
+            &[(String::new(), passes as f64)],
+        );
+        series(
+            &mut out,
+            "strata_image_pass_images_total",
+            "counter",
+            "Images those passes took.",
+            &[(String::new(), images as f64)],
+        );
+    }
     series(
         &mut out,
         "strata_overlapped_steps_total",

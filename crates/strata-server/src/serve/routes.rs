@@ -58,8 +58,8 @@ pub struct AppState {
     pub reasoning: Option<ReasoningParser>,
     /// What media clients may send.
     pub media: super::media::MediaPolicy,
-    /// Requests whose media are being encoded: one at a time, since a tower takes
-    /// every core.
+    /// Requests whose audio is being encoded: one at a time, since the audio tower takes
+    /// every core (images share the vision tower's passes instead).
     pub media_slots: tokio::sync::Semaphore,
     /// `--text-model-only`: a multimodal checkpoint served without its encoders.
     pub text_model_only: bool,
