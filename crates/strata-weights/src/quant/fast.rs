@@ -166,8 +166,12 @@ impl Q8Input {
     }
 }
 
-/// [`BlockQ8_0::quantize`], vectorized when `simd` says the CPU has AVX2 (the same bits).
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+/// [`BlockQ8_0::quantize`], vectorized when `simd` says the CPU can (AVX2, NEON; the same
+/// bits).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_variables)
+)]
 fn quantize_q8_0(x: &[f32], simd: bool) -> BlockQ8_0 {
     #[cfg(target_arch = "x86_64")]
     if simd {
@@ -179,18 +183,36 @@ fn quantize_q8_0(x: &[f32], simd: bool) -> BlockQ8_0 {
             qs,
         };
     }
+    #[cfg(target_arch = "aarch64")]
+    if simd {
+        let mut qs = [0i8; 32];
+        let d = super::neon_acts::quantize(x, &mut qs);
+        return BlockQ8_0 {
+            d: super::F16Le::from_f32(d),
+            qs,
+        };
+    }
     BlockQ8_0::quantize(x)
 }
 
-/// [`BlockQ8K`]'s quantization, vectorized when `simd` says the CPU has AVX2 (the same
-/// bits).
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+/// [`BlockQ8K`]'s quantization, vectorized when `simd` says the CPU can (AVX2, NEON; the
+/// same bits).
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_variables)
+)]
 fn quantize_q8k(x: &[f32], simd: bool) -> BlockQ8K {
     #[cfg(target_arch = "x86_64")]
     if simd {
         let mut qs = [0i8; 256];
         // SAFETY: `simd` is `x86::available()`.
         let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
+        return BlockQ8K::from_codes(d, qs);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if simd {
+        let mut qs = [0i8; 256];
+        let d = super::neon_acts::quantize(x, &mut qs);
         return BlockQ8K::from_codes(d, qs);
     }
     <BlockQ8K as ActivationBlock>::quantize(x)
@@ -200,7 +222,10 @@ fn quantize_q8k(x: &[f32], simd: bool) -> BlockQ8K {
 fn simd_quantize() -> bool {
     #[cfg(target_arch = "x86_64")]
     return super::x86::available();
-    #[cfg(not(target_arch = "x86_64"))]
+    // NEON is part of every aarch64 target.
+    #[cfg(target_arch = "aarch64")]
+    return true;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     false
 }
 

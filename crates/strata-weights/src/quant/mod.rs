@@ -19,6 +19,8 @@ mod float;
 mod k_common;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_acts;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;

@@ -575,13 +575,21 @@ fn vnni_kernels_equal_the_avx2_ones() {
 
 /// The vectorized activation quantization gives the scalar one's bits: scales and codes,
 /// with ties at .5, zeros, infinities and NaN in the blocks.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[test]
 fn vector_activation_quantization_equals_scalar() {
+    #[cfg(target_arch = "x86_64")]
     if !super::x86::available() {
         eprintln!("skipped: this CPU has no AVX2");
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    let quantize = |x: &[f32], qs: &mut [i8]| {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        unsafe { super::x86_acts::quantize(x, qs) }
+    };
+    #[cfg(target_arch = "aarch64")]
+    let quantize = super::neon_acts::quantize;
     let mut rng = Rng(99);
     for case in 0..200 {
         let mut x = rng.values(256, 4.0);
@@ -597,15 +605,13 @@ fn vector_activation_quantization_equals_scalar() {
             _ => {}
         }
         let mut qs = vec![0i8; 256];
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-        let d = unsafe { super::x86_acts::quantize(&x, &mut qs) };
+        let d = quantize(&x, &mut qs);
         let k = <BlockQ8K as ActivationBlock>::quantize(&x);
         assert_eq!(d.to_bits(), k.d.to_bits(), "case {case}");
         assert_eq!(qs, k.qs.to_vec(), "case {case}");
         for (b, x) in x.chunks_exact(32).enumerate() {
             let mut qs = [0i8; 32];
-            // SAFETY: as above.
-            let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
+            let d = quantize(x, &mut qs);
             let s = BlockQ8_0::quantize(x);
             assert_eq!(
                 (F16Le::from_f32(d), qs),
