@@ -123,6 +123,47 @@ fn check_product(
     }
 }
 
+/// `w`'s product with `x` (`t` rows) in the exact mode (`exact`) and in the bf16 mode
+/// (`bf16`), each against f64 products of the decoded weight `dense`: the bf16 mode's
+/// decoded path (past the GEMV's rows) rounds x and the weight to bf16; its f32 GEMV keeps x
+/// in f32 (8-bit x has a test of its own).
+fn check_both_modes(
+    what: &str,
+    (exact, bf16): (&CudaBackend, &CudaBackend),
+    w: &CudaQuantMatrix,
+    x: &[f32],
+    dense: &[f32],
+    (t, k, n): (usize, usize, usize),
+) {
+    let out = matmul(exact, w, x, t);
+    check_product(
+        &format!("{what} exact"),
+        &out,
+        x,
+        dense,
+        (t, k, n),
+        0..n,
+        f64::from,
+        3e-5,
+    );
+    let round = if t > bf16.quant_gemv_max_rows() {
+        bf16_round
+    } else {
+        f64::from
+    };
+    let out = matmul(bf16, w, x, t);
+    check_product(
+        &format!("{what} bf16 mode"),
+        &out,
+        x,
+        dense,
+        (t, k, n),
+        0..n,
+        round,
+        3e-5,
+    );
+}
+
 fn matmul(b: &CudaBackend, w: &CudaQuantMatrix, x: &[f32], t: usize) -> Vec<f32> {
     use strata_kernels::MatrixShape;
     let xd = b.upload(HostSlice::F32(x)).unwrap();
@@ -184,35 +225,7 @@ fn block_products_match_the_decoded_weights_at_every_row_count() {
         let m = CudaQuantMatrix::blocks(b, f, n, k, &bytes).unwrap();
         for t in [1, 2, 3, 5, 8, 9, 16, 17, 32, 33, 70] {
             let x = random_vec(t * k, 7 * t as u64 + i as u64);
-            let out = matmul(b, &m, &x, t);
-            check_product(
-                &format!("{f:?} t={t} exact"),
-                &out,
-                &x,
-                &w,
-                (t, k, n),
-                0..n,
-                f64::from,
-                3e-5,
-            );
-            // The bf16 mode's decoded path rounds x and the weight to bf16; its f32 GEMV
-            // (8-bit x off) keeps x in f32. The 8-bit x has its own test below.
-            let out = matmul(&bf16, &m, &x, t);
-            let round = if t > bf16.quant_gemv_max_rows() {
-                bf16_round
-            } else {
-                f64::from
-            };
-            check_product(
-                &format!("{f:?} t={t} bf16 mode"),
-                &out,
-                &x,
-                &w,
-                (t, k, n),
-                0..n,
-                round,
-                3e-5,
-            );
+            check_both_modes(&format!("{f:?} t={t}"), (b, &bf16), &m, &x, &w, (t, k, n));
         }
     }
 }
@@ -514,27 +527,9 @@ fn bnb4_products_match_the_decoded_weights_at_every_row_count() {
             let m = upload_bnb4(b, &w);
             for t in [1, 2, 3, 5, 8, 9, 33, 70] {
                 let x = random_vec(t * k, 3 * t as u64 + i as u64);
-                let out = matmul(b, &m, &x, t);
+                // In the bf16 mode the f32 GEMV too: looked-up codes have no 8-bit-x form.
                 let what = format!("bnb4 {ty} k={k} t={t}");
-                check_product(&what, &out, &x, &dense, (t, k, n), 0..n, f64::from, 3e-5);
-                // The bf16 mode: the f32 GEMV (no 8-bit x for looked-up codes), then the
-                // decoded path's bf16 products.
-                let out = matmul(&bf16, &m, &x, t);
-                let round = if t > bf16.quant_gemv_max_rows() {
-                    bf16_round
-                } else {
-                    f64::from
-                };
-                check_product(
-                    &format!("{what} bf16 mode"),
-                    &out,
-                    &x,
-                    &dense,
-                    (t, k, n),
-                    0..n,
-                    round,
-                    3e-5,
-                );
+                check_both_modes(&what, (b, &bf16), &m, &x, &dense, (t, k, n));
             }
         }
     }

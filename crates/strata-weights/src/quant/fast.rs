@@ -229,6 +229,13 @@ fn simd_quantize() -> bool {
     false
 }
 
+#[cfg(target_arch = "aarch64")]
+use super::neon::dot_rows as simd_dot_rows;
+/// The hand-written kernels' driver of this architecture: it returns `false`, having
+/// written nothing, for a format or CPU it has no kernel for.
+#[cfg(target_arch = "x86_64")]
+use super::x86::dot_rows as simd_dot_rows;
+
 /// Which activation blocks a weight block type reads from a [`Q8Input`].
 trait PickActs: ActivationBlock {
     fn pick(input: &Q8Input) -> &[Self];
@@ -305,21 +312,8 @@ pub fn dot_rows_q8(
         "activations were quantized for another weight type"
     );
     assert!(tokens.end <= input.tokens, "token range out of bounds");
-    #[cfg(target_arch = "x86_64")]
-    if super::x86::dot_rows(
-        ty,
-        w,
-        row_bytes,
-        rows.clone(),
-        input,
-        tokens.clone(),
-        out,
-        stride,
-    ) {
-        return;
-    }
-    #[cfg(target_arch = "aarch64")]
-    if super::neon::dot_rows(
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if simd_dot_rows(
         ty,
         w,
         row_bytes,

@@ -520,41 +520,66 @@ fn row_kernels_are_batch_invariant() {
     for_each_block_type!(check_batch_invariance);
 }
 
+/// One architecture's `dot_rows_with`: its kernels with a given form of the byte dot.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+type DotRowsWith<D> = fn(
+    D,
+    GgmlType,
+    &[u8],
+    usize,
+    std::ops::Range<usize>,
+    &Q8Input,
+    std::ops::Range<usize>,
+    &mut [f32],
+    usize,
+) -> bool;
+
+/// The bits each form of the byte dot gives on one random case of `B` (5 rows, 9 tokens):
+/// `None` for a form with no kernel for `B`. Every value is finite.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn bits_by_dot_form<B: QuantBlock, D: Copy>(
+    f16_offsets: &[usize],
+    with: DotRowsWith<D>,
+    forms: &[D],
+) -> Vec<Option<Vec<u32>>> {
+    let mut rng = Rng(B::TYPE.id() as u64 + 13);
+    let (rows, tokens) = (5, 9);
+    let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 3, tokens));
+    let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
+    forms
+        .iter()
+        .map(|&dot| {
+            let mut out = vec![f32::NAN; rows * tokens];
+            let done = with(
+                dot,
+                B::TYPE,
+                bytes,
+                row_bytes,
+                0..rows,
+                input,
+                0..tokens,
+                &mut out,
+                tokens,
+            );
+            assert!(!done || out.iter().all(|x| x.is_finite()), "{:?}", B::TYPE);
+            done.then(|| out.iter().map(|x| x.to_bits()).collect())
+        })
+        .collect()
+}
+
 /// The VNNI kernels (either encoding of `vpdpbusd` this CPU has) give the AVX2 kernels'
 /// bits: the same four products summed a lane, then the same f32 steps. Formats without a
 /// VNNI kernel take the AVX2 one either way.
 #[cfg(target_arch = "x86_64")]
 fn check_vnni_equals_avx2<B: QuantBlock>(f16_offsets: &[usize]) {
     use super::x86::Dot;
-    let mut rng = Rng(B::TYPE.id() as u64 + 13);
-    let (rows, tokens) = (4, 7);
-    let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 3, tokens));
-    let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
-    let run = |dot: Dot| {
-        let mut out = vec![f32::NAN; rows * tokens];
-        let done = super::x86::dot_rows_with(
-            dot,
-            B::TYPE,
-            bytes,
-            row_bytes,
-            0..rows,
-            input,
-            0..tokens,
-            &mut out,
-            tokens,
-        );
-        done.then_some(out)
-    };
-    let Some(avx2) = run(Dot::Avx2) else {
-        return;
-    };
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert!(avx2.iter().all(|x| x.is_finite()), "{:?}", B::TYPE);
-    for dot in [Dot::AvxVnni, Dot::Avx512Vnni] {
-        if dot.runs_here() {
-            let vnni = run(dot).unwrap();
-            assert_eq!(bits(&avx2), bits(&vnni), "{:?} {dot:?}", B::TYPE);
-        }
+    let forms: Vec<Dot> = [Dot::Avx2, Dot::AvxVnni, Dot::Avx512Vnni]
+        .into_iter()
+        .filter(|d| d.runs_here())
+        .collect();
+    let bits = bits_by_dot_form::<B, _>(f16_offsets, super::x86::dot_rows_with, &forms);
+    for (dot, b) in forms.iter().zip(&bits).skip(1) {
+        assert_eq!(&bits[0], b, "{:?} {dot:?}", B::TYPE);
     }
 }
 
@@ -629,25 +654,6 @@ fn vector_activation_quantization_equals_scalar() {
 #[cfg(target_arch = "aarch64")]
 fn check_dotprod_equals_neon<B: QuantBlock>(f16_offsets: &[usize]) {
     use super::neon::Dot;
-    let mut rng = Rng(B::TYPE.id() as u64 + 17);
-    let (rows, tokens) = (5, 9);
-    let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 3, tokens));
-    let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
-    let run = |dot: Dot| {
-        let mut out = vec![f32::NAN; rows * tokens];
-        let done = super::neon::dot_rows_with(
-            dot,
-            B::TYPE,
-            bytes,
-            row_bytes,
-            0..rows,
-            input,
-            0..tokens,
-            &mut out,
-            tokens,
-        );
-        done.then_some(out)
-    };
     let with_kernel = [
         GgmlType::Q8_0,
         GgmlType::Q4_0,
@@ -656,23 +662,19 @@ fn check_dotprod_equals_neon<B: QuantBlock>(f16_offsets: &[usize]) {
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ];
-    let Some(neon) = run(Dot::Neon) else {
-        assert!(
-            !with_kernel.contains(&B::TYPE),
-            "{:?} has no NEON kernel",
-            B::TYPE
-        );
-        return;
-    };
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert!(neon.iter().all(|x| x.is_finite()), "{:?}", B::TYPE);
-    if Dot::DotProd.runs_here() {
-        assert_eq!(
-            bits(&neon),
-            bits(&run(Dot::DotProd).unwrap()),
-            "{:?}",
-            B::TYPE
-        );
+    let forms: Vec<Dot> = [Dot::Neon, Dot::DotProd]
+        .into_iter()
+        .filter(|d| d.runs_here())
+        .collect();
+    let bits = bits_by_dot_form::<B, _>(f16_offsets, super::neon::dot_rows_with, &forms);
+    assert_eq!(
+        bits[0].is_some(),
+        with_kernel.contains(&B::TYPE),
+        "{:?}: a NEON kernel where expected",
+        B::TYPE
+    );
+    if let [neon, dotprod] = &bits[..] {
+        assert_eq!(neon, dotprod, "{:?}", B::TYPE);
     }
 }
 
