@@ -73,6 +73,7 @@ __device__ __forceinline__ V pick3(const V (&a)[3], int m) {
 // the launcher's `act_code`.
 #define ACT_GELU_TANH 0
 #define ACT_SILU 1
+#define ACT_SIGMOID 2
 
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float sqrt_2_over_pi = 0.7978845608028654f;
@@ -83,7 +84,7 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float apply_act(int act, float x) {
-    return act == ACT_GELU_TANH ? gelu_tanh(x) : silu(x);
+    return act == ACT_GELU_TANH ? gelu_tanh(x) : (act == ACT_SILU ? silu(x) : 1.0f / (1.0f + expf(-x)));
 }
 
 // Grid-stride loop over `n` elements.

@@ -108,6 +108,12 @@ extern "C" __global__ void act_mul_slice_silu(const float* gate, const float* ta
     act_mul_slice_rows<ACT_SILU>(gate, table, out, out_b, cols, offset, stride);
 }
 
+extern "C" __global__ void act_mul_slice_sigmoid(const float* gate, const float* table,
+                                                 float* out, u16* out_b, u64 cols, u64 offset,
+                                                 u64 stride) {
+    act_mul_slice_rows<ACT_SIGMOID>(gate, table, out, out_b, cols, offset, stride);
+}
+
 extern "C" __global__ void activation(const float* x, float* out, u64 n, int act) {
     FOR_EACH_INDEX(i, n) { out[i] = apply_act(act, x[i]); }
 }

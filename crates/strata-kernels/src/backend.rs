@@ -2,8 +2,9 @@
 
 use crate::paged::{KvSlabContents, KvSlabShape, PagedSeq};
 use crate::params::{
-    Activation, AttentionParams, ClusterPick, LoraOut, LoraShape, LoraStacks, MatmulOut,
-    MatmulShape, QkvPrep, ResidualStep, RmsNormParams, RopeParams, StridedCopy, TableSlice,
+    Activation, AttentionParams, ChunkedAttentionParams, ClusterPick, DepthwiseConv, LoraOut,
+    LoraShape, LoraStacks, MatmulOut, MatmulShape, QkvPrep, ResidualStep, RmsNormParams,
+    RopeParams, StridedCopy, TableSlice,
 };
 use crate::quant::MatrixShape;
 use crate::sampling::{self, RowDraw};
@@ -339,6 +340,38 @@ pub trait Backend: Send + Sync {
 
     /// `x = cap * tanh(x / cap)` in place (final logit softcap).
     fn softcap(&self, x: &mut Self::Buffer, cap: f32) -> Result<()>;
+
+    /// `x = x.clamp(lo, hi)` in place, NaN kept (Gemma-4's audio conformer clips its
+    /// activations and its linears' inputs and outputs). Errors when `lo > hi`.
+    fn clamp(&self, x: &mut Self::Buffer, lo: f32, hi: f32) -> Result<()>;
+
+    /// Causal depthwise convolution over frames, f32: `out[t, c] = sum_j w[c, j] *
+    /// x[t - kernel + 1 + j, c]` for `x`, `out` `[frames, channels]` and `w`
+    /// `[channels, kernel]`, frames before the first reading zero.
+    fn depthwise_conv1d_causal(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        p: DepthwiseConv,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Gemma-4's audio attention, f32 (`q`, `k`, `v`, `out` `[frames, heads * d]`, the
+    /// scales already applied; `rel_k` `[positions, heads * d]`, the relative-position
+    /// table's keys): queries in blocks of `chunk`, each against the block's `context`
+    /// frames, the logit `q . k` plus the relative term transformers reads through its
+    /// relative shift, soft-capped, unseen frames at `invalid_logit`, then softmax and the
+    /// values' weighted sum (`strata_kernels::cpu::chunked_attention_rows` is the
+    /// definition).
+    fn chunked_attention(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        rel_k: &Self::Buffer,
+        p: ChunkedAttentionParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
 
     /// `acc += x`.
     fn add(&self, acc: &mut Self::Buffer, x: &Self::Buffer) -> Result<()>;

@@ -33,9 +33,9 @@ pub use dtype::{DType, HostSlice};
 pub use error::{KernelError, Result};
 pub use paged::{expand_page_slots, has_scales, KvFormat, KvSlabContents, KvSlabShape, PagedSeq};
 pub use params::{
-    lora_slot_index, Activation, AttentionParams, ClusterPick, LoraOut, LoraShape, LoraStacks,
-    MatmulOut, MatmulShape, NextNorm, QkvPrep, ResidualStep, RmsNormParams, RopeParams, RopeStyle,
-    StridedCopy, TableSlice,
+    lora_slot_index, Activation, AttentionParams, ChunkedAttentionParams, ClusterPick,
+    DepthwiseConv, LoraOut, LoraShape, LoraStacks, MatmulOut, MatmulShape, NextNorm, QkvPrep,
+    ResidualStep, RmsNormParams, RopeParams, RopeStyle, StridedCopy, TableSlice,
 };
 pub use quant::{MatrixShape, RowDot};
 pub use tuning::{CudaTuning, DecodeGraphs, TuningVariable};

@@ -17,6 +17,9 @@ pub enum Activation {
     GeluTanh,
     /// `x * sigmoid(x)` (Llama, Qwen3).
     Silu,
+    /// `1 / (1 + e^-x)`: with [`crate::Backend::act_mul`], a GLU (Gemma-4's audio
+    /// conformer).
+    Sigmoid,
 }
 
 /// RMSNorm over consecutive rows of `dim` elements:
@@ -310,4 +313,104 @@ pub struct StridedCopy {
     pub dst_offset: usize,
     /// Elements between consecutive rows' starts in `dst`.
     pub dst_stride: usize,
+}
+
+/// A causal depthwise convolution over frames ([`crate::Backend::depthwise_conv1d_causal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DepthwiseConv {
+    /// Channels a frame (each with a filter of its own).
+    pub channels: usize,
+    /// Taps a filter: frame `t` reads frames `t - kernel + 1 ..= t`.
+    pub kernel: usize,
+}
+
+/// Chunked local attention with relative positions ([`crate::Backend::chunked_attention`],
+/// Gemma-4's audio conformer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChunkedAttentionParams {
+    /// Heads (queries, keys and values alike).
+    pub n_heads: usize,
+    /// Values a head.
+    pub head_dim: usize,
+    /// Queries a block.
+    pub chunk: usize,
+    /// `attention_context_left`: a query sees itself and `left - 2` frames before it.
+    pub left: usize,
+    /// `attention_context_right`: and `right - 1` frames after it.
+    pub right: usize,
+    /// Logits are `cap * tanh(logit / cap)`.
+    pub logit_cap: f32,
+    /// The logit of a frame a query does not see.
+    pub invalid_logit: f32,
+}
+
+impl DepthwiseConv {
+    /// The sizes the op takes: `x` and `out` whole frames of `channels`, `w` one filter of
+    /// `kernel` taps a channel.
+    pub(crate) fn check_sizes(
+        &self,
+        op: &'static str,
+        x: usize,
+        w: usize,
+        out: usize,
+    ) -> crate::Result<()> {
+        crate::error::ensure(
+            self.channels > 0
+                && self.kernel > 0
+                && x.is_multiple_of(self.channels)
+                && out == x
+                && w == self.channels * self.kernel,
+            op,
+            || {
+                format!(
+                    "x {x}, w {w}, out {out} values for {} channels, {} taps",
+                    self.channels, self.kernel
+                )
+            },
+        )
+    }
+}
+
+impl ChunkedAttentionParams {
+    /// The sizes the op takes: `q`, `k`, `v`, `out` whole frames of `heads x d`, `rel_k`
+    /// one row of them a relative position; a positive cap.
+    pub(crate) fn check_sizes(
+        &self,
+        op: &'static str,
+        (q, k, v, rel_k, out): (usize, usize, usize, usize, usize),
+    ) -> crate::Result<()> {
+        let w = self.n_heads * self.head_dim;
+        crate::error::ensure(
+            w > 0
+                && self.chunk > 0
+                && self.left > 0
+                && q.is_multiple_of(w)
+                && k == q
+                && v == q
+                && out == q
+                && rel_k == self.positions() * w
+                && self.logit_cap > 0.0,
+            op,
+            || {
+                format!(
+                    "q {q}, k {k}, v {v}, rel_k {rel_k}, out {out} values for {} heads of \
+                     {}, {} positions, cap {}",
+                    self.n_heads,
+                    self.head_dim,
+                    self.positions(),
+                    self.logit_cap
+                )
+            },
+        )
+    }
+
+    /// Frames a block's keys span: `chunk + left - 1 + right`.
+    pub fn context(&self) -> usize {
+        self.chunk + self.left - 1 + self.right
+    }
+
+    /// Rows of the relative-position table: `context / 2 + 1`.
+    pub fn positions(&self) -> usize {
+        self.context() / 2 + 1
+    }
 }

@@ -283,18 +283,11 @@ impl AudioTower {
             .collect();
         // Causal depthwise convolution: frame t reads frames t - k + 1 ..= t.
         let mut conv = vec![0.0f32; frames * h];
-        for t in 0..frames {
-            for ch in 0..h {
-                let mut acc = 0.0f32;
-                for tap in 0..k {
-                    let src = t as isize + tap as isize - (k as isize - 1);
-                    if src >= 0 {
-                        acc += lc.depthwise[ch * k + tap] * glu[src as usize * h + ch];
-                    }
-                }
-                conv[t * h + ch] = acc;
-            }
-        }
+        let p = strata_kernels::DepthwiseConv {
+            channels: h,
+            kernel: k,
+        };
+        strata_kernels::cpu::depthwise_conv1d_causal_rows(&glu, &lc.depthwise, p, &mut conv);
         self.clip(&mut conv);
         let mut y = rms_norm(&conv, h, Some(&lc.conv_norm), eps);
         y.iter_mut().for_each(|v| *v = silu(*v));
@@ -303,107 +296,65 @@ impl AudioTower {
     }
 
     /// Chunked local attention with relative positions, as transformers' blocked form
-    /// computes it (its relative shift included), one query at a time.
+    /// computes it (its relative shift included): `strata_kernels::cpu::chunked_attention_rows`
+    /// on the scaled queries and keys.
     fn attention(&self, at: &Attention, x: &[f32], frames: usize) -> Result<Vec<f32>> {
         let c = &self.cfg;
         let (h, heads) = (c.hidden_size, c.num_heads);
         let d = h / heads;
-        let (chunk, ctx) = (c.chunk_size, c.context_size());
-        let past = c.context_left - 1;
-        let positions = ctx / 2 + 1;
-        let q_scale = ((d as f64).powf(-0.5) / std::f64::consts::LN_2) as f32;
-        let k_scale = ((1.0 + std::f64::consts::E).ln() / std::f64::consts::LN_2) as f32;
-        let softplus: Vec<f32> = at
-            .per_dim_scale
-            .iter()
-            .map(|&s| if s > 20.0 { s } else { s.exp().ln_1p() })
-            .collect();
+        let (q_scale, k_scale) = attention_scales(d);
         let mut q = at.q.apply(x)?;
+        let per_dim: Vec<f32> = at.per_dim_scale.iter().map(|&s| softplus(s)).collect();
         for row in q.chunks_exact_mut(d) {
             row.iter_mut()
-                .zip(&softplus)
+                .zip(&per_dim)
                 .for_each(|(v, s)| *v = *v * q_scale * s);
         }
         let mut k = at.k.apply(x)?;
         k.iter_mut().for_each(|v| *v *= k_scale);
         let v = at.v.apply(x)?;
         let rel_k = gemm_bt(&self.rel_pos, &at.relative_k, h, h)?;
-        let cap = c.logit_cap as f32;
-        let invalid = c.invalid_logit as f32;
-        let blocks = frames.div_ceil(chunk);
         let mut out = vec![0.0f32; frames * h];
-        let dot = |a: &[f32], b: &[f32]| -> f32 { a.iter().zip(b).map(|(x, y)| x * y).sum() };
-        let mut bd = vec![0.0f32; chunk * positions];
-        let mut logits = vec![0.0f32; ctx];
-        for hd in 0..heads {
-            // Head `hd` of frame `t`'s query and key, borrowed (read for every pair).
-            let span = |t: usize| t * h + hd * d..t * h + (hd + 1) * d;
-            let (q_of, k_of) = (|t| &q[span(t)], |t| &k[span(t)]);
-            for b in 0..blocks {
-                // The block's queries against every relative position (padding queries: 0).
-                for r in 0..chunk {
-                    let i = b * chunk + r;
-                    for p in 0..positions {
-                        bd[r * positions + p] = if i < frames {
-                            dot(q_of(i), &rel_k[p * h + hd * d..p * h + (hd + 1) * d])
-                        } else {
-                            0.0
-                        };
-                    }
-                }
-                for u in 0..chunk {
-                    let i = b * chunk + u;
-                    if i >= frames {
-                        break;
-                    }
-                    let qi = q_of(i);
-                    let mut max = f32::NEG_INFINITY;
-                    for (cidx, logit) in logits.iter_mut().enumerate() {
-                        let j = (b * chunk + cidx) as isize - past as isize;
-                        let inside = j >= 0 && (j as usize) < frames;
-                        let ac = if inside {
-                            dot(qi, k_of(j as usize))
-                        } else {
-                            0.0
-                        };
-                        // transformers' relative shift of the block's [chunk, positions]
-                        // scores, padded to rows of ctx + 1 and read as rows of ctx.
-                        let flat = u * ctx + cidx;
-                        let (row, col) = (flat / (ctx + 1), flat % (ctx + 1));
-                        let rel = if col < positions {
-                            bd[row * positions + col]
-                        } else {
-                            0.0
-                        };
-                        let mut s = ((ac + rel) / cap).tanh() * cap;
-                        let dist = i as isize - j;
-                        let seen = (dist >= 0 && dist < past as isize)
-                            || (dist < 0 && -dist < c.context_right as isize);
-                        if !(inside && seen) {
-                            s = invalid;
-                        }
-                        *logit = s;
-                        max = max.max(s);
-                    }
-                    let mut total = 0.0f32;
-                    for s in logits.iter_mut() {
-                        *s = (*s - max).exp();
-                        total += *s;
-                    }
-                    let o = &mut out[i * h + hd * d..i * h + (hd + 1) * d];
-                    for (cidx, &s) in logits.iter().enumerate() {
-                        let j = (b * chunk + cidx) as isize - past as isize;
-                        if s == 0.0 || j < 0 || j as usize >= frames {
-                            continue;
-                        }
-                        let w = s / total;
-                        let vj = &v[j as usize * h + hd * d..j as usize * h + (hd + 1) * d];
-                        o.iter_mut().zip(vj).for_each(|(a, b)| *a += w * b);
-                    }
-                }
-            }
-        }
+        strata_kernels::cpu::chunked_attention_rows(
+            &q,
+            &k,
+            &v,
+            &rel_k,
+            attention_params(c),
+            &mut out,
+        );
         at.post.apply(&out)
+    }
+}
+
+/// The query scale (`d^-1/2 / ln 2`, before the per-dimension softplus) and the key
+/// scale (`ln(1 + e) / ln 2`) of the audio attention.
+pub(crate) fn attention_scales(d: usize) -> (f32, f32) {
+    (
+        ((d as f64).powf(-0.5) / std::f64::consts::LN_2) as f32,
+        ((1.0 + std::f64::consts::E).ln() / std::f64::consts::LN_2) as f32,
+    )
+}
+
+/// `ln(1 + e^s)`, as torch's softplus (the identity past 20).
+pub(crate) fn softplus(s: f32) -> f32 {
+    if s > 20.0 {
+        s
+    } else {
+        s.exp().ln_1p()
+    }
+}
+
+/// The chunked attention's shape for `c`.
+pub(crate) fn attention_params(c: &AudioConfig) -> strata_kernels::ChunkedAttentionParams {
+    strata_kernels::ChunkedAttentionParams {
+        n_heads: c.num_heads,
+        head_dim: c.hidden_size / c.num_heads,
+        chunk: c.chunk_size,
+        left: c.context_left,
+        right: c.context_right,
+        logit_cap: c.logit_cap as f32,
+        invalid_logit: c.invalid_logit as f32,
     }
 }
 

@@ -14,7 +14,7 @@ pub struct ElementwiseCase {
     pub seed: u64,
 }
 
-const ACTIVATIONS: [Activation; 2] = [Activation::GeluTanh, Activation::Silu];
+const ACTIVATIONS: [Activation; 3] = [Activation::GeluTanh, Activation::Silu, Activation::Sigmoid];
 
 /// gelu's `1 + tanh(..)` cancels for negative inputs, leaving an error of a few ulps of
 /// `|x|` rather than of the (tiny) result. That is not an accumulation, so only a twentieth

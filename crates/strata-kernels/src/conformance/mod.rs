@@ -15,6 +15,7 @@
 
 mod adjust;
 mod attention;
+mod conformer;
 mod elementwise;
 mod forms;
 mod fused;
@@ -31,6 +32,7 @@ mod sampling;
 
 pub use adjust::{check_adjust_logits, check_mask_logits};
 pub use attention::{check_attention, check_attention_case, AttentionCase};
+pub use conformer::{check_chunked_attention, check_clamp, check_depthwise_conv};
 pub use elementwise::{
     check_act_mul, check_act_mul_case, check_activation, check_arith, check_softcap,
     ElementwiseCase,

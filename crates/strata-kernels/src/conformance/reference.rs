@@ -90,6 +90,7 @@ pub fn activation(act: crate::Activation, x: f64) -> f64 {
     match act {
         crate::Activation::GeluTanh => gelu_tanh(x),
         crate::Activation::Silu => silu(x),
+        crate::Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
     }
 }
 

@@ -82,6 +82,9 @@ macro_rules! conformance_tests {
             act_mul plain check_act_mul ["act_mul"];
             activation plain check_activation ["activation"];
             softcap plain check_softcap ["softcap"];
+            clamp plain check_clamp ["clamp"];
+            depthwise_conv plain check_depthwise_conv ["depthwise_conv1d_causal"];
+            chunked_attention plain check_chunked_attention ["chunked_attention"];
             arith plain check_arith ["add", "mul", "scale"];
             attention plain check_attention ["attention"];
             paged plain check_paged ["kv_slab", "kv_slab_contents", "kv_store", "upload_index", "paged_batch", "paged_batch_with_capacity", "paged_batch_update_pages", "paged_attention"];

@@ -47,11 +47,18 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp_f32(-x))
 }
 
+/// `1 / (1 + e^-x)`.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp_f32(-x))
+}
+
 #[inline]
 fn apply(act: Activation, x: f32) -> f32 {
     match act {
         Activation::GeluTanh => gelu_tanh(x),
         Activation::Silu => silu(x),
+        Activation::Sigmoid => sigmoid(x),
     }
 }
 

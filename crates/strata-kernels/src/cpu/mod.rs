@@ -2,6 +2,7 @@
 
 mod attention;
 mod buffer;
+mod conformer;
 mod copy;
 mod dot;
 mod elementwise;
@@ -18,7 +19,8 @@ mod rope;
 pub use crate::quant::PreparedInput;
 pub use attention::{attention_over, ContiguousKv, KvSource};
 pub use buffer::CpuBuffer;
-pub use elementwise::{gelu_tanh, silu};
+pub use conformer::{chunked_attention_rows, depthwise_conv1d_causal_rows};
+pub use elementwise::{gelu_tanh, sigmoid, silu};
 pub use kv_row::KvRow;
 pub use paged::{CpuKvSlab, CpuPagedBatch};
 
@@ -27,8 +29,9 @@ use crate::quant::RowDot;
 use crate::sampling::{Picked, RowDraw};
 use crate::Result;
 use crate::{
-    Activation, AttentionParams, Backend, ClusterPick, DType, HostSlice, KernelError, LoraShape,
-    LoraStacks, MatmulShape, ResidualStep, RmsNormParams, RopeParams, StridedCopy,
+    Activation, AttentionParams, Backend, ChunkedAttentionParams, ClusterPick, DType,
+    DepthwiseConv, HostSlice, KernelError, LoraShape, LoraStacks, MatmulShape, ResidualStep,
+    RmsNormParams, RopeParams, StridedCopy,
 };
 use std::sync::Arc;
 
@@ -273,6 +276,32 @@ impl Backend for CpuBackend {
 
     fn softcap(&self, x: &mut CpuBuffer, cap: f32) -> Result<()> {
         self.install(|| elementwise::softcap(x, cap))
+    }
+
+    fn clamp(&self, x: &mut CpuBuffer, lo: f32, hi: f32) -> Result<()> {
+        self.install(|| conformer::clamp(x, lo, hi))
+    }
+
+    fn depthwise_conv1d_causal(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        p: DepthwiseConv,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| conformer::depthwise_conv1d_causal(x, w, p, out))
+    }
+
+    fn chunked_attention(
+        &self,
+        q: &CpuBuffer,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        rel_k: &CpuBuffer,
+        p: ChunkedAttentionParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| conformer::chunked_attention(q, k, v, rel_k, p, out))
     }
 
     fn add(&self, acc: &mut CpuBuffer, x: &CpuBuffer) -> Result<()> {

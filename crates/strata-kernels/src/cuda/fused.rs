@@ -601,6 +601,7 @@ impl CudaBackend {
         let name = match act {
             Activation::GeluTanh => "act_mul_slice_gelu_tanh",
             Activation::Silu => "act_mul_slice_silu",
+            Activation::Sigmoid => "act_mul_slice_sigmoid",
         };
         let mut l = self.stream.launch_builder(self.kernels.get(name)?);
         l.arg(g).arg(tb).arg(o);

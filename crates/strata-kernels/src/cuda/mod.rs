@@ -14,6 +14,7 @@ mod attention;
 mod attention_plan;
 mod buffer;
 mod cache;
+mod conformer;
 mod dense_attention;
 mod fused;
 mod gated_pair;
@@ -53,8 +54,8 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig};
 
 use crate::params::{
-    Activation, AttentionParams, LoraShape, LoraStacks, MatmulShape, ResidualStep, RmsNormParams,
-    RopeParams, StridedCopy, TableSlice,
+    Activation, AttentionParams, ChunkedAttentionParams, DepthwiseConv, LoraShape, LoraStacks,
+    MatmulShape, ResidualStep, RmsNormParams, RopeParams, StridedCopy, TableSlice,
 };
 use crate::sampling::RowDraw;
 use crate::{Backend, DType, HostSlice, KernelError, Result, RopeAt};
@@ -634,6 +635,32 @@ impl Backend for CudaBackend {
 
     fn softcap(&self, x: &mut CudaBuffer, cap: f32) -> Result<()> {
         self.softcap_impl(x, cap)
+    }
+
+    fn clamp(&self, x: &mut CudaBuffer, lo: f32, hi: f32) -> Result<()> {
+        self.clamp_impl(x, lo, hi)
+    }
+
+    fn depthwise_conv1d_causal(
+        &self,
+        x: &CudaBuffer,
+        w: &CudaBuffer,
+        p: DepthwiseConv,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.depthwise_conv1d_causal_impl(x, w, p, out)
+    }
+
+    fn chunked_attention(
+        &self,
+        q: &CudaBuffer,
+        k: &CudaBuffer,
+        v: &CudaBuffer,
+        rel_k: &CudaBuffer,
+        p: ChunkedAttentionParams,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.chunked_attention_impl(q, k, v, rel_k, p, out)
     }
 
     fn add(&self, acc: &mut CudaBuffer, x: &CudaBuffer) -> Result<()> {

@@ -24,6 +24,7 @@ pub(super) fn act_code(act: Activation) -> i32 {
     match act {
         Activation::GeluTanh => 0,
         Activation::Silu => 1,
+        Activation::Sigmoid => 2,
     }
 }
 

@@ -185,6 +185,15 @@ pub const KERNEL_FILES: &[KernelFile] = &[
         ],
     ),
     KernelFile::any_gpu(
+        "conformer",
+        include_str!("../../kernels/conformer.cu"),
+        &[
+            "clamp_f32",
+            "depthwise_conv1d_causal_f32",
+            "chunked_attention_f32",
+        ],
+    ),
+    KernelFile::any_gpu(
         "lora",
         include_str!("../../kernels/lora.cu"),
         &["lora_shrink", "lora_expand"],
@@ -198,6 +207,7 @@ pub const KERNEL_FILES: &[KernelFile] = &[
             "act_mul_bf16_pairs",
             "act_mul_slice_gelu_tanh",
             "act_mul_slice_silu",
+            "act_mul_slice_sigmoid",
             "activation",
             "softcap",
             "add",
