@@ -167,15 +167,17 @@ impl LoadedModel {
             }
             _ => None,
         };
-        // The vision tower follows the model onto the GPU (before the KV pool is sized
+        // The towers follow the model onto the GPU (before the KV pool is sized
         // from what memory is left), unless `--media-device host`.
         #[cfg(feature = "cuda")]
         if let Some(m) = media.as_mut() {
             if runtime.on_gpu() && !settings.media_on_host {
-                m.vision_on_gpu(settings.dtype != WeightDtype::F32)
+                let bf16 = settings.dtype != WeightDtype::F32;
+                m.vision_on_gpu(bf16)
+                    .and_then(|()| m.audio_on_gpu(bf16))
                     .map_err(|e| {
                         EngineError::Invalid(format!(
-                            "{e} (--media-device host keeps the vision tower on the host)"
+                            "{e} (--media-device host keeps the towers on the host)"
                         ))
                     })?;
             }

@@ -65,8 +65,23 @@ pub struct MediaEncoder {
     hasher: std::collections::hash_map::RandomState,
 }
 
+/// An audio tower on a GPU: log-mel frames and their bins -> the encoded clip.
+type DeviceAudio =
+    Box<dyn Fn(&[f32], usize) -> strata_model::Result<strata_model::EncodedAudio> + Send + Sync>;
+
+/// Where audio is encoded.
+enum AudioTowerOn {
+    /// The host tower, f32.
+    Host(Box<AudioTower>),
+    /// The tower on the model's GPU ([`MediaEncoder::audio_on_gpu`]), named by its device.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device(DeviceAudio, String),
+}
+
 struct AudioEncoder {
-    tower: AudioTower,
+    /// The placeholder ids (the tower's config, kept here wherever the tower runs).
+    ids: (u32, u32, u32),
+    tower: AudioTowerOn,
     mel: LogMel,
     /// Samples a second the feature extractor wants.
     rate: usize,
@@ -157,7 +172,13 @@ impl MediaEncoder {
                 }
                 let rate = p.sampling_rate.unwrap_or(16_000);
                 let mel = LogMel::new(rate, bins, 20.0, 10.0, 0.0, 8_000.0, 1e-3, 128);
-                Some(AudioEncoder { tower, mel, rate })
+                let c = tower.config();
+                Some(AudioEncoder {
+                    ids: (c.audio_token_id, c.boa_token_id, c.eoa_token_id),
+                    tower: AudioTowerOn::Host(Box::new(tower)),
+                    mel,
+                    rate,
+                })
             }
         };
         Ok(Some(Self {
@@ -201,6 +222,51 @@ impl MediaEncoder {
             v.tower = ImageTower::Device(encode, name);
         }
         Ok(())
+    }
+
+    /// Moves the audio tower to GPU 0, on a CUDA stream of its own (its subsampling
+    /// convolutions stay on the host), its products in bf16 (`bf16`) or f32.
+    #[cfg(feature = "cuda")]
+    pub fn audio_on_gpu(&mut self, bf16: bool) -> Result<()> {
+        use strata_kernels::{cuda::CudaBackend, DType};
+        use strata_model::DeviceAudioTower;
+        let Some(a) = self.audio.take() else {
+            return Ok(());
+        };
+        let tower = match a.tower {
+            AudioTowerOn::Host(t) => t,
+            on_device => {
+                self.audio = Some(AudioEncoder {
+                    tower: on_device,
+                    ..a
+                });
+                return Ok(());
+            }
+        };
+        let backend = CudaBackend::new(0)
+            .map_err(|e| EngineError::Invalid(format!("the audio tower's CUDA stream: {e}")))?
+            .with_bf16_gemm(bf16);
+        let name = format!("cuda ({})", backend.device_name());
+        let dtype = if bf16 { DType::BF16 } else { DType::F32 };
+        // The host tower moves into the device one, which keeps it for the subsampling.
+        let device = std::sync::Mutex::new(DeviceAudioTower::new(backend, *tower, dtype)?);
+        let encode: DeviceAudio = Box::new(move |features, bins| {
+            let d = device.lock().unwrap_or_else(|p| p.into_inner());
+            d.encode(features, bins)
+        });
+        self.audio = Some(AudioEncoder {
+            tower: AudioTowerOn::Device(encode, name),
+            ..a
+        });
+        Ok(())
+    }
+
+    /// Where audio is encoded: "host", or the GPU's name.
+    pub fn audio_device(&self) -> &str {
+        match self.audio.as_ref().map(|a| &a.tower) {
+            Some(AudioTowerOn::Device(_, name)) => name,
+            _ => "host",
+        }
     }
 
     /// Where images are encoded: "host", or the GPU's name.
@@ -341,7 +407,11 @@ impl MediaEncoder {
                 "the audio clip is shorter than one feature frame".into(),
             ));
         }
-        let out = a.tower.encode(&f.values[..real * f.bins], f.bins)?;
+        let features = &f.values[..real * f.bins];
+        let out = match &a.tower {
+            AudioTowerOn::Host(tower) => tower.encode(features, f.bins)?,
+            AudioTowerOn::Device(encode, _) => encode(features, f.bins)?,
+        };
         Ok(MediaRows {
             kind: MediaKind::Audio,
             rows: out.tokens,
@@ -363,10 +433,7 @@ impl MediaEncoder {
             let c = &v.cfg;
             (c.image_token_id, c.boi_token_id, c.eoi_token_id)
         });
-        let audio = self.audio.as_ref().map(|a| {
-            let c = a.tower.config();
-            (c.audio_token_id, c.boa_token_id, c.eoa_token_id)
-        });
+        let audio = self.audio.as_ref().map(|a| a.ids);
         let ids_of = |kind: MediaKind| match kind {
             MediaKind::Image => image,
             MediaKind::Audio => audio,

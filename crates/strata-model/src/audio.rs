@@ -22,41 +22,41 @@ use strata_weights::{WeightSource, Weights};
 use crate::error::{ModelError, Result};
 use crate::host_ops::{gemm_bt, rms_norm, HostLinear};
 
-struct FeedForward {
-    pre_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    up: HostLinear,
-    down: HostLinear,
+pub(crate) struct FeedForward {
+    pub(crate) pre_norm: Vec<f32>,
+    pub(crate) post_norm: Vec<f32>,
+    pub(crate) up: HostLinear,
+    pub(crate) down: HostLinear,
 }
 
-struct Attention {
-    q: HostLinear,
-    k: HostLinear,
-    v: HostLinear,
-    post: HostLinear,
+pub(crate) struct Attention {
+    pub(crate) q: HostLinear,
+    pub(crate) k: HostLinear,
+    pub(crate) v: HostLinear,
+    pub(crate) post: HostLinear,
     /// `[hidden, hidden]`: the relative position table's projection to keys.
-    relative_k: Vec<f32>,
+    pub(crate) relative_k: Vec<f32>,
     /// `[head_dim]`: softplus of it scales the queries per dimension.
-    per_dim_scale: Vec<f32>,
+    pub(crate) per_dim_scale: Vec<f32>,
 }
 
-struct LightConv {
-    pre_norm: Vec<f32>,
-    start: HostLinear,
-    end: HostLinear,
+pub(crate) struct LightConv {
+    pub(crate) pre_norm: Vec<f32>,
+    pub(crate) start: HostLinear,
+    pub(crate) end: HostLinear,
     /// `[hidden, kernel]`: one causal filter per channel.
-    depthwise: Vec<f32>,
-    conv_norm: Vec<f32>,
+    pub(crate) depthwise: Vec<f32>,
+    pub(crate) conv_norm: Vec<f32>,
 }
 
-struct Layer {
-    ff1: FeedForward,
-    ff2: FeedForward,
-    attn: Attention,
-    lconv: LightConv,
-    norm_pre_attn: Vec<f32>,
-    norm_post_attn: Vec<f32>,
-    norm_out: Vec<f32>,
+pub(crate) struct Layer {
+    pub(crate) ff1: FeedForward,
+    pub(crate) ff2: FeedForward,
+    pub(crate) attn: Attention,
+    pub(crate) lconv: LightConv,
+    pub(crate) norm_pre_attn: Vec<f32>,
+    pub(crate) norm_post_attn: Vec<f32>,
+    pub(crate) norm_out: Vec<f32>,
 }
 
 /// One clip's outputs.
@@ -183,6 +183,31 @@ impl AudioTower {
     /// first subsampling convolution's channel count (the feature extractor's mel bins).
     pub fn encode(&self, features: &[f32], bins: usize) -> Result<EncodedAudio> {
         let c = &self.cfg;
+        let (flat, frames) = self.subsample(features, bins)?;
+        let mut h = gemm_bt(&flat, &self.input_proj, c.hidden_size, flat.len() / frames)?;
+        // 2. Conformer layers.
+        for layer in &self.layers {
+            h = self.layer(layer, h, frames)?;
+        }
+        // 3. Output projection and embedder.
+        let mut tower = gemm_bt(&h, &self.out_w, c.output_dims, c.hidden_size)?;
+        for row in tower.chunks_exact_mut(c.output_dims) {
+            row.iter_mut().zip(&self.out_b).for_each(|(v, b)| *v += b);
+        }
+        let normed = rms_norm(&tower, c.output_dims, None, c.rms_norm_eps);
+        let soft_tokens = gemm_bt(&normed, &self.embed, c.text_hidden_size, c.output_dims)?;
+        Ok(EncodedAudio {
+            tower,
+            soft_tokens,
+            tokens: frames,
+        })
+    }
+
+    /// The subsampling convolutions of `features [frames, bins]`: `[frames', width]` rows
+    /// (each frame's (bin, channel) grid, bins outer) for the input projection, and
+    /// `frames'` (a quarter of the frames).
+    pub(crate) fn subsample(&self, features: &[f32], bins: usize) -> Result<(Vec<f32>, usize)> {
+        let c = &self.cfg;
         let [c0, c1] = c.subsampling_channels;
         if bins != c0 || features.is_empty() || !features.len().is_multiple_of(bins) {
             return Err(ModelError::Invalid(format!(
@@ -211,23 +236,32 @@ impl AudioTower {
                 }
             }
         }
-        let mut h = gemm_bt(&flat, &self.input_proj, c.hidden_size, width)?;
-        // 2. Conformer layers.
-        for layer in &self.layers {
-            h = self.layer(layer, h, t2)?;
-        }
-        // 3. Output projection and embedder.
-        let mut tower = gemm_bt(&h, &self.out_w, c.output_dims, c.hidden_size)?;
-        for row in tower.chunks_exact_mut(c.output_dims) {
-            row.iter_mut().zip(&self.out_b).for_each(|(v, b)| *v += b);
-        }
-        let normed = rms_norm(&tower, c.output_dims, None, eps);
-        let soft_tokens = gemm_bt(&normed, &self.embed, c.text_hidden_size, c.output_dims)?;
-        Ok(EncodedAudio {
-            tower,
-            soft_tokens,
-            tokens: t2,
-        })
+        Ok((flat, t2))
+    }
+
+    /// The conformer layers.
+    pub(crate) fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// `[hidden, width]`: the input projection after subsampling.
+    pub(crate) fn input_proj(&self) -> &[f32] {
+        &self.input_proj
+    }
+
+    /// The output projection `[output_dims, hidden]` and its bias.
+    pub(crate) fn output_proj(&self) -> (&[f32], &[f32]) {
+        (&self.out_w, &self.out_b)
+    }
+
+    /// `[text hidden, output_dims]`: the embedder's projection.
+    pub(crate) fn embedder(&self) -> &[f32] {
+        &self.embed
+    }
+
+    /// `[positions, hidden]`: the relative-position table.
+    pub(crate) fn relative_positions(&self) -> &[f32] {
+        &self.rel_pos
     }
 
     fn clip(&self, x: &mut [f32]) {

@@ -812,6 +812,23 @@ mod tests {
         assert!(cos >= 0.999, "bf16: cosine {cos}");
     }
 
+    /// The audio tower as device ops on the GPU, from the same body as the CPU backend's
+    /// test: f32 products within 1e-4 of transformers, bf16 products at a cosine of 0.999
+    /// or more.
+    #[test]
+    fn audio_tower_on_the_gpu_matches_transformers() {
+        use crate::audio_device::check_against_transformers;
+        use strata_kernels::DType;
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let dir = fixtures().join("gemma4-tiny-audio");
+        let (t, s, _) =
+            check_against_transformers(gpu.clone().with_bf16_gemm(false), &dir, DType::F32);
+        assert!(t < 1e-4 && s < 1e-4, "f32: tower {t}, soft tokens {s}");
+        let (_, _, cos) = check_against_transformers(gpu.with_bf16_gemm(true), &dir, DType::BF16);
+        assert!(cos >= 0.999, "bf16: cosine {cos}");
+    }
+
     /// E2B's vision tower at its real shape in bf16 against transformers (cosine at least
     /// 0.999 to its f32 run), with the time an image takes; only with
     /// `STRATA_VISION_REAL_SHAPE` set (scripts/reference/vision_real_shape.py).

@@ -56,6 +56,11 @@ impl HostLinear {
         (&self.w, self.rows, self.cols)
     }
 
+    /// (input min, input max, output min, output max), for a clipped linear.
+    pub(crate) fn clamps(&self) -> Option<[f32; 4]> {
+        self.clamp
+    }
+
     /// `x [n, cols]` -> `[n, rows]`.
     pub(crate) fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
         match self.clamp {

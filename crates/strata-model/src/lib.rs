@@ -2,6 +2,7 @@
 
 mod assistant;
 mod audio;
+mod audio_device;
 mod bnb4;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
@@ -27,6 +28,7 @@ mod weights_swap;
 
 pub use assistant::{Assistant, DraftSeq, Drafted};
 pub use audio::{AudioTower, EncodedAudio};
+pub use audio_device::DeviceAudioTower;
 pub use decode_graph::{bucket_for, decode_buckets};
 pub use drafting::Drafting;
 pub use error::{ModelError, Result};

@@ -324,6 +324,9 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<()> {
         if m.takes_images() {
             log(format!("images encoded on {}", m.image_device()));
         }
+        if m.takes_audio() {
+            log(format!("audio encoded on {}", m.audio_device()));
+        }
     }
     if let Some(path) = &a.chat_template {
         let source = std::fs::read_to_string(path)
