@@ -829,6 +829,61 @@ mod tests {
         assert!(cos >= 0.999, "bf16: cosine {cos}");
     }
 
+    /// E2B's audio tower at its real shape in bf16 against transformers f32 (cosine at least
+    /// 0.999), with the time a clip takes; only with `STRATA_AUDIO_REAL_SHAPE` set (a
+    /// directory written by scripts/bench/audio_encode.py: its clip's features and soft
+    /// tokens).
+    #[test]
+    fn audio_tower_at_the_real_shape_matches_transformers() {
+        use strata_kernels::DType;
+        let _serial = serial();
+        let Some(gpu) = gpu() else { return };
+        let Some(dir) = std::env::var_os("STRATA_AUDIO_REAL_SHAPE") else {
+            eprintln!("STRATA_AUDIO_REAL_SHAPE is not set: skipped");
+            return;
+        };
+        let dir = std::path::PathBuf::from(dir);
+        let tower = crate::AudioTower::load(&dir).unwrap().unwrap();
+        let bins = tower.config().subsampling_channels[0];
+        let device =
+            crate::DeviceAudioTower::new(gpu.with_bf16_gemm(true), tower, DType::BF16).unwrap();
+        let bytes = std::fs::read(dir.join("ref.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let f32s = |name: &str| -> Vec<f32> {
+            st.tensor(name)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        let (features, want) = (f32s("features"), f32s("soft"));
+        let got = device.encode(&features, bins).unwrap();
+        let mut times: Vec<f64> = (0..5)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                device.encode(&features, bins).unwrap();
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let dot = |a: &[f32], b: &[f32]| -> f64 {
+            a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
+        };
+        let cos = dot(&got.soft_tokens, &want)
+            / (dot(&got.soft_tokens, &got.soft_tokens).sqrt() * dot(&want, &want).sqrt());
+        let seconds = (features.len() / bins) as f64 / 100.0;
+        eprintln!(
+            "audio real shape: {seconds} s ({} frames) -> {} soft tokens, cosine {cos:.6} to \
+             transformers f32, {:.2} ms a clip ({:.2} ms a second of audio)",
+            features.len() / bins,
+            got.tokens,
+            times[2],
+            times[2] / seconds
+        );
+        assert!(cos >= 0.999, "cosine {cos}");
+    }
+
     /// E2B's vision tower at its real shape in bf16 against transformers (cosine at least
     /// 0.999 to its f32 run), with the time an image takes; only with
     /// `STRATA_VISION_REAL_SHAPE` set (scripts/reference/vision_real_shape.py).
