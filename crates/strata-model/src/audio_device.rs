@@ -331,31 +331,15 @@ pub(crate) fn check_against_transformers<B: Backend>(
     let tower = AudioTower::load(fixture).unwrap().expect("an audio tower");
     let bins = tower.config().subsampling_channels[0];
     let device = DeviceAudioTower::new(backend, tower, weight_dtype).unwrap();
-    let reference = std::fs::read(fixture.join("reference.safetensors")).unwrap();
-    let f32s = |name: &str| -> Vec<f32> {
-        let st = safetensors::SafeTensors::deserialize(&reference).unwrap();
-        st.tensor(name)
-            .unwrap()
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
+    let r = crate::reference_file::Reference::load(fixture);
+    let f32s = |name: &str| r.f32s(name);
+    let cosine = crate::reference_file::cosine;
     let diff = |a: &[f32], b: &[f32]| -> f32 {
         assert_eq!(a.len(), b.len());
         a.iter()
             .zip(b)
             .map(|(x, y)| (x - y).abs())
             .fold(0.0, f32::max)
-    };
-    let cosine = |a: &[f32], b: &[f32]| -> f64 {
-        let dot = |a: &[f32], b: &[f32]| {
-            a.iter()
-                .zip(b)
-                .map(|(x, y)| *x as f64 * *y as f64)
-                .sum::<f64>()
-        };
-        dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
     };
     let (mut dt, mut ds, mut cos) = (0.0f32, 0.0f32, 1.0f64);
     for i in 0..2 {

@@ -847,16 +847,8 @@ mod tests {
         let bins = tower.config().subsampling_channels[0];
         let device =
             crate::DeviceAudioTower::new(gpu.with_bf16_gemm(true), tower, DType::BF16).unwrap();
-        let bytes = std::fs::read(dir.join("ref.safetensors")).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let f32s = |name: &str| -> Vec<f32> {
-            st.tensor(name)
-                .unwrap()
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        };
+        let r = crate::reference_file::Reference::file(&dir.join("ref.safetensors"));
+        let f32s = |name: &str| r.f32s(name);
         let (features, want) = (f32s("features"), f32s("soft"));
         let got = device.encode(&features, bins).unwrap();
         let mut times: Vec<f64> = (0..5)
@@ -867,11 +859,7 @@ mod tests {
             })
             .collect();
         times.sort_by(f64::total_cmp);
-        let dot = |a: &[f32], b: &[f32]| -> f64 {
-            a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
-        };
-        let cos = dot(&got.soft_tokens, &want)
-            / (dot(&got.soft_tokens, &got.soft_tokens).sqrt() * dot(&want, &want).sqrt());
+        let cos = crate::reference_file::cosine(&got.soft_tokens, &want);
         let seconds = (features.len() / bins) as f64 / 100.0;
         eprintln!(
             "audio real shape: {seconds} s ({} frames) -> {} soft tokens, cosine {cos:.6} to \

@@ -20,6 +20,8 @@ mod lora;
 mod model;
 mod paged_kv;
 pub mod quantize;
+#[cfg(test)]
+mod reference_file;
 mod runner;
 mod tensors;
 mod vision;

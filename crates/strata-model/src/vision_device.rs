@@ -27,6 +27,8 @@ use strata_kernels::{
 
 use crate::error::{ModelError, Result};
 use crate::host_ops::HostLinear;
+#[cfg(test)]
+use crate::reference_file::{cosine, Reference};
 use crate::vision::{axial_inv_freq, check_pixels, pool_bins, VisionTower};
 
 struct Weight<B: Backend> {
@@ -376,57 +378,26 @@ fn contiguous(rows: usize, cols: usize, src_offset: usize, dst_offset: usize) ->
     }
 }
 
-/// A `reference.safetensors` written by transformers: images' pixels, positions and soft
-/// tokens, read by name.
+/// Image `i`'s real patches in a transformers reference: pixels and (x, y) positions,
+/// padding left out; `None` past the last image.
 #[cfg(test)]
-struct Reference(Vec<u8>);
-
-#[cfg(test)]
-impl Reference {
-    fn load(dir: &std::path::Path) -> Self {
-        Self(std::fs::read(dir.join("reference.safetensors")).unwrap())
-    }
-
-    fn bytes(&self, name: &str) -> Option<Vec<u8>> {
-        let st = safetensors::SafeTensors::deserialize(&self.0).unwrap();
-        st.tensor(name).ok().map(|t| t.data().to_vec())
-    }
-
-    fn f32s(&self, name: &str) -> Vec<f32> {
-        self.bytes(name)
-            .unwrap_or_else(|| panic!("{name} is not in the reference"))
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
-
-    /// Image `i`'s real patches: pixels and (x, y) positions, padding left out; `None`
-    /// past the last image.
-    fn image(&self, i: usize, patch_values: usize) -> Option<(Vec<f32>, Vec<[i64; 2]>)> {
-        let positions: Vec<[i64; 2]> = self
-            .bytes(&format!("position_ids_{i}"))?
-            .chunks_exact(16)
-            .map(|c| {
-                let v = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
-                [v(&c[..8]), v(&c[8..])]
-            })
-            .take_while(|p| p[0] >= 0)
-            .collect();
-        let mut pixels = self.f32s(&format!("pixel_values_{i}"));
-        pixels.truncate(positions.len() * patch_values);
-        Some((pixels, positions))
-    }
-}
-
-#[cfg(test)]
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot = |a: &[f32], b: &[f32]| {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| *x as f64 * *y as f64)
-            .sum::<f64>()
-    };
-    dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
+fn reference_image(
+    r: &Reference,
+    i: usize,
+    patch_values: usize,
+) -> Option<(Vec<f32>, Vec<[i64; 2]>)> {
+    let positions: Vec<[i64; 2]> = r
+        .bytes(&format!("position_ids_{i}"))?
+        .chunks_exact(16)
+        .map(|c| {
+            let v = |b: &[u8]| i64::from_le_bytes(b.try_into().unwrap());
+            [v(&c[..8]), v(&c[8..])]
+        })
+        .take_while(|p| p[0] >= 0)
+        .collect();
+    let mut pixels = r.f32s(&format!("pixel_values_{i}"));
+    pixels.truncate(positions.len() * patch_values);
+    Some((pixels, positions))
 }
 
 /// The device tower against transformers' soft tokens for the tiny fixture's two images
@@ -445,7 +416,7 @@ pub(crate) fn check_against_transformers<B: Backend>(
     let r = Reference::load(fixture);
     let width = 3 * tower.config().patch_size.pow(2);
     let images: Vec<_> = (0..2)
-        .map(|i| r.image(i, width).expect("two images"))
+        .map(|i| reference_image(&r, i, width).expect("two images"))
         .collect();
     // Each image alone, then both in one pass.
     let alone: Vec<DeviceImage> = images
@@ -504,7 +475,7 @@ pub(crate) fn check_real_shape<B: Backend>(
     let width = 3 * tower.config().patch_size.pow(2);
     let mut out = Vec::new();
     for i in 0.. {
-        let Some((pixels, positions)) = r.image(i, width) else {
+        let Some((pixels, positions)) = reference_image(&r, i, width) else {
             break;
         };
         let got = device.encode(&pixels, &positions).unwrap();
@@ -543,7 +514,9 @@ pub(crate) fn check_real_shape<B: Backend>(
         out.push(row);
     }
     // Every image in one pass: a last row of the totals, the lowest cosines, ms a pass.
-    let images: Vec<_> = (0..out.len()).map(|i| r.image(i, width).unwrap()).collect();
+    let images: Vec<_> = (0..out.len())
+        .map(|i| reference_image(&r, i, width).unwrap())
+        .collect();
     let batch: Vec<(&[f32], &[[i64; 2]])> = images
         .iter()
         .map(|(p, q)| (p.as_slice(), q.as_slice()))
