@@ -296,24 +296,8 @@ impl MediaEncoder {
     /// Decodes a PNG, JPEG or WebP file and runs the vision tower on it: on the host, or
     /// on the GPU's tower of its own stream, so that no decode step waits for it.
     pub fn encode_image(&self, bytes: &[u8]) -> Result<MediaRows> {
-        self.encode_images(&[bytes])
-            .map_err(|(_, e)| e)
-            .map(|mut v| v.remove(0))
-    }
-
-    /// [`MediaEncoder::encode_image`] for several files: each decoded, then all run through
-    /// the tower together ([`MediaEncoder::encode_decoded`]). An error names the index of
-    /// the file it is about (the first, for a tower error).
-    pub fn encode_images(
-        &self,
-        files: &[&[u8]],
-    ) -> std::result::Result<Vec<MediaRows>, (usize, EngineError)> {
-        let decoded = files
-            .iter()
-            .enumerate()
-            .map(|(i, b)| self.decode_image(b).map_err(|e| (i, e)))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        self.encode_decoded(decoded).map_err(|e| (0, e))
+        let image = self.decode_image(bytes)?;
+        Ok(self.encode_decoded(vec![image])?.remove(0))
     }
 
     /// Decodes a PNG, JPEG or WebP file into the patches the tower takes (resized as the

@@ -12,18 +12,17 @@
 
 use strata_config::AudioConfig;
 use strata_kernels::{
-    Activation, Backend, ChunkedAttentionParams, DType, DepthwiseConv, DeviceBuffer, MatmulShape,
-    RmsNormParams, StridedCopy,
+    Activation, Backend, ChunkedAttentionParams, DType, DepthwiseConv, DeviceBuffer, StridedCopy,
 };
 
 use crate::audio::{attention_params, attention_scales, softplus, AudioTower, EncodedAudio};
+use crate::device_ops::{copy, rms_norm, Matrix};
 use crate::error::Result;
 use crate::host_ops::{gemm_bt, HostLinear};
 
 /// A product's weight on the backend, with its clamps.
 struct Linear<B: Backend> {
-    w: B::Buffer,
-    shape: MatmulShape,
+    m: Matrix<B>,
     clamps: Option<[f32; 4]>,
 }
 
@@ -78,11 +77,7 @@ impl<B: Backend> DeviceAudioTower<B> {
         let vec = |v: &[f32]| -> Result<B::Buffer> { Ok(b.upload_f32_as(v, DType::F32)?) };
         let mat = |w: &[f32], rows: usize, cols: usize, clamps| -> Result<Linear<B>> {
             Ok(Linear {
-                w: b.upload_f32_as(w, weight_dtype)?,
-                shape: MatmulShape {
-                    in_features: cols,
-                    out_features: rows,
-                },
+                m: Matrix::upload(b, w, rows, cols, weight_dtype)?,
                 clamps,
             })
         };
@@ -190,7 +185,7 @@ impl<B: Backend> DeviceAudioTower<B> {
         let (b, c) = (&self.backend, self.host.config());
         let h = c.hidden_size;
         let mut x = self.feed_forward(&l.ff1, x, frames)?;
-        let mut a = self.copy(&x)?;
+        let mut a = copy(b, &x)?;
         self.clip(&mut a)?;
         let a = self.norm(&a, Some(&l.norm_pre_attn), h)?;
         let mut a = self.attention(l, &a, frames)?;
@@ -206,7 +201,7 @@ impl<B: Backend> DeviceAudioTower<B> {
     fn feed_forward(&self, ff: &FeedForward<B>, x: B::Buffer, frames: usize) -> Result<B::Buffer> {
         let (b, c) = (&self.backend, self.host.config());
         let h = c.hidden_size;
-        let mut y = self.copy(&x)?;
+        let mut y = copy(b, &x)?;
         self.clip(&mut y)?;
         let y = self.norm(&y, Some(&ff.pre_norm), h)?;
         let up = self.product(&y, &ff.up, frames)?;
@@ -274,16 +269,13 @@ impl<B: Backend> DeviceAudioTower<B> {
     /// `x W^T` with the linear's clamps on its input (a copy) and its output.
     fn product(&self, x: &B::Buffer, w: &Linear<B>, rows: usize) -> Result<B::Buffer> {
         let b = &self.backend;
-        let mut out = b.scratch(rows * w.shape.out_features, DType::F32)?;
-        match w.clamps {
-            None => b.matmul(x, &w.w, w.shape, &mut out)?,
-            Some([imin, imax, omin, omax]) => {
-                let mut xc = self.copy(x)?;
-                b.clamp(&mut xc, imin, imax)?;
-                b.matmul(&xc, &w.w, w.shape, &mut out)?;
-                b.clamp(&mut out, omin, omax)?;
-            }
-        }
+        let Some([imin, imax, omin, omax]) = w.clamps else {
+            return w.m.apply(b, x, rows);
+        };
+        let mut xc = copy(b, x)?;
+        b.clamp(&mut xc, imin, imax)?;
+        let mut out = w.m.apply(b, &xc, rows)?;
+        b.clamp(&mut out, omin, omax)?;
         Ok(out)
     }
 
@@ -294,26 +286,8 @@ impl<B: Backend> DeviceAudioTower<B> {
     }
 
     fn norm(&self, x: &B::Buffer, w: Option<&B::Buffer>, dim: usize) -> Result<B::Buffer> {
-        let b = &self.backend;
-        let mut out = b.scratch(x.len(), DType::F32)?;
         let eps = self.host.config().rms_norm_eps as f32;
-        b.rms_norm(x, w, RmsNormParams::new(dim, eps), &mut out)?;
-        Ok(out)
-    }
-
-    fn copy(&self, x: &B::Buffer) -> Result<B::Buffer> {
-        let b = &self.backend;
-        let mut out = b.scratch(x.len(), DType::F32)?;
-        let all = StridedCopy {
-            rows: 1,
-            cols: x.len(),
-            src_offset: 0,
-            src_stride: x.len(),
-            dst_offset: 0,
-            dst_stride: x.len(),
-        };
-        b.copy_strided(x, &mut out, all)?;
-        Ok(out)
+        rms_norm(&self.backend, x, w, dim, eps)
     }
 }
 

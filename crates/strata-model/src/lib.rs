@@ -7,6 +7,7 @@ mod bnb4;
 #[cfg(feature = "cuda")]
 mod cuda_upload;
 mod decode_graph;
+mod device_ops;
 mod draft_graph;
 mod drafting;
 mod error;

@@ -21,49 +21,44 @@
 
 use strata_config::VisionConfig;
 use strata_kernels::{
-    Activation, AttentionParams, Backend, DType, DeviceBuffer, MatmulShape, RmsNormParams,
-    RopeParams, RopeStyle, StridedCopy,
+    Activation, AttentionParams, Backend, DType, DeviceBuffer, RopeParams, RopeStyle,
 };
 
+use crate::device_ops::{contiguous, rms_norm, Matrix};
 use crate::error::{ModelError, Result};
 use crate::host_ops::HostLinear;
 #[cfg(test)]
 use crate::reference_file::{cosine, Reference};
 use crate::vision::{axial_inv_freq, check_pixels, pool_bins, VisionTower};
 
-struct Weight<B: Backend> {
-    w: B::Buffer,
-    shape: MatmulShape,
-}
-
 struct Layer<B: Backend> {
     input_norm: B::Buffer,
     post_attention_norm: B::Buffer,
     pre_feedforward_norm: B::Buffer,
     post_feedforward_norm: B::Buffer,
-    q: Weight<B>,
-    k: Weight<B>,
-    v: Weight<B>,
-    o: Weight<B>,
+    q: Matrix<B>,
+    k: Matrix<B>,
+    v: Matrix<B>,
+    o: Matrix<B>,
     q_norm: B::Buffer,
     k_norm: B::Buffer,
-    gate: Weight<B>,
-    up: Weight<B>,
-    down: Weight<B>,
+    gate: Matrix<B>,
+    up: Matrix<B>,
+    down: Matrix<B>,
 }
 
 /// The vision tower and its embedder with their weights on a backend.
 pub struct DeviceVisionTower<B: Backend> {
     backend: B,
     cfg: VisionConfig,
-    input_proj: Weight<B>,
+    input_proj: Matrix<B>,
     /// `[2, position_embedding_size, hidden]` on the host: the rows a patch adds are
     /// looked up and summed there.
     positions: Vec<f32>,
     layers: Vec<Layer<B>>,
     /// `(-std_bias, std_scale)`, when the config standardizes.
     standardize: Option<(Vec<f32>, Vec<f32>)>,
-    embed: Weight<B>,
+    embed: Matrix<B>,
     /// The axial RoPE's `head_dim / 4` frequencies.
     inv_freq: B::Buffer,
 }
@@ -88,15 +83,9 @@ impl<B: Backend> DeviceVisionTower<B> {
             ));
         }
         let b = &backend;
-        let mat = |l: &HostLinear| -> Result<Weight<B>> {
+        let mat = |l: &HostLinear| -> Result<Matrix<B>> {
             let (w, rows, cols) = l.matrix();
-            Ok(Weight {
-                w: b.upload_f32_as(w, weight_dtype)?,
-                shape: MatmulShape {
-                    in_features: cols,
-                    out_features: rows,
-                },
-            })
+            Matrix::upload(b, w, rows, cols, weight_dtype)
         };
         let vec = |v: &[f32]| -> Result<B::Buffer> { Ok(b.upload_f32_as(v, DType::F32)?) };
         let layers = tower
@@ -215,11 +204,7 @@ impl<B: Backend> DeviceVisionTower<B> {
             softcap: None,
         };
         let eps = c.rms_norm_eps as f32;
-        let norm = |x: &B::Buffer, w: Option<&B::Buffer>, dim: usize| -> Result<B::Buffer> {
-            let mut out = b.scratch(x.len(), DType::F32)?;
-            b.rms_norm(x, w, RmsNormParams::new(dim, eps), &mut out)?;
-            Ok(out)
-        };
+        let norm = |x: &B::Buffer, w: Option<&B::Buffer>, dim: usize| rms_norm(b, x, w, dim, eps);
         let half_rope = RopeParams {
             n_heads: 1,
             head_dim: d / 2,
@@ -357,24 +342,8 @@ impl<B: Backend> DeviceVisionTower<B> {
         Ok(a)
     }
 
-    fn product(&self, x: &B::Buffer, w: &Weight<B>, rows: usize) -> Result<B::Buffer> {
-        let mut out = self
-            .backend
-            .scratch(rows * w.shape.out_features, DType::F32)?;
-        self.backend.matmul(x, &w.w, w.shape, &mut out)?;
-        Ok(out)
-    }
-}
-
-/// `rows` whole rows of `cols` values from element `src_offset` to element `dst_offset`.
-fn contiguous(rows: usize, cols: usize, src_offset: usize, dst_offset: usize) -> StridedCopy {
-    StridedCopy {
-        rows,
-        cols,
-        src_offset,
-        src_stride: cols,
-        dst_offset,
-        dst_stride: cols,
+    fn product(&self, x: &B::Buffer, w: &Matrix<B>, rows: usize) -> Result<B::Buffer> {
+        w.apply(&self.backend, x, rows)
     }
 }
 
