@@ -229,12 +229,12 @@ fn simd_quantize() -> bool {
     false
 }
 
+/// The hand-written kernels of this architecture (`dot_rows_with` returns `false`, having
+/// written nothing, for a format or CPU they do not cover).
 #[cfg(target_arch = "aarch64")]
-use super::neon::dot_rows as simd_dot_rows;
-/// The hand-written kernels' driver of this architecture: it returns `false`, having
-/// written nothing, for a format or CPU it has no kernel for.
+use super::neon as simd;
 #[cfg(target_arch = "x86_64")]
-use super::x86::dot_rows as simd_dot_rows;
+use super::x86 as simd;
 
 /// Which activation blocks a weight block type reads from a [`Q8Input`].
 trait PickActs: ActivationBlock {
@@ -313,7 +313,8 @@ pub fn dot_rows_q8(
     );
     assert!(tokens.end <= input.tokens, "token range out of bounds");
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    if simd_dot_rows(
+    if simd::dot_rows_with(
+        simd::best_dot(),
         ty,
         w,
         row_bytes,

@@ -42,7 +42,7 @@ impl Dot {
 
 /// The dot the kernels take: `sdot` where the CPU has it and `STRATA_CPU_DOTPROD` is not
 /// `0` (read once; it compares the two in one build).
-fn best_dot() -> Dot {
+pub(super) fn best_dot() -> Dot {
     static DOT: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
     *DOT.get_or_init(|| {
         let off = std::env::var("STRATA_CPU_DOTPROD").is_ok_and(|v| v == "0");
@@ -561,33 +561,8 @@ fn driver(ty: GgmlType, dot: Dot) -> Option<RowsFn> {
     })
 }
 
-/// [`super::dot_rows_q8`] for the formats with a NEON kernel (`sdot` where the CPU has
-/// it); returns `false` (having written nothing) for the others.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn dot_rows(
-    ty: GgmlType,
-    bytes: &[u8],
-    row_bytes: usize,
-    rows: Range<usize>,
-    input: &Q8Input,
-    tokens: Range<usize>,
-    out: &mut [f32],
-    stride: usize,
-) -> bool {
-    dot_rows_with(
-        best_dot(),
-        ty,
-        bytes,
-        row_bytes,
-        rows,
-        input,
-        tokens,
-        out,
-        stride,
-    )
-}
-
-/// [`dot_rows`] with `dot` (baseline NEON's where the CPU lacks it).
+/// [`super::dot_rows_q8`] with `dot` (baseline NEON's where the CPU lacks it) for the
+/// formats with a NEON kernel; returns `false` (having written nothing) for the others.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn dot_rows_with(
     dot: Dot,

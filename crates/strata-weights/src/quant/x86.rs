@@ -670,7 +670,7 @@ impl Dot {
 /// The dot the kernels take: VNNI where the CPU has either encoding (AVX-VNNI first: it
 /// needs no AVX-512 state) and `STRATA_CPU_VNNI` is not `0` (read once; it compares the
 /// two in one build).
-fn best_dot() -> Dot {
+pub(super) fn best_dot() -> Dot {
     static DOT: std::sync::OnceLock<Dot> = std::sync::OnceLock::new();
     *DOT.get_or_init(|| {
         let off = std::env::var("STRATA_CPU_VNNI").is_ok_and(|v| v == "0");
@@ -706,34 +706,9 @@ fn driver(ty: GgmlType, dot: Dot) -> Option<RowsFn> {
     })
 }
 
-/// [`super::dot_rows_q8`] for the formats with an AVX2 kernel (VNNI for the 32-value
-/// formats where the CPU has it), when the CPU has the features; returns `false` (having
-/// written nothing) otherwise.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn dot_rows(
-    ty: GgmlType,
-    bytes: &[u8],
-    row_bytes: usize,
-    rows: Range<usize>,
-    input: &Q8Input,
-    tokens: Range<usize>,
-    out: &mut [f32],
-    stride: usize,
-) -> bool {
-    dot_rows_with(
-        best_dot(),
-        ty,
-        bytes,
-        row_bytes,
-        rows,
-        input,
-        tokens,
-        out,
-        stride,
-    )
-}
-
-/// [`dot_rows`] with the 32-value formats' `dot` (AVX2's where the CPU lacks it).
+/// [`super::dot_rows_q8`] with the 32-value formats' `dot` (AVX2's where the CPU lacks it)
+/// for the formats with an AVX2 kernel, when the CPU has the features; returns `false`
+/// (having written nothing) otherwise.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn dot_rows_with(
     dot: Dot,
