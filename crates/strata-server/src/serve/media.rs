@@ -258,6 +258,11 @@ fn fetch(field: &str, url: &str, policy: &MediaPolicy) -> Result<Vec<u8>, ApiErr
     Ok(bytes)
 }
 
+/// Requests decoding images or waiting for a vision tower pass at once: enough to fill a
+/// pass (16 images) from requests of one or two images, and a bound on the decoded pixels
+/// held (an image is at most about 8 MB of f32 patches).
+pub const IMAGE_REQUESTS_AT_ONCE: usize = 8;
+
 /// Fetches and encodes a request's media on the blocking pool; the engine thread never
 /// waits for it. Audio clips run one request at a time (the host tower uses every core);
 /// images are decoded here and then share tower passes with other requests' images
@@ -273,16 +278,8 @@ pub async fn encode_media(
     let Some(encoder) = st.engine.media.clone() else {
         return Ok(Vec::new());
     };
-    let audio_slot = if parts.iter().any(|p| p.source.is_audio()) {
-        Some(
-            st.media_slots
-                .acquire()
-                .await
-                .map_err(|_| ApiError::from(strata_engine::EngineError::Stopped))?,
-        )
-    } else {
-        None
-    };
+    let audio_slot = slot(&st.media_slots, parts.iter().any(|p| p.source.is_audio())).await?;
+    let image_slot = slot(&st.image_slots, parts.iter().any(|p| !p.source.is_audio())).await?;
     let policy = st.media.clone();
     let out = tokio::task::spawn_blocking(move || {
         let at = |p: &MediaPart, e: strata_engine::EngineError| {
@@ -319,8 +316,22 @@ pub async fn encode_media(
             "media encoding failed: {e}"
         )))
     })?;
-    drop(audio_slot);
+    drop((audio_slot, image_slot));
     out
+}
+
+/// A permit of `sem` when `wanted`, waited for.
+async fn slot(
+    sem: &tokio::sync::Semaphore,
+    wanted: bool,
+) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, ApiError> {
+    if !wanted {
+        return Ok(None);
+    }
+    let permit = sem.acquire().await;
+    permit
+        .map(Some)
+        .map_err(|_| ApiError::from(strata_engine::EngineError::Stopped))
 }
 
 /// Refuses, naming the first, the items of a kind this server has no tower for.

@@ -61,6 +61,9 @@ pub struct AppState {
     /// Requests whose audio is being encoded: one at a time, since the audio tower takes
     /// every core (images share the vision tower's passes instead).
     pub media_slots: tokio::sync::Semaphore,
+    /// Requests whose images are being decoded or wait for a tower pass: a few at once, so
+    /// that their passes can be shared, and no more, which bounds the decoded pixels held.
+    pub image_slots: tokio::sync::Semaphore,
     /// `--text-model-only`: a multimodal checkpoint served without its encoders.
     pub text_model_only: bool,
 }
@@ -98,6 +101,7 @@ impl AppState {
             reasoning: None,
             media: Default::default(),
             media_slots: tokio::sync::Semaphore::new(1),
+            image_slots: tokio::sync::Semaphore::new(super::media::IMAGE_REQUESTS_AT_ONCE),
             text_model_only: false,
         }
     }
