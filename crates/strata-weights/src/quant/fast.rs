@@ -63,26 +63,64 @@ pub struct Q8Input {
     d: Vec<f32>,
     /// Per Q8_0 block: scale times the sum of its codes (for formats with an offset or min).
     dsum: Vec<f32>,
-    /// The Q8_0 blocks again, four tokens side by side (see [`Acts4`]): what the x86
-    /// kernels read.
+    /// The Q8_0 blocks again, eight tokens interleaved (see [`Acts8`]): what the x86
+    /// kernels read for more than one token.
     #[cfg(target_arch = "x86_64")]
-    groups: Vec<Acts4>,
+    groups: Vec<Acts8>,
+    /// The Q8_K blocks again, eight tokens interleaved (see [`Acts8K`]).
+    #[cfg(target_arch = "x86_64")]
+    groups_k: Vec<Acts8K>,
 }
 
-/// The Q8_0 activation blocks of four consecutive tokens (`4 g .. 4 g + 4`) at one block
-/// index, with their scales and scaled code sums: one pointer serves a pass over four
-/// tokens, and the four scales load as one vector. A last group with fewer tokens is padded
-/// with zeros.
+/// Tokens in an activation group ([`Acts8`]).
+#[cfg(target_arch = "x86_64")]
+pub(super) const GROUP: usize = 8;
+
+/// The Q8_0 activation blocks of eight consecutive tokens (`8 g .. 8 g + 8`) at one block
+/// index, interleaved four codes at a time: `qs[m]` holds codes `4 m .. 4 m + 4` of each
+/// token, token `t` at bytes `4 t ..`, so one 32-bit lane is one token and a broadcast
+/// weight run of four codes dots all eight at once. A last group with fewer tokens is
+/// padded with zeros.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(32))]
-pub(super) struct Acts4 {
-    /// Each token's 32 codes.
-    pub(super) qs: [[i8; 32]; 4],
+pub(super) struct Acts8 {
+    /// Codes `4 m .. 4 m + 4` of each token, at `qs[m][4 t ..]`.
+    pub(super) qs: [[i8; 32]; 8],
     /// Each token's block scale.
-    pub(super) d: [f32; 4],
+    pub(super) d: [f32; GROUP],
     /// Each token's scale times its code sum.
-    pub(super) dsum: [f32; 4],
+    pub(super) dsum: [f32; GROUP],
+}
+
+/// The Q8_K activation blocks of eight consecutive tokens at one super-block index,
+/// interleaved as in [`Acts8`], with each token's group sums laid out for `madd`: lane `t`
+/// of `bsum32[p]` holds token `t`'s sums of 32-code groups `2 p` and `2 p + 1` (two i16),
+/// lane `t` of `bsum16[p]` its sums of 16-code groups `2 p` and `2 p + 1`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(32))]
+pub(super) struct Acts8K {
+    /// Codes `4 m .. 4 m + 4` of each token, at `qs[m][4 t ..]`.
+    pub(super) qs: [[i8; 32]; 64],
+    /// Each token's block scale.
+    pub(super) d: [f32; GROUP],
+    /// Sums of 32-code groups, two a lane.
+    pub(super) bsum32: [[i16; 16]; 4],
+    /// Sums of 16-code groups, two a lane.
+    pub(super) bsum16: [[i16; 16]; 8],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Default for Acts8K {
+    fn default() -> Self {
+        Self {
+            qs: [[0; 32]; 64],
+            d: [0.0; GROUP],
+            bsum32: [[0; 16]; 4],
+            bsum16: [[0; 16]; 8],
+        }
+    }
 }
 
 impl Q8Input {
@@ -138,6 +176,8 @@ impl Q8Input {
                 self.q8k.reserve(n);
                 self.q8k
                     .extend(xs.chunks_exact(elems).map(|x| quantize_q8k(x, simd)));
+                #[cfg(target_arch = "x86_64")]
+                self.group_q8k();
             }
         }
         self.kind = Some(kind);
@@ -148,17 +188,49 @@ impl Q8Input {
         t * self.blocks..(t + 1) * self.blocks
     }
 
+    /// Fills `groups_k` from the per-token Q8_K blocks.
+    #[cfg(target_arch = "x86_64")]
+    fn group_q8k(&mut self) {
+        let n = self.tokens.div_ceil(GROUP) * self.blocks;
+        self.groups_k.clear();
+        self.groups_k.resize(n, Acts8K::default());
+        for t in 0..self.tokens {
+            let (g, lane) = (t / GROUP, t % GROUP);
+            for i in 0..self.blocks {
+                let src = &self.q8k[t * self.blocks + i];
+                let dst = &mut self.groups_k[g * self.blocks + i];
+                for (m, run) in src.qs.chunks_exact(4).enumerate() {
+                    dst.qs[m][4 * lane..4 * lane + 4].copy_from_slice(run);
+                }
+                dst.d[lane] = src.d;
+                for p in 0..4 {
+                    for h in 0..2 {
+                        let j = 2 * p + h;
+                        dst.bsum32[p][2 * lane + h] = src.bsums[2 * j] + src.bsums[2 * j + 1];
+                    }
+                }
+                for p in 0..8 {
+                    for h in 0..2 {
+                        dst.bsum16[p][2 * lane + h] = src.bsums[2 * p + h];
+                    }
+                }
+            }
+        }
+    }
+
     /// Fills `groups` from the per-token Q8_0 blocks.
     #[cfg(target_arch = "x86_64")]
     fn group_q8_0(&mut self) {
-        let n = self.tokens.div_ceil(4) * self.blocks;
+        let n = self.tokens.div_ceil(GROUP) * self.blocks;
         self.groups.clear();
-        self.groups.resize(n, Acts4::default());
+        self.groups.resize(n, Acts8::default());
         for t in 0..self.tokens {
-            let (g, lane) = (t / 4, t % 4);
+            let (g, lane) = (t / GROUP, t % GROUP);
             for i in 0..self.blocks {
                 let (src, dst) = (t * self.blocks + i, &mut self.groups[g * self.blocks + i]);
-                dst.qs[lane] = self.q8_0[src].qs;
+                for (m, run) in self.q8_0[src].qs.chunks_exact(4).enumerate() {
+                    dst.qs[m][4 * lane..4 * lane + 4].copy_from_slice(run);
+                }
                 dst.d[lane] = self.d[src];
                 dst.dsum[lane] = self.dsum[src];
             }
@@ -375,32 +447,35 @@ pub fn dot_rows_q8_portable(
 
 /// Accessors the SIMD kernels need.
 impl Q8Input {
+    /// The grouped Q8_0 blocks of the group that starts at token `g0`.
     #[cfg(target_arch = "x86_64")]
-    pub(super) fn token_blocks(&self, t: usize) -> Range<usize> {
-        self.token_range(t)
+    pub(super) fn group_of(&self, g0: usize) -> &[Acts8] {
+        let g = g0 / GROUP;
+        &self.groups[g * self.blocks..(g + 1) * self.blocks]
     }
 
-    /// The grouped Q8_0 blocks of token `t`'s group, and `t`'s lane in it.
+    /// The grouped Q8_K blocks of the group that starts at token `g0`.
     #[cfg(target_arch = "x86_64")]
-    pub(super) fn group_of(&self, t: usize) -> (&[Acts4], usize) {
-        let g = t / 4;
-        (&self.groups[g * self.blocks..(g + 1) * self.blocks], t % 4)
+    pub(super) fn group_k_of(&self, g0: usize) -> &[Acts8K] {
+        let g = g0 / GROUP;
+        &self.groups_k[g * self.blocks..(g + 1) * self.blocks]
     }
 
+    /// Activation blocks per token.
     #[cfg(target_arch = "x86_64")]
-    pub(super) fn q8k_parts(&self, acts: Range<usize>) -> &[BlockQ8K] {
-        &self.q8k[acts]
+    pub(super) fn blocks_per_token(&self) -> usize {
+        self.blocks
     }
 
     /// Token `t`'s Q8_0 blocks, their scales, and their scales times code sums.
-    #[cfg(target_arch = "aarch64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub(super) fn q8_0_token(&self, t: usize) -> (&[BlockQ8_0], &[f32], &[f32]) {
         let r = self.token_range(t);
         (&self.q8_0[r.clone()], &self.d[r.clone()], &self.dsum[r])
     }
 
     /// Token `t`'s Q8_K blocks.
-    #[cfg(target_arch = "aarch64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub(super) fn q8k_token(&self, t: usize) -> &[BlockQ8K] {
         &self.q8k[self.token_range(t)]
     }

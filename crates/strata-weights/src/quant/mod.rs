@@ -36,6 +36,10 @@ pub mod q8_k;
 mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_acts;
+#[cfg(target_arch = "x86_64")]
+mod x86_b32;
+#[cfg(target_arch = "x86_64")]
+mod x86_k;
 
 pub use f16le::F16Le;
 pub use fast::{dot_rows_q8, dot_rows_q8_portable, has_q8_path, Q8Input};

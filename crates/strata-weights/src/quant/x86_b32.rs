@@ -1,0 +1,399 @@
+//! x86 kernels of the 32-value formats (Q8_0, Q4_0, Q4_1, Q5_0), in two shapes that give
+//! the same bits:
+//!
+//! - **Eight tokens a lane** (prefill, batched decode): activations are stored eight tokens
+//!   side by side, four codes of each token per 32-bit lane ([`Acts8`]). A weight block is
+//!   decoded once, each four of its codes broadcast to every lane, and one byte dot adds
+//!   them into eight tokens' integer sums at once. The f32 step (the block's scale times
+//!   each token's, fused into the running sum) then runs once per block for eight tokens,
+//!   not once per (token, block), and nothing is summed across lanes.
+//! - **Four rows a lane** (one token): each row's byte products land in eight lanes, whose
+//!   integer sums are reduced exactly to one lane per row; the f32 step runs for four rows
+//!   at once.
+//!
+//! Per (row, token) both do exactly this, block by block in order: the block's integer sum
+//! (exact), `acc = fma(f32(sum), d_w * d_a, acc)`, `c = fma(corr_w, dsum_a, c)` for formats
+//! with an offset or a minimum, and the result `acc + c`. So a token's result has the same
+//! bits whichever shape, tile or batch it runs in (batch invariance), and the AVX2 and VNNI
+//! forms of the byte dot (the same products, summed exactly) give the same bits too.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::fast::{Acts8, Q8Input, GROUP};
+use super::x86::{h2f, load32, nibbles16, prefetch_ahead, PREFETCH_AHEAD};
+use super::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
+
+/// Q5_0's 32 unsigned 5-bit codes: the nibbles plus 16 where bit `i` of `qh` is set.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn codes5(b: &BlockQ5_0) -> __m256i {
+    let bits = u32::from_le_bytes(b.qh) as i32;
+    // Byte i of the result takes byte i / 8 of `bits`, then tests bit i % 8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        ),
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+    _mm256_or_si256(
+        nibbles16(&b.qs),
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10)),
+    )
+}
+
+/// The sums of four lanes' 32-lane-wide partial sums, one row a lane: `[Σp0, Σp1, Σp2,
+/// Σp3]`. Integer additions, so exact in any order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn reduce4(p: [__m256i; 4]) -> __m128i {
+    let t = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+}
+
+/// The wanted tokens of each activation group they fall in: (group start, lanes).
+pub(super) fn spans(tokens: &Range<usize>) -> Vec<(usize, Range<usize>)> {
+    let mut v = Vec::new();
+    let mut t = tokens.start;
+    while t < tokens.end {
+        let g0 = t / GROUP * GROUP;
+        let end = (g0 + GROUP).min(tokens.end);
+        v.push((g0, t - g0..end - g0));
+        t = end;
+    }
+    v
+}
+
+/// Generates one form of the byte dot's kernels: `$dot(acc, u, s)` adds the sums of each
+/// lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
+macro_rules! kernels {
+    ($m:ident, $feat:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr) => {
+        pub(super) mod $m {
+            use super::*;
+
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot($acc: __m256i, $u: __m256i, $s: __m256i) -> __m256i {
+                $dot
+            }
+
+            /// `R` rows against the eight tokens of one activation group: each row's
+            /// eight results. `codes` gives a block's codes (signed when `SIGNED`: Q8_0),
+            /// `scale` its `d`, `corr` (with `CORR`) the factor of the activation block's
+            /// `d * code_sum`, given the block and its `d`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn group<B, const R: usize, const SIGNED: bool, const CORR: bool>(
+                w: [&[B]; R],
+                acts: &[Acts8],
+                codes: impl Fn(&B) -> __m256i,
+                scale: impl Fn(&B) -> f32,
+                corr: impl Fn(&B, f32) -> f32,
+            ) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.len() == acts.len()));
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut c = [_mm256_setzero_ps(); R];
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `d` and `dsum` are 8 f32 each.
+                    let (ad, asum) = unsafe {
+                        (
+                            _mm256_loadu_ps(a.d.as_ptr()),
+                            _mm256_loadu_ps(a.dsum.as_ptr()),
+                        )
+                    };
+                    let mut q = [[0i32; 8]; R];
+                    let mut sc = [_mm256_setzero_ps(); R];
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        // SAFETY: `q[r]` is 32 bytes.
+                        unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, codes(b)) };
+                        let d = scale(b);
+                        sc[r] = _mm256_mul_ps(_mm256_set1_ps(d), ad);
+                        if CORR {
+                            c[r] = _mm256_fmadd_ps(_mm256_set1_ps(corr(b, d)), asum, c[r]);
+                        }
+                    }
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for (m, qs) in a.qs.iter().enumerate() {
+                        // SAFETY: `qs` is 32 bytes.
+                        let av = unsafe { load32(qs.as_ptr() as *const u8) };
+                        for r in 0..R {
+                            // Codes 4 m .. 4 m + 4 of the block, in every lane.
+                            let wq = _mm256_set1_epi32(q[r][m]);
+                            isum[r] = if SIGNED {
+                                dot(isum[r], _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(av, wq))
+                            } else {
+                                dot(isum[r], wq, av)
+                            };
+                        }
+                    }
+                    for r in 0..R {
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), sc[r], acc[r]);
+                    }
+                }
+                std::array::from_fn(|r| {
+                    if CORR {
+                        _mm256_add_ps(acc[r], c[r])
+                    } else {
+                        acc[r]
+                    }
+                })
+            }
+
+            /// `R` (at most 4) rows against one token's blocks `acts` (scales `ad`, scaled
+            /// code sums `asum`): one result a row.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            fn token<B, const R: usize, const SIGNED: bool, const CORR: bool>(
+                w: [&[B]; R],
+                acts: &[BlockQ8_0],
+                ad: &[f32],
+                asum: &[f32],
+                codes: impl Fn(&B) -> __m256i,
+                scale: impl Fn(&B) -> f32,
+                corr: impl Fn(&B, f32) -> f32,
+            ) -> [f32; R] {
+                assert!(R <= 4 && w.iter().all(|w| w.len() == acts.len()));
+                assert!(ad.len() == acts.len() && asum.len() == acts.len());
+                let mut acc = _mm_setzero_ps();
+                let mut c = _mm_setzero_ps();
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `qs` is 32 bytes.
+                    let av = unsafe { load32(a.qs.as_ptr() as *const u8) };
+                    let mut p = [_mm256_setzero_si256(); 4];
+                    let mut d = [0f32; 4];
+                    let mut cr = [0f32; 4];
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        let q = codes(b);
+                        p[r] = if SIGNED {
+                            dot(p[r], _mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q))
+                        } else {
+                            dot(p[r], q, av)
+                        };
+                        d[r] = scale(b);
+                        if CORR {
+                            cr[r] = corr(b, d[r]);
+                        }
+                    }
+                    // SAFETY: `d` is 4 f32.
+                    let dv = unsafe { _mm_loadu_ps(d.as_ptr()) };
+                    // SAFETY: `i` indexes `acts`, and `ad`, `asum` are as long (asserted).
+                    let (a_d, a_sum) = unsafe { (*ad.get_unchecked(i), *asum.get_unchecked(i)) };
+                    let sc = _mm_mul_ps(dv, _mm_set1_ps(a_d));
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4(p)), sc, acc);
+                    if CORR {
+                        // SAFETY: `cr` is 4 f32.
+                        let cv = unsafe { _mm_loadu_ps(cr.as_ptr()) };
+                        c = _mm_fmadd_ps(cv, _mm_set1_ps(a_sum), c);
+                    }
+                }
+                let v = if CORR { _mm_add_ps(acc, c) } else { acc };
+                let mut out = [0f32; 4];
+                // SAFETY: `out` is 4 f32.
+                unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
+                std::array::from_fn(|r| out[r])
+            }
+
+            /// Generates the row-range driver of one format.
+            macro_rules! driver {
+                ($name:ident, $B:ty, $signed:literal, $corr:literal, $codes:expr, $cf:expr) => {
+                    #[target_feature(enable = $feat)]
+                    pub(in super::super) fn $name(
+                        bytes: &[u8],
+                        row_bytes: usize,
+                        rows: Range<usize>,
+                        input: &Q8Input,
+                        tokens: Range<usize>,
+                        out: &mut [f32],
+                        stride: usize,
+                    ) {
+                        let scale = |b: &$B| h2f(b.d);
+                        let codes = $codes;
+                        let corr = $cf;
+                        drive::<$B>(
+                            bytes,
+                            row_bytes,
+                            rows,
+                            input,
+                            tokens,
+                            out,
+                            stride,
+                            |w: [&[$B]; 2], acts: &[Acts8]| {
+                                group::<$B, 2, $signed, $corr>(w, acts, codes, scale, corr)
+                            },
+                            |w: [&[$B]; 1], acts: &[Acts8]| {
+                                group::<$B, 1, $signed, $corr>(w, acts, codes, scale, corr)
+                            },
+                            |w: [&[$B]; 4], t: (&[BlockQ8_0], &[f32], &[f32])| {
+                                token::<$B, 4, $signed, $corr>(w, t.0, t.1, t.2, codes, scale, corr)
+                            },
+                            |w: [&[$B]; 1], t: (&[BlockQ8_0], &[f32], &[f32])| {
+                                token::<$B, 1, $signed, $corr>(w, t.0, t.1, t.2, codes, scale, corr)
+                            },
+                        )
+                    }
+                };
+            }
+
+            driver!(
+                rows_q8_0,
+                BlockQ8_0,
+                true,
+                false,
+                // SAFETY: `qs` is 32 bytes.
+                |b: &BlockQ8_0| unsafe { load32(b.qs.as_ptr() as *const u8) },
+                |_: &BlockQ8_0, _: f32| 0.0
+            );
+            driver!(
+                rows_q4_0,
+                BlockQ4_0,
+                false,
+                true,
+                |b: &BlockQ4_0| nibbles16(&b.qs),
+                |_: &BlockQ4_0, d: f32| -8.0 * d
+            );
+            driver!(
+                rows_q5_0,
+                BlockQ5_0,
+                false,
+                true,
+                |b: &BlockQ5_0| codes5(b),
+                |_: &BlockQ5_0, d: f32| -16.0 * d
+            );
+            driver!(
+                rows_q4_1,
+                BlockQ4_1,
+                false,
+                true,
+                |b: &BlockQ4_1| nibbles16(&b.qs),
+                |b: &BlockQ4_1, _: f32| h2f(b.m)
+            );
+
+            /// The driver shared by every format: eight-token groups where two or more of a
+            /// group's tokens are wanted, one-token passes for the rest.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            fn drive<B>(
+                bytes: &[u8],
+                row_bytes: usize,
+                rows: Range<usize>,
+                input: &Q8Input,
+                tokens: Range<usize>,
+                out: &mut [f32],
+                stride: usize,
+                group2: impl Fn([&[B]; 2], &[Acts8]) -> [__m256; 2],
+                group1: impl Fn([&[B]; 1], &[Acts8]) -> [__m256; 1],
+                token4: impl Fn([&[B]; 4], (&[BlockQ8_0], &[f32], &[f32])) -> [f32; 4],
+                token1: impl Fn([&[B]; 1], (&[BlockQ8_0], &[f32], &[f32])) -> [f32; 1],
+            ) where
+                B: super::super::QuantBlock,
+            {
+                if tokens.is_empty() || rows.is_empty() {
+                    return;
+                }
+                let per_row = input.blocks_per_token();
+                let blocks = |r: usize| {
+                    as_blocks::<B>(&bytes[r * row_bytes..(r + 1) * row_bytes])
+                        .ok()
+                        .filter(|w| w.len() == per_row)
+                };
+                let spans = spans(&tokens);
+                let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
+                let write =
+                    |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
+                        let mut vals = [0f32; GROUP];
+                        // SAFETY: `vals` is 8 f32.
+                        unsafe { _mm256_storeu_ps(vals.as_mut_ptr(), v) };
+                        let o = i * stride + g0 + lanes.start - tokens.start;
+                        out[o..o + lanes.len()].copy_from_slice(&vals[lanes.clone()]);
+                    };
+                // Groups: row pairs, each pair's blocks kept in L1 while the groups pass.
+                if spans.iter().any(|s| wide(&s)) {
+                    let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+                    let mut i = 0;
+                    while i < rows.len() {
+                        let r = rows.start + i;
+                        let pair = i + 2 <= rows.len();
+                        let n = if pair { 2 } else { 1 };
+                        prefetch_ahead(bytes, (r + n) * row_bytes, &mut next);
+                        match (pair, blocks(r), pair.then(|| blocks(r + 1)).flatten()) {
+                            (true, Some(w0), Some(w1)) => {
+                                for (g0, lanes) in spans.iter().filter(wide) {
+                                    let acts = input.group_of(*g0);
+                                    let v = group2([w0, w1], acts);
+                                    write(out, i, *g0, lanes, v[0]);
+                                    write(out, i + 1, *g0, lanes, v[1]);
+                                }
+                                i += 2;
+                                continue;
+                            }
+                            (_, Some(w0), _) => {
+                                for (g0, lanes) in spans.iter().filter(wide) {
+                                    let v = group1([w0], input.group_of(*g0));
+                                    write(out, i, *g0, lanes, v[0]);
+                                }
+                            }
+                            (_, None, _) => {
+                                for (g0, lanes) in spans.iter().filter(wide) {
+                                    let o = i * stride + g0 + lanes.start - tokens.start;
+                                    out[o..o + lanes.len()].fill(f32::NAN);
+                                }
+                            }
+                        }
+                        i += 1;
+                    }
+                }
+                // Single tokens: four rows a pass.
+                for (g0, lanes) in spans.iter().filter(|s| s.1.len() == 1) {
+                    let t = g0 + lanes.start;
+                    let acts = input.q8_0_token(t);
+                    let j = t - tokens.start;
+                    let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+                    let mut i = 0;
+                    while i < rows.len() {
+                        let r = rows.start + i;
+                        if i + 4 <= rows.len() {
+                            prefetch_ahead(bytes, (r + 4) * row_bytes, &mut next);
+                            let ws: [_; 4] = std::array::from_fn(|k| blocks(r + k));
+                            if ws.iter().all(Option::is_some) {
+                                let v = token4(ws.map(Option::unwrap), acts);
+                                for (k, v) in v.into_iter().enumerate() {
+                                    out[(i + k) * stride + j] = v;
+                                }
+                                i += 4;
+                                continue;
+                            }
+                        }
+                        prefetch_ahead(bytes, (r + 1) * row_bytes, &mut next);
+                        out[i * stride + j] = match blocks(r) {
+                            Some(w) => token1([w], acts)[0],
+                            None => f32::NAN,
+                        };
+                        i += 1;
+                    }
+                }
+            }
+        }
+    };
+}
+
+kernels!(avx2, "avx2,fma,f16c", |acc, u, s| _mm256_add_epi32(
+    acc,
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+));
+kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, u, s| {
+    _mm256_dpbusd_avx_epi32(acc, u, s)
+});
+kernels!(
+    avx512_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    |acc, u, s| _mm256_dpbusd_epi32(acc, u, s)
+);

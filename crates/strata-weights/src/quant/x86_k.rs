@@ -1,0 +1,457 @@
+//! x86 kernels of Q4_K and Q6_K, in the two shapes of [`super::x86_b32`]: eight tokens a
+//! lane (activations interleaved four codes a token, [`Acts8K`]) for more than one token,
+//! four rows a lane for one token.
+//!
+//! Per (row, token) both do exactly this, super-block by super-block in order: the
+//! integer sum `Σ_g scale_g · Σ_{i∈g} q_i a_i` (exact), the integer correction
+//! (`Σ_g min_g · Σ_{i∈g} a_i` for Q4_K, `32 · Σ_g scale_g · Σ_{i∈g} a_i` for Q6_K's offset
+//! codes), then `acc = fma(f32(sum), d_w * d_a, acc)` and `c = fma(f32(corr), d'_w * d_a,
+//! c)` (`d'` is Q4_K's `dmin`, Q6_K's `d`), and the result `acc - c`. So a token's result
+//! has the same bits in either shape and any batch, and the AVX2 and VNNI byte dots (the
+//! same products, summed exactly) agree too.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::fast::{Acts8K, Q8Input, GROUP};
+use super::k_common::unpack_scales_mins;
+use super::x86::{h2f, load32, prefetch_ahead, PREFETCH_AHEAD};
+use super::x86_b32::reduce4;
+use super::{as_blocks, BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
+
+/// A super-block's 256 codes, decoded: `[sub-run of 32][four-code run]` as i32 words, so a
+/// run broadcasts from memory.
+type Codes = [[i32; 8]; 8];
+
+/// Q4_K's 256 unsigned 4-bit codes in element order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn codes_q4_k(b: &BlockQ4K, q: &mut Codes) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    for c in 0..4 {
+        // SAFETY: `qs` has 128 bytes; `q` rows are 32 bytes.
+        unsafe {
+            let v = load32(b.qs.as_ptr().add(32 * c));
+            _mm256_storeu_si256(
+                q[2 * c].as_mut_ptr() as *mut __m256i,
+                _mm256_and_si256(v, m4),
+            );
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+            _mm256_storeu_si256(q[2 * c + 1].as_mut_ptr() as *mut __m256i, hi);
+        }
+    }
+}
+
+/// Q6_K's 256 codes plus 32 (unsigned, below 64) in element order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn codes_q6_k(b: &BlockQ6K) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut u = [_mm256_setzero_si256(); 8];
+    for h in 0..2 {
+        // SAFETY: `ql` has 128 bytes, `qh` 64: offsets stay inside.
+        let (ql0, ql1, qh) = unsafe {
+            (
+                load32(b.ql.as_ptr().add(64 * h)),
+                load32(b.ql.as_ptr().add(64 * h + 32)),
+                load32(b.qh.as_ptr().add(32 * h)),
+            )
+        };
+        u[4 * h] = _mm256_or_si256(
+            _mm256_and_si256(ql0, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+        );
+        u[4 * h + 1] = _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        );
+        u[4 * h + 2] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+            _mm256_and_si256(qh, m30),
+        );
+        u[4 * h + 3] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        );
+    }
+    u
+}
+
+/// `Σ u[i] * s[i] * f` in eight i32 lanes (four products a lane) for codes `u` below 64:
+/// one scale for all 32, through `maddubs` and a `madd` by the scale, which stays inside
+/// i16 (2 * 63 * 127) and needs no 32-bit multiply. The one-token kernels use it in every
+/// form: the same exact sums as the byte dot and a multiply.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scaled(u: __m256i, s: __m256i, f: i16) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(f))
+}
+
+/// Two i16 factors in every 32-bit lane, for `madd` against interleaved group sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn pair16(a: i32, b: i32) -> __m256i {
+    _mm256_set1_epi32((a & 0xffff) | (b << 16))
+}
+
+/// Generates one form of the byte dot's Q4_K / Q6_K kernels: `$dot(acc, u, s)` adds the
+/// sums of each lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
+macro_rules! kernels {
+    ($m:ident, $feat:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr) => {
+        pub(super) mod $m {
+            use super::*;
+
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot($acc: __m256i, $u: __m256i, $s: __m256i) -> __m256i {
+                $dot
+            }
+
+            /// `R` rows of Q4_K against one group of eight tokens.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn group_q4_k<const R: usize>(w: [&[BlockQ4K]; R], acts: &[Acts8K]) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.len() == acts.len()));
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut c = [_mm256_setzero_ps(); R];
+                let mut q = [[[0i32; 8]; 8]; R];
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `d` is 8 f32.
+                    let ad = unsafe { _mm256_loadu_ps(a.d.as_ptr()) };
+                    let mut sc = [[0u8; 8]; R];
+                    let mut msum = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        codes_q4_k(b, &mut q[r]);
+                        let (s, mn) = unpack_scales_mins(&b.scales);
+                        sc[r] = s;
+                        for p in 0..4 {
+                            // SAFETY: `bsum32[p]` is 32 bytes.
+                            let bs = unsafe { load32(a.bsum32[p].as_ptr() as *const u8) };
+                            let f = pair16(i32::from(mn[2 * p]), i32::from(mn[2 * p + 1]));
+                            msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(bs, f));
+                        }
+                    }
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for j in 0..8 {
+                        let mut s = [_mm256_setzero_si256(); R];
+                        for m in 0..8 {
+                            // SAFETY: `qs[8 j + m]` is 32 bytes.
+                            let av = unsafe { load32(a.qs[8 * j + m].as_ptr() as *const u8) };
+                            for r in 0..R {
+                                s[r] = dot(s[r], _mm256_set1_epi32(q[r][j][m]), av);
+                            }
+                        }
+                        for r in 0..R {
+                            let f = _mm256_set1_epi32(i32::from(sc[r][j]));
+                            isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], f));
+                        }
+                    }
+                    for r in 0..R {
+                        // SAFETY: as above.
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        let dd = _mm256_mul_ps(_mm256_set1_ps(h2f(b.d)), ad);
+                        let dm = _mm256_mul_ps(_mm256_set1_ps(h2f(b.dmin)), ad);
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
+                        c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r]), dm, c[r]);
+                    }
+                }
+                std::array::from_fn(|r| _mm256_sub_ps(acc[r], c[r]))
+            }
+
+            /// `R` (at most 4) rows of Q4_K against one token's blocks.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn token_q4_k<const R: usize>(w: [&[BlockQ4K]; R], acts: &[BlockQ8K]) -> [f32; R] {
+                assert!(R <= 4 && w.iter().all(|w| w.len() == acts.len()));
+                let m4 = _mm256_set1_epi8(0x0f);
+                let (mut acc, mut c) = (_mm_setzero_ps(), _mm_setzero_ps());
+                for (i, a) in acts.iter().enumerate() {
+                    let mut p = [_mm256_setzero_si256(); 4];
+                    let (mut d, mut dmin, mut msum) = ([0f32; 4], [0f32; 4], [0i32; 4]);
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        let (sc, mn) = unpack_scales_mins(&b.scales);
+                        for k in 0..4 {
+                            // SAFETY: `qs` has 128 bytes, an activation block 256 codes.
+                            let (v, a0, a1) = unsafe {
+                                let x = a.qs.as_ptr() as *const u8;
+                                (
+                                    load32(b.qs.as_ptr().add(32 * k)),
+                                    load32(x.add(64 * k)),
+                                    load32(x.add(64 * k + 32)),
+                                )
+                            };
+                            let lo = _mm256_and_si256(v, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+                            p[r] = _mm256_add_epi32(p[r], scaled(lo, a0, sc[2 * k].into()));
+                            p[r] = _mm256_add_epi32(p[r], scaled(hi, a1, sc[2 * k + 1].into()));
+                        }
+                        msum[r] = (0..8)
+                            .map(|j| i32::from(mn[j]) * a.group_sum::<32>(j))
+                            .sum();
+                        (d[r], dmin[r]) = (h2f(b.d), h2f(b.dmin));
+                    }
+                    let ad = _mm_set1_ps(a.d);
+                    // SAFETY: each array is 4 wide.
+                    let (dv, mv, ms) = unsafe {
+                        (
+                            _mm_loadu_ps(d.as_ptr()),
+                            _mm_loadu_ps(dmin.as_ptr()),
+                            _mm_loadu_si128(msum.as_ptr() as *const __m128i),
+                        )
+                    };
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4(p)), _mm_mul_ps(dv, ad), acc);
+                    c = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_mul_ps(mv, ad), c);
+                }
+                lanes(_mm_sub_ps(acc, c))
+            }
+
+            /// `R` rows of Q6_K against one group of eight tokens.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn group_q6_k<const R: usize>(w: [&[BlockQ6K]; R], acts: &[Acts8K]) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.len() == acts.len()));
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut c = [_mm256_setzero_ps(); R];
+                let mut q = [[[0i32; 8]; 8]; R];
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `d` is 8 f32.
+                    let ad = unsafe { _mm256_loadu_ps(a.d.as_ptr()) };
+                    let mut osum = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        for (k, u) in codes_q6_k(b).into_iter().enumerate() {
+                            // SAFETY: `q[r][k]` is 32 bytes.
+                            unsafe { _mm256_storeu_si256(q[r][k].as_mut_ptr() as *mut __m256i, u) };
+                        }
+                        for p in 0..8 {
+                            // SAFETY: `bsum16[p]` is 32 bytes.
+                            let bs = unsafe { load32(a.bsum16[p].as_ptr() as *const u8) };
+                            let f =
+                                pair16(i32::from(b.scales[2 * p]), i32::from(b.scales[2 * p + 1]));
+                            osum[r] = _mm256_add_epi32(osum[r], _mm256_madd_epi16(bs, f));
+                        }
+                    }
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for g in 0..16 {
+                        let mut s = [_mm256_setzero_si256(); R];
+                        for m in 0..4 {
+                            let run = 4 * g + m;
+                            // SAFETY: `qs[run]` is 32 bytes.
+                            let av = unsafe { load32(a.qs[run].as_ptr() as *const u8) };
+                            for r in 0..R {
+                                s[r] = dot(s[r], _mm256_set1_epi32(q[r][run / 8][run % 8]), av);
+                            }
+                        }
+                        for r in 0..R {
+                            // SAFETY: as above.
+                            let b = unsafe { w[r].get_unchecked(i) };
+                            let f = _mm256_set1_epi32(i32::from(b.scales[g]));
+                            isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], f));
+                        }
+                    }
+                    for r in 0..R {
+                        // SAFETY: as above.
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        let dd = _mm256_mul_ps(_mm256_set1_ps(h2f(b.d)), ad);
+                        let o = _mm256_slli_epi32::<5>(osum[r]);
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
+                        c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(o), dd, c[r]);
+                    }
+                }
+                std::array::from_fn(|r| _mm256_sub_ps(acc[r], c[r]))
+            }
+
+            /// `R` (at most 4) rows of Q6_K against one token's blocks.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn token_q6_k<const R: usize>(w: [&[BlockQ6K]; R], acts: &[BlockQ8K]) -> [f32; R] {
+                assert!(R <= 4 && w.iter().all(|w| w.len() == acts.len()));
+                let (mut acc, mut c) = (_mm_setzero_ps(), _mm_setzero_ps());
+                for (i, a) in acts.iter().enumerate() {
+                    let mut p = [_mm256_setzero_si256(); 4];
+                    let (mut d, mut osum) = ([0f32; 4], [0i32; 4]);
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        for (k, u) in codes_q6_k(b).into_iter().enumerate() {
+                            // SAFETY: an activation block has 256 codes.
+                            let av = unsafe { load32((a.qs.as_ptr() as *const u8).add(32 * k)) };
+                            // Bytes 0-15 belong to group 2 k, bytes 16-31 to group 2 k + 1.
+                            let f = _mm256_set_m128i(
+                                _mm_set1_epi16(i16::from(b.scales[2 * k + 1])),
+                                _mm_set1_epi16(i16::from(b.scales[2 * k])),
+                            );
+                            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, av), f);
+                            p[r] = _mm256_add_epi32(p[r], s);
+                        }
+                        osum[r] = 32
+                            * (0..16)
+                                .map(|g| i32::from(b.scales[g]) * i32::from(a.bsums[g]))
+                                .sum::<i32>();
+                        d[r] = h2f(b.d);
+                    }
+                    // SAFETY: each array is 4 wide.
+                    let (dv, os) = unsafe {
+                        (
+                            _mm_loadu_ps(d.as_ptr()),
+                            _mm_loadu_si128(osum.as_ptr() as *const __m128i),
+                        )
+                    };
+                    let dd = _mm_mul_ps(dv, _mm_set1_ps(a.d));
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4(p)), dd, acc);
+                    c = _mm_fmadd_ps(_mm_cvtepi32_ps(os), dd, c);
+                }
+                lanes(_mm_sub_ps(acc, c))
+            }
+
+            /// The first `R` lanes of `v`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn lanes<const R: usize>(v: __m128) -> [f32; R] {
+                let mut out = [0f32; 4];
+                // SAFETY: `out` is 4 f32.
+                unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
+                std::array::from_fn(|r| out[r])
+            }
+
+            /// Generates a format's row-range driver.
+            macro_rules! driver {
+                ($name:ident, $B:ty, $group:ident, $token:ident) => {
+                    #[target_feature(enable = $feat)]
+                    pub(in super::super) fn $name(
+                        bytes: &[u8],
+                        row_bytes: usize,
+                        rows: Range<usize>,
+                        input: &Q8Input,
+                        tokens: Range<usize>,
+                        out: &mut [f32],
+                        stride: usize,
+                    ) {
+                        super::drive::<$B>(
+                            bytes,
+                            row_bytes,
+                            rows,
+                            input,
+                            tokens,
+                            out,
+                            stride,
+                            |w: [&[$B]; 2], a: &[Acts8K]| $group::<2>(w, a),
+                            |w: [&[$B]; 1], a: &[Acts8K]| $group::<1>(w, a),
+                            |w: [&[$B]; 4], a: &[BlockQ8K]| $token::<4>(w, a),
+                            |w: [&[$B]; 1], a: &[BlockQ8K]| $token::<1>(w, a),
+                        )
+                    }
+                };
+            }
+
+            driver!(rows_q4_k, BlockQ4K, group_q4_k, token_q4_k);
+            driver!(rows_q6_k, BlockQ6K, group_q6_k, token_q6_k);
+        }
+    };
+}
+
+/// The driver shared by both formats and every form of the dot: eight-token groups where
+/// two or more of a group's tokens are wanted (each group's activations kept hot while the
+/// rows pass, two rows at a time), four-row passes for single tokens.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn drive<B: QuantBlock>(
+    bytes: &[u8],
+    row_bytes: usize,
+    rows: Range<usize>,
+    input: &Q8Input,
+    tokens: Range<usize>,
+    out: &mut [f32],
+    stride: usize,
+    group2: impl Fn([&[B]; 2], &[Acts8K]) -> [__m256; 2],
+    group1: impl Fn([&[B]; 1], &[Acts8K]) -> [__m256; 1],
+    token4: impl Fn([&[B]; 4], &[BlockQ8K]) -> [f32; 4],
+    token1: impl Fn([&[B]; 1], &[BlockQ8K]) -> [f32; 1],
+) {
+    if tokens.is_empty() || rows.is_empty() {
+        return;
+    }
+    let per_row = input.blocks_per_token();
+    let blocks = |r: usize| {
+        as_blocks::<B>(&bytes[r * row_bytes..(r + 1) * row_bytes])
+            .ok()
+            .filter(|w| w.len() == per_row)
+    };
+    for (g0, lanes) in super::x86_b32::spans(&tokens) {
+        let o0 = g0 + lanes.start - tokens.start;
+        let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+        if lanes.len() >= 2 {
+            let acts = input.group_k_of(g0);
+            let write = |out: &mut [f32], i: usize, v: __m256| {
+                let mut vals = [0f32; GROUP];
+                // SAFETY: `vals` is 8 f32.
+                unsafe { _mm256_storeu_ps(vals.as_mut_ptr(), v) };
+                out[i * stride + o0..i * stride + o0 + lanes.len()]
+                    .copy_from_slice(&vals[lanes.clone()]);
+            };
+            let mut i = 0;
+            while i < rows.len() {
+                let r = rows.start + i;
+                prefetch_ahead(bytes, (r + 2).min(rows.end) * row_bytes, &mut next);
+                if i + 2 <= rows.len() {
+                    if let (Some(w0), Some(w1)) = (blocks(r), blocks(r + 1)) {
+                        let v = group2([w0, w1], acts);
+                        write(out, i, v[0]);
+                        write(out, i + 1, v[1]);
+                        i += 2;
+                        continue;
+                    }
+                }
+                match blocks(r) {
+                    Some(w) => write(out, i, group1([w], acts)[0]),
+                    None => out[i * stride + o0..i * stride + o0 + lanes.len()].fill(f32::NAN),
+                }
+                i += 1;
+            }
+            continue;
+        }
+        let acts = input.q8k_token(g0 + lanes.start);
+        let mut i = 0;
+        while i < rows.len() {
+            let r = rows.start + i;
+            if i + 4 <= rows.len() {
+                prefetch_ahead(bytes, (r + 4) * row_bytes, &mut next);
+                let ws: [_; 4] = std::array::from_fn(|k| blocks(r + k));
+                if ws.iter().all(Option::is_some) {
+                    let v = token4(ws.map(Option::unwrap), acts);
+                    for (k, v) in v.into_iter().enumerate() {
+                        out[(i + k) * stride + o0] = v;
+                    }
+                    i += 4;
+                    continue;
+                }
+            }
+            prefetch_ahead(bytes, (r + 1) * row_bytes, &mut next);
+            out[i * stride + o0] = match blocks(r) {
+                Some(w) => token1([w], acts)[0],
+                None => f32::NAN,
+            };
+            i += 1;
+        }
+    }
+}
+
+kernels!(avx2, "avx2,fma,f16c", |acc, u, s| _mm256_add_epi32(
+    acc,
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+));
+kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, u, s| {
+    _mm256_dpbusd_avx_epi32(acc, u, s)
+});
+kernels!(
+    avx512_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    |acc, u, s| _mm256_dpbusd_epi32(acc, u, s)
+);
