@@ -8,6 +8,11 @@
 //! count. Up to `KEY_CHUNK` keys, one task per (query token, query head) in one pass. Both
 //! are fixed by the key count alone, so a token's result does not depend on its batch.
 //!
+//! Within a task the scores take one key row at a time for the group's heads; the weighted
+//! value sums then walk all the task's value rows eight values at a time, the heads' sums in
+//! registers ([`axpy_rows`]: the row-at-a-time arithmetic in the same order, so the same
+//! bits).
+//!
 //! Keys and values are read through [`KvSource`], so the same kernel serves contiguous f32
 //! buffers ([`ContiguousKv`]) and a paged pool, whose bf16 rows are read in place
 //! ([`KvRow`]) and whose 8-bit rows are dequantized one at a time into scratch.
@@ -15,7 +20,7 @@
 use super::buffer::CpuBuffer;
 use super::dot::axpy;
 use super::elementwise::exp_f32;
-use super::kv_row::KvRow;
+use super::kv_row::{axpy_rows, KvRow};
 use crate::error::ensure;
 use crate::{AttentionParams, Result};
 use rayon::prelude::*;
@@ -206,13 +211,24 @@ fn key_run<K: KvSource>(
         sum[h] = row.iter().sum();
     }
     let mut acc = vec![0f32; group * d];
-    for (j, &i) in visible.iter().enumerate() {
-        for (h, w) in per_key.iter_mut().enumerate() {
-            *w = scores[h * n + j];
-        }
-        kv.value_row(i, g, &mut scratch)
-            .axpy_group(&mut acc, &per_key);
+    // Every value row at once (rows converted from the pool's format each get their own
+    // scratch), then summed eight values at a time across all of them.
+    // The scratch is this thread's, kept between runs (taken out while in use).
+    thread_local!(static ROWS: std::cell::RefCell<Vec<f32>> =
+        const { std::cell::RefCell::new(Vec::new()) });
+    let mut row_scratch = ROWS.with(|r| r.take());
+    if row_scratch.len() < n * d {
+        row_scratch.resize(n * d, 0.0);
     }
+    {
+        let rows: Vec<KvRow<'_>> = visible
+            .iter()
+            .zip(row_scratch.chunks_mut(d.max(1)))
+            .map(|(&i, s)| kv.value_row(i, g, s))
+            .collect();
+        axpy_rows(&rows, &scores, &mut acc);
+    }
+    ROWS.with(|r| *r.borrow_mut() = row_scratch);
     Run { max, sum, acc }
 }
 

@@ -86,6 +86,56 @@ impl KvRow<'_> {
     }
 }
 
+/// `acc[h * d ..] += Σ_j ws[h * n + j] * rows[j]` for each head `h` (`ws` head-major,
+/// `n = rows.len()`), the rows taken in order for every element: the same operations in the
+/// same order as [`KvRow::axpy_group`] row by row, so the same bits. Where the CPU has AVX2
+/// and every row has one element type, it walks the rows eight values at a time with the
+/// heads' sums in registers, so the sums are not loaded and stored once a row.
+pub(crate) fn axpy_rows(rows: &[KvRow<'_>], ws: &[f32], acc: &mut [f32]) {
+    let n = rows.len();
+    let heads = ws.len().checked_div(n).unwrap_or(0);
+    let d = acc.len().checked_div(heads).unwrap_or(0);
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(8)
+        && d > 0
+        && rows.iter().all(|r| r.len() == d)
+        && std::arch::is_x86_feature_detected!("avx2")
+    {
+        let f32s: Option<Vec<*const f32>> = rows
+            .iter()
+            .map(|r| match r {
+                KvRow::F32(v) => Some(v.as_ptr()),
+                KvRow::Bf16(_) => None,
+            })
+            .collect();
+        if let Some(ptrs) = f32s {
+            // SAFETY: AVX2 is present; every row holds d values, d a multiple of 8; `ws`
+            // holds `heads` rows of n weights and `acc` `heads` rows of d.
+            unsafe { avx2::axpy_rows(&ptrs, ws, acc, d) };
+            return;
+        }
+        let bf16s: Option<Vec<*const u16>> = rows
+            .iter()
+            .map(|r| match r {
+                KvRow::Bf16(v) => Some(v.as_ptr().cast::<u16>()),
+                KvRow::F32(_) => None,
+            })
+            .collect();
+        if let Some(ptrs) = bf16s {
+            // SAFETY: as above.
+            unsafe { avx2::axpy_rows(&ptrs, ws, acc, d) };
+            return;
+        }
+    }
+    let mut w = vec![0f32; heads];
+    for (j, row) in rows.iter().enumerate() {
+        for (h, w) in w.iter_mut().enumerate() {
+            *w = ws[h * n + j];
+        }
+        row.axpy_group(acc, &w);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -157,6 +207,46 @@ mod avx2 {
             }
             for (h, s) in out.iter_mut().enumerate() {
                 *s = finish(a[h], b[h]);
+            }
+        }
+    }
+
+    /// Heads whose sums stay in registers in [`axpy_rows`].
+    const SUM_HEADS: usize = 8;
+
+    /// # Safety
+    /// AVX2; each row holds d values, d a multiple of 8; `ws` holds `acc.len() / d` rows
+    /// of `rows.len()` weights.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn axpy_rows<T: Load8>(
+        rows: &[*const T],
+        ws: &[f32],
+        acc: &mut [f32],
+        d: usize,
+    ) {
+        let n = rows.len();
+        let heads = acc.len() / d;
+        for h0 in (0..heads).step_by(SUM_HEADS) {
+            let hs = (heads - h0).min(SUM_HEADS);
+            for i in (0..d).step_by(8) {
+                let mut sum = [_mm256_setzero_ps(); SUM_HEADS];
+                for (k, s) in sum.iter_mut().enumerate().take(hs) {
+                    // SAFETY: head h0 + k's sums hold d values from i.
+                    *s = unsafe { _mm256_loadu_ps(acc.as_ptr().add((h0 + k) * d + i)) };
+                }
+                for (j, &row) in rows.iter().enumerate() {
+                    // SAFETY: the row holds d values.
+                    let v = unsafe { T::load8(row.add(i)) };
+                    for (k, s) in sum.iter_mut().enumerate().take(hs) {
+                        // SAFETY: `ws` holds n weights for each head.
+                        let w = unsafe { *ws.get_unchecked((h0 + k) * n + j) };
+                        *s = _mm256_add_ps(*s, _mm256_mul_ps(_mm256_set1_ps(w), v));
+                    }
+                }
+                for (k, s) in sum.iter().enumerate().take(hs) {
+                    // SAFETY: as above.
+                    unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add((h0 + k) * d + i), *s) };
+                }
             }
         }
     }
@@ -239,6 +329,32 @@ mod tests {
                     let mut acc = start.clone();
                     row.axpy_group(&mut acc, &ws);
                     assert_eq!(bits(&acc), bits(&want), "sums, d {d}, {heads} heads");
+                }
+
+                // Many rows at once: row by row's bits, for f32, bf16 and mixed rows.
+                let n = 7;
+                let v32: Vec<Vec<f32>> = (0..n).map(|j| values(d, 10 + j as u32)).collect();
+                let v16: Vec<Vec<bf16>> = v32
+                    .iter()
+                    .map(|v| v.iter().map(|&x| bf16::from_f32(x)).collect())
+                    .collect();
+                let wn = values(heads * n, 5);
+                let kinds: [fn(usize) -> bool; 3] = [|_| true, |_| false, |j| j % 2 == 0];
+                for as_f32 in kinds {
+                    let rows: Vec<KvRow<'_>> = (0..n)
+                        .map(|j| match as_f32(j) {
+                            true => KvRow::F32(&v32[j]),
+                            false => KvRow::Bf16(&v16[j]),
+                        })
+                        .collect();
+                    let mut want = start.clone();
+                    for (j, row) in rows.iter().enumerate() {
+                        let w: Vec<f32> = (0..heads).map(|h| wn[h * n + j]).collect();
+                        row.axpy_group(&mut want, &w);
+                    }
+                    let mut got = start.clone();
+                    axpy_rows(&rows, &wn, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "rows, d {d}, {heads} heads");
                 }
             }
         }
