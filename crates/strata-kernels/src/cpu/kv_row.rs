@@ -94,6 +94,7 @@ impl KvRow<'_> {
 pub(crate) fn axpy_rows(rows: &[KvRow<'_>], ws: &[f32], acc: &mut [f32]) {
     let n = rows.len();
     let heads = ws.len().checked_div(n).unwrap_or(0);
+    #[cfg(target_arch = "x86_64")]
     let d = acc.len().checked_div(heads).unwrap_or(0);
     #[cfg(target_arch = "x86_64")]
     if d.is_multiple_of(8)

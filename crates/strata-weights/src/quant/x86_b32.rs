@@ -7,9 +7,9 @@
 //!   them into eight tokens' integer sums at once. The f32 step (the block's scale times
 //!   each token's, fused into the running sum) then runs once per block for eight tokens,
 //!   not once per (token, block), and nothing is summed across lanes.
-//! - **Four rows a lane** (one token): each row's byte products land in eight lanes, whose
-//!   integer sums are reduced exactly to one lane per row; the f32 step runs for four rows
-//!   at once.
+//! - **A row a lane** (one token): each row's byte products land in eight lanes, whose
+//!   integer sums are reduced exactly to one lane per row; the f32 step runs for
+//!   [`TOKEN_ROWS`] rows at once.
 //!
 //! Per (row, token) both do exactly this, block by block in order: the block's integer sum
 //! (exact), `acc = fma(f32(sum), d_w * d_a, acc)`, `c = fma(corr_w, dsum_a, c)` for formats
@@ -45,14 +45,25 @@ fn codes5(b: &BlockQ5_0) -> __m256i {
     )
 }
 
-/// The sums of four lanes' 32-lane-wide partial sums, one row a lane: `[Σp0, Σp1, Σp2,
-/// Σp3]`. Integer additions, so exact in any order.
+/// The exact sums of the first `R` (2 or 4) of `p`'s eight-lane partial sums, one row a
+/// lane: `[Σp0, Σp1, Σp2, Σp3]`, or `[Σp0, Σp1, Σp0, Σp1]` for two. Integer additions, so
+/// exact in any order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn reduce4(p: [__m256i; 4]) -> __m128i {
+pub(super) fn reduce_rows<const R: usize>(p: [__m256i; 4]) -> __m128i {
+    if R <= 2 {
+        let t = _mm256_hadd_epi32(p[0], p[1]);
+        let s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+        return _mm_hadd_epi32(s, s);
+    }
     let t = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
 }
+
+/// Rows a one-token pass takes together (at most 4, the lanes of the f32 step). Two keep
+/// as few weight streams in flight per thread as the memory system serves well: four
+/// streamed the output head of a 262,144-token vocabulary slower on two threads.
+pub(super) const TOKEN_ROWS: usize = 2;
 
 /// The wanted tokens of each activation group they fall in: (group start, lanes).
 pub(super) fn spans(tokens: &Range<usize>) -> Vec<(usize, Range<usize>)> {
@@ -182,15 +193,15 @@ macro_rules! kernels {
                             cr[r] = corr(b, d[r]);
                         }
                     }
-                    // SAFETY: `d` is 4 f32.
-                    let dv = unsafe { _mm_loadu_ps(d.as_ptr()) };
+                    // From registers: a vector load of four scalar stores would stall on
+                    // store forwarding every block.
+                    let dv = _mm_setr_ps(d[0], d[1], d[2], d[3]);
                     // SAFETY: `i` indexes `acts`, and `ad`, `asum` are as long (asserted).
                     let (a_d, a_sum) = unsafe { (*ad.get_unchecked(i), *asum.get_unchecked(i)) };
                     let sc = _mm_mul_ps(dv, _mm_set1_ps(a_d));
-                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4(p)), sc, acc);
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce_rows::<R>(p)), sc, acc);
                     if CORR {
-                        // SAFETY: `cr` is 4 f32.
-                        let cv = unsafe { _mm_loadu_ps(cr.as_ptr()) };
+                        let cv = _mm_setr_ps(cr[0], cr[1], cr[2], cr[3]);
                         c = _mm_fmadd_ps(cv, _mm_set1_ps(a_sum), c);
                     }
                 }
@@ -231,8 +242,10 @@ macro_rules! kernels {
                             |w: [&[$B]; 1], acts: &[Acts8]| {
                                 group::<$B, 1, $signed, $corr>(w, acts, codes, scale, corr)
                             },
-                            |w: [&[$B]; 4], t: (&[BlockQ8_0], &[f32], &[f32])| {
-                                token::<$B, 4, $signed, $corr>(w, t.0, t.1, t.2, codes, scale, corr)
+                            |w: [&[$B]; TOKEN_ROWS], t: (&[BlockQ8_0], &[f32], &[f32])| {
+                                token::<$B, TOKEN_ROWS, $signed, $corr>(
+                                    w, t.0, t.1, t.2, codes, scale, corr,
+                                )
                             },
                             |w: [&[$B]; 1], t: (&[BlockQ8_0], &[f32], &[f32])| {
                                 token::<$B, 1, $signed, $corr>(w, t.0, t.1, t.2, codes, scale, corr)
@@ -291,7 +304,10 @@ macro_rules! kernels {
                 stride: usize,
                 group2: impl Fn([&[B]; 2], &[Acts8]) -> [__m256; 2],
                 group1: impl Fn([&[B]; 1], &[Acts8]) -> [__m256; 1],
-                token4: impl Fn([&[B]; 4], (&[BlockQ8_0], &[f32], &[f32])) -> [f32; 4],
+                token_rows: impl Fn(
+                    [&[B]; TOKEN_ROWS],
+                    (&[BlockQ8_0], &[f32], &[f32]),
+                ) -> [f32; TOKEN_ROWS],
                 token1: impl Fn([&[B]; 1], (&[BlockQ8_0], &[f32], &[f32])) -> [f32; 1],
             ) where
                 B: super::super::QuantBlock,
@@ -360,15 +376,15 @@ macro_rules! kernels {
                     let mut i = 0;
                     while i < rows.len() {
                         let r = rows.start + i;
-                        if i + 4 <= rows.len() {
-                            prefetch_ahead(bytes, (r + 4) * row_bytes, &mut next);
-                            let ws: [_; 4] = std::array::from_fn(|k| blocks(r + k));
+                        if i + TOKEN_ROWS <= rows.len() {
+                            prefetch_ahead(bytes, (r + TOKEN_ROWS) * row_bytes, &mut next);
+                            let ws: [_; TOKEN_ROWS] = std::array::from_fn(|k| blocks(r + k));
                             if ws.iter().all(Option::is_some) {
-                                let v = token4(ws.map(Option::unwrap), acts);
+                                let v = token_rows(ws.map(Option::unwrap), acts);
                                 for (k, v) in v.into_iter().enumerate() {
                                     out[(i + k) * stride + j] = v;
                                 }
-                                i += 4;
+                                i += TOKEN_ROWS;
                                 continue;
                             }
                         }

@@ -16,7 +16,11 @@ use std::ops::Range;
 use super::fast::{Acts8K, Q8Input, GROUP};
 use super::k_common::unpack_scales_mins;
 use super::x86::{h2f, load32, prefetch_ahead, PREFETCH_AHEAD};
-use super::x86_b32::reduce4;
+use super::x86_b32::reduce_rows;
+
+/// Rows a one-token pass takes together: one, so a row's decoded codes and sums stay in
+/// registers (two rows measured slower here, unlike the 32-value formats).
+const TOKEN_ROWS: usize = 1;
 use super::{as_blocks, BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
 
 /// A super-block's 256 codes, decoded: `[sub-run of 32][four-code run]` as i32 words, so a
@@ -86,6 +90,14 @@ fn codes_q6_k(b: &BlockQ6K) -> [__m256i; 8] {
 #[inline]
 fn scaled(u: __m256i, s: __m256i, f: i16) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(f))
+}
+
+/// A Q8_K block's 16 group sums as one vector of i16.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bsums(a: &BlockQ8K) -> __m256i {
+    // SAFETY: `bsums` is 16 i16, 32 bytes.
+    unsafe { load32(a.bsums.as_ptr() as *const u8) }
 }
 
 /// Two i16 factors in every 32-bit lane, for `madd` against interleaved group sums.
@@ -170,7 +182,8 @@ macro_rules! kernels {
                 let (mut acc, mut c) = (_mm_setzero_ps(), _mm_setzero_ps());
                 for (i, a) in acts.iter().enumerate() {
                     let mut p = [_mm256_setzero_si256(); 4];
-                    let (mut d, mut dmin, mut msum) = ([0f32; 4], [0f32; 4], [0i32; 4]);
+                    let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
+                    let mut msum = [_mm256_setzero_si256(); 4];
                     for r in 0..R {
                         // SAFETY: every row has `acts.len()` blocks (asserted above).
                         let b = unsafe { w[r].get_unchecked(i) };
@@ -190,21 +203,23 @@ macro_rules! kernels {
                             p[r] = _mm256_add_epi32(p[r], scaled(lo, a0, sc[2 * k].into()));
                             p[r] = _mm256_add_epi32(p[r], scaled(hi, a1, sc[2 * k + 1].into()));
                         }
-                        msum[r] = (0..8)
-                            .map(|j| i32::from(mn[j]) * a.group_sum::<32>(j))
-                            .sum();
+                        // Σ_g min_{g/2} · bsum_g: the 16 group sums against each minimum
+                        // twice, eight lanes to reduce with the products.
+                        let m8 = _mm_set1_epi64x(i64::from_le_bytes(mn));
+                        let m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+                        msum[r] = _mm256_madd_epi16(bsums(a), m16);
                         (d[r], dmin[r]) = (h2f(b.d), h2f(b.dmin));
                     }
                     let ad = _mm_set1_ps(a.d);
-                    // SAFETY: each array is 4 wide.
-                    let (dv, mv, ms) = unsafe {
-                        (
-                            _mm_loadu_ps(d.as_ptr()),
-                            _mm_loadu_ps(dmin.as_ptr()),
-                            _mm_loadu_si128(msum.as_ptr() as *const __m128i),
-                        )
-                    };
-                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4(p)), _mm_mul_ps(dv, ad), acc);
+                    // From registers (a vector load of scalar stores stalls on forwarding).
+                    let dv = _mm_setr_ps(d[0], d[1], d[2], d[3]);
+                    let mv = _mm_setr_ps(dmin[0], dmin[1], dmin[2], dmin[3]);
+                    let ms = reduce_rows::<R>(msum);
+                    acc = _mm_fmadd_ps(
+                        _mm_cvtepi32_ps(reduce_rows::<R>(p)),
+                        _mm_mul_ps(dv, ad),
+                        acc,
+                    );
                     c = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_mul_ps(mv, ad), c);
                 }
                 lanes(_mm_sub_ps(acc, c))
@@ -275,7 +290,8 @@ macro_rules! kernels {
                 let (mut acc, mut c) = (_mm_setzero_ps(), _mm_setzero_ps());
                 for (i, a) in acts.iter().enumerate() {
                     let mut p = [_mm256_setzero_si256(); 4];
-                    let (mut d, mut osum) = ([0f32; 4], [0i32; 4]);
+                    let mut d = [0f32; 4];
+                    let mut osum = [_mm256_setzero_si256(); 4];
                     for r in 0..R {
                         // SAFETY: every row has `acts.len()` blocks (asserted above).
                         let b = unsafe { w[r].get_unchecked(i) };
@@ -290,21 +306,17 @@ macro_rules! kernels {
                             let s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, av), f);
                             p[r] = _mm256_add_epi32(p[r], s);
                         }
-                        osum[r] = 32
-                            * (0..16)
-                                .map(|g| i32::from(b.scales[g]) * i32::from(a.bsums[g]))
-                                .sum::<i32>();
+                        // Σ_g scale_g · bsum_g in eight lanes, reduced with the products.
+                        // SAFETY: `scales` is 16 bytes.
+                        let sc = unsafe { _mm_loadu_si128(b.scales.as_ptr() as *const __m128i) };
+                        osum[r] = _mm256_madd_epi16(bsums(a), _mm256_cvtepi8_epi16(sc));
                         d[r] = h2f(b.d);
                     }
-                    // SAFETY: each array is 4 wide.
-                    let (dv, os) = unsafe {
-                        (
-                            _mm_loadu_ps(d.as_ptr()),
-                            _mm_loadu_si128(osum.as_ptr() as *const __m128i),
-                        )
-                    };
+                    // From registers (a vector load of scalar stores stalls on forwarding).
+                    let dv = _mm_setr_ps(d[0], d[1], d[2], d[3]);
+                    let os = _mm_slli_epi32::<5>(reduce_rows::<R>(osum));
                     let dd = _mm_mul_ps(dv, _mm_set1_ps(a.d));
-                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce4(p)), dd, acc);
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce_rows::<R>(p)), dd, acc);
                     c = _mm_fmadd_ps(_mm_cvtepi32_ps(os), dd, c);
                 }
                 lanes(_mm_sub_ps(acc, c))
@@ -343,7 +355,7 @@ macro_rules! kernels {
                             stride,
                             |w: [&[$B]; 2], a: &[Acts8K]| $group::<2>(w, a),
                             |w: [&[$B]; 1], a: &[Acts8K]| $group::<1>(w, a),
-                            |w: [&[$B]; 4], a: &[BlockQ8K]| $token::<4>(w, a),
+                            |w: [&[$B]; TOKEN_ROWS], a: &[BlockQ8K]| $token::<TOKEN_ROWS>(w, a),
                             |w: [&[$B]; 1], a: &[BlockQ8K]| $token::<1>(w, a),
                         )
                     }
@@ -358,7 +370,7 @@ macro_rules! kernels {
 
 /// The driver shared by both formats and every form of the dot: eight-token groups where
 /// two or more of a group's tokens are wanted (each group's activations kept hot while the
-/// rows pass, two rows at a time), four-row passes for single tokens.
+/// rows pass, two rows at a time), [`TOKEN_ROWS`]-row passes for single tokens.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -372,7 +384,7 @@ fn drive<B: QuantBlock>(
     stride: usize,
     group2: impl Fn([&[B]; 2], &[Acts8K]) -> [__m256; 2],
     group1: impl Fn([&[B]; 1], &[Acts8K]) -> [__m256; 1],
-    token4: impl Fn([&[B]; 4], &[BlockQ8K]) -> [f32; 4],
+    token_rows: impl Fn([&[B]; TOKEN_ROWS], &[BlockQ8K]) -> [f32; TOKEN_ROWS],
     token1: impl Fn([&[B]; 1], &[BlockQ8K]) -> [f32; 1],
 ) {
     if tokens.is_empty() || rows.is_empty() {
@@ -421,15 +433,15 @@ fn drive<B: QuantBlock>(
         let mut i = 0;
         while i < rows.len() {
             let r = rows.start + i;
-            if i + 4 <= rows.len() {
-                prefetch_ahead(bytes, (r + 4) * row_bytes, &mut next);
-                let ws: [_; 4] = std::array::from_fn(|k| blocks(r + k));
+            if i + TOKEN_ROWS <= rows.len() {
+                prefetch_ahead(bytes, (r + TOKEN_ROWS) * row_bytes, &mut next);
+                let ws: [_; TOKEN_ROWS] = std::array::from_fn(|k| blocks(r + k));
                 if ws.iter().all(Option::is_some) {
-                    let v = token4(ws.map(Option::unwrap), acts);
+                    let v = token_rows(ws.map(Option::unwrap), acts);
                     for (k, v) in v.into_iter().enumerate() {
                         out[(i + k) * stride + o0] = v;
                     }
-                    i += 4;
+                    i += TOKEN_ROWS;
                     continue;
                 }
             }
