@@ -173,7 +173,63 @@ macro_rules! kernels {
                 assert!(ad.len() == acts.len() && asum.len() == acts.len());
                 let mut acc = _mm_setzero_ps();
                 let mut c = _mm_setzero_ps();
-                for (i, a) in acts.iter().enumerate() {
+                let mut first = 0;
+                if R == 2 {
+                    // Two rows: two blocks a step share one reduction, lanes (row 0, row 1)
+                    // of block i then of block i + 1, each block's f32 step in turn.
+                    while first + 2 <= acts.len() {
+                        let i = first;
+                        let mut p = [_mm256_setzero_si256(); 4];
+                        let (mut d, mut cr) = ([0f32; 4], [0f32; 4]);
+                        for k in 0..2 {
+                            // SAFETY: `i + k` indexes `acts`; `qs` is 32 bytes.
+                            let av = unsafe {
+                                load32(acts.get_unchecked(i + k).qs.as_ptr() as *const u8)
+                            };
+                            for r in 0..2 {
+                                // SAFETY: every row has `acts.len()` blocks (asserted above).
+                                let b = unsafe { w[r.min(R - 1)].get_unchecked(i + k) };
+                                let q = codes(b);
+                                p[2 * k + r] = if SIGNED {
+                                    dot(
+                                        p[2 * k + r],
+                                        _mm256_sign_epi8(q, q),
+                                        _mm256_sign_epi8(av, q),
+                                    )
+                                } else {
+                                    dot(p[2 * k + r], q, av)
+                                };
+                                d[2 * k + r] = scale(b);
+                                if CORR {
+                                    cr[2 * k + r] = corr(b, d[2 * k + r]);
+                                }
+                            }
+                        }
+                        // SAFETY: `i + 1` indexes `acts`, and `ad`, `asum` are as long.
+                        let (a0, a1, s0, s1) = unsafe {
+                            (
+                                *ad.get_unchecked(i),
+                                *ad.get_unchecked(i + 1),
+                                *asum.get_unchecked(i),
+                                *asum.get_unchecked(i + 1),
+                            )
+                        };
+                        let x = _mm_cvtepi32_ps(reduce_rows::<4>(p));
+                        let sc = _mm_mul_ps(
+                            _mm_setr_ps(d[0], d[1], d[2], d[3]),
+                            _mm_setr_ps(a0, a0, a1, a1),
+                        );
+                        acc = _mm_fmadd_ps(x, sc, acc);
+                        acc = _mm_fmadd_ps(_mm_movehl_ps(x, x), _mm_movehl_ps(sc, sc), acc);
+                        if CORR {
+                            let cv = _mm_setr_ps(cr[0], cr[1], cr[2], cr[3]);
+                            c = _mm_fmadd_ps(cv, _mm_set1_ps(s0), c);
+                            c = _mm_fmadd_ps(_mm_movehl_ps(cv, cv), _mm_set1_ps(s1), c);
+                        }
+                        first += 2;
+                    }
+                }
+                for (i, a) in acts.iter().enumerate().skip(first) {
                     // SAFETY: `qs` is 32 bytes.
                     let av = unsafe { load32(a.qs.as_ptr() as *const u8) };
                     let mut p = [_mm256_setzero_si256(); 4];
