@@ -82,6 +82,80 @@ pub(super) fn nibbles16(qs: &[u8; 16]) -> __m256i {
     _mm256_set_m128i(hi, lo)
 }
 
+/// One token's results, column `j` of `out` (`$col` is `(out, stride, j)`; row `i` at
+/// `i * stride + j`), over `rows`:
+/// `$n` rows a pass through `$many`, the rest one at a time through `$one`; a row whose
+/// bytes are malformed (`$blocks` gives `None`) gets NaN. Shared by the formats' drivers; a
+/// macro so the kernels inline into each driver's target features.
+macro_rules! token_column {
+    ($n:expr, ($bytes:expr, $row_bytes:expr, $rows:expr), $blocks:expr, $acts:expr,
+     $col:expr, $many:expr, $one:expr) => {{
+        let (bytes, row_bytes, rows) = ($bytes, $row_bytes, $rows);
+        let ((out, stride, j), acts): ((&mut [f32], usize, usize), _) = ($col, $acts);
+        let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+        let mut i = 0;
+        while i < rows.len() {
+            let r = rows.start + i;
+            if i + $n <= rows.len() {
+                prefetch_ahead(bytes, (r + $n) * row_bytes, &mut next);
+                let ws: [_; $n] = std::array::from_fn(|k| $blocks(r + k));
+                if ws.iter().all(Option::is_some) {
+                    let v = $many(ws.map(Option::unwrap), acts);
+                    for (k, v) in v.into_iter().enumerate() {
+                        out[(i + k) * stride + j] = v;
+                    }
+                    i += $n;
+                    continue;
+                }
+            }
+            prefetch_ahead(bytes, (r + 1) * row_bytes, &mut next);
+            out[i * stride + j] = match $blocks(r) {
+                Some(w) => $one([w], acts)[0],
+                None => f32::NAN,
+            };
+            i += 1;
+        }
+    }};
+}
+pub(super) use token_column;
+
+/// Instantiates `$kernels!(module, target features, |acc, u, s| dot)` for each form of the
+/// byte dot: AVX2's `maddubs` + `madd`, AVX-VNNI's and AVX-512 VNNI's `vpdpbusd`.
+macro_rules! for_each_dot_form {
+    ($kernels:ident) => {
+        $kernels!(avx2, "avx2,fma,f16c", |acc, u, s| _mm256_add_epi32(
+            acc,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        ));
+        $kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, u, s| {
+            _mm256_dpbusd_avx_epi32(acc, u, s)
+        });
+        $kernels!(
+            avx512_vnni,
+            "avx2,fma,f16c,avx512vnni,avx512vl",
+            |acc, u, s| _mm256_dpbusd_epi32(acc, u, s)
+        );
+    };
+}
+pub(super) use for_each_dot_form;
+
+/// Lanes `lanes` of `v` (one result a token of an eight-token group) into row `i` of `out`
+/// from column `o0`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn write_lanes(
+    (out, stride): (&mut [f32], usize),
+    i: usize,
+    o0: usize,
+    lanes: &Range<usize>,
+    v: __m256,
+) {
+    let mut vals = [0f32; 8];
+    // SAFETY: `vals` is 8 f32.
+    unsafe { _mm256_storeu_ps(vals.as_mut_ptr(), v) };
+    out[i * stride + o0..i * stride + o0 + lanes.len()].copy_from_slice(&vals[lanes.clone()]);
+}
+
 /// How the 32-value formats sum four byte products into a lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Dot {

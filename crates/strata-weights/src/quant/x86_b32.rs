@@ -21,7 +21,10 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::fast::{Acts8, Q8Input, GROUP};
-use super::x86::{h2f, load32, nibbles16, prefetch_ahead, PREFETCH_AHEAD};
+use super::x86::{
+    for_each_dot_form, h2f, load32, nibbles16, prefetch_ahead, token_column, write_lanes,
+    PREFETCH_AHEAD,
+};
 use super::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
 /// Q5_0's 32 unsigned 5-bit codes: the nibbles plus 16 where bit `i` of `qh` is set.
@@ -381,11 +384,7 @@ macro_rules! kernels {
                 let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
                 let write =
                     |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
-                        let mut vals = [0f32; GROUP];
-                        // SAFETY: `vals` is 8 f32.
-                        unsafe { _mm256_storeu_ps(vals.as_mut_ptr(), v) };
-                        let o = i * stride + g0 + lanes.start - tokens.start;
-                        out[o..o + lanes.len()].copy_from_slice(&vals[lanes.clone()]);
+                        write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
                     };
                 // Groups: row pairs, each pair's blocks kept in L1 while the groups pass.
                 if spans.iter().any(|s| wide(&s)) {
@@ -423,49 +422,24 @@ macro_rules! kernels {
                         i += 1;
                     }
                 }
-                // Single tokens: four rows a pass.
+                // Single tokens: `TOKEN_ROWS` rows a pass.
                 for (g0, lanes) in spans.iter().filter(|s| s.1.len() == 1) {
                     let t = g0 + lanes.start;
+                    let col = (&mut *out, stride, t - tokens.start);
                     let acts = input.q8_0_token(t);
-                    let j = t - tokens.start;
-                    let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
-                    let mut i = 0;
-                    while i < rows.len() {
-                        let r = rows.start + i;
-                        if i + TOKEN_ROWS <= rows.len() {
-                            prefetch_ahead(bytes, (r + TOKEN_ROWS) * row_bytes, &mut next);
-                            let ws: [_; TOKEN_ROWS] = std::array::from_fn(|k| blocks(r + k));
-                            if ws.iter().all(Option::is_some) {
-                                let v = token_rows(ws.map(Option::unwrap), acts);
-                                for (k, v) in v.into_iter().enumerate() {
-                                    out[(i + k) * stride + j] = v;
-                                }
-                                i += TOKEN_ROWS;
-                                continue;
-                            }
-                        }
-                        prefetch_ahead(bytes, (r + 1) * row_bytes, &mut next);
-                        out[i * stride + j] = match blocks(r) {
-                            Some(w) => token1([w], acts)[0],
-                            None => f32::NAN,
-                        };
-                        i += 1;
-                    }
+                    token_column!(
+                        TOKEN_ROWS,
+                        (bytes, row_bytes, rows.clone()),
+                        blocks,
+                        acts,
+                        col,
+                        token_rows,
+                        token1
+                    );
                 }
             }
         }
     };
 }
 
-kernels!(avx2, "avx2,fma,f16c", |acc, u, s| _mm256_add_epi32(
-    acc,
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-));
-kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, u, s| {
-    _mm256_dpbusd_avx_epi32(acc, u, s)
-});
-kernels!(
-    avx512_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    |acc, u, s| _mm256_dpbusd_epi32(acc, u, s)
-);
+for_each_dot_form!(kernels);

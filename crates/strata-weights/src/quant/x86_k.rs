@@ -13,9 +13,11 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::fast::{Acts8K, Q8Input, GROUP};
+use super::fast::{Acts8K, Q8Input};
 use super::k_common::unpack_scales_mins;
-use super::x86::{h2f, load32, prefetch_ahead, PREFETCH_AHEAD};
+use super::x86::{
+    for_each_dot_form, h2f, load32, prefetch_ahead, token_column, write_lanes, PREFETCH_AHEAD,
+};
 use super::x86_b32::reduce_rows;
 
 /// Rows a one-token pass takes together: one, so a row's decoded codes and sums stay in
@@ -398,16 +400,11 @@ fn drive<B: QuantBlock>(
     };
     for (g0, lanes) in super::x86_b32::spans(&tokens) {
         let o0 = g0 + lanes.start - tokens.start;
-        let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
         if lanes.len() >= 2 {
+            let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
             let acts = input.group_k_of(g0);
-            let write = |out: &mut [f32], i: usize, v: __m256| {
-                let mut vals = [0f32; GROUP];
-                // SAFETY: `vals` is 8 f32.
-                unsafe { _mm256_storeu_ps(vals.as_mut_ptr(), v) };
-                out[i * stride + o0..i * stride + o0 + lanes.len()]
-                    .copy_from_slice(&vals[lanes.clone()]);
-            };
+            let write =
+                |out: &mut [f32], i: usize, v: __m256| write_lanes((out, stride), i, o0, &lanes, v);
             let mut i = 0;
             while i < rows.len() {
                 let r = rows.start + i;
@@ -430,40 +427,17 @@ fn drive<B: QuantBlock>(
             continue;
         }
         let acts = input.q8k_token(g0 + lanes.start);
-        let mut i = 0;
-        while i < rows.len() {
-            let r = rows.start + i;
-            if i + TOKEN_ROWS <= rows.len() {
-                prefetch_ahead(bytes, (r + TOKEN_ROWS) * row_bytes, &mut next);
-                let ws: [_; TOKEN_ROWS] = std::array::from_fn(|k| blocks(r + k));
-                if ws.iter().all(Option::is_some) {
-                    let v = token_rows(ws.map(Option::unwrap), acts);
-                    for (k, v) in v.into_iter().enumerate() {
-                        out[(i + k) * stride + o0] = v;
-                    }
-                    i += TOKEN_ROWS;
-                    continue;
-                }
-            }
-            prefetch_ahead(bytes, (r + 1) * row_bytes, &mut next);
-            out[i * stride + o0] = match blocks(r) {
-                Some(w) => token1([w], acts)[0],
-                None => f32::NAN,
-            };
-            i += 1;
-        }
+        let col = (&mut *out, stride, o0);
+        token_column!(
+            TOKEN_ROWS,
+            (bytes, row_bytes, rows.clone()),
+            blocks,
+            acts,
+            col,
+            token_rows,
+            token1
+        );
     }
 }
 
-kernels!(avx2, "avx2,fma,f16c", |acc, u, s| _mm256_add_epi32(
-    acc,
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-));
-kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, u, s| {
-    _mm256_dpbusd_avx_epi32(acc, u, s)
-});
-kernels!(
-    avx512_vnni,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    |acc, u, s| _mm256_dpbusd_epi32(acc, u, s)
-);
+for_each_dot_form!(kernels);
