@@ -94,6 +94,19 @@ fn scaled(u: __m256i, s: __m256i, f: i16) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(f))
 }
 
+/// The exact sums of each row's products `p` and corrections `m` (eight-lane partials), one
+/// row a lane. One row reduces both in one pass (`[Σp, Σm, ..]`, then `Σm` moved to lane 0).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn sums_and_corrections<const R: usize>(p: [__m256i; 4], m: [__m256i; 4]) -> (__m128i, __m128i) {
+    if R == 1 {
+        let z = _mm256_setzero_si256();
+        let j = reduce_rows::<2>([p[0], m[0], z, z]);
+        return (j, _mm_shuffle_epi32::<0b01_01_01_01>(j));
+    }
+    (reduce_rows::<R>(p), reduce_rows::<R>(m))
+}
+
 /// A Q8_K block's 16 group sums as one vector of i16.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -216,12 +229,8 @@ macro_rules! kernels {
                     // From registers (a vector load of scalar stores stalls on forwarding).
                     let dv = _mm_setr_ps(d[0], d[1], d[2], d[3]);
                     let mv = _mm_setr_ps(dmin[0], dmin[1], dmin[2], dmin[3]);
-                    let ms = reduce_rows::<R>(msum);
-                    acc = _mm_fmadd_ps(
-                        _mm_cvtepi32_ps(reduce_rows::<R>(p)),
-                        _mm_mul_ps(dv, ad),
-                        acc,
-                    );
+                    let (ps, ms) = sums_and_corrections::<R>(p, msum);
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(ps), _mm_mul_ps(dv, ad), acc);
                     c = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_mul_ps(mv, ad), c);
                 }
                 lanes(_mm_sub_ps(acc, c))
@@ -316,9 +325,10 @@ macro_rules! kernels {
                     }
                     // From registers (a vector load of scalar stores stalls on forwarding).
                     let dv = _mm_setr_ps(d[0], d[1], d[2], d[3]);
-                    let os = _mm_slli_epi32::<5>(reduce_rows::<R>(osum));
+                    let (ps, os) = sums_and_corrections::<R>(p, osum);
+                    let os = _mm_slli_epi32::<5>(os);
                     let dd = _mm_mul_ps(dv, _mm_set1_ps(a.d));
-                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(reduce_rows::<R>(p)), dd, acc);
+                    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(ps), dd, acc);
                     c = _mm_fmadd_ps(_mm_cvtepi32_ps(os), dd, c);
                 }
                 lanes(_mm_sub_ps(acc, c))
