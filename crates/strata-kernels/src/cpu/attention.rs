@@ -21,6 +21,7 @@ use super::buffer::CpuBuffer;
 use super::dot::axpy;
 use super::elementwise::exp_f32;
 use super::kv_row::{axpy_rows, KvRow};
+use super::par::with_scratch;
 use crate::error::ensure;
 use crate::{AttentionParams, Result};
 use rayon::prelude::*;
@@ -212,23 +213,15 @@ fn key_run<K: KvSource>(
     }
     let mut acc = vec![0f32; group * d];
     // Every value row at once (rows converted from the pool's format each get their own
-    // scratch), then summed eight values at a time across all of them.
-    // The scratch is this thread's, kept between runs (taken out while in use).
-    thread_local!(static ROWS: std::cell::RefCell<Vec<f32>> =
-        const { std::cell::RefCell::new(Vec::new()) });
-    let mut row_scratch = ROWS.with(|r| r.take());
-    if row_scratch.len() < n * d {
-        row_scratch.resize(n * d, 0.0);
-    }
-    {
+    // part of the thread's scratch), then summed eight values at a time across all of them.
+    with_scratch(n * d, |row_scratch| {
         let rows: Vec<KvRow<'_>> = visible
             .iter()
             .zip(row_scratch.chunks_mut(d.max(1)))
             .map(|(&i, s)| kv.value_row(i, g, s))
             .collect();
         axpy_rows(&rows, &scores, &mut acc);
-    }
-    ROWS.with(|r| *r.borrow_mut() = row_scratch);
+    });
     Run { max, sum, acc }
 }
 

@@ -15,6 +15,7 @@
 
 use super::buffer::CpuBuffer;
 use super::dot::{dot, DotWith};
+use super::par::with_scratch;
 use crate::error::ensure;
 use crate::quant::{PreparedInput, RowDot};
 use crate::{DeviceBuffer, MatmulShape, Result};
@@ -345,29 +346,6 @@ fn run_prepared(w: &dyn RowDot, p: &PreparedInput, tokens: usize, n: usize, out:
         transpose(by_row, tokens, n, out);
     });
 }
-
-/// Runs `f` on `len` floats of this thread's scratch, which keeps its allocation between
-/// calls: a prefill's row-major products take megabytes a matmul, and a fresh allocation
-/// that size is new pages from the kernel (faults and zeroing) every time. `f` must write
-/// every value before reading it (the contents are a previous call's). A scratch past
-/// [`SCRATCH_KEPT`] floats (a vocabulary-wide product over a long prompt) is freed after use.
-fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    thread_local!(static SCRATCH: std::cell::RefCell<Vec<f32>> =
-        const { std::cell::RefCell::new(Vec::new()) });
-    // Taken out while in use, so a nested call on this thread starts its own.
-    let mut v = SCRATCH.with(|s| s.take());
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-    let r = f(&mut v[..len]);
-    if v.len() <= SCRATCH_KEPT {
-        SCRATCH.with(|s| *s.borrow_mut() = v);
-    }
-    r
-}
-
-/// The most floats a thread's matmul scratch keeps between calls (32 MiB).
-const SCRATCH_KEPT: usize = 8 << 20;
 
 #[cfg(test)]
 mod tests {

@@ -199,9 +199,7 @@ impl Q8Input {
             for i in 0..self.blocks {
                 let src = &self.q8k[t * self.blocks + i];
                 let dst = &mut self.groups_k[g * self.blocks + i];
-                for (m, run) in src.qs.chunks_exact(4).enumerate() {
-                    dst.qs[m][4 * lane..4 * lane + 4].copy_from_slice(run);
-                }
+                interleave(&src.qs, &mut dst.qs, lane);
                 dst.d[lane] = src.d;
                 for p in 0..4 {
                     for h in 0..2 {
@@ -228,13 +226,20 @@ impl Q8Input {
             let (g, lane) = (t / GROUP, t % GROUP);
             for i in 0..self.blocks {
                 let (src, dst) = (t * self.blocks + i, &mut self.groups[g * self.blocks + i]);
-                for (m, run) in self.q8_0[src].qs.chunks_exact(4).enumerate() {
-                    dst.qs[m][4 * lane..4 * lane + 4].copy_from_slice(run);
-                }
+                interleave(&self.q8_0[src].qs, &mut dst.qs, lane);
                 dst.d[lane] = self.d[src];
                 dst.dsum[lane] = self.dsum[src];
             }
         }
+    }
+}
+
+/// A token's codes into lane `lane` of an interleaved group: codes `4 m .. 4 m + 4` to
+/// `runs[m][4 lane ..]`.
+#[cfg(target_arch = "x86_64")]
+fn interleave(codes: &[i8], runs: &mut [[i8; 32]], lane: usize) {
+    for (run, four) in runs.iter_mut().zip(codes.chunks_exact(4)) {
+        run[4 * lane..4 * lane + 4].copy_from_slice(four);
     }
 }
 

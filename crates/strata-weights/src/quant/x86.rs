@@ -139,6 +139,16 @@ macro_rules! for_each_dot_form {
 }
 pub(super) use for_each_dot_form;
 
+/// The first `R` lanes of `v` (one result a row of a one-token kernel).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn lanes<const R: usize>(v: __m128) -> [f32; R] {
+    let mut out = [0f32; 4];
+    // SAFETY: `out` is 4 f32.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
+    std::array::from_fn(|r| out[r])
+}
+
 /// Lanes `lanes` of `v` (one result a token of an eight-token group) into row `i` of `out`
 /// from column `o0`.
 #[target_feature(enable = "avx2,fma,f16c")]

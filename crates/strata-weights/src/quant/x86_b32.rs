@@ -22,7 +22,7 @@ use std::ops::Range;
 
 use super::fast::{Acts8, Q8Input, GROUP};
 use super::x86::{
-    for_each_dot_form, h2f, load32, nibbles16, prefetch_ahead, token_column, write_lanes,
+    for_each_dot_form, h2f, lanes, load32, nibbles16, prefetch_ahead, token_column, write_lanes,
     PREFETCH_AHEAD,
 };
 use super::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
@@ -94,6 +94,19 @@ macro_rules! kernels {
                 $dot
             }
 
+            /// [`dot`] of a block's codes `q` with activation codes `a`: unsigned codes as
+            /// they are; signed ones (Q8_0) with the weight's sign moved onto the
+            /// activation, so the unsigned operand is the magnitude.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot_codes<const SIGNED: bool>(acc: __m256i, q: __m256i, a: __m256i) -> __m256i {
+                if SIGNED {
+                    dot(acc, _mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q))
+                } else {
+                    dot(acc, q, a)
+                }
+            }
+
             /// `R` rows against the eight tokens of one activation group: each row's
             /// eight results. `codes` gives a block's codes (signed when `SIGNED`: Q8_0),
             /// `scale` its `d`, `corr` (with `CORR`) the factor of the activation block's
@@ -138,11 +151,7 @@ macro_rules! kernels {
                         for r in 0..R {
                             // Codes 4 m .. 4 m + 4 of the block, in every lane.
                             let wq = _mm256_set1_epi32(q[r][m]);
-                            isum[r] = if SIGNED {
-                                dot(isum[r], _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(av, wq))
-                            } else {
-                                dot(isum[r], wq, av)
-                            };
+                            isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
                         }
                     }
                     for r in 0..R {
@@ -191,17 +200,11 @@ macro_rules! kernels {
                             };
                             for r in 0..2 {
                                 // SAFETY: every row has `acts.len()` blocks (asserted above).
+                                // (`r.min`: this branch runs only with R = 2; the bound keeps
+                                // the R = 1 instantiation's index in range for the compiler.)
                                 let b = unsafe { w[r.min(R - 1)].get_unchecked(i + k) };
                                 let q = codes(b);
-                                p[2 * k + r] = if SIGNED {
-                                    dot(
-                                        p[2 * k + r],
-                                        _mm256_sign_epi8(q, q),
-                                        _mm256_sign_epi8(av, q),
-                                    )
-                                } else {
-                                    dot(p[2 * k + r], q, av)
-                                };
+                                p[2 * k + r] = dot_codes::<SIGNED>(p[2 * k + r], q, av);
                                 d[2 * k + r] = scale(b);
                                 if CORR {
                                     cr[2 * k + r] = corr(b, d[2 * k + r]);
@@ -242,11 +245,7 @@ macro_rules! kernels {
                         // SAFETY: every row has `acts.len()` blocks (asserted above).
                         let b = unsafe { w[r].get_unchecked(i) };
                         let q = codes(b);
-                        p[r] = if SIGNED {
-                            dot(p[r], _mm256_sign_epi8(q, q), _mm256_sign_epi8(av, q))
-                        } else {
-                            dot(p[r], q, av)
-                        };
+                        p[r] = dot_codes::<SIGNED>(p[r], q, av);
                         d[r] = scale(b);
                         if CORR {
                             cr[r] = corr(b, d[r]);
@@ -264,11 +263,7 @@ macro_rules! kernels {
                         c = _mm_fmadd_ps(cv, _mm_set1_ps(a_sum), c);
                     }
                 }
-                let v = if CORR { _mm_add_ps(acc, c) } else { acc };
-                let mut out = [0f32; 4];
-                // SAFETY: `out` is 4 f32.
-                unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
-                std::array::from_fn(|r| out[r])
+                lanes(if CORR { _mm_add_ps(acc, c) } else { acc })
             }
 
             /// Generates the row-range driver of one format.

@@ -1,6 +1,6 @@
 //! x86 kernels of Q4_K and Q6_K, in the two shapes of [`super::x86_b32`]: eight tokens a
 //! lane (activations interleaved four codes a token, [`Acts8K`]) for more than one token,
-//! four rows a lane for one token.
+//! a row a lane for one token.
 //!
 //! Per (row, token) both do exactly this, super-block by super-block in order: the
 //! integer sum `Σ_g scale_g · Σ_{i∈g} q_i a_i` (exact), the integer correction
@@ -16,14 +16,15 @@ use std::ops::Range;
 use super::fast::{Acts8K, Q8Input};
 use super::k_common::unpack_scales_mins;
 use super::x86::{
-    for_each_dot_form, h2f, load32, prefetch_ahead, token_column, write_lanes, PREFETCH_AHEAD,
+    for_each_dot_form, h2f, lanes, load32, prefetch_ahead, token_column, write_lanes,
+    PREFETCH_AHEAD,
 };
 use super::x86_b32::reduce_rows;
+use super::{as_blocks, BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
 
 /// Rows a one-token pass takes together: one, so a row's decoded codes and sums stay in
 /// registers (two rows measured slower here, unlike the 32-value formats).
 const TOKEN_ROWS: usize = 1;
-use super::{as_blocks, BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
 
 /// A super-block's 256 codes, decoded: `[sub-run of 32][four-code run]` as i32 words, so a
 /// run broadcasts from memory.
@@ -332,16 +333,6 @@ macro_rules! kernels {
                     c = _mm_fmadd_ps(_mm_cvtepi32_ps(os), dd, c);
                 }
                 lanes(_mm_sub_ps(acc, c))
-            }
-
-            /// The first `R` lanes of `v`.
-            #[target_feature(enable = $feat)]
-            #[inline]
-            fn lanes<const R: usize>(v: __m128) -> [f32; R] {
-                let mut out = [0f32; 4];
-                // SAFETY: `out` is 4 f32.
-                unsafe { _mm_storeu_ps(out.as_mut_ptr(), v) };
-                std::array::from_fn(|r| out[r])
             }
 
             /// Generates a format's row-range driver.
