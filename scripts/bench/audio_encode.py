@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Gemma-4 E2B's audio tower (random f32 weights at its real shape: width 1024, 12 conformer layers,
-128 mel bins, into the text width 1536) on this machine's CPU: writes the checkpoint (the tiny text
+128 mel bins, into the text width 1536; E4B's is the same tower into 2560, `--text-hidden 2560`) on this machine's CPU: writes the checkpoint (the tiny text
 model of tests/fixtures/tiny/gemma4-tiny-vision beside the tower) and, for one clip, its features and
 soft tokens to `--out`, then times transformers' tower and embedder on clips of `--seconds`. The peer of
 `cargo run --release -p strata-model --example audio_encode -- --model OUT`, which times Strata's on the
 same checkpoint and checks the clip's soft tokens.
 
-    python3 scripts/bench/audio_encode.py --out /tmp/audio-e2b [--seconds 5,10,30] [--runs 3]
+    python3 scripts/bench/audio_encode.py --out /tmp/audio-e2b [--seconds 5,10,30] [--runs 3] [--text-hidden 2560]
 """
 import argparse
 import json
@@ -26,11 +26,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", default="5,10,30")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--text-hidden", type=int, default=1536, help="E2B 1536, E4B 2560")
     a = ap.parse_args()
     out = Path(a.out)
     torch.manual_seed(0)
     text = json.loads((TINY / "config.json").read_text())["text_config"]
-    text["hidden_size"] = 1536  # E2B's width: the embedder's output
+    text["hidden_size"] = a.text_hidden  # the text model's width: the embedder's output
     cfg = Gemma4Config(text_config=text, vision_config=None, audio_config={"model_type": "gemma4_audio"},
                        audio_token_id=503, boa_token_id=504, eoa_token_id=505)
     model = Gemma4ForConditionalGeneration(cfg).float().eval()
