@@ -1,7 +1,7 @@
 //! Throughput of the quantized row kernels on one thread: `cargo run --release -p
-//! strata-weights --example rows -- [TOKENS]` (default 64) prints giga multiply-adds a
-//! second per format for Gemma-3 270M's product shapes, rows in tasks of 64 and tokens in
-//! tiles of 32 as the CPU matmul walks them.
+//! strata-weights --example rows -- [TOKENS] [TILE]` (default 64, 32) prints giga
+//! multiply-adds a second per format for Gemma-3 270M's product shapes, rows in tasks of 64
+//! and tokens in tiles of TILE as the CPU matmul walks them.
 use std::time::Instant;
 
 use strata_gguf::GgmlType;
@@ -9,6 +9,7 @@ use strata_weights::quant::{dot_rows_q8, Q8Input};
 
 fn main() {
     let tokens: usize = std::env::args().nth(1).map_or(64, |a| a.parse().unwrap());
+    let tile: usize = std::env::args().nth(2).map_or(32, |a| a.parse().unwrap());
     let mut s: u64 = 1;
     let mut next = move || {
         s = s
@@ -46,8 +47,8 @@ fn main() {
         let mut best = f64::MAX;
         for _ in 0..5 {
             let t = Instant::now();
-            for t0 in (0..tokens).step_by(32) {
-                let t1 = (t0 + 32).min(tokens);
+            for t0 in (0..tokens).step_by(tile) {
+                let t1 = (t0 + tile).min(tokens);
                 for r0 in (0..rows).step_by(64) {
                     let r1 = (r0 + 64).min(rows);
                     dot_rows_q8(

@@ -321,6 +321,14 @@ fn decode_rows_per_task(rows: usize) -> usize {
     rows.div_ceil(threads * 4).max(16)
 }
 
+/// Tokens per tile of the prepared (quantized-input) products: as many as keep the tile's
+/// 8-bit activations (about `cols` bytes a token) within half of a 1 MiB L2, in whole
+/// groups of eight. A kernel decodes each weight row once per tile, so longer tiles spread
+/// that decoding over more tokens.
+fn prepared_tile(cols: usize) -> usize {
+    ((512 << 10) / cols.max(1)).clamp(OUTER_TOKENS, 512) / 8 * 8
+}
+
 fn run_prepared(w: &dyn RowDot, p: &PreparedInput, tokens: usize, n: usize, out: &mut [f32]) {
     if tokens == 1 {
         let block = decode_rows_per_task(n);
@@ -338,8 +346,9 @@ fn run_prepared(w: &dyn RowDot, p: &PreparedInput, tokens: usize, n: usize, out:
             .for_each(|(b, o)| {
                 let rows_here = o.len() / tokens;
                 let r0 = b * block;
-                for t0 in (0..tokens).step_by(OUTER_TOKENS) {
-                    let t1 = (t0 + OUTER_TOKENS).min(tokens);
+                let tile = prepared_tile(w.cols());
+                for t0 in (0..tokens).step_by(tile) {
+                    let t1 = (t0 + tile).min(tokens);
                     w.dot_prepared(r0..r0 + rows_here, p, t0..t1, &mut o[t0..], tokens);
                 }
             });

@@ -42,6 +42,27 @@ pub(super) fn h2f(h: F16Le) -> f32 {
 /// How far ahead of the weight stream to prefetch, in bytes.
 pub(super) const PREFETCH_AHEAD: usize = 1536;
 
+/// A weight row's blocks decoded once for every activation group that passes over it:
+/// each block's 32 codes as eight lanes of four, its scale and its correction factor.
+#[derive(Default)]
+pub(super) struct DecodedRow {
+    pub(super) codes: Vec<[i32; 8]>,
+    pub(super) d: Vec<f32>,
+    pub(super) corr: Vec<f32>,
+}
+
+impl DecodedRow {
+    pub(super) fn clear(&mut self) {
+        self.codes.clear();
+        self.d.clear();
+        self.corr.clear();
+    }
+
+    pub(super) fn blocks(&self) -> usize {
+        self.codes.len()
+    }
+}
+
 /// Prefetches the cache lines of `bytes[from..to]` shifted `PREFETCH_AHEAD` bytes ahead,
 /// starting at `*next` if that is further on, and moves `*next` past them: each line of
 /// a stream is asked for once. The hardware prefetcher of some (virtualised) CPUs does not

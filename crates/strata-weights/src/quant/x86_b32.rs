@@ -23,7 +23,7 @@ use std::ops::Range;
 use super::fast::{Acts8, Q8Input, GROUP};
 use super::x86::{
     for_each_dot_form, h2f, lanes, load32, nibbles16, prefetch_ahead, token_column, write_lanes,
-    PREFETCH_AHEAD,
+    DecodedRow, PREFETCH_AHEAD,
 };
 use super::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
@@ -107,20 +107,16 @@ macro_rules! kernels {
                 }
             }
 
-            /// `R` rows against the eight tokens of one activation group: each row's
-            /// eight results. `codes` gives a block's codes (signed when `SIGNED`: Q8_0),
-            /// `scale` its `d`, `corr` (with `CORR`) the factor of the activation block's
-            /// `d * code_sum`, given the block and its `d`.
+            /// `R` rows, decoded, against the eight tokens of one activation group: each
+            /// row's eight results. Codes are signed when `SIGNED` (Q8_0); `CORR` adds
+            /// each block's correction times the activation block's `d * code_sum`.
             #[target_feature(enable = $feat)]
             #[inline]
-            fn group<B, const R: usize, const SIGNED: bool, const CORR: bool>(
-                w: [&[B]; R],
+            fn group<const R: usize, const SIGNED: bool, const CORR: bool>(
+                w: [&DecodedRow; R],
                 acts: &[Acts8],
-                codes: impl Fn(&B) -> __m256i,
-                scale: impl Fn(&B) -> f32,
-                corr: impl Fn(&B, f32) -> f32,
             ) -> [__m256; R] {
-                assert!(w.iter().all(|w| w.len() == acts.len()));
+                assert!(w.iter().all(|w| w.blocks() == acts.len()));
                 let mut acc = [_mm256_setzero_ps(); R];
                 let mut c = [_mm256_setzero_ps(); R];
                 for (i, a) in acts.iter().enumerate() {
@@ -131,17 +127,15 @@ macro_rules! kernels {
                             _mm256_loadu_ps(a.dsum.as_ptr()),
                         )
                     };
-                    let mut q = [[0i32; 8]; R];
                     let mut sc = [_mm256_setzero_ps(); R];
                     for r in 0..R {
                         // SAFETY: every row has `acts.len()` blocks (asserted above).
-                        let b = unsafe { w[r].get_unchecked(i) };
-                        // SAFETY: `q[r]` is 32 bytes.
-                        unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, codes(b)) };
-                        let d = scale(b);
+                        let d = unsafe { *w[r].d.get_unchecked(i) };
                         sc[r] = _mm256_mul_ps(_mm256_set1_ps(d), ad);
                         if CORR {
-                            c[r] = _mm256_fmadd_ps(_mm256_set1_ps(corr(b, d)), asum, c[r]);
+                            // SAFETY: as above.
+                            let k = unsafe { *w[r].corr.get_unchecked(i) };
+                            c[r] = _mm256_fmadd_ps(_mm256_set1_ps(k), asum, c[r]);
                         }
                     }
                     let mut isum = [_mm256_setzero_si256(); R];
@@ -150,7 +144,10 @@ macro_rules! kernels {
                         let av = unsafe { load32(qs.as_ptr() as *const u8) };
                         for r in 0..R {
                             // Codes 4 m .. 4 m + 4 of the block, in every lane.
-                            let wq = _mm256_set1_epi32(q[r][m]);
+                            // SAFETY: as above; `m` < 8.
+                            let wq = _mm256_set1_epi32(unsafe {
+                                *w[r].codes.get_unchecked(i).get_unchecked(m)
+                            });
                             isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
                         }
                     }
@@ -290,11 +287,20 @@ macro_rules! kernels {
                             tokens,
                             out,
                             stride,
-                            |w: [&[$B]; 2], acts: &[Acts8]| {
-                                group::<$B, 2, $signed, $corr>(w, acts, codes, scale, corr)
+                            |b: &$B, into: &mut DecodedRow| {
+                                let d = scale(b);
+                                // SAFETY: `codes` gives 32 bytes, eight i32 lanes.
+                                into.codes.push(unsafe {
+                                    std::mem::transmute::<__m256i, [i32; 8]>(codes(b))
+                                });
+                                into.d.push(d);
+                                into.corr.push(corr(b, d));
                             },
-                            |w: [&[$B]; 1], acts: &[Acts8]| {
-                                group::<$B, 1, $signed, $corr>(w, acts, codes, scale, corr)
+                            |w: [&DecodedRow; 2], acts: &[Acts8]| {
+                                group::<2, $signed, $corr>(w, acts)
+                            },
+                            |w: [&DecodedRow; 1], acts: &[Acts8]| {
+                                group::<1, $signed, $corr>(w, acts)
                             },
                             |w: [&[$B]; TOKEN_ROWS], t: (&[BlockQ8_0], &[f32], &[f32])| {
                                 token::<$B, TOKEN_ROWS, $signed, $corr>(
@@ -356,8 +362,9 @@ macro_rules! kernels {
                 tokens: Range<usize>,
                 out: &mut [f32],
                 stride: usize,
-                group2: impl Fn([&[B]; 2], &[Acts8]) -> [__m256; 2],
-                group1: impl Fn([&[B]; 1], &[Acts8]) -> [__m256; 1],
+                decode: impl Fn(&B, &mut DecodedRow),
+                group2: impl Fn([&DecodedRow; 2], &[Acts8]) -> [__m256; 2],
+                group1: impl Fn([&DecodedRow; 1], &[Acts8]) -> [__m256; 1],
                 token_rows: impl Fn(
                     [&[B]; TOKEN_ROWS],
                     (&[BlockQ8_0], &[f32], &[f32]),
@@ -381,37 +388,38 @@ macro_rules! kernels {
                     |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
                         write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
                     };
-                // Groups: row pairs, each pair's blocks kept in L1 while the groups pass.
+                // Groups: row pairs, each pair decoded once for every group that passes.
                 if spans.iter().any(|s| wide(&s)) {
                     let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+                    let mut dec = [DecodedRow::default(), DecodedRow::default()];
                     let mut i = 0;
                     while i < rows.len() {
                         let r = rows.start + i;
-                        let pair = i + 2 <= rows.len();
-                        let n = if pair { 2 } else { 1 };
+                        let n = if i + 2 <= rows.len() { 2 } else { 1 };
                         prefetch_ahead(bytes, (r + n) * row_bytes, &mut next);
-                        match (pair, blocks(r), pair.then(|| blocks(r + 1)).flatten()) {
-                            (true, Some(w0), Some(w1)) => {
-                                for (g0, lanes) in spans.iter().filter(wide) {
-                                    let acts = input.group_of(*g0);
-                                    let v = group2([w0, w1], acts);
-                                    write(out, i, *g0, lanes, v[0]);
-                                    write(out, i + 1, *g0, lanes, v[1]);
-                                }
-                                i += 2;
-                                continue;
+                        let mut whole = 0;
+                        for (k, d) in dec.iter_mut().enumerate().take(n) {
+                            d.clear();
+                            let Some(w) = blocks(r + k) else { break };
+                            w.iter().for_each(|b| decode(b, d));
+                            whole += 1;
+                        }
+                        if whole == 2 {
+                            for (g0, lanes) in spans.iter().filter(wide) {
+                                let v = group2([&dec[0], &dec[1]], input.group_of(*g0));
+                                write(out, i, *g0, lanes, v[0]);
+                                write(out, i + 1, *g0, lanes, v[1]);
                             }
-                            (_, Some(w0), _) => {
-                                for (g0, lanes) in spans.iter().filter(wide) {
-                                    let v = group1([w0], input.group_of(*g0));
-                                    write(out, i, *g0, lanes, v[0]);
-                                }
-                            }
-                            (_, None, _) => {
-                                for (g0, lanes) in spans.iter().filter(wide) {
-                                    let o = i * stride + g0 + lanes.start - tokens.start;
-                                    out[o..o + lanes.len()].fill(f32::NAN);
-                                }
+                            i += 2;
+                            continue;
+                        }
+                        for (g0, lanes) in spans.iter().filter(wide) {
+                            if whole == 1 {
+                                let v = group1([&dec[0]], input.group_of(*g0));
+                                write(out, i, *g0, lanes, v[0]);
+                            } else {
+                                let o = i * stride + g0 + lanes.start - tokens.start;
+                                out[o..o + lanes.len()].fill(f32::NAN);
                             }
                         }
                         i += 1;
