@@ -116,11 +116,78 @@ fn bsums(a: &BlockQ8K) -> __m256i {
     unsafe { load32(a.bsums.as_ptr() as *const u8) }
 }
 
-/// Two i16 factors in every 32-bit lane, for `madd` against interleaved group sums.
+/// A weight row's super-blocks decoded once for every activation group that passes over
+/// it: codes, each group's scale, the correction's factors as [`pair_word`]s (Q4_K's
+/// minimums, Q6_K's scales), `d` and (Q4_K) `dmin`.
+#[derive(Default)]
+struct DecodedK {
+    codes: Vec<Codes>,
+    scales: Vec<[i32; 16]>,
+    pairs: Vec<[i32; 8]>,
+    d: Vec<f32>,
+    dmin: Vec<f32>,
+}
+
+impl DecodedK {
+    fn clear(&mut self) {
+        self.codes.clear();
+        self.scales.clear();
+        self.pairs.clear();
+        self.d.clear();
+        self.dmin.clear();
+    }
+
+    fn blocks(&self) -> usize {
+        self.codes.len()
+    }
+}
+
+/// Two i16 factors in one 32-bit word, for `madd` against interleaved group sums.
+fn pair_word(a: i32, b: i32) -> i32 {
+    (a & 0xffff) | (b << 16)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn pair16(a: i32, b: i32) -> __m256i {
-    _mm256_set1_epi32((a & 0xffff) | (b << 16))
+fn decode_q4_k(b: &BlockQ4K, into: &mut DecodedK) {
+    let mut q = [[0i32; 8]; 8];
+    codes_q4_k(b, &mut q);
+    let (sc, mn) = unpack_scales_mins(&b.scales);
+    into.codes.push(q);
+    into.scales.push(std::array::from_fn(|j| {
+        if j < 8 {
+            i32::from(sc[j])
+        } else {
+            0
+        }
+    }));
+    into.pairs.push(std::array::from_fn(|p| {
+        if p < 4 {
+            pair_word(i32::from(mn[2 * p]), i32::from(mn[2 * p + 1]))
+        } else {
+            0
+        }
+    }));
+    into.d.push(h2f(b.d));
+    into.dmin.push(h2f(b.dmin));
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn decode_q6_k(b: &BlockQ6K, into: &mut DecodedK) {
+    let mut q = [[0i32; 8]; 8];
+    for (k, u) in codes_q6_k(b).into_iter().enumerate() {
+        // SAFETY: `q[k]` is 32 bytes.
+        unsafe { _mm256_storeu_si256(q[k].as_mut_ptr() as *mut __m256i, u) };
+    }
+    into.codes.push(q);
+    into.scales
+        .push(std::array::from_fn(|g| i32::from(b.scales[g])));
+    into.pairs.push(std::array::from_fn(|p| {
+        pair_word(i32::from(b.scales[2 * p]), i32::from(b.scales[2 * p + 1]))
+    }));
+    into.d.push(h2f(b.d));
+    into.dmin.push(0.0);
 }
 
 /// Generates one form of the byte dot's Q4_K / Q6_K kernels: `$dot(acc, u, s)` adds the
@@ -136,29 +203,24 @@ macro_rules! kernels {
                 $dot
             }
 
-            /// `R` rows of Q4_K against one group of eight tokens.
+            /// `R` decoded rows of Q4_K against one group of eight tokens.
             #[target_feature(enable = $feat)]
             #[inline]
-            fn group_q4_k<const R: usize>(w: [&[BlockQ4K]; R], acts: &[Acts8K]) -> [__m256; R] {
-                assert!(w.iter().all(|w| w.len() == acts.len()));
+            fn group_q4_k<const R: usize>(w: [&DecodedK; R], acts: &[Acts8K]) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.blocks() == acts.len()));
                 let mut acc = [_mm256_setzero_ps(); R];
                 let mut c = [_mm256_setzero_ps(); R];
-                let mut q = [[[0i32; 8]; 8]; R];
                 for (i, a) in acts.iter().enumerate() {
                     // SAFETY: `d` is 8 f32.
                     let ad = unsafe { _mm256_loadu_ps(a.d.as_ptr()) };
-                    let mut sc = [[0u8; 8]; R];
                     let mut msum = [_mm256_setzero_si256(); R];
                     for r in 0..R {
                         // SAFETY: every row has `acts.len()` blocks (asserted above).
-                        let b = unsafe { w[r].get_unchecked(i) };
-                        codes_q4_k(b, &mut q[r]);
-                        let (s, mn) = unpack_scales_mins(&b.scales);
-                        sc[r] = s;
+                        let pairs = unsafe { w[r].pairs.get_unchecked(i) };
                         for p in 0..4 {
                             // SAFETY: `bsum32[p]` is 32 bytes.
                             let bs = unsafe { load32(a.bsum32[p].as_ptr() as *const u8) };
-                            let f = pair16(i32::from(mn[2 * p]), i32::from(mn[2 * p + 1]));
+                            let f = _mm256_set1_epi32(pairs[p]);
                             msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(bs, f));
                         }
                     }
@@ -169,19 +231,23 @@ macro_rules! kernels {
                             // SAFETY: `qs[8 j + m]` is 32 bytes.
                             let av = unsafe { load32(a.qs[8 * j + m].as_ptr() as *const u8) };
                             for r in 0..R {
-                                s[r] = dot(s[r], _mm256_set1_epi32(q[r][j][m]), av);
+                                // SAFETY: as above.
+                                let q = unsafe { w[r].codes.get_unchecked(i)[j][m] };
+                                s[r] = dot(s[r], _mm256_set1_epi32(q), av);
                             }
                         }
                         for r in 0..R {
-                            let f = _mm256_set1_epi32(i32::from(sc[r][j]));
+                            // SAFETY: as above.
+                            let f = _mm256_set1_epi32(unsafe { w[r].scales.get_unchecked(i)[j] });
                             isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], f));
                         }
                     }
                     for r in 0..R {
+                        let (d, dmin) = (&w[r].d, &w[r].dmin);
                         // SAFETY: as above.
-                        let b = unsafe { w[r].get_unchecked(i) };
-                        let dd = _mm256_mul_ps(_mm256_set1_ps(h2f(b.d)), ad);
-                        let dm = _mm256_mul_ps(_mm256_set1_ps(h2f(b.dmin)), ad);
+                        let (d, dmin) = unsafe { (*d.get_unchecked(i), *dmin.get_unchecked(i)) };
+                        let dd = _mm256_mul_ps(_mm256_set1_ps(d), ad);
+                        let dm = _mm256_mul_ps(_mm256_set1_ps(dmin), ad);
                         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
                         c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r]), dm, c[r]);
                     }
@@ -237,30 +303,24 @@ macro_rules! kernels {
                 lanes(_mm_sub_ps(acc, c))
             }
 
-            /// `R` rows of Q6_K against one group of eight tokens.
+            /// `R` decoded rows of Q6_K against one group of eight tokens.
             #[target_feature(enable = $feat)]
             #[inline]
-            fn group_q6_k<const R: usize>(w: [&[BlockQ6K]; R], acts: &[Acts8K]) -> [__m256; R] {
-                assert!(w.iter().all(|w| w.len() == acts.len()));
+            fn group_q6_k<const R: usize>(w: [&DecodedK; R], acts: &[Acts8K]) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.blocks() == acts.len()));
                 let mut acc = [_mm256_setzero_ps(); R];
                 let mut c = [_mm256_setzero_ps(); R];
-                let mut q = [[[0i32; 8]; 8]; R];
                 for (i, a) in acts.iter().enumerate() {
                     // SAFETY: `d` is 8 f32.
                     let ad = unsafe { _mm256_loadu_ps(a.d.as_ptr()) };
                     let mut osum = [_mm256_setzero_si256(); R];
                     for r in 0..R {
                         // SAFETY: every row has `acts.len()` blocks (asserted above).
-                        let b = unsafe { w[r].get_unchecked(i) };
-                        for (k, u) in codes_q6_k(b).into_iter().enumerate() {
-                            // SAFETY: `q[r][k]` is 32 bytes.
-                            unsafe { _mm256_storeu_si256(q[r][k].as_mut_ptr() as *mut __m256i, u) };
-                        }
+                        let pairs = unsafe { w[r].pairs.get_unchecked(i) };
                         for p in 0..8 {
                             // SAFETY: `bsum16[p]` is 32 bytes.
                             let bs = unsafe { load32(a.bsum16[p].as_ptr() as *const u8) };
-                            let f =
-                                pair16(i32::from(b.scales[2 * p]), i32::from(b.scales[2 * p + 1]));
+                            let f = _mm256_set1_epi32(pairs[p]);
                             osum[r] = _mm256_add_epi32(osum[r], _mm256_madd_epi16(bs, f));
                         }
                     }
@@ -272,20 +332,21 @@ macro_rules! kernels {
                             // SAFETY: `qs[run]` is 32 bytes.
                             let av = unsafe { load32(a.qs[run].as_ptr() as *const u8) };
                             for r in 0..R {
-                                s[r] = dot(s[r], _mm256_set1_epi32(q[r][run / 8][run % 8]), av);
+                                // SAFETY: as above.
+                                let q = unsafe { w[r].codes.get_unchecked(i)[run / 8][run % 8] };
+                                s[r] = dot(s[r], _mm256_set1_epi32(q), av);
                             }
                         }
                         for r in 0..R {
                             // SAFETY: as above.
-                            let b = unsafe { w[r].get_unchecked(i) };
-                            let f = _mm256_set1_epi32(i32::from(b.scales[g]));
+                            let f = _mm256_set1_epi32(unsafe { w[r].scales.get_unchecked(i)[g] });
                             isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], f));
                         }
                     }
                     for r in 0..R {
                         // SAFETY: as above.
-                        let b = unsafe { w[r].get_unchecked(i) };
-                        let dd = _mm256_mul_ps(_mm256_set1_ps(h2f(b.d)), ad);
+                        let d = unsafe { *w[r].d.get_unchecked(i) };
+                        let dd = _mm256_mul_ps(_mm256_set1_ps(d), ad);
                         let o = _mm256_slli_epi32::<5>(osum[r]);
                         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
                         c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(o), dd, c[r]);
@@ -337,7 +398,7 @@ macro_rules! kernels {
 
             /// Generates a format's row-range driver.
             macro_rules! driver {
-                ($name:ident, $B:ty, $group:ident, $token:ident) => {
+                ($name:ident, $B:ty, $decode:ident, $group:ident, $token:ident) => {
                     #[target_feature(enable = $feat)]
                     pub(in super::super) fn $name(
                         bytes: &[u8],
@@ -356,8 +417,9 @@ macro_rules! kernels {
                             tokens,
                             out,
                             stride,
-                            |w: [&[$B]; 2], a: &[Acts8K]| $group::<2>(w, a),
-                            |w: [&[$B]; 1], a: &[Acts8K]| $group::<1>(w, a),
+                            |b: &$B, into: &mut DecodedK| $decode(b, into),
+                            |w: [&DecodedK; 2], a: &[Acts8K]| $group::<2>(w, a),
+                            |w: [&DecodedK; 1], a: &[Acts8K]| $group::<1>(w, a),
                             |w: [&[$B]; TOKEN_ROWS], a: &[BlockQ8K]| $token::<TOKEN_ROWS>(w, a),
                             |w: [&[$B]; 1], a: &[BlockQ8K]| $token::<1>(w, a),
                         )
@@ -365,15 +427,15 @@ macro_rules! kernels {
                 };
             }
 
-            driver!(rows_q4_k, BlockQ4K, group_q4_k, token_q4_k);
-            driver!(rows_q6_k, BlockQ6K, group_q6_k, token_q6_k);
+            driver!(rows_q4_k, BlockQ4K, decode_q4_k, group_q4_k, token_q4_k);
+            driver!(rows_q6_k, BlockQ6K, decode_q6_k, group_q6_k, token_q6_k);
         }
     };
 }
 
 /// The driver shared by both formats and every form of the dot: eight-token groups where
-/// two or more of a group's tokens are wanted (each group's activations kept hot while the
-/// rows pass, two rows at a time), [`TOKEN_ROWS`]-row passes for single tokens.
+/// two or more of a group's tokens are wanted (two rows at a time, decoded once for every
+/// group of the tile), [`TOKEN_ROWS`]-row passes for single tokens.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -385,8 +447,9 @@ fn drive<B: QuantBlock>(
     tokens: Range<usize>,
     out: &mut [f32],
     stride: usize,
-    group2: impl Fn([&[B]; 2], &[Acts8K]) -> [__m256; 2],
-    group1: impl Fn([&[B]; 1], &[Acts8K]) -> [__m256; 1],
+    decode: impl Fn(&B, &mut DecodedK),
+    group2: impl Fn([&DecodedK; 2], &[Acts8K]) -> [__m256; 2],
+    group1: impl Fn([&DecodedK; 1], &[Acts8K]) -> [__m256; 1],
     token_rows: impl Fn([&[B]; TOKEN_ROWS], &[BlockQ8K]) -> [f32; TOKEN_ROWS],
     token1: impl Fn([&[B]; 1], &[BlockQ8K]) -> [f32; 1],
 ) {
@@ -399,36 +462,50 @@ fn drive<B: QuantBlock>(
             .ok()
             .filter(|w| w.len() == per_row)
     };
-    for (g0, lanes) in super::x86_b32::spans(&tokens) {
-        let o0 = g0 + lanes.start - tokens.start;
-        if lanes.len() >= 2 {
-            let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
-            let acts = input.group_k_of(g0);
-            let write =
-                |out: &mut [f32], i: usize, v: __m256| write_lanes((out, stride), i, o0, &lanes, v);
-            let mut i = 0;
-            while i < rows.len() {
-                let r = rows.start + i;
-                prefetch_ahead(bytes, (r + 2).min(rows.end) * row_bytes, &mut next);
-                if i + 2 <= rows.len() {
-                    if let (Some(w0), Some(w1)) = (blocks(r), blocks(r + 1)) {
-                        let v = group2([w0, w1], acts);
-                        write(out, i, v[0]);
-                        write(out, i + 1, v[1]);
-                        i += 2;
-                        continue;
-                    }
-                }
-                match blocks(r) {
-                    Some(w) => write(out, i, group1([w], acts)[0]),
-                    None => out[i * stride + o0..i * stride + o0 + lanes.len()].fill(f32::NAN),
-                }
-                i += 1;
+    let spans = super::x86_b32::spans(&tokens);
+    let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
+    let write = |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
+        write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
+    };
+    if spans.iter().any(|s| wide(&s)) {
+        let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+        let mut dec = [DecodedK::default(), DecodedK::default()];
+        let mut i = 0;
+        while i < rows.len() {
+            let r = rows.start + i;
+            let n = if i + 2 <= rows.len() { 2 } else { 1 };
+            prefetch_ahead(bytes, (r + n) * row_bytes, &mut next);
+            let mut whole = 0;
+            for (k, d) in dec.iter_mut().enumerate().take(n) {
+                d.clear();
+                let Some(w) = blocks(r + k) else { break };
+                w.iter().for_each(|b| decode(b, d));
+                whole += 1;
             }
-            continue;
+            if whole == 2 {
+                for (g0, lanes) in spans.iter().filter(wide) {
+                    let v = group2([&dec[0], &dec[1]], input.group_k_of(*g0));
+                    write(out, i, *g0, lanes, v[0]);
+                    write(out, i + 1, *g0, lanes, v[1]);
+                }
+                i += 2;
+                continue;
+            }
+            for (g0, lanes) in spans.iter().filter(wide) {
+                if whole == 1 {
+                    let v = group1([&dec[0]], input.group_k_of(*g0));
+                    write(out, i, *g0, lanes, v[0]);
+                } else {
+                    let o = i * stride + g0 + lanes.start - tokens.start;
+                    out[o..o + lanes.len()].fill(f32::NAN);
+                }
+            }
+            i += 1;
         }
+    }
+    for (g0, lanes) in spans.iter().filter(|s| s.1.len() == 1) {
         let acts = input.q8k_token(g0 + lanes.start);
-        let col = (&mut *out, stride, o0);
+        let col = (&mut *out, stride, g0 + lanes.start - tokens.start);
         token_column!(
             TOKEN_ROWS,
             (bytes, row_bytes, rows.clone()),
