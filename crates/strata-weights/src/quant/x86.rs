@@ -140,21 +140,54 @@ macro_rules! token_column {
 }
 pub(super) use token_column;
 
-/// Instantiates `$kernels!(module, target features, |acc, u, s| dot)` for each form of the
-/// byte dot: AVX2's `maddubs` + `madd`, AVX-VNNI's and AVX-512 VNNI's `vpdpbusd`.
+/// 16 in byte `i` where bit `i` of `bits` is set, 0 elsewhere (Q5_0's fifth bits).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn high_bits_shuffled(bits: u32) -> __m256i {
+    // Byte i of the result takes byte i / 8 of `bits`, then tests bit i % 8.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        ),
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// Instantiates `$kernels!(module, target features, the 32-value formats' features, |acc,
+/// u, s| dot, |bits| high)` for each form of the byte dot: AVX2's `maddubs` + `madd`,
+/// AVX-VNNI's and AVX-512 VNNI's `vpdpbusd`. `high` spreads a Q5_0 block's 32 high bits to
+/// 16 in the bytes where set: AVX-512 from a mask register in one instruction (AVX-512 BW,
+/// enabled for the 32-value kernels only: the K kernels compiled slower with it), the
+/// others by a byte shuffle and a compare.
 macro_rules! for_each_dot_form {
     ($kernels:ident) => {
-        $kernels!(avx2, "avx2,fma,f16c", |acc, u, s| _mm256_add_epi32(
-            acc,
-            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-        ));
-        $kernels!(avx_vnni, "avx2,fma,f16c,avxvnni", |acc, u, s| {
-            _mm256_dpbusd_avx_epi32(acc, u, s)
-        });
+        $kernels!(
+            avx2,
+            "avx2,fma,f16c",
+            "avx2,fma,f16c",
+            |acc, u, s| _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+            ),
+            |bits| high_bits_shuffled(bits)
+        );
+        $kernels!(
+            avx_vnni,
+            "avx2,fma,f16c,avxvnni",
+            "avx2,fma,f16c,avxvnni",
+            |acc, u, s| _mm256_dpbusd_avx_epi32(acc, u, s),
+            |bits| high_bits_shuffled(bits)
+        );
         $kernels!(
             avx512_vnni,
             "avx2,fma,f16c,avx512vnni,avx512vl",
-            |acc, u, s| _mm256_dpbusd_epi32(acc, u, s)
+            "avx2,fma,f16c,avx512vnni,avx512vl,avx512bw",
+            |acc, u, s| _mm256_dpbusd_epi32(acc, u, s),
+            |bits| _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10))
         );
     };
 }
@@ -205,7 +238,9 @@ impl Dot {
             Dot::Avx2 => true,
             Dot::AvxVnni => is_x86_feature_detected!("avxvnni"),
             Dot::Avx512Vnni => {
-                is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+                is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
             }
         }
     }

@@ -22,31 +22,10 @@ use std::ops::Range;
 
 use super::fast::{Acts8, Q8Input, GROUP};
 use super::x86::{
-    for_each_dot_form, h2f, lanes, load32, nibbles16, prefetch_ahead, token_column, write_lanes,
-    DecodedRow, PREFETCH_AHEAD,
+    for_each_dot_form, h2f, high_bits_shuffled, lanes, load32, nibbles16, prefetch_ahead,
+    token_column, write_lanes, DecodedRow, PREFETCH_AHEAD,
 };
 use super::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
-
-/// Q5_0's 32 unsigned 5-bit codes: the nibbles plus 16 where bit `i` of `qh` is set.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn codes5(b: &BlockQ5_0) -> __m256i {
-    let bits = u32::from_le_bytes(b.qh) as i32;
-    // Byte i of the result takes byte i / 8 of `bits`, then tests bit i % 8.
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits),
-        _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
-            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-        ),
-    );
-    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
-    _mm256_or_si256(
-        nibbles16(&b.qs),
-        _mm256_and_si256(set, _mm256_set1_epi8(0x10)),
-    )
-}
 
 /// The exact sums of the first `R` (2 or 4) of `p`'s eight-lane partial sums, one row a
 /// lane: `[Σp0, Σp1, Σp2, Σp3]`, or `[Σp0, Σp1, Σp0, Σp1]` for two. Integer additions, so
@@ -84,9 +63,24 @@ pub(super) fn spans(tokens: &Range<usize>) -> Vec<(usize, Range<usize>)> {
 /// Generates one form of the byte dot's kernels: `$dot(acc, u, s)` adds the sums of each
 /// lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
 macro_rules! kernels {
-    ($m:ident, $feat:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr) => {
+    ($m:ident, $_feat_k:literal, $feat:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$bits:ident| $high:expr) => {
         pub(super) mod $m {
             use super::*;
+
+            /// 16 in byte `i` where bit `i` of `bits` is set (the form's way).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn high($bits: u32) -> __m256i {
+                $high
+            }
+
+            /// Q5_0's 32 unsigned 5-bit codes: the nibbles plus 16 where bit `i` of `qh`
+            /// is set.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn codes5(b: &BlockQ5_0) -> __m256i {
+                _mm256_or_si256(nibbles16(&b.qs), high(u32::from_le_bytes(b.qh)))
+            }
 
             #[target_feature(enable = $feat)]
             #[inline]
