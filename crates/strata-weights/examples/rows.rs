@@ -1,7 +1,7 @@
 //! Throughput of the quantized row kernels on one thread: `cargo run --release -p
 //! strata-weights --example rows -- [TOKENS] [TILE]` (default 64, 32) prints giga
-//! multiply-adds a second per format for Gemma-3 270M's product shapes, rows in tasks of 64
-//! and tokens in tiles of TILE as the CPU matmul walks them.
+//! multiply-adds a second per format for Gemma-3 270M's product shapes (and SmolLM2's
+//! Q4_1), rows in tasks of 64 and tokens in tiles of TILE as the CPU matmul walks them.
 use std::time::Instant;
 
 use strata_gguf::GgmlType;
@@ -30,6 +30,8 @@ fn main() {
         (GgmlType::Q8_0, 34, 32, vec![0], 2048, 640),
         (GgmlType::Q4_K, 144, 256, vec![0, 2], 640, 2048),
         (GgmlType::Q6_K, 210, 256, vec![208], 640, 2048),
+        // SmolLM2-135M's gate/up (Q4_1).
+        (GgmlType::Q4_1, 20, 32, vec![0, 2], 1536, 576),
     ] {
         let xs: Vec<f32> = (0..tokens * cols)
             .map(|_| next() as f32 / 2e9 - 1.0)
