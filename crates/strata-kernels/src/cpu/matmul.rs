@@ -98,24 +98,26 @@ fn run(kernel: &dyn RowKernel, x: &[f32], k: usize, n: usize, out: &mut [f32]) {
         });
         return;
     }
-    let mut by_row = vec![0f32; n * tokens];
-    by_row
-        .par_chunks_mut(block * tokens)
-        .enumerate()
-        .for_each(|(b, o)| {
-            let rows_here = o.len() / tokens;
-            for t0 in (0..tokens).step_by(OUTER_TOKENS) {
-                let t1 = (t0 + OUTER_TOKENS).min(tokens);
-                for r in 0..rows_here {
-                    kernel.dot_row_tokens(
-                        b * block + r,
-                        &x[t0 * k..t1 * k],
-                        &mut o[r * tokens + t0..r * tokens + t1],
-                    );
+    // Every value of the scratch is written: each kernel sets each `out[i]` it is given.
+    with_scratch(n * tokens, |by_row| {
+        by_row
+            .par_chunks_mut(block * tokens)
+            .enumerate()
+            .for_each(|(b, o)| {
+                let rows_here = o.len() / tokens;
+                for t0 in (0..tokens).step_by(OUTER_TOKENS) {
+                    let t1 = (t0 + OUTER_TOKENS).min(tokens);
+                    for r in 0..rows_here {
+                        kernel.dot_row_tokens(
+                            b * block + r,
+                            &x[t0 * k..t1 * k],
+                            &mut o[r * tokens + t0..r * tokens + t1],
+                        );
+                    }
                 }
-            }
-        });
-    transpose(&by_row, tokens, n, out);
+            });
+        transpose(by_row, tokens, n, out);
+    });
 }
 
 /// `out[t * n + r] = by_row[r * tokens + t]`, a strip of `STRIP` tokens at a time so each

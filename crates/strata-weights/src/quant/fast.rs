@@ -367,6 +367,19 @@ fn rows_with<B>(
     }
 }
 
+/// Row `r`'s blocks of a matrix of `row_bytes`-long rows in `bytes`, when they are whole
+/// blocks of `B` and `per_row` of them; `None` otherwise (the kernels write NaN for it).
+pub(super) fn row_blocks<B: QuantBlock>(
+    bytes: &[u8],
+    row_bytes: usize,
+    r: usize,
+    per_row: usize,
+) -> Option<&[B]> {
+    as_blocks::<B>(&bytes[r * row_bytes..(r + 1) * row_bytes])
+        .ok()
+        .filter(|w| w.len() == per_row)
+}
+
 /// `out[i * stride + j] = W[rows.start + i] . x[tokens.start + j]` where `w` holds the whole
 /// matrix (`row_bytes` per row) of type `ty` and `input` was quantized for `ty`.
 ///

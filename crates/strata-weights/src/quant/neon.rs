@@ -16,9 +16,9 @@
 use std::arch::aarch64::*;
 use std::ops::Range;
 
-use super::fast::Q8Input;
+use super::fast::{row_blocks, Q8Input};
 use super::k_common::unpack_scales_mins;
-use super::{as_blocks, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
+use super::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ6K, BlockQ8K, BlockQ8_0};
 use strata_gguf::GgmlType;
 
 /// How 16 byte products are summed into four i32 lanes.
@@ -457,11 +457,7 @@ macro_rules! rows32_fn {
                 return;
             }
             let per_row = input.q8_0_token(tokens.start).0.len();
-            let blocks = |r: usize| {
-                as_blocks::<$B>(&bytes[r * row_bytes..(r + 1) * row_bytes])
-                    .ok()
-                    .filter(|w| w.len() == per_row)
-            };
+            let blocks = |r: usize| row_blocks::<$B>(bytes, row_bytes, r, per_row);
             let mut i = 0;
             while i < rows.len() {
                 let r = rows.start + i;
@@ -505,8 +501,7 @@ macro_rules! rows_k_fn {
             let per_row = input.q8k_token(tokens.start).len();
             for (i, r) in rows.enumerate() {
                 let o = &mut out[i * stride..i * stride + nt];
-                let w = as_blocks::<$B>(&bytes[r * row_bytes..(r + 1) * row_bytes]);
-                let Some(w) = w.ok().filter(|w| w.len() == per_row) else {
+                let Some(w) = row_blocks::<$B>(bytes, row_bytes, r, per_row) else {
                     o.fill(f32::NAN);
                     continue;
                 };

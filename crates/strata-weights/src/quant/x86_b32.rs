@@ -20,12 +20,12 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::fast::{Acts8, Q8Input, GROUP};
+use super::fast::{row_blocks, Acts8, Q8Input, GROUP};
 use super::x86::{
     for_each_dot_form, h2f, high_bits_shuffled, lanes, load32, nibbles16, prefetch_ahead,
     token_column, write_lanes, DecodedRow, PREFETCH_AHEAD,
 };
-use super::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
+use super::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
 /// The exact sums of the first `R` (2 or 4) of `p`'s eight-lane partial sums, one row a
 /// lane: `[Σp0, Σp1, Σp2, Σp3]`, or `[Σp0, Σp1, Σp0, Σp1]` for two. Integer additions, so
@@ -371,11 +371,7 @@ macro_rules! kernels {
                     return;
                 }
                 let per_row = input.blocks_per_token();
-                let blocks = |r: usize| {
-                    as_blocks::<B>(&bytes[r * row_bytes..(r + 1) * row_bytes])
-                        .ok()
-                        .filter(|w| w.len() == per_row)
-                };
+                let blocks = |r: usize| row_blocks::<B>(bytes, row_bytes, r, per_row);
                 let spans = spans(&tokens);
                 let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
                 let write =

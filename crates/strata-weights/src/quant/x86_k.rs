@@ -13,14 +13,14 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::fast::{Acts8K, Q8Input};
+use super::fast::{row_blocks, Acts8K, Q8Input};
 use super::k_common::unpack_scales_mins;
 use super::x86::{
     for_each_dot_form, h2f, lanes, load32, prefetch_ahead, token_column, write_lanes,
     PREFETCH_AHEAD,
 };
 use super::x86_b32::reduce_rows;
-use super::{as_blocks, BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
+use super::{BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
 
 /// Rows a one-token pass takes together: one, so a row's decoded codes and sums stay in
 /// registers (two rows measured slower here, unlike the 32-value formats).
@@ -457,11 +457,7 @@ fn drive<B: QuantBlock>(
         return;
     }
     let per_row = input.blocks_per_token();
-    let blocks = |r: usize| {
-        as_blocks::<B>(&bytes[r * row_bytes..(r + 1) * row_bytes])
-            .ok()
-            .filter(|w| w.len() == per_row)
-    };
+    let blocks = |r: usize| row_blocks::<B>(bytes, row_bytes, r, per_row);
     let spans = super::x86_b32::spans(&tokens);
     let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
     let write = |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
