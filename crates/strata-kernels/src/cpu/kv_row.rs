@@ -191,24 +191,48 @@ mod avx2 {
     pub(super) unsafe fn dot_group<T: Load8>(row: *const T, qs: &[f32], scores: &mut [f32]) {
         let d = qs.len() / scores.len();
         for (hb, out) in scores.chunks_mut(HEADS).enumerate() {
-            let mut a = [_mm256_setzero_ps(); HEADS];
-            let mut b = [_mm256_setzero_ps(); HEADS];
             let q0 = qs[hb * HEADS * d..].as_ptr();
-            for i in (0..d).step_by(16) {
-                // SAFETY: i + 16 <= d values of the row and of each head's q.
-                unsafe {
-                    let k0 = T::load8(row.add(i));
-                    let k1 = T::load8(row.add(i + 8));
-                    for h in 0..out.len() {
-                        let q = q0.add(h * d + i);
-                        a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(k0, _mm256_loadu_ps(q)));
-                        b[h] = _mm256_add_ps(b[h], _mm256_mul_ps(k1, _mm256_loadu_ps(q.add(8))));
-                    }
+            // A fixed head count, so each head's two sums stay in registers.
+            // SAFETY: the caller's; `out` holds the chunk's heads, each with d values of q.
+            unsafe {
+                match out.len() {
+                    1 => dot_heads::<T, 1>(row, q0, d, out),
+                    2 => dot_heads::<T, 2>(row, q0, d, out),
+                    3 => dot_heads::<T, 3>(row, q0, d, out),
+                    _ => dot_heads::<T, HEADS>(row, q0, d, out),
                 }
             }
-            for (h, s) in out.iter_mut().enumerate() {
-                *s = finish(a[h], b[h]);
+        }
+    }
+
+    /// `N` heads' scores (q at `q0`, heads d apart) against one row.
+    ///
+    /// # Safety
+    /// AVX2; `row` holds d values, d a multiple of 16; `q0` N heads of d; `out` N values.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn dot_heads<T: Load8, const N: usize>(
+        row: *const T,
+        q0: *const f32,
+        d: usize,
+        out: &mut [f32],
+    ) {
+        let mut a = [_mm256_setzero_ps(); N];
+        let mut b = [_mm256_setzero_ps(); N];
+        for i in (0..d).step_by(16) {
+            // SAFETY: i + 16 <= d values of the row and of each head's q.
+            unsafe {
+                let k0 = T::load8(row.add(i));
+                let k1 = T::load8(row.add(i + 8));
+                for h in 0..N {
+                    let q = q0.add(h * d + i);
+                    a[h] = _mm256_add_ps(a[h], _mm256_mul_ps(k0, _mm256_loadu_ps(q)));
+                    b[h] = _mm256_add_ps(b[h], _mm256_mul_ps(k1, _mm256_loadu_ps(q.add(8))));
+                }
             }
+        }
+        for (h, s) in out.iter_mut().enumerate().take(N) {
+            *s = finish(a[h], b[h]);
         }
     }
 
@@ -225,29 +249,57 @@ mod avx2 {
         acc: &mut [f32],
         d: usize,
     ) {
-        let n = rows.len();
         let heads = acc.len() / d;
         for h0 in (0..heads).step_by(SUM_HEADS) {
-            let hs = (heads - h0).min(SUM_HEADS);
-            for i in (0..d).step_by(8) {
-                let mut sum = [_mm256_setzero_ps(); SUM_HEADS];
-                for (k, s) in sum.iter_mut().enumerate().take(hs) {
-                    // SAFETY: head h0 + k's sums hold d values from i.
-                    *s = unsafe { _mm256_loadu_ps(acc.as_ptr().add((h0 + k) * d + i)) };
+            // A fixed head count, so the heads' sums stay in registers.
+            // SAFETY: the caller's, for heads h0 .. h0 + the count.
+            unsafe {
+                match (heads - h0).min(SUM_HEADS) {
+                    1 => axpy_heads::<T, 1>(rows, ws, acc, d, h0),
+                    2 => axpy_heads::<T, 2>(rows, ws, acc, d, h0),
+                    3 => axpy_heads::<T, 3>(rows, ws, acc, d, h0),
+                    4 => axpy_heads::<T, 4>(rows, ws, acc, d, h0),
+                    5 => axpy_heads::<T, 5>(rows, ws, acc, d, h0),
+                    6 => axpy_heads::<T, 6>(rows, ws, acc, d, h0),
+                    7 => axpy_heads::<T, 7>(rows, ws, acc, d, h0),
+                    _ => axpy_heads::<T, SUM_HEADS>(rows, ws, acc, d, h0),
                 }
-                for (j, &row) in rows.iter().enumerate() {
-                    // SAFETY: the row holds d values.
-                    let v = unsafe { T::load8(row.add(i)) };
-                    for (k, s) in sum.iter_mut().enumerate().take(hs) {
-                        // SAFETY: `ws` holds n weights for each head.
-                        let w = unsafe { *ws.get_unchecked((h0 + k) * n + j) };
-                        *s = _mm256_add_ps(*s, _mm256_mul_ps(_mm256_set1_ps(w), v));
-                    }
+            }
+        }
+    }
+
+    /// [`axpy_rows`] for heads `h0 .. h0 + N`.
+    ///
+    /// # Safety
+    /// As [`axpy_rows`], with heads `h0 .. h0 + N` inside `acc` and `ws`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn axpy_heads<T: Load8, const N: usize>(
+        rows: &[*const T],
+        ws: &[f32],
+        acc: &mut [f32],
+        d: usize,
+        h0: usize,
+    ) {
+        let n = rows.len();
+        for i in (0..d).step_by(8) {
+            let mut sum = [_mm256_setzero_ps(); N];
+            for (k, s) in sum.iter_mut().enumerate() {
+                // SAFETY: head h0 + k's sums hold d values from i.
+                *s = unsafe { _mm256_loadu_ps(acc.as_ptr().add((h0 + k) * d + i)) };
+            }
+            for (j, &row) in rows.iter().enumerate() {
+                // SAFETY: the row holds d values.
+                let v = unsafe { T::load8(row.add(i)) };
+                for (k, s) in sum.iter_mut().enumerate() {
+                    // SAFETY: `ws` holds n weights for each head.
+                    let w = unsafe { *ws.get_unchecked((h0 + k) * n + j) };
+                    *s = _mm256_add_ps(*s, _mm256_mul_ps(_mm256_set1_ps(w), v));
                 }
-                for (k, s) in sum.iter().enumerate().take(hs) {
-                    // SAFETY: as above.
-                    unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add((h0 + k) * d + i), *s) };
-                }
+            }
+            for (k, s) in sum.iter().enumerate() {
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add((h0 + k) * d + i), *s) };
             }
         }
     }
