@@ -482,7 +482,9 @@ fn row_kernels_refuse_mismatched_inputs() {
 /// logits do not depend on what else is in its batch or on how its prompt was chunked.
 fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
     let mut rng = Rng(B::TYPE.id() as u64 + 7);
-    let (rows, tokens) = (5, 11);
+    // 37 tokens: tiles of one to five eight-token groups, so both the kernels that decode
+    // each block as they go (few groups) and those that decode a row once (many) run.
+    let (rows, tokens) = (5, 37);
     let case = RowCase::<B>::new(&mut rng, f16_offsets, (rows, 2, tokens));
     let (bytes, row_bytes, input) = (case.bytes(), case.row_bytes, &case.input);
     let dots = |rows: std::ops::Range<usize>, range: std::ops::Range<usize>| {
@@ -496,7 +498,16 @@ fn check_batch_invariance<B: QuantBlock>(f16_offsets: &[usize]) {
         .map(|r| (0..tokens).map(|t| dots(r..r + 1, t..t + 1)[0]).collect())
         .collect();
     let row_ranges = [0..rows, 1..rows, 1..3, 2..5, 3..4];
-    let token_ranges = [0..tokens, 1..tokens, 2..9, 3..7, 5..6, 0..8];
+    let token_ranges = [
+        0..tokens,
+        1..tokens,
+        2..9,
+        3..7,
+        5..6,
+        0..8,
+        3..35,
+        8..tokens,
+    ];
     for rr in row_ranges {
         for range in token_ranges.clone() {
             let n = range.len();

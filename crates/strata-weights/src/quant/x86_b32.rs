@@ -47,6 +47,11 @@ pub(super) fn reduce_rows<const R: usize>(p: [__m256i; 4]) -> __m128i {
 /// streamed the output head of a 262,144-token vocabulary slower on two threads.
 pub(super) const TOKEN_ROWS: usize = 2;
 
+/// Groups of a tile from which a row pair is decoded once for all of them
+/// ([`DecodedRow`]); below it the group kernels decode each block as they go (a batched
+/// decode step's single group was 2x slower through the decoded row).
+pub(super) const DECODE_ONCE_MIN_GROUPS: usize = 4;
+
 /// The wanted tokens of each activation group they fall in: (group start, lanes).
 pub(super) fn spans(tokens: &Range<usize>) -> Vec<(usize, Range<usize>)> {
     let mut v = Vec::new();
@@ -142,6 +147,67 @@ macro_rules! kernels {
                             let wq = _mm256_set1_epi32(unsafe {
                                 *w[r].codes.get_unchecked(i).get_unchecked(m)
                             });
+                            isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
+                        }
+                    }
+                    for r in 0..R {
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), sc[r], acc[r]);
+                    }
+                }
+                std::array::from_fn(|r| {
+                    if CORR {
+                        _mm256_add_ps(acc[r], c[r])
+                    } else {
+                        acc[r]
+                    }
+                })
+            }
+
+            /// [`group`] decoding each block as it goes (for tiles of few groups, where
+            /// decoding a row once into [`DecodedRow`] costs more than it saves): `R` rows against the eight tokens of one activation group: each row's
+            /// eight results. `codes` gives a block's codes (signed when `SIGNED`: Q8_0),
+            /// `scale` its `d`, `corr` (with `CORR`) the factor of the activation block's
+            /// `d * code_sum`, given the block and its `d`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn group_blocks<B, const R: usize, const SIGNED: bool, const CORR: bool>(
+                w: [&[B]; R],
+                acts: &[Acts8],
+                codes: impl Fn(&B) -> __m256i,
+                scale: impl Fn(&B) -> f32,
+                corr: impl Fn(&B, f32) -> f32,
+            ) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.len() == acts.len()));
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut c = [_mm256_setzero_ps(); R];
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `d` and `dsum` are 8 f32 each.
+                    let (ad, asum) = unsafe {
+                        (
+                            _mm256_loadu_ps(a.d.as_ptr()),
+                            _mm256_loadu_ps(a.dsum.as_ptr()),
+                        )
+                    };
+                    let mut q = [[0i32; 8]; R];
+                    let mut sc = [_mm256_setzero_ps(); R];
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        // SAFETY: `q[r]` is 32 bytes.
+                        unsafe { _mm256_storeu_si256(q[r].as_mut_ptr() as *mut __m256i, codes(b)) };
+                        let d = scale(b);
+                        sc[r] = _mm256_mul_ps(_mm256_set1_ps(d), ad);
+                        if CORR {
+                            c[r] = _mm256_fmadd_ps(_mm256_set1_ps(corr(b, d)), asum, c[r]);
+                        }
+                    }
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for (m, qs) in a.qs.iter().enumerate() {
+                        // SAFETY: `qs` is 32 bytes.
+                        let av = unsafe { load32(qs.as_ptr() as *const u8) };
+                        for r in 0..R {
+                            // Codes 4 m .. 4 m + 4 of the block, in every lane.
+                            let wq = _mm256_set1_epi32(q[r][m]);
                             isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
                         }
                     }
@@ -296,6 +362,9 @@ macro_rules! kernels {
                             |w: [&DecodedRow; 1], acts: &[Acts8]| {
                                 group::<1, $signed, $corr>(w, acts)
                             },
+                            |w: [&[$B]; 2], acts: &[Acts8]| {
+                                group_blocks::<$B, 2, $signed, $corr>(w, acts, codes, scale, corr)
+                            },
                             |w: [&[$B]; TOKEN_ROWS], t: (&[BlockQ8_0], &[f32], &[f32])| {
                                 token::<$B, TOKEN_ROWS, $signed, $corr>(
                                     w, t.0, t.1, t.2, codes, scale, corr,
@@ -359,6 +428,7 @@ macro_rules! kernels {
                 decode: impl Fn(&B, &mut DecodedRow),
                 group2: impl Fn([&DecodedRow; 2], &[Acts8]) -> [__m256; 2],
                 group1: impl Fn([&DecodedRow; 1], &[Acts8]) -> [__m256; 1],
+                group2_blocks: impl Fn([&[B]; 2], &[Acts8]) -> [__m256; 2],
                 token_rows: impl Fn(
                     [&[B]; TOKEN_ROWS],
                     (&[BlockQ8_0], &[f32], &[f32]),
@@ -378,11 +448,32 @@ macro_rules! kernels {
                     |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
                         write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
                     };
-                // Groups: row pairs, each pair decoded once for every group that passes.
-                if spans.iter().any(|s| wide(&s)) {
+                // Few groups (a batched decode step): row pairs decoded block by block
+                // inside the group kernel; a single row or a malformed one falls through to
+                // the decoded path below.
+                let groups = spans.iter().filter(|s| wide(s)).count();
+                let mut first_row = 0;
+                if (1..DECODE_ONCE_MIN_GROUPS).contains(&groups) {
                     let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+                    while first_row + 2 <= rows.len() {
+                        let r = rows.start + first_row;
+                        prefetch_ahead(bytes, (r + 2) * row_bytes, &mut next);
+                        let (Some(w0), Some(w1)) = (blocks(r), blocks(r + 1)) else {
+                            break;
+                        };
+                        for (g0, lanes) in spans.iter().filter(wide) {
+                            let v = group2_blocks([w0, w1], input.group_of(*g0));
+                            write(out, first_row, *g0, lanes, v[0]);
+                            write(out, first_row + 1, *g0, lanes, v[1]);
+                        }
+                        first_row += 2;
+                    }
+                }
+                // Groups: row pairs, each pair decoded once for every group that passes.
+                if groups > 0 {
+                    let mut next = ((rows.start + first_row) * row_bytes + PREFETCH_AHEAD) & !63;
                     let mut dec = [DecodedRow::default(), DecodedRow::default()];
-                    let mut i = 0;
+                    let mut i = first_row;
                     while i < rows.len() {
                         let r = rows.start + i;
                         let n = if i + 2 <= rows.len() { 2 } else { 1 };

@@ -19,7 +19,7 @@ use super::x86::{
     for_each_dot_form, h2f, lanes, load32, prefetch_ahead, token_column, write_lanes,
     PREFETCH_AHEAD,
 };
-use super::x86_b32::reduce_rows;
+use super::x86_b32::{reduce_rows, DECODE_ONCE_MIN_GROUPS};
 use super::{BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
 
 /// Rows a one-token pass takes together: one, so a row's decoded codes and sums stay in
@@ -147,6 +147,13 @@ fn pair_word(a: i32, b: i32) -> i32 {
     (a & 0xffff) | (b << 16)
 }
 
+/// [`pair_word`] in every 32-bit lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn pair16(a: i32, b: i32) -> __m256i {
+    _mm256_set1_epi32(pair_word(a, b))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn decode_q4_k(b: &BlockQ4K, into: &mut DecodedK) {
@@ -255,6 +262,62 @@ macro_rules! kernels {
                 std::array::from_fn(|r| _mm256_sub_ps(acc[r], c[r]))
             }
 
+            /// [`group_q4_k`] decoding each super-block as it goes (tiles of few groups).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn group_q4_k_blocks<const R: usize>(
+                w: [&[BlockQ4K]; R],
+                acts: &[Acts8K],
+            ) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.len() == acts.len()));
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut c = [_mm256_setzero_ps(); R];
+                let mut q = [[[0i32; 8]; 8]; R];
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `d` is 8 f32.
+                    let ad = unsafe { _mm256_loadu_ps(a.d.as_ptr()) };
+                    let mut sc = [[0u8; 8]; R];
+                    let mut msum = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        codes_q4_k(b, &mut q[r]);
+                        let (s, mn) = unpack_scales_mins(&b.scales);
+                        sc[r] = s;
+                        for p in 0..4 {
+                            // SAFETY: `bsum32[p]` is 32 bytes.
+                            let bs = unsafe { load32(a.bsum32[p].as_ptr() as *const u8) };
+                            let f = pair16(i32::from(mn[2 * p]), i32::from(mn[2 * p + 1]));
+                            msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(bs, f));
+                        }
+                    }
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for j in 0..8 {
+                        let mut s = [_mm256_setzero_si256(); R];
+                        for m in 0..8 {
+                            // SAFETY: `qs[8 j + m]` is 32 bytes.
+                            let av = unsafe { load32(a.qs[8 * j + m].as_ptr() as *const u8) };
+                            for r in 0..R {
+                                s[r] = dot(s[r], _mm256_set1_epi32(q[r][j][m]), av);
+                            }
+                        }
+                        for r in 0..R {
+                            let f = _mm256_set1_epi32(i32::from(sc[r][j]));
+                            isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], f));
+                        }
+                    }
+                    for r in 0..R {
+                        // SAFETY: as above.
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        let dd = _mm256_mul_ps(_mm256_set1_ps(h2f(b.d)), ad);
+                        let dm = _mm256_mul_ps(_mm256_set1_ps(h2f(b.dmin)), ad);
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
+                        c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum[r]), dm, c[r]);
+                    }
+                }
+                std::array::from_fn(|r| _mm256_sub_ps(acc[r], c[r]))
+            }
+
             /// `R` (at most 4) rows of Q4_K against one token's blocks.
             #[target_feature(enable = $feat)]
             #[inline]
@@ -355,6 +418,66 @@ macro_rules! kernels {
                 std::array::from_fn(|r| _mm256_sub_ps(acc[r], c[r]))
             }
 
+            /// [`group_q6_k`] decoding each super-block as it goes (tiles of few groups).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn group_q6_k_blocks<const R: usize>(
+                w: [&[BlockQ6K]; R],
+                acts: &[Acts8K],
+            ) -> [__m256; R] {
+                assert!(w.iter().all(|w| w.len() == acts.len()));
+                let mut acc = [_mm256_setzero_ps(); R];
+                let mut c = [_mm256_setzero_ps(); R];
+                let mut q = [[[0i32; 8]; 8]; R];
+                for (i, a) in acts.iter().enumerate() {
+                    // SAFETY: `d` is 8 f32.
+                    let ad = unsafe { _mm256_loadu_ps(a.d.as_ptr()) };
+                    let mut osum = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        // SAFETY: every row has `acts.len()` blocks (asserted above).
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        for (k, u) in codes_q6_k(b).into_iter().enumerate() {
+                            // SAFETY: `q[r][k]` is 32 bytes.
+                            unsafe { _mm256_storeu_si256(q[r][k].as_mut_ptr() as *mut __m256i, u) };
+                        }
+                        for p in 0..8 {
+                            // SAFETY: `bsum16[p]` is 32 bytes.
+                            let bs = unsafe { load32(a.bsum16[p].as_ptr() as *const u8) };
+                            let f =
+                                pair16(i32::from(b.scales[2 * p]), i32::from(b.scales[2 * p + 1]));
+                            osum[r] = _mm256_add_epi32(osum[r], _mm256_madd_epi16(bs, f));
+                        }
+                    }
+                    let mut isum = [_mm256_setzero_si256(); R];
+                    for g in 0..16 {
+                        let mut s = [_mm256_setzero_si256(); R];
+                        for m in 0..4 {
+                            let run = 4 * g + m;
+                            // SAFETY: `qs[run]` is 32 bytes.
+                            let av = unsafe { load32(a.qs[run].as_ptr() as *const u8) };
+                            for r in 0..R {
+                                s[r] = dot(s[r], _mm256_set1_epi32(q[r][run / 8][run % 8]), av);
+                            }
+                        }
+                        for r in 0..R {
+                            // SAFETY: as above.
+                            let b = unsafe { w[r].get_unchecked(i) };
+                            let f = _mm256_set1_epi32(i32::from(b.scales[g]));
+                            isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(s[r], f));
+                        }
+                    }
+                    for r in 0..R {
+                        // SAFETY: as above.
+                        let b = unsafe { w[r].get_unchecked(i) };
+                        let dd = _mm256_mul_ps(_mm256_set1_ps(h2f(b.d)), ad);
+                        let o = _mm256_slli_epi32::<5>(osum[r]);
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), dd, acc[r]);
+                        c[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(o), dd, c[r]);
+                    }
+                }
+                std::array::from_fn(|r| _mm256_sub_ps(acc[r], c[r]))
+            }
+
             /// `R` (at most 4) rows of Q6_K against one token's blocks.
             #[target_feature(enable = $feat)]
             #[inline]
@@ -398,7 +521,7 @@ macro_rules! kernels {
 
             /// Generates a format's row-range driver.
             macro_rules! driver {
-                ($name:ident, $B:ty, $decode:ident, $group:ident, $token:ident) => {
+                ($name:ident, $B:ty, $decode:ident, $group:ident, $blocks:ident, $token:ident) => {
                     #[target_feature(enable = $feat)]
                     pub(in super::super) fn $name(
                         bytes: &[u8],
@@ -420,6 +543,7 @@ macro_rules! kernels {
                             |b: &$B, into: &mut DecodedK| $decode(b, into),
                             |w: [&DecodedK; 2], a: &[Acts8K]| $group::<2>(w, a),
                             |w: [&DecodedK; 1], a: &[Acts8K]| $group::<1>(w, a),
+                            |w: [&[$B]; 2], a: &[Acts8K]| $blocks::<2>(w, a),
                             |w: [&[$B]; TOKEN_ROWS], a: &[BlockQ8K]| $token::<TOKEN_ROWS>(w, a),
                             |w: [&[$B]; 1], a: &[BlockQ8K]| $token::<1>(w, a),
                         )
@@ -427,8 +551,22 @@ macro_rules! kernels {
                 };
             }
 
-            driver!(rows_q4_k, BlockQ4K, decode_q4_k, group_q4_k, token_q4_k);
-            driver!(rows_q6_k, BlockQ6K, decode_q6_k, group_q6_k, token_q6_k);
+            driver!(
+                rows_q4_k,
+                BlockQ4K,
+                decode_q4_k,
+                group_q4_k,
+                group_q4_k_blocks,
+                token_q4_k
+            );
+            driver!(
+                rows_q6_k,
+                BlockQ6K,
+                decode_q6_k,
+                group_q6_k,
+                group_q6_k_blocks,
+                token_q6_k
+            );
         }
     };
 }
@@ -450,6 +588,7 @@ fn drive<B: QuantBlock>(
     decode: impl Fn(&B, &mut DecodedK),
     group2: impl Fn([&DecodedK; 2], &[Acts8K]) -> [__m256; 2],
     group1: impl Fn([&DecodedK; 1], &[Acts8K]) -> [__m256; 1],
+    group2_blocks: impl Fn([&[B]; 2], &[Acts8K]) -> [__m256; 2],
     token_rows: impl Fn([&[B]; TOKEN_ROWS], &[BlockQ8K]) -> [f32; TOKEN_ROWS],
     token1: impl Fn([&[B]; 1], &[BlockQ8K]) -> [f32; 1],
 ) {
@@ -463,10 +602,30 @@ fn drive<B: QuantBlock>(
     let write = |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
         write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
     };
-    if spans.iter().any(|s| wide(&s)) {
+    // Few groups (a batched decode step): row pairs decoded block by block inside the group
+    // kernel; a single row or a malformed one falls through to the decoded path below.
+    let groups = spans.iter().filter(|s| wide(s)).count();
+    let mut first_row = 0;
+    if (1..DECODE_ONCE_MIN_GROUPS).contains(&groups) {
         let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+        while first_row + 2 <= rows.len() {
+            let r = rows.start + first_row;
+            prefetch_ahead(bytes, (r + 2) * row_bytes, &mut next);
+            let (Some(w0), Some(w1)) = (blocks(r), blocks(r + 1)) else {
+                break;
+            };
+            for (g0, lanes) in spans.iter().filter(wide) {
+                let v = group2_blocks([w0, w1], input.group_k_of(*g0));
+                write(out, first_row, *g0, lanes, v[0]);
+                write(out, first_row + 1, *g0, lanes, v[1]);
+            }
+            first_row += 2;
+        }
+    }
+    if groups > 0 {
+        let mut next = ((rows.start + first_row) * row_bytes + PREFETCH_AHEAD) & !63;
         let mut dec = [DecodedK::default(), DecodedK::default()];
-        let mut i = 0;
+        let mut i = first_row;
         while i < rows.len() {
             let r = rows.start + i;
             let n = if i + 2 <= rows.len() { 2 } else { 1 };
