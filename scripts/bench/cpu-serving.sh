@@ -21,13 +21,25 @@ llama=${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary}
 mkdir -p "$out"
 port=8093
 
-# $1: the path that answers 200 once the model is loaded (`/ready`, llama-server's `/health`).
+# Stops the run when something already answers on $port: a server started now could not
+# bind it, and the figures would be the other one's.
+port_free() {
+    if curl -s -o /dev/null "http://127.0.0.1:$port/"; then
+        echo "cpu-serving: port $port already answers; stop what listens there" >&2
+        exit 1
+    fi
+}
+
+# $1: the path that answers 200 once the model is loaded (`/ready`, llama-server's `/health`);
+# $2: the server's pid, which must still run (one that failed to start has exited).
 wait_up() {
     for _ in $(seq 600); do
+        kill -0 "$2" 2>/dev/null || break
         curl -sf "http://127.0.0.1:$port$1" >/dev/null && return 0
         sleep 0.2
     done
-    return 1
+    echo "cpu-serving: the server (pid $2) did not come up; see $out" >&2
+    exit 1
 }
 
 loads() {
@@ -41,15 +53,19 @@ loads() {
 }
 
 for r in $(seq "$rounds"); do
+    port_free
     RAYON_NUM_THREADS=$threads "$strata" serve --model "$model" --port "$port" \
         --served-model-name m >"$out/strata-$r.log" 2>&1 &
     pid=$!
-    wait_up /ready && loads "strata-$r"
+    wait_up /ready "$pid"
+    loads "strata-$r"
     kill "$pid"; wait "$pid" 2>/dev/null
+    port_free
     "$llama" -m "$model" -t "$threads" --parallel 8 -c 16384 --port "$port" -a m \
         >"$out/llama-$r.log" 2>&1 &
     pid=$!
-    wait_up /health && loads "llama-$r"
+    wait_up /health "$pid"
+    loads "llama-$r"
     kill "$pid"; wait "$pid" 2>/dev/null
 done
 
