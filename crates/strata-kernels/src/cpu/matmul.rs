@@ -98,24 +98,35 @@ fn run(kernel: &dyn RowKernel, x: &[f32], k: usize, n: usize, out: &mut [f32]) {
         });
         return;
     }
-    // Every value of the scratch is written: each kernel sets each `out[i]` it is given.
+    by_row_blocks(tokens, n, block, out, |r0, o| {
+        for t0 in (0..tokens).step_by(OUTER_TOKENS) {
+            let t1 = (t0 + OUTER_TOKENS).min(tokens);
+            for r in 0..o.len() / tokens {
+                kernel.dot_row_tokens(
+                    r0 + r,
+                    &x[t0 * k..t1 * k],
+                    &mut o[r * tokens + t0..r * tokens + t1],
+                );
+            }
+        }
+    });
+}
+
+/// Runs `fill(first_row, rows)` over blocks of `block` rows of a row-major `[n, tokens]`
+/// result in parallel (on the thread's scratch), then transposes it into `out [tokens, n]`.
+/// `fill` must write every value of its rows.
+fn by_row_blocks(
+    tokens: usize,
+    n: usize,
+    block: usize,
+    out: &mut [f32],
+    fill: impl Fn(usize, &mut [f32]) + Sync,
+) {
     with_scratch(n * tokens, |by_row| {
         by_row
             .par_chunks_mut(block * tokens)
             .enumerate()
-            .for_each(|(b, o)| {
-                let rows_here = o.len() / tokens;
-                for t0 in (0..tokens).step_by(OUTER_TOKENS) {
-                    let t1 = (t0 + OUTER_TOKENS).min(tokens);
-                    for r in 0..rows_here {
-                        kernel.dot_row_tokens(
-                            b * block + r,
-                            &x[t0 * k..t1 * k],
-                            &mut o[r * tokens + t0..r * tokens + t1],
-                        );
-                    }
-                }
-            });
+            .for_each(|(b, o)| fill(b * block, o));
         transpose(by_row, tokens, n, out);
     });
 }
@@ -340,21 +351,13 @@ fn run_prepared(w: &dyn RowDot, p: &PreparedInput, tokens: usize, n: usize, out:
         });
         return;
     }
-    let block = rows_per_task(n);
-    with_scratch(n * tokens, |by_row| {
-        by_row
-            .par_chunks_mut(block * tokens)
-            .enumerate()
-            .for_each(|(b, o)| {
-                let rows_here = o.len() / tokens;
-                let r0 = b * block;
-                let tile = prepared_tile(w.cols());
-                for t0 in (0..tokens).step_by(tile) {
-                    let t1 = (t0 + tile).min(tokens);
-                    w.dot_prepared(r0..r0 + rows_here, p, t0..t1, &mut o[t0..], tokens);
-                }
-            });
-        transpose(by_row, tokens, n, out);
+    let tile = prepared_tile(w.cols());
+    by_row_blocks(tokens, n, rows_per_task(n), out, |r0, o| {
+        let rows_here = o.len() / tokens;
+        for t0 in (0..tokens).step_by(tile) {
+            let t1 = (t0 + tile).min(tokens);
+            w.dot_prepared(r0..r0 + rows_here, p, t0..t1, &mut o[t0..], tokens);
+        }
     });
 }
 
