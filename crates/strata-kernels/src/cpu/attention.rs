@@ -1,21 +1,25 @@
 //! Attention for prefill, extend and decode over explicitly positioned keys.
 //!
-//! Past `KEY_CHUNK` keys, one parallel task per (query token, KV head, run of `KEY_CHUNK`
-//! keys): each key and value row is read (and, from a quantized pool, converted) once for all
-//! the query heads of its group, the task keeps each head's maximum, weight sum and weighted
-//! value sum, and the runs of a (token, head) are merged in key order at the end. Splitting
-//! the keys gives a decode step over a long context work for every thread whatever the head
-//! count. Up to `KEY_CHUNK` keys, one task per (query token, query head) in one pass. Both
-//! are fixed by the key count alone, so a token's result does not depend on its batch.
+//! Past `KEY_CHUNK` keys, one parallel task per (KV head, run of `KEY_CHUNK` keys, tile of
+//! `TILE_TOKENS` query tokens): each key and value row is read (and, from a quantized pool,
+//! converted) once for all the query heads of its group, and where every token of the tile
+//! sees every key of the run (a prompt's keys before its diagonal) once for the whole tile;
+//! the task keeps each (token, head)'s maximum, weight sum and weighted value sum, and the
+//! runs of a (token, head) are merged in key order at the end. Splitting the keys gives a
+//! decode step over a long context work for every thread whatever the head count. Up to
+//! `KEY_CHUNK` keys, one task per (query token, query head) in one pass. Each (token, head)
+//! takes the same arithmetic in either case, fixed by the key count alone, so a token's
+//! result does not depend on its batch or tile.
 //!
-//! Within a task the scores take one key row at a time for the group's heads; the weighted
-//! value sums then walk all the task's value rows eight values at a time, the heads' sums in
-//! registers ([`axpy_rows`]: the row-at-a-time arithmetic in the same order, so the same
-//! bits).
+//! Within a task the scores take one key row at a time for all the task's query rows; the
+//! weighted value sums then walk blocks of the task's value rows eight values at a time, the
+//! rows' sums in registers ([`axpy_rows`]: the row-at-a-time arithmetic in the same order,
+//! so the same bits).
 //!
 //! Keys and values are read through [`KvSource`], so the same kernel serves contiguous f32
-//! buffers ([`ContiguousKv`]) and a paged pool, whose bf16 rows are read in place
-//! ([`KvRow`]) and whose 8-bit rows are dequantized one at a time into scratch.
+//! buffers ([`ContiguousKv`]) and a paged pool, whose f32 and bf16 rows are read in place
+//! ([`KvRow`]) and whose 8-bit rows are dequantized one at a time into scratch. Keys whose
+//! positions ascend (a sequence's) give each query its visible keys by bisection.
 
 use super::buffer::CpuBuffer;
 use super::dot::axpy;
@@ -39,7 +43,7 @@ pub trait KvSource: Sync {
     fn key<'a>(&'a self, i: usize, kv_head: usize, scratch: &'a mut [f32]) -> &'a [f32];
     /// Value `i`'s `head_dim` f32 values for `kv_head`.
     fn value<'a>(&'a self, i: usize, kv_head: usize, scratch: &'a mut [f32]) -> &'a [f32];
-    /// Key `i` as stored, where the kernel reads that format in place (bf16); by default
+    /// Key `i` as stored, where the kernel reads that format in place (bf16, f32); by default
     /// [`KvSource::key`]'s f32 values.
     fn key_row<'a>(&'a self, i: usize, kv_head: usize, scratch: &'a mut [f32]) -> KvRow<'a> {
         KvRow::F32(self.key(i, kv_head, scratch))
@@ -111,6 +115,23 @@ pub fn attention_over<K: KvSource>(
     p: AttentionParams,
     out: &mut [f32],
 ) -> Result<()> {
+    // Keys in position order (a sequence's, as a pool and a prompt hold them): the keys a
+    // query sees are one range, found by bisection instead of a test a key.
+    let n = kv.num_keys();
+    let ascending = (1..n).all(|i| kv.position(i - 1) <= kv.position(i));
+    attention_over_keys(q, q_positions, kv, p, out, ascending)
+}
+
+/// [`attention_over`], the visible keys found by bisection where `ascending` (the keys'
+/// positions in order) and by a test a key otherwise.
+fn attention_over_keys<K: KvSource>(
+    q: &[f32],
+    q_positions: &[u32],
+    kv: &K,
+    p: AttentionParams,
+    out: &mut [f32],
+    ascending: bool,
+) -> Result<()> {
     const OP: &str = "attention";
     check_params(OP, &p)?;
     let d = p.head_dim;
@@ -134,26 +155,68 @@ pub fn attention_over<K: KvSource>(
         // of few KV heads over the threads better than a task per group would.
         out.par_chunks_mut(d).enumerate().for_each(|(task, o)| {
             let (t, h) = (task / p.n_heads, task % p.n_heads);
-            let qs = (&q[task * d..(task + 1) * d], q_positions[t]);
-            let run = key_run(kv, &p, qs, h / group, 0..n_keys);
-            merge_runs(std::slice::from_ref(&run), 1, d, o);
+            let q = &q[task * d..(task + 1) * d];
+            let mut stats = [0f32; 2];
+            let (max, sum) = stats.split_at_mut(1);
+            with_visible(
+                kv,
+                &p,
+                (&[q_positions[t]], ascending),
+                0..n_keys,
+                |visible| {
+                    rows_run(kv, &p, q, h / group, visible[0], (max, sum, o));
+                },
+            );
+            // One run: its merge weight is exp(0) = 1, so the weighted sum (`o` itself)
+            // and the weight sum stand as they are.
+            if max[0] == f32::NEG_INFINITY {
+                o.fill(0.0);
+                return;
+            }
+            let inv = 1.0 / sum[0];
+            for v in o.iter_mut() {
+                *v *= inv;
+            }
         });
         return Ok(());
     }
     let tokens = q_positions.len();
-    let partials: Vec<Run> = (0..tokens * p.n_kv_heads * runs)
-        .into_par_iter()
-        .map(|task| {
-            let (tg, c) = (task / runs, task % runs);
-            let (t, g) = (tg / p.n_kv_heads, tg % p.n_kv_heads);
-            let qs = &q[(t * p.n_heads + g * group) * d..(t * p.n_heads + (g + 1) * group) * d];
+    let tiles = tokens.div_ceil(TILE_TOKENS);
+    let len = TILE_TOKENS * group * (d + 2);
+    // Every task's runs side by side. A task is (KV head, run of keys, tile of tokens), the
+    // tiles innermost, so that a thread's next task mostly reads the same keys and values,
+    // still in its caches.
+    let mut partials = vec![0f32; tiles * p.n_kv_heads * runs * len];
+    partials
+        .par_chunks_mut(len)
+        .enumerate()
+        .for_each(|(task, chunk)| {
+            let (gc, tile) = (task / tiles, task % tiles);
+            let (g, c) = (gc / runs, gc % runs);
+            let ts = tile * TILE_TOKENS..tokens.min((tile + 1) * TILE_TOKENS);
             let keys = c * KEY_CHUNK..n_keys.min((c + 1) * KEY_CHUNK);
-            key_run(kv, &p, (qs, q_positions[t]), g, keys)
-        })
-        .collect();
+            let qs = (q, &q_positions[ts.clone()], ascending);
+            tile_run(kv, &p, qs, ts.start, g, keys, chunk);
+        });
+    let rows = TILE_TOKENS * group;
     out.par_chunks_mut(group * d)
-        .zip(partials.par_chunks(runs))
-        .for_each(|(o, parts)| merge_runs(parts, group, d, o));
+        .enumerate()
+        .for_each(|(tg, o)| {
+            let (t, g) = (tg / p.n_kv_heads, tg % p.n_kv_heads);
+            let (tile, row0) = (t / TILE_TOKENS, (t % TILE_TOKENS) * group);
+            let at = |c: usize| {
+                let chunk = &partials[((g * runs + c) * tiles + tile) * len..][..len];
+                let (max, rest) = chunk.split_at(rows);
+                let (sum, acc) = rest.split_at(rows);
+                RunRef {
+                    max: &max[row0..row0 + group],
+                    sum: &sum[row0..row0 + group],
+                    acc: &acc[row0 * d..(row0 + group) * d],
+                }
+            };
+            let parts: Vec<RunRef<'_>> = (0..runs).map(at).collect();
+            merge_runs(&parts, group, d, o);
+        });
     Ok(())
 }
 
@@ -161,68 +224,203 @@ pub fn attention_over<K: KvSource>(
 /// many, so that all threads share it.
 const KEY_CHUNK: usize = 256;
 
-/// One task's share of the softmax for the `group` heads of a KV head: per head the
-/// maximum score, the sum of `exp(score - max)` and the value rows weighted by it.
-struct Run {
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    acc: Vec<f32>,
+/// Query tokens a task takes: where every key of a run is visible to all of them (a
+/// prompt's keys before its diagonal), each key and value row is read once for all their
+/// heads, while it is in the core's first cache, instead of once a token. Each row's
+/// arithmetic is the one-token task's, so the bits do not depend on the tile.
+const TILE_TOKENS: usize = 4;
+
+/// One task's share of the softmax for some query rows: per row the maximum score, the sum
+/// of `exp(score - max)` and the value rows weighted by it (`[rows, d]`).
+struct RunRef<'a> {
+    max: &'a [f32],
+    sum: &'a [f32],
+    acc: &'a [f32],
 }
 
-/// The [`Run`] of queries `qs` (the group's heads, `[group, d]`) at `q_pos` over keys
-/// `keys` of KV head `g`.
-fn key_run<K: KvSource>(
+thread_local!(static VISIBLE: std::cell::RefCell<Vec<usize>> =
+    const { std::cell::RefCell::new(Vec::new()) });
+
+/// Calls `f` with each query position's visible keys among `keys` (from this thread's
+/// scratch), by bisection where the keys' positions `ascending`.
+fn with_visible<K: KvSource, R>(
     kv: &K,
     p: &AttentionParams,
-    (qs, q_pos): (&[f32], u32),
-    g: usize,
+    (q_pos, ascending): (&[u32], bool),
     keys: std::ops::Range<usize>,
-) -> Run {
-    let d = p.head_dim;
-    let group = qs.len() / d;
-    let mut scratch = vec![0f32; d];
-    let visible: Vec<usize> = keys.filter(|&i| p.visible(q_pos, kv.position(i))).collect();
-    let n = visible.len();
-    // Scores head-major (`[group, n]`), each key's row read once for the group.
-    let mut scores = vec![0f32; group * n];
-    let mut per_key = vec![0f32; group];
-    for (j, &i) in visible.iter().enumerate() {
-        kv.key_row(i, g, &mut scratch).dot_group(qs, &mut per_key);
-        for (h, &dot) in per_key.iter().enumerate() {
-            let mut s = dot * p.scale;
-            if let Some(cap) = p.softcap {
-                s = cap * (s / cap).tanh();
-            }
-            scores[h * n + j] = s;
+    f: impl FnOnce(&[&[usize]]) -> R,
+) -> R {
+    let mut all = VISIBLE.with(|v| v.take());
+    all.clear();
+    let mut ends = [0usize; TILE_TOKENS];
+    for (e, &qp) in ends.iter_mut().zip(q_pos) {
+        if ascending && !keys.is_empty() {
+            // Visible keys are those neither too far behind the query nor ahead of it: with
+            // positions in order, one range between two bisections.
+            let behind = |i: usize| {
+                let k_pos = kv.position(keys.start + i);
+                !p.visible(qp, k_pos) && k_pos <= qp
+            };
+            let ahead = |i: usize| p.causal && kv.position(keys.start + i) > qp;
+            let lo = bisect(0..keys.len(), behind);
+            let hi = bisect(lo..keys.len(), |i| !ahead(i));
+            all.extend(keys.start + lo..keys.start + hi);
+        } else {
+            all.extend(keys.clone().filter(|&i| p.visible(qp, kv.position(i))));
+        }
+        *e = all.len();
+    }
+    let mut lists: [&[usize]; TILE_TOKENS] = [&[]; TILE_TOKENS];
+    let mut from = 0;
+    for (l, &e) in lists.iter_mut().zip(&ends[..q_pos.len()]) {
+        *l = &all[from..e];
+        from = e;
+    }
+    let r = f(&lists[..q_pos.len()]);
+    VISIBLE.with(|v| *v.borrow_mut() = all);
+    r
+}
+
+/// The first index of `range` where `pred` is false, `pred` being true up to some index and
+/// false from it on.
+fn bisect(range: std::ops::Range<usize>, pred: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (range.start, range.end);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
         }
     }
-    let max: Vec<f32> = (0..group)
-        .map(|h| {
-            scores[h * n..(h + 1) * n]
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &s| m.max(s))
-        })
-        .collect();
-    // The weights exp(score - max), a head's row at a time through the vector exp, then
-    // summed in key order.
-    let mut sum = vec![0f32; group];
-    for h in 0..group {
-        let row = &mut scores[h * n..(h + 1) * n];
-        exp_shifted(row, max[h]);
-        sum[h] = row.iter().sum();
+    lo
+}
+
+/// The runs of the query tokens `ts` (positions `q_pos`, the first token `t0` of `q`) over
+/// keys `keys` of KV head `g`, into `chunk`: `[rows]` maxima, `[rows]` sums, `[rows, d]`
+/// weighted sums, a row a (token, head of the group). Where every token sees every key, the
+/// rows share one pass; otherwise each token takes its own.
+fn tile_run<K: KvSource>(
+    kv: &K,
+    p: &AttentionParams,
+    (q, q_pos, ascending): (&[f32], &[u32], bool),
+    t0: usize,
+    g: usize,
+    keys: std::ops::Range<usize>,
+    chunk: &mut [f32],
+) {
+    let d = p.head_dim;
+    let group = p.n_heads / p.n_kv_heads;
+    let rows = TILE_TOKENS * group;
+    let (max, rest) = chunk.split_at_mut(rows);
+    let (sum, acc) = rest.split_at_mut(rows);
+    let qs = |t: usize| &q[((t0 + t) * p.n_heads + g * group) * d..][..group * d];
+    let n_run = keys.len();
+    with_visible(kv, p, (q_pos, ascending), keys, |visible| {
+        let used = q_pos.len() * group;
+        if q_pos.len() > 1 && visible.iter().all(|v| v.len() == n_run) {
+            // The tile's query rows side by side, then one pass.
+            with_query_scratch(used * d, |tile_q| {
+                for (t, dst) in tile_q.chunks_mut(group * d).enumerate() {
+                    dst.copy_from_slice(qs(t));
+                }
+                let out = (&mut max[..used], &mut sum[..used], &mut acc[..used * d]);
+                rows_run(kv, p, tile_q, g, visible[0], out);
+            });
+            return;
+        }
+        for (t, vis) in visible.iter().enumerate() {
+            let r = t * group..(t + 1) * group;
+            let out = (
+                &mut max[r.clone()],
+                &mut sum[r.clone()],
+                &mut acc[r.start * d..r.end * d],
+            );
+            rows_run(kv, p, qs(t), g, vis, out);
+        }
+    })
+}
+
+/// Runs `f` on `len` floats of this thread's query scratch (contents undefined).
+fn with_query_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    thread_local!(static QS: std::cell::RefCell<Vec<f32>> =
+        const { std::cell::RefCell::new(Vec::new()) });
+    let mut v = QS.with(|s| s.take());
+    if v.len() < len {
+        v.resize(len, 0.0);
     }
-    let mut acc = vec![0f32; group * d];
-    // Every value row at once (rows converted from the pool's format each get their own
-    // part of the thread's scratch), then summed eight values at a time across all of them.
-    with_scratch(n * d, |row_scratch| {
-        let rows: Vec<KvRow<'_>> = visible
+    let r = f(&mut v[..len]);
+    QS.with(|s| *s.borrow_mut() = v);
+    r
+}
+
+/// The softmax share of query rows `qs` (`[rows, d]`, all of KV head `g`) over the keys
+/// `visible`, into `(max, sum, acc)` (`[rows]`, `[rows]`, `[rows, d]`). The scores and
+/// weights live in this thread's scratch.
+fn rows_run<K: KvSource>(
+    kv: &K,
+    p: &AttentionParams,
+    qs: &[f32],
+    g: usize,
+    visible: &[usize],
+    (max, sum, acc): (&mut [f32], &mut [f32], &mut [f32]),
+) {
+    let d = p.head_dim;
+    let rows = qs.len() / d;
+    let n = visible.len();
+    // Scores row-major (`[rows, n]`), then `rows` of one key's, then a key row converted
+    // from the pool's format, then the value rows converted.
+    with_scratch(rows * n + rows + d + n * d, |scratch| {
+        let (scores, rest) = scratch.split_at_mut(rows * n);
+        let (per_key, rest) = rest.split_at_mut(rows);
+        let (key, row_scratch) = rest.split_at_mut(d);
+        // Each key's row read once for all the rows.
+        for (j, &i) in visible.iter().enumerate() {
+            kv.key_row(i, g, key).dot_group(qs, per_key);
+            for (r, &dot) in per_key.iter().enumerate() {
+                scores[r * n + j] = dot;
+            }
+        }
+        for (r, m) in max.iter_mut().enumerate() {
+            let row = &mut scores[r * n..(r + 1) * n];
+            for s in row.iter_mut() {
+                *s *= p.scale;
+            }
+            if let Some(cap) = p.softcap {
+                for s in row.iter_mut() {
+                    *s = cap * (*s / cap).tanh();
+                }
+            }
+            *m = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            // The weights exp(score - max) through the vector exp.
+            exp_shifted(row, *m);
+        }
+        sum_rows(scores, n, sum);
+        acc.fill(0.0);
+        // Every value row at once (rows converted from the pool's format each get their
+        // own part of the scratch), then summed eight values at a time across all of them.
+        let values: Vec<KvRow<'_>> = visible
             .iter()
             .zip(row_scratch.chunks_mut(d.max(1)))
             .map(|(&i, s)| kv.value_row(i, g, s))
             .collect();
-        axpy_rows(&rows, &scores, &mut acc);
+        axpy_rows(&values, scores, acc);
     });
-    Run { max, sum, acc }
+}
+
+/// `sums[r]` = the sum of row `r` of `rows` (`[sums.len(), n]`) in order, as
+/// `iter().sum()` adds; four rows side by side, so that each add waits only on its own
+/// row's last one.
+fn sum_rows(rows: &[f32], n: usize, sums: &mut [f32]) {
+    for (r0, out) in (0..sums.len()).step_by(4).zip(sums.chunks_mut(4)) {
+        let mut acc = [-0.0f32; 4];
+        for j in 0..n {
+            for (k, a) in acc.iter_mut().enumerate().take(out.len()) {
+                *a += rows[(r0 + k) * n + j];
+            }
+        }
+        out.copy_from_slice(&acc[..out.len()]);
+    }
 }
 
 /// `x = exp(x - m)` for each value, through [`exp_f32`] (within 2 ulp of the library's,
@@ -252,9 +450,9 @@ fn exp_shifted_portable(xs: &mut [f32], m: f32) {
     }
 }
 
-/// Merges a (token, KV head)'s runs, in key order, into its heads' outputs `o`
+/// Merges a (token, KV head)'s runs (`parts`), in key order, into its heads' outputs `o`
 /// (`[group, d]`); a head that sees no key gets zeros.
-fn merge_runs(parts: &[Run], group: usize, d: usize, o: &mut [f32]) {
+fn merge_runs(parts: &[RunRef<'_>], group: usize, d: usize, o: &mut [f32]) {
     for h in 0..group {
         let out = &mut o[h * d..(h + 1) * d];
         out.fill(0.0);
@@ -337,6 +535,22 @@ mod tests {
         assert_eq!(odd[0], 0.0);
         assert!(odd[1].is_nan());
         assert_eq!(odd[2], 1.0);
+    }
+
+    /// Rows summed side by side give `iter().sum()`'s bits, row by row.
+    #[test]
+    fn rows_summed_together_equal_each_summed() {
+        for (rows, n) in [(1, 5), (3, 256), (7, 33), (12, 0)] {
+            let xs: Vec<f32> = (0..rows * n)
+                .map(|i| ((i * 7919) % 1013) as f32 / 97.0 + 1e-3)
+                .collect();
+            let mut got = vec![f32::NAN; rows];
+            sum_rows(&xs, n, &mut got);
+            for (r, g) in got.iter().enumerate() {
+                let want: f32 = xs[r * n..(r + 1) * n].iter().sum();
+                assert_eq!(g.to_bits(), want.to_bits(), "{rows} rows of {n}, row {r}");
+            }
+        }
     }
 
     /// f64 attention of one head, the definition.
@@ -427,6 +641,72 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// A token's output has the same bits whatever tokens share its pass: a prompt's tokens
+    /// in tiles (runs of keys every token of a tile sees, one pass for the tile) and each
+    /// token alone, over several runs of keys; with grouped heads, a window, a softcap,
+    /// queries past every key, queries on the diagonal and keys on both sides (not causal).
+    #[test]
+    fn tokens_in_tiles_equal_each_alone() {
+        let mut x = 7u64;
+        let mut rnd = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+        };
+        let n_keys = 700;
+        for (d, nkv, group, window, softcap, first, causal) in [
+            (16, 2, 3, None, None, 663, true),
+            (64, 1, 4, Some(400), Some(5.0), 663, true),
+            (32, 3, 1, None, None, 700, true),
+            (16, 1, 2, Some(300), None, 700, true),
+            (16, 2, 2, Some(200), None, 300, false),
+        ] {
+            let n_heads = nkv * group;
+            let k: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
+            let positions: Vec<u32> = (0..n_keys as u32).collect();
+            let q_positions: Vec<u32> = (first..first + 37).collect();
+            let q: Vec<f32> = (0..q_positions.len() * n_heads * d)
+                .map(|_| 4.0 * rnd())
+                .collect();
+            let kv = ContiguousKv {
+                k: &k,
+                v: &v,
+                positions: &positions,
+                n_kv_heads: nkv,
+                head_dim: d,
+            };
+            let p = AttentionParams {
+                n_heads,
+                n_kv_heads: nkv,
+                head_dim: d,
+                scale: 0.25,
+                window,
+                causal,
+                softcap,
+            };
+            let mut all = vec![f32::NAN; q.len()];
+            attention_over(&q, &q_positions, &kv, p, &mut all).unwrap();
+            // Keys in order take their visible range by bisection: the same keys as a test
+            // a key, so the same bits.
+            let mut tested = vec![f32::NAN; q.len()];
+            attention_over_keys(&q, &q_positions, &kv, p, &mut tested, false).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all), bits(&tested), "d {d}, window {window:?}");
+            let row = n_heads * d;
+            for (t, &qp) in q_positions.iter().enumerate() {
+                let mut alone = vec![f32::NAN; row];
+                attention_over(&q[t * row..(t + 1) * row], &[qp], &kv, p, &mut alone).unwrap();
+                assert_eq!(
+                    bits(&all[t * row..(t + 1) * row]),
+                    bits(&alone),
+                    "d {d}, group {group}, window {window:?}, token at {qp}"
+                );
             }
         }
     }

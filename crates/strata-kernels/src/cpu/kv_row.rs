@@ -239,6 +239,9 @@ mod avx2 {
     /// Heads whose sums stay in registers in [`axpy_rows`].
     const SUM_HEADS: usize = 8;
 
+    /// Bytes of value rows a block of [`axpy_heads`] walks eight values at a time.
+    const ROW_BLOCK_BYTES: usize = 8 << 10;
+
     /// # Safety
     /// AVX2; each row holds d values, d a multiple of 8; `ws` holds `acc.len() / d` rows
     /// of `rows.len()` weights.
@@ -282,24 +285,30 @@ mod avx2 {
         h0: usize,
     ) {
         let n = rows.len();
-        for i in (0..d).step_by(8) {
-            let mut sum = [_mm256_setzero_ps(); N];
-            for (k, s) in sum.iter_mut().enumerate() {
-                // SAFETY: head h0 + k's sums hold d values from i.
-                *s = unsafe { _mm256_loadu_ps(acc.as_ptr().add((h0 + k) * d + i)) };
-            }
-            for (j, &row) in rows.iter().enumerate() {
-                // SAFETY: the row holds d values.
-                let v = unsafe { T::load8(row.add(i)) };
+        // Rows a block, as many as stay in the first-level cache while the block's eight
+        // values at a time walk across them (each row in order within and across blocks,
+        // so the same bits as one block).
+        let block = (ROW_BLOCK_BYTES / (d * std::mem::size_of::<T>())).max(8);
+        for j0 in (0..n).step_by(block) {
+            for i in (0..d).step_by(8) {
+                let mut sum = [_mm256_setzero_ps(); N];
                 for (k, s) in sum.iter_mut().enumerate() {
-                    // SAFETY: `ws` holds n weights for each head.
-                    let w = unsafe { *ws.get_unchecked((h0 + k) * n + j) };
-                    *s = _mm256_add_ps(*s, _mm256_mul_ps(_mm256_set1_ps(w), v));
+                    // SAFETY: head h0 + k's sums hold d values from i.
+                    *s = unsafe { _mm256_loadu_ps(acc.as_ptr().add((h0 + k) * d + i)) };
                 }
-            }
-            for (k, s) in sum.iter().enumerate() {
-                // SAFETY: as above.
-                unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add((h0 + k) * d + i), *s) };
+                for (j, &row) in rows.iter().enumerate().skip(j0).take(block) {
+                    // SAFETY: the row holds d values.
+                    let v = unsafe { T::load8(row.add(i)) };
+                    for (k, s) in sum.iter_mut().enumerate() {
+                        // SAFETY: `ws` holds n weights for each head.
+                        let w = unsafe { *ws.get_unchecked((h0 + k) * n + j) };
+                        *s = _mm256_add_ps(*s, _mm256_mul_ps(_mm256_set1_ps(w), v));
+                    }
+                }
+                for (k, s) in sum.iter().enumerate() {
+                    // SAFETY: as above.
+                    unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add((h0 + k) * d + i), *s) };
+                }
             }
         }
     }
@@ -385,29 +394,31 @@ mod tests {
                 }
 
                 // Many rows at once: row by row's bits, for f32, bf16 and mixed rows.
-                let n = 7;
-                let v32: Vec<Vec<f32>> = (0..n).map(|j| values(d, 10 + j as u32)).collect();
-                let v16: Vec<Vec<bf16>> = v32
-                    .iter()
-                    .map(|v| v.iter().map(|&x| bf16::from_f32(x)).collect())
-                    .collect();
-                let wn = values(heads * n, 5);
-                let kinds: [fn(usize) -> bool; 3] = [|_| true, |_| false, |j| j % 2 == 0];
-                for as_f32 in kinds {
-                    let rows: Vec<KvRow<'_>> = (0..n)
-                        .map(|j| match as_f32(j) {
-                            true => KvRow::F32(&v32[j]),
-                            false => KvRow::Bf16(&v16[j]),
-                        })
+                // Blocks of rows: one, and several (70 rows pass a block at every d).
+                for n in [7, 70] {
+                    let v32: Vec<Vec<f32>> = (0..n).map(|j| values(d, 10 + j as u32)).collect();
+                    let v16: Vec<Vec<bf16>> = v32
+                        .iter()
+                        .map(|v| v.iter().map(|&x| bf16::from_f32(x)).collect())
                         .collect();
-                    let mut want = start.clone();
-                    for (j, row) in rows.iter().enumerate() {
-                        let w: Vec<f32> = (0..heads).map(|h| wn[h * n + j]).collect();
-                        row.axpy_group(&mut want, &w);
+                    let wn = values(heads * n, 5);
+                    let kinds: [fn(usize) -> bool; 3] = [|_| true, |_| false, |j| j % 2 == 0];
+                    for as_f32 in kinds {
+                        let rows: Vec<KvRow<'_>> = (0..n)
+                            .map(|j| match as_f32(j) {
+                                true => KvRow::F32(&v32[j]),
+                                false => KvRow::Bf16(&v16[j]),
+                            })
+                            .collect();
+                        let mut want = start.clone();
+                        for (j, row) in rows.iter().enumerate() {
+                            let w: Vec<f32> = (0..heads).map(|h| wn[h * n + j]).collect();
+                            row.axpy_group(&mut want, &w);
+                        }
+                        let mut got = start.clone();
+                        axpy_rows(&rows, &wn, &mut got);
+                        assert_eq!(bits(&got), bits(&want), "{n} rows, d {d}, {heads} heads");
                     }
-                    let mut got = start.clone();
-                    axpy_rows(&rows, &wn, &mut got);
-                    assert_eq!(bits(&got), bits(&want), "rows, d {d}, {heads} heads");
                 }
             }
         }

@@ -105,13 +105,15 @@ impl<'s> SlabKeys<'s> {
         (row, &bytes[row * len..(row + 1) * len])
     }
 
-    /// Row `(i, h)` of a bf16 slab's `bytes` as bf16 values in place, when the slab is bf16
-    /// (and its bytes lie on 2-byte boundaries, as an allocation's do).
-    fn bf16_row(&self, bytes: &'s [u8], i: usize, h: usize) -> Option<&'s [half::bf16]> {
-        if self.slab.shape.format != KvFormat::Bf16 {
-            return None;
+    /// Row `(i, h)` of a bf16 or f32 slab's `bytes` read in place, when the slab holds one
+    /// of those (and its bytes lie on the element's boundaries, as an allocation's do).
+    fn in_place_row(&self, bytes: &'s [u8], i: usize, h: usize) -> Option<KvRow<'s>> {
+        let row = || self.row_bytes(bytes, i, h).1;
+        match self.slab.shape.format {
+            KvFormat::Bf16 => bytemuck::try_cast_slice(row()).ok().map(KvRow::Bf16),
+            KvFormat::F32 => bytemuck::try_cast_slice(row()).ok().map(KvRow::F32),
+            _ => None,
         }
-        bytemuck::try_cast_slice(self.row_bytes(bytes, i, h).1).ok()
     }
 
     fn row(&self, bytes: &'s [u8], scales: &[f32], i: usize, h: usize, out: &mut [f32]) {
@@ -144,14 +146,14 @@ impl KvSource for SlabKeys<'_> {
         scratch
     }
     fn key_row<'a>(&'a self, i: usize, h: usize, scratch: &'a mut [f32]) -> KvRow<'a> {
-        match self.bf16_row(&self.slab.data.k, i, h) {
-            Some(k) => KvRow::Bf16(k),
+        match self.in_place_row(&self.slab.data.k, i, h) {
+            Some(k) => k,
             None => KvRow::F32(self.key(i, h, scratch)),
         }
     }
     fn value_row<'a>(&'a self, i: usize, h: usize, scratch: &'a mut [f32]) -> KvRow<'a> {
-        match self.bf16_row(&self.slab.data.v, i, h) {
-            Some(v) => KvRow::Bf16(v),
+        match self.in_place_row(&self.slab.data.v, i, h) {
+            Some(v) => v,
             None => KvRow::F32(self.value(i, h, scratch)),
         }
     }
@@ -206,12 +208,14 @@ pub(crate) fn attention(
             .collect();
         let range = seq.q_offset * row..(seq.q_offset + seq.q_len) * row;
         let (q, out) = (&q[range.clone()], &mut out[range]);
-        if seq.q_len < GATHER_MIN_QUERIES {
-            // Few queries (decode rows): the rows are read in place, once a KV group.
+        if seq.q_len < GATHER_MIN_QUERIES || s.format == KvFormat::F32 {
+            // Few queries (decode rows), or f32 rows: the rows are read in place, once a
+            // KV group (and a tile of a prompt's tokens).
             attention_over(q, &positions, &keys, p, out)?;
             continue;
         }
-        // A prompt chunk reads every row once a query: convert them to f32 once first.
+        // A prompt chunk reads every row once a tile of queries: convert them to f32 once
+        // first.
         let (kv_row, d) = (s.num_kv_heads * s.head_dim, s.head_dim);
         let n = keys.num_keys();
         let (mut k, mut v) = (vec![0f32; n * kv_row], vec![0f32; n * kv_row]);
