@@ -22,8 +22,8 @@ use std::ops::Range;
 
 use super::fast::{row_blocks, Acts8, Q8Input, GROUP};
 use super::x86::{
-    for_each_dot_form, h2f, high_bits_shuffled, lanes, load32, nibbles16, prefetch_ahead,
-    token_column, write_lanes, DecodedRow, PREFETCH_AHEAD,
+    for_each_dot_form, h2f, h2f4, h2f4x2, high_bits_shuffled, lanes, load32, nibbles16,
+    prefetch_ahead, token_column, write_lanes, DecodedRow, PREFETCH_AHEAD,
 };
 use super::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
@@ -237,6 +237,7 @@ macro_rules! kernels {
                 codes: impl Fn(&B) -> __m256i,
                 scale: impl Fn(&B) -> f32,
                 corr: impl Fn(&B, f32) -> f32,
+                scales4: impl Fn([&B; 4]) -> (__m128, __m128),
             ) -> [f32; R] {
                 assert!(R <= 4 && w.iter().all(|w| w.len() == acts.len()));
                 assert!(ad.len() == acts.len() && asum.len() == acts.len());
@@ -249,25 +250,30 @@ macro_rules! kernels {
                     while first + 2 <= acts.len() {
                         let i = first;
                         let mut p = [_mm256_setzero_si256(); 4];
-                        let (mut d, mut cr) = ([0f32; 4], [0f32; 4]);
+                        // SAFETY: every row has `acts.len()` blocks (asserted above), and
+                        // `i + 1` indexes `acts`. (`R - 1`: this branch runs only with R = 2;
+                        // the bound keeps the R = 1 instantiation's index in range.)
+                        let bs = unsafe {
+                            let (w0, w1) = (w[0], w[R - 1]);
+                            [
+                                w0.get_unchecked(i),
+                                w1.get_unchecked(i),
+                                w0.get_unchecked(i + 1),
+                                w1.get_unchecked(i + 1),
+                            ]
+                        };
                         for k in 0..2 {
                             // SAFETY: `i + k` indexes `acts`; `qs` is 32 bytes.
                             let av = unsafe {
                                 load32(acts.get_unchecked(i + k).qs.as_ptr() as *const u8)
                             };
                             for r in 0..2 {
-                                // SAFETY: every row has `acts.len()` blocks (asserted above).
-                                // (`r.min`: this branch runs only with R = 2; the bound keeps
-                                // the R = 1 instantiation's index in range for the compiler.)
-                                let b = unsafe { w[r.min(R - 1)].get_unchecked(i + k) };
-                                let q = codes(b);
+                                let q = codes(bs[2 * k + r]);
                                 p[2 * k + r] = dot_codes::<SIGNED>(p[2 * k + r], q, av);
-                                d[2 * k + r] = scale(b);
-                                if CORR {
-                                    cr[2 * k + r] = corr(b, d[2 * k + r]);
-                                }
                             }
                         }
+                        // The four blocks' scales and corrections converted together.
+                        let (dv, cv) = scales4(bs);
                         // SAFETY: `i + 1` indexes `acts`, and `ad`, `asum` are as long.
                         let (a0, a1, s0, s1) = unsafe {
                             (
@@ -278,14 +284,10 @@ macro_rules! kernels {
                             )
                         };
                         let x = _mm_cvtepi32_ps(reduce_rows::<4>(p));
-                        let sc = _mm_mul_ps(
-                            _mm_setr_ps(d[0], d[1], d[2], d[3]),
-                            _mm_setr_ps(a0, a0, a1, a1),
-                        );
+                        let sc = _mm_mul_ps(dv, _mm_setr_ps(a0, a0, a1, a1));
                         acc = _mm_fmadd_ps(x, sc, acc);
                         acc = _mm_fmadd_ps(_mm_movehl_ps(x, x), _mm_movehl_ps(sc, sc), acc);
                         if CORR {
-                            let cv = _mm_setr_ps(cr[0], cr[1], cr[2], cr[3]);
                             c = _mm_fmadd_ps(cv, _mm_set1_ps(s0), c);
                             c = _mm_fmadd_ps(_mm_movehl_ps(cv, cv), _mm_set1_ps(s1), c);
                         }
@@ -325,7 +327,7 @@ macro_rules! kernels {
 
             /// Generates the row-range driver of one format.
             macro_rules! driver {
-                ($name:ident, $B:ty, $signed:literal, $corr:literal, $codes:expr, $cf:expr) => {
+                ($name:ident, $B:ty, $signed:literal, $corr:literal, $codes:expr, $cf:expr, $s4:expr) => {
                     #[target_feature(enable = $feat)]
                     pub(in super::super) fn $name(
                         bytes: &[u8],
@@ -339,6 +341,7 @@ macro_rules! kernels {
                         let scale = |b: &$B| h2f(b.d);
                         let codes = $codes;
                         let corr = $cf;
+                        let scales4 = $s4;
                         drive::<$B>(
                             bytes,
                             row_bytes,
@@ -367,11 +370,13 @@ macro_rules! kernels {
                             },
                             |w: [&[$B]; TOKEN_ROWS], t: (&[BlockQ8_0], &[f32], &[f32])| {
                                 token::<$B, TOKEN_ROWS, $signed, $corr>(
-                                    w, t.0, t.1, t.2, codes, scale, corr,
+                                    w, t.0, t.1, t.2, codes, scale, corr, scales4,
                                 )
                             },
                             |w: [&[$B]; 1], t: (&[BlockQ8_0], &[f32], &[f32])| {
-                                token::<$B, 1, $signed, $corr>(w, t.0, t.1, t.2, codes, scale, corr)
+                                token::<$B, 1, $signed, $corr>(
+                                    w, t.0, t.1, t.2, codes, scale, corr, scales4,
+                                )
                             },
                         )
                     }
@@ -385,7 +390,8 @@ macro_rules! kernels {
                 false,
                 // SAFETY: `qs` is 32 bytes.
                 |b: &BlockQ8_0| unsafe { load32(b.qs.as_ptr() as *const u8) },
-                |_: &BlockQ8_0, _: f32| 0.0
+                |_: &BlockQ8_0, _: f32| 0.0,
+                |b: [&BlockQ8_0; 4]| (h2f4(b.map(|b| b.d)), _mm_setzero_ps())
             );
             driver!(
                 rows_q4_0,
@@ -393,7 +399,11 @@ macro_rules! kernels {
                 false,
                 true,
                 |b: &BlockQ4_0| nibbles16(&b.qs),
-                |_: &BlockQ4_0, d: f32| -8.0 * d
+                |_: &BlockQ4_0, d: f32| -8.0 * d,
+                |b: [&BlockQ4_0; 4]| {
+                    let d = h2f4(b.map(|b| b.d));
+                    (d, _mm_mul_ps(_mm_set1_ps(-8.0), d))
+                }
             );
             driver!(
                 rows_q5_0,
@@ -401,7 +411,11 @@ macro_rules! kernels {
                 false,
                 true,
                 |b: &BlockQ5_0| codes5(b),
-                |_: &BlockQ5_0, d: f32| -16.0 * d
+                |_: &BlockQ5_0, d: f32| -16.0 * d,
+                |b: [&BlockQ5_0; 4]| {
+                    let d = h2f4(b.map(|b| b.d));
+                    (d, _mm_mul_ps(_mm_set1_ps(-16.0), d))
+                }
             );
             driver!(
                 rows_q4_1,
@@ -409,7 +423,8 @@ macro_rules! kernels {
                 false,
                 true,
                 |b: &BlockQ4_1| nibbles16(&b.qs),
-                |b: &BlockQ4_1, _: f32| h2f(b.m)
+                |b: &BlockQ4_1, _: f32| h2f(b.m),
+                |b: [&BlockQ4_1; 4]| h2f4x2(b.map(|b| b.d), b.map(|b| b.m))
             );
 
             /// The driver shared by every format: eight-token groups where two or more of a
