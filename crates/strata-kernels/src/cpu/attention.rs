@@ -25,7 +25,7 @@ use super::buffer::CpuBuffer;
 use super::dot::axpy;
 use super::elementwise::exp_f32;
 use super::kv_row::{axpy_rows, KvRow};
-use super::par::with_scratch;
+use super::par::{with_scratch, with_scratch_in, Scratch};
 use crate::error::ensure;
 use crate::{AttentionParams, Result};
 use rayon::prelude::*;
@@ -320,7 +320,8 @@ fn tile_run<K: KvSource>(
         let used = q_pos.len() * group;
         if q_pos.len() > 1 && visible.iter().all(|v| v.len() == n_run) {
             // The tile's query rows side by side, then one pass.
-            with_query_scratch(used * d, |tile_q| {
+            // The query rows' own scratch: `rows_run` takes the shared one.
+            with_scratch_in(&QUERY_SCRATCH, used * d, |tile_q| {
                 for (t, dst) in tile_q.chunks_mut(group * d).enumerate() {
                     dst.copy_from_slice(qs(t));
                 }
@@ -341,18 +342,7 @@ fn tile_run<K: KvSource>(
     })
 }
 
-/// Runs `f` on `len` floats of this thread's query scratch (contents undefined).
-fn with_query_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    thread_local!(static QS: std::cell::RefCell<Vec<f32>> =
-        const { std::cell::RefCell::new(Vec::new()) });
-    let mut v = QS.with(|s| s.take());
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-    let r = f(&mut v[..len]);
-    QS.with(|s| *s.borrow_mut() = v);
-    r
-}
+thread_local!(static QUERY_SCRATCH: Scratch = const { std::cell::RefCell::new(Vec::new()) });
 
 /// The softmax share of query rows `qs` (`[rows, d]`, all of KV head `g`) over the keys
 /// `visible`, into `(max, sum, acc)` (`[rows]`, `[rows]`, `[rows, d]`). The scores and
@@ -553,6 +543,17 @@ mod tests {
         }
     }
 
+    /// Pseudo-random values in [-0.5, 0.5) from `seed`.
+    fn uniform(seed: u64) -> impl FnMut() -> f32 {
+        let mut x = seed;
+        move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+        }
+    }
+
     /// f64 attention of one head, the definition.
     fn reference(q: &[f32], kv: &ContiguousKv, qp: u32, g: usize, p: &AttentionParams) -> Vec<f64> {
         let d = p.head_dim;
@@ -592,13 +593,7 @@ mod tests {
     fn runs_of_keys_merge_to_the_definition() {
         let (d, nkv, group) = (16, 2, 3);
         let n_heads = nkv * group;
-        let mut x = 1u64;
-        let mut rnd = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-        };
+        let mut rnd = uniform(1);
         for (n_keys, window, softcap) in [
             (700, None, None),
             (600, Some(300), Some(5.0)),
@@ -651,13 +646,7 @@ mod tests {
     /// queries past every key, queries on the diagonal and keys on both sides (not causal).
     #[test]
     fn tokens_in_tiles_equal_each_alone() {
-        let mut x = 7u64;
-        let mut rnd = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-        };
+        let mut rnd = uniform(7);
         let n_keys = 700;
         for (d, nkv, group, window, softcap, first, causal) in [
             (16, 2, 3, None, None, 663, true),

@@ -49,16 +49,29 @@ where
 /// every value before reading it (the contents are a previous call's). A scratch past
 /// [`SCRATCH_KEPT`] floats (a vocabulary-wide product over a long prompt) is freed after use.
 pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    thread_local!(static SCRATCH: std::cell::RefCell<Vec<f32>> =
-        const { std::cell::RefCell::new(Vec::new()) });
+    thread_local!(static SCRATCH: Scratch = const { std::cell::RefCell::new(Vec::new()) });
+    with_scratch_in(&SCRATCH, len, f)
+}
+
+/// A thread's scratch slot. Code that holds a scratch while calling code that takes
+/// [`with_scratch`]'s passes its own slot to [`with_scratch_in`], so neither call allocates
+/// afresh.
+pub(crate) type Scratch = std::cell::RefCell<Vec<f32>>;
+
+/// [`with_scratch`] on the scratch `slot`.
+pub(crate) fn with_scratch_in<R>(
+    slot: &'static std::thread::LocalKey<Scratch>,
+    len: usize,
+    f: impl FnOnce(&mut [f32]) -> R,
+) -> R {
     // Taken out while in use, so a nested call on this thread starts its own.
-    let mut v = SCRATCH.with(|s| s.take());
+    let mut v = slot.with(|s| s.take());
     if v.len() < len {
         v.resize(len, 0.0);
     }
     let r = f(&mut v[..len]);
     if v.len() <= SCRATCH_KEPT {
-        SCRATCH.with(|s| *s.borrow_mut() = v);
+        slot.with(|s| *s.borrow_mut() = v);
     }
     r
 }
