@@ -32,6 +32,9 @@ fn main() {
         (GgmlType::Q6_K, 210, 256, vec![208], 640, 2048),
         // SmolLM2-135M's gate/up (Q4_1).
         (GgmlType::Q4_1, 20, 32, vec![0, 2], 1536, 576),
+        // Long rows of the same bytes: what a row's fixed costs take from the short ones.
+        (GgmlType::Q4_1, 20, 32, vec![0, 2], 192, 4608),
+        (GgmlType::Q8_0, 34, 32, vec![0], 256, 2560),
     ] {
         let xs: Vec<f32> = (0..tokens * cols)
             .map(|_| next() as f32 / 2e9 - 1.0)
@@ -69,7 +72,7 @@ fn main() {
         }
         let macs = (rows * cols * tokens) as f64;
         println!(
-            "{ty:?}: {:.1} GMAC/s ({:.2} ms)",
+            "{ty:?} {rows}x{cols}: {:.1} GMAC/s ({:.2} ms)",
             macs / best / 1e9,
             best * 1e3
         );

@@ -70,6 +70,27 @@ pub struct Q8Input {
     /// The Q8_K blocks again, eight tokens interleaved (see [`Acts8K`]).
     #[cfg(target_arch = "x86_64")]
     groups_k: Vec<Acts8K>,
+    /// Each token's Q8_0 scales and code sums again, a pair of blocks at a time, laid out
+    /// for the one-token kernels' f32 steps (see [`PairActs`]).
+    #[cfg(target_arch = "x86_64")]
+    pairs: Vec<PairActs>,
+}
+
+/// Blocks `2 j` and `2 j + 1` of one token's Q8_0 activations, scales and code sums
+/// spread the way a one-token pass of two rows uses them (its lanes: row 0 and row 1 of
+/// block `2 j`, then of block `2 j + 1`), so that the pass loads them instead of
+/// shuffling them into place each step.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(32))]
+pub(super) struct PairActs {
+    /// `[a0, 1, a0, 1, a1, 1, a1, 1]`: the scales `a0`, `a1` beside ones, to multiply
+    /// lanes of (weight scale, weight correction) pairs.
+    pub(super) d_one: [f32; 8],
+    /// `[a0, a0, a1, a1]`.
+    pub(super) d: [f32; 4],
+    /// `[s0, s0, s1, s1]`: scale times code sum of each block.
+    pub(super) dsum: [f32; 4],
 }
 
 /// Tokens in an activation group ([`Acts8`]).
@@ -169,7 +190,10 @@ impl Q8Input {
                     self.q8_0.push(b);
                 }
                 #[cfg(target_arch = "x86_64")]
-                self.group_q8_0();
+                {
+                    self.group_q8_0();
+                    self.pair_q8_0();
+                }
             }
             Kind::Q8K => {
                 self.q8k.clear();
@@ -231,6 +255,34 @@ impl Q8Input {
                 dst.dsum[lane] = self.dsum[src];
             }
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Q8Input {
+    /// Fills `pairs` from the per-token Q8_0 scales and code sums.
+    fn pair_q8_0(&mut self) {
+        self.pairs.clear();
+        let per_token = self.blocks / 2;
+        self.pairs.reserve(self.tokens * per_token);
+        for t in 0..self.tokens {
+            for j in 0..per_token {
+                let i = t * self.blocks + 2 * j;
+                let (a0, a1) = (self.d[i], self.d[i + 1]);
+                let (s0, s1) = (self.dsum[i], self.dsum[i + 1]);
+                self.pairs.push(PairActs {
+                    d_one: [a0, 1.0, a0, 1.0, a1, 1.0, a1, 1.0],
+                    d: [a0, a0, a1, a1],
+                    dsum: [s0, s0, s1, s1],
+                });
+            }
+        }
+    }
+
+    /// Token `t`'s [`PairActs`]: one for each two of its blocks.
+    pub(super) fn q8_0_pairs(&self, t: usize) -> &[PairActs] {
+        let per_token = self.blocks / 2;
+        &self.pairs[t * per_token..(t + 1) * per_token]
     }
 }
 

@@ -20,12 +20,12 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::fast::{row_blocks, Acts8, Q8Input, GROUP};
+use super::fast::{row_blocks, Acts8, PairActs, Q8Input, GROUP};
 use super::x86::{
-    for_each_dot_form, h2f, h2f4, h2f4x2, high_bits_shuffled, lanes, load32, nibbles16,
-    prefetch_ahead, token_column, write_lanes, DecodedRow, PREFETCH_AHEAD,
+    for_each_dot_form, h2f, h2f4, high_bits_shuffled, lanes, load32, nibbles16, prefetch_ahead,
+    token_column, write_lanes, DecodedRow, PREFETCH_AHEAD,
 };
-use super::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0};
+use super::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, F16Le};
 
 /// The exact sums of the first `R` (2 or 4) of `p`'s eight-lane partial sums, one row a
 /// lane: `[Σp0, Σp1, Σp2, Σp3]`, or `[Σp0, Σp1, Σp0, Σp1]` for two. Integer additions, so
@@ -40,6 +40,49 @@ pub(super) fn reduce_rows<const R: usize>(p: [__m256i; 4]) -> __m128i {
     }
     let t = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+}
+
+/// The exact sums of four eight-lane partial sums, `[Σp0, Σp1, Σp2, Σp3]`, by unpacks and
+/// adds: `phadd` costs a pair of shuffles per add, and shuffles are what a one-token pass
+/// runs short of.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn reduce4(p: [__m256i; 4]) -> __m128i {
+    let t0 = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(p[0], p[1]),
+        _mm256_unpackhi_epi32(p[0], p[1]),
+    );
+    let t1 = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(p[2], p[3]),
+        _mm256_unpackhi_epi32(p[2], p[3]),
+    );
+    let u = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+    _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256::<1>(u))
+}
+
+/// A one-token pass's view of a token's activations: its Q8_0 blocks, their scales,
+/// their scales times code sums, and the same spread by pairs of blocks.
+pub(super) type TokenActs<'a> = (&'a [BlockQ8_0], &'a [f32], &'a [f32], &'a [PairActs]);
+
+/// Four blocks' f16 scale and correction pairs as eight f32 lanes `[d0, c0, d1, c1, ..]`,
+/// each pair's 32 bits put together in general registers: the vector unit only converts.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn h2f4_pairs(p: [[F16Le; 2]; 4]) -> __m256 {
+    let w = p.map(|[a, b]| u64::from(u32::from_le_bytes([a.0[0], a.0[1], b.0[0], b.0[1]])));
+    _mm256_cvtph_ps(_mm_set_epi64x(
+        (w[2] | w[3] << 32) as i64,
+        (w[0] | w[1] << 32) as i64,
+    ))
+}
+
+/// Four blocks' scales `d` and corrections `k * d` (`k` a power of two, so exact) as
+/// `[d0, k d0, d1, k d1, ..]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scale_pairs(d: [F16Le; 4], k: f32) -> __m256 {
+    let v = h2f4_pairs(d.map(|d| [d, d]));
+    _mm256_mul_ps(v, _mm256_setr_ps(1.0, k, 1.0, k, 1.0, k, 1.0, k))
 }
 
 /// Rows a one-token pass takes together (at most 4, the lanes of the f32 step). Two keep
@@ -231,24 +274,27 @@ macro_rules! kernels {
             #[allow(clippy::too_many_arguments)]
             fn token<B, const R: usize, const SIGNED: bool, const CORR: bool>(
                 w: [&[B]; R],
-                acts: &[BlockQ8_0],
-                ad: &[f32],
-                asum: &[f32],
+                (acts, ad, asum, pairs): TokenActs<'_>,
                 codes: impl Fn(&B) -> __m256i,
                 scale: impl Fn(&B) -> f32,
                 corr: impl Fn(&B, f32) -> f32,
-                scales4: impl Fn([&B; 4]) -> (__m128, __m128),
+                scales4: impl Fn([&B; 4]) -> __m256,
             ) -> [f32; R] {
                 assert!(R <= 4 && w.iter().all(|w| w.len() == acts.len()));
                 assert!(ad.len() == acts.len() && asum.len() == acts.len());
+                assert!(pairs.len() == acts.len() / 2);
                 let mut acc = _mm_setzero_ps();
                 let mut c = _mm_setzero_ps();
                 let mut first = 0;
                 if R == 2 {
                     // Two rows: two blocks a step share one reduction, lanes (row 0, row 1)
-                    // of block i then of block i + 1, each block's f32 step in turn.
-                    while first + 2 <= acts.len() {
-                        let i = first;
+                    // of block i then of block i + 1, each block's f32 step in turn. With
+                    // a correction its f32 steps share the lanes: (row 0's sum, row 0's
+                    // correction, row 1's sum, row 1's correction), so one pair of fused
+                    // multiply-adds serves both.
+                    // The integer half of a step (blocks i and i + 1): the four block-rows'
+                    // sums as f32 and their scales (and corrections).
+                    let sums = |i: usize| {
                         let mut p = [_mm256_setzero_si256(); 4];
                         // SAFETY: every row has `acts.len()` blocks (asserted above), and
                         // `i + 1` indexes `acts`. (`R - 1`: this branch runs only with R = 2;
@@ -272,26 +318,58 @@ macro_rules! kernels {
                                 p[2 * k + r] = dot_codes::<SIGNED>(p[2 * k + r], q, av);
                             }
                         }
-                        // The four blocks' scales and corrections converted together.
-                        let (dv, cv) = scales4(bs);
-                        // SAFETY: `i + 1` indexes `acts`, and `ad`, `asum` are as long.
-                        let (a0, a1, s0, s1) = unsafe {
-                            (
-                                *ad.get_unchecked(i),
-                                *ad.get_unchecked(i + 1),
-                                *asum.get_unchecked(i),
-                                *asum.get_unchecked(i + 1),
-                            )
-                        };
-                        let x = _mm_cvtepi32_ps(reduce_rows::<4>(p));
-                        let sc = _mm_mul_ps(dv, _mm_setr_ps(a0, a0, a1, a1));
-                        acc = _mm_fmadd_ps(x, sc, acc);
-                        acc = _mm_fmadd_ps(_mm_movehl_ps(x, x), _mm_movehl_ps(sc, sc), acc);
+                        (_mm_cvtepi32_ps(reduce4(p)), scales4(bs))
+                    };
+                    // The f32 half, in block order.
+                    let step = |i: usize, (x, dc): (__m128, __m256), acc: __m128| {
+                        // SAFETY: `i / 2` indexes `pairs` (asserted above).
+                        let pa = unsafe { pairs.get_unchecked(i / 2) };
                         if CORR {
-                            c = _mm_fmadd_ps(cv, _mm_set1_ps(s0), c);
-                            c = _mm_fmadd_ps(_mm_movehl_ps(cv, cv), _mm_set1_ps(s1), c);
+                            // (d * a, corr * 1) and (sum, dsum): the same products as the
+                            // separate steps below (the correction's operands swapped).
+                            // SAFETY: both arrays are 32-byte aligned in `PairActs`.
+                            let (da, s) = unsafe {
+                                (
+                                    _mm256_load_ps(pa.d_one.as_ptr()),
+                                    _mm_load_ps(pa.dsum.as_ptr()),
+                                )
+                            };
+                            let sc = _mm256_mul_ps(dc, da);
+                            let acc =
+                                _mm_fmadd_ps(_mm_unpacklo_ps(x, s), _mm256_castps256_ps128(sc), acc);
+                            _mm_fmadd_ps(
+                                _mm_unpackhi_ps(x, s),
+                                _mm256_extractf128_ps::<1>(sc),
+                                acc,
+                            )
+                        } else {
+                            // SAFETY: 16-byte aligned in `PairActs`.
+                            let a = unsafe { _mm_load_ps(pa.d.as_ptr()) };
+                            let sc = _mm_mul_ps(_mm256_castps256_ps128(dc), a);
+                            let acc = _mm_fmadd_ps(x, sc, acc);
+                            _mm_fmadd_ps(_mm_movehl_ps(x, x), _mm_movehl_ps(sc, sc), acc)
                         }
+                    };
+                    // Two steps' integer halves before their f32 halves: more independent
+                    // work in flight than one step's long chain of dependent instructions.
+                    while first + 6 <= acts.len() {
+                        let (a, b, c) = (sums(first), sums(first + 2), sums(first + 4));
+                        acc = step(first + 4, c, step(first + 2, b, step(first, a, acc)));
+                        first += 6;
+                    }
+                    while first + 4 <= acts.len() {
+                        let (a, b) = (sums(first), sums(first + 2));
+                        acc = step(first + 2, b, step(first, a, acc));
+                        first += 4;
+                    }
+                    if first + 2 <= acts.len() {
+                        acc = step(first, sums(first), acc);
                         first += 2;
+                    }
+                    if CORR {
+                        // Back to (row 0, row 1) lanes of sums and of corrections.
+                        c = _mm_shuffle_ps::<0b11_01_11_01>(acc, acc);
+                        acc = _mm_shuffle_ps::<0b10_00_10_00>(acc, acc);
                     }
                 }
                 for (i, a) in acts.iter().enumerate().skip(first) {
@@ -368,14 +446,14 @@ macro_rules! kernels {
                             |w: [&[$B]; 2], acts: &[Acts8]| {
                                 group_blocks::<$B, 2, $signed, $corr>(w, acts, codes, scale, corr)
                             },
-                            |w: [&[$B]; TOKEN_ROWS], t: (&[BlockQ8_0], &[f32], &[f32])| {
+                            |w: [&[$B]; TOKEN_ROWS], t: TokenActs<'_>| {
                                 token::<$B, TOKEN_ROWS, $signed, $corr>(
-                                    w, t.0, t.1, t.2, codes, scale, corr, scales4,
+                                    w, t, codes, scale, corr, scales4,
                                 )
                             },
-                            |w: [&[$B]; 1], t: (&[BlockQ8_0], &[f32], &[f32])| {
+                            |w: [&[$B]; 1], t: TokenActs<'_>| {
                                 token::<$B, 1, $signed, $corr>(
-                                    w, t.0, t.1, t.2, codes, scale, corr, scales4,
+                                    w, t, codes, scale, corr, scales4,
                                 )
                             },
                         )
@@ -391,7 +469,7 @@ macro_rules! kernels {
                 // SAFETY: `qs` is 32 bytes.
                 |b: &BlockQ8_0| unsafe { load32(b.qs.as_ptr() as *const u8) },
                 |_: &BlockQ8_0, _: f32| 0.0,
-                |b: [&BlockQ8_0; 4]| (h2f4(b.map(|b| b.d)), _mm_setzero_ps())
+                |b: [&BlockQ8_0; 4]| _mm256_castps128_ps256(h2f4(b.map(|b| b.d)))
             );
             driver!(
                 rows_q4_0,
@@ -400,10 +478,7 @@ macro_rules! kernels {
                 true,
                 |b: &BlockQ4_0| nibbles16(&b.qs),
                 |_: &BlockQ4_0, d: f32| -8.0 * d,
-                |b: [&BlockQ4_0; 4]| {
-                    let d = h2f4(b.map(|b| b.d));
-                    (d, _mm_mul_ps(_mm_set1_ps(-8.0), d))
-                }
+                |b: [&BlockQ4_0; 4]| scale_pairs(b.map(|b| b.d), -8.0)
             );
             driver!(
                 rows_q5_0,
@@ -412,10 +487,7 @@ macro_rules! kernels {
                 true,
                 |b: &BlockQ5_0| codes5(b),
                 |_: &BlockQ5_0, d: f32| -16.0 * d,
-                |b: [&BlockQ5_0; 4]| {
-                    let d = h2f4(b.map(|b| b.d));
-                    (d, _mm_mul_ps(_mm_set1_ps(-16.0), d))
-                }
+                |b: [&BlockQ5_0; 4]| scale_pairs(b.map(|b| b.d), -16.0)
             );
             driver!(
                 rows_q4_1,
@@ -424,7 +496,7 @@ macro_rules! kernels {
                 true,
                 |b: &BlockQ4_1| nibbles16(&b.qs),
                 |b: &BlockQ4_1, _: f32| h2f(b.m),
-                |b: [&BlockQ4_1; 4]| h2f4x2(b.map(|b| b.d), b.map(|b| b.m))
+                |b: [&BlockQ4_1; 4]| h2f4_pairs(b.map(|b| [b.d, b.m]))
             );
 
             /// The driver shared by every format: eight-token groups where two or more of a
@@ -444,11 +516,8 @@ macro_rules! kernels {
                 group2: impl Fn([&DecodedRow; 2], &[Acts8]) -> [__m256; 2],
                 group1: impl Fn([&DecodedRow; 1], &[Acts8]) -> [__m256; 1],
                 group2_blocks: impl Fn([&[B]; 2], &[Acts8]) -> [__m256; 2],
-                token_rows: impl Fn(
-                    [&[B]; TOKEN_ROWS],
-                    (&[BlockQ8_0], &[f32], &[f32]),
-                ) -> [f32; TOKEN_ROWS],
-                token1: impl Fn([&[B]; 1], (&[BlockQ8_0], &[f32], &[f32])) -> [f32; 1],
+                token_rows: impl Fn([&[B]; TOKEN_ROWS], TokenActs<'_>) -> [f32; TOKEN_ROWS],
+                token1: impl Fn([&[B]; 1], TokenActs<'_>) -> [f32; 1],
             ) where
                 B: super::super::QuantBlock,
             {
@@ -525,7 +594,8 @@ macro_rules! kernels {
                 for (g0, lanes) in spans.iter().filter(|s| s.1.len() == 1) {
                     let t = g0 + lanes.start;
                     let col = (&mut *out, stride, t - tokens.start);
-                    let acts = input.q8_0_token(t);
+                    let (blocks8, d, dsum) = input.q8_0_token(t);
+                    let acts: TokenActs<'_> = (blocks8, d, dsum, input.q8_0_pairs(t));
                     token_column!(
                         TOKEN_ROWS,
                         (bytes, row_bytes, rows.clone()),
