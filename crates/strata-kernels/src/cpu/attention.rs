@@ -151,33 +151,44 @@ fn attention_over_keys<K: KvSource>(
     let n_keys = kv.num_keys();
     let runs = n_keys.div_ceil(KEY_CHUNK).max(1);
     if runs == 1 {
-        // Few keys: one pass, a task per (token, query head), which spreads a decode step
-        // of few KV heads over the threads better than a task per group would.
-        out.par_chunks_mut(d).enumerate().for_each(|(task, o)| {
-            let (t, h) = (task / p.n_heads, task % p.n_heads);
-            let q = &q[task * d..(task + 1) * d];
-            let mut stats = [0f32; 2];
-            let (max, sum) = stats.split_at_mut(1);
-            with_visible(
-                kv,
-                &p,
-                (&[q_positions[t]], ascending),
-                0..n_keys,
-                |visible| {
-                    rows_run(kv, &p, q, h / group, visible[0], (max, sum, o));
-                },
-            );
-            // One run: its merge weight is exp(0) = 1, so the weighted sum (`o` itself)
-            // and the weight sum stand as they are.
-            if max[0] == f32::NEG_INFINITY {
-                o.fill(0.0);
-                return;
-            }
-            let inv = 1.0 / sum[0];
-            for v in o.iter_mut() {
-                *v *= inv;
-            }
-        });
+        // Few keys: one pass, a task per (token, `per` query heads of one group): a key row
+        // read once serves the task's heads, and `per` is the largest part of a group that
+        // still gives every thread a task (a decode step has few KV heads).
+        let tasks_at = |per: usize| q_positions.len() * p.n_heads / per;
+        let threads = rayon::current_num_threads();
+        let per = (1..=group)
+            .rev()
+            .find(|&per| group.is_multiple_of(per) && per <= MAX_GROUP && tasks_at(per) >= threads)
+            .unwrap_or(1);
+        out.par_chunks_mut(per * d)
+            .enumerate()
+            .for_each(|(task, o)| {
+                let (t, h0) = (task * per / p.n_heads, task * per % p.n_heads);
+                let q = &q[(t * p.n_heads + h0) * d..][..per * d];
+                let mut stats = [0f32; 2 * MAX_GROUP];
+                let (max, sum) = stats[..2 * per].split_at_mut(per);
+                with_visible(
+                    kv,
+                    &p,
+                    (&[q_positions[t]], ascending),
+                    0..n_keys,
+                    |visible| {
+                        rows_run(kv, &p, q, h0 / group, visible[0], (max, sum, o));
+                    },
+                );
+                // One run: its merge weight is exp(0) = 1, so the weighted sum (`o` itself)
+                // and the weight sum stand as they are.
+                for ((o, &m), &s) in o.chunks_mut(d).zip(&*max).zip(&*sum) {
+                    if m == f32::NEG_INFINITY {
+                        o.fill(0.0);
+                        continue;
+                    }
+                    let inv = 1.0 / s;
+                    for v in o.iter_mut() {
+                        *v *= inv;
+                    }
+                }
+            });
         return Ok(());
     }
     let tokens = q_positions.len();
@@ -219,6 +230,9 @@ fn attention_over_keys<K: KvSource>(
         });
     Ok(())
 }
+
+/// Query heads a one-run task takes at most (its softmax statistics live on the stack).
+const MAX_GROUP: usize = 16;
 
 /// Keys a task takes at most: a decode step over a long context splits into runs of this
 /// many, so that all threads share it.
@@ -695,6 +709,60 @@ mod tests {
                     bits(&all[t * row..(t + 1) * row]),
                     bits(&alone),
                     "d {d}, group {group}, window {window:?}, token at {qp}"
+                );
+            }
+        }
+    }
+
+    /// A decode step over few keys splits a group's heads into tasks by the thread count:
+    /// each head's row has the same bits however many heads its task took.
+    #[test]
+    fn heads_in_one_task_equal_each_alone() {
+        let mut rnd = uniform(11);
+        let n_keys = 200;
+        for (d, nkv, group, window, softcap) in [
+            (16, 2, 3, None, None),
+            (64, 1, 4, Some(150), Some(5.0)),
+            (32, 3, 1, None, None),
+            (16, 1, 8, None, None),
+        ] {
+            let n_heads = nkv * group;
+            let k: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
+            let positions: Vec<u32> = (0..n_keys as u32).collect();
+            let q: Vec<f32> = (0..n_heads * d).map(|_| 4.0 * rnd()).collect();
+            let kv = ContiguousKv {
+                k: &k,
+                v: &v,
+                positions: &positions,
+                n_kv_heads: nkv,
+                head_dim: d,
+            };
+            let p = AttentionParams {
+                n_heads,
+                n_kv_heads: nkv,
+                head_dim: d,
+                scale: 0.25,
+                window,
+                causal: true,
+                softcap,
+            };
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut out = vec![f32::NAN; q.len()];
+                pool.install(|| attention_over(&q, &[n_keys as u32 - 1], &kv, p, &mut out))
+                    .unwrap();
+                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            let whole_groups = run(1);
+            for threads in [2, 3, 4, 8] {
+                assert_eq!(
+                    run(threads),
+                    whole_groups,
+                    "d {d}, group {group}, {threads} threads"
                 );
             }
         }
