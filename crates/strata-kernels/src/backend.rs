@@ -284,6 +284,40 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// `out_i = x * w_i^T` for each `(w_i, out_i)` of `mats`, quantized matrices that all
+    /// read the same `x` (a layer's q, k and v): each result the one
+    /// [`Backend::matmul_quant`] gives. One call so a backend can convert `x` once and run
+    /// the products as one parallel pass.
+    fn matmul_quant_shared_input(
+        &self,
+        x: &Self::Buffer,
+        mats: &mut [(&Self::QuantMatrix, &mut Self::Buffer)],
+    ) -> Result<()> {
+        for (w, out) in mats.iter_mut() {
+            self.matmul_quant(x, w, out)?;
+        }
+        Ok(())
+    }
+
+    /// `out = act(x * gate^T) * (x * up^T)` for quantized `gate` and `up` of one shape,
+    /// with the bits of the two [`Backend::matmul_quant`]s and [`Backend::act_mul`]. A
+    /// backend may fuse them so that neither product reaches memory.
+    fn gated_matmul_quant(
+        &self,
+        act: Activation,
+        x: &Self::Buffer,
+        gate: &Self::QuantMatrix,
+        up: &Self::QuantMatrix,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let dt = self.activation_dtype();
+        let mut g = self.scratch(out.len(), dt)?;
+        let mut u = self.scratch(out.len(), dt)?;
+        self.matmul_quant(x, gate, &mut g)?;
+        self.matmul_quant(x, up, &mut u)?;
+        self.act_mul(act, &g, &u, out)
+    }
+
     /// `out = act(x * gate^T) * (x * up^T)`, the first half of a gated MLP, for dense
     /// `gate` and `up` of one `shape`. A backend may fuse the two products and the
     /// activation so that neither product reaches memory.

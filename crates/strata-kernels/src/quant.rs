@@ -67,6 +67,14 @@ pub trait RowDot: MatrixShape + Send + Sync {
         false
     }
 
+    /// What [`RowDot::prepare`] makes of an input, as a key: inputs prepared for one matrix
+    /// serve every matrix with the same key and `cols()`, so products that read one input
+    /// (a layer's q, k and v; gate and up) convert it once. `None`, the default, shares
+    /// with nothing.
+    fn prepared_key(&self) -> Option<u64> {
+        None
+    }
+
     /// `out[i * stride + j] = W[rows.start + i] . x[tokens.start + j]` for inputs that
     /// [`RowDot::prepare`] converted (and returned `true` for). The default, never called
     /// for a format whose `prepare` returns `false`, writes NaN.

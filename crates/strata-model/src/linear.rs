@@ -177,6 +177,7 @@ impl<B: Backend> Linear<B> {
         mats: &mut [(&Self, &mut B::Buffer)],
     ) -> Result<()> {
         let mut dense = Vec::with_capacity(mats.len());
+        let mut quant = Vec::with_capacity(mats.len());
         for (m, out) in mats.iter_mut() {
             match m {
                 Linear::Dense { w, .. } => dense.push(MatmulOut {
@@ -184,10 +185,12 @@ impl<B: Backend> Linear<B> {
                     shape: m.shape(),
                     out: &mut **out,
                 }),
+                Linear::Quant(q) => quant.push((&**q, &mut **out)),
                 _ => m.forward(b, x, out)?,
             }
         }
         b.matmul_shared_input(x, &mut dense)?;
+        b.matmul_quant_shared_input(x, &mut quant)?;
         Ok(())
     }
 
@@ -201,10 +204,17 @@ impl<B: Backend> Linear<B> {
         x: &B::Buffer,
         out: &mut B::Buffer,
     ) -> Result<()> {
-        if let (Linear::Dense { w: wg, .. }, Linear::Dense { w: wu, .. }) = (gate, up) {
-            if gate.shape() == up.shape() {
-                b.gated_matmul(act, x, wg, wu, gate.shape(), out)?;
-                return Ok(());
+        if gate.shape() == up.shape() {
+            match (gate, up) {
+                (Linear::Dense { w: wg, .. }, Linear::Dense { w: wu, .. }) => {
+                    b.gated_matmul(act, x, wg, wu, gate.shape(), out)?;
+                    return Ok(());
+                }
+                (Linear::Quant(g), Linear::Quant(u)) => {
+                    b.gated_matmul_quant(act, x, g, u, out)?;
+                    return Ok(());
+                }
+                _ => {}
             }
         }
         let dt = b.activation_dtype();
@@ -376,6 +386,10 @@ impl RowDot for QuantWeight {
         }
     }
 
+    fn prepared_key(&self) -> Option<u64> {
+        quant::q8_family(self.ty).map(u64::from)
+    }
+
     fn dot_prepared(
         &self,
         rows: Range<usize>,
@@ -513,4 +527,104 @@ pub fn upload_linear_as<B: QuantUpload>(
 /// A small vector (norm weight, scalar) decoded to f32 on the backend.
 pub fn upload_vector<B: Backend>(b: &B, view: &TensorView<'_>) -> Result<B::Buffer> {
     Ok(b.upload(HostSlice::F32(&view.to_f32_vec()?))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `rows x cols` matrix of `ty` from random bytes, each block's f16 scale fields
+    /// (`scale_at`) set to small normal values so every product is finite.
+    fn random_quant(
+        ty: GgmlType,
+        (block_bytes, scale_at): (usize, &[usize]),
+        rows: usize,
+        cols: usize,
+        seed: u64,
+    ) -> Linear<CpuBackend> {
+        let mut s = seed;
+        let row_bytes = cols / ty.block_size() as usize * block_bytes;
+        let mut bytes: Vec<u8> = (0..rows * row_bytes)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 33) as u8
+            })
+            .collect();
+        for b in bytes.chunks_exact_mut(block_bytes) {
+            for &o in scale_at {
+                b[o..o + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+            }
+        }
+        let w: Arc<dyn RowDot> = Arc::new(QuantWeight::from_blocks(ty, rows, cols, bytes));
+        Linear::Quant(w)
+    }
+
+    fn bits(b: &CpuBackend, buf: &<CpuBackend as Backend>::Buffer) -> Vec<u32> {
+        b.download(buf)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
+    /// A layer's q, k and v (and gate and up) through the shared-input and gated forms
+    /// give each product's own bits, whether the formats share their prepared input
+    /// (Q4_1 / Q5_0 / Q8_0) or not (Q4_K beside Q8_0), for one token and for several.
+    #[test]
+    fn shared_and_gated_products_equal_each_alone() {
+        const Q4_1: (usize, &[usize]) = (20, &[0, 2]);
+        const Q5_0: (usize, &[usize]) = (22, &[0]);
+        const Q8_0: (usize, &[usize]) = (34, &[0]);
+        const Q4_K: (usize, &[usize]) = (144, &[0, 2]);
+        let b = CpuBackend::with_threads(2).unwrap();
+        let cols = 512;
+        for (q_ty, kv_ty) in [
+            ((GgmlType::Q4_1, Q4_1), (GgmlType::Q4_1, Q4_1)),
+            ((GgmlType::Q5_0, Q5_0), (GgmlType::Q8_0, Q8_0)),
+            ((GgmlType::Q4_K, Q4_K), (GgmlType::Q8_0, Q8_0)),
+        ] {
+            let q = random_quant(q_ty.0, q_ty.1, 200, cols, 1);
+            let k = random_quant(kv_ty.0, kv_ty.1, 72, cols, 2);
+            let v = random_quant(kv_ty.0, kv_ty.1, 72, cols, 3);
+            let gate = random_quant(q_ty.0, q_ty.1, 300, cols, 4);
+            let up = random_quant(q_ty.0, q_ty.1, 300, cols, 5);
+            for tokens in [1, 3] {
+                let xs: Vec<f32> = (0..tokens * cols)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                    .collect();
+                let x = b.upload(HostSlice::F32(&xs)).unwrap();
+                let out = |n: usize| b.upload(HostSlice::F32(&vec![f32::NAN; tokens * n]));
+                let (mut qs, mut ks, mut vs) =
+                    (out(200).unwrap(), out(72).unwrap(), out(72).unwrap());
+                Linear::forward_shared(&b, &x, &mut [(&q, &mut qs), (&k, &mut ks), (&v, &mut vs)])
+                    .unwrap();
+                for (m, shared) in [(&q, &qs), (&k, &ks), (&v, &vs)] {
+                    let mut alone = out(m.rows()).unwrap();
+                    m.forward(&b, &x, &mut alone).unwrap();
+                    assert_eq!(
+                        bits(&b, shared),
+                        bits(&b, &alone),
+                        "{q_ty:?}, {tokens} tokens"
+                    );
+                }
+                for act in [Activation::GeluTanh, Activation::Silu] {
+                    let mut fused = out(300).unwrap();
+                    Linear::forward_gated(&b, act, &gate, &up, &x, &mut fused).unwrap();
+                    let (mut g, mut u, mut want) =
+                        (out(300).unwrap(), out(300).unwrap(), out(300).unwrap());
+                    gate.forward(&b, &x, &mut g).unwrap();
+                    up.forward(&b, &x, &mut u).unwrap();
+                    b.act_mul(act, &g, &u, &mut want).unwrap();
+                    assert!(bits(&b, &want).iter().all(|w| !f32::from_bits(*w).is_nan()));
+                    assert_eq!(
+                        bits(&b, &fused),
+                        bits(&b, &want),
+                        "{q_ty:?}, {tokens} tokens"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -94,7 +94,7 @@ pub(crate) fn act_mul(
 /// `out[j] = act(gate[j]) * up[j]`: one loop per activation, which the compiler vectorises,
 /// AVX2-wide where the CPU has it (the same IEEE operations lane by lane, no contraction
 /// into FMA, so the same bits as the scalar code).
-fn gated(act: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(crate) fn gated(act: Activation, gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked above).

@@ -15,10 +15,11 @@
 
 use super::buffer::CpuBuffer;
 use super::dot::{dot, DotWith};
+use super::elementwise;
 use super::par::with_scratch;
 use crate::error::ensure;
 use crate::quant::{PreparedInput, RowDot};
-use crate::{DeviceBuffer, MatmulShape, Result};
+use crate::{Activation, DeviceBuffer, MatmulShape, Result};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -313,17 +314,144 @@ pub(crate) fn matmul_quant(x: &CpuBuffer, w: &dyn RowDot, out: &mut CpuBuffer) -
     let x = x.f32s(OP)?;
     let out = out.f32s_mut(OP)?;
     check(OP, x.len(), out.len(), k, n)?;
-    // One prepared-input scratch per thread, taken out while in use (so a nested or
-    // concurrent call on the same thread simply starts a fresh one).
+    with_prepared(|prepared| {
+        if w.prepare(x, prepared) {
+            run_prepared(w, prepared, x.len() / k, n, out);
+        } else {
+            run(&Quant(w), x, k, n, out);
+        }
+    });
+    Ok(())
+}
+
+/// Runs `f` on this thread's prepared-input scratch, taken out while in use (so a nested
+/// or concurrent call on the same thread simply starts a fresh one).
+fn with_prepared<R>(f: impl FnOnce(&mut PreparedInput) -> R) -> R {
     thread_local!(static PREPARED: std::cell::RefCell<PreparedInput> =
         std::cell::RefCell::new(PreparedInput::default()));
     let mut prepared = PREPARED.with(|p| p.take());
-    if w.prepare(x, &mut prepared) {
-        run_prepared(w, &prepared, x.len() / k, n, out);
-    } else {
-        run(&Quant(w), x, k, n, out);
-    }
+    let r = f(&mut prepared);
     PREPARED.with(|p| *p.borrow_mut() = prepared);
+    r
+}
+
+/// Whether an input prepared for the first of `ws` serves them all (see
+/// [`RowDot::prepared_key`]).
+fn share_prepared<'a>(mut ws: impl Iterator<Item = &'a dyn RowDot>) -> bool {
+    let Some(first) = ws.next() else {
+        return false;
+    };
+    let key = first.prepared_key();
+    key.is_some() && ws.all(|w| w.prepared_key() == key && w.cols() == first.cols())
+}
+
+/// [`matmul_quant`] for matrices that all read `x`: the input prepared once, and for one
+/// token every matrix's rows in one parallel pass (a decode step's q, k and v are small
+/// products each, and a pass's hand-over to the threads costs about as much as one).
+/// Each result has [`matmul_quant`]'s bits: the same kernels over the same prepared input.
+pub(crate) fn matmul_quant_shared(
+    x: &CpuBuffer,
+    mats: &mut [(&(dyn RowDot + 'static), &mut CpuBuffer)],
+) -> Result<()> {
+    const OP: &str = "matmul_quant";
+    if !share_prepared(mats.iter().map(|(w, _)| *w)) {
+        for (w, out) in mats.iter_mut() {
+            matmul_quant(x, *w, out)?;
+        }
+        return Ok(());
+    }
+    let x = x.f32s(OP)?;
+    let k = mats[0].0.cols();
+    let mut outs = Vec::with_capacity(mats.len());
+    for (w, out) in mats.iter_mut() {
+        let o = out.f32s_mut(OP)?;
+        check(OP, x.len(), o.len(), k, w.rows())?;
+        outs.push((*w, o));
+    }
+    let tokens = x.len() / k;
+    with_prepared(|prepared| {
+        if !outs[0].0.prepare(x, prepared) {
+            for (w, o) in outs {
+                run(&Quant(w), x, k, w.rows(), o);
+            }
+            return;
+        }
+        if tokens > 1 {
+            for (w, o) in outs {
+                run_prepared(w, prepared, tokens, w.rows(), o);
+            }
+            return;
+        }
+        let block = decode_rows_per_task(outs.iter().map(|(w, _)| w.rows()).sum());
+        let tasks: Vec<(&dyn RowDot, usize, &mut [f32])> = outs
+            .into_iter()
+            .flat_map(|(w, o)| {
+                o.chunks_mut(block)
+                    .enumerate()
+                    .map(move |(b, o)| (w, b * block, o))
+            })
+            .collect();
+        let prepared = &*prepared;
+        tasks.into_par_iter().for_each(|(w, r0, o)| {
+            w.dot_prepared(r0..r0 + o.len(), prepared, 0..1, o, 1);
+        });
+    });
+    Ok(())
+}
+
+/// `out = act(x * gate^T) * (x * up^T)` for quantized `gate` and `up` of one shape: for one
+/// token a task takes a range of rows of both and writes its part of `out`, so neither
+/// product reaches memory and the pair is one parallel pass; otherwise the two products and
+/// the activation. The bits of [`matmul_quant`] twice and `act_mul` (elementwise, so any
+/// split of the rows gives them).
+pub(crate) fn gated_matmul_quant(
+    act: Activation,
+    x: &CpuBuffer,
+    gate: &dyn RowDot,
+    up: &dyn RowDot,
+    out: &mut CpuBuffer,
+) -> Result<()> {
+    const OP: &str = "gated_matmul_quant";
+    let (k, n) = (gate.cols(), gate.rows());
+    ensure(up.rows() == n && up.cols() == k, OP, || {
+        format!(
+            "gate is {n} x {k}, up {} x {}: they must match",
+            up.rows(),
+            up.cols()
+        )
+    })?;
+    let xs = x.f32s(OP)?;
+    check(OP, xs.len(), out.len(), k, n)?;
+    let one_token = xs.len() == k;
+    if !(one_token && share_prepared([gate, up].into_iter())) {
+        let mut g = CpuBuffer::F32(vec![0.0; out.len()]);
+        let mut u = CpuBuffer::F32(vec![0.0; out.len()]);
+        matmul_quant(x, gate, &mut g)?;
+        matmul_quant(x, up, &mut u)?;
+        return elementwise::act_mul(act, &g, &u, out);
+    }
+    let out = out.f32s_mut(OP)?;
+    with_prepared(|prepared| {
+        if !gate.prepare(xs, prepared) {
+            // Not reached for a format with a key; the plain products if it were.
+            for (r, o) in out.iter_mut().enumerate() {
+                let (g, u) = (gate.dot_row(r, xs), up.dot_row(r, xs));
+                elementwise::gated(act, &[g], &[u], std::slice::from_mut(o));
+            }
+            return;
+        }
+        let prepared = &*prepared;
+        let block = decode_rows_per_task(2 * n);
+        out.par_chunks_mut(block).enumerate().for_each(|(b, o)| {
+            let rows = b * block..b * block + o.len();
+            with_scratch(2 * o.len(), |s| {
+                let (g, u) = s.split_at_mut(o.len());
+                gate.dot_prepared(rows.clone(), prepared, 0..1, g, 1);
+                up.dot_prepared(rows, prepared, 0..1, u, 1);
+                elementwise::gated(act, g, u, o);
+            });
+        });
+    });
     Ok(())
 }
 

@@ -249,6 +249,25 @@ impl Backend for CpuBackend {
         self.install(|| matmul::matmul_quant(x, w, out))
     }
 
+    fn matmul_quant_shared_input(
+        &self,
+        x: &CpuBuffer,
+        mats: &mut [(&Self::QuantMatrix, &mut CpuBuffer)],
+    ) -> Result<()> {
+        self.install(|| matmul::matmul_quant_shared(x, mats))
+    }
+
+    fn gated_matmul_quant(
+        &self,
+        act: Activation,
+        x: &CpuBuffer,
+        gate: &dyn RowDot,
+        up: &dyn RowDot,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        self.install(|| matmul::gated_matmul_quant(act, x, gate, up, out))
+    }
+
     fn lora_bgmv(
         &self,
         x: &CpuBuffer,

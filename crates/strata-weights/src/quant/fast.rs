@@ -44,6 +44,13 @@ fn kind_of(ty: GgmlType) -> Option<Kind> {
     }
 }
 
+/// The family of activation blocks [`Q8Input::quantize`] makes for weights of type `ty`:
+/// an input quantized for one type serves every type of its family (of the same row
+/// length). `None` where [`dot_rows_q8`] does not handle `ty`.
+pub fn q8_family(ty: GgmlType) -> Option<u8> {
+    kind_of(ty).map(|k| k as u8)
+}
+
 /// Whether [`dot_rows_q8`] handles weights of type `ty`.
 pub fn has_q8_path(ty: GgmlType) -> bool {
     kind_of(ty).is_some()

@@ -42,7 +42,7 @@ mod x86_b32;
 mod x86_k;
 
 pub use f16le::F16Le;
-pub use fast::{dot_rows_q8, dot_rows_q8_portable, has_q8_path, Q8Input};
+pub use fast::{dot_rows_q8, dot_rows_q8_portable, has_q8_path, q8_family, Q8Input};
 pub use float::{bf16_to_f32, f16_to_f32, f32_to_bf16};
 pub use q2_k::BlockQ2K;
 pub use q3_k::BlockQ3K;
