@@ -1,6 +1,7 @@
 //! Dense and quantized matmul, and the embedding gather that shares their weight types.
 
 use super::{compare, ctx, get, put, reference, CheckResult, TestData, Tolerance};
+use crate::quant::PreparedInput;
 use crate::{Activation, Backend, DType, MatmulOut, MatmulShape, MatrixShape, RowDot, TableSlice};
 
 /// A minimal quantized format for the checks: int8 values with one f32 scale per row
@@ -70,6 +71,39 @@ impl RowDot for RowScaledQ8 {
         let q = &self.q[row * self.cols..(row + 1) * self.cols];
         for (o, &q) in out.iter_mut().zip(q) {
             *o = self.scales[row] * q as f32;
+        }
+    }
+
+    /// The inputs kept as they are, so a backend's prepared-input paths (one conversion
+    /// shared by several products) run in the checks too.
+    fn prepare(&self, xs: &[f32], input: &mut PreparedInput) -> bool {
+        input.state = Some(Box::new(xs.to_vec()));
+        true
+    }
+
+    fn prepared_key(&self) -> Option<u64> {
+        Some(u64::from_le_bytes(*b"rowq8\0\0\0"))
+    }
+
+    fn dot_prepared(
+        &self,
+        rows: std::ops::Range<usize>,
+        input: &PreparedInput,
+        tokens: std::ops::Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let xs = input
+            .state
+            .as_ref()
+            .and_then(|s| s.downcast_ref::<Vec<f32>>());
+        for (i, r) in rows.enumerate() {
+            for (j, t) in tokens.clone().enumerate() {
+                out[i * stride + j] = match xs {
+                    Some(xs) => self.dot_row(r, &xs[t * self.cols..(t + 1) * self.cols]),
+                    None => f32::NAN,
+                };
+            }
         }
     }
 }
@@ -514,6 +548,74 @@ pub fn check_matmul_quant<B: Backend>(
             seed: 200 + seed as u64,
         };
         check_matmul_quant_case(b, c, prepare)?;
+    }
+    Ok(())
+}
+
+/// [`Backend::matmul_quant_shared_input`] (q, k and v shapes) and
+/// [`Backend::gated_matmul_quant`] (both activations) with [`RowScaledQ8`] weights, for one
+/// token and for several, against the f64 definitions.
+pub fn check_fused_matmuls_quant<B: Backend>(
+    b: &B,
+    prepare: &dyn Fn(&RowScaledQ8) -> Box<B::QuantMatrix>,
+) -> CheckResult {
+    let dt = b.activation_dtype();
+    let tol = Tolerance::for_dtype(dt);
+    for (seed, tokens) in [(1u64, 1usize), (2, 5)] {
+        let mut data = TestData::new(300 + seed);
+        let k = 192;
+        let x = data.normals(tokens * k, 1.0, dt);
+        let xb = put(b, &x, dt)?;
+        let outs = [160, 48, 48];
+        let ws: Vec<RowScaledQ8> = outs
+            .iter()
+            .map(|&n| RowScaledQ8::quantize(&data.normals(n * k, 0.05, DType::F32), n, k))
+            .collect();
+        let what = format!("matmul_quant_shared_input, {tokens} tokens");
+        let wqs: Vec<Box<B::QuantMatrix>> = ws.iter().map(prepare).collect();
+        let mut bufs = outs
+            .iter()
+            .map(|&n| ctx(&what, b.zeros(tokens * n, dt)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut mats: Vec<(&B::QuantMatrix, &mut B::Buffer)> =
+            wqs.iter().map(|w| &**w).zip(bufs.iter_mut()).collect();
+        ctx(&what, b.matmul_quant_shared_input(&xb, &mut mats))?;
+        drop(mats);
+        for (i, (w, out)) in ws.iter().zip(&bufs).enumerate() {
+            let (want, mag) = reference::matmul(&x, &w.dequantized(), k, w.rows);
+            compare(
+                &format!("{what} output {i}"),
+                &get(b, out)?,
+                &want,
+                &mag,
+                tol,
+            )?;
+        }
+        let n = 96;
+        let (gate, up) = (
+            RowScaledQ8::quantize(&data.normals(n * k, 0.05, DType::F32), n, k),
+            RowScaledQ8::quantize(&data.normals(n * k, 0.05, DType::F32), n, k),
+        );
+        let (gq, uq) = (prepare(&gate), prepare(&up));
+        for act in [Activation::GeluTanh, Activation::Silu] {
+            let what = format!("gated_matmul_quant {act:?}, {tokens} tokens");
+            let mut out = ctx(&what, b.zeros(tokens * n, dt))?;
+            ctx(&what, b.gated_matmul_quant(act, &xb, &gq, &uq, &mut out))?;
+            let (g, g_mag) = reference::matmul(&x, &gate.dequantized(), k, n);
+            let (u, u_mag) = reference::matmul(&x, &up.dequantized(), k, n);
+            let f = |v: f64| reference::activation(act, v);
+            let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| f(g) * u).collect();
+            // As for `gated_matmul`: the gate's error through the activation's slope, up's
+            // through |act(g)| <= |g|, and act_mul's own cancellation.
+            let mag: Vec<f64> = (0..want.len())
+                .map(|i| {
+                    1.13 * g_mag[i] * u[i].abs()
+                        + g[i].abs() * u_mag[i]
+                        + 0.05 * g[i].abs() * u[i].abs()
+                })
+                .collect();
+            compare(&what, &get(b, &out)?, &want, &mag, tol)?;
+        }
     }
     Ok(())
 }

@@ -46,10 +46,10 @@ pub use k_parts::check_k_parts;
 pub use lora::{check_lora_bgmv, check_lora_bgmv_case, check_lora_shared_input, LoraCase};
 pub use matmul::{
     check_embedding, check_embedding_case, check_embedding_quant, check_fused_matmuls,
-    check_fused_matmuls_within, check_gated_matmul_case, check_gated_slice_matmul_case,
-    check_matmul, check_matmul_case, check_matmul_quant, check_matmul_quant_case,
-    check_shared_matmul_case, EmbeddingCase, GatedMatmulCase, GatedSliceCase, MatmulCase,
-    RowScaledQ8, SharedMatmulCase,
+    check_fused_matmuls_quant, check_fused_matmuls_within, check_gated_matmul_case,
+    check_gated_slice_matmul_case, check_matmul, check_matmul_case, check_matmul_quant,
+    check_matmul_quant_case, check_shared_matmul_case, EmbeddingCase, GatedMatmulCase,
+    GatedSliceCase, MatmulCase, RowScaledQ8, SharedMatmulCase,
 };
 pub use memory::{check_copy_strided, check_upload_download};
 pub use norm::{check_rms_norm, check_rms_norm_case, NormVariant, RmsNormCase};

@@ -77,6 +77,7 @@ macro_rules! conformance_tests {
             matmul plain check_matmul ["matmul"];
             fused_matmuls plain check_fused_matmuls ["matmul_shared_input", "gated_matmul", "gated_slice_matmul"];
             matmul_quant quant check_matmul_quant ["matmul_quant"];
+            fused_matmuls_quant quant check_fused_matmuls_quant ["matmul_quant_shared_input", "gated_matmul_quant"];
             lora_bgmv plain check_lora_bgmv ["lora_bgmv"];
             lora_shared plain check_lora_shared_input ["lora_bgmv_shared_input"];
             act_mul plain check_act_mul ["act_mul"];
