@@ -197,23 +197,45 @@ pub(crate) fn attention(
             detail: format!("slot {bad} outside the slab's {}", s.slots),
         });
     }
-    for seq in &batch.seqs {
-        let keys = SlabKeys {
-            slab,
-            slots: &batch.slots[seq.slot_offset..seq.slot_offset + seq.k_len()],
-            k_start: seq.k_start,
-        };
-        let positions: Vec<u32> = (seq.q_start..seq.q_start + seq.q_len)
+    let in_place = |seq: &PagedSeq| seq.q_len < GATHER_MIN_QUERIES || s.format == KvFormat::F32;
+    let keys_of = |seq: &PagedSeq| SlabKeys {
+        slab,
+        slots: &batch.slots[seq.slot_offset..seq.slot_offset + seq.k_len()],
+        k_start: seq.k_start,
+    };
+    let positions_of = |seq: &PagedSeq| -> Vec<u32> {
+        (seq.q_start..seq.q_start + seq.q_len)
             .map(|x| x as u32)
-            .collect();
-        let range = seq.q_offset * row..(seq.q_offset + seq.q_len) * row;
-        let (q, out) = (&q[range.clone()], &mut out[range]);
-        if seq.q_len < GATHER_MIN_QUERIES || s.format == KvFormat::F32 {
-            // Few queries (decode rows), or f32 rows: the rows are read in place, once a
-            // KV group (and a tile of a prompt's tokens).
-            attention_over(q, &positions, &keys, p, out)?;
-            continue;
-        }
+            .collect()
+    };
+    // Each sequence's rows of `out`, in order of their offsets (they do not overlap).
+    let mut order: Vec<&PagedSeq> = batch.seqs.iter().collect();
+    order.sort_by_key(|seq| seq.q_offset);
+    let mut parts: Vec<(&PagedSeq, &mut [f32])> = Vec::with_capacity(order.len());
+    let (mut rest, mut at) = (out, 0);
+    for seq in order {
+        let start = seq.q_offset * row;
+        ensure(start >= at, OP, || {
+            format!("sequences overlap at query row {}", seq.q_offset)
+        })?;
+        let (mine, tail) = std::mem::take(&mut rest)[start - at..].split_at_mut(seq.q_len * row);
+        parts.push((seq, mine));
+        (rest, at) = (tail, start + seq.q_len * row);
+    }
+    // Decode rows (few queries) read their keys in place; every such sequence of the
+    // batch at once, so that a step of many short tasks is one pass over the threads
+    // rather than a pass a sequence. A task's bits do not depend on what else runs.
+    parts
+        .par_iter_mut()
+        .filter(|(seq, _)| in_place(seq))
+        .try_for_each(|(seq, out)| {
+            let range = seq.q_offset * row..(seq.q_offset + seq.q_len) * row;
+            attention_over(&q[range], &positions_of(seq), &keys_of(seq), p, out)
+        })?;
+    for (seq, out) in parts.into_iter().filter(|(seq, _)| !in_place(seq)) {
+        let keys = keys_of(seq);
+        let positions = positions_of(seq);
+        let q = &q[seq.q_offset * row..(seq.q_offset + seq.q_len) * row];
         // A prompt chunk reads every row once a tile of queries: convert them to f32 once
         // first.
         let (kv_row, d) = (s.num_kv_heads * s.head_dim, s.head_dim);
