@@ -168,7 +168,9 @@ pub(super) fn high_bits_shuffled(bits: u32) -> __m256i {
 }
 
 /// Instantiates `$kernels!(module, target features, the 32-value formats' features, |acc,
-/// u, s| dot, |bits| high)` for each form of the byte dot: AVX2's `maddubs` + `madd`,
+/// u, s| dot, |acc, u4, s4| dot4, |bits| high)` for each form of the byte dot (`dot4`: four
+/// dots into one sum; AVX2 adds the four `maddubs` results in i16 before one `madd`, which
+/// holds for codes below 32: 4 x 2 x 31 x 127 = 31,496): AVX2's `maddubs` + `madd`,
 /// AVX-VNNI's and AVX-512 VNNI's `vpdpbusd`. `high` spreads a Q5_0 block's 32 high bits to
 /// 16 in the bytes where set: AVX-512 from a mask register in one instruction (AVX-512 BW,
 /// enabled for the 32-value kernels only: the K kernels compiled slower with it), the
@@ -183,6 +185,22 @@ macro_rules! for_each_dot_form {
                 acc,
                 _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
             ),
+            |acc4, u4, s4| _mm256_add_epi32(
+                acc4,
+                _mm256_madd_epi16(
+                    _mm256_add_epi16(
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(u4[0], s4[0]),
+                            _mm256_maddubs_epi16(u4[1], s4[1])
+                        ),
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(u4[2], s4[2]),
+                            _mm256_maddubs_epi16(u4[3], s4[3])
+                        )
+                    ),
+                    _mm256_set1_epi16(1)
+                )
+            ),
             |bits| high_bits_shuffled(bits)
         );
         $kernels!(
@@ -190,6 +208,7 @@ macro_rules! for_each_dot_form {
             "avx2,fma,f16c,avxvnni",
             "avx2,fma,f16c,avxvnni",
             |acc, u, s| _mm256_dpbusd_avx_epi32(acc, u, s),
+            |acc4, u4, s4| (0..4).fold(acc4, |a, k| _mm256_dpbusd_avx_epi32(a, u4[k], s4[k])),
             |bits| high_bits_shuffled(bits)
         );
         $kernels!(
@@ -197,6 +216,7 @@ macro_rules! for_each_dot_form {
             "avx2,fma,f16c,avx512vnni,avx512vl",
             "avx2,fma,f16c,avx512vnni,avx512vl,avx512bw",
             |acc, u, s| _mm256_dpbusd_epi32(acc, u, s),
+            |acc4, u4, s4| (0..4).fold(acc4, |a, k| _mm256_dpbusd_epi32(a, u4[k], s4[k])),
             |bits| _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(0x10))
         );
     };

@@ -111,7 +111,7 @@ pub(super) fn spans(tokens: &Range<usize>) -> Vec<(usize, Range<usize>)> {
 /// Generates one form of the byte dot's kernels: `$dot(acc, u, s)` adds the sums of each
 /// lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
 macro_rules! kernels {
-    ($m:ident, $_feat_k:literal, $feat:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$bits:ident| $high:expr) => {
+    ($m:ident, $_feat_k:literal, $feat:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$four_acc:ident, $four_u:ident, $four_s:ident| $dot4:expr, |$bits:ident| $high:expr) => {
         pub(super) mod $m {
             use super::*;
 
@@ -134,6 +134,38 @@ macro_rules! kernels {
             #[inline]
             fn dot($acc: __m256i, $u: __m256i, $s: __m256i) -> __m256i {
                 $dot
+            }
+
+            /// Four [`dot`]s into one sum: `u4[k]` against `s4[k]`. Unsigned codes below
+            /// 32 only (Q4_0, Q4_1, Q5_0): AVX2 sums the four in i16.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot4($four_acc: __m256i, $four_u: [__m256i; 4], $four_s: [__m256i; 4]) -> __m256i {
+                $dot4
+            }
+
+            /// A block's integer sums against one activation group for unsigned codes below
+            /// 32: row `r`'s codes `4 m .. 4 m + 4` (`word(r, m)`) broadcast to every
+            /// token's lane, four runs into one [`dot4`]; row `r`'s eight lanes in
+            /// element `r`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn unsigned_sums<const R: usize>(
+                word: &impl Fn(usize, usize) -> i32,
+                a: &Acts8,
+            ) -> [__m256i; R] {
+                let mut isum = [_mm256_setzero_si256(); R];
+                for h in 0..2 {
+                    // SAFETY: each of `qs` is 32 bytes.
+                    let av: [__m256i; 4] = std::array::from_fn(|k| unsafe {
+                        load32(a.qs[4 * h + k].as_ptr() as *const u8)
+                    });
+                    for (r, s) in isum.iter_mut().enumerate() {
+                        let u = std::array::from_fn(|k| _mm256_set1_epi32(word(r, 4 * h + k)));
+                        *s = dot4(*s, u, av);
+                    }
+                }
+                isum
             }
 
             /// [`dot`] of a block's codes `q` with activation codes `a`: unsigned codes as
@@ -180,19 +212,28 @@ macro_rules! kernels {
                             c[r] = _mm256_fmadd_ps(_mm256_set1_ps(k), asum, c[r]);
                         }
                     }
-                    let mut isum = [_mm256_setzero_si256(); R];
-                    for (m, qs) in a.qs.iter().enumerate() {
-                        // SAFETY: `qs` is 32 bytes.
-                        let av = unsafe { load32(qs.as_ptr() as *const u8) };
-                        for r in 0..R {
-                            // Codes 4 m .. 4 m + 4 of the block, in every lane.
-                            // SAFETY: as above; `m` < 8.
-                            let wq = _mm256_set1_epi32(unsafe {
-                                *w[r].codes.get_unchecked(i).get_unchecked(m)
-                            });
-                            isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
+                    let isum = if SIGNED {
+                        let mut isum = [_mm256_setzero_si256(); R];
+                        for (m, qs) in a.qs.iter().enumerate() {
+                            // SAFETY: `qs` is 32 bytes.
+                            let av = unsafe { load32(qs.as_ptr() as *const u8) };
+                            for r in 0..R {
+                                // Codes 4 m .. 4 m + 4 of the block, in every lane.
+                                // SAFETY: as above; `m` < 8.
+                                let wq = _mm256_set1_epi32(unsafe {
+                                    *w[r].codes.get_unchecked(i).get_unchecked(m)
+                                });
+                                isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
+                            }
                         }
-                    }
+                        isum
+                    } else {
+                        // SAFETY: as above; `m` < 8.
+                        let word = |r: usize, m: usize| unsafe {
+                            *w[r].codes.get_unchecked(i).get_unchecked(m)
+                        };
+                        unsigned_sums::<R>(&word, a)
+                    };
                     for r in 0..R {
                         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), sc[r], acc[r]);
                     }
@@ -244,16 +285,21 @@ macro_rules! kernels {
                             c[r] = _mm256_fmadd_ps(_mm256_set1_ps(corr(b, d)), asum, c[r]);
                         }
                     }
-                    let mut isum = [_mm256_setzero_si256(); R];
-                    for (m, qs) in a.qs.iter().enumerate() {
-                        // SAFETY: `qs` is 32 bytes.
-                        let av = unsafe { load32(qs.as_ptr() as *const u8) };
-                        for r in 0..R {
-                            // Codes 4 m .. 4 m + 4 of the block, in every lane.
-                            let wq = _mm256_set1_epi32(q[r][m]);
-                            isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
+                    let isum = if SIGNED {
+                        let mut isum = [_mm256_setzero_si256(); R];
+                        for (m, qs) in a.qs.iter().enumerate() {
+                            // SAFETY: `qs` is 32 bytes.
+                            let av = unsafe { load32(qs.as_ptr() as *const u8) };
+                            for r in 0..R {
+                                // Codes 4 m .. 4 m + 4 of the block, in every lane.
+                                let wq = _mm256_set1_epi32(q[r][m]);
+                                isum[r] = dot_codes::<SIGNED>(isum[r], wq, av);
+                            }
                         }
-                    }
+                        isum
+                    } else {
+                        unsigned_sums::<R>(&|r, m| q[r][m], a)
+                    };
                     for r in 0..R {
                         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), sc[r], acc[r]);
                     }

@@ -200,7 +200,7 @@ fn decode_q6_k(b: &BlockQ6K, into: &mut DecodedK) {
 /// Generates one form of the byte dot's Q4_K / Q6_K kernels: `$dot(acc, u, s)` adds the
 /// sums of each lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
 macro_rules! kernels {
-    ($m:ident, $feat:literal, $_feat32:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$bits:ident| $high:expr) => {
+    ($m:ident, $feat:literal, $_feat32:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$_acc4:ident, $_u4:ident, $_s4:ident| $_dot4:expr, |$bits:ident| $high:expr) => {
         pub(super) mod $m {
             use super::*;
 
