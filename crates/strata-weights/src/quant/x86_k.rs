@@ -200,7 +200,7 @@ fn decode_q6_k(b: &BlockQ6K, into: &mut DecodedK) {
 /// Generates one form of the byte dot's Q4_K / Q6_K kernels: `$dot(acc, u, s)` adds the
 /// sums of each lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
 macro_rules! kernels {
-    ($m:ident, $feat:literal, $_feat32:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$_acc4:ident, $_u4:ident, $_s4:ident| $_dot4:expr, |$bits:ident| $high:expr) => {
+    ($m:ident, $feat:literal, $_feat32:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$four_acc:ident, $four_u:ident, $four_s:ident| $dot4:expr, |$bits:ident| $high:expr) => {
         pub(super) mod $m {
             use super::*;
 
@@ -208,6 +208,14 @@ macro_rules! kernels {
             #[inline]
             fn dot($acc: __m256i, $u: __m256i, $s: __m256i) -> __m256i {
                 $dot
+            }
+
+            /// Four [`dot`]s into one sum, `u4[k]` against `s4[k]`, for codes below 32
+            /// (Q4_K's): AVX2 sums the four in i16.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn dot4($four_acc: __m256i, $four_u: [__m256i; 4], $four_s: [__m256i; 4]) -> __m256i {
+                $dot4
             }
 
             /// `R` decoded rows of Q4_K against one group of eight tokens.
@@ -234,13 +242,16 @@ macro_rules! kernels {
                     let mut isum = [_mm256_setzero_si256(); R];
                     for j in 0..8 {
                         let mut s = [_mm256_setzero_si256(); R];
-                        for m in 0..8 {
-                            // SAFETY: `qs[8 j + m]` is 32 bytes.
-                            let av = unsafe { load32(a.qs[8 * j + m].as_ptr() as *const u8) };
+                        for h in 0..2 {
+                            // SAFETY: `qs[8 j + 4 h + k]` is 32 bytes.
+                            let av: [__m256i; 4] = std::array::from_fn(|k| unsafe {
+                                load32(a.qs[8 * j + 4 * h + k].as_ptr() as *const u8)
+                            });
                             for r in 0..R {
                                 // SAFETY: as above.
-                                let q = unsafe { w[r].codes.get_unchecked(i)[j][m] };
-                                s[r] = dot(s[r], _mm256_set1_epi32(q), av);
+                                let q = unsafe { &w[r].codes.get_unchecked(i)[j] };
+                                let u = std::array::from_fn(|k| _mm256_set1_epi32(q[4 * h + k]));
+                                s[r] = dot4(s[r], u, av);
                             }
                         }
                         for r in 0..R {
@@ -294,11 +305,15 @@ macro_rules! kernels {
                     let mut isum = [_mm256_setzero_si256(); R];
                     for j in 0..8 {
                         let mut s = [_mm256_setzero_si256(); R];
-                        for m in 0..8 {
-                            // SAFETY: `qs[8 j + m]` is 32 bytes.
-                            let av = unsafe { load32(a.qs[8 * j + m].as_ptr() as *const u8) };
+                        for h in 0..2 {
+                            // SAFETY: `qs[8 j + 4 h + k]` is 32 bytes.
+                            let av: [__m256i; 4] = std::array::from_fn(|k| unsafe {
+                                load32(a.qs[8 * j + 4 * h + k].as_ptr() as *const u8)
+                            });
                             for r in 0..R {
-                                s[r] = dot(s[r], _mm256_set1_epi32(q[r][j][m]), av);
+                                let u =
+                                    std::array::from_fn(|k| _mm256_set1_epi32(q[r][j][4 * h + k]));
+                                s[r] = dot4(s[r], u, av);
                             }
                         }
                         for r in 0..R {
