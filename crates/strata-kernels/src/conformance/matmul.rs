@@ -314,19 +314,31 @@ pub fn check_gated_matmul_case<B: Backend>(
         (gb, put(b, &up, c.weight)?)
     };
     ctx(&what, b.gated_matmul(c.act, &xb, &gb, &ub, shape, &mut out))?;
-    let (g, g_mag) = reference::matmul(&x, &gate, k, n);
-    let (u, u_mag) = reference::matmul(&x, &up, k, n);
-    let act = |v: f64| reference::activation(c.act, v);
-    let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| act(g) * u).collect();
-    // An error e in the gate moves act(g) by at most 1.13 e (the activations' steepest
-    // slope) and one in up moves the product by |act(g)| <= |g| times it; the gelu
-    // cancellation of act_mul's check comes on top.
+    let (want, mag) = gated_reference(c.act, &x, (&gate, &up), k, n);
+    compare(&what, &get(b, &out)?, &want, &mag, tol)
+}
+
+/// `act(x gate^T) * (x up^T)` in f64 and each value's error scale: an error e in the gate
+/// moves act(g) by at most 1.13 e (the activations' steepest slope) and one in up moves the
+/// product by |act(g)| <= |g| times it; the gelu cancellation of act_mul's check comes on
+/// top.
+fn gated_reference(
+    act: Activation,
+    x: &[f32],
+    (gate, up): (&[f32], &[f32]),
+    k: usize,
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let (g, g_mag) = reference::matmul(x, gate, k, n);
+    let (u, u_mag) = reference::matmul(x, up, k, n);
+    let f = |v: f64| reference::activation(act, v);
+    let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| f(g) * u).collect();
     let mag: Vec<f64> = (0..want.len())
         .map(|i| {
             1.13 * g_mag[i] * u[i].abs() + g[i].abs() * u_mag[i] + 0.05 * g[i].abs() * u[i].abs()
         })
         .collect();
-    compare(&what, &get(b, &out)?, &want, &mag, tol)
+    (want, mag)
 }
 
 /// `matmul_shared_input` on a layer's q / k / v shapes (GEMV and GEMM row counts, a
@@ -597,23 +609,12 @@ pub fn check_fused_matmuls_quant<B: Backend>(
             RowScaledQ8::quantize(&data.normals(n * k, 0.05, DType::F32), n, k),
         );
         let (gq, uq) = (prepare(&gate), prepare(&up));
+        let (gate_w, up_w) = (gate.dequantized(), up.dequantized());
         for act in [Activation::GeluTanh, Activation::Silu] {
             let what = format!("gated_matmul_quant {act:?}, {tokens} tokens");
             let mut out = ctx(&what, b.zeros(tokens * n, dt))?;
             ctx(&what, b.gated_matmul_quant(act, &xb, &gq, &uq, &mut out))?;
-            let (g, g_mag) = reference::matmul(&x, &gate.dequantized(), k, n);
-            let (u, u_mag) = reference::matmul(&x, &up.dequantized(), k, n);
-            let f = |v: f64| reference::activation(act, v);
-            let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| f(g) * u).collect();
-            // As for `gated_matmul`: the gate's error through the activation's slope, up's
-            // through |act(g)| <= |g|, and act_mul's own cancellation.
-            let mag: Vec<f64> = (0..want.len())
-                .map(|i| {
-                    1.13 * g_mag[i] * u[i].abs()
-                        + g[i].abs() * u_mag[i]
-                        + 0.05 * g[i].abs() * u[i].abs()
-                })
-                .collect();
+            let (want, mag) = gated_reference(act, &x, (&gate_w, &up_w), k, n);
             compare(&what, &get(b, &out)?, &want, &mag, tol)?;
         }
     }

@@ -568,6 +568,65 @@ mod tests {
         }
     }
 
+    /// Random keys and values for `n_keys` positions from `first`, `nkv` heads of `d`.
+    struct RandomKv {
+        k: Vec<f32>,
+        v: Vec<f32>,
+        positions: Vec<u32>,
+        nkv: usize,
+        d: usize,
+    }
+
+    impl RandomKv {
+        fn new(
+            rnd: &mut impl FnMut() -> f32,
+            n_keys: usize,
+            nkv: usize,
+            d: usize,
+            first: u32,
+        ) -> Self {
+            let k = (0..n_keys * nkv * d).map(|_| rnd()).collect();
+            let v = (0..n_keys * nkv * d).map(|_| rnd()).collect();
+            let positions = (0..n_keys as u32).map(|i| i + first).collect();
+            Self {
+                k,
+                v,
+                positions,
+                nkv,
+                d,
+            }
+        }
+
+        fn view(&self) -> ContiguousKv<'_> {
+            ContiguousKv {
+                k: &self.k,
+                v: &self.v,
+                positions: &self.positions,
+                n_kv_heads: self.nkv,
+                head_dim: self.d,
+            }
+        }
+    }
+
+    /// Causal-or-not attention parameters of `nkv` groups of `group` heads of `d`.
+    fn params(
+        (nkv, group, d): (usize, usize, usize),
+        scale: f32,
+        window: Option<usize>,
+        causal: bool,
+        softcap: Option<f32>,
+    ) -> AttentionParams {
+        AttentionParams {
+            n_heads: nkv * group,
+            n_kv_heads: nkv,
+            head_dim: d,
+            scale,
+            window,
+            causal,
+            softcap,
+        }
+    }
+
     /// f64 attention of one head, the definition.
     fn reference(q: &[f32], kv: &ContiguousKv, qp: u32, g: usize, p: &AttentionParams) -> Vec<f64> {
         let d = p.head_dim;
@@ -613,30 +672,14 @@ mod tests {
             (600, Some(300), Some(5.0)),
             (40, None, Some(2.0)),
         ] {
-            let k: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
-            let v: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
             // Keys at positions 10.. ; a query at 5 sees none.
-            let positions: Vec<u32> = (0..n_keys as u32).map(|i| i + 10).collect();
+            let keys = RandomKv::new(&mut rnd, n_keys, nkv, d, 10);
             let q_positions = [5u32, n_keys as u32 / 2 + 10, n_keys as u32 + 9];
             let q: Vec<f32> = (0..q_positions.len() * n_heads * d)
                 .map(|_| 4.0 * rnd())
                 .collect();
-            let kv = ContiguousKv {
-                k: &k,
-                v: &v,
-                positions: &positions,
-                n_kv_heads: nkv,
-                head_dim: d,
-            };
-            let p = AttentionParams {
-                n_heads,
-                n_kv_heads: nkv,
-                head_dim: d,
-                scale: 0.3,
-                window,
-                causal: true,
-                softcap,
-            };
+            let kv = keys.view();
+            let p = params((nkv, group, d), 0.3, window, true, softcap);
             let mut out = vec![f32::NAN; q.len()];
             attention_over(&q, &q_positions, &kv, p, &mut out).unwrap();
             for (t, &qp) in q_positions.iter().enumerate() {
@@ -670,29 +713,13 @@ mod tests {
             (16, 2, 2, Some(200), None, 300, false),
         ] {
             let n_heads = nkv * group;
-            let k: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
-            let v: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
-            let positions: Vec<u32> = (0..n_keys as u32).collect();
+            let keys = RandomKv::new(&mut rnd, n_keys, nkv, d, 0);
             let q_positions: Vec<u32> = (first..first + 37).collect();
             let q: Vec<f32> = (0..q_positions.len() * n_heads * d)
                 .map(|_| 4.0 * rnd())
                 .collect();
-            let kv = ContiguousKv {
-                k: &k,
-                v: &v,
-                positions: &positions,
-                n_kv_heads: nkv,
-                head_dim: d,
-            };
-            let p = AttentionParams {
-                n_heads,
-                n_kv_heads: nkv,
-                head_dim: d,
-                scale: 0.25,
-                window,
-                causal,
-                softcap,
-            };
+            let kv = keys.view();
+            let p = params((nkv, group, d), 0.25, window, causal, softcap);
             let mut all = vec![f32::NAN; q.len()];
             attention_over(&q, &q_positions, &kv, p, &mut all).unwrap();
             // Keys in order take their visible range by bisection: the same keys as a test
@@ -727,26 +754,10 @@ mod tests {
             (16, 1, 8, None, None),
         ] {
             let n_heads = nkv * group;
-            let k: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
-            let v: Vec<f32> = (0..n_keys * nkv * d).map(|_| rnd()).collect();
-            let positions: Vec<u32> = (0..n_keys as u32).collect();
+            let keys = RandomKv::new(&mut rnd, n_keys, nkv, d, 0);
             let q: Vec<f32> = (0..n_heads * d).map(|_| 4.0 * rnd()).collect();
-            let kv = ContiguousKv {
-                k: &k,
-                v: &v,
-                positions: &positions,
-                n_kv_heads: nkv,
-                head_dim: d,
-            };
-            let p = AttentionParams {
-                n_heads,
-                n_kv_heads: nkv,
-                head_dim: d,
-                scale: 0.25,
-                window,
-                causal: true,
-                softcap,
-            };
+            let kv = keys.view();
+            let p = params((nkv, group, d), 0.25, window, true, softcap);
             let run = |threads: usize| {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
