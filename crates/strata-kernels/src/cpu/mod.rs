@@ -393,7 +393,14 @@ impl Backend for CpuBackend {
         softcap: Option<f32>,
         draws: &[RowDraw],
     ) -> Result<Vec<Picked>> {
-        self.pick_on_host(logits, vocab, rows, softcap, draws)
+        // Raw f32 logits are read where they lie: the host copy the default makes is a
+        // vocabulary's worth of bytes a step.
+        match (logits, softcap) {
+            (CpuBuffer::F32(v), None) if vocab > 0 && v.len() >= rows * vocab => Ok(
+                crate::sampling::pick_rows(&v[..rows * vocab], vocab, rows, draws)?,
+            ),
+            _ => self.pick_on_host(logits, vocab, rows, softcap, draws),
+        }
     }
 
     fn pick_finish(&self, tokens: Vec<Picked>) -> Result<Vec<Picked>> {

@@ -168,17 +168,35 @@ pub fn clustered_argmax(logits: &[f32], scores: &[f32], ordering: &[u32], top_k:
 }
 
 /// Index of the largest logit; ties go to the lowest id, NaN never wins.
+///
+/// Two passes that vectorize, as a decode step runs this over a whole vocabulary: the
+/// largest value (NaN never compares greater), then the first index holding it (-0 and +0
+/// compare equal, so a zero maximum finds the first zero of either sign, as one pass would).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &x) in logits.iter().enumerate() {
-        let x = key(x);
-        if x > best_v {
-            best = i;
-            best_v = x;
+    const LANES: usize = 16;
+    const CHUNK: usize = 256;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let whole = logits.chunks_exact(LANES);
+    let tail = whole.remainder();
+    for c in whole {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
         }
     }
-    best as u32
+    let mut best_v = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(tail) {
+        best_v = if x > best_v { x } else { best_v };
+    }
+    if best_v == f32::NEG_INFINITY {
+        return 0;
+    }
+    for (k, c) in logits.chunks(CHUNK).enumerate() {
+        if c.iter().fold(false, |hit, &x| hit | (x == best_v)) {
+            let i = c.iter().position(|&x| x == best_v).unwrap_or(0);
+            return (k * CHUNK + i) as u32;
+        }
+    }
+    0
 }
 
 /// A token id that stands for a greedy token not yet read back: `FED_TOKEN | r` is row

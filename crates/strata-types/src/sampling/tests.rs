@@ -364,3 +364,51 @@ impl Normals {
         ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
     }
 }
+
+/// The one-pass definition of [`super::argmax`]: the first index whose value (NaN as -inf)
+/// is greater than every earlier one's.
+fn plain_argmax(logits: &[f32]) -> u32 {
+    let (mut best, mut best_v) = (0usize, f32::NEG_INFINITY);
+    for (i, &x) in logits.iter().enumerate() {
+        let x = if x.is_nan() { f32::NEG_INFINITY } else { x };
+        if x > best_v {
+            (best, best_v) = (i, x);
+        }
+    }
+    best as u32
+}
+
+/// The two-pass argmax against the one-pass definition: lengths around its lane and chunk
+/// sizes, ties across chunks, NaN, -inf, zeros of both signs as the maximum, rows all NaN.
+#[test]
+fn argmax_equals_the_one_pass_definition() {
+    let mut data = Normals(SamplerRng::new(5));
+    let mut checked = 0;
+    for n in [0usize, 1, 15, 16, 17, 255, 256, 257, 1000, 49_152] {
+        let base: Vec<f32> = (0..n).map(|_| data.normal()).collect();
+        let mut cases = vec![base.clone()];
+        if n > 0 {
+            let mut tied = base.clone();
+            let top = tied.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            tied[n - 1] = top;
+            tied[n / 2] = top;
+            cases.push(tied);
+            let mut zeros: Vec<f32> = base.iter().map(|x| -x.abs() - 1.0).collect();
+            zeros[n - 1] = 0.0;
+            zeros[n / 3] = -0.0;
+            cases.push(zeros);
+            let mut odd = base.clone();
+            odd[0] = f32::NAN;
+            odd[n / 4] = f32::NEG_INFINITY;
+            odd[(3 * n) / 4] = f32::NAN;
+            cases.push(odd);
+            cases.push(vec![f32::NAN; n]);
+            cases.push(vec![f32::NEG_INFINITY; n]);
+        }
+        for c in &cases {
+            assert_eq!(super::argmax(c), plain_argmax(c), "length {n}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 50);
+}

@@ -71,10 +71,11 @@ pub struct Q8Input {
     /// Per Q8_0 block: scale times the sum of its codes (for formats with an offset or min).
     dsum: Vec<f32>,
     /// The Q8_0 blocks again, eight tokens interleaved (see [`Acts8`]): what the x86
-    /// kernels read for more than one token.
+    /// kernels read for spans of two or more tokens, so not built for an input of one.
     #[cfg(target_arch = "x86_64")]
     groups: Vec<Acts8>,
-    /// The Q8_K blocks again, eight tokens interleaved (see [`Acts8K`]).
+    /// The Q8_K blocks again, eight tokens interleaved (see [`Acts8K`]); as `groups`, not
+    /// built for one token.
     #[cfg(target_arch = "x86_64")]
     groups_k: Vec<Acts8K>,
     /// Each token's Q8_0 scales and code sums again, a pair of blocks at a time, laid out
@@ -198,7 +199,10 @@ impl Q8Input {
                 }
                 #[cfg(target_arch = "x86_64")]
                 {
-                    self.group_q8_0();
+                    // Eight-token groups serve spans of two or more tokens only.
+                    if self.tokens > 1 {
+                        self.group_q8_0();
+                    }
                     self.pair_q8_0();
                 }
             }
@@ -208,7 +212,9 @@ impl Q8Input {
                 self.q8k
                     .extend(xs.chunks_exact(elems).map(|x| quantize_q8k(x, simd)));
                 #[cfg(target_arch = "x86_64")]
-                self.group_q8k();
+                if self.tokens > 1 {
+                    self.group_q8k();
+                }
             }
         }
         self.kind = Some(kind);
