@@ -190,12 +190,29 @@ impl Q8Input {
                 self.q8_0.reserve(n);
                 self.d.reserve(n);
                 self.dsum.reserve(n);
-                for x in xs.chunks_exact(elems) {
-                    let b = quantize_q8_0(x, simd);
-                    let d = b.d.to_f32();
-                    self.d.push(d);
-                    self.dsum.push(d * b.code_sum() as f32);
-                    self.q8_0.push(b);
+                #[cfg(target_arch = "x86_64")]
+                let done = simd && {
+                    // SAFETY: `simd` is `x86::available()`.
+                    unsafe {
+                        super::x86_acts::quantize_q8_0_blocks(
+                            xs,
+                            &mut self.q8_0,
+                            &mut self.d,
+                            &mut self.dsum,
+                        )
+                    };
+                    true
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let done = false;
+                if !done {
+                    for x in xs.chunks_exact(elems) {
+                        let b = quantize_q8_0(x, simd);
+                        let d = b.d.to_f32();
+                        self.d.push(d);
+                        self.dsum.push(d * b.code_sum() as f32);
+                        self.q8_0.push(b);
+                    }
                 }
                 #[cfg(target_arch = "x86_64")]
                 {

@@ -658,6 +658,44 @@ fn vector_activation_quantization_equals_scalar() {
     }
 }
 
+/// The x86 one-pass Q8_0 quantization of a whole input (blocks, widened scales, scales
+/// times code sums) gives the scalar quantizer's bits, scales that round to half
+/// subnormals and past half's range among them.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_0_blocks_in_one_pass_equal_scalar() {
+    if !super::x86::available() {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    let mut rng = Rng(7);
+    for (case, scale) in [1.0f32, 4.0, 1e-6, 3e-5, 1e7, 0.0].into_iter().enumerate() {
+        let mut x = rng.values(32 * 9, scale);
+        x[40] = f32::NAN;
+        x[100] = (x[100] * 2.0).round() * 0.5;
+        let (mut blocks, mut d, mut dsum) = (vec![], vec![], vec![]);
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        unsafe { super::x86_acts::quantize_q8_0_blocks(&x, &mut blocks, &mut d, &mut dsum) };
+        assert_eq!(blocks.len(), 9);
+        for (b, x) in x.chunks_exact(32).enumerate() {
+            let s = BlockQ8_0::quantize(x);
+            assert_eq!(
+                (blocks[b].d, blocks[b].qs),
+                (s.d, s.qs),
+                "case {case} block {b}"
+            );
+            let sd = s.d.to_f32();
+            let sum: i32 = s.qs.iter().map(|&q| i32::from(q)).sum();
+            assert_eq!(d[b].to_bits(), sd.to_bits(), "case {case} block {b}");
+            assert_eq!(
+                dsum[b].to_bits(),
+                (sd * sum as f32).to_bits(),
+                "case {case} block {b}"
+            );
+        }
+    }
+}
+
 /// The NEON kernels' two forms of the byte dot (`sdot`, and `smull` + `sadalp` for CPUs
 /// without the dot-product extension) give the same bits: a block's lanes are summed to one
 /// integer before any f32 step. Every format with a NEON kernel takes it (the generic row

@@ -5,6 +5,9 @@
 
 use std::arch::x86_64::*;
 
+use super::q8_0::BlockQ8_0;
+use super::F16Le;
+
 /// `max |x|`, skipping NaN as `f32::max` does.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn amax(x: &[f32]) -> f32 {
@@ -54,15 +57,27 @@ fn codes8(v: __m256, id: __m256) -> __m256i {
 /// The CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize(x: &[f32], qs: &mut [i8]) -> f32 {
+    quantize_summed(x, qs).0
+}
+
+/// [`quantize`], also returning the sum of the codes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn quantize_summed(x: &[f32], qs: &mut [i8]) -> (f32, i32) {
     assert!(x.len() == qs.len() && x.len().is_multiple_of(32));
     let d = amax(x) / 127.0;
     let id = _mm256_set1_ps(if d == 0.0 { 0.0 } else { 1.0 / d });
     // `packs` interleaves 128-bit lanes; this puts the 32 bytes back in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut sum = _mm256_setzero_si256();
     for (x, q) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)) {
         // SAFETY: `x` is 32 f32: four loads of 8.
         let c: [__m256i; 4] =
             std::array::from_fn(|k| codes8(unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * k)) }, id));
+        sum = _mm256_add_epi32(
+            sum,
+            _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3])),
+        );
         let w = _mm256_packs_epi16(
             _mm256_packs_epi32(c[0], c[1]),
             _mm256_packs_epi32(c[2], c[3]),
@@ -71,5 +86,37 @@ pub(super) unsafe fn quantize(x: &[f32], qs: &mut [i8]) -> f32 {
         // SAFETY: `q` is 32 bytes.
         unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, w) };
     }
-    d
+    let mut lanes = [0i32; 8];
+    // SAFETY: `lanes` is 8 i32.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum) };
+    (d, lanes.iter().sum())
+}
+
+/// `BlockQ8_0::quantize` over every 32 values of `xs` (a multiple of 32), appending each
+/// block, its stored scale widened back to f32, and that scale times the block's code sum
+/// (what the kernels of formats with an offset or a min read): the scale's rounding to
+/// half is `cvtps2ph` to nearest even, the rounding `BlockQ8_0::quantize` does.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_q8_0_blocks(
+    xs: &[f32],
+    blocks: &mut Vec<BlockQ8_0>,
+    d: &mut Vec<f32>,
+    dsum: &mut Vec<f32>,
+) {
+    for x in xs.chunks_exact(32) {
+        let mut qs = [0i8; 32];
+        let (scale, sum) = quantize_summed(x, &mut qs);
+        let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(scale));
+        let stored = _mm_cvtss_f32(_mm_cvtph_ps(h));
+        let bits = _mm_extract_epi16::<0>(h) as u16;
+        blocks.push(BlockQ8_0 {
+            d: F16Le(bits.to_le_bytes()),
+            qs,
+        });
+        d.push(stored);
+        dsum.push(stored * sum as f32);
+    }
 }
