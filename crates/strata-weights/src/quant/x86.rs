@@ -223,6 +223,42 @@ macro_rules! for_each_dot_form {
 }
 pub(super) use for_each_dot_form;
 
+/// Generates one form's byte dots, which the 32-value and the K kernels share (its narrower
+/// feature set, so that either form of kernel can inline them).
+macro_rules! byte_dots {
+    ($m:ident, $feat:literal, $_feat32:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$four_acc:ident, $four_u:ident, $four_s:ident| $dot4:expr, |$bits:ident| $high:expr) => {
+        pub(crate) mod $m {
+            use std::arch::x86_64::*;
+
+            /// `acc` plus, in each i32 lane, the sum of its four byte products `u[i] * s[i]`
+            /// (unsigned by signed).
+            #[target_feature(enable = $feat)]
+            #[inline]
+            pub(crate) fn dot($acc: __m256i, $u: __m256i, $s: __m256i) -> __m256i {
+                $dot
+            }
+
+            /// Four [`dot`]s into one sum, `u4[k]` against `s4[k]`, for unsigned codes
+            /// below 32 (Q4_0, Q4_1, Q5_0, Q4_K): AVX2 adds the four in i16 before widening
+            /// (4 x 2 x 31 x 127 < 2^15), the VNNI forms take four `vpdpbusd`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            pub(crate) fn dot4(
+                $four_acc: __m256i,
+                $four_u: [__m256i; 4],
+                $four_s: [__m256i; 4],
+            ) -> __m256i {
+                $dot4
+            }
+        }
+    };
+}
+
+/// Each form's byte dots ([`for_each_dot_form`]), one module a form.
+pub(super) mod dots {
+    for_each_dot_form!(byte_dots);
+}
+
 /// The first `R` lanes of `v` (one result a row of a one-token kernel).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -108,12 +108,13 @@ pub(super) fn spans(tokens: &Range<usize>) -> Vec<(usize, Range<usize>)> {
     v
 }
 
-/// Generates one form of the byte dot's kernels: `$dot(acc, u, s)` adds the sums of each
-/// lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
+/// Generates one form's kernels ([`for_each_dot_form`]), on that form's byte dots
+/// ([`super::x86::dots`]) and its way of spreading Q5_0's fifth bits.
 macro_rules! kernels {
-    ($m:ident, $_feat_k:literal, $feat:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$four_acc:ident, $four_u:ident, $four_s:ident| $dot4:expr, |$bits:ident| $high:expr) => {
+    ($m:ident, $_feat_k:literal, $feat:literal, $_dot:expr, $_dot4:expr, |$bits:ident| $high:expr) => {
         pub(super) mod $m {
             use super::*;
+            use super::super::x86::dots::$m::{dot, dot4};
 
             /// 16 in byte `i` where bit `i` of `bits` is set (the form's way).
             #[target_feature(enable = $feat)]
@@ -128,20 +129,6 @@ macro_rules! kernels {
             #[inline]
             fn codes5(b: &BlockQ5_0) -> __m256i {
                 _mm256_or_si256(nibbles16(&b.qs), high(u32::from_le_bytes(b.qh)))
-            }
-
-            #[target_feature(enable = $feat)]
-            #[inline]
-            fn dot($acc: __m256i, $u: __m256i, $s: __m256i) -> __m256i {
-                $dot
-            }
-
-            /// Four [`dot`]s into one sum: `u4[k]` against `s4[k]`. Unsigned codes below
-            /// 32 only (Q4_0, Q4_1, Q5_0): AVX2 sums the four in i16.
-            #[target_feature(enable = $feat)]
-            #[inline]
-            fn dot4($four_acc: __m256i, $four_u: [__m256i; 4], $four_s: [__m256i; 4]) -> __m256i {
-                $dot4
             }
 
             /// A block's integer sums against one activation group for unsigned codes below

@@ -197,26 +197,13 @@ fn decode_q6_k(b: &BlockQ6K, into: &mut DecodedK) {
     into.dmin.push(0.0);
 }
 
-/// Generates one form of the byte dot's Q4_K / Q6_K kernels: `$dot(acc, u, s)` adds the
-/// sums of each lane's four `u[i] * s[i]` (unsigned by signed) to `acc`.
+/// Generates one form's Q4_K / Q6_K kernels ([`for_each_dot_form`]), on that form's byte
+/// dots ([`super::x86::dots`]).
 macro_rules! kernels {
-    ($m:ident, $feat:literal, $_feat32:literal, |$acc:ident, $u:ident, $s:ident| $dot:expr, |$four_acc:ident, $four_u:ident, $four_s:ident| $dot4:expr, |$bits:ident| $high:expr) => {
+    ($m:ident, $feat:literal, $_feat32:literal, $($_dots:tt)*) => {
         pub(super) mod $m {
+            use super::super::x86::dots::$m::{dot, dot4};
             use super::*;
-
-            #[target_feature(enable = $feat)]
-            #[inline]
-            fn dot($acc: __m256i, $u: __m256i, $s: __m256i) -> __m256i {
-                $dot
-            }
-
-            /// Four [`dot`]s into one sum, `u4[k]` against `s4[k]`, for codes below 32
-            /// (Q4_K's): AVX2 sums the four in i16.
-            #[target_feature(enable = $feat)]
-            #[inline]
-            fn dot4($four_acc: __m256i, $four_u: [__m256i; 4], $four_s: [__m256i; 4]) -> __m256i {
-                $dot4
-            }
 
             /// `R` decoded rows of Q4_K against one group of eight tokens.
             #[target_feature(enable = $feat)]
