@@ -61,15 +61,111 @@ pub(super) struct DecodedRow {
     pub(super) corr: Vec<f32>,
 }
 
-impl DecodedRow {
-    pub(super) fn clear(&mut self) {
+impl Decoded for DecodedRow {
+    fn clear(&mut self) {
         self.codes.clear();
         self.d.clear();
         self.corr.clear();
     }
+}
 
+impl DecodedRow {
     pub(super) fn blocks(&self) -> usize {
         self.codes.len()
+    }
+}
+
+/// A weight row decoded once for every activation group of a tile ([`DecodedRow`], the K
+/// formats' own), emptied for the next row.
+pub(super) trait Decoded: Default {
+    fn clear(&mut self);
+}
+
+/// Groups of a tile from which a row pair is decoded once for all of them ([`Decoded`]);
+/// below it the group kernels decode each block as they go (a batched decode step's single
+/// group was 2x slower through the decoded row).
+const DECODE_ONCE_MIN_GROUPS: usize = 4;
+
+/// The eight-token half of a row-range driver, shared by the 32-value and the K kernels:
+/// every span of `spans` with two or more tokens (`(group start, lanes)`, group `g0`'s
+/// activations `group_of(g0)`), over `rows` (row `r`'s blocks `blocks(r)`, `None` when
+/// malformed), into `out` (row `i` of the range at `i * stride`, token `t` at column
+/// `t - tokens.start`). Few groups (a batched decode step) take row pairs decoded block by
+/// block inside the group kernel (`group2_blocks`); the rest (and a last single or
+/// malformed row) rows decoded once for every group (`decode`, then `group2` / `group1`);
+/// a malformed row's results are NaN.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn drive_groups<'a, B: 'a, D: Decoded, G: 'a>(
+    (bytes, row_bytes, rows): (&[u8], usize, Range<usize>),
+    blocks: impl Fn(usize) -> Option<&'a [B]>,
+    (spans, tokens): (&[(usize, Range<usize>)], &Range<usize>),
+    (out, stride): (&mut [f32], usize),
+    group_of: impl Fn(usize) -> &'a [G],
+    decode: impl Fn(&B, &mut D),
+    group2: impl Fn([&D; 2], &[G]) -> [__m256; 2],
+    group1: impl Fn([&D; 1], &[G]) -> [__m256; 1],
+    group2_blocks: impl Fn([&[B]; 2], &[G]) -> [__m256; 2],
+) {
+    let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
+    let write = |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
+        write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
+    };
+    let groups = spans.iter().filter(wide).count();
+    if groups == 0 {
+        return;
+    }
+    let mut first_row = 0;
+    if groups < DECODE_ONCE_MIN_GROUPS {
+        let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
+        while first_row + 2 <= rows.len() {
+            let r = rows.start + first_row;
+            prefetch_ahead(bytes, (r + 2) * row_bytes, &mut next);
+            let (Some(w0), Some(w1)) = (blocks(r), blocks(r + 1)) else {
+                break;
+            };
+            for (g0, lanes) in spans.iter().filter(wide) {
+                let v = group2_blocks([w0, w1], group_of(*g0));
+                write(out, first_row, *g0, lanes, v[0]);
+                write(out, first_row + 1, *g0, lanes, v[1]);
+            }
+            first_row += 2;
+        }
+    }
+    let mut next = ((rows.start + first_row) * row_bytes + PREFETCH_AHEAD) & !63;
+    let mut dec = [D::default(), D::default()];
+    let mut i = first_row;
+    while i < rows.len() {
+        let r = rows.start + i;
+        let n = if i + 2 <= rows.len() { 2 } else { 1 };
+        prefetch_ahead(bytes, (r + n) * row_bytes, &mut next);
+        let mut whole = 0;
+        for (k, d) in dec.iter_mut().enumerate().take(n) {
+            d.clear();
+            let Some(w) = blocks(r + k) else { break };
+            w.iter().for_each(|b| decode(b, d));
+            whole += 1;
+        }
+        if whole == 2 {
+            for (g0, lanes) in spans.iter().filter(wide) {
+                let v = group2([&dec[0], &dec[1]], group_of(*g0));
+                write(out, i, *g0, lanes, v[0]);
+                write(out, i + 1, *g0, lanes, v[1]);
+            }
+            i += 2;
+            continue;
+        }
+        for (g0, lanes) in spans.iter().filter(wide) {
+            if whole == 1 {
+                let v = group1([&dec[0]], group_of(*g0));
+                write(out, i, *g0, lanes, v[0]);
+            } else {
+                let o = i * stride + g0 + lanes.start - tokens.start;
+                out[o..o + lanes.len()].fill(f32::NAN);
+            }
+        }
+        i += 1;
     }
 }
 

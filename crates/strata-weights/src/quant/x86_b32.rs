@@ -22,8 +22,8 @@ use std::ops::Range;
 
 use super::fast::{row_blocks, Acts8, PairActs, Q8Input, GROUP};
 use super::x86::{
-    for_each_dot_form, h2f, h2f4, high_bits_shuffled, lanes, load32, nibbles16, prefetch_ahead,
-    token_column, write_lanes, DecodedRow, PREFETCH_AHEAD,
+    drive_groups, for_each_dot_form, h2f, h2f4, high_bits_shuffled, lanes, load32, nibbles16,
+    prefetch_ahead, token_column, DecodedRow, PREFETCH_AHEAD,
 };
 use super::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, F16Le};
 
@@ -89,11 +89,6 @@ fn scale_pairs(d: [F16Le; 4], k: f32) -> __m256 {
 /// as few weight streams in flight per thread as the memory system serves well: four
 /// streamed the output head of a 262,144-token vocabulary slower on two threads.
 pub(super) const TOKEN_ROWS: usize = 2;
-
-/// Groups of a tile from which a row pair is decoded once for all of them
-/// ([`DecodedRow`]); below it the group kernels decode each block as they go (a batched
-/// decode step's single group was 2x slower through the decoded row).
-pub(super) const DECODE_ONCE_MIN_GROUPS: usize = 4;
 
 /// The wanted tokens of each activation group they fall in: (group start, lanes).
 pub(super) fn spans(tokens: &Range<usize>) -> Vec<(usize, Range<usize>)> {
@@ -560,69 +555,17 @@ macro_rules! kernels {
                 let per_row = input.blocks_per_token();
                 let blocks = |r: usize| row_blocks::<B>(bytes, row_bytes, r, per_row);
                 let spans = spans(&tokens);
-                let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
-                let write =
-                    |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
-                        write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
-                    };
-                // Few groups (a batched decode step): row pairs decoded block by block
-                // inside the group kernel; a single row or a malformed one falls through to
-                // the decoded path below.
-                let groups = spans.iter().filter(|s| wide(s)).count();
-                let mut first_row = 0;
-                if (1..DECODE_ONCE_MIN_GROUPS).contains(&groups) {
-                    let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
-                    while first_row + 2 <= rows.len() {
-                        let r = rows.start + first_row;
-                        prefetch_ahead(bytes, (r + 2) * row_bytes, &mut next);
-                        let (Some(w0), Some(w1)) = (blocks(r), blocks(r + 1)) else {
-                            break;
-                        };
-                        for (g0, lanes) in spans.iter().filter(wide) {
-                            let v = group2_blocks([w0, w1], input.group_of(*g0));
-                            write(out, first_row, *g0, lanes, v[0]);
-                            write(out, first_row + 1, *g0, lanes, v[1]);
-                        }
-                        first_row += 2;
-                    }
-                }
-                // Groups: row pairs, each pair decoded once for every group that passes.
-                if groups > 0 {
-                    let mut next = ((rows.start + first_row) * row_bytes + PREFETCH_AHEAD) & !63;
-                    let mut dec = [DecodedRow::default(), DecodedRow::default()];
-                    let mut i = first_row;
-                    while i < rows.len() {
-                        let r = rows.start + i;
-                        let n = if i + 2 <= rows.len() { 2 } else { 1 };
-                        prefetch_ahead(bytes, (r + n) * row_bytes, &mut next);
-                        let mut whole = 0;
-                        for (k, d) in dec.iter_mut().enumerate().take(n) {
-                            d.clear();
-                            let Some(w) = blocks(r + k) else { break };
-                            w.iter().for_each(|b| decode(b, d));
-                            whole += 1;
-                        }
-                        if whole == 2 {
-                            for (g0, lanes) in spans.iter().filter(wide) {
-                                let v = group2([&dec[0], &dec[1]], input.group_of(*g0));
-                                write(out, i, *g0, lanes, v[0]);
-                                write(out, i + 1, *g0, lanes, v[1]);
-                            }
-                            i += 2;
-                            continue;
-                        }
-                        for (g0, lanes) in spans.iter().filter(wide) {
-                            if whole == 1 {
-                                let v = group1([&dec[0]], input.group_of(*g0));
-                                write(out, i, *g0, lanes, v[0]);
-                            } else {
-                                let o = i * stride + g0 + lanes.start - tokens.start;
-                                out[o..o + lanes.len()].fill(f32::NAN);
-                            }
-                        }
-                        i += 1;
-                    }
-                }
+                drive_groups(
+                    (bytes, row_bytes, rows.clone()),
+                    blocks,
+                    (&spans, &tokens),
+                    (&mut *out, stride),
+                    |g0| input.group_of(g0),
+                    decode,
+                    group2,
+                    group1,
+                    group2_blocks,
+                );
                 // Single tokens: `TOKEN_ROWS` rows a pass.
                 for (g0, lanes) in spans.iter().filter(|s| s.1.len() == 1) {
                     let t = g0 + lanes.start;

@@ -16,10 +16,10 @@ use std::ops::Range;
 use super::fast::{row_blocks, Acts8K, Q8Input};
 use super::k_common::unpack_scales_mins;
 use super::x86::{
-    for_each_dot_form, h2f, lanes, load32, prefetch_ahead, token_column, write_lanes,
+    drive_groups, for_each_dot_form, h2f, lanes, load32, prefetch_ahead, token_column, Decoded,
     PREFETCH_AHEAD,
 };
-use super::x86_b32::{reduce_rows, DECODE_ONCE_MIN_GROUPS};
+use super::x86_b32::reduce_rows;
 use super::{BlockQ4K, BlockQ6K, BlockQ8K, QuantBlock};
 
 /// Rows a one-token pass takes together: one, so a row's decoded codes and sums stay in
@@ -128,7 +128,7 @@ struct DecodedK {
     dmin: Vec<f32>,
 }
 
-impl DecodedK {
+impl Decoded for DecodedK {
     fn clear(&mut self) {
         self.codes.clear();
         self.scales.clear();
@@ -136,7 +136,9 @@ impl DecodedK {
         self.d.clear();
         self.dmin.clear();
     }
+}
 
+impl DecodedK {
     fn blocks(&self) -> usize {
         self.codes.len()
     }
@@ -600,66 +602,17 @@ fn drive<B: QuantBlock>(
     let per_row = input.blocks_per_token();
     let blocks = |r: usize| row_blocks::<B>(bytes, row_bytes, r, per_row);
     let spans = super::x86_b32::spans(&tokens);
-    let wide = |s: &&(usize, Range<usize>)| s.1.len() >= 2;
-    let write = |out: &mut [f32], i: usize, g0: usize, lanes: &Range<usize>, v: __m256| {
-        write_lanes((out, stride), i, g0 + lanes.start - tokens.start, lanes, v)
-    };
-    // Few groups (a batched decode step): row pairs decoded block by block inside the group
-    // kernel; a single row or a malformed one falls through to the decoded path below.
-    let groups = spans.iter().filter(|s| wide(s)).count();
-    let mut first_row = 0;
-    if (1..DECODE_ONCE_MIN_GROUPS).contains(&groups) {
-        let mut next = (rows.start * row_bytes + PREFETCH_AHEAD) & !63;
-        while first_row + 2 <= rows.len() {
-            let r = rows.start + first_row;
-            prefetch_ahead(bytes, (r + 2) * row_bytes, &mut next);
-            let (Some(w0), Some(w1)) = (blocks(r), blocks(r + 1)) else {
-                break;
-            };
-            for (g0, lanes) in spans.iter().filter(wide) {
-                let v = group2_blocks([w0, w1], input.group_k_of(*g0));
-                write(out, first_row, *g0, lanes, v[0]);
-                write(out, first_row + 1, *g0, lanes, v[1]);
-            }
-            first_row += 2;
-        }
-    }
-    if groups > 0 {
-        let mut next = ((rows.start + first_row) * row_bytes + PREFETCH_AHEAD) & !63;
-        let mut dec = [DecodedK::default(), DecodedK::default()];
-        let mut i = first_row;
-        while i < rows.len() {
-            let r = rows.start + i;
-            let n = if i + 2 <= rows.len() { 2 } else { 1 };
-            prefetch_ahead(bytes, (r + n) * row_bytes, &mut next);
-            let mut whole = 0;
-            for (k, d) in dec.iter_mut().enumerate().take(n) {
-                d.clear();
-                let Some(w) = blocks(r + k) else { break };
-                w.iter().for_each(|b| decode(b, d));
-                whole += 1;
-            }
-            if whole == 2 {
-                for (g0, lanes) in spans.iter().filter(wide) {
-                    let v = group2([&dec[0], &dec[1]], input.group_k_of(*g0));
-                    write(out, i, *g0, lanes, v[0]);
-                    write(out, i + 1, *g0, lanes, v[1]);
-                }
-                i += 2;
-                continue;
-            }
-            for (g0, lanes) in spans.iter().filter(wide) {
-                if whole == 1 {
-                    let v = group1([&dec[0]], input.group_k_of(*g0));
-                    write(out, i, *g0, lanes, v[0]);
-                } else {
-                    let o = i * stride + g0 + lanes.start - tokens.start;
-                    out[o..o + lanes.len()].fill(f32::NAN);
-                }
-            }
-            i += 1;
-        }
-    }
+    drive_groups(
+        (bytes, row_bytes, rows.clone()),
+        blocks,
+        (&spans, &tokens),
+        (&mut *out, stride),
+        |g0| input.group_k_of(g0),
+        decode,
+        group2,
+        group1,
+        group2_blocks,
+    );
     for (g0, lanes) in spans.iter().filter(|s| s.1.len() == 1) {
         let acts = input.q8k_token(g0 + lanes.start);
         let col = (&mut *out, stride, g0 + lanes.start - tokens.start);
