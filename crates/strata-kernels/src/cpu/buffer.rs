@@ -76,15 +76,6 @@ impl CpuBuffer {
         }
     }
 
-    /// Element `i` widened to f32 (for short weight vectors such as norm weights).
-    pub fn get_f32(&self, i: usize) -> f32 {
-        match self {
-            CpuBuffer::F32(v) => v[i],
-            CpuBuffer::BF16(v) => v[i].to_f32(),
-            CpuBuffer::F16(v) => v[i].to_f32(),
-        }
-    }
-
     /// The whole buffer widened to f32.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match self {

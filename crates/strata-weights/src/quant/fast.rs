@@ -190,30 +190,7 @@ impl Q8Input {
                 self.q8_0.reserve(n);
                 self.d.reserve(n);
                 self.dsum.reserve(n);
-                #[cfg(target_arch = "x86_64")]
-                let done = simd && {
-                    // SAFETY: `simd` is `x86::available()`.
-                    unsafe {
-                        super::x86_acts::quantize_q8_0_blocks(
-                            xs,
-                            &mut self.q8_0,
-                            &mut self.d,
-                            &mut self.dsum,
-                        )
-                    };
-                    true
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let done = false;
-                if !done {
-                    for x in xs.chunks_exact(elems) {
-                        let b = quantize_q8_0(x, simd);
-                        let d = b.d.to_f32();
-                        self.d.push(d);
-                        self.dsum.push(d * b.code_sum() as f32);
-                        self.q8_0.push(b);
-                    }
-                }
+                self.quantize_q8_0_blocks(xs, simd);
                 #[cfg(target_arch = "x86_64")]
                 {
                     // Eight-token groups serve spans of two or more tokens only.
@@ -236,6 +213,31 @@ impl Q8Input {
         }
         self.kind = Some(kind);
         true
+    }
+
+    /// Appends `xs`'s Q8_0 blocks, their scales as f32 and each scale times its code sum:
+    /// in one vectorized pass on x86 when `simd` says the CPU can, block by block otherwise.
+    fn quantize_q8_0_blocks(&mut self, xs: &[f32], simd: bool) {
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: `simd` is `x86::available()`.
+            unsafe {
+                super::x86_acts::quantize_q8_0_blocks(
+                    xs,
+                    &mut self.q8_0,
+                    &mut self.d,
+                    &mut self.dsum,
+                )
+            };
+            return;
+        }
+        for x in xs.chunks_exact(<BlockQ8_0 as ActivationBlock>::ELEMS) {
+            let b = quantize_q8_0(x, simd);
+            let d = b.d.to_f32();
+            self.d.push(d);
+            self.dsum.push(d * b.code_sum() as f32);
+            self.q8_0.push(b);
+        }
     }
 
     fn token_range(&self, t: usize) -> Range<usize> {
@@ -325,23 +327,10 @@ fn interleave(codes: &[i8], runs: &mut [[i8; 32]], lane: usize) {
     }
 }
 
-/// [`BlockQ8_0::quantize`], vectorized when `simd` says the CPU can (AVX2, NEON; the same
-/// bits).
-#[cfg_attr(
-    not(any(target_arch = "x86_64", target_arch = "aarch64")),
-    allow(unused_variables)
-)]
+/// [`BlockQ8_0::quantize`], vectorized when `simd` says the CPU can (NEON; the same bits;
+/// x86 quantizes a whole input in one pass, [`Q8Input::quantize_q8_0_blocks`]).
+#[cfg_attr(not(target_arch = "aarch64"), allow(unused_variables))]
 fn quantize_q8_0(x: &[f32], simd: bool) -> BlockQ8_0 {
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        let mut qs = [0i8; 32];
-        // SAFETY: `simd` is `x86::available()`.
-        let d = unsafe { super::x86_acts::quantize(x, &mut qs) };
-        return BlockQ8_0 {
-            d: super::F16Le::from_f32(d),
-            qs,
-        };
-    }
     #[cfg(target_arch = "aarch64")]
     if simd {
         let mut qs = [0i8; 32];
